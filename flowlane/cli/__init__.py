@@ -1,0 +1,73 @@
+"""``flowlane`` command line: a thin shell over the public functions.
+
+Each command group lives in its own module and registers its sub-commands in
+``configure(subparsers)``. Commands return an exit code: 0 ok, 1 findings or
+failure, 2 usage error. Every :class:`flowlane.errors.FlowlaneError` becomes
+one ``error:`` line (plus ``hint:``) on stderr; ``--debug`` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from flowlane import errors
+from flowlane.cli import db as db_commands
+
+COMMAND_GROUPS = [db_commands]
+
+
+def _optional_groups() -> list[object]:
+    # groups whose modules may not exist yet in a partial checkout are imported lazily
+    import importlib
+
+    groups: list[object] = []
+    for name in ("compiler", "runtime"):
+        try:
+            groups.append(importlib.import_module(f"flowlane.cli.{name}"))
+        except ModuleNotFoundError as exc:
+            if exc.name != f"flowlane.cli.{name}":
+                raise
+    return groups
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="flowlane",
+        description="Declarative YAML workflows compiled to SQL, run on PostgreSQL + PGMQ.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for group in [*COMMAND_GROUPS, *_optional_groups()]:
+        group.configure(subparsers)  # type: ignore[attr-defined]
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except errors.FlowlaneError as exc:
+        if args.debug:
+            raise
+        report_error(exc)
+        return 2 if isinstance(exc, errors.UsageError) else 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def report_error(exc: errors.FlowlaneError) -> None:
+    print(f"error: {exc}", file=sys.stderr)
+    detail = getattr(exc, "detail", None)
+    if detail:
+        print(f"detail: {detail}", file=sys.stderr)
+    if exc.hint:
+        print(f"hint: {exc.hint}", file=sys.stderr)
+
+
+def entry() -> None:
+    sys.exit(main())

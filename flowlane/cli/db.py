@@ -1,0 +1,89 @@
+"""``flowlane db``: the embedded development database and core migrations."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from flowlane.core import db, migrator
+
+
+def add_dsn_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dsn",
+        help="PostgreSQL connection string (default: $FLOWLANE_DSN, then $DATABASE_URL, "
+        "then the embedded database in .flowlane/, started on demand)",
+    )
+
+
+def configure(subparsers: Any) -> None:
+    parser = subparsers.add_parser("db", help="embedded database and core migrations")
+    commands = parser.add_subparsers(dest="db_command", metavar="ACTION")
+    commands.required = True
+
+    up = commands.add_parser("up", help="start the embedded database (initialise it the first time)")
+    up.set_defaults(func=cmd_up)
+    down = commands.add_parser("down", help="stop the embedded database")
+    down.set_defaults(func=cmd_down)
+    url = commands.add_parser("url", help="print the connection URL of the database in use")
+    add_dsn_argument(url)
+    url.set_defaults(func=cmd_url)
+    migrate = commands.add_parser("migrate", help="install PGMQ if absent and apply core migrations")
+    add_dsn_argument(migrate)
+    migrate.add_argument("--to", metavar="VERSION", help="stop after this migration (e.g. 0001)")
+    migrate.set_defaults(func=cmd_migrate)
+    status = commands.add_parser("status", help="list applied and pending core migrations")
+    add_dsn_argument(status)
+    status.set_defaults(func=cmd_status)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    embedded = db.EmbeddedDatabase(Path.cwd())
+    was_running = embedded.running()
+    url = embedded.up()
+    print(f"embedded PostgreSQL {'already running' if was_running else 'started'}: {url}")
+    print("next: `flowlane db migrate`")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    embedded = db.EmbeddedDatabase(Path.cwd())
+    print("embedded PostgreSQL stopped" if embedded.down() else "embedded PostgreSQL was not running")
+    return 0
+
+
+def cmd_url(args: argparse.Namespace) -> int:
+    print(db.resolve(args.dsn, start=False).dsn)
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    target = db.resolve(args.dsn)
+    with db.connect(target, autocommit=True) as conn:
+        applied = migrator.migrate(conn, to=args.to)
+    for migration in applied:
+        print(f"applied {migration.filename}")
+    print(f"{len(applied)} migration(s) applied" if applied else "database is up to date")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    target = db.resolve(args.dsn)
+    with db.connect(target, autocommit=True) as conn:
+        states = migrator.status(conn)
+    print(f"database: {db.redact(target.dsn)} ({target.source})")
+    pending = 0
+    for state in states:
+        if state.migration is None:
+            label = "applied, file missing from this flowlane"
+        elif state.modified:
+            label = "applied, FILE CHANGED since"
+        elif state.applied:
+            label = f"applied {state.applied_at:%Y-%m-%d %H:%M:%S%z}"
+        else:
+            label = "pending"
+            pending += 1
+        print(f"  {state.version}_{state.name:<24} {label}")
+    print(f"{pending} pending" if pending else "up to date")
+    return 1 if any(s.modified for s in states) else 0

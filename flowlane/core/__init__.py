@@ -1,0 +1,1 @@
+"""The SQL Core: migrations, the migrator and database access."""

@@ -1,0 +1,184 @@
+"""Apply the SQL Core migrations in order, each in its own transaction.
+
+Migrations are ``flowlane/core/migrations/NNNN_name.sql``. Applied ones are
+recorded with their sha256 in ``flowlane.schema_migrations``; a recorded
+migration whose file changed is refused. A session advisory lock serialises
+concurrent ``migrate`` calls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from importlib import resources
+from typing import Any, LiteralString, cast
+
+import psycopg
+
+from flowlane import errors
+from flowlane.core import db
+from flowlane.core.queries import query
+
+_FILENAME = re.compile(r"^(?P<version>[0-9]{4})_(?P<name>[a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: str
+    name: str
+    sql: str
+
+    @property
+    def filename(self) -> str:
+        return f"{self.version}_{self.name}.sql"
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class MigrationState:
+    migration: Migration | None
+    version: str
+    name: str
+    applied_at: datetime | None
+    recorded_checksum: str | None
+
+    @property
+    def applied(self) -> bool:
+        return self.applied_at is not None
+
+    @property
+    def modified(self) -> bool:
+        return (
+            self.migration is not None
+            and self.recorded_checksum is not None
+            and self.recorded_checksum != self.migration.checksum
+        )
+
+
+def discover() -> list[Migration]:
+    """Every migration shipped with the package, in version order."""
+    found = []
+    for entry in resources.files("flowlane.core.migrations").iterdir():
+        match = _FILENAME.match(entry.name)
+        if match:
+            found.append(Migration(match["version"], match["name"], entry.read_text("utf-8")))
+        elif entry.name.endswith(".sql"):
+            raise errors.MigrationError(f"badly named migration file {entry.name}",
+                                        hint="name migrations NNNN_lower_snake_name.sql")
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions):
+        raise errors.MigrationError(f"duplicate migration versions in {versions}")
+    return found
+
+
+def ensure_pgmq(conn: psycopg.Connection[Any]) -> str | None:
+    """Make sure schema ``pgmq`` exists; return how it was installed, or None if it was there."""
+    if _scalar(conn, "pgmq_schema_exists"):
+        return None
+    if _scalar(conn, "pgmq_extension_available"):
+        with conn.transaction():
+            conn.execute(query("create_pgmq_extension"))
+        return "extension"
+    from pgmq.install import get_embedded_install_sql
+
+    with conn.transaction():
+        conn.execute(cast(LiteralString, get_embedded_install_sql()))
+    return "bundled SQL"
+
+
+def status(conn: psycopg.Connection[Any]) -> list[MigrationState]:
+    """Applied and pending migrations, including recorded ones missing from the package."""
+    with db.wrap_errors("reading migration status"):
+        recorded = _recorded(conn)
+    states = []
+    for migration in discover():
+        row = recorded.pop(migration.version, None)
+        states.append(MigrationState(migration, migration.version, migration.name,
+                                     row["applied_at"] if row else None,
+                                     row["checksum"] if row else None))
+    for version, row in sorted(recorded.items()):
+        states.append(MigrationState(None, version, row["name"], row["applied_at"], row["checksum"]))
+    return sorted(states, key=lambda s: s.version)
+
+
+def migrate(conn: psycopg.Connection[Any], *, to: str | None = None) -> list[Migration]:
+    """Install PGMQ if absent and apply pending migrations up to ``to``; return the applied ones."""
+    if not conn.autocommit:
+        raise errors.UsageError("migrate needs an autocommit connection")
+    available = discover()
+    if to is not None and to not in {m.version for m in available}:
+        raise errors.UsageError(f"unknown migration version {to!r}",
+                                hint="versions: " + ", ".join(m.version for m in available))
+    with db.wrap_errors("migrating"):
+        conn.execute(query("migrate_lock"))
+        try:
+            ensure_pgmq(conn)
+            conn.execute(query("bootstrap_migrations_table"))
+            return _apply_pending(conn, available, to)
+        finally:
+            conn.execute(query("migrate_unlock"))
+
+
+def _apply_pending(conn: psycopg.Connection[Any], available: Sequence[Migration],
+                   to: str | None) -> list[Migration]:
+    recorded = _recorded(conn)
+    _refuse_modified(available, recorded)
+    applied = []
+    for migration in available:
+        if to is not None and migration.version > to:
+            break
+        if migration.version in recorded:
+            continue
+        _apply_one(conn, migration)
+        applied.append(migration)
+    return applied
+
+
+def _apply_one(conn: psycopg.Connection[Any], migration: Migration) -> None:
+    try:
+        with conn.transaction():
+            conn.execute(cast(LiteralString, migration.sql))
+            conn.execute(query("record_migration"), {
+                "version": migration.version, "name": migration.name,
+                "checksum": migration.checksum,
+            })
+    except psycopg.Error as exc:
+        raise errors.MigrationError(
+            f"migration {migration.filename} failed and was rolled back: "
+            f"{exc.diag.message_primary or exc}",
+            detail=exc.diag.message_detail,
+            hint=exc.diag.message_hint,
+            sqlstate=exc.sqlstate,
+        ) from exc
+
+
+def _refuse_modified(available: Sequence[Migration], recorded: dict[str, Any]) -> None:
+    for migration in available:
+        row = recorded.get(migration.version)
+        if row and row["checksum"] != migration.checksum:
+            raise errors.MigrationError(
+                f"migration {migration.filename} was applied with checksum "
+                f"{row['checksum'][:12]} but the file now has {migration.checksum[:12]}",
+                hint="never edit an applied migration: restore the file and add a new "
+                "migration with the change (see CONTRIBUTING.md, 'Migrations')",
+            )
+
+
+def _recorded(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    if not _scalar(conn, "migrations_table_exists"):
+        return {}
+    with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        rows = cur.execute(query("applied_migrations")).fetchall()
+    return {row["version"]: row for row in rows}
+
+
+def _scalar(conn: psycopg.Connection[Any], name: str) -> Any:
+    row = conn.execute(query(name)).fetchone()
+    return row[0] if row else None

@@ -1,0 +1,134 @@
+"""Database harness shared by every test that needs PostgreSQL.
+
+One server per session: the embedded PostgreSQL wheel, or the server named by
+``FLOWLANE_TEST_DSN`` (a DSN whose user may CREATE DATABASE). Template
+databases are built once per session (``pgmq`` only, migrated to each
+migration version) and every test gets its own clone with
+``CREATE DATABASE ... TEMPLATE``. A database that cannot be started or
+reached fails the tests loudly; nothing is ever skipped for it.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from flowlane.core import db, migrator
+
+for _name in ("FLOWLANE_DSN", "DATABASE_URL"):
+    # the suite must never touch a developer's configured database
+    os.environ.pop(_name, None)
+
+
+class Cluster:
+    """A PostgreSQL server the tests own: templates plus per-test clones."""
+
+    def __init__(self, admin_dsn: str) -> None:
+        self.admin_dsn = admin_dsn
+        self.prefix = f"fltest_{uuid.uuid4().hex[:8]}"
+        self._templates: dict[str, str] = {}
+        self._created: list[str] = []
+
+    def dsn_for(self, dbname: str) -> str:
+        return make_conninfo(self.admin_dsn, dbname=dbname)
+
+    def _admin(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.admin_dsn, autocommit=True)
+
+    def create_database(self, name: str, template: str | None = None) -> str:
+        stmt = sql.SQL("create database {}").format(sql.Identifier(name))
+        if template:
+            stmt = sql.SQL("{} template {}").format(stmt, sql.Identifier(template))
+        with self._admin() as conn:
+            conn.execute(stmt)
+        self._created.append(name)
+        return self.dsn_for(name)
+
+    def drop_database(self, name: str) -> None:
+        with self._admin() as conn:
+            conn.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
+
+    def template(self, version: str | None) -> str:
+        """A template database with PGMQ and migrations up to ``version`` ('none' = PGMQ only)."""
+        key = version or "head"
+        if key not in self._templates:
+            name = f"{self.prefix}_tpl_{key}"
+            dsn = self.create_database(name)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                migrator.ensure_pgmq(conn)
+                if key != "none":
+                    migrator.migrate(conn, to=version)
+            self._templates[key] = name
+        return self._templates[key]
+
+    def clone(self, version: str | None = None) -> str:
+        name = f"{self.prefix}_{uuid.uuid4().hex[:12]}"
+        return self.create_database(name, template=self.template(version))
+
+    def close(self) -> None:
+        for name in reversed(self._created):
+            self.drop_database(name)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    external = os.environ.get("FLOWLANE_TEST_DSN")
+    if external:
+        admin_dsn = external
+    else:
+        pgdata = tmp_path_factory.mktemp("pg") / "data"
+        try:
+            admin_dsn = db.EmbeddedDatabase.start_at(pgdata)
+        except Exception as exc:
+            pytest.fail(f"cannot start the embedded PostgreSQL for the tests: {exc}", pytrace=False)
+    try:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute("select 1")
+    except psycopg.Error as exc:
+        pytest.fail(f"cannot reach the test database {db.redact(admin_dsn)}: {exc}", pytrace=False)
+    cluster = Cluster(admin_dsn)
+    yield cluster
+    cluster.close()
+    if not external:
+        db.EmbeddedDatabase.stop_at(pgdata)
+
+
+@pytest.fixture
+def db_factory(cluster: Cluster) -> Iterator[Callable[..., str]]:
+    """Make fresh databases: ``db_factory()`` = fully migrated, ``db_factory('0001')``, ``db_factory('none')``."""
+    made: list[str] = []
+
+    def make(version: str | None = None) -> str:
+        dsn = cluster.clone(version)
+        made.append(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])  # type: ignore[arg-type]
+        return dsn
+
+    yield make
+    for name in made:
+        cluster.drop_database(name)
+
+
+@pytest.fixture
+def dsn(db_factory: Callable[..., str]) -> str:
+    """A fresh, fully migrated database."""
+    return db_factory()
+
+
+@pytest.fixture
+def conn(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection to a fresh, fully migrated database."""
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        yield connection
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
