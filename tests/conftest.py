@@ -103,7 +103,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture
 def db_factory(cluster: Cluster) -> Iterator[Callable[..., str]]:
-    """Make fresh databases: ``db_factory()`` = fully migrated, ``db_factory('0001')``, ``db_factory('none')``."""
+    """Make fresh databases.
+
+    ``db_factory()`` is fully migrated, ``db_factory('0001')`` stops after that
+    migration, ``db_factory('none')`` has PGMQ and nothing else.
+    """
     made: list[str] = []
 
     def make(version: str | None = None) -> str:

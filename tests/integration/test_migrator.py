@@ -1,0 +1,110 @@
+"""The migrator against a real database: order, idempotency, checksums, locking."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from flowlane import errors
+from flowlane.core import migrator
+
+
+def _versions(conn: psycopg.Connection[Any]) -> list[str]:
+    return [r[0] for r in conn.execute("select version from flowlane.schema_migrations order by 1")]
+
+
+def test_migrations_are_shipped_in_order() -> None:
+    found = migrator.discover()
+    assert found, "the package ships no migration"
+    assert [m.version for m in found] == sorted(m.version for m in found)
+    assert found[0].filename == "0001_core.sql"
+    assert all(len(m.checksum) == 64 for m in found)
+
+
+def test_migrate_applies_everything_then_is_a_noop(db_factory: Callable[..., str]) -> None:
+    with psycopg.connect(db_factory("none"), autocommit=True) as conn:
+        applied = migrator.migrate(conn)
+        assert [m.version for m in applied] == [m.version for m in migrator.discover()]
+        assert migrator.migrate(conn) == []
+        assert _versions(conn) == [m.version for m in migrator.discover()]
+        states = migrator.status(conn)
+        assert all(s.applied and not s.modified for s in states)
+
+
+def test_migrate_to_stops_after_that_version(db_factory: Callable[..., str]) -> None:
+    with psycopg.connect(db_factory("none"), autocommit=True) as conn:
+        applied = migrator.migrate(conn, to="0001")
+        assert [m.version for m in applied] == ["0001"]
+        assert _versions(conn) == ["0001"]
+        pending = [s.version for s in migrator.status(conn) if not s.applied]
+        assert pending == [m.version for m in migrator.discover()][1:]
+        migrator.migrate(conn)
+        assert all(s.applied for s in migrator.status(conn))
+
+
+def test_unknown_target_version_is_a_usage_error(conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(errors.UsageError, match="unknown migration version '9999'"):
+        migrator.migrate(conn, to="9999")
+
+
+def test_edited_applied_migration_is_refused(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("update flowlane.schema_migrations set checksum = repeat('0', 64) where version = '0001'")
+    with pytest.raises(errors.MigrationError) as caught:
+        migrator.migrate(conn)
+    assert "0001_core.sql" in str(caught.value)
+    assert "never edit an applied migration" in (caught.value.hint or "")
+    modified = [s.version for s in migrator.status(conn) if s.modified]
+    assert modified == ["0001"]
+
+
+def test_failed_migration_rolls_back_and_is_not_recorded(
+    db_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = migrator.Migration("9000", "broken", "create table flowlane.half_done(x int);\nselect 1/0;")
+    real = migrator.discover
+    monkeypatch.setattr(migrator, "discover", lambda: [*real(), broken])
+    with psycopg.connect(db_factory(), autocommit=True) as conn:
+        with pytest.raises(errors.MigrationError, match=r"9000_broken\.sql failed and was rolled back"):
+            migrator.migrate(conn)
+        assert conn.execute("select to_regclass('flowlane.half_done')").fetchone() == (None,)
+        assert "9000" not in _versions(conn)
+
+
+def test_concurrent_migrate_calls_apply_each_migration_once(db_factory: Callable[..., str]) -> None:
+    dsn = db_factory("none")
+    barrier = threading.Barrier(3)
+    results: list[list[str]] = []
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                barrier.wait()
+                results.append([m.version for m in migrator.migrate(conn)])
+        except BaseException as exc:  # collected and asserted below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    all_versions = [m.version for m in migrator.discover()]
+    assert sorted(results, key=len) == [[], [], all_versions]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert _versions(conn) == all_versions
+        assert conn.execute("select count(*) from pg_namespace where nspname = 'pgmq'").fetchone() == (1,)
+
+
+def test_pgmq_is_installed_once(db_factory: Callable[..., str]) -> None:
+    with psycopg.connect(db_factory("none"), autocommit=True) as conn:
+        assert migrator.ensure_pgmq(conn) is None  # the template already has it
+        conn.execute("drop schema pgmq cascade")
+        assert migrator.ensure_pgmq(conn) == "bundled SQL"
+        assert migrator.ensure_pgmq(conn) is None
+        conn.execute("select pgmq.create('after_reinstall')")
