@@ -10,8 +10,10 @@ EXPECTED = {
             "flow_slug text, step_slug text, deps_slugs text[] DEFAULT '{}'::text[], "
             "max_attempts integer DEFAULT NULL::integer, base_delay integer DEFAULT NULL::integer, "
             "timeout integer DEFAULT NULL::integer, start_delay integer DEFAULT NULL::integer, "
-            "step_type text DEFAULT 'single'::text, required_input_pattern jsonb DEFAULT NULL::jsonb, "
-            "forbidden_input_pattern jsonb DEFAULT NULL::jsonb, when_unmet text DEFAULT 'skip'::text, "
+            "step_type text DEFAULT 'single'::text, "
+            "required_input_pattern jsonb DEFAULT NULL::jsonb, "
+            "forbidden_input_pattern jsonb DEFAULT NULL::jsonb, "
+            "when_unmet text DEFAULT 'skip'::text, "
             "when_exhausted text DEFAULT 'fail'::text, queue_name text DEFAULT NULL::text"
         ),
         "flowlane.steps",
@@ -76,7 +78,8 @@ def test_step_task_record_fields(engine: Engine) -> None:
     fields = engine.rows(
         "select a.attname, format_type(a.atttypid, a.atttypmod) as type "
         "from pg_attribute a "
-        "where a.attrelid = 'flowlane.step_task_record'::regclass and a.attnum > 0 order by a.attnum"
+        "where a.attrelid = 'flowlane.step_task_record'::regclass and a.attnum > 0 "
+        "order by a.attnum"
     )
     assert [(f["attname"], f["type"]) for f in fields] == [
         ("flow_slug", "text"),
