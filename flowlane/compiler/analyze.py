@@ -119,7 +119,8 @@ def _namespace(flows: list[_Entry], aliases: list[_Entry], state: Analysis) -> N
         code = "FL051" if both == {"flow", "alias"} else "FL021"
         help = "flow and alias slugs share one namespace (case-insensitive); rename one of them"
         if entry.data["kind"] == "flow" == other.data["kind"]:
-            help += f" (a new flow version gets a new slug such as `{next_version_slug(other.slug)}`)"
+            suggestion = next_version_slug(other.slug)
+            help += f" (a new flow version gets a new slug such as `{suggestion}`)"
         state.findings.append(entry.doc.diagnostic(
             ("slug",), code,
             f"{entry.data['kind']} slug `{entry.slug}` is already used by "

@@ -35,7 +35,7 @@ _NULLS = frozenset({"", "~", "null", "Null", "NULL"})
 _TRUE = frozenset({"true", "True", "TRUE"})
 _FALSE = frozenset({"false", "False", "FALSE"})
 _INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*)\Z")  # leading zeros stay strings
-_FLOAT = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?\Z")
+_FLOAT = re.compile(r"[-+]?(?:\.[0-9]+|(?:0|[1-9][0-9]*)(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?\Z")
 _ALIAS_BUDGET = 10_000  # nodes an alias may add beyond twice the document's own size
 
 _BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
