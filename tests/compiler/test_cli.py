@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import runpy
 import subprocess
 from pathlib import Path
 
@@ -83,7 +84,7 @@ def test_compile_writes_only_changed_files(project: Path, capsys: pytest.Capture
     assert code == 0 and "2 written, 0 unchanged, 0 removed" in out
     sql = project / "sql" / "flows" / "hello.sql"
     stamp = sql.stat().st_mtime_ns
-    code, out, _ = run(capsys, "compile")
+    _code, out, _ = run(capsys, "compile")
     assert "0 written, 2 unchanged" in out and sql.stat().st_mtime_ns == stamp
     (project / "flows" / "hello.yaml").write_text(HELLO.replace("m:shout", "m:yell"))
     code, out, _ = run(capsys, "compile")
@@ -174,10 +175,9 @@ def test_graph_mermaid_and_dot(project: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_types_module_is_valid_python(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "types", "--out", "names.py")
+    code, _out, _ = run(capsys, "types", "--out", "names.py")
     assert code == 0
-    namespace: dict[str, object] = {}
-    exec(compile((project / "names.py").read_text(), "names.py", "exec"), namespace)
+    namespace = runpy.run_path(str(project / "names.py"))
     assert str(namespace["HelloStepSlug"]) == "typing.Literal['greet', 'shout']"
     assert str(namespace["AliasSlug"]) == "typing.Never"
 
