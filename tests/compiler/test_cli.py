@@ -108,6 +108,7 @@ def test_compile_removes_sql_of_deleted_flows(project: Path, capsys: pytest.Capt
     run(capsys, "compile")
     (project / "flows" / "two.yaml").unlink()
     code, out, _ = run(capsys, "compile")
+    assert code == 0
     assert "1 removed" in out and not (project / "sql" / "flows" / "two.sql").exists()
 
 
