@@ -169,3 +169,16 @@ def test_structural_change_requires_a_new_version_option_change_does_not(
         spec["handler"] = "other.module:fn"
     flow = api.project_from_text(to_yaml(tuned), "f.yaml").flows[0]
     assert check._compare(flow, committed, [flow.slug]) is None
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(flow_documents(), NESTED), st.sampled_from(["flow", "alias", "worker"]))
+def test_fast_schema_check_never_accepts_what_jsonschema_rejects(data: Any, kind: str) -> None:
+    from flowlane.compiler import fastcheck, schema
+
+    if isinstance(data, dict) and "kind" not in data:
+        data = {"kind": kind, **data}
+    for name in ("flow", "alias", "worker"):
+        validator = schema._validator(name)
+        if fastcheck.compile_schema(validator.schema)(data):
+            assert validator.is_valid(data)
