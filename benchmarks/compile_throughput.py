@@ -23,7 +23,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from flowlane import compiler  # noqa: E402
+from flowlane import compiler
 
 LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
