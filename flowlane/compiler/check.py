@@ -15,7 +15,7 @@ from flowlane.compiler import analyze, api, gitrev, render, shape, sqltext
 from flowlane.compiler.diagnostics import Diagnostic
 from flowlane.compiler.model import Flow, Project
 
-_SHAPE_LINE = re.compile(r"^  shape => (?P<literal>.*)::jsonb$", re.MULTILINE)
+_SHAPE_LINE = re.compile(r"^  shape => (?P<literal>.*)::jsonb\n\);$", re.MULTILINE)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,14 @@
 -- shape sha256: 2044113c4c3740f4a745aae48bc78438848af48e0e8e07596e2933e15f96dd2c
 begin;
 
+-- an existing flow must already have exactly this shape (a changed shape needs a new slug)
+select flowlane.ensure_flow_shape(
+  flow_slug => 'community_threads_v2',
+  shape => '{"queue_mode":"explicit","steps":[{"if":null,"needs":[],"queue":"classify_threads","slug":"fetch","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["fetch"],"queue":"classify_threads","slug":"classify","type":"map","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":{"fetch":{"urgent":true}},"needs":["classify","fetch"],"queue":"deliver_slack_alerts","slug":"deliver_slack","type":"single","unless":{"fetch":{"muted":true}},"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
+)
+from flowlane.flows
+where flow_slug = 'community_threads_v2';
+
 select flowlane.create_flow(
   flow_slug => 'community_threads_v2',
   max_attempts => 3,
@@ -58,6 +66,7 @@ select flowlane.add_step(
   queue_name => 'deliver_slack_alerts'
 );
 
+-- the flow now has exactly this shape
 select flowlane.ensure_flow_shape(
   flow_slug => 'community_threads_v2',
   shape => '{"queue_mode":"explicit","steps":[{"if":null,"needs":[],"queue":"classify_threads","slug":"fetch","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["fetch"],"queue":"classify_threads","slug":"classify","type":"map","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":{"fetch":{"urgent":true}},"needs":["classify","fetch"],"queue":"deliver_slack_alerts","slug":"deliver_slack","type":"single","unless":{"fetch":{"muted":true}},"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb

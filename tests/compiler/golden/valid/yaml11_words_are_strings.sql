@@ -8,6 +8,14 @@ commit;
 -- shape sha256: f90c76478219bf308bf0a4d7814af0741446dad486faa14108884b898205b347
 begin;
 
+-- an existing flow must already have exactly this shape (a changed shape needs a new slug)
+select flowlane.ensure_flow_shape(
+  flow_slug => 'words',
+  shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"words","slug":"on","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["on"],"queue":"words","slug":"yes","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["on"],"queue":"words","slug":"off","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":{"yes":{"answer":"no","code":"007","when":"2024-01-01"}},"needs":["off","yes"],"queue":"words","slug":"null","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
+)
+from flowlane.flows
+where flow_slug = 'words';
+
 select flowlane.create_flow(
   flow_slug => 'words',
   max_attempts => 3,
@@ -80,6 +88,7 @@ select flowlane.add_step(
   queue_name => 'words'
 );
 
+-- the flow now has exactly this shape
 select flowlane.ensure_flow_shape(
   flow_slug => 'words',
   shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"words","slug":"on","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["on"],"queue":"words","slug":"yes","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["on"],"queue":"words","slug":"off","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":{"yes":{"answer":"no","code":"007","when":"2024-01-01"}},"needs":["off","yes"],"queue":"words","slug":"null","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
