@@ -32,7 +32,7 @@ def snapshot(conn: psycopg.Connection[Any]) -> list[Any]:
                          ("deps", "flow_slug, step_slug, dep_slug"), ("aliases", "alias"),
                          ("alias_history", "id"), ("queues", "queue_name")):
         rows.append(conn.execute(
-            f"select to_jsonb(t) - 'created_at' - 'updated_at' - 'changed_at' "  # noqa: S608
+            f"select to_jsonb(t) - 'created_at' - 'updated_at' - 'changed_at' "
             f"from flowlane.{table} t order by {order}").fetchall())
     rows.append(conn.execute("select queue_name from pgmq.list_queues() order by 1").fetchall())
     return rows
@@ -65,7 +65,7 @@ def test_compiled_examples_apply_twice_second_time_changes_nothing(
     conn: psycopg.Connection[Any],
 ) -> None:
     files = api.compile_project(api.load_project([ROOT / "flows"]))
-    ordered = sorted(k for k in files if k.startswith("flows/")) + ["aliases.sql"]
+    ordered = [*sorted(k for k in files if k.startswith("flows/")), "aliases.sql"]
     for name in ordered:
         run_file(conn, files[name])
     first = snapshot(conn)
