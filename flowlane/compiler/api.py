@@ -26,7 +26,7 @@ def analyze_paths(paths: Iterable[PathLike] | None = None
                   ) -> tuple[Project | None, list[Diagnostic]]:
     """Load, validate and check every document; the project only when there is no finding."""
     documents, findings = loader.load_paths(_paths(paths))
-    project, more = analyze.analyze(documents)
+    project, more = analyze.analyze(documents, complete=not findings)
     found = diagnostics.sort([*findings, *more])
     return (project if not found else None), found
 
@@ -39,14 +39,14 @@ def validate(paths: Iterable[PathLike] | None = None) -> list[Diagnostic]:
 def validate_text(text: str, path: str = "<string>") -> list[Diagnostic]:
     """Findings for YAML given as text (one file)."""
     documents, findings = loader.load_text(text, path)
-    _project, more = analyze.analyze(documents)
+    _project, more = analyze.analyze(documents, complete=not findings)
     return diagnostics.sort([*findings, *more])
 
 
 def project_from_text(text: str, path: str = "<string>") -> Project:
     """A project from YAML text (one file); raises CompileError on any finding."""
     documents, findings = loader.load_text(text, path)
-    project, more = analyze.analyze(documents)
+    project, more = analyze.analyze(documents, complete=not findings)
     return _require(project, diagnostics.sort([*findings, *more]))
 
 

@@ -204,3 +204,17 @@ def test_usage_error_exit_code_two(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["validate", "--format", "xml"])
     assert exc.value.code == 2
+
+
+def test_broken_files_cause_no_follow_on_unknown_flow_findings(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flows = project / "flows"
+    (flows / "a.yaml").write_text("kind: flow\nslug: a\nsteps:\n  x: {handler: m:x, timeout: 1}\n")
+    (flows / "b.yaml").write_text("kind: alias\nslug: al\nactive: a\n---\n"
+                                  "kind: worker\nqueue: a\nflows: [a, b]\n")
+    (flows / "c.yaml").write_text("kind: flow\nslug: b\nsteps: [\n")
+    code, out, _ = run(capsys, "validate", "--format", "json")
+    assert code == 1
+    assert sorted((d["path"], d["code"]) for d in json.loads(out)) == [
+        ("flows/a.yaml", "FL013"), ("flows/c.yaml", "FL001")]
