@@ -104,8 +104,10 @@ def version_changes(project: Project, out: Path, base: str | None
         return [], [f"note: no git revision {rev}; skipped the immutability check"]
     taken = [f.slug for f in project.flows] + [a.slug for a in project.aliases]
     changes = []
+    paths = {flow.slug: out / render.flow_path(flow.slug) for flow in project.flows}
+    committed_files = gitrev.show_many(rev, list(paths.values()))
     for flow in project.flows:
-        committed = gitrev.show(rev, out / render.flow_path(flow.slug))
+        committed = committed_files[paths[flow.slug]]
         change = _compare(flow, committed, taken) if committed is not None else None
         if change is not None:
             changes.append(change)
