@@ -113,9 +113,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     result = checks.check(args.paths, args.out, args.base)
-    _report(result.diagnostics, args.format)
     for note in result.notes:
         print(note, file=sys.stderr)
+    if args.format != "text":
+        _report(result.all_diagnostics(args.base or "HEAD"), args.format)
+        return 0 if result.ok else 1
+    _report(result.diagnostics, args.format)
     for stale in result.stale:
         print(f"{stale.path}: {stale.reason}; run `flowlane compile`")
         sys.stdout.write(stale.diff)

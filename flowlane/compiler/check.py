@@ -35,6 +35,8 @@ class VersionChange:
     differences: tuple[str, ...]
     suggestion: str
     source: str
+    line: int = 1
+    col: int = 1
 
     def message(self, base: str) -> str:
         return (f"NEW_VERSION_REQUIRED: flow `{self.flow_slug}` ({self.source}) changed its "
@@ -53,6 +55,22 @@ class CheckResult:
     @property
     def ok(self) -> bool:
         return not (self.diagnostics or self.stale or self.versions)
+
+    def all_diagnostics(self, base: str = "HEAD") -> list[Diagnostic]:
+        """Every finding as a diagnostic (for JSON and SARIF output)."""
+        found = list(self.diagnostics)
+        found += [Diagnostic(s.path, _first_changed_line(s.diff), 1, "FL090",
+                             f"{s.path}: {s.reason}", "run `flowlane compile` and commit the SQL")
+                  for s in self.stale]
+        found += [Diagnostic(v.source, v.line, v.col, "FL091", v.message(base),
+                             f"declare a new version `{v.suggestion}`; differences: "
+                             + "; ".join(v.differences)) for v in self.versions]
+        return found
+
+
+def _first_changed_line(diff: str) -> int:
+    match = re.search(r"^@@ -(\d+)", diff, re.MULTILINE)
+    return max(int(match[1]), 1) if match else 1
 
 
 def check(paths: Iterable[api.PathLike] | None = None, out: api.PathLike = "sql",
@@ -123,8 +141,9 @@ def _compare(flow: Flow, committed: str, taken: list[str]) -> VersionChange | No
         lines = ["the committed file has no readable shape"]
     else:
         lines = shape.differences(old, current, "the base", "the YAML")
-    return VersionChange(flow.slug, tuple(lines),
-                         analyze.next_version_slug(flow.slug, taken), flow.source)
+    line, col = (flow.location.line, flow.location.col) if flow.location else (1, 1)
+    return VersionChange(flow.slug, tuple(lines), analyze.next_version_slug(flow.slug, taken),
+                         flow.source, line, col)
 
 
 def committed_shape(text: str) -> dict[str, Any] | None:

@@ -122,6 +122,12 @@ def test_check_fails_on_stale_and_hand_edited_sql(project: Path,
     assert code == 1
     assert "sql/flows/hello.sql: stale or hand-edited" in out
     assert "-  max_attempts => 4," in out and "+  max_attempts => 3," in out
+    code, out, _ = run(capsys, "check", "--format", "sarif")
+    assert code == 1
+    result = json.loads(out)["runs"][0]["results"][0]
+    assert result["ruleId"] == "FL090"
+    assert result["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == \
+        "sql/flows/hello.sql"
     sql.unlink()
     code, out, _ = run(capsys, "check")
     assert code == 1 and "missing" in out
@@ -146,6 +152,10 @@ def test_check_requires_a_new_version_for_shape_changes(project: Path,
     assert "NEW_VERSION_REQUIRED: flow `hello`" in out
     assert "step 1 (shout): needs is [\"greet\"] in the base, [] in the YAML" in out
     assert "`hello_v2`" in out
+    code, out, _ = run(capsys, "check", "--format", "json")
+    assert code == 1
+    assert [(d["path"], d["line"], d["code"]) for d in json.loads(out)] == [
+        ("flows/hello.yaml", 2, "FL091")]
     # against an explicit base that predates the flow, it is a new flow
     commit_all(project, "second")
     (project / "flows" / "hello.yaml").write_text(HELLO.replace("m:greet", "m:g") +
