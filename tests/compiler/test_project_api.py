@@ -18,7 +18,7 @@ def test_project_load_exposes_flows_aliases_workers_and_handlers() -> None:
     assert [s.slug for s in v2.steps] == ["fetch", "classify", "deliver_slack"]
     assert v2.queue_mode == "explicit" and v2.owned_queues == ()
     assert v2.step("classify").type == "map" and v2.step("classify").timeout == 120
-    assert v2.step("deliver_slack").condition_if == {"fetch": {"urgent": True}}
+    assert v2.step("deliver_slack").condition_if == {"classify": [{"label": "question"}]}
     assert project.resolve("community_threads").slug == "community_threads_v2"
     assert [f.slug for f in project.versions("community_threads")] == [
         "community_threads_v2", "community_threads_v1"]
