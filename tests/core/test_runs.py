@@ -389,3 +389,17 @@ def test_many_runs_share_the_flow_queue(engine: Engine) -> None:
     assert engine.drive("f", lambda t: t["input"]) == 10
     for i, run_id in enumerate(runs):
         assert engine.run(run_id)["output"] == {"b": {"a": {"i": i}}}
+
+
+def test_start_flow_with_same_run_id_is_idempotent(engine: Engine) -> None:
+    engine.define("f", [("a", [], {})])
+    engine.define("g", [("a", [], {})])
+    given = uuid.uuid4()
+    assert engine.start("f", {"x": 1}, run_id=given) == given
+    assert engine.start("f", {"x": 1}, run_id=given) == given
+    assert engine.scalar("select count(*) from flowlane.step_tasks") == 1
+    assert len(engine.queue_messages("f")) == 1
+    with pytest.raises(psycopg.Error, match="already exists"):
+        engine.start("f", {"x": 2}, run_id=given)
+    with pytest.raises(psycopg.Error, match="already exists"):
+        engine.start("g", {"x": 1}, run_id=given)
