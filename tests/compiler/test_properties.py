@@ -182,3 +182,24 @@ def test_fast_schema_check_never_accepts_what_jsonschema_rejects(data: Any, kind
         validator = schema._validator(name)
         if fastcheck.compile_schema(validator.schema)(data):
             assert validator.is_valid(data)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(project_documents(), st.randoms(use_true_random=False))
+def test_compile_is_independent_of_the_order_files_are_given_in(
+    documents: list[dict[str, Any]], rnd: random.Random,
+) -> None:
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        files = []
+        for index, document in enumerate(documents):
+            file = Path(tmp) / f"{rnd.choice('abc')}{index}.yaml"
+            file.write_text(to_yaml(document), encoding="utf-8")
+            files.append(file)
+        first = api.compile_project(api.load_project(files))
+        rnd.shuffle(files)
+        shuffled = api.compile_project(api.load_project(files))
+        whole = api.compile_project(api.load_project([tmp]))
+    assert first == shuffled == whole
