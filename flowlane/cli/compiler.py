@@ -156,9 +156,13 @@ def cmd_types(args: argparse.Namespace) -> int:
     text = pytypes.render(_project(args.paths))
     if args.out:
         target = Path(args.out)
-        if not target.is_file() or target.read_text(encoding="utf-8") != text:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text, encoding="utf-8")
+        try:
+            if not target.is_file() or target.read_text(encoding="utf-8") != text:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise errors.FlowlaneError(f"cannot write {target.as_posix()}: "
+                                       f"{exc.strerror or exc}") from exc
         print(f"wrote {target.as_posix()}")
     else:
         sys.stdout.write(text)

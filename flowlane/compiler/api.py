@@ -102,7 +102,16 @@ def orphans(files: Mapping[str, str], out: PathLike) -> list[str]:
 
 def write_output(files: Mapping[str, str], out: PathLike) -> WriteSummary:
     """Write changed files only; remove compiled flow files whose flow is gone."""
-    root = Path(out)
+    try:
+        return _write_output(files, Path(out))
+    except OSError as exc:
+        raise errors.FlowlaneError(
+            f"cannot write the compiled SQL to {Path(out).as_posix()}: "
+            f"{exc.strerror or exc}", hint="check --out and the directory's permissions"
+        ) from exc
+
+
+def _write_output(files: Mapping[str, str], root: Path) -> WriteSummary:
     written, unchanged = [], []
     for relative, text in sorted(files.items()):
         target = root / relative
@@ -112,7 +121,7 @@ def write_output(files: Mapping[str, str], out: PathLike) -> WriteSummary:
         target.parent.mkdir(parents=True, exist_ok=True)
         _atomic_write(target, text)
         written.append(relative)
-    removed = orphans(files, out)
+    removed = orphans(files, root)
     for relative in removed:
         (root / relative).unlink()
     return WriteSummary(tuple(written), tuple(unchanged), tuple(removed))

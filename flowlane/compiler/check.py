@@ -87,6 +87,15 @@ def check(paths: Iterable[api.PathLike] | None = None, out: api.PathLike = "sql"
 
 
 def stale_files(files: Mapping[str, str], out: Path) -> list[StaleFile]:
+    """Compiled files in ``out`` that are missing, differ from ``files``, or are orphans."""
+    try:
+        return _stale_files(files, out)
+    except OSError as exc:
+        raise errors.FlowlaneError(f"cannot read the compiled SQL in {out.as_posix()}: "
+                                   f"{exc.strerror or exc}") from exc
+
+
+def _stale_files(files: Mapping[str, str], out: Path) -> list[StaleFile]:
     found = []
     for relative, expected in sorted(files.items()):
         target = out / relative

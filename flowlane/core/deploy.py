@@ -202,6 +202,14 @@ def _statements(text: str) -> str:
     return "\n".join(line for line in text.split("\n") if line not in ("begin;", "commit;"))
 
 
+def _read(file: Path) -> str:
+    try:
+        return file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise errors.FlowlaneError(f"cannot read {file.as_posix()}: {exc.strerror or exc}",
+                                   hint="run `flowlane compile`") from exc
+
+
 def _ordered_files(out: Path, project: Project) -> list[Path]:
     flows = [out / render.flow_path(f.slug) for f in sorted(project.flows, key=lambda f: f.slug)]
     return [*flows, out / render.ALIASES_FILE]
@@ -236,8 +244,8 @@ def _apply_files(conn: psycopg.Connection[Any], project: Project,
                 + " changed shape in the database", hint="run `flowlane plan` for details")
         applied = []
         for file in files:
+            body = _statements(_read(file))
             with db.wrap_errors(f"apply {file.as_posix()}"):
-                body = _statements(file.read_text(encoding="utf-8"))
                 conn.execute(body)  # a reviewed, compiled file (package-independent text)
             applied.append(file.as_posix())
     return ApplyResult(current, tuple(applied))

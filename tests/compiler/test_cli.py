@@ -228,3 +228,13 @@ def test_broken_files_cause_no_follow_on_unknown_flow_findings(
     assert code == 1
     assert sorted((d["path"], d["code"]) for d in json.loads(out)) == [
         ("flows/a.yaml", "FL013"), ("flows/c.yaml", "FL001")]
+
+
+def test_unwritable_output_is_an_error_not_a_traceback(project: Path,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    (project / "sql").write_text("a file where the directory should be")
+    code, _, err = run(capsys, "compile")
+    assert code == 1 and err.startswith("error: cannot write the compiled SQL to sql")
+    code, _, err = run(capsys, "types", "--out", "sql/names.py")
+    assert code == 1 and err.startswith("error: cannot write sql/names.py")
