@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,11 +24,29 @@ def _paths(paths: Iterable[PathLike] | None) -> list[PathLike]:
     return chosen or list(DEFAULT_PATHS)
 
 
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while building many acyclic objects.
+
+    Loading allocates millions of YAML nodes and values that hold no reference
+    cycles; with the collector running, its repeated scans of these young objects
+    cost more than the parsing itself. Reference counting still frees everything.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def analyze_paths(paths: Iterable[PathLike] | None = None
                   ) -> tuple[Project | None, list[Diagnostic]]:
     """Load, validate and check every document; the project only when there is no finding."""
-    documents, findings = loader.load_paths(_paths(paths))
-    project, more = analyze.analyze(documents, complete=not findings)
+    with _gc_paused():
+        documents, findings = loader.load_paths(_paths(paths))
+        project, more = analyze.analyze(documents, complete=not findings)
     found = diagnostics.sort([*findings, *more])
     return (project if not found else None), found
 
@@ -74,7 +94,8 @@ def compile_error(found: Sequence[Diagnostic]) -> errors.CompileError:
 
 def compile_project(project: Project) -> dict[str, str]:
     """Relative SQL path (``flows/<slug>.sql``, ``aliases.sql``) -> byte-stable text."""
-    return render.render_project(project)
+    with _gc_paused():
+        return render.render_project(project)
 
 
 @dataclass(frozen=True)
