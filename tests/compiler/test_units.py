@@ -110,3 +110,11 @@ def test_next_version_slug() -> None:
     assert next_version_slug("foo") == "foo_v2"
     assert next_version_slug("foo_v2") == "foo_v3"
     assert next_version_slug("foo_v2", ["foo_v3"]) == "foo_v4"
+
+
+def test_every_code_is_documented() -> None:
+    from flowlane.compiler import codes
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "diagnostics.md").read_text()
+    for code, meaning in codes.CODES.items():
+        assert f"| {code} | {meaning} |" in text, code
