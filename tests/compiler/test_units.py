@@ -118,3 +118,14 @@ def test_every_code_is_documented() -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "diagnostics.md").read_text()
     for code, meaning in codes.CODES.items():
         assert f"| {code} | {meaning} |" in text, code
+
+
+def test_templates_refuse_values_that_skipped_the_quoting_filters() -> None:
+    import pytest
+
+    from flowlane.compiler import render
+
+    env = render.environment()
+    with pytest.raises(TypeError, match="was not passed through a SQL filter"):
+        env.from_string("select {{ value }}").render(value="'; drop table x; --")
+    assert env.from_string("select {{ value | lit }}").render(value="'; x") == "select '''; x'"
