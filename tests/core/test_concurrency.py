@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 
-from tests.core.engine import Engine
+from tests.core.engine import Engine, assert_invariants
 
 
 def worker_loop(
@@ -66,6 +66,7 @@ def test_many_claimers_complete_every_task_exactly_once(engine: Engine, dsn: str
         engine.scalar("select count(*) from flowlane.step_tasks where status <> 'completed'") == 0
     )
     assert engine.scalar("select count(*) from flowlane.step_tasks where attempts_count <> 1") == 0
+    assert_invariants(engine)
 
 
 def test_duplicate_delivery_claims_once(engine: Engine, dsn: str) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.core.engine import Engine
+from tests.core.engine import Engine, assert_invariants
 
 QUEUES = ["qa", "qb", "qc"]
 RUN_INPUT = [1, 2, 3]
@@ -134,6 +134,7 @@ def test_queue_identity_over_random_dags(engine: Engine, steps: list[StepDef]) -
                 engine.complete(task, handler(by_slug, task))
                 progressed = True
         check_identity(engine, flow, run_ids)
+        assert_invariants(engine)
         if not progressed:
             break
     expected = expected_outputs(steps)

@@ -317,3 +317,79 @@ def test_concurrent_compiles_serialize(dsn: str, engine: Engine) -> None:
         run(second)
         second.commit()
     assert statuses == ["compiled", "verified"]
+
+
+def apply_compiled(conn: psycopg.Connection[Any], slug: str, shape: dict[str, Any]) -> None:
+    """Like a compiled SQL file: one transaction, create_flow, add_step..., ensure_flow_shape."""
+    with conn.transaction():
+        conn.execute(
+            "select flowlane.create_flow(%s, queue_mode => %s)", (slug, shape["queue_mode"])
+        )
+        for step in shape["steps"]:
+            conn.execute(
+                "select flowlane.add_step(flow_slug => %s, step_slug => %s, deps_slugs => %s, "
+                "step_type => %s, required_input_pattern => %s, forbidden_input_pattern => %s, "
+                "when_unmet => %s, when_exhausted => %s, queue_name => %s)",
+                (
+                    slug,
+                    step["slug"],
+                    step["needs"],
+                    step["type"],
+                    None if step["if"] is None else Jsonb(step["if"]),
+                    None if step["unless"] is None else Jsonb(step["unless"]),
+                    step["when_unmet"],
+                    step["when_exhausted"],
+                    step["queue"],
+                ),
+            )
+        conn.execute("select flowlane.ensure_flow_shape(%s, %s)", (slug, Jsonb(shape)))
+
+
+def test_compiled_sql_apply_is_idempotent(engine: Engine) -> None:
+    apply_compiled(engine.conn, "f", SHAPE)
+    apply_compiled(engine.conn, "f", SHAPE)
+    assert engine.scalar("select flowlane.get_flow_shape('f')") == SHAPE
+
+
+@pytest.mark.parametrize("change", ["added_step", "removed_step", "changed_route"])
+def test_compiled_sql_with_other_shape_raises_and_changes_nothing(
+    engine: Engine, change: str
+) -> None:
+    apply_compiled(engine.conn, "f", SHAPE)
+    other = copy.deepcopy(SHAPE)
+    if change == "added_step":
+        other["steps"].append(
+            {
+                "slug": "more",
+                "type": "single",
+                "needs": ["fetch"],
+                "if": None,
+                "unless": None,
+                "when_unmet": "skip",
+                "when_exhausted": "fail",
+                "queue": "brand_new_q",
+            }
+        )
+    elif change == "removed_step":
+        other["steps"].pop()
+    else:
+        other["steps"][0]["queue"] = "elsewhere"
+    before = engine.rows("select * from flowlane.steps order by step_index")
+    with pytest.raises(psycopg.Error, match="FLOWLANE_SHAPE_MISMATCH"):
+        apply_compiled(engine.conn, "f", other)
+    assert engine.rows("select * from flowlane.steps order by step_index") == before
+    assert (
+        engine.scalar(
+            "select count(*) from flowlane.queues where queue_name in ('brand_new_q', 'elsewhere')"
+        )
+        == 0
+    )
+
+
+def test_new_steps_refused_once_a_flow_has_runs(engine: Engine) -> None:
+    engine.define("f", [("a", [], {})])
+    engine.add_step("f", "b", ["a"])  # still being defined: allowed
+    engine.start("f", {})
+    with pytest.raises(psycopg.Error, match='flow "f" is already applied and has no step "c"'):
+        engine.add_step("f", "c")
+    assert engine.add_step("f", "a", timeout=7)["opt_timeout"] == 7  # options still converge
