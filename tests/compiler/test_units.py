@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from flowlane.compiler import graph_order, loader, names, schema, shape, sqltext
 from flowlane.compiler.analyze import next_version_slug
+from tests.compiler.strategies import STORABLE_CHARACTERS
 
 
 def test_positions_of_values_and_keys() -> None:
@@ -62,7 +63,7 @@ def test_names() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")))
+@given(st.text(STORABLE_CHARACTERS))
 def test_quote_round_trips(value: str) -> None:
     quoted = sqltext.quote(value)
     assert sqltext.unquote(quoted) == value
