@@ -148,7 +148,12 @@ def cmd_graph(args: argparse.Namespace) -> int:
                                  [a.slug for a in project.aliases]))
         raise errors.UsageError(f"no flow or alias `{args.flow}`", hint=f"known: {known}") \
             from None
-    sys.stdout.write(graph.render(flow, args.format))
+    title = flow.slug
+    if project.has_alias(args.flow):
+        alias = project.alias(args.flow)
+        draining = f", draining {', '.join(alias.draining)}" if alias.draining else ""
+        title = f"{flow.slug} (active version of alias {alias.slug}{draining})"
+    sys.stdout.write(graph.render(flow, args.format, title))
     return 0
 
 
