@@ -70,6 +70,8 @@ def _configure_database(subparsers: Any) -> None:
     plan = subparsers.add_parser("plan", help="compare the YAML with a live database")
     _add_paths(plan)
     add_dsn_argument(plan)
+    plan.add_argument("--format", choices=("text", "markdown"), default="text",
+                      help="markdown: a table to post as a pull-request comment")
     plan.set_defaults(func=cmd_plan)
 
     apply = subparsers.add_parser(
@@ -183,7 +185,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from flowlane.core import deploy
 
     plan = deploy.plan(_project(args.paths), args.dsn)
-    sys.stdout.write(plan.render())
+    sys.stdout.write(plan.markdown() if args.format == "markdown" else plan.render())
     return 1 if plan.refused else 0
 
 
