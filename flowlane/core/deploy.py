@@ -246,6 +246,7 @@ def _apply_files(conn: psycopg.Connection[Any], project: Project,
                  files: Iterable[Path]) -> ApplyResult:
     with conn.transaction():
         with db.wrap_errors("apply"):
+            conn.execute(query("deploy_lock_timeout"))  # never queue behind long locks
             conn.execute(query("deploy_lock"))
         current = plan_with(project, conn)
         if current.refused:
