@@ -1,0 +1,393 @@
+"""Read flow YAML into plain data plus the source position of every node.
+
+PyYAML (the C parser when available) composes the node graph; we build the
+values ourselves instead of using its constructor so that:
+
+- every value and every mapping key keeps its ``line:col``;
+- keys are always strings (a step named ``on``, ``yes`` or ``1`` stays a
+  string) and plain values resolve conservatively, YAML 1.2 style: only
+  ``true``/``false``, ``null``/``~``/empty, decimal integers and finite
+  floats are not strings (``yes``, ``off``, ``2024-01-01`` stay strings);
+- duplicate keys, non-scalar keys, merge keys, recursive or exploding aliases
+  and explicit tags are diagnostics instead of silent surprises.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from flowlane.compiler.diagnostics import Diagnostic
+
+YAML_SUFFIXES = (".yaml", ".yml")
+STR_TAG = "tag:yaml.org,2002:str"
+SEQ_TAG = "tag:yaml.org,2002:seq"
+MAP_TAG = "tag:yaml.org,2002:map"
+_NULLS = frozenset({"", "~", "null", "Null", "NULL"})
+_TRUE = frozenset({"true", "True", "TRUE"})
+_FALSE = frozenset({"false", "False", "FALSE"})
+_INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*)\Z")  # leading zeros stay strings
+_FLOAT = re.compile(r"[-+]?(?:\.[0-9]+|(?:0|[1-9][0-9]*)(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?\Z")
+_ALIAS_BUDGET = 10_000  # nodes an alias may add beyond twice the document's own size
+
+_BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _ComposeLoader(_BaseLoader):  # type: ignore[misc]
+    """Composes nodes only; no implicit typing (we resolve plain scalars ourselves)."""
+
+    yaml_implicit_resolvers: dict[Any, Any] = {}  # the class-level table PyYAML reads
+
+
+
+class Position(NamedTuple):
+    """A 1-based line and column in a source file (a tuple: cheap, one per YAML node)."""
+
+    line: int
+    col: int
+
+
+@dataclass(frozen=True)
+class Source:
+    """A file's display path and its lines (for excerpts in diagnostics)."""
+
+    path: str
+    lines: tuple[str, ...]
+
+    def line(self, number: int) -> str | None:
+        if 1 <= number <= len(self.lines):
+            return self.lines[number - 1]
+        return None
+
+    def diagnostic(
+        self, pos: Position, code: str, message: str, help: str | None = None
+    ) -> Diagnostic:
+        return Diagnostic(
+            self.path, pos.line, pos.col, code, message, help, self.line(pos.line)
+        )
+
+
+@dataclass
+class Document:
+    """One YAML document: its data, its composed nodes (for positions) and its source.
+
+    Positions are looked up on demand by walking the nodes, so loading does not pay
+    for a position table of every node.
+    """
+
+    source: Source
+    index: int
+    data: Any
+    root: Node | None = None
+    _keys: dict[int, dict[str, tuple[Node, Node]]] = field(default_factory=dict, repr=False)
+
+    @property
+    def path(self) -> str:
+        return self.source.path
+
+    def _locate(self, path: Sequence[str | int]) -> tuple[Node | None, Node | None, bool]:
+        """(deepest value node on ``path``, its key node, whether all of ``path`` exists)."""
+        node, key_node = self.root, None
+        for part in path:
+            child = self._child(node, part)
+            if child is None:
+                return node, None, False
+            key_node, node = child
+        return node, key_node, True
+
+    def at(self, path: Sequence[str | int]) -> Position:
+        """Position of the value at ``path`` (or its nearest existing ancestor)."""
+        node, _key, _found = self._locate(path)
+        return _position(node) if node is not None else Position(1, 1)
+
+    def key_at(self, path: Sequence[str | int]) -> Position:
+        """Position of the mapping key that holds ``path`` (else of the value)."""
+        node, key_node, found = self._locate(path)
+        if found and key_node is not None:
+            return _position(key_node)
+        return _position(node) if node is not None else Position(1, 1)
+
+    def diagnostic(
+        self,
+        path: Sequence[str | int],
+        code: str,
+        message: str,
+        help: str | None = None,
+        *,
+        key: bool = False,
+    ) -> Diagnostic:
+        pos = self.key_at(path) if key else self.at(path)
+        return self.source.diagnostic(pos, code, message, help)
+
+
+    def _child(self, node: Node | None, part: str | int) -> tuple[Node | None, Node] | None:
+        """The (key node, value node) of ``part`` in ``node``, as the builder kept it."""
+        if isinstance(node, MappingNode) and isinstance(part, str):
+            return self._mapping_index(node).get(part)
+        if isinstance(node, SequenceNode) and isinstance(part, int):
+            return (None, node.value[part]) if 0 <= part < len(node.value) else None
+        return None
+
+    def _mapping_index(self, node: MappingNode) -> dict[str, tuple[Node, Node]]:
+        index = self._keys.get(id(node))
+        if index is None:
+            index = {}
+            for key_node, value_node in node.value:
+                if isinstance(key_node, ScalarNode) and not _is_merge_key(key_node):
+                    index.setdefault(key_node.value, (key_node, value_node))
+            self._keys[id(node)] = index
+        return index
+
+
+def _is_merge_key(node: Node) -> bool:
+    return isinstance(node, ScalarNode) and not node.style and node.value == "<<"
+
+
+def _position(node: Node) -> Position:
+    mark = node.start_mark
+    return Position(mark.line + 1, mark.column + 1)
+
+
+class _Builder:
+    """Turns one composed document into data, collecting findings."""
+
+    def __init__(self, source: Source, index: int) -> None:
+        self.doc = Document(source, index, None)
+        self.findings: list[Diagnostic] = []
+        self._seen: set[int] = set()
+        self._active: set[int] = set()
+        self._built = 0
+        self._exploded = False
+
+    def build(self, root: Node) -> Document:
+        self.doc.root = root
+        self.doc.data = self._value(root)
+        return self.doc
+
+    def _error(self, node: Node, code: str, message: str, help: str | None = None) -> None:
+        self.findings.append(self.doc.source.diagnostic(_position(node), code, message, help))
+
+    def _value(self, node: Node) -> Any:
+        if not self._enter(node):
+            return None
+        try:
+            if isinstance(node, ScalarNode):
+                return self._scalar(node)
+            if isinstance(node, SequenceNode):
+                self._check_tag(node, SEQ_TAG)
+                return [self._value(item) for item in node.value]
+            assert isinstance(node, MappingNode)
+            return self._mapping(node)
+        finally:
+            self._active.discard(id(node))
+
+    def _enter(self, node: Node) -> bool:
+        ident = id(node)
+        if self._exploded:
+            return False
+        if ident in self._active:
+            self._error(node, "FL005", "recursive YAML alias", "an alias cannot contain itself")
+            return False
+        self._built += 1
+        if ident in self._seen and self._built > 2 * len(self._seen) + _ALIAS_BUDGET:
+            self._exploded = True
+            self._error(
+                node, "FL005", "YAML aliases expand to too many nodes",
+                "write the repeated content out or reduce alias nesting",
+            )
+            return False
+        self._seen.add(ident)
+        self._active.add(ident)
+        return True
+
+    def _check_tag(self, node: Node, expected: str) -> None:
+        if node.tag != expected:
+            self._error(
+                node, "FL006", f"unsupported YAML tag {node.tag!r}",
+                "remove the tag; flowlane documents use plain YAML values",
+            )
+
+    def _scalar(self, node: ScalarNode) -> Any:
+        if node.tag != STR_TAG:
+            self._check_tag(node, STR_TAG)
+        value: str = node.value
+        if node.style:  # quoted or block scalar (the C parser reports plain as '')
+            return value
+        return resolve_plain(value)
+
+    def _mapping(self, node: MappingNode) -> dict[str, Any]:
+        self._check_tag(node, MAP_TAG)
+        result: dict[str, Any] = {}
+        first: dict[str, Node] = {}
+        for key_node, value_node in node.value:
+            key = self._key(key_node, first)
+            if key is not None:
+                first[key] = key_node
+                result[key] = self._value(value_node)
+        return result
+
+    def _key(self, node: Node, first: dict[str, Node]) -> str | None:
+        if not isinstance(node, ScalarNode):
+            self._error(
+                node, "FL004", "mapping keys must be plain strings, not a mapping or a list",
+                "write the key as a plain word such as `fetch`",
+            )
+            return None
+        if _is_merge_key(node):
+            self._error(
+                node, "FL005", "YAML merge keys (`<<`) are not supported",
+                "write the keys out; merges hide duplicates and overrides",
+            )
+            return None
+        self._check_tag(node, STR_TAG)
+        key: str = node.value
+        if key in first:
+            line = _position(first[key]).line
+            self._error(node, "FL003", f"duplicate key `{key}` (first defined at line {line})",
+                        "remove one of the two")
+            return None
+        return key
+
+
+def resolve_plain(value: str) -> Any:
+    """Resolve a plain (unquoted) scalar conservatively."""
+    if value in _NULLS:
+        return None
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    if _INT.match(value):
+        return int(value)
+    if _FLOAT.match(value):
+        number = float(value)
+        return number if math.isfinite(number) else value
+    return value
+
+
+def load_text(text: str, path: str) -> tuple[list[Document], list[Diagnostic]]:
+    """Parse every document of ``text`` (display name ``path``)."""
+    source = Source(path, tuple(text.splitlines()))
+    documents: list[Document] = []
+    findings: list[Diagnostic] = []
+    try:
+        for index, root in enumerate(yaml.compose_all(text, Loader=_ComposeLoader)):
+            builder = _Builder(source, index)
+            documents.append(builder.build(root))
+            findings.extend(builder.findings)
+    except yaml.YAMLError as exc:
+        findings.append(_syntax_diagnostic(source, exc))
+    except RecursionError:
+        findings.append(
+            source.diagnostic(Position(1, 1), "FL001", "YAML nesting is too deep",
+                              "flatten the document")
+        )
+    if not documents and not findings:
+        findings.append(
+            source.diagnostic(Position(1, 1), "FL007", "file contains no YAML document",
+                              "add a `kind: flow`, `kind: alias` or `kind: worker` document "
+                              "or delete the file")
+        )
+    return documents, findings
+
+
+def _syntax_diagnostic(source: Source, exc: yaml.YAMLError) -> Diagnostic:
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    line = mark.line + 1 if mark is not None else 1
+    col = mark.column + 1 if mark is not None else 1
+    tab = _first_tab_indent(source, line)
+    if tab is not None:
+        return source.diagnostic(
+            tab, "FL002", "tab character in indentation",
+            "YAML indentation must use spaces; replace the tab with spaces",
+        )
+    problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
+    context = getattr(exc, "context", None)
+    message = f"{context}: {problem}" if context else str(problem)
+    return source.diagnostic(Position(line, col), "FL001", f"YAML syntax error: {message}",
+                             "fix the YAML syntax at this position")
+
+
+def _first_tab_indent(source: Source, up_to_line: int) -> Position | None:
+    for number, text in enumerate(source.lines[:up_to_line], start=1):
+        indent = text[: len(text) - len(text.lstrip(" \t"))]
+        if "\t" in indent:
+            return Position(number, indent.index("\t") + 1)
+    return None
+
+
+def load_file(file: Path, display: str) -> tuple[list[Document], list[Diagnostic]]:
+    """Read and parse one file; unreadable or non-UTF-8 files become diagnostics."""
+    source = Source(display, ())
+    try:
+        raw = file.read_bytes()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        return [], [source.diagnostic(Position(1, 1), "FL008", f"cannot read file: {reason}",
+                                      "check the path and its permissions")]
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        return [], [source.diagnostic(Position(line, 1), "FL008", "file is not valid UTF-8",
+                                      "save the file as UTF-8")]
+    return load_text(text, display)
+
+
+def display_path(file: Path) -> str:
+    """A stable, machine-independent name: relative to the working directory when inside it."""
+    try:
+        return file.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return file.as_posix()
+
+
+def discover(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Path], list[Diagnostic]]:
+    """Every YAML file under ``paths`` (recursive, hidden directories skipped), sorted."""
+    found: dict[str, Path] = {}
+    findings: list[Diagnostic] = []
+    for raw in paths:
+        root = Path(raw)
+        if root.is_dir():
+            files = list(_walk(root))
+            if not files:
+                findings.append(_path_problem(root, "no *.yaml or *.yml files found"))
+            for file in files:
+                found.setdefault(display_path(file), file)
+        elif root.is_file():
+            found.setdefault(display_path(root), root)
+        else:
+            findings.append(_path_problem(root, "no such file or directory"))
+    return [found[name] for name in sorted(found)], findings
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if name.endswith(YAML_SUFFIXES) and not name.startswith("."):
+                yield Path(dirpath) / name
+
+
+def _path_problem(root: Path, reason: str) -> Diagnostic:
+    return Diagnostic(display_path(root), 1, 1, "FL008", f"{reason}: {root.as_posix()}",
+                      "pass a flows directory or YAML files (default: flows/)")
+
+
+def load_paths(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Document], list[Diagnostic]]:
+    """Discover and parse every file; documents in file order, findings of all files."""
+    files, findings = discover(paths)
+    documents: list[Document] = []
+    for file in files:
+        docs, problems = load_file(file, display_path(file))
+        documents.extend(docs)
+        findings.extend(problems)
+    return documents, findings
