@@ -11,6 +11,8 @@ reached fails the tests loudly; nothing is ever skipped for it.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -79,12 +81,15 @@ class Cluster:
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster() -> Iterator[Cluster]:
     external = os.environ.get("FLOWLANE_TEST_DSN")
+    # a private directory: pytest prunes old basetemp dirs, which would pull the
+    # data directory from under a server still used by a concurrent session
+    workdir = Path(tempfile.mkdtemp(prefix="flowlane-test-pg-"))
+    pgdata = workdir / "data"
     if external:
         admin_dsn = external
     else:
-        pgdata = tmp_path_factory.mktemp("pg") / "data"
         try:
             admin_dsn = db.EmbeddedDatabase.start_at(pgdata)
         except Exception as exc:
@@ -99,6 +104,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     cluster.close()
     if not external:
         db.EmbeddedDatabase.stop_at(pgdata)
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.fixture

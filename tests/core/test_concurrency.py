@@ -38,7 +38,7 @@ def worker_loop(
                     assert row is not None and row["status"] == "completed"
                     with lock:
                         done[(task["run_id"], task["step_slug"], task["task_index"])] += 1
-    except Exception as exc:  # noqa: BLE001  (surfaced by the test)
+    except Exception as exc:
         errors.append(exc)
 
 
