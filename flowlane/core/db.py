@@ -139,7 +139,7 @@ def _system_user() -> str | None:
 def redact(dsn: str) -> str:
     """Hide the password of a DSN for messages."""
     dsn = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
-    return re.sub(r"(password\s*=\s*)\S+", r"\1***", dsn)
+    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
 
 
 def connect(target: Target | str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.Connection[Any]:
@@ -148,6 +148,15 @@ def connect(target: Target | str, *, autocommit: bool = False, **kwargs: Any) ->
         target = Target(target, "dsn")
     try:
         return psycopg.connect(target.dsn, autocommit=autocommit, **kwargs)
+    except psycopg.ProgrammingError as exc:  # the DSN itself cannot be parsed
+        shown = redact(target.dsn)
+        # libpq quotes fragments of the string: show them only when no password is hidden
+        reason = f": {str(exc).strip()}" if shown == target.dsn else ""
+        raise errors.UsageError(
+            f"invalid connection string {shown} (from {target.source}){reason}",
+            hint="use a URL (postgresql://user@host:5432/dbname) or key=value pairs "
+            "(host=... dbname=...)",
+        ) from exc
     except psycopg.OperationalError as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise errors.DatabaseUnavailable(

@@ -85,3 +85,19 @@ def test_unreachable_database_is_one_clear_error(tmp_path: Path, how: str) -> No
     assert "secret" not in result.stderr
     assert result.stderr.splitlines()[-1].startswith("hint: ")
     assert not (tmp_path / ".flowlane").exists()
+
+
+@pytest.mark.parametrize("command", [["db", "status"], ["db", "migrate"],
+                                     ["plan", str(REPO / "flows")], ["verify", str(REPO / "flows")]])
+def test_malformed_dsn_is_a_usage_error_not_a_traceback(tmp_path: Path, command: list[str]) -> None:
+    result = flowlane(tmp_path, *command, "--dsn", "not a dsn")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: invalid connection string not a dsn (from --dsn)")
+
+
+def test_malformed_dsn_never_shows_its_password(tmp_path: Path) -> None:
+    result = flowlane(tmp_path, "db", "status", env={"FLOWLANE_DSN": "host=h password='s3 cr3t' x"})
+    assert result.returncode == 2, result.stderr
+    assert "s3" not in result.stderr and "cr3t" not in result.stderr
+    assert "(from FLOWLANE_DSN)" in result.stderr
