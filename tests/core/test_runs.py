@@ -434,3 +434,29 @@ def test_wide_map_fan_out_and_fan_in(engine: Engine) -> None:
     assert total["input"] == {"m": [i * 2 for i in range(300)]}
     engine.complete(total, sum(total["input"]["m"]))
     assert engine.run(run_id)["output"] == {"sum": 89700}
+
+
+@pytest.mark.parametrize(
+    ("bad_item", "message"),
+    [
+        (1, "item 1 must be an object"),
+        ({}, "item 1 has no run_id"),
+        ({"run_id": "x", "step_slug": "m", "task_index": 0}, "item 1: run_id must be a uuid"),
+        ({"step_slug": "m", "task_index": 0}, "item 1 has no run_id"),
+        ({"run_id": "00000000-0000-0000-0000-000000000000", "step_slug": "m", "task_index": 1.5},
+         "item 1: task_index must be an integer"),
+        ({"run_id": "00000000-0000-0000-0000-000000000000", "step_slug": "m", "task_index": 0,
+          "worker_id": 5}, "item 1: worker_id must be a uuid"),
+    ],
+)
+def test_complete_tasks_malformed_item_applies_nothing(engine: Engine, bad_item: Any,
+                                                       message: str) -> None:
+    engine.define("f", [("m", [], {"step_type": "map"})])
+    run_id = engine.start("f", [1])
+    (task,) = engine.claim("f")
+    good = {"run_id": str(run_id), "step_slug": "m", "task_index": 0, "output": 1,
+            "worker_id": str(engine.worker_id), "attempt": task["attempt"]}
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
+        engine.conn.execute("select * from flowlane.complete_tasks(%s)", (Jsonb([good, bad_item]),))
+    assert engine.task(run_id, "m")["status"] == "started"
+    engine.complete(task, 1)

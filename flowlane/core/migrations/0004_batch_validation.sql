@@ -1,0 +1,59 @@
+-- flowlane SQL Core 0004: complete_tasks validates the whole batch first.
+--
+-- Before 0004 an item that was not an object, or lacked run_id, step_slug or
+-- task_index, was silently ignored (complete_task with null keys matches no
+-- task) while the valid items of the same batch completed, and a malformed
+-- value surfaced as a bare cast error naming no item. Now every item is
+-- checked before any completion; the first bad one raises 22023 naming its
+-- position, and nothing of the batch is applied.
+
+create or replace function flowlane.complete_tasks(results jsonb) returns setof flowlane.step_tasks
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_item record;
+  v_elem jsonb;
+  v_pos int;
+  v_key text;
+begin
+  if results is null or jsonb_typeof(results) <> 'array' then
+    raise exception 'complete_tasks: results must be a JSON array of {run_id, step_slug, task_index, output, worker_id, attempt}'
+      using errcode = '22023';
+  end if;
+  for v_elem, v_pos in select e, o - 1 from jsonb_array_elements(results) with ordinality as a (e, o) loop
+    if jsonb_typeof(v_elem) <> 'object' then
+      raise exception 'complete_tasks: item % must be an object {run_id, step_slug, task_index, output, worker_id, attempt}, got %',
+        v_pos, jsonb_typeof(v_elem) using errcode = '22023';
+    end if;
+    foreach v_key in array array['run_id', 'step_slug', 'task_index'] loop
+      if coalesce(jsonb_typeof(v_elem -> v_key), 'null') = 'null' then
+        raise exception 'complete_tasks: item % has no %', v_pos, v_key using errcode = '22023';
+      end if;
+    end loop;
+    foreach v_key in array array['run_id', 'worker_id', 'task_index', 'attempt'] loop
+      begin
+        if v_key in ('run_id', 'worker_id') then
+          perform (v_elem ->> v_key)::uuid;
+        else
+          perform (v_elem ->> v_key)::int;
+        end if;
+      exception when invalid_text_representation or numeric_value_out_of_range then
+        raise exception 'complete_tasks: item %: % must be %, got %', v_pos, v_key,
+          case when v_key in ('run_id', 'worker_id') then 'a uuid' else 'an integer' end,
+          v_elem -> v_key using errcode = '22023';
+      end;
+    end loop;
+  end loop;
+  for v_item in
+    select (e ->> 'run_id')::uuid as run_id, e ->> 'step_slug' as step_slug,
+           (e ->> 'task_index')::int as task_index, e -> 'output' as output,
+           (e ->> 'worker_id')::uuid as worker_id, (e ->> 'attempt')::int as attempt
+    from jsonb_array_elements(results) e
+    order by 1, 2, 3   -- fixed lock order across concurrent batches
+  loop
+    return query select * from flowlane.complete_task(v_item.run_id, v_item.step_slug, v_item.task_index,
+                                                      v_item.output, v_item.worker_id, v_item.attempt);
+  end loop;
+end;
+$$;
