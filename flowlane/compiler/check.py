@@ -144,7 +144,7 @@ def version_changes(project: Project, out: Path, base: str | None
 def _compare(flow: Flow, committed: str, taken: list[str]) -> VersionChange | None:
     current = shape.flow_shape(flow)
     old = committed_shape(committed)
-    if old == current:
+    if old is not None and shape.same_json(old, current):
         return None
     if old is None:
         lines = ["the committed file has no readable shape"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from decimal import Decimal
 from typing import Any
 
 from flowlane.compiler.model import Flow, Step
@@ -52,10 +53,25 @@ def differences(old: dict[str, Any], new: dict[str, Any],
     for index, (a, b) in enumerate(zip(old_steps, new_steps, strict=False)):
         for key in ("slug", "type", "needs", "if", "unless", "when_unmet", "when_exhausted",
                     "queue"):
-            if a.get(key) != b.get(key):
+            if not same_json(a.get(key), b.get(key)):
                 lines.append(f"step {index} ({b.get('slug')}): {key} is {_show(a.get(key))} in "
                              f"{old_name}, {_show(b.get(key))} in {new_name}")
     return lines
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """Equality with jsonb's meaning (the SQL Core's ensure_flow_shape decides with it):
+    ``true`` is not ``1`` (Python says it is), and numbers compare by value, so ``1e3``
+    equals ``1000`` and ``1.5e300`` equals the digits PostgreSQL prints for it."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return Decimal(repr(a)) == Decimal(repr(b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
 
 
 def _show(value: Any) -> str:

@@ -238,3 +238,33 @@ def test_unwritable_output_is_an_error_not_a_traceback(project: Path,
     assert code == 1 and err.startswith("error: cannot write the compiled SQL to sql")
     code, _, err = run(capsys, "types", "--out", "sql/names.py")
     assert code == 1 and err.startswith("error: cannot write sql/names.py")
+
+
+@pytest.mark.parametrize(("before", "after"), [("1", "true"), ("0", "false"), ("[1]", "[true]")])
+def test_check_sees_a_number_changed_to_a_boolean(project: Path, capsys: pytest.CaptureFixture[str],
+                                                  before: str, after: str) -> None:
+    # Python says 1 == True; jsonb (and so the database) does not: this is a new shape
+    flow = HELLO + "    if: {greet: {ok: %s}}\n"
+    (project / "flows" / "hello.yaml").write_text(flow % before)
+    git(project, "init", "-q")
+    run(capsys, "compile")
+    commit_all(project)
+    (project / "flows" / "hello.yaml").write_text(flow % after)
+    run(capsys, "compile")
+    code, out, _ = run(capsys, "check")
+    assert code == 1, out
+    assert f'if is {{"greet": {{"ok": {before}}}}} in the base' in out
+
+
+def test_check_accepts_the_same_number_spelled_differently(project: Path,
+                                                           capsys: pytest.CaptureFixture[str]
+                                                           ) -> None:
+    flow = HELLO + "    if: {greet: {n: %s}}\n"
+    (project / "flows" / "hello.yaml").write_text(flow % "1000")
+    git(project, "init", "-q")
+    run(capsys, "compile")
+    commit_all(project)
+    (project / "flows" / "hello.yaml").write_text(flow % "1e3")
+    run(capsys, "compile")
+    code, out, _ = run(capsys, "check")
+    assert code == 0, out

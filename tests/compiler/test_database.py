@@ -218,3 +218,21 @@ def test_quoted_literals_mean_the_same_under_any_standard_conforming_strings(
     finally:
         conn.execute("reset standard_conforming_strings")
     assert row == (value, {"v": value})
+
+
+def test_numeric_conditions_verify_clean_after_apply(dsn: str, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # PostgreSQL prints 1.5e300 as its 301 digits and 1e3 as 1000.0: the same jsonb values,
+    # which plan/verify once called NEW_VERSION_REQUIRED right after a successful apply
+    (tmp_path / "flows").mkdir()
+    (tmp_path / "flows" / "nums.yaml").write_text(
+        "kind: flow\nslug: nums\nsteps:\n  a:\n    handler: m:f\n"
+        "    if: {big: 1.5e300, k: 1e3, n: -0.0, i: 99999999999999999999999999}\n")
+    monkeypatch.chdir(tmp_path)
+    assert cli(capsys, "compile")[0] == 0
+    code, out, _ = cli(capsys, "apply", "--dsn", dsn)
+    assert code == 0, out
+    code, out, _ = cli(capsys, "verify", "--dsn", dsn)
+    assert code == 0 and "NO_CHANGE             flow nums" in out, out
+    assert cli(capsys, "apply", "--dsn", dsn)[0] == 0
