@@ -361,9 +361,14 @@ def discover(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Path], list[
             if not files:
                 findings.append(_path_problem(root, "no *.yaml or *.yml files found"))
             for file in files:
-                found.setdefault(display_path(file), file)
+                if file.is_file():
+                    found.setdefault(display_path(file), file)
+                else:  # a FIFO or device would block or never end when read
+                    findings.append(_path_problem(file, "not a regular file"))
         elif root.is_file():
             found.setdefault(display_path(root), root)
+        elif root.exists():
+            findings.append(_path_problem(root, "not a regular file"))
         else:
             findings.append(_path_problem(root, "no such file or directory"))
     return [found[name] for name in sorted(found)], findings
