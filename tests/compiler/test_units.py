@@ -6,10 +6,12 @@ import json
 from pathlib import Path
 
 import jsonschema
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flowlane.compiler import graph_order, loader, names, schema, shape, sqltext
+from flowlane import errors
+from flowlane.compiler import api, graph_order, loader, names, schema, shape, sqltext
 from flowlane.compiler.analyze import next_version_slug
 from tests.compiler.strategies import STORABLE_CHARACTERS
 
@@ -130,3 +132,13 @@ def test_templates_refuse_values_that_skipped_the_quoting_filters() -> None:
     with pytest.raises(TypeError, match="was not passed through a SQL filter"):
         env.from_string("select {{ value }}").render(value="'; drop table x; --")
     assert env.from_string("select {{ value | lit }}").render(value="'; x") == "select '''; x'"
+
+
+def test_timeout_bound_matches_the_sql_core() -> None:
+    # the SQL Core (0004) refuses a timeout whose stall threshold (timeout + 30 s) overflows
+    text = "kind: flow\nslug: f\ndefaults: {timeout: %d}\nsteps:\n  a:\n    handler: m:f\n"
+    assert api.project_from_text(text % 2147483617).flows[0].timeout == 2147483617
+    with pytest.raises(errors.CompileError) as raised:
+        api.project_from_text(text % 2147483618)
+    (finding,) = raised.value.diagnostics
+    assert finding.code == "FL013" and "at most 2147483617" in finding.message

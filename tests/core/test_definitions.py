@@ -296,3 +296,30 @@ def test_workers(engine: Engine) -> None:
     assert stopped is not None and stopped["stopped_at"] is not None
     again = engine.row("select * from flowlane.register_worker(%s, 'orders', 'w1')", (wid,))
     assert again is not None and engine.scalar("select count(*) from flowlane.workers") == 1
+
+
+MAX_TIMEOUT = 2147483617  # 0004: timeout + 30 s (the stall threshold) must fit an int
+
+
+def test_largest_timeout_can_be_claimed_and_recovered(engine: Engine) -> None:
+    # before 0004 a timeout near 2^31 made every claim fail with "integer out of range"
+    # and, once such a task was started, requeue_stalled_tasks failed for every flow
+    engine.define("slow", [("s", [], {"timeout": MAX_TIMEOUT})], timeout=MAX_TIMEOUT)
+    engine.define("fast", [("s", [], {})])
+    slow_run, fast_run = engine.start("slow"), engine.start("fast")
+    assert len(engine.claim("slow")) == 1 and len(engine.claim("fast")) == 1
+    engine.backdate(fast_run, "s", 3600)
+    assert engine.scalar("select flowlane.requeue_stalled_tasks()") == 1
+    assert engine.task(fast_run, "s")["status"] == "queued"
+    assert engine.task(slow_run, "s")["status"] == "started"
+
+
+@pytest.mark.parametrize("where", ["flow", "step"])
+def test_timeout_beyond_the_int_safe_bound_is_refused(engine: Engine, where: str) -> None:
+    engine.create_flow("f")
+    with pytest.raises(psycopg.errors.CheckViolation, match="timeout_at_most_2147483617"):
+        if where == "flow":
+            engine.create_flow("f", timeout=MAX_TIMEOUT + 1)
+        else:
+            engine.add_step("f", "s", timeout=MAX_TIMEOUT + 1)
+    assert engine.row("select opt_timeout from flowlane.flows") == {"opt_timeout": 60}

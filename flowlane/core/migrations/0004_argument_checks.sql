@@ -1,6 +1,17 @@
--- flowlane SQL Core 0004: complete_tasks validates the whole batch first.
+-- flowlane SQL Core 0004: argument checks that 0001-0003 missed.
 --
--- Before 0004 an item that was not an object, or lacked run_id, step_slug or
+-- 1. A timeout is at most 2147483617 s. A claim sets the message visibility to
+-- timeout + 2 s and stalled recovery waits timeout + 30 s, both int: with a
+-- larger timeout every claim of the step failed with "integer out of range",
+-- and once such a task was started requeue_stalled_tasks failed for every flow.
+-- Existing rows are checked (a violating row already made its flow unusable).
+
+alter table flowlane.flows
+  add constraint flows_timeout_at_most_2147483617 check (opt_timeout <= 2147483617);
+alter table flowlane.steps
+  add constraint steps_timeout_at_most_2147483617 check (opt_timeout is null or opt_timeout <= 2147483617);
+
+-- 2. complete_tasks validates the whole batch first. Before 0004 an item that was not an object, or lacked run_id, step_slug or
 -- task_index, was silently ignored (complete_task with null keys matches no
 -- task) while the valid items of the same batch completed, and a malformed
 -- value surfaced as a bare cast error naming no item. Now every item is
