@@ -113,12 +113,19 @@ class WriteSummary:
 
 
 def orphans(files: Mapping[str, str], out: PathLike) -> list[str]:
-    """Compiled flow files in ``out`` that no longer have a flow in the YAML."""
+    """Compiled flow files in ``out`` that no longer have a flow in the YAML. Only files
+    flowlane wrote (they start with its header) count: other SQL there is the user's."""
     flows_dir = Path(out) / render.FLOWS_DIR
     if not flows_dir.is_dir():
         return []
-    present = sorted(f"{render.FLOWS_DIR}/{p.name}" for p in flows_dir.glob("*.sql"))
+    present = sorted(f"{render.FLOWS_DIR}/{p.name}" for p in flows_dir.glob("*.sql")
+                     if p.is_file() and _compiled_by_flowlane(p))
     return [p for p in present if p not in files]
+
+
+def _compiled_by_flowlane(file: Path) -> bool:
+    with file.open("rb") as handle:
+        return handle.read(len(render.FLOW_HEADER)) == render.FLOW_HEADER
 
 
 def write_output(files: Mapping[str, str], out: PathLike) -> WriteSummary:

@@ -13,6 +13,7 @@ from flowlane.compiler.model import Flow, Project
 
 ALIASES_FILE = "aliases.sql"
 FLOWS_DIR = "flows"
+FLOW_HEADER = b"-- flowlane compiled flow "  # how flow.sql.j2 starts: marks files compile owns
 
 
 def _only_sql(value: Any) -> Any:

@@ -114,6 +114,20 @@ def test_compile_removes_sql_of_deleted_flows(project: Path, capsys: pytest.Capt
     assert "1 removed" in out and not (project / "sql" / "flows" / "two.sql").exists()
 
 
+def test_compile_and_check_leave_sql_they_did_not_write(project: Path,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    # compile used to delete every *.sql in <out>/flows/ that matched no flow
+    own = project / "sql" / "flows" / "handwritten.sql"
+    own.parent.mkdir(parents=True)
+    own.write_text("create table mine (id int);\n")
+    code, out, _ = run(capsys, "compile")
+    assert code == 0 and "0 removed" in out
+    assert own.read_text() == "create table mine (id int);\n"
+    code, out, _ = run(capsys, "check")
+    assert code == 0 and "handwritten" not in out, out
+
+
 def test_check_fails_on_stale_and_hand_edited_sql(project: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     assert run(capsys, "compile")[0] == 0
