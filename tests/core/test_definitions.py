@@ -323,3 +323,36 @@ def test_timeout_beyond_the_int_safe_bound_is_refused(engine: Engine, where: str
         else:
             engine.add_step("f", "s", timeout=MAX_TIMEOUT + 1)
     assert engine.row("select opt_timeout from flowlane.flows") == {"opt_timeout": 60}
+
+
+@pytest.mark.parametrize(
+    ("statement", "sqlstate", "message"),
+    [
+        ("select flowlane.add_step('f', 'b', deps_slugs => array[null]::text[])", "22023",
+         "a dependency slug is null"),
+        ("select flowlane.add_step('f', 'b', deps_slugs => array['nosuch'])", "23503",
+         'depends on unknown step "nosuch"'),
+        ("select flowlane.add_step('nosuch', 'b')", "23503", 'unknown flow "nosuch"'),
+        ("select flowlane.ensure_flow_shape('f', null)", "22023", "a flow shape is a JSON object"),
+        ("select flowlane.ensure_flow_shape('f', '[1]')", "22023", "a flow shape is a JSON object"),
+        ("select flowlane.ensure_flow_compiled('g', '5')", "22023",
+         "a flow shape is a JSON object"),
+        ("select flowlane.set_alias('al', 'f', array[null]::text[])", "P0002",
+         'flow "NULL" does not exist'),
+        ("select flowlane.set_alias('al', 'nosuch')", "P0002", 'flow "nosuch" does not exist'),
+        ("select flowlane.set_alias('F', 'f')", "23505", "share one namespace"),
+        ("select flowlane.create_flow('f', queue_mode => 'per-step')", "23514",
+         "exists with queue_mode flow"),
+    ],
+)
+def test_bad_arguments_raise_clearly_and_change_nothing(engine: Engine, statement: str,
+                                                        sqlstate: str, message: str) -> None:
+    engine.define("f", [("a", [], {})])
+    counts = ("select (select count(*) from flowlane.flows), (select count(*) from flowlane.steps),"
+              " (select count(*) from flowlane.deps), (select count(*) from flowlane.aliases),"
+              " (select count(*) from flowlane.queues)")
+    before = engine.conn.execute(counts).fetchone()
+    with pytest.raises(psycopg.Error, match=message) as raised:
+        engine.conn.execute(statement)
+    assert raised.value.sqlstate == sqlstate
+    assert engine.conn.execute(counts).fetchone() == before
