@@ -81,6 +81,11 @@ def discover() -> list[Migration]:
 def ensure_pgmq(conn: psycopg.Connection[Any]) -> str | None:
     """Make sure schema ``pgmq`` exists; return how it was installed, or None if it was there."""
     if _scalar(conn, "pgmq_schema_exists"):
+        if not _scalar(conn, "pgmq_installed"):  # checked before any migration runs
+            raise errors.MigrationError(
+                "schema pgmq exists but PGMQ is not installed in it",
+                hint="drop the schema (`drop schema pgmq`) so that `flowlane db migrate` "
+                "installs PGMQ, or install PGMQ into it (`create extension pgmq`)")
         return None
     if _scalar(conn, "pgmq_extension_available"):
         with conn.transaction():

@@ -108,3 +108,16 @@ def test_pgmq_is_installed_once(db_factory: Callable[..., str]) -> None:
         assert migrator.ensure_pgmq(conn) == "bundled SQL"
         assert migrator.ensure_pgmq(conn) is None
         conn.execute("select pgmq.create('after_reinstall')")
+
+
+def test_an_empty_pgmq_schema_is_refused_before_any_migration(cluster: Any) -> None:
+    # migrate skipped installing PGMQ, applied 0001, then failed in 0002 on a missing
+    # pgmq function: now it says what is wrong and applies nothing
+    dsn = cluster.create_database(f"{cluster.prefix}_emptypgmq")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("create schema pgmq")
+        with pytest.raises(errors.MigrationError, match="schema pgmq exists but PGMQ is not "
+                                                        "installed") as raised:
+            migrator.migrate(conn)
+        assert "drop schema pgmq" in (raised.value.hint or "")
+        assert migrator.status(conn)[0].applied_at is None

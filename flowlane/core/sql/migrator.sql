@@ -7,6 +7,10 @@ select pg_advisory_unlock(hashtext('flowlane.migrate'))
 -- name: pgmq_schema_exists
 select exists (select 1 from pg_namespace where nspname = 'pgmq')
 
+-- name: pgmq_installed
+select to_regprocedure('pgmq.create(text)') is not null
+   and to_regprocedure('pgmq.send(text, jsonb, integer)') is not null
+
 -- name: pgmq_extension_available
 select exists (select 1 from pg_available_extensions where name = 'pgmq')
 
