@@ -28,7 +28,7 @@ class Diagnostic:
     source_line: str | None = field(default=None, compare=False)
 
     def headline(self) -> str:
-        return f"{self.path}:{self.line}:{self.col}: error[{self.code}]: {self.message}"
+        return _visible(f"{self.path}:{self.line}:{self.col}: error[{self.code}]: {self.message}")
 
     def to_text(self) -> str:
         lines = [self.headline()]
@@ -40,7 +40,7 @@ class Diagnostic:
             lines.append(f"{pad} | {_caret_prefix(self.source_line, self.col)}^")
         if self.help:
             lines.append(f"help: {self.help}")
-        return "\n".join(lines)
+        return "\n".join(_visible(line) for line in lines)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -53,6 +53,18 @@ class Diagnostic:
             "help": self.help,
             "source_line": self.source_line,
         }
+
+
+_CONTROL_PICTURES = {code: chr(0x2400 + code) for code in range(0x20) if code != 0x09}
+_CONTROL_PICTURES[0x7F] = "\u2421"
+_CONTROL_PICTURES.update({code: "\ufffd" for code in range(0x80, 0xA0)})
+
+
+def _visible(line: str) -> str:
+    """Control characters as symbols (one each, so the caret still lines up): YAML text
+    (a source line, a value quoted in a message, a file name) must not send escape
+    sequences to the terminal or CI log showing it."""
+    return line.translate(_CONTROL_PICTURES)
 
 
 def _caret_prefix(source_line: str, col: int) -> str:

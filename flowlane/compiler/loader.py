@@ -284,7 +284,7 @@ def load_text(text: str, path: str) -> tuple[list[Document], list[Diagnostic]]:
             documents.append(builder.build(root))
             findings.extend(builder.findings)
     except yaml.YAMLError as exc:
-        findings.append(_syntax_diagnostic(source, exc))
+        findings.append(_syntax_diagnostic(source, exc, text))
     except RecursionError:
         findings.append(
             source.diagnostic(Position(1, 1), "FL001", "YAML nesting is too deep",
@@ -299,10 +299,13 @@ def load_text(text: str, path: str) -> tuple[list[Document], list[Diagnostic]]:
     return documents, findings
 
 
-def _syntax_diagnostic(source: Source, exc: yaml.YAMLError) -> Diagnostic:
+def _syntax_diagnostic(source: Source, exc: yaml.YAMLError, text: str) -> Diagnostic:
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     line = mark.line + 1 if mark is not None else 1
     col = mark.column + 1 if mark is not None else 1
+    if isinstance(exc, yaml.reader.ReaderError):  # no mark: a character offset in the text
+        before = text[: exc.position]
+        line, col = before.count("\n") + 1, exc.position - before.rfind("\n")
     tab = _first_tab_indent(source, line)
     if tab is not None:
         return source.diagnostic(

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from flowlane import errors
 from flowlane.compiler import api, graph_order, loader, names, schema, shape, sqltext
 from flowlane.compiler.analyze import next_version_slug
+from flowlane.compiler.diagnostics import Diagnostic
 from tests.compiler.strategies import STORABLE_CHARACTERS
 
 
@@ -142,3 +143,15 @@ def test_timeout_bound_matches_the_sql_core() -> None:
         api.project_from_text(text % 2147483618)
     (finding,) = raised.value.diagnostics
     assert finding.code == "FL013" and "at most 2147483617" in finding.message
+
+
+def test_diagnostic_text_never_carries_control_characters() -> None:
+    # a value like handler: "\e]0;owned\a" is quoted in messages: terminals and CI logs
+    # must not receive its escape sequence; each control character stays one symbol wide
+    found = Diagnostic("f\x1b.yaml", 1, 4, "FL070", "handler `\x1b]0;x\x07` is bad", "fix\x9b",
+                       "ab\x1bc\td")
+    text = found.to_text()
+    assert not any((ord(ch) < 0x20 and ch not in "\n\t") or 0x7F <= ord(ch) < 0xA0 for ch in text)
+    assert "\u241b]0;x\u2407" in found.headline()
+    source, caret = text.splitlines()[2:4]
+    assert source.index("c") == caret.index("^")
