@@ -117,24 +117,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     result = checks.check(args.paths, args.out, args.base)
     for note in result.notes:
         print(note, file=sys.stderr)
-    if args.format != "text":
-        _report(result.all_diagnostics(args.base or "HEAD"), args.format)
-        return 0 if result.ok else 1
-    _report(result.diagnostics, args.format)
-    for stale in result.stale:
-        print(f"{stale.path}: {stale.reason}; run `flowlane compile`")
-        sys.stdout.write(stale.diff)
     base = args.base or "HEAD"
-    for change in result.versions:
-        print(change.message(base))
-        for line in change.differences:
-            print(f"  {line}")
-        print(f"  help: declare a new version `{change.suggestion}` (copy the flow, change the "
-              f"copy) and move an alias to it; keep `{change.flow_slug}` unchanged")
-    if result.ok:
+    if args.format != "text":
+        _report(result.all_diagnostics(base), args.format)
+    elif not result.ok:
+        sys.stdout.write(result.render_text(base))
+    else:
         print("ok: compiled SQL is up to date and no committed flow changed its shape")
-        return 0
-    return 1
+    return 0 if result.ok else 1
 
 
 def _project(paths: list[str]) -> Any:

@@ -37,6 +37,7 @@ class VersionChange:
     source: str
     line: int = 1
     col: int = 1
+    source_line: str | None = None
 
     def message(self, base: str) -> str:
         return (f"NEW_VERSION_REQUIRED: flow `{self.flow_slug}` ({self.source}) changed its "
@@ -59,13 +60,35 @@ class CheckResult:
     def all_diagnostics(self, base: str = "HEAD") -> list[Diagnostic]:
         """Every finding as a diagnostic (for JSON and SARIF output)."""
         found = list(self.diagnostics)
-        found += [Diagnostic(s.path, _first_changed_line(s.diff), 1, "FL090",
-                             f"{s.path}: {s.reason}", "run `flowlane compile` and commit the SQL")
-                  for s in self.stale]
+        found += [_stale_diagnostic(s) for s in self.stale]
         found += [Diagnostic(v.source, v.line, v.col, "FL091", v.message(base),
                              f"declare a new version `{v.suggestion}`; differences: "
                              + "; ".join(v.differences)) for v in self.versions]
         return found
+
+    def render_text(self, base: str = "HEAD") -> str:
+        """Every finding in the diagnostics text format, with the diff of a stale file
+        and the differences of a changed shape between the excerpt and the help line."""
+        blocks = [d.to_text() for d in self.diagnostics]
+        blocks += [_stale_diagnostic(s).to_text(s.diff.rstrip("\n").split("\n"))
+                   for s in self.stale]
+        blocks += [Diagnostic(v.source, v.line, v.col, "FL091", v.message(base),
+                              f"declare a new version `{v.suggestion}` (copy the flow, change "
+                              f"the copy) and move an alias to it; keep `{v.flow_slug}` "
+                              "unchanged", v.source_line).to_text([f"  {line}" for line in
+                                                                   v.differences])
+                   for v in self.versions]
+        if not blocks:
+            return ""
+        files = len({d.path for d in self.all_diagnostics(base)})
+        count = len(blocks)
+        return ("\n\n".join(blocks) + f"\n\n{count} {'error' if count == 1 else 'errors'} "
+                f"in {files} file(s)\n")
+
+
+def _stale_diagnostic(stale: StaleFile) -> Diagnostic:
+    return Diagnostic(stale.path, _first_changed_line(stale.diff), 1, "FL090", stale.reason,
+                      "run `flowlane compile` and commit the SQL")
 
 
 def _first_changed_line(diff: str) -> int:
@@ -152,7 +175,15 @@ def _compare(flow: Flow, committed: str, taken: list[str]) -> VersionChange | No
         lines = shape.differences(old, current, "the base", "the YAML")
     line, col = (flow.location.line, flow.location.col) if flow.location else (1, 1)
     return VersionChange(flow.slug, tuple(lines), analyze.next_version_slug(flow.slug, taken),
-                         flow.source, line, col)
+                         flow.source, line, col, _source_line(flow.source, line))
+
+
+def _source_line(path: str, line: int) -> str | None:
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return lines[line - 1] if 0 < line <= len(lines) else None
 
 
 def committed_shape(text: str) -> dict[str, Any] | None:

@@ -30,7 +30,9 @@ class Diagnostic:
     def headline(self) -> str:
         return _visible(f"{self.path}:{self.line}:{self.col}: error[{self.code}]: {self.message}")
 
-    def to_text(self) -> str:
+    def to_text(self, detail: Sequence[str] = ()) -> str:
+        """Headline, source excerpt with a caret, ``detail`` lines (a diff, differences),
+        then the ``help:`` line."""
         lines = [self.headline()]
         if self.source_line is not None:
             gutter = str(self.line)
@@ -38,6 +40,7 @@ class Diagnostic:
             lines.append(f"{pad} |")
             lines.append(f"{gutter} | {self.source_line}")
             lines.append(f"{pad} | {_caret_prefix(self.source_line, self.col)}^")
+        lines.extend(detail)
         if self.help:
             lines.append(f"help: {self.help}")
         return "\n".join(_visible(line) for line in lines)

@@ -136,7 +136,10 @@ def test_check_fails_on_stale_and_hand_edited_sql(project: Path,
     sql.write_text(sql.read_text().replace("max_attempts => 3", "max_attempts => 4"))
     code, out, _ = run(capsys, "check")
     assert code == 1
-    assert "sql/flows/hello.sql: stale or hand-edited" in out
+    # the diagnostics format of SPEC 4: headline, the diff, a help line
+    assert out.startswith("sql/flows/hello.sql:")
+    assert ": error[FL090]: stale or hand-edited\n--- a/sql/flows/hello.sql (working tree)\n" in out
+    assert "\nhelp: run `flowlane compile` and commit the SQL\n\n1 error in 1 file(s)\n" in out
     assert "-  max_attempts => 4," in out and "+  max_attempts => 3," in out
     code, out, _ = run(capsys, "check", "--format", "sarif")
     assert code == 1
@@ -165,7 +168,9 @@ def test_check_requires_a_new_version_for_shape_changes(project: Path,
     run(capsys, "compile")
     code, out, _ = run(capsys, "check")
     assert code == 1
-    assert "NEW_VERSION_REQUIRED: flow `hello`" in out
+    assert out.startswith("flows/hello.yaml:2:7: error[FL091]: NEW_VERSION_REQUIRED: flow `hello`")
+    assert "\n2 | slug: hello\n  |       ^\n" in out
+    assert "\nhelp: declare a new version `hello_v2`" in out
     assert "step 1 (shout): needs is [\"greet\"] in the base, [] in the YAML" in out
     assert "`hello_v2`" in out
     code, out, _ = run(capsys, "check", "--format", "json")
