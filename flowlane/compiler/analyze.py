@@ -128,7 +128,9 @@ def _namespace(flows: list[_Entry], aliases: list[_Entry], state: Analysis) -> N
         code = "FL051" if both == {"flow", "alias"} else "FL021"
         help = "flow and alias slugs share one namespace (case-insensitive); rename one of them"
         if entry.data["kind"] == "flow" == other.data["kind"]:
-            suggestion = next_version_slug(other.slug)
+            limit = names.QUEUE_MAX if other.data.get("queues", "flow") == "flow" \
+                else names.SLUG_MAX
+            suggestion = next_version_slug(other.slug, max_length=limit)
             help += f" (a new flow version gets a new slug such as `{suggestion}`)"
         state.findings.append(entry.doc.diagnostic(
             ("slug",), code,
@@ -136,17 +138,30 @@ def _namespace(flows: list[_Entry], aliases: list[_Entry], state: Analysis) -> N
             f"{other.data['kind']} `{other.slug}` at {where}", help))
 
 
-def next_version_slug(slug: str, taken: Iterable[str] = ()) -> str:
-    """``foo_v2`` -> ``foo_v3``; ``foo`` -> ``foo_v2``; skipping slugs already taken."""
+def next_version_slug(slug: str, taken: Iterable[str] = (), max_length: int = names.SLUG_MAX
+                      ) -> str:
+    """``foo_v2`` -> ``foo_v3``; ``foo`` -> ``foo_v2``; skipping slugs already taken; the
+    stem is shortened when the suggestion would exceed ``max_length``."""
     used = {s.lower() for s in taken}
     stem, _, number = slug.rpartition("_v")
     if stem and number.isdigit():
         base, n = stem, int(number) + 1
     else:
         base, n = slug, 2
-    while f"{base}_v{n}".lower() in used:
+
+    def candidate() -> str:
+        suffix = f"_v{n}"
+        return base[: max_length - len(suffix)].rstrip("_") + suffix
+
+    while candidate().lower() in used:
         n += 1
-    return f"{base}_v{n}"
+    return candidate()
+
+
+def suggest_version(flow: Flow, taken: Iterable[str] = ()) -> str:
+    """The next version slug for ``flow``, short enough to be its own default queue name."""
+    limit = names.QUEUE_MAX if flow.queue_mode == "flow" else names.SLUG_MAX
+    return next_version_slug(flow.slug, taken, limit)
 
 
 class _FlowChecker:

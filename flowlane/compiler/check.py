@@ -174,7 +174,7 @@ def _compare(flow: Flow, committed: str, taken: list[str]) -> VersionChange | No
     else:
         lines = shape.differences(old, current, "the base", "the YAML")
     line, col = (flow.location.line, flow.location.col) if flow.location else (1, 1)
-    return VersionChange(flow.slug, tuple(lines), analyze.next_version_slug(flow.slug, taken),
+    return VersionChange(flow.slug, tuple(lines), analyze.suggest_version(flow, taken),
                          flow.source, line, col, _source_line(flow.source, line))
 
 

@@ -126,7 +126,7 @@ def _flow_change(flow: Flow, state: _State) -> Change:
     if differences:
         taken = [*state.flows, *state.aliases]
         suggestion = ("declare the changed flow as a new version, e.g. "
-                      f"`{analyze.next_version_slug(flow.slug, taken)}`")
+                      f"`{analyze.suggest_version(flow, taken)}`")
         return Change(NEW_VERSION_REQUIRED, subject, (*differences, suggestion))
     options = _option_differences(flow, row, state)
     return Change(SAFE_OPTION_CHANGE, subject, options) if options else Change(NO_CHANGE, subject)

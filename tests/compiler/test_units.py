@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from flowlane import errors
 from flowlane.compiler import api, graph_order, loader, names, schema, shape, sqltext
-from flowlane.compiler.analyze import next_version_slug
+from flowlane.compiler.analyze import next_version_slug, suggest_version
 from flowlane.compiler.diagnostics import Diagnostic
 from tests.compiler.strategies import STORABLE_CHARACTERS
 
@@ -114,6 +114,25 @@ def test_next_version_slug() -> None:
     assert next_version_slug("foo") == "foo_v2"
     assert next_version_slug("foo_v2") == "foo_v3"
     assert next_version_slug("foo_v2", ["foo_v3"]) == "foo_v4"
+
+
+def test_version_suggestions_stay_valid_names() -> None:
+    # a 47-character slug on default routing used to get a 50-character suggestion,
+    # which FL044 then refused (its queue name would be too long)
+    long47 = "a" * 44 + "_bc"
+    assert next_version_slug(long47, max_length=47) == "a" * 44 + "_v2"
+    assert next_version_slug("a" * 125 + "_v9", max_length=128) == "a" * 124 + "_v10"
+    assert next_version_slug("ab_" + "c" * 44, max_length=47) == "ab_" + "c" * 41 + "_v2"
+    assert next_version_slug("a" * 43 + "_x", max_length=47) == "a" * 43 + "_v2"  # no "__"
+    for slug in ("a" * 47, "a" * 45 + "_b", "x" * 128):
+        for limit in (47, 128):
+            suggestion = next_version_slug(slug, max_length=limit)
+            assert len(suggestion) <= limit and names.slug_problem(suggestion) is None
+    text = ("kind: flow\nslug: %s\nqueues: %s\nsteps:\n  a:\n    handler: m:f\n")
+    flow = api.project_from_text(text % ("q" * 47, "flow")).flows[0]
+    assert suggest_version(flow) == "q" * 44 + "_v2"
+    flow = api.project_from_text(text % ("q" * 47, "{a: shared}")).flows[0]
+    assert suggest_version(flow) == "q" * 47 + "_v2"
 
 
 def test_every_code_is_documented() -> None:
