@@ -55,6 +55,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         report_error(exc)
         return 2 if isinstance(exc, errors.UsageError) else 1
+    except OSError as exc:  # a file the command was pointed at (a wrapped one says more)
+        if args.debug:
+            raise
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -349,7 +349,7 @@ def display_path(file: Path) -> str:
     """A stable, machine-independent name: relative to the working directory when inside it."""
     try:
         return file.resolve().relative_to(Path.cwd().resolve()).as_posix()
-    except ValueError:
+    except (ValueError, OSError, RuntimeError):  # outside the cwd; a symlink loop (3.11)
         return file.as_posix()
 
 
@@ -359,6 +359,13 @@ def discover(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Path], list[
     findings: list[Diagnostic] = []
     for raw in paths:
         root = Path(raw)
+        try:
+            root.stat()
+        except FileNotFoundError:
+            pass  # reported below
+        except OSError as exc:  # a name too long, a symlink loop, no permission
+            findings.append(_path_problem(root, f"cannot read ({exc.strerror or exc})"))
+            continue
         if root.is_dir():
             files = list(_walk(root))
             if not files:

@@ -302,3 +302,21 @@ def test_a_fifo_among_the_flows_is_reported_not_read(project: Path) -> None:
     assert result.returncode == 1, result.stderr
     assert "flows/pipe.yaml:1:1: error[FL008]: not a regular file: flows/pipe.yaml" in result.stdout
     assert "error[FL008]: not a regular file: /dev/null" in result.stdout
+
+
+def test_unreadable_paths_are_diagnostics_not_tracebacks(project: Path,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    # ENAMETOOLONG escaped Path.is_dir() and a symlink loop escaped Path.resolve()
+    too_long = "a" * 5000
+    code, out, _ = run(capsys, "validate", too_long)
+    assert code == 1 and f"{too_long}:1:1: error[FL008]: cannot read (File name too long)" in out
+    (project / "loop.yaml").symlink_to("loop.yaml")
+    code, out, _ = run(capsys, "validate", "loop.yaml")
+    assert code == 1 and "loop.yaml:1:1: error[FL008]: cannot read (Too many levels" in out
+    (project / "flows" / "loop.yaml").symlink_to("loop.yaml")
+    code, _, err = run(capsys, "graph", "hello")
+    assert code == 1 and "flows/loop.yaml:1:1: error[FL008]: not a regular file" in err
+    code, out, _ = run(capsys, "validate")
+    assert code == 1 and "flows/loop.yaml:1:1: error[FL008]: not a regular file" in out
+
