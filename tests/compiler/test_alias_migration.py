@@ -86,3 +86,20 @@ def test_alias_names_are_unique_case_insensitively_both_ways(
         conn.execute("select flowlane.set_alias('Orders', 'orders_v1')")
     with pytest.raises(psycopg.Error, match='conflicts with alias "orders"'):
         conn.execute("select flowlane.create_flow('ORDERS')")
+
+
+def test_deleting_an_alias_version(flows: psycopg.Connection[Any]) -> None:
+    # 0004: the active version is refused naming the alias (was a bare FK violation);
+    # a draining version leaves the draining list with a history row (was left dangling)
+    conn = flows
+    conn.execute("select flowlane.set_alias('orders', 'orders_v3', array['orders_v1', 'orders_v2'])")
+    with pytest.raises(psycopg.errors.ForeignKeyViolation,
+                       match='flow "orders_v3" is the active version of alias orders') as raised:
+        conn.execute("select flowlane.delete_flow_and_data('orders_v3')")
+    assert "set_alias" in (raised.value.diag.message_hint or "")
+    assert one(conn, "select count(*) from flowlane.flows") == 3
+    conn.execute("select flowlane.delete_flow_and_data('orders_v1')")
+    assert conn.execute("select flow_slug, draining from flowlane.aliases").fetchall() == [
+        ("orders_v3", ["orders_v2"])]
+    assert history(conn)[-1] == ("orders", "orders_v3", ["orders_v2"])
+    assert one(conn, "select flowlane.resolve_flow('orders')") == "orders_v3"

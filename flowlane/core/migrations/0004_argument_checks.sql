@@ -1,4 +1,4 @@
--- flowlane SQL Core 0004: argument checks that 0001-0003 missed.
+-- flowlane SQL Core 0004: argument checks and invariants that 0001-0003 missed.
 --
 -- 1. A timeout is at most 2147483617 s. A claim sets the message visibility to
 -- timeout + 2 s and stalled recovery waits timeout + 30 s, both int: with a
@@ -68,3 +68,38 @@ begin
   end loop;
 end;
 $$;
+
+-- 3. Deleting a flow keeps aliases sound. The active version of an alias is
+-- refused with a message that names the alias (before 0004: a bare foreign-key
+-- violation); a draining version leaves the alias's draining list, with a
+-- history row (before 0004 the alias kept naming a flow that no longer existed).
+
+create function flowlane._flow_delete_keeps_aliases_sound() returns trigger
+language plpgsql
+set search_path = ''
+as $$
+declare
+  v_aliases text;
+begin
+  select string_agg(a.alias, ', ' order by a.alias) into v_aliases
+  from flowlane.aliases a where a.flow_slug = old.flow_slug;
+  if v_aliases is not null then
+    raise exception 'flow "%" is the active version of alias %', old.flow_slug, v_aliases
+      using errcode = '23503',
+            hint = 'move the alias to another version (flowlane.set_alias) before deleting the flow';
+  end if;
+  with changed as (
+    update flowlane.aliases a
+       set draining = array_remove(a.draining, old.flow_slug), updated_at = clock_timestamp()
+     where old.flow_slug = any (a.draining)
+    returning a.alias, a.flow_slug, a.draining
+  )
+  insert into flowlane.alias_history (alias, flow_slug, draining)
+  select c.alias, c.flow_slug, c.draining from changed c order by c.alias;
+  return old;
+end;
+$$;
+
+create trigger flows_delete_keeps_aliases_sound
+  before delete on flowlane.flows
+  for each row execute function flowlane._flow_delete_keeps_aliases_sound();
