@@ -51,7 +51,7 @@ class JSONFormatter(logging.Formatter):
 
 
 def configure(level: str = "INFO", fmt: str = "text") -> None:
-    """Send flowlane's logs to stderr (the CLI does this; embedding programs configure their own)."""
+    """Send flowlane's logs to stderr (the CLI does; embedding programs configure their own)."""
     handler = logging.StreamHandler()
     if fmt == "json":
         formatter: logging.Formatter = JSONFormatter()

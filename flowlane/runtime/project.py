@@ -1,23 +1,57 @@
-"""Load a flowlane project for the runtime (through the compiler) and narrow it."""
+"""Load a flowlane project for the runtime (through the compiler) and narrow it.
+
+The compiler validates the YAML (``Project.load``) and computes each flow's
+shape; the worker only needs the narrow view of :mod:`flowlane.runtime.model`.
+"""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from flowlane import errors
-from flowlane.runtime.model import RuntimeProject
+from flowlane.runtime.model import (
+    AliasSpec,
+    FlowSpec,
+    HandlerRef,
+    RuntimeProject,
+    StepSpec,
+    WorkerSpec,
+)
 
 
-def load(paths: str | Path = "flows") -> RuntimeProject:
-    """Validate the YAML under ``paths`` with the compiler and return the runtime view."""
+def _compiler(module: str) -> Any:
     try:
-        from flowlane.compiler.project import Project
-    except ModuleNotFoundError as exc:  # pragma: no cover - only in a partial checkout
-        raise errors.ProjectError(
-            "the flowlane compiler is not available in this checkout"
-        ) from exc
-    return from_project(Project.load(paths))
+        return importlib.import_module(f"flowlane.compiler.{module}")
+    except ModuleNotFoundError as exc:  # only in a partial checkout
+        if exc.name and exc.name.startswith("flowlane.compiler"):
+            raise errors.ProjectError("the flowlane compiler is not available") from exc
+        raise
+
+
+def compiler_project_class() -> Any:
+    for module in ("project", "model"):
+        try:
+            found = getattr(_compiler(module), "Project", None)
+        except errors.ProjectError:
+            continue
+        if found is not None:
+            return found
+    raise errors.ProjectError("the flowlane compiler is not available")
+
+
+def load_compiled(paths: Sequence[str | Path] = ("flows",)) -> Any:
+    """The compiler's validated ``Project`` (raises ``CompileError`` with diagnostics)."""
+    return compiler_project_class().load(*[str(p) for p in paths])
+
+
+def load(paths: str | Path | Sequence[str | Path] = ("flows",)) -> RuntimeProject:
+    """Validate the YAML under ``paths`` and return the runtime view."""
+    if isinstance(paths, str | Path):
+        paths = [paths]
+    return from_project(load_compiled(paths))
 
 
 def as_runtime_project(project: Any) -> RuntimeProject:
@@ -28,6 +62,45 @@ def as_runtime_project(project: Any) -> RuntimeProject:
     return from_project(project)
 
 
-def from_project(project: Any) -> RuntimeProject:
+def _where(location: Any, fallback: str) -> str:
+    if location is None:
+        return fallback
+    return f"{location.path}:{location.line}"
+
+
+def from_project(project: Any, root: str | Path | None = None) -> RuntimeProject:
     """Narrow the compiler's ``Project`` to what a worker needs."""
-    raise errors.ProjectError(f"cannot use {type(project).__name__} as a flowlane project")
+    if not hasattr(project, "flows") or not hasattr(project, "aliases"):
+        raise errors.ProjectError(f"cannot use {type(project).__name__} as a flowlane project")
+    flow_shape = _compiler("shape").flow_shape
+    flows: dict[str, FlowSpec] = {}
+    for flow in project.flows:
+        source = _where(flow.location, flow.slug)
+        steps = tuple(
+            StepSpec(
+                flow_slug=flow.slug,
+                slug=step.slug,
+                index=step.index,
+                queue=step.queue,
+                handler=HandlerRef.parse(
+                    step.handler, _where(step.handler_location or step.location, source)
+                )
+                if step.handler
+                else None,
+            )
+            for step in flow.steps
+        )
+        flows[flow.slug] = FlowSpec(flow.slug, flow.queue_mode, flow_shape(flow), steps, source)
+    aliases = {a.slug: AliasSpec(a.slug, a.active, tuple(a.draining)) for a in project.aliases}
+    workers = tuple(
+        WorkerSpec(
+            w.name,
+            w.queue,
+            tuple(w.flows),
+            w.max_concurrent,
+            w.batch_size,
+            _where(w.location, w.name),
+        )
+        for w in getattr(project, "workers", ())
+    )
+    return RuntimeProject(flows, aliases, workers, str(root or Path.cwd()))
