@@ -130,3 +130,34 @@ def step(state: dict[str, Any], slug: str) -> dict[str, Any]:
 
 def tasks(state: dict[str, Any], slug: str) -> list[dict[str, Any]]:
     return [t for t in state["tasks"] if t["step_slug"] == slug]
+
+
+def apply_flows(dsn: str, project_dir: Path = PROJECT) -> None:
+    """Compile the project's flows with the compiler and apply the SQL (options included)."""
+    import importlib
+
+    from flowlane.runtime.project import load_compiled
+
+    compiled = load_compiled([project_dir / "flows"])
+    render = importlib.import_module("flowlane.compiler.render")
+    files: dict[str, str] = render.render_project(compiled)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for name, text in sorted(files.items()):
+            if "alias" not in name:
+                conn.execute(text.encode())
+
+
+def backdate_started(dsn: str, run_id: str, step_slug: str, seconds: int = 3600) -> None:
+    """Make started tasks look stalled instead of waiting for the stall threshold."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "update flowlane.step_tasks set started_at = started_at - make_interval(secs => %s)"
+            " where run_id = %s::uuid and step_slug = %s and status = 'started'",
+            (seconds, run_id, step_slug))
+
+
+def requeue_stalled(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("select flowlane.requeue_stalled_tasks()").fetchone()
+    assert row is not None
+    return int(row[0])

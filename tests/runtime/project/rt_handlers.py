@@ -89,3 +89,7 @@ def noop(input: Any, ctx: TaskContext) -> list[int]:
 
 async def async_noop(item: Any, ctx: TaskContext) -> Any:
     return item
+
+
+def bad_output(input: Any, ctx: TaskContext) -> Any:
+    return {"not json": {1, 2, 3}}
