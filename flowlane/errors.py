@@ -6,6 +6,8 @@ one) and never a traceback unless ``--debug`` is given.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class FlowlaneError(Exception):
     """A flowlane operation failed."""
@@ -48,6 +50,20 @@ class MigrationError(DatabaseError):
 
 class CompileError(FlowlaneError):
     """The flow YAML has errors; ``diagnostics`` lists every finding."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        hint: str | None = None,
+        diagnostics: tuple[Any, ...] = (),
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.diagnostics = diagnostics
+
+
+class StaleOutputError(CompileError):
+    """The compiled SQL does not match the flow YAML."""
 
 
 class ProjectError(FlowlaneError):

@@ -1,0 +1,1 @@
+"""Example handler modules for the flows in ``flows/``."""

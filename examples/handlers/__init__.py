@@ -1,0 +1,1 @@
+"""Tiny handlers referenced by the example flows as ``examples.handlers.<module>:<callable>``."""

@@ -1,0 +1,511 @@
+"""Semantic checks across documents, producing the validated :class:`Project`."""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from flowlane.compiler import graph_order, names, schema
+from flowlane.compiler.diagnostics import Diagnostic
+from flowlane.compiler.loader import Document
+from flowlane.compiler.model import (
+    DEFAULT_BASE_DELAY,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_CONCURRENT,
+    DEFAULT_TIMEOUT,
+    Alias,
+    Flow,
+    Location,
+    Mode,
+    Project,
+    QueueMode,
+    Step,
+    StepType,
+    WorkerDoc,
+)
+
+
+@dataclass
+class _Entry:
+    """A schema-valid document waiting for semantic checks."""
+
+    doc: Document
+    data: dict[str, Any]
+
+    @property
+    def slug(self) -> str:
+        return str(self.data.get("slug") or self.data.get("name") or self.data["queue"])
+
+    def loc(self, path: tuple[str | int, ...] = ("slug",), *, key: bool = False) -> Location:
+        pos = self.doc.key_at(path) if key else self.doc.at(path)
+        return Location(self.doc.path, pos.line, pos.col)
+
+
+@dataclass
+class Analysis:
+    """Findings plus the model parts that passed their checks."""
+
+    findings: list[Diagnostic] = field(default_factory=list)
+    flows: dict[str, Flow] = field(default_factory=dict)
+    flow_entries: dict[str, _Entry] = field(default_factory=dict)
+    known_flows: set[str] = field(default_factory=set)
+    known_aliases: set[str] = field(default_factory=set)
+    aliases: dict[str, Alias] = field(default_factory=dict)
+    workers: list[WorkerDoc] = field(default_factory=list)
+    owners: dict[str, str] = field(default_factory=dict)
+
+
+def analyze(documents: Iterable[Document]) -> tuple[Project | None, list[Diagnostic]]:
+    """Schema and semantic checks of every document; a Project only when nothing is wrong."""
+    state = Analysis()
+    entries = _schema_valid(documents, state)
+    flows = [e for e in entries if e.data["kind"] == "flow"]
+    aliases = [e for e in entries if e.data["kind"] == "alias"]
+    workers = [e for e in entries if e.data["kind"] == "worker"]
+    _namespace(flows, aliases, state)
+    for entry in flows:
+        if state.flow_entries.get(entry.slug) is entry:
+            _build_flow(entry, state)
+    _ownership(state)
+    for entry in aliases:
+        _build_alias(entry, state)
+    _build_workers(workers, state)
+    if state.findings:
+        return None, state.findings
+    project = Project(
+        flows=tuple(state.flows.values()),
+        aliases=tuple(state.aliases.values()),
+        workers=tuple(state.workers),
+    )
+    return project, []
+
+
+def _schema_valid(documents: Iterable[Document], state: Analysis) -> list[_Entry]:
+    entries = []
+    for doc in documents:
+        if not isinstance(doc.data, dict):
+            what = "empty" if doc.data is None else f"not a mapping ({type(doc.data).__name__})"
+            state.findings.append(doc.diagnostic(
+                (), "FL007", f"YAML document {doc.index + 1} is {what}",
+                "each document must be a mapping with `kind: flow`, `alias` or `worker`"))
+            continue
+        problems = schema.validate_document(doc)
+        state.findings.extend(problems)
+        if not problems:
+            entries.append(_Entry(doc, doc.data))
+    return entries
+
+
+def _namespace(flows: list[_Entry], aliases: list[_Entry], state: Analysis) -> None:
+    """Flow and alias slugs share one case-insensitive namespace."""
+    first: dict[str, _Entry] = {}
+    for entry in [*flows, *aliases]:
+        folded = entry.slug.lower()
+        other = first.get(folded)
+        if other is None:
+            first[folded] = entry
+            if entry.data["kind"] == "flow":
+                state.flow_entries[entry.slug] = entry
+                state.known_flows.add(entry.slug)
+            else:
+                state.known_aliases.add(entry.slug)
+            continue
+        where = other.loc()
+        both = {entry.data["kind"], other.data["kind"]}
+        code = "FL051" if both == {"flow", "alias"} else "FL021"
+        state.findings.append(entry.doc.diagnostic(
+            ("slug",), code,
+            f"{entry.data['kind']} slug `{entry.slug}` is already used by "
+            f"{other.data['kind']} `{other.slug}` at {where}",
+            "flow and alias slugs share one namespace (case-insensitive); "
+            "rename one of them (a new flow version gets a new slug such as "
+            f"`{next_version_slug(entry.slug)}`)"))
+
+
+def next_version_slug(slug: str, taken: Iterable[str] = ()) -> str:
+    """``foo_v2`` -> ``foo_v3``; ``foo`` -> ``foo_v2``; skipping slugs already taken."""
+    used = {s.lower() for s in taken}
+    stem, _, number = slug.rpartition("_v")
+    if stem and number.isdigit():
+        base, n = stem, int(number) + 1
+    else:
+        base, n = slug, 2
+    while f"{base}_v{n}".lower() in used:
+        n += 1
+    return f"{base}_v{n}"
+
+
+class _FlowChecker:
+    """Checks one flow document and builds its model."""
+
+    def __init__(self, entry: _Entry, state: Analysis) -> None:
+        self.entry = entry
+        self.doc = entry.doc
+        self.slug = entry.slug
+        self.steps: dict[str, dict[str, Any]] = entry.data["steps"]
+        self.state = state
+        self.errors = 0
+
+    def error(self, path: tuple[str | int, ...], code: str, message: str,
+              help: str | None = None, *, key: bool = False) -> None:
+        self.errors += 1
+        self.state.findings.append(self.doc.diagnostic(path, code, message, help, key=key))
+
+    def run(self) -> Flow | None:
+        self._duplicate_steps()
+        needs = {s: self._needs(s, spec) for s, spec in self.steps.items()}
+        for slug, spec in self.steps.items():
+            self._step_rules(slug, spec)
+        order = self._order(needs)
+        queues = self._routing(order) if order else None
+        if self.errors or order is None or queues is None:
+            return None
+        return self._model(order, needs, queues)
+
+    def _duplicate_steps(self) -> None:
+        seen: dict[str, str] = {}
+        for slug in self.steps:
+            other = seen.setdefault(slug.lower(), slug)
+            if other != slug:
+                line = self.doc.key_at(("steps", other)).line
+                self.error(("steps", slug), "FL022",
+                           f"step slug `{slug}` duplicates `{other}` (line {line}) "
+                           "case-insensitively", "rename one of the two steps", key=True)
+
+    def _needs(self, slug: str, spec: dict[str, Any]) -> list[str]:
+        listed: list[str] = list(spec.get("needs", []))
+        valid: list[str] = []
+        for i, need in enumerate(listed):
+            path = ("steps", slug, "needs", i)
+            if need in valid:
+                self.error(path, "FL034", f"step `{slug}` lists `{need}` twice in `needs`",
+                           "remove the duplicate")
+            elif need not in self.steps:
+                close = difflib.get_close_matches(need, list(self.steps), n=1)
+                help = (f"did you mean `{close[0]}`?" if close else
+                        "steps of this flow: " + ", ".join(f"`{s}`" for s in self.steps))
+                self.error(path, "FL030", f"step `{slug}` needs unknown step `{need}`", help)
+            else:
+                valid.append(need)
+        return valid
+
+    def _step_rules(self, slug: str, spec: dict[str, Any]) -> None:
+        if spec.get("type") == "map" and len(spec.get("needs", [])) > 1:
+            self.error(("steps", slug, "type"), "FL032",
+                       f"map step `{slug}` has {len(spec['needs'])} needs; a map step has "
+                       "0 (maps the run input) or 1 (maps that step's output array)",
+                       "add a single step that combines the inputs and map over its output")
+        has_condition = "if" in spec or "unless" in spec
+        if "when_unmet" in spec and not has_condition:
+            self.error(("steps", slug, "when_unmet"), "FL033",
+                       f"step `{slug}` sets `when_unmet` but has no `if` or `unless`",
+                       "add a condition or remove `when_unmet`", key=True)
+        for keyword in ("if", "unless"):
+            if keyword in spec:
+                self._condition(("steps", slug, keyword), spec[keyword])
+
+    def _condition(self, path: tuple[str | int, ...], value: Any) -> None:
+        bad = _unstorable(value)
+        if bad is not None:
+            self.error(path, "FL071", f"condition contains {bad}",
+                       "PostgreSQL jsonb cannot store NUL characters; remove them")
+
+    def _order(self, needs: dict[str, list[str]]) -> list[str] | None:
+        declared = list(self.steps)
+        order = graph_order.stable_order(declared, needs)
+        if len(order) == len(declared):
+            return order
+        cycle = graph_order.find_cycle(declared, needs, set(order))
+        cycle = _rotate(cycle, declared)
+        edges = list(itertools.pairwise(cycle))
+        lines = [
+            f"`{b}` needs `{a}` at line {self._need_line(b, a)}" for a, b in edges
+        ]
+        a, b = edges[0]
+        index = self.steps[b]["needs"].index(a)
+        self.error(("steps", b, "needs", index), "FL031",
+                   "dependency cycle: " + " -> ".join(cycle),
+                   "; ".join(lines) + "; remove one of these needs")
+        return None
+
+    def _need_line(self, step: str, need: str) -> int:
+        index = self.steps[step]["needs"].index(need)
+        return self.doc.at(("steps", step, "needs", index)).line
+
+    def _routing(self, order: list[str]) -> dict[str, str] | None:
+        routing = self.entry.data.get("queues", "flow")
+        if routing == "flow":
+            return self._flow_routing(order)
+        if routing == "per-step":
+            return self._per_step_routing(order)
+        return self._explicit_routing(cast(dict[str, str], routing))
+
+    def _flow_routing(self, order: list[str]) -> dict[str, str] | None:
+        queue = self.slug.lower()
+        if len(queue) > names.QUEUE_MAX:
+            self.error(("slug",), "FL044",
+                       f"flow `{self.slug}` routes to its own queue `{queue[:20]}...`, which is "
+                       f"{len(queue)} characters long; the PGMQ limit is {names.QUEUE_MAX}",
+                       f"shorten the slug to {names.QUEUE_MAX} characters or route with an "
+                       "explicit `queues:` mapping")
+            return None
+        return dict.fromkeys(order, queue)
+
+    def _per_step_routing(self, order: list[str]) -> dict[str, str] | None:
+        routes: dict[str, str] = {}
+        for index, step in enumerate(order):
+            queue = per_step_queue(self.slug, step, index)
+            if queue is None:
+                self.error(("steps", step), "FL043",
+                           f"per-step queue of step `{step}` cannot be named: both "
+                           f"`{self.slug.lower()}__{step.lower()}` and "
+                           f"`{self.slug.lower()}__{index}` exceed {names.QUEUE_MAX} characters",
+                           "shorten the flow slug or route with an explicit `queues:` mapping",
+                           key=True)
+            else:
+                routes[step] = queue
+        return routes if len(routes) == len(order) else None
+
+    def _explicit_routing(self, routing: dict[str, str]) -> dict[str, str] | None:
+        before = self.errors
+        for step in routing:
+            if step not in self.steps:
+                close = difflib.get_close_matches(step, list(self.steps), n=1)
+                help = f"did you mean `{close[0]}`?" if close else "remove this entry"
+                self.error(("queues", step), "FL042",
+                           f"`queues` routes unknown step `{step}`", help, key=True)
+        queues_line = self.doc.key_at(("queues",)).line
+        for step in self.steps:
+            if step not in routing:
+                self.error(("steps", step), "FL041",
+                           f"step `{step}` has no entry in the explicit `queues` mapping "
+                           f"(line {queues_line})",
+                           f"add `{step}: <queue>` under `queues:`; an explicit mapping must "
+                           "route every step", key=True)
+        return dict(routing) if self.errors == before else None
+
+    def _model(self, order: list[str], needs: dict[str, list[str]],
+               queues: dict[str, str]) -> Flow:
+        steps = tuple(self._step(i, slug, needs[slug], queues[slug])
+                      for i, slug in enumerate(order))
+        routing = self.entry.data.get("queues", "flow")
+        mode = cast(QueueMode, routing if isinstance(routing, str) else "explicit")
+        defaults = self.entry.data.get("defaults", {})
+        return Flow(
+            slug=self.slug,
+            queue_mode=mode,
+            steps=steps,
+            max_attempts=int(defaults.get("max_attempts", DEFAULT_MAX_ATTEMPTS)),
+            base_delay=int(defaults.get("base_delay", DEFAULT_BASE_DELAY)),
+            timeout=int(defaults.get("timeout", DEFAULT_TIMEOUT)),
+            description=self.entry.data.get("description"),
+            location=self.entry.loc(),
+        )
+
+    def _step(self, index: int, slug: str, needs: list[str], queue: str) -> Step:
+        spec = self.steps[slug]
+        return Step(
+            slug=slug,
+            index=index,
+            handler=spec["handler"],
+            queue=queue,
+            needs=tuple(needs),
+            type=cast(StepType, spec.get("type", "single")),
+            condition_if=spec.get("if"),
+            condition_unless=spec.get("unless"),
+            when_unmet=cast(Mode, spec.get("when_unmet", "skip")),
+            when_exhausted=cast(Mode, spec.get("when_exhausted", "fail")),
+            max_attempts=_opt_int(spec, "max_attempts"),
+            base_delay=_opt_int(spec, "base_delay"),
+            timeout=_opt_int(spec, "timeout"),
+            start_delay=_opt_int(spec, "start_delay"),
+            description=spec.get("description"),
+            location=self.entry.loc(("steps", slug), key=True),
+            handler_location=self.entry.loc(("steps", slug, "handler")),
+        )
+
+
+def per_step_queue(flow_slug: str, step_slug: str, index: int) -> str | None:
+    """``lower(flow__step)`` if it fits, else ``lower(flow__<index>)``, else None."""
+    for candidate in (f"{flow_slug}__{step_slug}", f"{flow_slug}__{index}"):
+        if len(candidate) <= names.QUEUE_MAX:
+            return candidate.lower()
+    return None
+
+
+def _opt_int(spec: dict[str, Any], key: str) -> int | None:
+    value = spec.get(key)
+    return None if value is None else int(value)
+
+
+def _rotate(cycle: list[str], declared: list[str]) -> list[str]:
+    ring = cycle[:-1]
+    start = min(range(len(ring)), key=lambda i: declared.index(ring[i]))
+    ring = ring[start:] + ring[:start]
+    return [*ring, ring[0]]
+
+
+def _unstorable(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "a NUL character" if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _unstorable(key) or _unstorable(item)
+            if found:
+                return found
+    if isinstance(value, list):
+        for item in value:
+            found = _unstorable(item)
+            if found:
+                return found
+    return None
+
+
+def _build_flow(entry: _Entry, state: Analysis) -> None:
+    flow = _FlowChecker(entry, state).run()
+    if flow is not None:
+        state.flows[flow.slug] = flow
+
+
+def _ownership(state: Analysis) -> None:
+    """A queue owned by one flow is never used by another flow nor declared shared."""
+    for flow in state.flows.values():
+        for queue in flow.owned_queues:
+            owner = state.owners.setdefault(queue, flow.slug)
+            if owner != flow.slug:
+                entry = state.flow_entries[flow.slug]
+                state.findings.append(entry.doc.diagnostic(
+                    ("slug",), "FL045",
+                    f"queue `{queue}` of flow `{flow.slug}` is already owned by flow `{owner}`",
+                    "rename the flow or use explicit queues"))
+    for flow in state.flows.values():
+        if flow.queue_mode != "explicit":
+            continue
+        entry = state.flow_entries[flow.slug]
+        for step in flow.steps:
+            holder = state.owners.get(step.queue)
+            if holder is not None:
+                state.findings.append(entry.doc.diagnostic(
+                    ("queues", step.slug), "FL045",
+                    f"queue `{step.queue}` is owned by flow `{holder}` and cannot be shared",
+                    "choose another name for the shared queue; a flow's own queues are private"))
+
+
+def _build_alias(entry: _Entry, state: Analysis) -> None:
+    data = entry.data
+    draining: list[str] = list(data.get("draining", []))
+    targets = [(("active",), data["active"])] + [
+        (("draining", i), slug) for i, slug in enumerate(draining)
+    ]
+    problems = 0
+    seen: set[str] = set()
+    for path, slug in targets:
+        if slug in seen:
+            problems += 1
+            state.findings.append(entry.doc.diagnostic(
+                path, "FL052", f"alias `{entry.slug}` lists `{slug}` twice",
+                "a version is either active or draining, once"))
+            continue
+        seen.add(slug)
+        if slug not in state.known_flows:
+            problems += 1
+            state.findings.append(_unknown_flow(entry, path, slug, state, "FL050"))
+        elif slug not in state.flows:
+            problems += 1  # that flow has errors of its own, reported there
+    if problems == 0:
+        state.aliases[entry.slug] = Alias(
+            slug=entry.slug, active=data["active"], draining=tuple(draining),
+            description=data.get("description"), location=entry.loc(),
+        )
+
+
+def _unknown_flow(entry: _Entry, path: tuple[str | int, ...], slug: str, state: Analysis,
+                  code: str) -> Diagnostic:
+    if slug in state.known_aliases and code == "FL050":
+        return entry.doc.diagnostic(path, code, f"`{slug}` is an alias, not a concrete flow",
+                                    "an alias points at concrete flow slugs only")
+    candidates = sorted(state.known_flows | (state.known_aliases if code == "FL060" else set()))
+    close = difflib.get_close_matches(slug, candidates, n=1)
+    help = f"did you mean `{close[0]}`?" if close else "declare the flow with `kind: flow`"
+    return entry.doc.diagnostic(path, code, f"`{slug}` is not a flow of this project", help)
+
+
+def _build_workers(entries: list[_Entry], state: Analysis) -> None:
+    names_seen: dict[str, _Entry] = {}
+    for entry in entries:
+        worker = _build_worker(entry, state)
+        if worker is None:
+            continue
+        other = names_seen.setdefault(worker.name, entry)
+        if other is not entry:
+            state.findings.append(entry.doc.diagnostic(
+                ("name",) if "name" in entry.data else ("queue",), "FL063",
+                f"worker name `{worker.name}` is already used at {other.loc(('queue',))}",
+                "give each worker document a distinct `name`"))
+            continue
+        state.workers.append(worker)
+    _coverage(state)
+
+
+def _build_worker(entry: _Entry, state: Analysis) -> WorkerDoc | None:
+    data = entry.data
+    queue: str = data["queue"]
+    problems = 0
+    for i, name in enumerate(data["flows"]):
+        path = ("flows", i)
+        if name in state.aliases:
+            versions = [state.flows[s] for s in state.aliases[name].versions]
+        elif name in state.flows:
+            versions = [state.flows[name]]
+        else:
+            if name not in state.known_flows and name not in state.known_aliases:
+                problems += 1
+                state.findings.append(_unknown_flow(entry, path, name, state, "FL060"))
+            continue
+        if not any(f.steps_on(queue) for f in versions):
+            problems += 1
+            routed = sorted({q for f in versions for q in f.queues})
+            state.findings.append(entry.doc.diagnostic(
+                path, "FL061", f"`{name}` routes no step to queue `{queue}`",
+                "it routes to " + ", ".join(f"`{q}`" for q in routed) +
+                "; remove it from `flows` or route a step to this queue"))
+    if problems:
+        return None
+    return WorkerDoc(
+        name=str(data.get("name") or queue), queue=queue, flows=tuple(data["flows"]),
+        max_concurrent=int(data.get("max_concurrent", DEFAULT_MAX_CONCURRENT)),
+        batch_size=int(data.get("batch_size", DEFAULT_BATCH_SIZE)),
+        description=data.get("description"), location=entry.loc(("queue",)),
+    )
+
+
+def _coverage(state: Analysis) -> None:
+    """Where worker documents exist for a queue, every routed pair needs a worker."""
+    covered: dict[str, set[tuple[str, str]]] = {}
+    for worker in state.workers:
+        pairs = covered.setdefault(worker.queue, set())
+        for name in worker.flows:
+            versions = (state.aliases[name].versions if name in state.aliases else (name,))
+            for slug in versions:
+                flow = state.flows.get(slug)
+                if flow is not None:
+                    pairs.update((slug, s.slug) for s in flow.steps_on(worker.queue))
+    for flow in state.flows.values():
+        entry = state.flow_entries[flow.slug]
+        for step in flow.steps:
+            routed = covered.get(step.queue)
+            if routed is None or (flow.slug, step.slug) in routed:
+                continue
+            path = ("queues", step.slug) if flow.queue_mode == "explicit" else ("steps", step.slug)
+            workers = ", ".join(f"`{w.name}`" for w in state.workers if w.queue == step.queue)
+            state.findings.append(entry.doc.diagnostic(
+                path, "FL062",
+                f"step `{step.slug}` of flow `{flow.slug}` is routed to queue `{step.queue}`, "
+                "but no worker document for that queue lists this flow",
+                f"add `{flow.slug}` (or an alias with it as active or draining version) to "
+                f"`flows` of worker {workers}; otherwise its tasks would wait forever",
+                key=flow.queue_mode != "explicit"))

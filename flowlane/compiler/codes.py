@@ -1,0 +1,55 @@
+"""Stable diagnostic codes. A code's meaning never changes once released."""
+
+from __future__ import annotations
+
+CODES: dict[str, str] = {
+    # reading files and YAML syntax
+    "FL001": "YAML syntax error",
+    "FL002": "tab character in indentation",
+    "FL003": "duplicate mapping key",
+    "FL004": "mapping key is not a plain string",
+    "FL005": "unsupported use of YAML anchors, aliases or merge keys",
+    "FL006": "unsupported YAML tag",
+    "FL007": "document is not a mapping",
+    "FL008": "file or path cannot be read",
+    # schema
+    "FL010": "required key missing",
+    "FL011": "unknown key",
+    "FL012": "value has the wrong type",
+    "FL013": "invalid value",
+    "FL014": "unknown or missing document kind",
+    "FL015": "unsupported format version",
+    # names and uniqueness
+    "FL020": "invalid slug",
+    "FL021": "duplicate flow or alias slug",
+    "FL022": "duplicate step slug",
+    # graph
+    "FL030": "unknown dependency",
+    "FL031": "dependency cycle",
+    "FL032": "map step with more than one dependency",
+    "FL033": "when_unmet without a condition",
+    "FL034": "dependency listed twice",
+    # routing and queues
+    "FL040": "queue name is not canonical",
+    "FL041": "explicit routing misses a step",
+    "FL042": "explicit routing names an unknown step",
+    "FL043": "per-step queue name cannot be derived",
+    "FL044": "flow queue name cannot be derived",
+    "FL045": "queue owned by one flow is used elsewhere",
+    # aliases
+    "FL050": "alias points to an unknown flow",
+    "FL051": "alias slug collides with a flow slug",
+    "FL052": "alias lists a flow twice",
+    # workers
+    "FL060": "worker lists an unknown flow or alias",
+    "FL061": "worker lists a flow that routes no step to its queue",
+    "FL062": "routed step is covered by no worker",
+    "FL063": "duplicate worker name",
+    # handlers and values
+    "FL070": "invalid handler reference",
+    "FL071": "condition contains a value PostgreSQL cannot store",
+}
+
+
+def describe(code: str) -> str:
+    return CODES.get(code, "flowlane diagnostic")

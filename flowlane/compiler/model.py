@@ -1,0 +1,226 @@
+"""The validated project: frozen dataclasses built only from documents that passed every check."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+StepType = Literal["single", "map"]
+QueueMode = Literal["flow", "per-step", "explicit"]
+Mode = Literal["skip", "skip-cascade", "fail"]
+
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_BASE_DELAY = 5
+DEFAULT_TIMEOUT = 60
+DEFAULT_MAX_CONCURRENT = 10
+DEFAULT_BATCH_SIZE = 10
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where something was declared: display path and 1-based line and column."""
+
+    path: str
+    line: int
+    col: int
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}:{self.col}"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a concrete flow, with its resolved queue."""
+
+    slug: str
+    index: int
+    handler: str
+    queue: str
+    needs: tuple[str, ...] = ()
+    type: StepType = "single"
+    condition_if: Mapping[str, Any] | None = None
+    condition_unless: Mapping[str, Any] | None = None
+    when_unmet: Mode = "skip"
+    when_exhausted: Mode = "fail"
+    max_attempts: int | None = None
+    base_delay: int | None = None
+    timeout: int | None = None
+    start_delay: int | None = None
+    description: str | None = None
+    location: Location | None = field(default=None, compare=False)
+    handler_location: Location | None = field(default=None, compare=False)
+
+    @property
+    def handler_module(self) -> str:
+        return self.handler.partition(":")[0]
+
+    @property
+    def handler_attribute(self) -> str:
+        return self.handler.partition(":")[2]
+
+
+@dataclass(frozen=True)
+class Flow:
+    """A concrete, immutable flow version; steps in ``step_index`` order."""
+
+    slug: str
+    queue_mode: QueueMode
+    steps: tuple[Step, ...]
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    base_delay: int = DEFAULT_BASE_DELAY
+    timeout: int = DEFAULT_TIMEOUT
+    description: str | None = None
+    location: Location | None = field(default=None, compare=False)
+
+    def step(self, slug: str) -> Step:
+        for step in self.steps:
+            if step.slug == slug:
+                return step
+        raise KeyError(slug)
+
+    @property
+    def queues(self) -> tuple[str, ...]:
+        """Distinct queues this flow routes to, sorted."""
+        return tuple(sorted({s.queue for s in self.steps}))
+
+    @property
+    def owned_queues(self) -> tuple[str, ...]:
+        """Queues owned by this flow (default and per-step routing); explicit ones are shared."""
+        return () if self.queue_mode == "explicit" else self.queues
+
+    def steps_on(self, queue: str) -> tuple[Step, ...]:
+        return tuple(s for s in self.steps if s.queue == queue)
+
+    @property
+    def source(self) -> str:
+        return self.location.path if self.location else ""
+
+
+@dataclass(frozen=True)
+class Alias:
+    """A stable name: new runs start ``active``; ``draining`` versions may still run."""
+
+    slug: str
+    active: str
+    draining: tuple[str, ...] = ()
+    description: str | None = None
+    location: Location | None = field(default=None, compare=False)
+
+    @property
+    def versions(self) -> tuple[str, ...]:
+        return (self.active, *self.draining)
+
+
+@dataclass(frozen=True)
+class WorkerDoc:
+    """A worker deployment polling one queue for the listed flows and aliases."""
+
+    name: str
+    queue: str
+    flows: tuple[str, ...]
+    max_concurrent: int = DEFAULT_MAX_CONCURRENT
+    batch_size: int = DEFAULT_BATCH_SIZE
+    description: str | None = None
+    location: Location | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class HandlerRef:
+    """A (flow, step) pair, its queue and the ``module:callable`` that runs it."""
+
+    flow_slug: str
+    step_slug: str
+    queue: str
+    handler: str
+    location: Location | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Project:
+    """Every flow, alias and worker document of a project, validated.
+
+    ``Project.load("flows/")`` raises :class:`flowlane.errors.CompileError`
+    (with ``.diagnostics``) unless every document is valid.
+    """
+
+    flows: tuple[Flow, ...] = ()
+    aliases: tuple[Alias, ...] = ()
+    workers: tuple[WorkerDoc, ...] = ()
+
+    @classmethod
+    def load(cls, *paths: str | os.PathLike[str]) -> Project:
+        from flowlane.compiler import api
+
+        return api.load_project(paths or ("flows",))
+
+    def flow(self, slug: str) -> Flow:
+        """The concrete flow named ``slug`` (exact match)."""
+        for flow in self.flows:
+            if flow.slug == slug:
+                return flow
+        raise KeyError(slug)
+
+    def alias(self, slug: str) -> Alias:
+        for alias in self.aliases:
+            if alias.slug == slug:
+                return alias
+        raise KeyError(slug)
+
+    def has_flow(self, slug: str) -> bool:
+        return any(f.slug == slug for f in self.flows)
+
+    def has_alias(self, slug: str) -> bool:
+        return any(a.slug == slug for a in self.aliases)
+
+    def resolve(self, name: str) -> Flow:
+        """A concrete flow for a flow slug or the active version of an alias."""
+        if self.has_alias(name):
+            return self.flow(self.alias(name).active)
+        return self.flow(name)
+
+    def versions(self, name: str) -> tuple[Flow, ...]:
+        """The concrete flows a name stands for: an alias = active + draining."""
+        if self.has_alias(name):
+            return tuple(self.flow(slug) for slug in self.alias(name).versions)
+        return (self.flow(name),)
+
+    @property
+    def queues(self) -> tuple[str, ...]:
+        return tuple(sorted({q for f in self.flows for q in f.queues}))
+
+    def workers_on(self, queue: str) -> tuple[WorkerDoc, ...]:
+        return tuple(w for w in self.workers if w.queue == queue)
+
+    def worker(self, name: str) -> WorkerDoc:
+        for worker in self.workers:
+            if worker.name == name:
+                return worker
+        raise KeyError(name)
+
+    def handlers(self, queue: str | None = None, flows: Iterable[str] | None = None
+                 ) -> tuple[HandlerRef, ...]:
+        """Handler references, optionally only those routed to ``queue`` by ``flows``
+        (flow slugs or aliases; an alias = its active and draining versions)."""
+        chosen = self.flows if flows is None else _unique(
+            f for name in flows for f in self.versions(name)
+        )
+        return tuple(
+            HandlerRef(f.slug, s.slug, s.queue, s.handler, s.handler_location)
+            for f in chosen
+            for s in f.steps
+            if queue is None or s.queue == queue
+        )
+
+    def routed_pairs(self, queue: str, flows: Iterable[str] | None = None
+                     ) -> frozenset[tuple[str, str]]:
+        """The (flow_slug, step_slug) pairs routed to ``queue``."""
+        return frozenset((h.flow_slug, h.step_slug) for h in self.handlers(queue, flows))
+
+
+def _unique(flows: Iterable[Flow]) -> tuple[Flow, ...]:
+    seen: dict[str, Flow] = {}
+    for flow in flows:
+        seen.setdefault(flow.slug, flow)
+    return tuple(seen.values())

@@ -1,0 +1,237 @@
+"""JSON Schema (draft 2020-12) validation with errors mapped back to YAML positions."""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+from importlib import resources
+from typing import Any
+
+import jsonschema
+from jsonschema.exceptions import ValidationError
+
+from flowlane.compiler import names
+from flowlane.compiler.diagnostics import Diagnostic
+from flowlane.compiler.loader import Document
+
+SCHEMA_FILE = "flowlane.v1.schema.json"
+_TYPE_NAMES = {
+    "string": "a string", "integer": "an integer", "number": "a number",
+    "boolean": "a boolean", "object": "a mapping", "array": "a list", "null": "null",
+}
+
+
+def schema_text() -> str:
+    """The published JSON Schema, exactly as shipped."""
+    return resources.files("flowlane.schemas").joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
+
+
+@functools.cache
+def schema() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(schema_text())
+    return loaded
+
+
+@functools.cache
+def _validator() -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(schema())
+
+
+def validate_document(doc: Document) -> list[Diagnostic]:
+    """Every schema finding of one document, each at the YAML position it concerns."""
+    findings: list[Diagnostic] = []
+    for error in _validator().iter_errors(doc.data):
+        findings.extend(_diagnose(doc, error))
+    return findings
+
+
+def _diagnose(doc: Document, error: ValidationError) -> list[Diagnostic]:
+    path = tuple(error.absolute_path)
+    sub: dict[str, Any] = error.schema if isinstance(error.schema, dict) else {}
+    if "propertyNames" in error.relative_schema_path:
+        return [_name_problem(doc, (*path, str(error.instance)), sub, str(error.instance), True)]
+    handler = _HANDLERS.get(str(error.validator))
+    if handler is not None:
+        return handler(doc, error, path, sub)
+    if "x-flowlane-name" in sub and isinstance(error.instance, str):
+        return [_name_problem(doc, path, sub, error.instance, False)]
+    return [_invalid(doc, error, path, sub)]
+
+
+def _listed(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list | tuple) else []
+
+
+def _field(path: tuple[Any, ...]) -> str:
+    for part in reversed(path):
+        if isinstance(part, str):
+            return f"`{part}`"
+    return "the document"
+
+
+def _kind_of(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if value is None:
+        return "null"
+    return "a list" if isinstance(value, list) else "a mapping"
+
+
+def _required(doc: Document, error: ValidationError, path: tuple[Any, ...],
+              sub: dict[str, Any]) -> list[Diagnostic]:
+    instance = error.instance if isinstance(error.instance, dict) else {}
+    missing = [k for k in _listed(error.validator_value) if k not in instance]
+    found = []
+    for key in missing:
+        code = "FL014" if key == "kind" and not path else "FL010"
+        where = f"in {_field(path)}" if path else "in this document"
+        help = ("start the document with `kind: flow`, `kind: alias` or `kind: worker`"
+                if code == "FL014" else f"add `{key}:`")
+        found.append(doc.diagnostic(path, code, f"missing required key `{key}` {where}",
+                                    help, key=bool(path)))
+    return found
+
+
+def _additional(doc: Document, error: ValidationError, path: tuple[Any, ...],
+                sub: dict[str, Any]) -> list[Diagnostic]:
+    instance = error.instance if isinstance(error.instance, dict) else {}
+    allowed = sorted(sub.get("properties", {}))
+    found = []
+    for key in instance:
+        if key in allowed:
+            continue
+        close = difflib.get_close_matches(key, allowed, n=1)
+        help = (f"did you mean `{close[0]}`?" if close else
+                "allowed keys: " + ", ".join(f"`{k}`" for k in allowed))
+        found.append(doc.diagnostic((*path, key), "FL011",
+                                    f"unknown key `{key}` in {_field(path)}", help, key=True))
+    return found
+
+
+def _type(doc: Document, error: ValidationError, path: tuple[Any, ...],
+          sub: dict[str, Any]) -> list[Diagnostic]:
+    expected = error.validator_value
+    wanted = [expected] if isinstance(expected, str) else _listed(expected)
+    text = " or ".join(_TYPE_NAMES.get(t, t) for t in wanted)
+    return [doc.diagnostic(path, "FL012",
+                           f"{_field(path)} must be {text}, not {_kind_of(error.instance)}",
+                           _example_help(sub))]
+
+
+def _any_of(doc: Document, error: ValidationError, path: tuple[Any, ...],
+            sub: dict[str, Any]) -> list[Diagnostic]:
+    # report the errors of the branch that matches the value's type, if one does
+    branches: dict[int, list[ValidationError]] = {}
+    for sub_error in error.context or ():
+        branches.setdefault(int(sub_error.relative_schema_path[0]), []).append(sub_error)
+    for options in branches.values():
+        if not any(e.validator == "type" and not e.absolute_path[len(path):] for e in options):
+            found: list[Diagnostic] = []
+            for sub_error in options:
+                found.extend(_diagnose(doc, sub_error))
+            if found:
+                return found
+    text = f"{_field(path)} is invalid: {sub.get('description', '')}".rstrip(": ")
+    return [doc.diagnostic(path, "FL013", text, _example_help(sub))]
+
+
+def _enum(doc: Document, error: ValidationError, path: tuple[Any, ...],
+          sub: dict[str, Any]) -> list[Diagnostic]:
+    values = _listed(error.validator_value) if error.validator == "enum" else [
+        error.validator_value
+    ]
+    choices = ", ".join(f"`{json.dumps(v)}`" if not isinstance(v, str) else f"`{v}`"
+                        for v in values)
+    code = str(sub.get("x-flowlane-code", "FL013"))
+    shown = _show(error.instance)
+    if code == "FL014":
+        message = f"unknown document kind {shown}"
+    elif code == "FL015":
+        message = f"unsupported format {shown}"
+    else:
+        message = f"{_field(path)} is {shown}, expected one of {choices}"
+    return [doc.diagnostic(path, code, message, f"use one of {choices}")]
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else f"`{value}`"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _invalid(doc: Document, error: ValidationError, path: tuple[Any, ...],
+             sub: dict[str, Any]) -> Diagnostic:
+    code = str(sub.get("x-flowlane-code", "FL013"))
+    if code == "FL070":
+        message = f"handler {_show(error.instance)} is not `module:callable`"
+        return doc.diagnostic(path, code, message,
+                              "write the handler as `package.module:function`")
+    detail = _detail(error)
+    return doc.diagnostic(path, code, f"{_field(path)} {detail}", _example_help(sub))
+
+
+def _detail(error: ValidationError) -> str:
+    value = error.validator_value
+    detail = {
+        "minimum": f"must be at least {value}",
+        "maximum": f"must be at most {value}",
+        "minItems": f"must have at least {value} item(s)",
+        "minProperties": f"must have at least {value} entr{'y' if value == 1 else 'ies'}",
+        "minLength": f"must be at least {value} character(s) long",
+        "maxLength": f"must be at most {value} characters long",
+        "pattern": "has an invalid format",
+    }.get(str(error.validator))
+    return f"{detail}, got {_show(error.instance)}" if detail else str(error.message)
+
+
+def _example_help(sub: dict[str, Any]) -> str | None:
+    examples = sub.get("examples")
+    if examples:
+        return f"for example: {json.dumps(examples[0], ensure_ascii=False)}"
+    return None
+
+
+def _name_problem(doc: Document, path: tuple[Any, ...], sub: dict[str, Any], value: str,
+                  key: bool) -> Diagnostic:
+    if sub.get("x-flowlane-name") == "queue":
+        problem = names.queue_problem(value)
+        code = "FL040"
+    else:
+        problem = names.slug_problem(value, _what(path))
+        code = "FL020"
+    if problem is None:  # the schema and names.py disagree: report the schema's words
+        return doc.diagnostic(path, code, f"invalid name `{value}`", None, key=key)
+    return doc.diagnostic(path, code, problem.message, problem.help, key=key)
+
+
+def _what(path: tuple[Any, ...]) -> str:
+    if len(path) >= 2 and path[-2] == "steps":
+        return "step slug"
+    if path and path[0] == "slug":
+        return "slug"
+    return "name"
+
+
+def _not(doc: Document, error: ValidationError, path: tuple[Any, ...],
+         sub: dict[str, Any]) -> list[Diagnostic]:
+    if "x-flowlane-name" in sub and isinstance(error.instance, str):
+        key = "propertyNames" in error.relative_schema_path
+        return [_name_problem(doc, path, sub, error.instance, key)]
+    return [_invalid(doc, error, path, sub)]
+
+
+_HANDLERS = {
+    "required": _required,
+    "additionalProperties": _additional,
+    "type": _type,
+    "anyOf": _any_of,
+    "enum": _enum,
+    "const": _enum,
+    "not": _not,
+}

@@ -1,0 +1,76 @@
+"""SQL literals for rendered flow SQL. Every value from YAML goes through :func:`quote`.
+
+Rendered values are :class:`Sql` instances; the template environment refuses to
+output anything else, so a value can never reach SQL without passing here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+
+class Sql(str):
+    """Text that is already safe SQL (a literal produced by this module)."""
+
+    __slots__ = ()
+
+
+def quote(value: str) -> Sql:
+    """The one quoting function: a string literal that means the same under any
+    ``standard_conforming_strings`` setting (backslashes force an ``E''`` literal
+    with doubled backslashes; quotes are always doubled)."""
+    if "\x00" in value:
+        raise ValueError("PostgreSQL text cannot contain NUL characters")
+    doubled = value.replace("'", "''")
+    if "\\" in value:
+        return Sql("E'" + doubled.replace("\\", "\\\\") + "'")
+    return Sql("'" + doubled + "'")
+
+
+def literal(value: Any) -> Sql:
+    """``null``, ``true``/``false``, a decimal integer or a quoted string."""
+    if value is None:
+        return Sql("null")
+    if isinstance(value, bool):
+        return Sql("true" if value else "false")
+    if isinstance(value, int):
+        return Sql(str(int(value)))
+    if isinstance(value, str):
+        return quote(value)
+    raise TypeError(f"no SQL literal for {type(value).__name__}")
+
+
+def jsonb(value: Any) -> Sql:
+    """A jsonb literal: canonical JSON text, quoted, cast ``::jsonb`` (or ``null``)."""
+    if value is None:
+        return Sql("null")
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return Sql(f"{quote(text)}::jsonb")
+
+
+def text_array(values: Iterable[str]) -> Sql:
+    """``array['a', 'b']::text[]`` (``array[]::text[]`` when empty)."""
+    return Sql("array[" + ", ".join(quote(v) for v in values) + "]::text[]")
+
+
+_UNSAFE_IN_COMMENT = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def comment(value: str) -> Sql:
+    """Text for a ``--`` comment line: control characters (newlines) replaced."""
+    return Sql(_UNSAFE_IN_COMMENT.sub("?", value))
+
+
+_LITERAL = re.compile(r"(E?)'((?:[^']|'')*)'")
+
+
+def unquote(text: str) -> str:
+    """The inverse of :func:`quote` for one literal (used to read committed SQL)."""
+    match = _LITERAL.fullmatch(text.strip())
+    if match is None:
+        raise ValueError("not a SQL string literal")
+    body = match.group(2).replace("''", "'")
+    return body.replace("\\\\", "\\") if match.group(1) else body
