@@ -6,12 +6,12 @@ shape; the worker only needs the narrow view of :mod:`flowlane.runtime.model`.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from flowlane import errors
+from flowlane import compiler, errors
+from flowlane.compiler import shape as shapes
 from flowlane.runtime.model import (
     AliasSpec,
     FlowSpec,
@@ -22,29 +22,9 @@ from flowlane.runtime.model import (
 )
 
 
-def _compiler(module: str) -> Any:
-    try:
-        return importlib.import_module(f"flowlane.compiler.{module}")
-    except ModuleNotFoundError as exc:  # only in a partial checkout
-        if exc.name and exc.name.startswith("flowlane.compiler"):
-            raise errors.ProjectError("the flowlane compiler is not available") from exc
-        raise
-
-
-def compiler_project_class() -> Any:
-    for module in ("project", "model"):
-        try:
-            found = getattr(_compiler(module), "Project", None)
-        except errors.ProjectError:
-            continue
-        if found is not None:
-            return found
-    raise errors.ProjectError("the flowlane compiler is not available")
-
-
-def load_compiled(paths: Sequence[str | Path] = ("flows",)) -> Any:
-    """The compiler's validated ``Project`` (raises ``CompileError`` with diagnostics)."""
-    return compiler_project_class().load(*[str(p) for p in paths])
+def load_compiled(paths: Sequence[str | Path] = ("flows",)) -> compiler.Project:
+    """The compiler's validated ``Project`` (raises ``CompileError`` with every finding)."""
+    return compiler.load_project(list(paths))
 
 
 def load(paths: str | Path | Sequence[str | Path] = ("flows",)) -> RuntimeProject:
@@ -62,7 +42,7 @@ def as_runtime_project(project: Any) -> RuntimeProject:
     return from_project(project)
 
 
-def _where(location: Any, fallback: str) -> str:
+def _where(location: compiler.Location | None, fallback: str) -> str:
     if location is None:
         return fallback
     return f"{location.path}:{location.line}"
@@ -72,7 +52,6 @@ def from_project(project: Any, root: str | Path | None = None) -> RuntimeProject
     """Narrow the compiler's ``Project`` to what a worker needs."""
     if not hasattr(project, "flows") or not hasattr(project, "aliases"):
         raise errors.ProjectError(f"cannot use {type(project).__name__} as a flowlane project")
-    flow_shape = _compiler("shape").flow_shape
     flows: dict[str, FlowSpec] = {}
     for flow in project.flows:
         source = _where(flow.location, flow.slug)
@@ -90,7 +69,9 @@ def from_project(project: Any, root: str | Path | None = None) -> RuntimeProject
             )
             for step in flow.steps
         )
-        flows[flow.slug] = FlowSpec(flow.slug, flow.queue_mode, flow_shape(flow), steps, source)
+        flows[flow.slug] = FlowSpec(
+            flow.slug, flow.queue_mode, shapes.flow_shape(flow), steps, source
+        )
     aliases = {a.slug: AliasSpec(a.slug, a.active, tuple(a.draining)) for a in project.aliases}
     workers = tuple(
         WorkerSpec(

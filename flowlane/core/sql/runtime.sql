@@ -64,3 +64,6 @@ limit %(limit)s
 
 -- name: client_get_run
 select flowlane.get_run_with_states(%(run_id)s::uuid) as run
+
+-- name: demo_aliases_supported
+select to_regproc('flowlane.set_alias') is not null as supported
