@@ -1,4 +1,4 @@
-"""Fixtures of the runtime tests: a migrated database with the test flows applied, worker processes."""
+"""Runtime test fixtures: a database with the test flows applied, worker processes."""
 
 from __future__ import annotations
 

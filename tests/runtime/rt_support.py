@@ -24,8 +24,13 @@ PROJECT = Path(__file__).resolve().parent / "project"
 T = TypeVar("T")
 
 
-def wait_until(check: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.02,
-               message: str = "condition") -> T:
+def wait_until(
+    check: Callable[[], T],
+    *,
+    timeout: float = 30.0,
+    interval: float = 0.02,
+    message: str = "condition",
+) -> T:
     """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -44,10 +49,18 @@ def env() -> dict[str, str]:
     return variables
 
 
-def flowlane(*args: str, cwd: Path = PROJECT, timeout: float = 120,
-             extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "flowlane", *args], cwd=cwd, env={**env(), **(extra_env or {})},
-                          capture_output=True, text=True, timeout=timeout, check=False)
+def flowlane(
+    *args: str, cwd: Path = PROJECT, timeout: float = 120, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "flowlane", *args],
+        cwd=cwd,
+        env={**env(), **(extra_env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 class WorkerProcess:
@@ -58,8 +71,22 @@ class WorkerProcess:
         self.args = args
         self._out = self.log.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "flowlane", "worker", *args, "--dsn", dsn, "--log-level", "DEBUG"],
-            cwd=cwd, env=env(), stdout=self._out, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "flowlane",
+                "worker",
+                *args,
+                "--dsn",
+                dsn,
+                "--log-level",
+                "DEBUG",
+            ],
+            cwd=cwd,
+            env=env(),
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+        )
 
     def text(self) -> str:
         return self.log.read_text()
@@ -100,8 +127,12 @@ def run_state(dsn: str, run_id: str) -> dict[str, Any]:
     return state
 
 
-def wait_run(dsn: str, run_id: str, timeout: float = 60.0, workers: list[WorkerProcess] | None = None,
-             ) -> dict[str, Any]:
+def wait_run(
+    dsn: str,
+    run_id: str,
+    timeout: float = 60.0,
+    workers: list[WorkerProcess] | None = None,
+) -> dict[str, Any]:
     def done() -> dict[str, Any] | None:
         for w in workers or []:
             if w.proc.poll() is not None:
@@ -113,8 +144,10 @@ def wait_run(dsn: str, run_id: str, timeout: float = 60.0, workers: list[WorkerP
         return wait_until(done, timeout=timeout, interval=0.05, message=f"run {run_id} to finish")
     except AssertionError:
         logs = "\n\n".join(w.text() for w in workers or [])
-        raise AssertionError(f"run {run_id} did not finish: {json.dumps(run_state(dsn, run_id), default=str)}"
-                             f"\n{logs}") from None
+        raise AssertionError(
+            f"run {run_id} did not finish: {json.dumps(run_state(dsn, run_id), default=str)}"
+            f"\n{logs}"
+        ) from None
 
 
 def start_run(dsn: str, flow: str, payload: Any) -> str:
@@ -153,7 +186,8 @@ def backdate_started(dsn: str, run_id: str, step_slug: str, seconds: int = 3600)
         conn.execute(
             "update flowlane.step_tasks set started_at = started_at - make_interval(secs => %s)"
             " where run_id = %s::uuid and step_slug = %s and status = 'started'",
-            (seconds, run_id, step_slug))
+            (seconds, run_id, step_slug),
+        )
 
 
 def requeue_stalled(dsn: str) -> int:

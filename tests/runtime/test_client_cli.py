@@ -11,13 +11,18 @@ from rt_support import WorkerProcess, flowlane, wait_run
 from flowlane.runtime.client import Client
 
 
-def test_start_runs_and_run_in_text_and_json(flows_dsn: str, spawn: Callable[..., WorkerProcess]) -> None:
-    started = flowlane("start", "rt_diamond", "--input", '{"numbers": [1, 2, 3, 4]}', "--dsn", flows_dsn)
+def test_start_runs_and_run_in_text_and_json(
+    flows_dsn: str, spawn: Callable[..., WorkerProcess]
+) -> None:
+    started = flowlane(
+        "start", "rt_diamond", "--input", '{"numbers": [1, 2, 3, 4]}', "--dsn", flows_dsn
+    )
     assert started.returncode == 0, started.stderr
     run_id = started.stdout.strip()
     assert str(uuid.UUID(run_id)) == run_id
-    as_json = flowlane("start", "rt_diamond", "--input", '{"numbers": []}', "--dsn", flows_dsn,
-                       "--format", "json")
+    as_json = flowlane(
+        "start", "rt_diamond", "--input", '{"numbers": []}', "--dsn", flows_dsn, "--format", "json"
+    )
     assert as_json.returncode == 0, as_json.stderr
     other = json.loads(as_json.stdout)["run_id"]
 
@@ -32,8 +37,12 @@ def test_start_runs_and_run_in_text_and_json(flows_dsn: str, spawn: Callable[...
     state = json.loads(shown.stdout)
     assert state["run"]["status"] == "completed"
     assert {s["step_slug"]: s["status"] for s in state["steps"]} == {
-        "split": "completed", "square": "completed", "meta": "completed", "total": "completed",
-        "alert": "completed"}
+        "split": "completed",
+        "square": "completed",
+        "meta": "completed",
+        "total": "completed",
+        "alert": "completed",
+    }
     text = flowlane("run", run_id, "--dsn", flows_dsn).stdout
     assert "status  completed" in text and '"sum_of_squares": 30' in text
     assert "alert" in text and "4 completed" in text  # the map step's tasks

@@ -23,16 +23,25 @@ def test_demo_in_a_fresh_copy(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("FLOWLANE_DSN", "DATABASE_URL")}
     env["PYTHONPATH"] = str(copy)
     try:
-        result = subprocess.run([sys.executable, "-m", "flowlane", "demo"], cwd=copy, env=env,
-                                capture_output=True, text=True, timeout=600, check=False)
+        result = subprocess.run(
+            [sys.executable, "-m", "flowlane", "demo"],
+            cwd=copy,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
     finally:
         db.EmbeddedDatabase.stop_at(copy / ".flowlane" / "pgdata")
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "Traceback" not in result.stderr
     for flow in ("hello_world", "diamond", "thumbnails", "community_threads"):
-        assert any(line.startswith("run ") and flow in line and line.endswith(": completed")
-                   for line in out.splitlines()), out
+        assert any(
+            line.startswith("run ") and flow in line and line.endswith(": completed")
+            for line in out.splitlines()
+        ), out
     assert '"greeting": "Hello, flowlane!"' in out
     assert f"compiled SQL: {(copy / 'sql' / 'flows').as_posix()}/*.sql" in out
     assert (copy / "sql" / "flows" / "hello_world.sql").is_file()

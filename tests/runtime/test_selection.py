@@ -25,7 +25,9 @@ def _project() -> RuntimeProject:
     shared2 = _flow("shared_v2", "explicit", {"a": "jobs", "b": "jobs"})
     return RuntimeProject(
         {f.slug: f for f in (plain, split, shared, shared2)},
-        workers=(WorkerSpec("jobs_worker", "jobs", ("shared_v2",), max_concurrent=3, batch_size=7),),
+        workers=(
+            WorkerSpec("jobs_worker", "jobs", ("shared_v2",), max_concurrent=3, batch_size=7),
+        ),
     )
 
 
@@ -74,7 +76,11 @@ def test_missing_handlers_refuse_with_yaml_locations() -> None:
     with pytest.raises(errors.WorkerError) as info:
         HandlerRegistry.load(steps)
     text = str(info.value)
-    assert "flows/f.yaml:8: handler no_such_module_xyz:run of step f.b: module 'no_such_module_xyz' not found" in text
+    assert (
+        "flows/f.yaml:8: handler no_such_module_xyz:run of step f.b: "
+        "module 'no_such_module_xyz' not found"
+        in text
+    )
     assert "flows/f.yaml:11: handler json:no_such_attr of step f.c" in text
     assert "flows/f.yaml:5" not in text
     registry = HandlerRegistry.load(steps[:1])

@@ -29,7 +29,9 @@ def _started(folder: Path, run_id: str, attempt: int) -> Callable[[], bool]:
     return lambda: (folder / f"started-{run_id}-{attempt}").exists()
 
 
-def test_sigterm_lets_the_running_handler_finish(flows_dsn: str, spawn: Spawn, tmp_path: Path) -> None:
+def test_sigterm_lets_the_running_handler_finish(
+    flows_dsn: str, spawn: Spawn, tmp_path: Path
+) -> None:
     worker = spawn("--flow", "rt_slow", "--shutdown-timeout", "30")
     run_id = start_run(flows_dsn, "rt_slow", {"dir": str(tmp_path)})
     wait_until(_started(tmp_path, run_id, 1), message="hold to start")
@@ -72,7 +74,9 @@ def test_sigterm_deadline_abandons_the_task_to_stalled_recovery(
     assert hold["attempts_count"] == 2 and hold["requeued_count"] == 1
 
 
-def test_sigkill_mid_task_is_recovered_by_a_worker(flows_dsn: str, spawn: Spawn, tmp_path: Path) -> None:
+def test_sigkill_mid_task_is_recovered_by_a_worker(
+    flows_dsn: str, spawn: Spawn, tmp_path: Path
+) -> None:
     doomed = spawn("--flow", "rt_slow")
     run_id = start_run(flows_dsn, "rt_slow", {"dir": str(tmp_path)})
     wait_until(_started(tmp_path, run_id, 1), message="hold to start")
@@ -124,7 +128,8 @@ def test_worker_survives_killed_database_backends(flows_dsn: str, spawn: Spawn) 
     with psycopg.connect(flows_dsn, autocommit=True) as conn:
         killed = conn.execute(
             "select count(*) filter (where pg_terminate_backend(pid)) from pg_stat_activity"
-            " where application_name like 'flowlane-worker-%%'").fetchone()
+            " where application_name like 'flowlane-worker-%%'"
+        ).fetchone()
     assert killed is not None and killed[0] >= 2  # pool and LISTEN connections
     run_ids = [start_run(flows_dsn, "rt_diamond", {"numbers": list(range(n))}) for n in range(1, 6)]
     for n, run_id in zip(range(1, 6), run_ids, strict=True):

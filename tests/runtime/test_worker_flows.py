@@ -58,7 +58,9 @@ def test_exhausted_step_is_skipped_or_fails_the_run(flows_dsn: str, spawn: Spawn
     assert boom["status"] == "failed" and boom["attempts_count"] == 2
     assert boom["error_message"] == "ValueError: boom on attempt 2"
     assert step(state, "boom")["skip_reason"] == "handler_failed"
-    assert step(state, "after")["output"] == {"saw": []}  # skipped parents are left out of the input
+    assert step(state, "after")["output"] == {
+        "saw": []
+    }  # skipped parents are left out of the input
 
     state = wait_run(flows_dsn, failed, workers=[skip, fail])
     assert state["run"]["status"] == "failed"
@@ -77,7 +79,10 @@ def test_per_step_queues_one_worker_process_per_step(flows_dsn: str, spawn: Spaw
         pids = [step(state, s)["output"]["pid"] for s in ("first", "second", "third")]
         assert pids == [w.proc.pid for w in workers]  # each step ran in its own worker
         assert [t["queue_name"] for t in state["tasks"]] == [
-            "rt_perstep__first", "rt_perstep__second", "rt_perstep__third"]
+            "rt_perstep__first",
+            "rt_perstep__second",
+            "rt_perstep__third",
+        ]
 
 
 def test_unserialisable_output_fails_the_task_clearly(flows_dsn: str, spawn: Spawn) -> None:
@@ -86,5 +91,7 @@ def test_unserialisable_output_fails_the_task_clearly(flows_dsn: str, spawn: Spa
     state = wait_run(flows_dsn, run_id, workers=[worker])
     assert state["run"]["status"] == "failed"
     (task,) = tasks(state, "bad")
-    assert task["error_message"].startswith("handler returned a value that is not JSON-serialisable")
+    assert task["error_message"].startswith(
+        "handler returned a value that is not JSON-serialisable"
+    )
     assert "set" in task["error_message"]

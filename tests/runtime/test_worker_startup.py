@@ -16,23 +16,32 @@ def _project(tmp_path: Path, yaml: str, handlers: str = "") -> Path:
 
 
 def test_missing_handlers_refuse_to_start_naming_the_yaml_line(dsn: str, tmp_path: Path) -> None:
-    root = _project(tmp_path, "kind: flow\nslug: broken\nsteps:\n  a:\n    handler: app_handlers:a\n"
-                    "  b:\n    needs: [a]\n    handler: app_handlers:nope\n"
-                    "  c:\n    needs: [a]\n    handler: missing_module:c\n",
-                    "def a(input, ctx):\n    return 1\n")
+    root = _project(
+        tmp_path,
+        "kind: flow\nslug: broken\nsteps:\n  a:\n    handler: app_handlers:a\n"
+        "  b:\n    needs: [a]\n    handler: app_handlers:nope\n"
+        "  c:\n    needs: [a]\n    handler: missing_module:c\n",
+        "def a(input, ctx):\n    return 1\n",
+    )
     result = flowlane("worker", "--flow", "broken", "--dsn", dsn, cwd=root)
     assert result.returncode == 1
     assert "flows/app.yaml:8: handler app_handlers:nope of step broken.b" in result.stderr
-    assert "flows/app.yaml:11: handler missing_module:c of step broken.c: module 'missing_module' not found" \
+    assert (
+        "flows/app.yaml:11: handler missing_module:c of step broken.c: "
+        "module 'missing_module' not found"
         in result.stderr
+    )
     assert "Traceback" not in result.stderr
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute("select count(*) from flowlane.workers").fetchone() == (0,)
 
 
 def test_selection_errors_are_usage_errors(dsn: str, tmp_path: Path) -> None:
-    root = _project(tmp_path, "kind: flow\nslug: split\nqueues: per-step\nsteps:\n"
-                    "  a:\n    handler: app_handlers:a\n", "def a(input, ctx):\n    return 1\n")
+    root = _project(
+        tmp_path,
+        "kind: flow\nslug: split\nqueues: per-step\nsteps:\n  a:\n    handler: app_handlers:a\n",
+        "def a(input, ctx):\n    return 1\n",
+    )
     result = flowlane("worker", "--flow", "split", "--dsn", dsn, cwd=root)
     assert result.returncode == 2 and "--step is required" in result.stderr
     assert "--flow split --step a" in result.stderr
@@ -45,10 +54,15 @@ def test_shape_mismatch_refuses_to_start_listing_differences(dsn: str, tmp_path:
         conn.execute("select flowlane.create_flow('drift')")
         conn.execute("select flowlane.add_step('drift', 'a')")
         conn.execute("select flowlane.add_step('drift', 'b', array['a'])")
-    root = _project(tmp_path, "kind: flow\nslug: drift\nsteps:\n  a:\n    handler: app_handlers:a\n",
-                    "def a(input, ctx):\n    return 1\n")
+    root = _project(
+        tmp_path,
+        "kind: flow\nslug: drift\nsteps:\n  a:\n    handler: app_handlers:a\n",
+        "def a(input, ctx):\n    return 1\n",
+    )
     result = flowlane("worker", "--flow", "drift", "--dsn", dsn, cwd=root)
     assert result.returncode == 1
-    assert "flow drift" in result.stderr and "step count: 2 in the database, 1 in the given shape" \
-        in result.stderr
+    assert (
+        "flow drift" in result.stderr
+        and "step count: 2 in the database, 1 in the given shape" in result.stderr
+    )
     assert "new flow slug" in result.stderr
