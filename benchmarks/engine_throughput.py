@@ -1,0 +1,146 @@
+"""Engine throughput against raw PGMQ on the same embedded database, in one run.
+
+    python benchmarks/engine_throughput.py [--messages N] [--runs N]
+
+(a) raw PGMQ: send N messages one by one, then read batches of 10 and
+    archive each message: messages/s for the full send + read + archive cycle.
+(b) the SQL Core driven by one loop (read a batch of 10, start_tasks,
+    complete_task per task) for a 1-step and a 3-step chain flow:
+    start_flow runs/s, tasks/s for the drive, and end-to-end tasks/s
+    (start_flow included), and the ratio of engine tasks/s to raw messages/s.
+
+Every call is its own autocommit transaction, like a worker's. The database
+is a fresh embedded PostgreSQL in a temporary directory, removed afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, LiteralString
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from flowlane.core import db, migrator
+
+_HEADER = re.compile(r"^-- name: (?P<name>[a-z_]+)\s*$", re.MULTILINE)
+
+
+def load_queries() -> dict[str, LiteralString]:
+    text = Path(__file__).with_suffix(".sql").read_text(encoding="utf-8")
+    headers = list(_HEADER.finditer(text))
+    queries = {}
+    for header, following in zip(headers, [*headers[1:], None], strict=True):
+        end = following.start() if following else len(text)
+        queries[header["name"]] = text[header.end() : end].strip()
+    return queries
+
+
+Q = load_queries()
+
+
+def raw_pgmq(conn: psycopg.Connection[Any], messages: int) -> float:
+    """Messages per second for send + read + archive."""
+    conn.execute(Q["create_queue"], {"queue": "bench_raw"})
+    start = time.perf_counter()
+    for i in range(messages):
+        conn.execute(Q["send"], {"queue": "bench_raw", "body": Jsonb({"i": i})})
+    done = 0
+    while done < messages:
+        ids = [r[0] for r in conn.execute(Q["read"], {"queue": "bench_raw", "qty": 10})]
+        if not ids:
+            raise RuntimeError("raw queue ran dry early")
+        for msg_id in ids:
+            conn.execute(Q["archive"], {"queue": "bench_raw", "msg_id": msg_id})
+        done += len(ids)
+    return messages / (time.perf_counter() - start)
+
+
+def engine(conn: psycopg.Connection[Any], flow: str, steps: int, runs: int) -> dict[str, float]:
+    conn.execute(Q["create_flow"], {"flow": flow})
+    for i in range(steps):
+        deps = [f"s{i - 1}"] if i else []
+        conn.execute(Q["add_step"], {"flow": flow, "step": f"s{i}", "deps": deps})
+    worker_id = uuid.uuid4()
+    t0 = time.perf_counter()
+    for i in range(runs):
+        conn.execute(Q["start_flow"], {"flow": flow, "input": Jsonb({"i": i})})
+    t1 = time.perf_counter()
+    tasks = 0
+    while True:
+        ids = [r[0] for r in conn.execute(Q["read"], {"queue": flow, "qty": 10})]
+        if not ids:
+            break
+        claimed = conn.execute(
+            Q["start_tasks"], {"queue": flow, "msg_ids": ids, "worker_id": worker_id}
+        ).fetchall()
+        for run_id, step, index, attempt in claimed:
+            conn.execute(
+                Q["complete_task"],
+                {
+                    "run_id": run_id,
+                    "step": step,
+                    "task_index": index,
+                    "output": Jsonb({"ok": True}),
+                    "worker_id": worker_id,
+                    "attempt": attempt,
+                },
+            )
+            tasks += 1
+    t2 = time.perf_counter()
+    row = conn.execute(Q["completed_runs"], {"flow": flow}).fetchone()
+    if row is None or row[0] != runs or tasks != runs * steps:
+        raise RuntimeError(
+            f"{flow}: {row} completed runs, {tasks} tasks; expected {runs}, {runs * steps}"
+        )
+    return {
+        "runs_per_s": runs / (t1 - t0),
+        "drive_tasks_per_s": tasks / (t2 - t1),
+        "e2e_tasks_per_s": tasks / (t2 - t0),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=3000, help="raw PGMQ messages")
+    parser.add_argument("--runs", type=int, default=600, help="runs per engine flow")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="flowlane-bench-"))
+    pgdata = tmp / "data"
+    try:
+        dsn = db.EmbeddedDatabase.start_at(pgdata)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            migrator.migrate(conn)
+            versions = conn.execute(Q["migration_versions"]).fetchone()
+            print(f"flowlane migrations: {versions[0] if versions else '?'}")
+            raw = raw_pgmq(conn, args.messages)
+            print(
+                f"(a) raw PGMQ send+read+archive: {raw:9.1f} messages/s ({args.messages} messages)"
+            )
+            for flow, steps in (("bench_one", 1), ("bench_three", 3)):
+                r = engine(conn, flow, steps, args.runs)
+                print(
+                    f"(b) {steps}-step flow, {args.runs} runs: "
+                    f"start_flow {r['runs_per_s']:8.1f} runs/s, "
+                    f"drive {r['drive_tasks_per_s']:8.1f} tasks/s, "
+                    f"end-to-end {r['e2e_tasks_per_s']:8.1f} tasks/s, "
+                    f"ratio drive/raw {r['drive_tasks_per_s'] / raw:5.2f}, "
+                    f"end-to-end/raw {r['e2e_tasks_per_s'] / raw:5.2f}"
+                )
+    finally:
+        db.EmbeddedDatabase.stop_at(pgdata)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,258 @@
+"""Drive the SQL Core purely through its SQL functions, for tests in any area.
+
+``Engine(conn)`` wraps an autocommit psycopg connection. It defines flows,
+starts runs, reads and claims messages like a worker (``pgmq.read`` then
+``flowlane.start_tasks``), completes or fails tasks, resets visibility (no
+sleeping: make messages visible now instead of waiting), and inspects state.
+
+Claiming uses the queue name as the first argument of ``start_tasks``. With
+the default routing the queue is ``lower(flow_slug)``, so with lowercase flow
+slugs the helpers work against 0001 (``start_tasks(flow_slug, ...)``) and
+against head (``start_tasks(queue_name, ...)``).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+Task = dict[str, Any]
+
+
+class Engine:
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        self.worker_id = uuid.uuid4()
+
+    # -- plumbing -----------------------------------------------------------
+
+    def rows(
+        self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
+        with self.conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(query, params)
+            return cur.fetchall() if cur.description else []
+
+    def row(
+        self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None
+    ) -> dict[str, Any] | None:
+        found = self.rows(query, params)
+        return found[0] if found else None
+
+    def scalar(self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> Any:
+        row = self.conn.execute(query, params).fetchone()
+        return row[0] if row else None
+
+    # -- definitions ----------------------------------------------------------
+
+    def create_flow(self, slug: str, **options: Any) -> dict[str, Any]:
+        return self._call("create_flow", {"flow_slug": slug, **options})
+
+    def add_step(
+        self, flow: str, step: str, deps: Sequence[str] = (), **options: Any
+    ) -> dict[str, Any]:
+        return self._call(
+            "add_step", {"flow_slug": flow, "step_slug": step, "deps_slugs": list(deps), **options}
+        )
+
+    def define(
+        self,
+        flow: str,
+        steps: Iterable[tuple[str, Sequence[str], Mapping[str, Any]]],
+        **flow_options: Any,
+    ) -> None:
+        """``steps``: (slug, deps, add_step options) in definition order."""
+        self.create_flow(flow, **flow_options)
+        for slug, deps, opts in steps:
+            self.add_step(flow, slug, deps, **opts)
+
+    def _call(self, function: str, args: Mapping[str, Any]) -> dict[str, Any]:
+        names = sql.SQL(", ").join(
+            sql.SQL("{} => {}").format(sql.Identifier(k), sql.Placeholder(k)) for k in args
+        )
+        query = sql.SQL("select * from flowlane.{}({})").format(sql.Identifier(function), names)
+        params = {k: Jsonb(v) if isinstance(v, dict) else v for k, v in args.items()}
+        with self.conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(query, params)
+            row = cur.fetchone()
+        assert row is not None
+        return row
+
+    # -- runs -----------------------------------------------------------------
+
+    def start(self, flow: str, input: Any = None, run_id: uuid.UUID | None = None) -> uuid.UUID:
+        row = self.row(
+            "select run_id from flowlane.start_flow(%s, %s, %s)",
+            (flow, Jsonb({} if input is None else input), run_id),
+        )
+        assert row is not None
+        return uuid.UUID(str(row["run_id"]))
+
+    def read(self, queue: str, qty: int = 1000, vt: int = 30) -> list[int]:
+        return [
+            r[0]
+            for r in self.conn.execute("select msg_id from pgmq.read(%s, %s, %s)", (queue, vt, qty))
+        ]
+
+    def start_tasks(
+        self, queue: str, msg_ids: Sequence[int], worker_id: uuid.UUID | None = None
+    ) -> list[Task]:
+        return self.rows(
+            "select * from flowlane.start_tasks(%s, %s, %s)",
+            (queue, list(msg_ids), worker_id or self.worker_id),
+        )
+
+    def claim(self, queue: str, qty: int = 1000, worker_id: uuid.UUID | None = None) -> list[Task]:
+        """Read visible messages and claim them, like one worker poll."""
+        return self.start_tasks(queue, self.read(queue, qty), worker_id)
+
+    def complete(
+        self, task: Mapping[str, Any], output: Any = None, *, fenced: bool = True
+    ) -> dict[str, Any] | None:
+        return self.row(
+            "select * from flowlane.complete_task(%s, %s, %s, %s, %s, %s)",
+            (
+                task["run_id"],
+                task["step_slug"],
+                task["task_index"],
+                Jsonb(output),
+                self.worker_id if fenced else None,
+                task.get("attempt") if fenced else None,
+            ),
+        )
+
+    def complete_raw(
+        self,
+        run_id: uuid.UUID,
+        step: str,
+        index: int,
+        output: Any,
+        worker_id: uuid.UUID | None = None,
+        attempt: int | None = None,
+    ) -> dict[str, Any] | None:
+        return self.row(
+            "select * from flowlane.complete_task(%s, %s, %s, %s, %s, %s)",
+            (run_id, step, index, Jsonb(output), worker_id, attempt),
+        )
+
+    def fail(
+        self, task: Mapping[str, Any], error: str = "boom", *, fenced: bool = True
+    ) -> dict[str, Any] | None:
+        return self.row(
+            "select * from flowlane.fail_task(%s, %s, %s, %s, %s, %s)",
+            (
+                task["run_id"],
+                task["step_slug"],
+                task["task_index"],
+                error,
+                self.worker_id if fenced else None,
+                task.get("attempt") if fenced else None,
+            ),
+        )
+
+    def make_visible(self, queue: str) -> int:
+        """Make every message of ``queue`` visible now (instead of sleeping)."""
+        table = sql.Identifier(
+            "pgmq", self.scalar("select pgmq.format_table_name(%s, 'q')", (queue,))
+        )
+        cur = self.conn.execute(
+            sql.SQL("update {} set vt = clock_timestamp() - interval '1 second'").format(table)
+        )
+        return cur.rowcount
+
+    def drive(self, queue: str, handler: Callable[[Task], Any], *, max_polls: int = 100) -> int:
+        """Claim and complete until the queue has no visible message; return tasks completed."""
+        done = 0
+        for _ in range(max_polls):
+            tasks = self.claim(queue)
+            if not tasks:
+                return done
+            for task in tasks:
+                self.complete(task, handler(task))
+                done += 1
+        raise AssertionError(f"queue {queue} still had work after {max_polls} polls")
+
+    # -- inspection -----------------------------------------------------------
+
+    def run(self, run_id: uuid.UUID) -> dict[str, Any]:
+        row = self.row("select * from flowlane.runs where run_id = %s", (run_id,))
+        assert row is not None, f"no run {run_id}"
+        return row
+
+    def states(self, run_id: uuid.UUID) -> dict[str, dict[str, Any]]:
+        return {
+            r["step_slug"]: r
+            for r in self.rows("select * from flowlane.step_states where run_id = %s", (run_id,))
+        }
+
+    def statuses(self, run_id: uuid.UUID) -> dict[str, str]:
+        return {slug: s["status"] for slug, s in self.states(run_id).items()}
+
+    def tasks(self, run_id: uuid.UUID, step: str | None = None) -> list[dict[str, Any]]:
+        return self.rows(
+            "select * from flowlane.step_tasks where run_id = %s "
+            "and (%s::text is null or step_slug = %s) order by step_slug, task_index",
+            (run_id, step, step),
+        )
+
+    def task(self, run_id: uuid.UUID, step: str, index: int = 0) -> dict[str, Any]:
+        row = self.row(
+            "select * from flowlane.step_tasks "
+            "where run_id = %s and step_slug = %s and task_index = %s",
+            (run_id, step, index),
+        )
+        assert row is not None
+        return row
+
+    def queue_messages(self, queue: str) -> list[dict[str, Any]]:
+        """Messages still on the queue (not archived), visible or not."""
+        table = sql.Identifier(
+            "pgmq", self.scalar("select pgmq.format_table_name(%s, 'q')", (queue,))
+        )
+        with self.conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(
+                sql.SQL(
+                    "select msg_id, vt, read_ct, message, "
+                    "extract(epoch from vt - clock_timestamp())::float8 as vt_in "
+                    "from {} order by msg_id"
+                ).format(table)
+            )
+            return cur.fetchall()
+
+    def archived_ids(self, queue: str) -> list[int]:
+        table = sql.Identifier(
+            "pgmq", self.scalar("select pgmq.format_table_name(%s, 'a')", (queue,))
+        )
+        return [
+            r[0]
+            for r in self.conn.execute(
+                sql.SQL("select msg_id from {} order by msg_id").format(table)
+            )
+        ]
+
+    def vt_in(self, queue: str, msg_id: int) -> float:
+        """Seconds until message ``msg_id`` becomes visible (negative = visible)."""
+        for message in self.queue_messages(queue):
+            if message["msg_id"] == msg_id:
+                return float(message["vt_in"])
+        raise AssertionError(f"message {msg_id} is not on queue {queue}")
+
+    def backdate(self, run_id: uuid.UUID, step: str, seconds: float, index: int = 0) -> None:
+        """Pretend a started task was claimed ``seconds`` ago (never sleep)."""
+        self.conn.execute(
+            "update flowlane.step_tasks set started_at = now() - make_interval(secs => %s), "
+            "queued_at = least(queued_at, now() - make_interval(secs => %s)) "
+            "where run_id = %s and step_slug = %s and task_index = %s",
+            (seconds, seconds, run_id, step, index),
+        )
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)

@@ -1,0 +1,289 @@
+"""create_flow / add_step: validation, idempotency, option convergence."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.core.engine import Engine
+
+
+def test_create_flow_defaults_and_queue(engine: Engine) -> None:
+    flow = engine.create_flow("orders")
+    assert (flow["opt_max_attempts"], flow["opt_base_delay"], flow["opt_timeout"]) == (3, 5, 60)
+    queues = [r["queue_name"] for r in engine.rows("select queue_name from pgmq.list_queues()")]
+    assert queues == ["orders"]
+
+
+def test_create_flow_options_converge_on_recall(engine: Engine) -> None:
+    engine.create_flow("orders", max_attempts=5, base_delay=1, timeout=10)
+    again = engine.create_flow("orders", max_attempts=2, base_delay=0, timeout=30)
+    assert (again["opt_max_attempts"], again["opt_base_delay"], again["opt_timeout"]) == (2, 0, 30)
+    back = engine.create_flow("orders")
+    assert (back["opt_max_attempts"], back["opt_base_delay"], back["opt_timeout"]) == (3, 5, 60)
+    assert engine.scalar("select count(*) from flowlane.flows") == 1
+    assert engine.scalar("select count(*) from pgmq.list_queues()") == 1
+
+
+def test_mixed_case_flow_queue_is_lowercase(engine: Engine) -> None:
+    engine.create_flow("Orders")
+    assert engine.scalar("select queue_name from pgmq.list_queues()") == "orders"
+
+
+@pytest.mark.parametrize(
+    "slug",
+    [
+        "",
+        "1abc",
+        "_abc",
+        "abc_",
+        "a__b",
+        "run",
+        "RUN",
+        "a-b",
+        "a b",
+        "ä",
+        "a" * 129,
+        "a.b",
+    ],
+)
+def test_invalid_flow_slugs_rejected(engine: Engine, slug: str) -> None:
+    with pytest.raises(psycopg.Error, match="invalid flow slug"):
+        engine.create_flow(slug)
+    assert engine.scalar("select count(*) from flowlane.flows") == 0
+
+
+@pytest.mark.parametrize("slug", ["a", "A1", "a_b", "runner", "a" * 47, "x1_y2_z3"])
+def test_valid_flow_slugs_accepted(engine: Engine, slug: str) -> None:
+    assert engine.create_flow(slug)["flow_slug"] == slug
+
+
+def test_flow_slug_unique_case_insensitively(engine: Engine) -> None:
+    engine.create_flow("orders")
+    with pytest.raises(psycopg.Error, match="conflicts with existing flow"):
+        engine.create_flow("ORDERS")
+
+
+def test_flow_slug_constraint_enforced_at_table_level(engine: Engine) -> None:
+    with pytest.raises(psycopg.errors.CheckViolation, match="flows_slug_valid"):
+        engine.conn.execute("insert into flowlane.flows (flow_slug) values ('bad__slug')")
+    engine.conn.execute("insert into flowlane.flows (flow_slug) values ('good')")
+    with pytest.raises(psycopg.errors.UniqueViolation, match="flows_slug_ci_unique"):
+        engine.conn.execute("insert into flowlane.flows (flow_slug) values ('GOOD')")
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "constraint"),
+    [
+        ("max_attempts", 0, "flows_max_attempts_positive"),
+        ("base_delay", -1, "flows_base_delay_nonnegative"),
+        ("timeout", 0, "flows_timeout_positive"),
+    ],
+)
+def test_flow_options_checked(engine: Engine, option: str, value: int, constraint: str) -> None:
+    with pytest.raises(psycopg.errors.CheckViolation, match=constraint):
+        engine.create_flow("f", **{option: value})
+
+
+def test_add_step_indexes_and_deps(engine: Engine) -> None:
+    engine.create_flow("f")
+    a = engine.add_step("f", "a")
+    b = engine.add_step("f", "b", ["a"])
+    c = engine.add_step("f", "c", ["b", "a"])
+    assert [a["step_index"], b["step_index"], c["step_index"]] == [0, 1, 2]
+    assert [a["deps_count"], b["deps_count"], c["deps_count"]] == [0, 1, 2]
+    deps = engine.rows("select dep_slug, step_slug from flowlane.deps order by step_slug, dep_slug")
+    assert [(d["dep_slug"], d["step_slug"]) for d in deps] == [("a", "b"), ("a", "c"), ("b", "c")]
+    assert (c["when_unmet"], c["when_exhausted"], c["step_type"]) == ("skip", "fail", "single")
+
+
+def test_add_step_unknown_flow(engine: Engine) -> None:
+    with pytest.raises(psycopg.Error, match='unknown flow "nope"'):
+        engine.add_step("nope", "a")
+
+
+def test_add_step_unknown_dep(engine: Engine) -> None:
+    engine.create_flow("f")
+    engine.add_step("f", "a")
+    with pytest.raises(psycopg.Error, match='depends on unknown step "ghost"'):
+        engine.add_step("f", "b", ["a", "ghost"])
+    assert engine.scalar("select count(*) from flowlane.steps") == 1
+
+
+def test_add_step_self_dep(engine: Engine) -> None:
+    engine.create_flow("f")
+    with pytest.raises(psycopg.Error, match=r"cannot depend on itself|unknown step"):
+        engine.add_step("f", "a", ["a"])
+
+
+def test_add_step_duplicate_dep(engine: Engine) -> None:
+    engine.create_flow("f")
+    engine.add_step("f", "a")
+    with pytest.raises(psycopg.Error, match="lists a dependency twice"):
+        engine.add_step("f", "b", ["a", "a"])
+
+
+@pytest.mark.parametrize("slug", ["run", "a__b", "b_", "9x", ""])
+def test_add_step_invalid_slug(engine: Engine, slug: str) -> None:
+    engine.create_flow("f")
+    with pytest.raises(psycopg.Error, match="invalid step slug"):
+        engine.add_step("f", slug)
+
+
+def test_step_slug_unique_case_insensitively_within_flow(engine: Engine) -> None:
+    engine.create_flow("f")
+    engine.create_flow("g")
+    engine.add_step("f", "fetch")
+    with pytest.raises(psycopg.Error, match="conflicts with existing step"):
+        engine.add_step("f", "Fetch")
+    assert engine.add_step("g", "Fetch")["step_slug"] == "Fetch"
+
+
+def test_map_with_two_deps_rejected(engine: Engine) -> None:
+    engine.define("f", [("a", [], {}), ("b", [], {})])
+    with pytest.raises(psycopg.Error, match="has 2 dependencies"):
+        engine.add_step("f", "m", ["a", "b"], step_type="map")
+
+
+def test_unknown_step_type_rejected(engine: Engine) -> None:
+    engine.create_flow("f")
+    with pytest.raises(psycopg.Error, match="step_type must be single or map"):
+        engine.add_step("f", "a", step_type="fanout")
+
+
+@pytest.mark.parametrize("pattern", [[1], "x", 3, True])
+@pytest.mark.parametrize("field", ["required_input_pattern", "forbidden_input_pattern"])
+def test_patterns_must_be_objects(engine: Engine, field: str, pattern: object) -> None:
+    engine.create_flow("f")
+    from psycopg.types.json import Jsonb
+
+    with pytest.raises(psycopg.Error, match="must be a JSON object"):
+        engine.conn.execute(f"select flowlane.add_step('f', 'a', {field} => %s)", (Jsonb(pattern),))
+
+
+@pytest.mark.parametrize("mode", ["fail", "skip-cascade"])
+def test_when_unmet_needs_a_pattern(engine: Engine, mode: str) -> None:
+    engine.create_flow("f")
+    with pytest.raises(psycopg.Error, match="only meaningful with a condition"):
+        engine.add_step("f", "a", when_unmet=mode)
+    assert (
+        engine.add_step("f", "a", when_unmet=mode, required_input_pattern={"x": 1})["when_unmet"]
+        == mode
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("when_unmet", "explode", "when_unmet must be"),
+        ("when_exhausted", "retry", "when_exhausted must be"),
+    ],
+)
+def test_bad_modes_rejected(engine: Engine, field: str, value: str, message: str) -> None:
+    engine.create_flow("f")
+    with pytest.raises(psycopg.Error, match=message):
+        engine.add_step("f", "a", required_input_pattern={"x": 1}, **{field: value})
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "constraint"),
+    [
+        ("max_attempts", 0, "steps_max_attempts_positive"),
+        ("base_delay", -1, "steps_base_delay_nonnegative"),
+        ("timeout", 0, "steps_timeout_positive"),
+        ("start_delay", -5, "steps_start_delay_nonnegative"),
+    ],
+)
+def test_step_options_checked(engine: Engine, option: str, value: int, constraint: str) -> None:
+    engine.create_flow("f")
+    with pytest.raises(psycopg.errors.CheckViolation, match=constraint):
+        options: dict[str, Any] = {option: value}
+        engine.add_step("f", "a", **options)
+
+
+def test_add_step_idempotent_and_options_converge(engine: Engine) -> None:
+    engine.define("f", [("a", [], {}), ("b", ["a"], {"timeout": 10, "max_attempts": 2})])
+    again = engine.add_step("f", "b", ["a"], timeout=20, base_delay=3)
+    assert (again["opt_timeout"], again["opt_base_delay"], again["opt_max_attempts"]) == (
+        20,
+        3,
+        None,
+    )
+    assert again["step_index"] == 1
+    assert engine.scalar("select count(*) from flowlane.steps") == 2
+    assert engine.scalar("select count(*) from flowlane.deps") == 1
+
+
+@pytest.mark.parametrize(
+    ("changed", "field"),
+    [
+        ({"step_type": "map"}, "step_type"),
+        ({"deps": []}, "deps"),
+        ({"required_input_pattern": {"a": 2}}, "required_input_pattern"),
+        ({"forbidden_input_pattern": {"a": 1}}, "forbidden_input_pattern"),
+        ({"when_unmet": "fail"}, "when_unmet"),
+        ({"when_exhausted": "skip"}, "when_exhausted"),
+    ],
+)
+def test_add_step_different_definition_raises(
+    engine: Engine, changed: dict[str, object], field: str
+) -> None:
+    engine.define("f", [("a", [], {})])
+    original = {"required_input_pattern": {"a": 1}, "when_unmet": "skip", "when_exhausted": "fail"}
+    engine.add_step("f", "b", ["a"], **original)
+    deps = changed.pop("deps", ["a"])
+    options = {**original, **changed}
+    assert isinstance(deps, list)
+    with pytest.raises(
+        psycopg.Error, match=rf'step "b" of flow "f" already exists with a different {field}'
+    ):
+        engine.add_step("f", "b", deps, **options)
+    row = engine.row("select * from flowlane.steps where step_slug = 'b'")
+    assert row is not None and row["step_type"] == "single" and row["when_exhausted"] == "fail"
+
+
+def test_calculate_retry_delay(engine: Engine) -> None:
+    cases = [(5, 0, 5), (5, 1, 10), (5, 3, 40), (1, 1, 2), (0, 7, 0), (3, 2, 12)]
+    for base, attempts, expected in cases:
+        assert (
+            engine.scalar("select flowlane.calculate_retry_delay(%s, %s)", (base, attempts))
+            == expected
+        )
+    assert engine.scalar("select flowlane.calculate_retry_delay(5, 100)") == 2147483647
+
+
+def test_resolve_flow(engine: Engine) -> None:
+    engine.create_flow("orders")
+    assert engine.scalar("select flowlane.resolve_flow('orders')") == "orders"
+    with pytest.raises(psycopg.Error, match='unknown flow "missing"'):
+        engine.scalar("select flowlane.resolve_flow('missing')")
+
+
+def test_functions_pin_search_path(engine: Engine) -> None:
+    unpinned = engine.rows(
+        "select p.proname from pg_proc p join pg_namespace n on n.oid = p.pronamespace "
+        "where n.nspname = 'flowlane' "
+        "and not coalesce(p.proconfig @> array['search_path=\"\"'], false)"
+    )
+    assert unpinned == []
+
+
+def test_workers(engine: Engine) -> None:
+    import uuid
+
+    wid = uuid.uuid4()
+    row = engine.row("select * from flowlane.register_worker(%s, 'orders', 'w1')", (wid,))
+    assert row is not None and row["queue_name"] == "orders" and row["stopped_at"] is None
+    assert engine.scalar("select flowlane.heartbeat(%s)", (wid,)) is False
+    engine.conn.execute(
+        "update flowlane.workers set deprecated_at = now() where worker_id = %s", (wid,)
+    )
+    assert engine.scalar("select flowlane.heartbeat(%s)", (wid,)) is True
+    assert engine.scalar("select flowlane.heartbeat(%s)", (uuid.uuid4(),)) is False
+    engine.conn.execute("select flowlane.mark_worker_stopped(%s)", (wid,))
+    stopped = engine.row("select * from flowlane.workers where worker_id = %s", (wid,))
+    assert stopped is not None and stopped["stopped_at"] is not None
+    again = engine.row("select * from flowlane.register_worker(%s, 'orders', 'w1')", (wid,))
+    assert again is not None and engine.scalar("select count(*) from flowlane.workers") == 1
