@@ -117,13 +117,13 @@ def _namespace(flows: list[_Entry], aliases: list[_Entry], state: Analysis) -> N
         where = other.loc()
         both = {entry.data["kind"], other.data["kind"]}
         code = "FL051" if both == {"flow", "alias"} else "FL021"
+        help = "flow and alias slugs share one namespace (case-insensitive); rename one of them"
+        if entry.data["kind"] == "flow" == other.data["kind"]:
+            help += f" (a new flow version gets a new slug such as `{next_version_slug(other.slug)}`)"
         state.findings.append(entry.doc.diagnostic(
             ("slug",), code,
             f"{entry.data['kind']} slug `{entry.slug}` is already used by "
-            f"{other.data['kind']} `{other.slug}` at {where}",
-            "flow and alias slugs share one namespace (case-insensitive); "
-            "rename one of them (a new flow version gets a new slug such as "
-            f"`{next_version_slug(entry.slug)}`)"))
+            f"{other.data['kind']} `{other.slug}` at {where}", help))
 
 
 def next_version_slug(slug: str, taken: Iterable[str] = ()) -> str:

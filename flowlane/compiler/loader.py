@@ -34,7 +34,7 @@ MAP_TAG = "tag:yaml.org,2002:map"
 _NULLS = frozenset({"", "~", "null", "Null", "NULL"})
 _TRUE = frozenset({"true", "True", "TRUE"})
 _FALSE = frozenset({"false", "False", "FALSE"})
-_INT = re.compile(r"[-+]?[0-9]+\Z")
+_INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*)\Z")  # leading zeros stay strings
 _FLOAT = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?\Z")
 _ALIAS_BUDGET = 10_000  # nodes an alias may add beyond twice the document's own size
 
@@ -130,6 +130,7 @@ class _Builder:
         self._seen: set[int] = set()
         self._active: set[int] = set()
         self._built = 0
+        self._exploded = False
 
     def build(self, root: Node) -> Document:
         self.doc.data = self._value(root, ())
@@ -155,11 +156,14 @@ class _Builder:
 
     def _enter(self, node: Node) -> bool:
         ident = id(node)
+        if self._exploded:
+            return False
         if ident in self._active:
             self._error(node, "FL005", "recursive YAML alias", "an alias cannot contain itself")
             return False
         self._built += 1
         if ident in self._seen and self._built > 2 * len(self._seen) + _ALIAS_BUDGET:
+            self._exploded = True
             self._error(
                 node, "FL005", "YAML aliases expand to too many nodes",
                 "write the repeated content out or reduce alias nesting",

@@ -127,17 +127,17 @@ def _type(doc: Document, error: ValidationError, path: tuple[Any, ...],
 
 def _any_of(doc: Document, error: ValidationError, path: tuple[Any, ...],
             sub: dict[str, Any]) -> list[Diagnostic]:
-    # report the errors of the branch that matches the value's type, if one does
-    branches: dict[int, list[ValidationError]] = {}
-    for sub_error in error.context or ():
-        branches.setdefault(int(sub_error.relative_schema_path[0]), []).append(sub_error)
-    for options in branches.values():
-        if not any(e.validator == "type" and not e.absolute_path[len(path):] for e in options):
-            found: list[Diagnostic] = []
-            for sub_error in options:
+    # report the errors of the branch whose type matches the value, if one does
+    for index, branch in enumerate(sub.get("anyOf", [])):
+        wanted = branch.get("type") if isinstance(branch, dict) else None
+        if wanted is None or not _validator().is_type(error.instance, wanted):
+            continue
+        found: list[Diagnostic] = []
+        for sub_error in error.context or ():
+            if sub_error.relative_schema_path[0] == index:
                 found.extend(_diagnose(doc, sub_error))
-            if found:
-                return found
+        if found:
+            return found
     text = f"{_field(path)} is invalid: {sub.get('description', '')}".rstrip(": ")
     return [doc.diagnostic(path, "FL013", text, _example_help(sub))]
 
@@ -155,6 +155,7 @@ def _enum(doc: Document, error: ValidationError, path: tuple[Any, ...],
         message = f"unknown document kind {shown}"
     elif code == "FL015":
         message = f"unsupported format {shown}"
+        choices = "`1` (or omit `format`)"
     else:
         message = f"{_field(path)} is {shown}, expected one of {choices}"
     return [doc.diagnostic(path, code, message, f"use one of {choices}")]

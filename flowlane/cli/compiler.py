@@ -1,0 +1,191 @@
+"""Compiler commands: validate, compile, check, graph, types, schema; plan, apply, verify."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from flowlane import errors
+from flowlane.cli.db import add_dsn_argument
+from flowlane.compiler import api, diagnostics, graph, pytypes, schema
+from flowlane.compiler import check as checks
+
+
+def _add_paths(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="*", metavar="PATHS",
+                        help="flow YAML files or directories (default: flows/)")
+
+
+def _add_format(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", choices=sorted(diagnostics.FORMATTERS), default="text",
+                        help="diagnostics output format (default: text)")
+
+
+def _add_out(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="sql", metavar="DIR",
+                        help="directory of the compiled SQL (default: sql/)")
+
+
+def configure(subparsers: Any) -> None:
+    validate = subparsers.add_parser("validate", help="schema and semantic checks of flow YAML")
+    _add_paths(validate)
+    _add_format(validate)
+    validate.set_defaults(func=cmd_validate)
+
+    compile_ = subparsers.add_parser("compile", help="write SQL for every flow and the aliases")
+    _add_paths(compile_)
+    _add_out(compile_)
+    _add_format(compile_)
+    compile_.set_defaults(func=cmd_compile)
+
+    check = subparsers.add_parser(
+        "check", help="CI gate: validate, stale/hand-edited SQL, immutable flow shapes")
+    _add_paths(check)
+    _add_out(check)
+    _add_format(check)
+    check.add_argument("--base", metavar="REV",
+                       help="git revision whose committed SQL fixes the shapes (default: HEAD)")
+    check.set_defaults(func=cmd_check)
+
+    graph_ = subparsers.add_parser("graph", help="draw a flow (queues as lanes)")
+    graph_.add_argument("flow", metavar="FLOW", help="flow slug or alias")
+    _add_paths(graph_)
+    graph_.add_argument("--format", choices=graph.FORMATS, default="mermaid")
+    graph_.set_defaults(func=cmd_graph)
+
+    types = subparsers.add_parser("types", help="a Python module of Literal types for names")
+    _add_paths(types)
+    types.add_argument("--out", metavar="FILE", help="write to FILE instead of stdout")
+    types.set_defaults(func=cmd_types)
+
+    schema_ = subparsers.add_parser("schema", help="print the JSON Schema of flow YAML")
+    schema_.set_defaults(func=cmd_schema)
+
+    _configure_database(subparsers)
+
+
+def _configure_database(subparsers: Any) -> None:
+    plan = subparsers.add_parser("plan", help="compare the YAML with a live database")
+    _add_paths(plan)
+    add_dsn_argument(plan)
+    plan.set_defaults(func=cmd_plan)
+
+    apply = subparsers.add_parser(
+        "apply", help="apply the compiled SQL (aliases included) in one transaction")
+    _add_paths(apply)
+    _add_out(apply)
+    add_dsn_argument(apply)
+    apply.set_defaults(func=cmd_apply)
+
+    verify = subparsers.add_parser("verify", help="read-only drift check of a live database")
+    _add_paths(verify)
+    add_dsn_argument(verify)
+    verify.set_defaults(func=cmd_verify)
+
+
+def _report(found: list[diagnostics.Diagnostic] | tuple[diagnostics.Diagnostic, ...],
+            fmt: str) -> None:
+    if fmt != "text" or found:
+        sys.stdout.write(diagnostics.render(list(found), fmt))
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    project, found = api.analyze_paths(args.paths)
+    _report(found, args.format)
+    if project is not None and args.format == "text":
+        print(f"ok: {len(project.flows)} flow(s), {len(project.aliases)} alias(es), "
+              f"{len(project.workers)} worker(s)")
+    return 1 if found else 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    result = api.compile_paths(args.paths, args.out)
+    _report(result.diagnostics, args.format)
+    if result.diagnostics:
+        print("nothing written: fix the errors above", file=sys.stderr)
+        return 1
+    if args.format == "text":
+        print(result.summary.line(args.out))
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    result = checks.check(args.paths, args.out, args.base)
+    _report(result.diagnostics, args.format)
+    for note in result.notes:
+        print(note, file=sys.stderr)
+    for stale in result.stale:
+        print(f"{stale.path}: {stale.reason}; run `flowlane compile`")
+        sys.stdout.write(stale.diff)
+    base = args.base or "HEAD"
+    for change in result.versions:
+        print(change.message(base))
+        for line in change.differences:
+            print(f"  {line}")
+        print(f"  help: declare a new version `{change.suggestion}` (copy the flow, change the "
+              f"copy) and move an alias to it; keep `{change.flow_slug}` unchanged")
+    if result.ok:
+        print("ok: compiled SQL is up to date and no committed flow changed its shape")
+        return 0
+    return 1
+
+
+def _project(paths: list[str]) -> Any:
+    return api.load_project(paths)
+
+
+def cmd_graph(args: argparse.Namespace) -> int:
+    project = _project(args.paths)
+    try:
+        flow = project.resolve(args.flow)
+    except KeyError:
+        known = ", ".join(sorted([f.slug for f in project.flows] +
+                                 [a.slug for a in project.aliases]))
+        raise errors.UsageError(f"no flow or alias `{args.flow}`", hint=f"known: {known}") \
+            from None
+    sys.stdout.write(graph.render(flow, args.format))
+    return 0
+
+
+def cmd_types(args: argparse.Namespace) -> int:
+    text = pytypes.render(_project(args.paths))
+    if args.out:
+        target = Path(args.out)
+        if not target.is_file() or target.read_text(encoding="utf-8") != text:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+        print(f"wrote {target.as_posix()}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    sys.stdout.write(schema.schema_text())
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from flowlane.core import deploy
+
+    plan = deploy.plan(_project(args.paths), args.dsn)
+    sys.stdout.write(plan.render())
+    return 1 if plan.refused else 0
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from flowlane.core import deploy
+
+    result = deploy.apply(args.paths or list(api.DEFAULT_PATHS), args.out, args.dsn)
+    sys.stdout.write(result.render())
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from flowlane.core import deploy
+
+    plan = deploy.plan(_project(args.paths), args.dsn)
+    sys.stdout.write(plan.render(verify=True))
+    return 1 if plan.drift else 0

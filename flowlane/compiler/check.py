@@ -1,0 +1,137 @@
+"""``flowlane check``: the CI gate over the compiled SQL in the working tree and at a base."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flowlane import errors
+from flowlane.compiler import analyze, api, gitrev, render, shape, sqltext
+from flowlane.compiler.diagnostics import Diagnostic
+from flowlane.compiler.model import Flow, Project
+
+_SHAPE_LINE = re.compile(r"^  shape => (?P<literal>.*)::jsonb$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class StaleFile:
+    """A compiled file that is missing, differs from the YAML, or has no YAML any more."""
+
+    path: str
+    reason: str
+    diff: str
+
+
+@dataclass(frozen=True)
+class VersionChange:
+    """A concrete slug whose shape differs from the one committed at the base."""
+
+    flow_slug: str
+    differences: tuple[str, ...]
+    suggestion: str
+    source: str
+
+    def message(self, base: str) -> str:
+        return (f"NEW_VERSION_REQUIRED: flow `{self.flow_slug}` ({self.source}) changed its "
+                f"shape since {base}; a concrete slug is immutable once committed")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Everything ``check`` found; ``ok`` when there is nothing."""
+
+    diagnostics: tuple[Diagnostic, ...] = ()
+    stale: tuple[StaleFile, ...] = ()
+    versions: tuple[VersionChange, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return not (self.diagnostics or self.stale or self.versions)
+
+
+def check(paths: Iterable[api.PathLike] | None = None, out: api.PathLike = "sql",
+          base: str | None = None) -> CheckResult:
+    """Validate, compare the SQL in ``out`` with the YAML, and compare shapes with ``base``
+    (default ``HEAD``; when ``base`` is given explicitly it must exist)."""
+    project, found = api.analyze_paths(paths)
+    if project is None:
+        return CheckResult(diagnostics=tuple(found))
+    files = api.compile_project(project)
+    stale = stale_files(files, Path(out))
+    versions, notes = version_changes(project, Path(out), base)
+    return CheckResult(stale=tuple(stale), versions=tuple(versions), notes=tuple(notes))
+
+
+def stale_files(files: Mapping[str, str], out: Path) -> list[StaleFile]:
+    found = []
+    for relative, expected in sorted(files.items()):
+        target = out / relative
+        shown = (out / relative).as_posix()
+        if not target.is_file():
+            found.append(StaleFile(shown, "missing", _diff("", expected, shown)))
+            continue
+        actual = target.read_bytes().decode("utf-8", errors="replace")
+        if actual != expected:
+            found.append(StaleFile(shown, "stale or hand-edited", _diff(actual, expected, shown)))
+    for relative in api.orphans(files, out):
+        shown = (out / relative).as_posix()
+        text = (out / relative).read_text(encoding="utf-8", errors="replace")
+        found.append(StaleFile(shown, "no flow in the YAML", _diff(text, "", shown)))
+    return found
+
+
+def _diff(actual: str, expected: str, shown: str) -> str:
+    lines = difflib.unified_diff(
+        actual.splitlines(keepends=True), expected.splitlines(keepends=True),
+        fromfile=f"a/{shown} (working tree)", tofile=f"b/{shown} (compiled from YAML)",
+    )
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
+def version_changes(project: Project, out: Path, base: str | None
+                    ) -> tuple[list[VersionChange], list[str]]:
+    rev = base or "HEAD"
+    if gitrev.toplevel(out) is None or not gitrev.revision_exists(rev, out):
+        if base is not None:
+            raise errors.UsageError(f"git revision `{base}` not found",
+                                    hint="pass an existing commit, branch or tag to --base")
+        return [], [f"note: no git revision {rev}; skipped the immutability check"]
+    taken = [f.slug for f in project.flows] + [a.slug for a in project.aliases]
+    changes = []
+    for flow in project.flows:
+        committed = gitrev.show(rev, out / render.flow_path(flow.slug))
+        change = _compare(flow, committed, taken) if committed is not None else None
+        if change is not None:
+            changes.append(change)
+    return changes, []
+
+
+def _compare(flow: Flow, committed: str, taken: list[str]) -> VersionChange | None:
+    current = shape.flow_shape(flow)
+    old = committed_shape(committed)
+    if old == current:
+        return None
+    if old is None:
+        lines = ["the committed file has no readable shape"]
+    else:
+        lines = shape.differences(old, current, "the base", "the YAML")
+    return VersionChange(flow.slug, tuple(lines),
+                         analyze.next_version_slug(flow.slug, taken), flow.source)
+
+
+def committed_shape(text: str) -> dict[str, Any] | None:
+    """The shape in a compiled file's ``ensure_flow_shape`` call."""
+    match = _SHAPE_LINE.search(text)
+    if match is None:
+        return None
+    try:
+        value = json.loads(sqltext.unquote(match["literal"]))
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None

@@ -1,0 +1,85 @@
+"""Flow diagrams: Mermaid (default) or Graphviz dot, with queues as lanes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from flowlane.compiler.model import Flow, Step
+
+FORMATS = ("mermaid", "dot")
+
+
+def _label(step: Step) -> str:
+    marks = []
+    if step.type == "map":
+        marks.append("map")
+    if step.condition_if is not None:
+        marks.append("if")
+    if step.condition_unless is not None:
+        marks.append("unless")
+    return step.slug + (f" ({', '.join(marks)})" if marks else "")
+
+
+def _lanes(flow: Flow) -> list[tuple[str, list[Step]]]:
+    lanes: dict[str, list[Step]] = {}
+    for step in flow.steps:
+        lanes.setdefault(step.queue, []).append(step)
+    return list(lanes.items())
+
+
+def mermaid(flow: Flow) -> str:
+    """A ``flowchart`` with one subgraph per queue; map steps as stacked boxes,
+    conditional steps as hexagons, edges into conditional steps dotted."""
+    lines = ["flowchart TD"]
+    for index, (queue, steps) in enumerate(_lanes(flow)):
+        lines.append(f'  subgraph q{index}["queue: {queue}"]')
+        lines.extend(f"    {_mermaid_node(step)}" for step in steps)
+        lines.append("  end")
+    for step in flow.steps:
+        arrow = "-.->" if _conditional(step) else "-->"
+        lines.extend(f"  s_{need} {arrow} s_{step.slug}" for need in sorted(step.needs))
+    return "\n".join(lines) + "\n"
+
+
+def _conditional(step: Step) -> bool:
+    return step.condition_if is not None or step.condition_unless is not None
+
+
+def _mermaid_node(step: Step) -> str:
+    label = _label(step)
+    if _conditional(step):
+        return f's_{step.slug}{{{{"{label}"}}}}'
+    if step.type == "map":
+        return f's_{step.slug}[["{label}"]]'
+    return f's_{step.slug}["{label}"]'
+
+
+def dot(flow: Flow) -> str:
+    """A ``digraph`` with one ``cluster`` per queue."""
+    lines = [f'digraph "{flow.slug}" {{', "  rankdir=TB;", "  node [shape=box];"]
+    for index, (queue, steps) in enumerate(_lanes(flow)):
+        lines.append(f'  subgraph "cluster_{index}" {{')
+        lines.append(f'    label="queue: {queue}";')
+        lines.extend(f"    {_dot_node(step)}" for step in steps)
+        lines.append("  }")
+    for step in flow.steps:
+        style = " [style=dashed]" if _conditional(step) else ""
+        lines.extend(f'  "{need}" -> "{step.slug}"{style};' for need in sorted(step.needs))
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _dot_node(step: Step) -> str:
+    attrs = [f'label="{_label(step)}"']
+    if step.type == "map":
+        attrs.append("shape=box3d")
+    if _conditional(step):
+        attrs.append("shape=hexagon")
+    return f'"{step.slug}" [{", ".join(attrs)}];'
+
+
+RENDERERS: dict[str, Callable[[Flow], str]] = {"mermaid": mermaid, "dot": dot}
+
+
+def render(flow: Flow, fmt: str = "mermaid") -> str:
+    return RENDERERS[fmt](flow)

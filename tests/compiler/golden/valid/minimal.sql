@@ -1,0 +1,40 @@
+-- ==> aliases.sql <==
+-- flowlane compiled aliases; do not edit: change the YAML and run `flowlane compile`
+begin;
+
+commit;
+-- ==> flows/hello.sql <==
+-- flowlane compiled flow hello from minimal.yaml; do not edit: change the YAML and run `flowlane compile`
+-- shape sha256: edaf426bc7099e7ad3c1c53759cb32c2a9a34468504833d989263ba67f9a09d7
+begin;
+
+select flowlane.create_flow(
+  flow_slug => 'hello',
+  max_attempts => 3,
+  base_delay => 5,
+  timeout => 60,
+  queue_mode => 'flow'
+);
+
+select flowlane.add_step(
+  flow_slug => 'hello',
+  step_slug => 'greet',
+  deps_slugs => array[]::text[],
+  max_attempts => null,
+  base_delay => null,
+  timeout => null,
+  start_delay => null,
+  step_type => 'single',
+  required_input_pattern => null,
+  forbidden_input_pattern => null,
+  when_unmet => 'skip',
+  when_exhausted => 'fail',
+  queue_name => 'hello'
+);
+
+select flowlane.ensure_flow_shape(
+  flow_slug => 'hello',
+  shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"hello","slug":"greet","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
+);
+
+commit;

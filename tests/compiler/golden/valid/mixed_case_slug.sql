@@ -1,0 +1,40 @@
+-- ==> aliases.sql <==
+-- flowlane compiled aliases; do not edit: change the YAML and run `flowlane compile`
+begin;
+
+commit;
+-- ==> flows/BillingFlow.sql <==
+-- flowlane compiled flow BillingFlow from mixed_case_slug.yaml; do not edit: change the YAML and run `flowlane compile`
+-- shape sha256: 84b6c500c7e585843a2272d87c4d2a291f7eefe3f874ed7daad128936a7aec44
+begin;
+
+select flowlane.create_flow(
+  flow_slug => 'BillingFlow',
+  max_attempts => 3,
+  base_delay => 5,
+  timeout => 60,
+  queue_mode => 'flow'
+);
+
+select flowlane.add_step(
+  flow_slug => 'BillingFlow',
+  step_slug => 'Charge',
+  deps_slugs => array[]::text[],
+  max_attempts => null,
+  base_delay => null,
+  timeout => null,
+  start_delay => null,
+  step_type => 'single',
+  required_input_pattern => null,
+  forbidden_input_pattern => null,
+  when_unmet => 'skip',
+  when_exhausted => 'fail',
+  queue_name => 'billingflow'
+);
+
+select flowlane.ensure_flow_shape(
+  flow_slug => 'BillingFlow',
+  shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"billingflow","slug":"Charge","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
+);
+
+commit;

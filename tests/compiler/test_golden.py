@@ -1,0 +1,61 @@
+"""Golden files: valid YAML -> expected SQL; invalid YAML -> expected diagnostics text.
+
+Each case is ``golden/valid/<case>.yaml`` + ``<case>.sql`` or
+``golden/invalid/<case>.yaml`` + ``<case>.txt``. Run with ``--update-golden``
+to regenerate the expected files, then review the diff.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flowlane.compiler import analyze, api, codes, diagnostics, loader
+
+GOLDEN = Path(__file__).parent / "golden"
+VALID = sorted((GOLDEN / "valid").glob("*.yaml"))
+INVALID = sorted((GOLDEN / "invalid").glob("*.yaml"))
+
+
+def compile_case(case: Path) -> str:
+    docs, findings = loader.load_file(case, case.name)
+    project, more = analyze.analyze(docs)
+    assert not findings and not more, diagnostics.format_text([*findings, *more])
+    assert project is not None
+    files = api.compile_project(project)
+    return "".join(f"-- ==> {name} <==\n{text}" for name, text in sorted(files.items()))
+
+
+def diagnose_case(case: Path) -> str:
+    docs, findings = loader.load_file(case, case.name)
+    _project, more = analyze.analyze(docs)
+    return diagnostics.format_text(diagnostics.sort([*findings, *more]))
+
+
+def _compare(actual: str, expected_file: Path, update: bool) -> None:
+    if update or not expected_file.exists():
+        expected_file.write_text(actual, encoding="utf-8")
+    assert actual == expected_file.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("case", VALID, ids=[c.stem for c in VALID])
+def test_valid_case_compiles_to_expected_sql(case: Path, update_golden: bool) -> None:
+    _compare(compile_case(case), case.with_suffix(".sql"), update_golden)
+
+
+@pytest.mark.parametrize("case", INVALID, ids=[c.stem for c in INVALID])
+def test_invalid_case_gives_expected_diagnostics(case: Path, update_golden: bool) -> None:
+    text = diagnose_case(case)
+    assert text, "an invalid case must produce diagnostics"
+    _compare(text, case.with_suffix(".txt"), update_golden)
+
+
+def test_invalid_cases_cover_every_code() -> None:
+    seen = set()
+    for case in INVALID:
+        docs, findings = loader.load_file(case, case.name)
+        _project, more = analyze.analyze(docs)
+        seen.update(d.code for d in [*findings, *more])
+    assert len(INVALID) >= 40
+    assert seen == set(codes.CODES)
