@@ -69,7 +69,7 @@ def run_demo(
         )
         files = compiler.compile_project(result.project)
         with db.wrap_errors("applying the compiled SQL"):
-            row = conn.execute(query("demo_aliases_supported")).fetchone()
+            row = conn.execute(query("aliases_supported")).fetchone()
             aliases = bool(row and row[0])
             applied_files = []
             for name, text in sorted(files.items(), key=lambda item: item[0] == "aliases.sql"):

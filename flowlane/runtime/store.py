@@ -74,6 +74,21 @@ class Store:
         result: dict[str, Any] = rows[0]["result"] or {}
         return result
 
+    async def apply_aliases(self, aliases: Sequence[tuple[str, str, list[str]]]) -> bool:
+        """``set_alias`` per (alias, active, draining); False when the database has no aliases."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(query("aliases_supported"))
+            row = await cur.fetchone()
+            if not aliases or not (row and row["supported"]):
+                return False
+            async with conn.transaction():
+                for alias, active, draining in aliases:
+                    await conn.execute(
+                        query("worker_set_alias"),
+                        {"alias": alias, "active": active, "draining": draining},
+                    )
+            return True
+
     async def enable_notify(self, queue_name: str, throttle_ms: int) -> bool:
         """Install PGMQ's insert trigger on the queue unless it is already there."""
         async with self.pool.connection() as conn:

@@ -202,6 +202,9 @@ class Worker:
                     + "\n  ".join(problems),
                     hint="a structural change needs a new flow slug (e.g. _v2) and an alias move",
                 )
+            aliases = [(a.slug, a.active, list(a.draining)) for a in self.project.aliases.values()]
+            if await store.apply_aliases(sorted(aliases)):
+                log.event(INFO, "aliases_applied", count=len(aliases))
             if self.notify:
                 await store.enable_notify(self.queue, self.notify_throttle_ms)
             await store.register(self.worker_id, self.queue, self.name)
@@ -300,9 +303,9 @@ class Worker:
     async def _poll_loop(self) -> None:
         backoff = Backoff()
         while not self._stopping.is_set():
+            self._capacity.clear()  # before counting: a handler finishing now sets it again
             free = self.max_concurrent - len(self._in_flight)
             if free <= 0:
-                self._capacity.clear()
                 await self._pause(60.0, self._capacity)
                 continue
             notified = self._notify_live
@@ -463,11 +466,7 @@ class Worker:
             if outcome == "completed":
                 accepted = owned and row is not None and row["status"] == "completed"
             else:
-                accepted = (
-                    row is not None
-                    and row["status"] in ("failed", "queued")
-                    and (owned or row["last_worker_id"] is None)
-                )
+                accepted = owned and row is not None and row["status"] in ("failed", "queued")
             if not accepted:
                 self.stats["rejected"] += 1
                 log.event(

@@ -15,6 +15,9 @@ select flowlane.mark_worker_stopped(%(worker_id)s::uuid)
 -- name: worker_requeue_stalled
 select flowlane.requeue_stalled_tasks() as requeued
 
+-- name: worker_set_alias
+select flowlane.set_alias(alias => %(alias)s, flow_slug => %(active)s, draining => %(draining)s::text[])
+
 -- name: worker_notify_throttle
 select throttle_interval_ms
 from pgmq.list_notify_insert_throttles()
@@ -65,5 +68,8 @@ limit %(limit)s
 -- name: client_get_run
 select flowlane.get_run_with_states(%(run_id)s::uuid) as run
 
--- name: demo_aliases_supported
-select to_regproc('flowlane.set_alias') is not null as supported
+-- name: aliases_supported
+select exists (
+  select 1 from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+  where n.nspname = 'flowlane' and p.proname = 'set_alias'
+) as supported
