@@ -63,3 +63,11 @@ def configure(level: str = "INFO", fmt: str = "text") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+    quiet_pool_logs()
+
+
+def quiet_pool_logs() -> None:
+    """psycopg_pool warns on every failed reconnection; the worker logs its own events."""
+    pool_logger = logging.getLogger("psycopg.pool")
+    if pool_logger.level == logging.NOTSET:
+        pool_logger.setLevel(logging.ERROR)

@@ -12,6 +12,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from flowlane.core.queries import query
+from flowlane.runtime import log
 from flowlane.runtime.tasks import ClaimedTask
 
 # errors after which the same call may succeed on another connection
@@ -38,6 +39,7 @@ class Store:
     """
 
     def __init__(self, dsn: str, *, application_name: str, max_size: int = 4) -> None:
+        log.quiet_pool_logs()
         self.dsn = dsn
         self.application_name = application_name
         self.pool: AsyncConnectionPool[psycopg.AsyncConnection[Row]] = AsyncConnectionPool(
