@@ -109,9 +109,20 @@ class Engine:
             (queue, list(msg_ids), worker_id or self.worker_id),
         )
 
-    def claim(self, queue: str, qty: int = 1000, worker_id: uuid.UUID | None = None) -> list[Task]:
-        """Read visible messages and claim them, like one worker poll."""
-        return self.start_tasks(queue, self.read(queue, qty), worker_id)
+    def claim(
+        self,
+        queue: str,
+        qty: int = 1000,
+        worker_id: uuid.UUID | None = None,
+        *,
+        flow_slug: str | None = None,
+    ) -> list[Task]:
+        """Read visible messages and claim them, like one worker poll.
+
+        ``flow_slug``: on a 0001 database ``start_tasks`` takes the flow slug,
+        which differs from the queue for a mixed-case slug.
+        """
+        return self.start_tasks(flow_slug or queue, self.read(queue, qty), worker_id)
 
     def complete(
         self, task: Mapping[str, Any], output: Any = None, *, fenced: bool = True
@@ -167,11 +178,18 @@ class Engine:
         )
         return cur.rowcount
 
-    def drive(self, queue: str, handler: Callable[[Task], Any], *, max_polls: int = 100) -> int:
+    def drive(
+        self,
+        queue: str,
+        handler: Callable[[Task], Any],
+        *,
+        max_polls: int = 100,
+        flow_slug: str | None = None,
+    ) -> int:
         """Claim and complete until the queue has no visible message; return tasks completed."""
         done = 0
         for _ in range(max_polls):
-            tasks = self.claim(queue)
+            tasks = self.claim(queue, flow_slug=flow_slug)
             if not tasks:
                 return done
             for task in tasks:

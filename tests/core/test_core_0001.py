@@ -29,3 +29,11 @@ def test_0001_message_id_nullable(engine_0001: Engine) -> None:
         "and column_name = 'message_id'"
     )
     assert nullable == "YES"
+
+
+def test_0001_create_flow_creates_lowercase_queue_once(engine_0001: Engine) -> None:
+    engine = engine_0001
+    engine.create_flow("Orders", max_attempts=5)
+    engine.create_flow("Orders", max_attempts=2)
+    assert engine.scalar("select array_agg(queue_name) from pgmq.list_queues()") == ["orders"]
+    assert engine.scalar("select opt_max_attempts from flowlane.flows") == 2

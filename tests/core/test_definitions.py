@@ -10,11 +10,18 @@ import pytest
 from tests.core.engine import Engine
 
 
-def test_create_flow_defaults_and_queue(engine: Engine) -> None:
+def test_create_flow_defaults_no_queue_ddl_add_step_provisions(engine: Engine) -> None:
     flow = engine.create_flow("orders")
     assert (flow["opt_max_attempts"], flow["opt_base_delay"], flow["opt_timeout"]) == (3, 5, 60)
+    assert flow["queue_mode"] == "flow"
+    assert engine.rows("select queue_name from pgmq.list_queues()") == []
+    assert engine.scalar("select count(*) from flowlane.queues") == 0
+    step = engine.add_step("orders", "a")
+    assert step["queue_name"] == "orders"
     queues = [r["queue_name"] for r in engine.rows("select queue_name from pgmq.list_queues()")]
     assert queues == ["orders"]
+    registry = engine.rows("select queue_name, ownership, owner_flow_slug from flowlane.queues")
+    assert registry == [{"queue_name": "orders", "ownership": "owned", "owner_flow_slug": "orders"}]
 
 
 def test_create_flow_options_converge_on_recall(engine: Engine) -> None:
@@ -24,12 +31,14 @@ def test_create_flow_options_converge_on_recall(engine: Engine) -> None:
     back = engine.create_flow("orders")
     assert (back["opt_max_attempts"], back["opt_base_delay"], back["opt_timeout"]) == (3, 5, 60)
     assert engine.scalar("select count(*) from flowlane.flows") == 1
-    assert engine.scalar("select count(*) from pgmq.list_queues()") == 1
+    assert engine.scalar("select count(*) from pgmq.list_queues()") == 0
 
 
 def test_mixed_case_flow_queue_is_lowercase(engine: Engine) -> None:
     engine.create_flow("Orders")
+    engine.add_step("Orders", "a")
     assert engine.scalar("select queue_name from pgmq.list_queues()") == "orders"
+    assert engine.scalar("select queue_name from flowlane.steps") == "orders"
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,220 @@
+"""Upgrade from 0001 to head: backfill, in-flight runs, and the null message-id preflight."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from flowlane import errors
+from flowlane.core import migrator
+from tests.core.engine import Engine
+
+REPAIR_DOC = Path(__file__).resolve().parents[2] / "docs" / "upgrade-repair.md"
+
+
+def populate_0001(engine: Engine) -> dict[str, Any]:
+    """Flows and runs in every state on a 0001 database."""
+    engine.define(
+        "Orders",
+        [("fetch", [], {}), ("items", ["fetch"], {"step_type": "map"}), ("total", ["items"], {})],
+    )
+    engine.define("mail", [("send", [], {"max_attempts": 1})])
+    runs: dict[str, Any] = {}
+    # completed run
+    runs["done"] = engine.start("Orders", {"n": 0})
+    engine.drive(
+        "orders", lambda t: [1, 2] if t["step_slug"] == "fetch" else t["input"], flow_slug="Orders"
+    )
+    # failed run
+    runs["failed"] = engine.start("mail", {})
+    [send] = engine.claim("mail")
+    engine.fail(send)
+    # active runs: one mid-map with a started task, one untouched
+    runs["active"] = engine.start("Orders", {"n": 1})
+    [fetch] = engine.claim("orders", flow_slug="Orders")
+    engine.complete(fetch, [10, 20, 30])
+    items = engine.claim("orders", qty=2, flow_slug="Orders")
+    engine.complete(items[0], 11)
+    runs["started_task"] = items[1]
+    runs["fresh"] = engine.start("Orders", {"n": 2})
+    runs["mail_active"] = engine.start("mail", {})
+    return runs
+
+
+def snapshot(engine: Engine) -> dict[str, Any]:
+    """Catalog and data of schemas flowlane and pgmq, comparable before/after."""
+    snap: dict[str, Any] = {}
+    snap["relations"] = engine.rows(
+        "select n.nspname, c.relname, c.relkind from pg_class c "
+        "join pg_namespace n on n.oid = c.relnamespace "
+        "where n.nspname in ('flowlane', 'pgmq') order by 1, 2"
+    )
+    snap["columns"] = engine.rows(
+        "select c.relname, a.attname, a.atttypid::regtype::text as type, a.attnotnull "
+        "from pg_attribute a "
+        "join pg_class c on c.oid = a.attrelid join pg_namespace n on n.oid = c.relnamespace "
+        "where n.nspname = 'flowlane' and a.attnum > 0 and not a.attisdropped order by 1, 2"
+    )
+    snap["constraints"] = engine.rows(
+        "select conrelid::regclass::text as rel, conname, pg_get_constraintdef(oid) as def "
+        "from pg_constraint where connamespace = 'flowlane'::regnamespace order by 1, 2"
+    )
+    snap["functions"] = engine.rows(
+        "select p.oid::regprocedure::text as sig, md5(p.prosrc) as src from pg_proc p "
+        "where p.pronamespace = 'flowlane'::regnamespace order by 1"
+    )
+    snap["triggers"] = engine.rows(
+        "select tgname from pg_trigger t join pg_class c on c.oid = t.tgrelid "
+        "where c.relnamespace = 'flowlane'::regnamespace order by 1"
+    )
+    tables = [r["relname"] for r in snap["relations"] if r["relkind"] == "r"]
+    schemas = {r["relname"]: r["nspname"] for r in snap["relations"] if r["relkind"] == "r"}
+    for table in tables:
+        snap[f"data:{table}"] = engine.scalar(
+            f"select md5(coalesce(string_agg(t::text, '|' order by t::text), '')) "
+            f'from {schemas[table]}."{table}" t'
+        )
+    return snap
+
+
+def test_upgrade_backfills_and_in_flight_runs_complete(db_factory: Callable[..., str]) -> None:
+    with psycopg.connect(db_factory("0001"), autocommit=True) as conn:
+        engine = Engine(conn)
+        runs = populate_0001(engine)
+        counts_before = engine.scalar("select count(*) from flowlane.step_tasks")
+        applied = migrator.migrate(conn)
+        assert applied[0].version == "0002"
+
+        # backfill: steps, tasks, registry, queue mode
+        assert engine.rows(
+            "select distinct flow_slug, queue_name from flowlane.steps order by 1"
+        ) == [
+            {"flow_slug": "Orders", "queue_name": "orders"},
+            {"flow_slug": "mail", "queue_name": "mail"},
+        ]
+        assert engine.scalar("select count(*) from flowlane.step_tasks") == counts_before
+        assert (
+            engine.scalar(
+                "select count(*) from flowlane.step_tasks where queue_name <> lower(flow_slug)"
+            )
+            == 0
+        )
+        assert engine.rows(
+            "select queue_name, ownership, owner_flow_slug from flowlane.queues order by 1"
+        ) == [
+            {"queue_name": "mail", "ownership": "owned", "owner_flow_slug": "mail"},
+            {"queue_name": "orders", "ownership": "owned", "owner_flow_slug": "Orders"},
+        ]
+        assert engine.scalar("select array_agg(distinct queue_mode) from flowlane.flows") == [
+            "flow"
+        ]
+        # terminal runs untouched
+        assert engine.run(runs["done"])["output"] == {"total": {"items": [1, 2]}}
+        assert engine.run(runs["failed"])["status"] == "failed"
+
+        # the started task finishes through the new callback path
+        engine.complete(runs["started_task"], 21)
+        # everything else completes through start_tasks(queue_name, ...)
+        engine.drive("orders", lambda t: [5] if t["step_slug"] == "fetch" else t["input"])
+        engine.drive("mail", lambda t: "sent")
+        assert engine.run(runs["active"])["output"] == {"total": {"items": [11, 21, 30]}}
+        assert engine.run(runs["fresh"])["output"] == {"total": {"items": [5]}}
+        assert engine.run(runs["mail_active"])["output"] == {"send": "sent"}
+        assert engine.queue_messages("orders") == [] and engine.queue_messages("mail") == []
+        # new runs and new definitions use the new functions
+        engine.define(
+            "Orders",
+            [
+                ("fetch", [], {}),
+                ("items", ["fetch"], {"step_type": "map"}),
+                ("total", ["items"], {}),
+            ],
+        )
+        assert engine.scalar("select flowlane.get_flow_shape('Orders') ->> 'queue_mode'") == "flow"
+
+
+def inject_null_message_ids(engine: Engine, runs: dict[str, Any]) -> None:
+    engine.conn.execute(
+        "update flowlane.step_tasks set message_id = null "
+        "where run_id = %s and step_slug = 'fetch'",
+        (runs["fresh"],),
+    )  # active (queued)
+    engine.conn.execute(
+        "update flowlane.step_tasks set message_id = null "
+        "where run_id = %s and step_slug = 'total'",
+        (runs["done"],),
+    )  # terminal (completed)
+
+
+def test_upgrade_preflight_rejects_null_message_ids_and_changes_nothing(
+    db_factory: Callable[..., str],
+) -> None:
+    with psycopg.connect(db_factory("0001"), autocommit=True) as conn:
+        engine = Engine(conn)
+        runs = populate_0001(engine)
+        inject_null_message_ids(engine, runs)
+        before = snapshot(engine)
+        with pytest.raises(errors.MigrationError) as info:
+            migrator.migrate(conn)
+        error = info.value
+        assert "0002_queue_identity.sql failed and was rolled back" in str(error)
+        assert "upgrade preflight failed: 2 task(s) have no message_id" in str(error)
+        assert error.detail is not None
+        assert "completed=1, queued=1" in error.detail
+        keys = re.findall(
+            r"\(run_id=([0-9a-f-]+), step_slug=(\w+), task_index=(\d+), status=(\w+)\)",
+            error.detail,
+        )
+        assert sorted(keys) == sorted(
+            [
+                (str(runs["fresh"]), "fetch", "0", "queued"),
+                (str(runs["done"]), "total", "0", "completed"),
+            ]
+        )
+        assert error.hint is not None and "docs/upgrade-repair.md" in error.hint
+        assert snapshot(engine) == before
+        assert engine.scalar("select max(version) from flowlane.schema_migrations") == "0001"
+
+
+def test_upgrade_preflight_diagnostics_are_bounded(db_factory: Callable[..., str]) -> None:
+    with psycopg.connect(db_factory("0001"), autocommit=True) as conn:
+        engine = Engine(conn)
+        engine.define("f", [("m", [], {"step_type": "map"})])
+        engine.start("f", list(range(40)))
+        engine.conn.execute("update flowlane.step_tasks set message_id = null")
+        with pytest.raises(errors.MigrationError) as info:
+            migrator.migrate(conn)
+        assert "40 task(s)" in str(info.value)
+        assert info.value.detail is not None and info.value.detail.count("run_id=") == 5
+        assert "queued=40" in info.value.detail
+
+
+def repair_sql() -> str:
+    text = REPAIR_DOC.read_text(encoding="utf-8")
+    match = re.search(r"```sql\n(-- flowlane upgrade repair.*?)```", text, re.DOTALL)
+    assert match, "the repair script is missing from docs/upgrade-repair.md"
+    return match.group(1)
+
+
+def test_documented_repair_lets_the_upgrade_pass(db_factory: Callable[..., str]) -> None:
+    with psycopg.connect(db_factory("0001"), autocommit=True) as conn:
+        engine = Engine(conn)
+        runs = populate_0001(engine)
+        inject_null_message_ids(engine, runs)
+        with conn.transaction():
+            conn.execute(repair_sql())
+        assert (
+            engine.scalar("select count(*) from flowlane.step_tasks where message_id is null") == 0
+        )
+        migrator.migrate(conn)
+        # the repaired active task runs; the repaired terminal one stays terminal
+        assert engine.task(runs["done"], "total")["status"] == "completed"
+        engine.complete(runs["started_task"], 21)
+        engine.drive("orders", lambda t: [7] if t["step_slug"] == "fetch" else t["input"])
+        assert engine.run(runs["fresh"])["output"] == {"total": {"items": [7]}}
+        assert engine.run(runs["active"])["status"] == "completed"
