@@ -184,9 +184,10 @@ def backdate_started(dsn: str, run_id: str, step_slug: str, seconds: int = 3600)
     """Make started tasks look stalled instead of waiting for the stall threshold."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            "update flowlane.step_tasks set started_at = started_at - make_interval(secs => %s)"
+            "update flowlane.step_tasks set started_at = started_at - make_interval(secs => %s),"
+            " queued_at = queued_at - make_interval(secs => %s)"
             " where run_id = %s::uuid and step_slug = %s and status = 'started'",
-            (seconds, run_id, step_slug),
+            (seconds, seconds, run_id, step_slug),
         )
 
 
