@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 
-def fetch(input: Any, ctx: Any = None) -> dict[str, Any]:
-    threads = input.get("threads", ["How do I reset my password?"])
-    return {"threads": threads, "urgent": bool(input.get("urgent")), "muted": False}
+def fetch(input: Any, ctx: Any = None) -> list[str]:
+    # `classify` is a map over this step, so the output must be a JSON array (an object
+    # fails the run with TYPE_VIOLATION); `deliver_slack`'s `if: {fetch: {urgent: true}}`
+    # therefore never matches and the step is skipped until the YAML separates the two.
+    return [str(t) for t in input.get("threads", ["How do I reset my password?"])]
 
 
 def classify(thread: Any, ctx: Any = None) -> dict[str, str]:

@@ -463,6 +463,11 @@ class Worker:
                 and str(row["last_worker_id"]) == self.worker_id
                 and int(row["attempts_count"]) == task.attempt
             )
+            if outcome == "completed" and owned and row is not None and row["status"] == "failed":
+                # the engine refused the output (e.g. a map's parent must output an array)
+                self.stats["failed"] += 1
+                log.event(WARNING, "task_output_refused", **task.fields, error=row["error_message"])
+                continue
             if outcome == "completed":
                 accepted = owned and row is not None and row["status"] == "completed"
             else:
