@@ -4,11 +4,14 @@
 
 Without --dsn it starts a throwaway embedded PostgreSQL. Measured in one run:
 
-1. raw PGMQ: send N messages (batches of 100) while 1 / 4 consumer processes
-   read (batches of 10) and archive them: messages/s;
-2. flowlane: start N one-step runs (start_flow) while 1 / 4 real worker
-   processes (`flowlane worker`, no-op handler) claim, run and complete them:
-   tasks/s, and the ratio to raw PGMQ at the same consumer count;
+1. end to end: one producer sends N messages (raw PGMQ, one pgmq.send per
+   transaction) or starts N one-step runs (flowlane.start_flow per
+   transaction) while 1 / 4 consumer processes drain them: raw consumers
+   read batches of 10 (polling every 5 ms when idle) and archive them;
+   flowlane consumers are real worker processes (`flowlane worker`, no-op
+   handler) that claim, run and complete;
+2. drain only: the same with the backlog enqueued before the consumers start
+   (and start_flow's own rate with no worker running);
 3. latency from start_flow's commit to the handler starting, one run at a
    time on an idle worker, with PGMQ insert notifications on and off
    (polling fallback: read_with_poll, 100 ms interval): p50 / p95.
@@ -65,6 +68,7 @@ def _raw_consumer(dsn: str, stop_at: int, done: Any) -> None:
                 b"select msg_id from pgmq.read(%s, 30, 10)", (RAW_QUEUE,)
             ).fetchall()
             if not rows:
+                time.sleep(0.005)  # an idle consumer polls every 5 ms (no 1 s read_with_poll tail)
                 continue
             ids = [r[0] for r in rows]
             conn.execute(b"select pgmq.archive(%s, %s::bigint[])", (RAW_QUEUE, ids))
@@ -72,21 +76,26 @@ def _raw_consumer(dsn: str, stop_at: int, done: Any) -> None:
                 done.value += len(ids)
 
 
-def raw_pgmq(dsn: str, n: int, consumers: int) -> float:
+def raw_pgmq(dsn: str, n: int, consumers: int, *, preload: bool = False) -> float:
+    """Messages/s: one send per transaction while consumers drain; or (preload) drain only."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(b"select pgmq.create(%s)", (RAW_QUEUE,))
         conn.execute(b"select pgmq.purge_queue(%s)", (RAW_QUEUE,))
+        if preload:
+            for offset in range(0, n, 500):
+                batch = [json.dumps({"n": i}) for i in range(offset, min(n, offset + 500))]
+                conn.execute(b"select pgmq.send_batch(%s, %s::jsonb[])", (RAW_QUEUE, batch))
     done = multiprocessing.Value("i", 0)
     procs = [
         multiprocessing.Process(target=_raw_consumer, args=(dsn, n, done)) for _ in range(consumers)
     ]
+    started = time.perf_counter()
     for p in procs:
         p.start()
-    started = time.perf_counter()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for offset in range(0, n, 100):
-            batch = [json.dumps({"n": i}) for i in range(offset, min(n, offset + 100))]
-            conn.execute(b"select pgmq.send_batch(%s, %s::jsonb[])", (RAW_QUEUE, batch))
+    if not preload:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for i in range(n):
+                conn.execute(b"select pgmq.send(%s, %s::jsonb)", (RAW_QUEUE, json.dumps({"n": i})))
     for p in procs:
         p.join()
     return n / (time.perf_counter() - started)
@@ -155,22 +164,58 @@ def completed_count(conn: psycopg.Connection[Any]) -> int:
     return int(row[0]) if row else 0
 
 
+def start_runs(conn: psycopg.Connection[Any], n: int) -> None:
+    with conn.cursor() as cur:
+        cur.executemany(
+            b"select flowlane.start_flow('bench_noop', %s::jsonb)",
+            [(json.dumps({"i": i}),) for i in range(n)],
+        )
+
+
+def wait_completed(conn: psycopg.Connection[Any], count: int) -> None:
+    while completed_count(conn) < count:
+        time.sleep(0.01)
+
+
 def engine(dsn: str, n: int, workers: int) -> float:
+    """Tasks/s end to end: start_flow one run per transaction while the workers drain."""
     pool = Workers(dsn, workers)
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             before = completed_count(conn)
             started = time.perf_counter()
-            with conn.cursor() as cur:
-                cur.executemany(
-                    b"select flowlane.start_flow('bench_noop', %s::jsonb)",
-                    [(json.dumps({"i": i}),) for i in range(n)],
-                )
-            while completed_count(conn) < before + n:
-                time.sleep(0.01)
+            start_runs(conn, n)
+            wait_completed(conn, before + n)
             return n / (time.perf_counter() - started)
     finally:
         pool.stop()
+
+
+def engine_drain(dsn: str, n: int, workers: int) -> tuple[float, float]:
+    """(start_flow runs/s with no worker running, tasks/s of the workers draining the backlog).
+
+    The drain is timed in the database: from the first worker's registration to
+    the last run's completion (worker start-up overlaps the first claims).
+    """
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        before = completed_count(conn)
+        started = time.perf_counter()
+        start_runs(conn, n)
+        produce = n / (time.perf_counter() - started)
+        mark = conn.execute(b"select clock_timestamp()").fetchone()
+        assert mark is not None
+        pool = Workers(dsn, workers)
+        try:
+            wait_completed(conn, before + n)
+        finally:
+            pool.stop()
+        row = conn.execute(
+            b"select extract(epoch from (select max(completed_at) from flowlane.runs)"
+            b" - (select min(started_at) from flowlane.workers where started_at > %s))",
+            (mark[0],),
+        ).fetchone()
+        assert row is not None
+        return produce, n / float(row[0])
 
 
 def latency(dsn: str, samples: int, notify: bool) -> tuple[float, float]:
@@ -222,11 +267,24 @@ def main() -> None:
     try:
         dsn = fresh_database(admin)
         print(f"tasks per measurement: {args.tasks}; cpus: {os.cpu_count()}")
+        print("end to end: one producer, one transaction per message/run, consumers draining")
         print(f"{'consumers':>9}  {'raw pgmq msg/s':>14}  {'flowlane tasks/s':>16}  {'ratio':>6}")
         for consumers in (1, 4):
             raw = raw_pgmq(dsn, args.tasks, consumers)
             eng = engine(dsn, args.tasks, consumers)
             print(f"{consumers:>9}  {raw:>14.0f}  {eng:>16.0f}  {eng / raw:>6.2f}")
+        print()
+        print("drain only: the backlog is enqueued first (send_batch / start_flow per run)")
+        print(
+            f"{'consumers':>9}  {'raw pgmq msg/s':>14}  {'flowlane tasks/s':>16}  {'ratio':>6}"
+            f"  {'start_flow runs/s':>17}"
+        )
+        for consumers in (1, 4):
+            raw = raw_pgmq(dsn, args.tasks, consumers, preload=True)
+            produce, eng = engine_drain(dsn, args.tasks, consumers)
+            print(
+                f"{consumers:>9}  {raw:>14.0f}  {eng:>16.0f}  {eng / raw:>6.2f}  {produce:>17.0f}"
+            )
         print()
         print(
             "pickup latency, start_flow commit -> handler start, idle worker "
