@@ -50,7 +50,8 @@ from flowlane.runtime.selection import Selection, select
 from flowlane.runtime.store import TRANSIENT, Row, Store
 from flowlane.runtime.tasks import ClaimedTask, TaskResult, describe, execute
 
-INFO, WARNING, ERROR = logging.INFO, logging.WARNING, logging.ERROR
+DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
+MAX_POLL_WINDOW = 2  # seconds
 
 
 class Worker:
@@ -96,6 +97,9 @@ class Worker:
         self.read_vt = read_vt
         self.shutdown_timeout = shutdown_timeout
         self.heartbeat_interval = heartbeat_interval
+        # read_with_poll's window while notifications are off or down: short, so a stop or a
+        # recovered notification connection is noticed quickly
+        self._poll_window = max(1, min(int(poll_interval), MAX_POLL_WINDOW))
         self.requeue_interval = requeue_interval
         self.import_paths = [str(Path(self.project.root).resolve()), *import_paths]
         self.handle_signals = handle_signals
@@ -223,11 +227,14 @@ class Worker:
     async def _serve(self, store: Store, registry: HandlerRegistry) -> None:
         self._store = store
         self._registry = registry
+        # LISTEN before the first read, so that nothing inserted after that read goes unnoticed
+        listening = await self._listen() if self.notify else None
+        self._notify_live = listening is not None
         poller = self._background(self._poll_loop(), "poller")
         flusher = self._background(self._flush_loop(), "flusher")
         helpers = [self._background(self._maintenance_loop(), "maintenance")]
         if self.notify:
-            helpers.append(self._background(self._listen_loop(), "listener"))
+            helpers.append(self._background(self._listen_loop(listening), "listener"))
         await self._stopping.wait()
         log.event(INFO, "worker_stopping", worker_id=self.worker_id, in_flight=len(self._in_flight))
         self._shutdown.set()
@@ -315,7 +322,7 @@ class Worker:
                     self.queue,
                     vt=self.read_vt,
                     qty=min(free, self.batch_size),
-                    poll_seconds=None if notified else max(1, int(self.poll_interval)),
+                    poll_seconds=None if notified else self._poll_window,
                 )
                 claimed = (
                     await self._store.start_tasks(self.queue, msg_ids, self.worker_id)
@@ -337,6 +344,7 @@ class Worker:
             for task in claimed:
                 self._spawn(task)
             if not msg_ids and notified and not self._stopping.is_set():
+                log.event(DEBUG, "poller_idle", wait=f"{self.poll_interval:g}s")
                 await self._pause(self.poll_interval, self._wake)
 
     def _spawn(self, task: ClaimedTask) -> None:
@@ -524,11 +532,19 @@ class Worker:
                 log.event(ERROR, "maintenance_failed", error=describe(exc))
             await self._pause(max(0.05, min(next_heartbeat, next_requeue) - time.monotonic()))
 
-    async def _listen_loop(self) -> None:
+    async def _listen(self) -> psycopg.AsyncConnection[Any] | None:
+        try:
+            return await self._store.listen_connection(self.queue)
+        except TRANSIENT as exc:
+            log.event(WARNING, "database_unavailable", component="listener", error=describe(exc))
+            return None
+
+    async def _listen_loop(self, first: psycopg.AsyncConnection[Any] | None) -> None:
         backoff = Backoff()
         while not self._stopping.is_set():
             try:
-                conn = await self._store.listen_connection(self.queue)
+                conn = first or await self._store.listen_connection(self.queue)
+                first = None
             except TRANSIENT as exc:
                 delay = backoff.next()
                 log.event(
