@@ -1,6 +1,6 @@
 """Engine throughput against raw PGMQ on the same embedded database, in one run.
 
-    python benchmarks/engine_throughput.py [--messages N] [--runs N]
+    python benchmarks/engine_throughput.py [--messages N] [--runs N] [--to VERSION]
 
 (a) raw PGMQ: send N messages one by one, then read batches of 10 and
     archive each message: messages/s for the full send + read + archive cycle.
@@ -113,13 +113,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=3000, help="raw PGMQ messages")
     parser.add_argument("--runs", type=int, default=600, help="runs per engine flow")
+    parser.add_argument(
+        "--to", metavar="VERSION", help="migrate only up to this version (e.g. 0001)"
+    )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="flowlane-bench-"))
     pgdata = tmp / "data"
     try:
         dsn = db.EmbeddedDatabase.start_at(pgdata)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            migrator.migrate(conn)
+            migrator.migrate(conn, to=args.to)
             versions = conn.execute(Q["migration_versions"]).fetchone()
             print(f"flowlane migrations: {versions[0] if versions else '?'}")
             raw = raw_pgmq(conn, args.messages)

@@ -272,5 +272,69 @@ class Engine:
         )
 
 
+def assert_invariants(engine: Engine) -> None:
+    """Global state-machine invariants of a head (0002+) database; raise AssertionError."""
+    violations: dict[str, str] = {
+        "finished run with unfinished task": """
+            select t.run_id, t.step_slug, t.task_index from flowlane.step_tasks t
+            join flowlane.runs r on r.run_id = t.run_id
+            where r.status <> 'started' and t.status in ('queued', 'started')""",
+        "completed run with unfinished step or counter": """
+            select r.run_id from flowlane.runs r
+            where r.status = 'completed' and (r.remaining_steps <> 0 or exists (
+              select 1 from flowlane.step_states s
+              where s.run_id = r.run_id and s.status not in ('completed', 'skipped')))""",
+        "remaining_steps out of sync": """
+            select r.run_id from flowlane.runs r
+            where r.status = 'started' and r.remaining_steps <> (
+              select count(*) from flowlane.step_states s
+              where s.run_id = r.run_id and s.status not in ('completed', 'skipped'))""",
+        "remaining_deps out of sync": """
+            select s.run_id, s.step_slug from flowlane.step_states s
+            join flowlane.runs r on r.run_id = s.run_id and r.status = 'started'
+            where s.status = 'created' and s.remaining_deps <> (
+              select count(*) from flowlane.deps d
+              join flowlane.step_states p on p.run_id = s.run_id and p.step_slug = d.dep_slug
+              where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug
+                and p.status not in ('completed', 'skipped'))""",
+        "remaining_tasks out of sync": """
+            select s.run_id, s.step_slug from flowlane.step_states s
+            join flowlane.runs r on r.run_id = s.run_id and r.status = 'started'
+            where s.status = 'started' and s.remaining_tasks <> s.initial_tasks - (
+              select count(*) from flowlane.step_tasks t
+              where t.run_id = s.run_id and t.step_slug = s.step_slug
+                and t.status = 'completed')""",
+        "completed step with wrong task count": """
+            select s.run_id, s.step_slug from flowlane.step_states s
+            where s.status = 'completed' and s.initial_tasks <> (
+              select count(*) from flowlane.step_tasks t
+              where t.run_id = s.run_id and t.step_slug = s.step_slug
+                and t.status = 'completed')""",
+        "task queue differs from step queue": """
+            select t.run_id, t.step_slug from flowlane.step_tasks t
+            join flowlane.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
+            where t.queue_name <> s.queue_name""",
+    }
+    for name, query in violations.items():
+        rows = engine.rows(query)
+        assert rows == [], f"invariant violated: {name}: {rows[:5]}"
+    # live messages: exactly the queued/started (not permanently stalled) tasks
+    for queue in [r["queue_name"] for r in engine.rows("select queue_name from flowlane.queues")]:
+        live = {
+            m["msg_id"]
+            for m in engine.queue_messages(queue)
+            if isinstance(m["message"], dict) and "run_id" in m["message"]
+        }
+        active = {
+            r["message_id"]
+            for r in engine.rows(
+                "select message_id from flowlane.step_tasks where queue_name = %s "
+                "and status in ('queued', 'started') and permanently_stalled_at is null",
+                (queue,),
+            )
+        }
+        assert live == active, f"queue {queue}: live messages {live} != active tasks {active}"
+
+
 def dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True)

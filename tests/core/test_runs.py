@@ -132,6 +132,7 @@ def test_claim_only_queued_tasks_of_given_flow(engine: Engine) -> None:
     assert engine.scalar("select count(*) from flowlane.step_tasks where status = 'started'") == 1
 
 
+@pytest.mark.no_invariants  # the queue/message is removed on purpose
 def test_claim_rolls_back_when_message_missing(engine: Engine) -> None:
     engine.define("f", [("a", [], {})])
     run_id = engine.start("f", {})
@@ -389,3 +390,47 @@ def test_many_runs_share_the_flow_queue(engine: Engine) -> None:
     assert engine.drive("f", lambda t: t["input"]) == 10
     for i, run_id in enumerate(runs):
         assert engine.run(run_id)["output"] == {"b": {"a": {"i": i}}}
+
+
+def test_start_flow_with_same_run_id_is_idempotent(engine: Engine) -> None:
+    engine.define("f", [("a", [], {})])
+    engine.define("g", [("a", [], {})])
+    given = uuid.uuid4()
+    assert engine.start("f", {"x": 1}, run_id=given) == given
+    assert engine.start("f", {"x": 1}, run_id=given) == given
+    assert engine.scalar("select count(*) from flowlane.step_tasks") == 1
+    assert len(engine.queue_messages("f")) == 1
+    with pytest.raises(psycopg.Error, match="already exists"):
+        engine.start("f", {"x": 2}, run_id=given)
+    with pytest.raises(psycopg.Error, match="already exists"):
+        engine.start("g", {"x": 1}, run_id=given)
+
+
+def test_flow_without_steps_completes_at_start(engine: Engine) -> None:
+    engine.create_flow("empty")
+    run_id = engine.start("empty", {"x": 1})
+    run = engine.run(run_id)
+    assert (run["status"], run["output"], run["remaining_steps"]) == ("completed", {}, 0)
+
+
+def test_wide_map_fan_out_and_fan_in(engine: Engine) -> None:
+    engine.define("wide", [("m", [], {"step_type": "map"}), ("sum", ["m"], {})])
+    run_id = engine.start("wide", list(range(300)))
+    tasks = engine.claim("wide")
+    assert len(tasks) == 300 and len({t["msg_id"] for t in tasks}) == 300
+    payload = [
+        {
+            "run_id": str(t["run_id"]),
+            "step_slug": "m",
+            "task_index": t["task_index"],
+            "output": t["input"] * 2,
+            "worker_id": str(engine.worker_id),
+            "attempt": t["attempt"],
+        }
+        for t in reversed(tasks)
+    ]
+    engine.rows("select * from flowlane.complete_tasks(%s)", (Jsonb(payload),))
+    [total] = engine.claim("wide")
+    assert total["input"] == {"m": [i * 2 for i in range(300)]}
+    engine.complete(total, sum(total["input"]["m"]))
+    assert engine.run(run_id)["output"] == {"sum": 89700}

@@ -113,6 +113,8 @@ def test_upgrade_backfills_and_in_flight_runs_complete(db_factory: Callable[...,
         assert engine.scalar("select array_agg(distinct queue_mode) from flowlane.flows") == [
             "flow"
         ]
+        sealed = "select count(*) from flowlane.flows where shape_sealed_at is null"
+        assert engine.scalar(sealed) == 0
         # terminal runs untouched
         assert engine.run(runs["done"])["output"] == {"total": {"items": [1, 2]}}
         assert engine.run(runs["failed"])["status"] == "failed"
@@ -218,3 +220,23 @@ def test_documented_repair_lets_the_upgrade_pass(db_factory: Callable[..., str])
         engine.drive("orders", lambda t: [7] if t["step_slug"] == "fetch" else t["input"])
         assert engine.run(runs["fresh"])["output"] == {"total": {"items": [7]}}
         assert engine.run(runs["active"])["status"] == "completed"
+
+
+def test_upgrade_preflight_rejects_duplicate_message_identities(
+    db_factory: Callable[..., str],
+) -> None:
+    with psycopg.connect(db_factory("0001"), autocommit=True) as conn:
+        engine = Engine(conn)
+        engine.define("f", [("m", [], {"step_type": "map"})])
+        run_id = engine.start("f", [1, 2, 3])
+        conn.execute(
+            "update flowlane.step_tasks set message_id = (select min(message_id) "
+            "from flowlane.step_tasks) where run_id = %s and task_index = 2",
+            (run_id,),
+        )
+        before = snapshot(engine)
+        with pytest.raises(errors.MigrationError, match="referenced by more than one task") as info:
+            migrator.migrate(conn)
+        assert info.value.detail is not None and "(queue=f, message_id=" in info.value.detail
+        assert info.value.hint is not None and "docs/upgrade-repair.md" in info.value.hint
+        assert snapshot(engine) == before

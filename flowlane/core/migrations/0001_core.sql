@@ -870,6 +870,17 @@ begin
     raise exception 'start_flow(%): input must not be null (use {} for no input)', v_flow
       using errcode = '22004';
   end if;
+  if start_flow.run_id is not null then
+    -- a retried start with the same run id returns the existing run
+    select * into v_run from flowlane.runs r where r.run_id = start_flow.run_id;
+    if found then
+      if v_run.flow_slug <> v_flow or v_run.input <> input then
+        raise exception 'run % already exists for flow "%" with another flow or input', start_flow.run_id,
+          v_run.flow_slug using errcode = '23505';
+      end if;
+      return v_run;
+    end if;
+  end if;
   select s.step_slug into v_root_map from flowlane.steps s
   where s.flow_slug = v_flow and s.step_type = 'map' and s.deps_count = 0
   order by s.step_index limit 1;

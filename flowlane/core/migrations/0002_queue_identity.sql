@@ -97,6 +97,12 @@ $ensure$;
 alter table flowlane.flows add column queue_mode text not null default 'flow'
   constraint flows_queue_mode_valid check (queue_mode in ('flow', 'per-step', 'explicit'));
 
+-- a flow's shape is sealed once it was verified (ensure_flow_shape /
+-- ensure_flow_compiled) or has runs: add_step then refuses new steps. Flows
+-- that exist at upgrade time were applied under 0001: they are sealed.
+alter table flowlane.flows add column shape_sealed_at timestamptz;
+update flowlane.flows f set shape_sealed_at = now();
+
 alter table flowlane.steps add column queue_name text;
 update flowlane.steps s set queue_name = lower(s.flow_slug);
 alter table flowlane.steps alter column queue_name set not null;
@@ -423,6 +429,12 @@ begin
     end if;
   end loop;
 
+  if exists (select 1 from flowlane.flows f where f.flow_slug = v_flow and f.shape_sealed_at is not null)
+     or exists (select 1 from flowlane.runs r where r.flow_slug = v_flow) then
+    raise exception 'FLOWLANE_SHAPE_MISMATCH: flow "%" is already applied and has no step "%"', v_flow, v_step
+      using errcode = '23514',
+            hint = 'the shape of a flow never changes once applied (verified or run); create a new flow version (a new slug)';
+  end if;
   perform flowlane._ensure_queue(v_queue, v_flow, v_mode);
   insert into flowlane.steps (flow_slug, step_slug, step_type, step_index, deps_count,
     opt_max_attempts, opt_base_delay, opt_timeout, opt_start_delay,
@@ -753,7 +765,7 @@ end;
 $$;
 
 create function flowlane.ensure_flow_shape(flow_slug text, shape jsonb) returns void
-language plpgsql stable
+language plpgsql volatile
 set search_path = ''
 as $$
 declare
@@ -771,6 +783,8 @@ begin
             detail = array_to_string(v_diff, E'\n'),
             hint = 'a flow''s shape never changes once applied; give the changed flow a new slug (a new version)';
   end if;
+  update flowlane.flows f set shape_sealed_at = now()
+   where f.flow_slug = ensure_flow_shape.flow_slug and f.shape_sealed_at is null;
 end;
 $$;
 
@@ -806,10 +820,13 @@ begin
         using errcode = '23514', detail = array_to_string(v_diff, E'\n'),
               hint = 'check the shape document (needs sorted by code point, defaults written out)';
     end if;
+    update flowlane.flows f set shape_sealed_at = now() where f.flow_slug = v_slug;
     return jsonb_build_object('status', 'compiled', 'differences', '[]'::jsonb);
   end if;
   v_diff := flowlane._shape_differences(flowlane.get_flow_shape(v_slug), shape);
   if cardinality(v_diff) = 0 then
+    update flowlane.flows f set shape_sealed_at = now()
+     where f.flow_slug = v_slug and f.shape_sealed_at is null;
     return jsonb_build_object('status', 'verified', 'differences', '[]'::jsonb);
   end if;
   return jsonb_build_object('status', 'mismatch', 'differences', to_jsonb(v_diff));
