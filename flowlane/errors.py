@@ -66,6 +66,10 @@ class StaleOutputError(CompileError):
     """The compiled SQL does not match the flow YAML."""
 
 
+class DeployRefused(FlowlaneError):
+    """The database holds a flow whose shape differs from the YAML; nothing was applied."""
+
+
 class ProjectError(FlowlaneError):
     """The flowlane project cannot be loaded."""
 

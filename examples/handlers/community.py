@@ -7,13 +7,15 @@ from typing import Any
 
 def fetch(input: Any, ctx: Any = None) -> list[str]:
     # `classify` is a map over this step, so the output must be a JSON array (an object
-    # fails the run with TYPE_VIOLATION); `deliver_slack`'s `if: {fetch: {urgent: true}}`
-    # therefore never matches and the step is skipped until the YAML separates the two.
+    # fails the run with TYPE_VIOLATION); `deliver_slack`'s conditions test the array
+    # of `classify` outputs instead.
     return [str(t) for t in input.get("threads", ["How do I reset my password?"])]
 
 
 def classify(thread: Any, ctx: Any = None) -> dict[str, str]:
     text = str(thread).lower()
+    if "buy now" in text:
+        return {"thread": str(thread), "label": "spam"}
     return {"thread": str(thread), "label": "question" if "?" in text else "other"}
 
 

@@ -113,9 +113,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     result = checks.check(args.paths, args.out, args.base)
-    _report(result.diagnostics, args.format)
     for note in result.notes:
         print(note, file=sys.stderr)
+    if args.format != "text":
+        _report(result.all_diagnostics(args.base or "HEAD"), args.format)
+        return 0 if result.ok else 1
+    _report(result.diagnostics, args.format)
     for stale in result.stale:
         print(f"{stale.path}: {stale.reason}; run `flowlane compile`")
         sys.stdout.write(stale.diff)
@@ -153,9 +156,13 @@ def cmd_types(args: argparse.Namespace) -> int:
     text = pytypes.render(_project(args.paths))
     if args.out:
         target = Path(args.out)
-        if not target.is_file() or target.read_text(encoding="utf-8") != text:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text, encoding="utf-8")
+        try:
+            if not target.is_file() or target.read_text(encoding="utf-8") != text:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise errors.FlowlaneError(f"cannot write {target.as_posix()}: "
+                                       f"{exc.strerror or exc}") from exc
         print(f"wrote {target.as_posix()}")
     else:
         sys.stdout.write(text)

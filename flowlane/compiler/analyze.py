@@ -54,14 +54,21 @@ class Analysis:
     flow_entries: dict[str, _Entry] = field(default_factory=dict)
     known_flows: set[str] = field(default_factory=set)
     known_aliases: set[str] = field(default_factory=set)
+    declared: set[str] = field(default_factory=set)  # slugs of schema-invalid documents
+    complete: bool = True  # False when some file could not be read or parsed
     aliases: dict[str, Alias] = field(default_factory=dict)
     workers: list[WorkerDoc] = field(default_factory=list)
     owners: dict[str, str] = field(default_factory=dict)
 
 
-def analyze(documents: Iterable[Document]) -> tuple[Project | None, list[Diagnostic]]:
-    """Schema and semantic checks of every document; a Project only when nothing is wrong."""
-    state = Analysis()
+def analyze(documents: Iterable[Document], *, complete: bool = True
+            ) -> tuple[Project | None, list[Diagnostic]]:
+    """Schema and semantic checks of every document; a Project only when nothing is wrong.
+
+    ``complete=False`` says some file failed to load: references to unknown flows are
+    then not reported (they are most likely declared in the broken file).
+    """
+    state = Analysis(complete=complete)
     entries = _schema_valid(documents, state)
     flows = [e for e in entries if e.data["kind"] == "flow"]
     aliases = [e for e in entries if e.data["kind"] == "alias"]
@@ -94,6 +101,8 @@ def _schema_valid(documents: Iterable[Document], state: Analysis) -> list[_Entry
                 "each document must be a mapping with `kind: flow`, `alias` or `worker`"))
             continue
         problems = schema.validate_document(doc)
+        if problems and isinstance(doc.data.get("slug"), str):
+            state.declared.add(doc.data["slug"])
         state.findings.extend(problems)
         if not problems:
             entries.append(_Entry(doc, doc.data))
@@ -119,7 +128,8 @@ def _namespace(flows: list[_Entry], aliases: list[_Entry], state: Analysis) -> N
         code = "FL051" if both == {"flow", "alias"} else "FL021"
         help = "flow and alias slugs share one namespace (case-insensitive); rename one of them"
         if entry.data["kind"] == "flow" == other.data["kind"]:
-            help += f" (a new flow version gets a new slug such as `{next_version_slug(other.slug)}`)"
+            suggestion = next_version_slug(other.slug)
+            help += f" (a new flow version gets a new slug such as `{suggestion}`)"
         state.findings.append(entry.doc.diagnostic(
             ("slug",), code,
             f"{entry.data['kind']} slug `{entry.slug}` is already used by "
@@ -413,7 +423,7 @@ def _build_alias(entry: _Entry, state: Analysis) -> None:
         seen.add(slug)
         if slug not in state.known_flows:
             problems += 1
-            state.findings.append(_unknown_flow(entry, path, slug, state, "FL050"))
+            _report_unknown(entry, path, slug, state, "FL050")
         elif slug not in state.flows:
             problems += 1  # that flow has errors of its own, reported there
     if problems == 0:
@@ -421,6 +431,13 @@ def _build_alias(entry: _Entry, state: Analysis) -> None:
             slug=entry.slug, active=data["active"], draining=tuple(draining),
             description=data.get("description"), location=entry.loc(),
         )
+
+
+def _report_unknown(entry: _Entry, path: tuple[str | int, ...], slug: str, state: Analysis,
+                    code: str) -> None:
+    """An unknown name, unless it is declared by a document with errors of its own."""
+    if state.complete and slug not in state.declared:
+        state.findings.append(_unknown_flow(entry, path, slug, state, code))
 
 
 def _unknown_flow(entry: _Entry, path: tuple[str | int, ...], slug: str, state: Analysis,
@@ -464,7 +481,7 @@ def _build_worker(entry: _Entry, state: Analysis) -> WorkerDoc | None:
         else:
             if name not in state.known_flows and name not in state.known_aliases:
                 problems += 1
-                state.findings.append(_unknown_flow(entry, path, name, state, "FL060"))
+                _report_unknown(entry, path, name, state, "FL060")
             continue
         if not any(f.steps_on(queue) for f in versions):
             problems += 1

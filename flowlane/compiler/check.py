@@ -15,7 +15,7 @@ from flowlane.compiler import analyze, api, gitrev, render, shape, sqltext
 from flowlane.compiler.diagnostics import Diagnostic
 from flowlane.compiler.model import Flow, Project
 
-_SHAPE_LINE = re.compile(r"^  shape => (?P<literal>.*)::jsonb$", re.MULTILINE)
+_SHAPE_LINE = re.compile(r"^  shape => (?P<literal>.*)::jsonb\n\);$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,8 @@ class VersionChange:
     differences: tuple[str, ...]
     suggestion: str
     source: str
+    line: int = 1
+    col: int = 1
 
     def message(self, base: str) -> str:
         return (f"NEW_VERSION_REQUIRED: flow `{self.flow_slug}` ({self.source}) changed its "
@@ -54,6 +56,22 @@ class CheckResult:
     def ok(self) -> bool:
         return not (self.diagnostics or self.stale or self.versions)
 
+    def all_diagnostics(self, base: str = "HEAD") -> list[Diagnostic]:
+        """Every finding as a diagnostic (for JSON and SARIF output)."""
+        found = list(self.diagnostics)
+        found += [Diagnostic(s.path, _first_changed_line(s.diff), 1, "FL090",
+                             f"{s.path}: {s.reason}", "run `flowlane compile` and commit the SQL")
+                  for s in self.stale]
+        found += [Diagnostic(v.source, v.line, v.col, "FL091", v.message(base),
+                             f"declare a new version `{v.suggestion}`; differences: "
+                             + "; ".join(v.differences)) for v in self.versions]
+        return found
+
+
+def _first_changed_line(diff: str) -> int:
+    match = re.search(r"^@@ -(\d+)", diff, re.MULTILINE)
+    return max(int(match[1]), 1) if match else 1
+
 
 def check(paths: Iterable[api.PathLike] | None = None, out: api.PathLike = "sql",
           base: str | None = None) -> CheckResult:
@@ -69,6 +87,15 @@ def check(paths: Iterable[api.PathLike] | None = None, out: api.PathLike = "sql"
 
 
 def stale_files(files: Mapping[str, str], out: Path) -> list[StaleFile]:
+    """Compiled files in ``out`` that are missing, differ from ``files``, or are orphans."""
+    try:
+        return _stale_files(files, out)
+    except OSError as exc:
+        raise errors.FlowlaneError(f"cannot read the compiled SQL in {out.as_posix()}: "
+                                   f"{exc.strerror or exc}") from exc
+
+
+def _stale_files(files: Mapping[str, str], out: Path) -> list[StaleFile]:
     found = []
     for relative, expected in sorted(files.items()):
         target = out / relative
@@ -104,8 +131,10 @@ def version_changes(project: Project, out: Path, base: str | None
         return [], [f"note: no git revision {rev}; skipped the immutability check"]
     taken = [f.slug for f in project.flows] + [a.slug for a in project.aliases]
     changes = []
+    paths = {flow.slug: out / render.flow_path(flow.slug) for flow in project.flows}
+    committed_files = gitrev.show_many(rev, list(paths.values()))
     for flow in project.flows:
-        committed = gitrev.show(rev, out / render.flow_path(flow.slug))
+        committed = committed_files[paths[flow.slug]]
         change = _compare(flow, committed, taken) if committed is not None else None
         if change is not None:
             changes.append(change)
@@ -121,8 +150,9 @@ def _compare(flow: Flow, committed: str, taken: list[str]) -> VersionChange | No
         lines = ["the committed file has no readable shape"]
     else:
         lines = shape.differences(old, current, "the base", "the YAML")
-    return VersionChange(flow.slug, tuple(lines),
-                         analyze.next_version_slug(flow.slug, taken), flow.source)
+    line, col = (flow.location.line, flow.location.col) if flow.location else (1, 1)
+    return VersionChange(flow.slug, tuple(lines), analyze.next_version_slug(flow.slug, taken),
+                         flow.source, line, col)
 
 
 def committed_shape(text: str) -> dict[str, Any] | None:

@@ -48,7 +48,12 @@ CODES: dict[str, str] = {
     # handlers and values
     "FL070": "invalid handler reference",
     "FL071": "condition contains a value PostgreSQL cannot store",
+    # check (compiled SQL against the YAML and the base revision)
+    "FL090": "compiled SQL is stale, missing or hand-edited",
+    "FL091": "NEW_VERSION_REQUIRED: a committed flow changed its shape",
 }
+
+CHECK_CODES = frozenset({"FL090", "FL091"})
 
 
 def describe(code: str) -> str:

@@ -95,7 +95,6 @@ def format_sarif(diagnostics: Sequence[Diagnostic]) -> str:
                 "tool": {
                     "driver": {
                         "name": "flowlane",
-                        "informationUri": "https://github.com/flowlane/flowlane",
                         "rules": rules,
                     }
                 },

@@ -35,13 +35,38 @@ def revision_exists(rev: str, path: Path) -> bool:
     return result.returncode == 0
 
 
-def show(rev: str, file: Path) -> str | None:
-    """The text of ``file`` at ``rev``, or None when it did not exist there."""
-    top = toplevel(file)
+def show_many(rev: str, files: list[Path]) -> dict[Path, str | None]:
+    """The text of every file at ``rev`` (None where absent), read by one ``git cat-file``."""
+    if not files:
+        return {}
+    top = toplevel(files[0])
     if top is None:
-        return None
-    relative = file.resolve().relative_to(top.resolve()).as_posix()
-    result = _git(["show", f"{rev}:{relative}"], top)
-    if result.returncode != 0:
-        return None
-    return result.stdout.decode("utf-8", errors="replace")
+        return dict.fromkeys(files)
+    inside = [f for f in files if f.resolve().is_relative_to(top.resolve())]
+    if not inside:
+        return dict.fromkeys(files)
+    specs = [f"{rev}:{f.resolve().relative_to(top.resolve()).as_posix()}" for f in inside]
+    try:
+        result = subprocess.run(["git", "cat-file", "--batch"], cwd=top, check=False,
+                                input="".join(f"{s}\n" for s in specs).encode(),
+                                capture_output=True)
+    except OSError as exc:
+        raise errors.UsageError("git is not available") from exc
+    found = dict(zip(inside, _parse_batch(result.stdout, len(specs)), strict=True))
+    return {f: found.get(f) for f in files}
+
+
+def _parse_batch(output: bytes, count: int) -> list[str | None]:
+    texts: list[str | None] = []
+    position = 0
+    for _ in range(count):
+        end = output.index(b"\n", position)
+        header = output[position:end].split()
+        position = end + 1
+        if len(header) != 3 or header[1] != b"blob":
+            texts.append(None)  # "<spec> missing" or not a file
+            continue
+        size = int(header[2])
+        texts.append(output[position:position + size].decode("utf-8", errors="replace"))
+        position += size + 1
+    return texts

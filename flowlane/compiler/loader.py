@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
@@ -35,7 +35,7 @@ _NULLS = frozenset({"", "~", "null", "Null", "NULL"})
 _TRUE = frozenset({"true", "True", "TRUE"})
 _FALSE = frozenset({"false", "False", "FALSE"})
 _INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*)\Z")  # leading zeros stay strings
-_FLOAT = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?\Z")
+_FLOAT = re.compile(r"[-+]?(?:\.[0-9]+|(?:0|[1-9][0-9]*)(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?\Z")
 _ALIAS_BUDGET = 10_000  # nodes an alias may add beyond twice the document's own size
 
 _BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -47,12 +47,9 @@ class _ComposeLoader(_BaseLoader):  # type: ignore[misc]
     yaml_implicit_resolvers: dict[Any, Any] = {}  # the class-level table PyYAML reads
 
 
-Path_ = tuple[str | int, ...]
 
-
-@dataclass(frozen=True)
-class Position:
-    """A 1-based line and column in a source file."""
+class Position(NamedTuple):
+    """A 1-based line and column in a source file (a tuple: cheap, one per YAML node)."""
 
     line: int
     col: int
@@ -80,28 +77,43 @@ class Source:
 
 @dataclass
 class Document:
-    """One YAML document: its data, where each node came from, and its source."""
+    """One YAML document: its data, its composed nodes (for positions) and its source.
+
+    Positions are looked up on demand by walking the nodes, so loading does not pay
+    for a position table of every node.
+    """
 
     source: Source
     index: int
     data: Any
-    values: dict[Path_, Position] = field(default_factory=dict)
-    keys: dict[Path_, Position] = field(default_factory=dict)
+    root: Node | None = None
+    _keys: dict[int, dict[str, tuple[Node, Node]]] = field(default_factory=dict, repr=False)
 
     @property
     def path(self) -> str:
         return self.source.path
 
+    def _locate(self, path: Sequence[str | int]) -> tuple[Node | None, Node | None, bool]:
+        """(deepest value node on ``path``, its key node, whether all of ``path`` exists)."""
+        node, key_node = self.root, None
+        for part in path:
+            child = self._child(node, part)
+            if child is None:
+                return node, None, False
+            key_node, node = child
+        return node, key_node, True
+
     def at(self, path: Sequence[str | int]) -> Position:
-        """Position of the value at ``path`` (or its nearest known ancestor)."""
-        key = tuple(path)
-        while key not in self.values and key:
-            key = key[:-1]
-        return self.values.get(key, Position(1, 1))
+        """Position of the value at ``path`` (or its nearest existing ancestor)."""
+        node, _key, _found = self._locate(path)
+        return _position(node) if node is not None else Position(1, 1)
 
     def key_at(self, path: Sequence[str | int]) -> Position:
-        """Position of the mapping key that holds ``path`` (else of its value)."""
-        return self.keys.get(tuple(path)) or self.at(path)
+        """Position of the mapping key that holds ``path`` (else of the value)."""
+        node, key_node, found = self._locate(path)
+        if found and key_node is not None:
+            return _position(key_node)
+        return _position(node) if node is not None else Position(1, 1)
 
     def diagnostic(
         self,
@@ -116,13 +128,36 @@ class Document:
         return self.source.diagnostic(pos, code, message, help)
 
 
+    def _child(self, node: Node | None, part: str | int) -> tuple[Node | None, Node] | None:
+        """The (key node, value node) of ``part`` in ``node``, as the builder kept it."""
+        if isinstance(node, MappingNode) and isinstance(part, str):
+            return self._mapping_index(node).get(part)
+        if isinstance(node, SequenceNode) and isinstance(part, int):
+            return (None, node.value[part]) if 0 <= part < len(node.value) else None
+        return None
+
+    def _mapping_index(self, node: MappingNode) -> dict[str, tuple[Node, Node]]:
+        index = self._keys.get(id(node))
+        if index is None:
+            index = {}
+            for key_node, value_node in node.value:
+                if isinstance(key_node, ScalarNode) and not _is_merge_key(key_node):
+                    index.setdefault(key_node.value, (key_node, value_node))
+            self._keys[id(node)] = index
+        return index
+
+
+def _is_merge_key(node: Node) -> bool:
+    return isinstance(node, ScalarNode) and not node.style and node.value == "<<"
+
+
 def _position(node: Node) -> Position:
     mark = node.start_mark
     return Position(mark.line + 1, mark.column + 1)
 
 
 class _Builder:
-    """Turns one composed document into data, recording positions and findings."""
+    """Turns one composed document into data, collecting findings."""
 
     def __init__(self, source: Source, index: int) -> None:
         self.doc = Document(source, index, None)
@@ -133,14 +168,14 @@ class _Builder:
         self._exploded = False
 
     def build(self, root: Node) -> Document:
-        self.doc.data = self._value(root, ())
+        self.doc.root = root
+        self.doc.data = self._value(root)
         return self.doc
 
     def _error(self, node: Node, code: str, message: str, help: str | None = None) -> None:
         self.findings.append(self.doc.source.diagnostic(_position(node), code, message, help))
 
-    def _value(self, node: Node, path: Path_) -> Any:
-        self.doc.values.setdefault(path, _position(node))
+    def _value(self, node: Node) -> Any:
         if not self._enter(node):
             return None
         try:
@@ -148,9 +183,9 @@ class _Builder:
                 return self._scalar(node)
             if isinstance(node, SequenceNode):
                 self._check_tag(node, SEQ_TAG)
-                return [self._value(item, (*path, i)) for i, item in enumerate(node.value)]
+                return [self._value(item) for item in node.value]
             assert isinstance(node, MappingNode)
-            return self._mapping(node, path)
+            return self._mapping(node)
         finally:
             self._active.discard(id(node))
 
@@ -181,31 +216,32 @@ class _Builder:
             )
 
     def _scalar(self, node: ScalarNode) -> Any:
-        self._check_tag(node, STR_TAG)
+        if node.tag != STR_TAG:
+            self._check_tag(node, STR_TAG)
         value: str = node.value
         if node.style:  # quoted or block scalar (the C parser reports plain as '')
             return value
         return resolve_plain(value)
 
-    def _mapping(self, node: MappingNode, path: Path_) -> dict[str, Any]:
+    def _mapping(self, node: MappingNode) -> dict[str, Any]:
         self._check_tag(node, MAP_TAG)
         result: dict[str, Any] = {}
+        first: dict[str, Node] = {}
         for key_node, value_node in node.value:
-            key = self._key(key_node, result, path)
-            if key is None:
-                continue
-            self.doc.keys[(*path, key)] = _position(key_node)
-            result[key] = self._value(value_node, (*path, key))
+            key = self._key(key_node, first)
+            if key is not None:
+                first[key] = key_node
+                result[key] = self._value(value_node)
         return result
 
-    def _key(self, node: Node, existing: dict[str, Any], path: Path_) -> str | None:
+    def _key(self, node: Node, first: dict[str, Node]) -> str | None:
         if not isinstance(node, ScalarNode):
             self._error(
                 node, "FL004", "mapping keys must be plain strings, not a mapping or a list",
                 "write the key as a plain word such as `fetch`",
             )
             return None
-        if not node.style and node.value == "<<":
+        if _is_merge_key(node):
             self._error(
                 node, "FL005", "YAML merge keys (`<<`) are not supported",
                 "write the keys out; merges hide duplicates and overrides",
@@ -213,10 +249,10 @@ class _Builder:
             return None
         self._check_tag(node, STR_TAG)
         key: str = node.value
-        if key in existing:
-            first = self.doc.keys.get((*path, key))
-            where = f" (first defined at line {first.line})" if first else ""
-            self._error(node, "FL003", f"duplicate key `{key}`{where}", "remove one of the two")
+        if key in first:
+            line = _position(first[key]).line
+            self._error(node, "FL003", f"duplicate key `{key}` (first defined at line {line})",
+                        "remove one of the two")
             return None
         return key
 

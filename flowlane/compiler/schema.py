@@ -11,7 +11,7 @@ from typing import Any
 import jsonschema
 from jsonschema.exceptions import ValidationError
 
-from flowlane.compiler import names
+from flowlane.compiler import fastcheck, names
 from flowlane.compiler.diagnostics import Diagnostic
 from flowlane.compiler.loader import Document
 
@@ -24,7 +24,7 @@ _TYPE_NAMES = {
 
 def schema_text() -> str:
     """The published JSON Schema, exactly as shipped."""
-    return resources.files("flowlane.schemas").joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
+    return resources.files("flowlane").joinpath("schemas", SCHEMA_FILE).read_text(encoding="utf-8")
 
 
 @functools.cache
@@ -34,14 +34,50 @@ def schema() -> dict[str, Any]:
 
 
 @functools.cache
-def _validator() -> jsonschema.Draft202012Validator:
-    return jsonschema.Draft202012Validator(schema())
+def _validator(kind: str | None = None) -> jsonschema.Draft202012Validator:
+    """The root validator, or a faster one for one kind with every ``$ref`` inlined
+    (the schema has no recursive references; the published file keeps its ``$defs``)."""
+    root = schema()
+    if kind is None:
+        return jsonschema.Draft202012Validator(root)
+    return jsonschema.Draft202012Validator(_inline(root["$defs"][kind], root["$defs"]))
+
+
+def _inline(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_inline(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    inlined = {key: _inline(value, defs) for key, value in node.items() if key != "$ref"}
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        target = _inline(defs[ref.removeprefix("#/$defs/")], defs)
+        return {**target, **inlined}
+    return inlined
+
+
+@functools.cache
+def _fast(kind: str) -> fastcheck.Check:
+    return fastcheck.compile_schema(_validator(kind).schema)
+
+
+def is_valid(data: Any) -> bool:
+    """Whether ``data`` is a valid document (the fast check, confirmed by jsonschema)."""
+    kind = data.get("kind") if isinstance(data, dict) else None
+    if kind in ("flow", "alias", "worker") and _fast(kind)(data):
+        return True
+    return bool(_validator().is_valid(data))
 
 
 def validate_document(doc: Document) -> list[Diagnostic]:
     """Every schema finding of one document, each at the YAML position it concerns."""
+    data = doc.data
+    kind = data.get("kind") if isinstance(data, dict) else None
+    if kind in ("flow", "alias", "worker") and _fast(kind)(data):
+        return []
+    validator = _validator(kind if kind in ("flow", "alias", "worker") else None)
     findings: list[Diagnostic] = []
-    for error in _validator().iter_errors(doc.data):
+    for error in validator.iter_errors(data):
         findings.extend(_diagnose(doc, error))
     return findings
 

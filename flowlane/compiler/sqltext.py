@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Iterable
 from typing import Any
 
@@ -48,7 +49,25 @@ def jsonb(value: Any) -> Sql:
     if value is None:
         return Sql("null")
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return Sql(f"{quote(text)}::jsonb")
+    return Sql(f"{quote(_escape_invisible(text))}::jsonb")
+
+
+_INVISIBLE = frozenset({"Cc", "Cf", "Zl", "Zp", "Co", "Cn"})
+
+
+def _escape_invisible(text: str) -> str:
+    """JSON ``\\uXXXX`` escapes for control, format and line-separator characters, so a
+    rendered file has no invisible characters and no line breaks inside literals."""
+    if text.isprintable():
+        return text
+    return "".join(_json_escape(ch) if unicodedata.category(ch) in _INVISIBLE else ch
+                   for ch in text)
+
+
+def _json_escape(ch: str) -> str:
+    encoded = ch.encode("utf-16-be")
+    units = [int.from_bytes(encoded[i : i + 2], "big") for i in range(0, len(encoded), 2)]
+    return "".join(f"\\u{unit:04x}" for unit in units)
 
 
 def text_array(values: Iterable[str]) -> Sql:

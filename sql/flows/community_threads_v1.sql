@@ -2,6 +2,14 @@
 -- shape sha256: cd1e803ed94ff921050ff64419eb52e94dcfb0247fd5d104b357ce74c4d715e1
 begin;
 
+-- an existing flow must already have exactly this shape (a changed shape needs a new slug)
+select flowlane.ensure_flow_shape(
+  flow_slug => 'community_threads_v1',
+  shape => '{"queue_mode":"explicit","steps":[{"if":null,"needs":[],"queue":"classify_threads","slug":"fetch","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["fetch"],"queue":"classify_threads","slug":"classify","type":"map","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["classify","fetch"],"queue":"deliver_slack_alerts","slug":"deliver_slack","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
+)
+from flowlane.flows
+where flow_slug = 'community_threads_v1';
+
 select flowlane.create_flow(
   flow_slug => 'community_threads_v1',
   max_attempts => 3,
@@ -58,6 +66,7 @@ select flowlane.add_step(
   queue_name => 'deliver_slack_alerts'
 );
 
+-- the flow now has exactly this shape
 select flowlane.ensure_flow_shape(
   flow_slug => 'community_threads_v1',
   shape => '{"queue_mode":"explicit","steps":[{"if":null,"needs":[],"queue":"classify_threads","slug":"fetch","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["fetch"],"queue":"classify_threads","slug":"classify","type":"map","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["classify","fetch"],"queue":"deliver_slack_alerts","slug":"deliver_slack","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb

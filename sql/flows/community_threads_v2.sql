@@ -1,6 +1,14 @@
 -- flowlane compiled flow community_threads_v2 from flows/community_threads.yaml; do not edit: change the YAML and run `flowlane compile`
--- shape sha256: 2044113c4c3740f4a745aae48bc78438848af48e0e8e07596e2933e15f96dd2c
+-- shape sha256: 90879420874af5c6ff7b98a37597a49b00c90d89a03a1ea12aebd4697cdf4301
 begin;
+
+-- an existing flow must already have exactly this shape (a changed shape needs a new slug)
+select flowlane.ensure_flow_shape(
+  flow_slug => 'community_threads_v2',
+  shape => '{"queue_mode":"explicit","steps":[{"if":null,"needs":[],"queue":"classify_threads","slug":"fetch","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["fetch"],"queue":"classify_threads","slug":"classify","type":"map","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":{"classify":[{"label":"question"}]},"needs":["classify","fetch"],"queue":"deliver_slack_alerts","slug":"deliver_slack","type":"single","unless":{"classify":[{"label":"spam"}]},"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
+)
+from flowlane.flows
+where flow_slug = 'community_threads_v2';
 
 select flowlane.create_flow(
   flow_slug => 'community_threads_v2',
@@ -51,16 +59,17 @@ select flowlane.add_step(
   timeout => null,
   start_delay => null,
   step_type => 'single',
-  required_input_pattern => '{"fetch":{"urgent":true}}'::jsonb,
-  forbidden_input_pattern => '{"fetch":{"muted":true}}'::jsonb,
+  required_input_pattern => '{"classify":[{"label":"question"}]}'::jsonb,
+  forbidden_input_pattern => '{"classify":[{"label":"spam"}]}'::jsonb,
   when_unmet => 'skip',
   when_exhausted => 'fail',
   queue_name => 'deliver_slack_alerts'
 );
 
+-- the flow now has exactly this shape
 select flowlane.ensure_flow_shape(
   flow_slug => 'community_threads_v2',
-  shape => '{"queue_mode":"explicit","steps":[{"if":null,"needs":[],"queue":"classify_threads","slug":"fetch","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["fetch"],"queue":"classify_threads","slug":"classify","type":"map","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":{"fetch":{"urgent":true}},"needs":["classify","fetch"],"queue":"deliver_slack_alerts","slug":"deliver_slack","type":"single","unless":{"fetch":{"muted":true}},"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
+  shape => '{"queue_mode":"explicit","steps":[{"if":null,"needs":[],"queue":"classify_threads","slug":"fetch","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["fetch"],"queue":"classify_threads","slug":"classify","type":"map","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":{"classify":[{"label":"question"}]},"needs":["classify","fetch"],"queue":"deliver_slack_alerts","slug":"deliver_slack","type":"single","unless":{"classify":[{"label":"spam"}]},"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
 );
 
 commit;

@@ -2,6 +2,14 @@
 -- shape sha256: 4a92af6fa63b101cd0ff105e89f9119a37f2f4bb5d8d9d1dc956a8ee90faf700
 begin;
 
+-- an existing flow must already have exactly this shape (a changed shape needs a new slug)
+select flowlane.ensure_flow_shape(
+  flow_slug => 'diamond',
+  shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"diamond","slug":"split","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["split"],"queue":"diamond","slug":"square","type":"map","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["split"],"queue":"diamond","slug":"describe","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["describe","square"],"queue":"diamond","slug":"total","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":{"total":{"notify":true}},"needs":["total"],"queue":"diamond","slug":"notify","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
+)
+from flowlane.flows
+where flow_slug = 'diamond';
+
 select flowlane.create_flow(
   flow_slug => 'diamond',
   max_attempts => 3,
@@ -90,6 +98,7 @@ select flowlane.add_step(
   queue_name => 'diamond'
 );
 
+-- the flow now has exactly this shape
 select flowlane.ensure_flow_shape(
   flow_slug => 'diamond',
   shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"diamond","slug":"split","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["split"],"queue":"diamond","slug":"square","type":"map","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["split"],"queue":"diamond","slug":"describe","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["describe","square"],"queue":"diamond","slug":"total","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":{"total":{"notify":true}},"needs":["total"],"queue":"diamond","slug":"notify","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb

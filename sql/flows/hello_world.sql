@@ -2,6 +2,14 @@
 -- shape sha256: a311094021799c49ec5a66b46d59cd6f30f4623412db1b6f18289bce8266feaf
 begin;
 
+-- an existing flow must already have exactly this shape (a changed shape needs a new slug)
+select flowlane.ensure_flow_shape(
+  flow_slug => 'hello_world',
+  shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"hello_world","slug":"greet","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
+)
+from flowlane.flows
+where flow_slug = 'hello_world';
+
 select flowlane.create_flow(
   flow_slug => 'hello_world',
   max_attempts => 3,
@@ -26,6 +34,7 @@ select flowlane.add_step(
   queue_name => 'hello_world'
 );
 
+-- the flow now has exactly this shape
 select flowlane.ensure_flow_shape(
   flow_slug => 'hello_world',
   shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"hello_world","slug":"greet","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb

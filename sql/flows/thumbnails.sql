@@ -2,6 +2,14 @@
 -- shape sha256: 0846da06b9e9403c7b60e85558b6b4486ff3079b18846ffed0d72c45b9178227
 begin;
 
+-- an existing flow must already have exactly this shape (a changed shape needs a new slug)
+select flowlane.ensure_flow_shape(
+  flow_slug => 'thumbnails',
+  shape => '{"queue_mode":"per-step","steps":[{"if":null,"needs":[],"queue":"thumbnails__download","slug":"download","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["download"],"queue":"thumbnails__resize","slug":"resize","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["resize"],"queue":"thumbnails__publish","slug":"publish","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
+)
+from flowlane.flows
+where flow_slug = 'thumbnails';
+
 select flowlane.create_flow(
   flow_slug => 'thumbnails',
   max_attempts => 3,
@@ -58,6 +66,7 @@ select flowlane.add_step(
   queue_name => 'thumbnails__publish'
 );
 
+-- the flow now has exactly this shape
 select flowlane.ensure_flow_shape(
   flow_slug => 'thumbnails',
   shape => '{"queue_mode":"per-step","steps":[{"if":null,"needs":[],"queue":"thumbnails__download","slug":"download","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["download"],"queue":"thumbnails__resize","slug":"resize","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["resize"],"queue":"thumbnails__publish","slug":"publish","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb

@@ -8,6 +8,14 @@ commit;
 -- shape sha256: f7fc11b90d04c2cb37e526f851887dbe12309b90eb81a8d52e648d9f8165d50c
 begin;
 
+-- an existing flow must already have exactly this shape (a changed shape needs a new slug)
+select flowlane.ensure_flow_shape(
+  flow_slug => 'anchors',
+  shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"anchors","slug":"fetch","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":{"fetch":{"urgent":true}},"needs":["fetch"],"queue":"anchors","slug":"a","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["fetch"],"queue":"anchors","slug":"b","type":"single","unless":{"fetch":{"urgent":true}},"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
+)
+from flowlane.flows
+where flow_slug = 'anchors';
+
 select flowlane.create_flow(
   flow_slug => 'anchors',
   max_attempts => 3,
@@ -64,6 +72,7 @@ select flowlane.add_step(
   queue_name => 'anchors'
 );
 
+-- the flow now has exactly this shape
 select flowlane.ensure_flow_shape(
   flow_slug => 'anchors',
   shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"anchors","slug":"fetch","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":{"fetch":{"urgent":true}},"needs":["fetch"],"queue":"anchors","slug":"a","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["fetch"],"queue":"anchors","slug":"b","type":"single","unless":{"fetch":{"urgent":true}},"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb

@@ -8,6 +8,14 @@ commit;
 -- shape sha256: 26f89e2314c79372d31f30de741d56df958b21f1867262c970de50db15bcfdaf
 begin;
 
+-- an existing flow must already have exactly this shape (a changed shape needs a new slug)
+select flowlane.ensure_flow_shape(
+  flow_slug => 'options',
+  shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"options","slug":"first","type":"single","unless":null,"when_exhausted":"skip-cascade","when_unmet":"skip"},{"if":{"first":{"ok":true}},"needs":["first"],"queue":"options","slug":"second","type":"single","unless":null,"when_exhausted":"skip","when_unmet":"fail"}]}'::jsonb
+)
+from flowlane.flows
+where flow_slug = 'options';
+
 select flowlane.create_flow(
   flow_slug => 'options',
   max_attempts => 7,
@@ -48,6 +56,7 @@ select flowlane.add_step(
   queue_name => 'options'
 );
 
+-- the flow now has exactly this shape
 select flowlane.ensure_flow_shape(
   flow_slug => 'options',
   shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"options","slug":"first","type":"single","unless":null,"when_exhausted":"skip-cascade","when_unmet":"skip"},{"if":{"first":{"ok":true}},"needs":["first"],"queue":"options","slug":"second","type":"single","unless":null,"when_exhausted":"skip","when_unmet":"fail"}]}'::jsonb

@@ -8,6 +8,14 @@ commit;
 -- shape sha256: 66554045f3b3db83b54f85f98b970b2eb10927ee2bdd15ae74a4a55858449875
 begin;
 
+-- an existing flow must already have exactly this shape (a changed shape needs a new slug)
+select flowlane.ensure_flow_shape(
+  flow_slug => 'mapper',
+  shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"mapper","slug":"each","type":"map","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["each"],"queue":"mapper","slug":"sum","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
+)
+from flowlane.flows
+where flow_slug = 'mapper';
+
 select flowlane.create_flow(
   flow_slug => 'mapper',
   max_attempts => 3,
@@ -48,6 +56,7 @@ select flowlane.add_step(
   queue_name => 'mapper'
 );
 
+-- the flow now has exactly this shape
 select flowlane.ensure_flow_shape(
   flow_slug => 'mapper',
   shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"mapper","slug":"each","type":"map","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["each"],"queue":"mapper","slug":"sum","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb

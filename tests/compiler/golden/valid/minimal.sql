@@ -8,6 +8,14 @@ commit;
 -- shape sha256: edaf426bc7099e7ad3c1c53759cb32c2a9a34468504833d989263ba67f9a09d7
 begin;
 
+-- an existing flow must already have exactly this shape (a changed shape needs a new slug)
+select flowlane.ensure_flow_shape(
+  flow_slug => 'hello',
+  shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"hello","slug":"greet","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
+)
+from flowlane.flows
+where flow_slug = 'hello';
+
 select flowlane.create_flow(
   flow_slug => 'hello',
   max_attempts => 3,
@@ -32,6 +40,7 @@ select flowlane.add_step(
   queue_name => 'hello'
 );
 
+-- the flow now has exactly this shape
 select flowlane.ensure_flow_shape(
   flow_slug => 'hello',
   shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"hello","slug":"greet","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb

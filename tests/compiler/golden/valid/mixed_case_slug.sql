@@ -8,6 +8,14 @@ commit;
 -- shape sha256: 84b6c500c7e585843a2272d87c4d2a291f7eefe3f874ed7daad128936a7aec44
 begin;
 
+-- an existing flow must already have exactly this shape (a changed shape needs a new slug)
+select flowlane.ensure_flow_shape(
+  flow_slug => 'BillingFlow',
+  shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"billingflow","slug":"Charge","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
+)
+from flowlane.flows
+where flow_slug = 'BillingFlow';
+
 select flowlane.create_flow(
   flow_slug => 'BillingFlow',
   max_attempts => 3,
@@ -32,6 +40,7 @@ select flowlane.add_step(
   queue_name => 'billingflow'
 );
 
+-- the flow now has exactly this shape
 select flowlane.ensure_flow_shape(
   flow_slug => 'BillingFlow',
   shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"billingflow","slug":"Charge","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb

@@ -8,6 +8,14 @@ commit;
 -- shape sha256: 16e90469261b5974d16f38dd8c905e8148068ba5fe86a186c1063ab4beb2b5d9
 begin;
 
+-- an existing flow must already have exactly this shape (a changed shape needs a new slug)
+select flowlane.ensure_flow_shape(
+  flow_slug => 'a_rather_long_flow_slug_for_queues_x',
+  shape => '{"queue_mode":"per-step","steps":[{"if":null,"needs":[],"queue":"a_rather_long_flow_slug_for_queues_x__short","slug":"short","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["short"],"queue":"a_rather_long_flow_slug_for_queues_x__1","slug":"a_much_longer_step_name","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
+)
+from flowlane.flows
+where flow_slug = 'a_rather_long_flow_slug_for_queues_x';
+
 select flowlane.create_flow(
   flow_slug => 'a_rather_long_flow_slug_for_queues_x',
   max_attempts => 3,
@@ -48,6 +56,7 @@ select flowlane.add_step(
   queue_name => 'a_rather_long_flow_slug_for_queues_x__1'
 );
 
+-- the flow now has exactly this shape
 select flowlane.ensure_flow_shape(
   flow_slug => 'a_rather_long_flow_slug_for_queues_x',
   shape => '{"queue_mode":"per-step","steps":[{"if":null,"needs":[],"queue":"a_rather_long_flow_slug_for_queues_x__short","slug":"short","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["short"],"queue":"a_rather_long_flow_slug_for_queues_x__1","slug":"a_much_longer_step_name","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb

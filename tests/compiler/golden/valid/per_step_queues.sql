@@ -8,6 +8,14 @@ commit;
 -- shape sha256: 4aa15ec09336f10cf0462d86d18445cc85080d58acefad2b1cd2cf17fed027f4
 begin;
 
+-- an existing flow must already have exactly this shape (a changed shape needs a new slug)
+select flowlane.ensure_flow_shape(
+  flow_slug => 'media',
+  shape => '{"queue_mode":"per-step","steps":[{"if":null,"needs":[],"queue":"media__download","slug":"download","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["download"],"queue":"media__resize","slug":"resize","type":"map","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
+)
+from flowlane.flows
+where flow_slug = 'media';
+
 select flowlane.create_flow(
   flow_slug => 'media',
   max_attempts => 3,
@@ -48,6 +56,7 @@ select flowlane.add_step(
   queue_name => 'media__resize'
 );
 
+-- the flow now has exactly this shape
 select flowlane.ensure_flow_shape(
   flow_slug => 'media',
   shape => '{"queue_mode":"per-step","steps":[{"if":null,"needs":[],"queue":"media__download","slug":"download","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["download"],"queue":"media__resize","slug":"resize","type":"map","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb

@@ -8,6 +8,14 @@ commit;
 -- shape sha256: 043fd0b386ee0b42181f92bf3e9528caa8e6614647204a8c992d31045243942b
 begin;
 
+-- an existing flow must already have exactly this shape (a changed shape needs a new slug)
+select flowlane.ensure_flow_shape(
+  flow_slug => 'out_of_order',
+  shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"out_of_order","slug":"start","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["start"],"queue":"out_of_order","slug":"right","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["start"],"queue":"out_of_order","slug":"left","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["left","right"],"queue":"out_of_order","slug":"merge","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["merge"],"queue":"out_of_order","slug":"report","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
+)
+from flowlane.flows
+where flow_slug = 'out_of_order';
+
 select flowlane.create_flow(
   flow_slug => 'out_of_order',
   max_attempts => 3,
@@ -96,6 +104,7 @@ select flowlane.add_step(
   queue_name => 'out_of_order'
 );
 
+-- the flow now has exactly this shape
 select flowlane.ensure_flow_shape(
   flow_slug => 'out_of_order',
   shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"out_of_order","slug":"start","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["start"],"queue":"out_of_order","slug":"right","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["start"],"queue":"out_of_order","slug":"left","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["left","right"],"queue":"out_of_order","slug":"merge","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["merge"],"queue":"out_of_order","slug":"report","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb

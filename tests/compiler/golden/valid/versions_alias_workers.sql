@@ -15,6 +15,14 @@ commit;
 -- shape sha256: 67efe34b2fbe07f8be5b5e3d778fc679c16fc7925efb8c20702f8d86e28cb053
 begin;
 
+-- an existing flow must already have exactly this shape (a changed shape needs a new slug)
+select flowlane.ensure_flow_shape(
+  flow_slug => 'threads_v1',
+  shape => '{"queue_mode":"explicit","steps":[{"if":null,"needs":[],"queue":"threads_work","slug":"fetch","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["fetch"],"queue":"threads_alerts","slug":"notify","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
+)
+from flowlane.flows
+where flow_slug = 'threads_v1';
+
 select flowlane.create_flow(
   flow_slug => 'threads_v1',
   max_attempts => 3,
@@ -55,6 +63,7 @@ select flowlane.add_step(
   queue_name => 'threads_alerts'
 );
 
+-- the flow now has exactly this shape
 select flowlane.ensure_flow_shape(
   flow_slug => 'threads_v1',
   shape => '{"queue_mode":"explicit","steps":[{"if":null,"needs":[],"queue":"threads_work","slug":"fetch","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["fetch"],"queue":"threads_alerts","slug":"notify","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
@@ -65,6 +74,14 @@ commit;
 -- flowlane compiled flow threads_v2 from versions_alias_workers.yaml; do not edit: change the YAML and run `flowlane compile`
 -- shape sha256: 753f0667d396414d14b4137a7cdfdb6aa10a4e5ee06fb957f6d20f0b2f6aa228
 begin;
+
+-- an existing flow must already have exactly this shape (a changed shape needs a new slug)
+select flowlane.ensure_flow_shape(
+  flow_slug => 'threads_v2',
+  shape => '{"queue_mode":"explicit","steps":[{"if":null,"needs":[],"queue":"threads_work","slug":"fetch","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["fetch"],"queue":"threads_work","slug":"classify","type":"map","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":{"fetch":{"urgent":true}},"needs":["classify","fetch"],"queue":"threads_alerts","slug":"notify","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
+)
+from flowlane.flows
+where flow_slug = 'threads_v2';
 
 select flowlane.create_flow(
   flow_slug => 'threads_v2',
@@ -122,6 +139,7 @@ select flowlane.add_step(
   queue_name => 'threads_alerts'
 );
 
+-- the flow now has exactly this shape
 select flowlane.ensure_flow_shape(
   flow_slug => 'threads_v2',
   shape => '{"queue_mode":"explicit","steps":[{"if":null,"needs":[],"queue":"threads_work","slug":"fetch","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["fetch"],"queue":"threads_work","slug":"classify","type":"map","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":{"fetch":{"urgent":true}},"needs":["classify","fetch"],"queue":"threads_alerts","slug":"notify","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb

@@ -5,8 +5,16 @@ begin;
 commit;
 -- ==> flows/words.sql <==
 -- flowlane compiled flow words from yaml11_words_are_strings.yaml; do not edit: change the YAML and run `flowlane compile`
--- shape sha256: a7291b8e233756df32fdd41642a815fb2cadba4c1b6fa8a45516920d157e335e
+-- shape sha256: f90c76478219bf308bf0a4d7814af0741446dad486faa14108884b898205b347
 begin;
+
+-- an existing flow must already have exactly this shape (a changed shape needs a new slug)
+select flowlane.ensure_flow_shape(
+  flow_slug => 'words',
+  shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"words","slug":"on","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["on"],"queue":"words","slug":"yes","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["on"],"queue":"words","slug":"off","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":{"yes":{"answer":"no","code":"007","when":"2024-01-01"}},"needs":["off","yes"],"queue":"words","slug":"null","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
+)
+from flowlane.flows
+where flow_slug = 'words';
 
 select flowlane.create_flow(
   flow_slug => 'words',
@@ -73,16 +81,17 @@ select flowlane.add_step(
   timeout => null,
   start_delay => null,
   step_type => 'single',
-  required_input_pattern => '{"yes":{"answer":"no","code":7.0,"when":"2024-01-01"}}'::jsonb,
+  required_input_pattern => '{"yes":{"answer":"no","code":"007","when":"2024-01-01"}}'::jsonb,
   forbidden_input_pattern => null,
   when_unmet => 'skip',
   when_exhausted => 'fail',
   queue_name => 'words'
 );
 
+-- the flow now has exactly this shape
 select flowlane.ensure_flow_shape(
   flow_slug => 'words',
-  shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"words","slug":"on","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["on"],"queue":"words","slug":"yes","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["on"],"queue":"words","slug":"off","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":{"yes":{"answer":"no","code":7.0,"when":"2024-01-01"}},"needs":["off","yes"],"queue":"words","slug":"null","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
+  shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"words","slug":"on","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["on"],"queue":"words","slug":"yes","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["on"],"queue":"words","slug":"off","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":{"yes":{"answer":"no","code":"007","when":"2024-01-01"}},"needs":["off","yes"],"queue":"words","slug":"null","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
 );
 
 commit;

@@ -1,0 +1,251 @@
+"""``plan``, ``apply`` and ``verify``: the compiled project against a live database.
+
+Plan classifies every flow and alias: NEW_FLOW, NO_CHANGE, SAFE_OPTION_CHANGE,
+ALIAS_MOVE, NEW_VERSION_REQUIRED (refused), ONLY_IN_DATABASE (never deleted).
+Apply runs the reviewed SQL files (flows, then aliases) in one transaction.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from flowlane import errors
+from flowlane.compiler import analyze, api, check, render, shape
+from flowlane.compiler.model import Flow, Project
+from flowlane.core import db
+from flowlane.core.queries import query
+
+NEW_FLOW = "NEW_FLOW"
+NO_CHANGE = "NO_CHANGE"
+SAFE_OPTION_CHANGE = "SAFE_OPTION_CHANGE"
+ALIAS_MOVE = "ALIAS_MOVE"
+NEW_VERSION_REQUIRED = "NEW_VERSION_REQUIRED"
+ONLY_IN_DATABASE = "ONLY_IN_DATABASE"
+DRIFT = frozenset({NEW_FLOW, SAFE_OPTION_CHANGE, ALIAS_MOVE, NEW_VERSION_REQUIRED})
+_OPTIONS = ("max_attempts", "base_delay", "timeout")
+_STEP_OPTIONS = ("max_attempts", "base_delay", "timeout", "start_delay")
+
+
+@dataclass(frozen=True)
+class Change:
+    """One classified difference between the YAML and the database."""
+
+    kind: str
+    subject: str
+    details: tuple[str, ...] = ()
+
+    def render(self) -> str:
+        lines = [f"{self.kind:<21} {self.subject}"]
+        lines.extend(f"  {line}" for line in self.details)
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every change, flows first (by slug), then aliases, then database-only objects."""
+
+    changes: tuple[Change, ...]
+    database: str = ""
+
+    @property
+    def refused(self) -> bool:
+        return any(c.kind == NEW_VERSION_REQUIRED for c in self.changes)
+
+    @property
+    def drift(self) -> bool:
+        return any(c.kind in DRIFT for c in self.changes)
+
+    def render(self, *, verify: bool = False) -> str:
+        lines = [c.render() for c in self.changes]
+        counts: dict[str, int] = {}
+        for change in self.changes:
+            counts[change.kind] = counts.get(change.kind, 0) + 1
+        summary = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())) or "nothing"
+        lines.append(f"{'verify' if verify else 'plan'}: {summary}")
+        if self.refused:
+            lines.append("refused: a changed flow shape needs a new concrete slug "
+                         "(declare a new version and move its alias)")
+        elif verify:
+            lines.append("drift: the database differs from the YAML" if self.drift else
+                         "ok: the database matches the YAML")
+        return "\n".join(lines) + "\n"
+
+
+@dataclass
+class _State:
+    """What the database holds, read in one snapshot."""
+
+    flows: dict[str, dict[str, Any]] = field(default_factory=dict)
+    steps: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    aliases: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _read_state(conn: psycopg.Connection[Any]) -> _State:
+    with db.wrap_errors("reading the deployed flows"), conn.cursor(
+            row_factory=psycopg.rows.dict_row) as cur:
+        ready = cur.execute(query("deploy_schema_ready")).fetchone()
+        if not ready or not next(iter(ready.values())):
+            raise errors.DatabaseError(
+                "the database has no flowlane schema with aliases",
+                hint="run `flowlane db migrate` first")
+        state = _State()
+        for row in cur.execute(query("deploy_flows")).fetchall():
+            state.flows[row["flow_slug"]] = row
+        for row in cur.execute(query("deploy_steps")).fetchall():
+            state.steps[(row["flow_slug"], row["step_slug"])] = row
+        for row in cur.execute(query("deploy_aliases")).fetchall():
+            state.aliases[row["alias"]] = row
+    return state
+
+
+def _flow_change(flow: Flow, state: _State) -> Change:
+    subject = f"flow {flow.slug}"
+    row = state.flows.get(flow.slug)
+    if row is None:
+        return Change(NEW_FLOW, subject, (f"{len(flow.steps)} step(s) on "
+                                          + ", ".join(flow.queues),))
+    differences = shape.differences(row["shape"], shape.flow_shape(flow), "the database",
+                                    "the YAML")
+    if differences:
+        taken = [*state.flows, *state.aliases]
+        suggestion = ("declare the changed flow as a new version, e.g. "
+                      f"`{analyze.next_version_slug(flow.slug, taken)}`")
+        return Change(NEW_VERSION_REQUIRED, subject, (*differences, suggestion))
+    options = _option_differences(flow, row, state)
+    return Change(SAFE_OPTION_CHANGE, subject, options) if options else Change(NO_CHANGE, subject)
+
+
+def _option_differences(flow: Flow, row: dict[str, Any], state: _State) -> tuple[str, ...]:
+    found = []
+    for name in _OPTIONS:
+        old, new = row[f"opt_{name}"], getattr(flow, name)
+        if old != new:
+            found.append(f"{name}: {old} in the database, {new} in the YAML")
+    for step in flow.steps:
+        step_row = state.steps.get((flow.slug, step.slug), {})
+        for name in _STEP_OPTIONS:
+            old, new = step_row.get(f"opt_{name}"), getattr(step, name)
+            if old != new:
+                found.append(f"step {step.slug}: {name}: {_show(old)} in the database, "
+                             f"{_show(new)} in the YAML")
+    return tuple(found)
+
+
+def _show(value: Any) -> str:
+    return "inherited" if value is None else str(value)
+
+
+def _alias_changes(project: Project, state: _State) -> list[Change]:
+    changes = []
+    for alias in sorted(project.aliases, key=lambda a: a.slug):
+        subject = f"alias {alias.slug}"
+        row = state.aliases.get(alias.slug)
+        target = f"{alias.active} (draining: {', '.join(alias.draining) or 'none'})"
+        if row is None:
+            changes.append(Change(ALIAS_MOVE, subject, (f"new alias -> {target}",)))
+        elif row["flow_slug"] != alias.active or list(row["draining"]) != list(alias.draining):
+            was = f"{row['flow_slug']} (draining: {', '.join(row['draining']) or 'none'})"
+            changes.append(Change(ALIAS_MOVE, subject, (f"{was} -> {target}",)))
+        else:
+            changes.append(Change(NO_CHANGE, subject))
+    return changes
+
+
+def _only_in_database(project: Project, state: _State) -> list[Change]:
+    flows = {f.slug for f in project.flows}
+    aliases = {a.slug for a in project.aliases}
+    found = [Change(ONLY_IN_DATABASE, f"flow {slug}", ("kept: flowlane never deletes",))
+             for slug in state.flows if slug not in flows]
+    found += [Change(ONLY_IN_DATABASE, f"alias {slug}", ("kept: flowlane never deletes",))
+              for slug in state.aliases if slug not in aliases]
+    return found
+
+
+def plan_with(project: Project, conn: psycopg.Connection[Any]) -> Plan:
+    state = _read_state(conn)
+    changes = [_flow_change(f, state) for f in sorted(project.flows, key=lambda f: f.slug)]
+    changes += _alias_changes(project, state)
+    changes += _only_in_database(project, state)
+    return Plan(tuple(changes))
+
+
+def plan(project: Project, dsn: str | None = None) -> Plan:
+    """Compare the YAML with a live database (read-only)."""
+    target = db.resolve(dsn)
+    with db.connect(target) as conn:
+        conn.read_only = True
+        result = plan_with(project, conn)
+        conn.rollback()
+    return Plan(result.changes, db.redact(target.dsn))
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """What ``apply`` ran."""
+
+    plan: Plan
+    files: tuple[str, ...]
+
+    def render(self) -> str:
+        return (self.plan.render() + f"applied {len(self.files)} file(s) in one transaction: "
+                + ", ".join(self.files) + "\n")
+
+
+def _statements(text: str) -> str:
+    """A compiled file without its own ``begin;``/``commit;`` lines (apply wraps them all)."""
+    return "\n".join(line for line in text.split("\n") if line not in ("begin;", "commit;"))
+
+
+def _read(file: Path) -> str:
+    try:
+        return file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise errors.FlowlaneError(f"cannot read {file.as_posix()}: {exc.strerror or exc}",
+                                   hint="run `flowlane compile`") from exc
+
+
+def _ordered_files(out: Path, project: Project) -> list[Path]:
+    flows = [out / render.flow_path(f.slug) for f in sorted(project.flows, key=lambda f: f.slug)]
+    return [*flows, out / render.ALIASES_FILE]
+
+
+def apply(paths: Sequence[str | os.PathLike[str]] | None, out: str | os.PathLike[str] = "sql",
+          dsn: str | None = None) -> ApplyResult:
+    """Apply the compiled SQL files in one transaction; refuses stale files and shape changes."""
+    project = api.load_project(paths)
+    stale = check.stale_files(api.compile_project(project), Path(out))
+    if stale:
+        listed = ", ".join(f"{s.path} ({s.reason})" for s in stale)
+        raise errors.StaleOutputError(f"compiled SQL is stale against the YAML: {listed}",
+                                      hint="run `flowlane compile`, review and commit the SQL")
+    files = _ordered_files(Path(out), project)
+    target = db.resolve(dsn)
+    with db.connect(target) as conn:
+        result = _apply_files(conn, project, files)
+    return result
+
+
+def _apply_files(conn: psycopg.Connection[Any], project: Project,
+                 files: Iterable[Path]) -> ApplyResult:
+    with conn.transaction():
+        with db.wrap_errors("apply"):
+            conn.execute(query("deploy_lock"))
+        current = plan_with(project, conn)
+        if current.refused:
+            raise errors.DeployRefused(
+                "apply refused: " + "; ".join(c.subject for c in current.changes
+                                              if c.kind == NEW_VERSION_REQUIRED)
+                + " changed shape in the database", hint="run `flowlane plan` for details")
+        applied = []
+        for file in files:
+            body = _statements(_read(file))
+            with db.wrap_errors(f"apply {file.as_posix()}"):
+                conn.execute(body)  # a reviewed, compiled file (package-independent text)
+            applied.append(file.as_posix())
+    return ApplyResult(current, tuple(applied))

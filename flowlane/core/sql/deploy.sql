@@ -1,0 +1,23 @@
+-- name: deploy_schema_ready
+select to_regclass('flowlane.aliases') is not null
+   and to_regprocedure('flowlane.get_flow_shape(text)') is not null
+
+-- name: deploy_flows
+select f.flow_slug, f.opt_max_attempts, f.opt_base_delay, f.opt_timeout,
+       flowlane.get_flow_shape(f.flow_slug) as shape
+from flowlane.flows f
+order by f.flow_slug collate "C"
+
+-- name: deploy_steps
+select s.flow_slug, s.step_slug, s.opt_max_attempts, s.opt_base_delay, s.opt_timeout,
+       s.opt_start_delay
+from flowlane.steps s
+order by s.flow_slug collate "C", s.step_index
+
+-- name: deploy_aliases
+select a.alias, a.flow_slug, a.draining
+from flowlane.aliases a
+order by a.alias collate "C"
+
+-- name: deploy_lock
+select pg_advisory_xact_lock(hashtext('flowlane.apply'))

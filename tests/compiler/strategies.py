@@ -1,0 +1,73 @@
+"""Hypothesis strategies for flow documents, and a YAML writer that round-trips exactly."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from hypothesis import strategies as st
+
+SLUG = st.from_regex(r"[a-z](?:[a-z0-9]|_[a-z0-9]){0,6}", fullmatch=True).filter(
+    lambda s: s != "run"
+)
+QUEUE = st.from_regex(r"q(?:[a-z0-9]|_[a-z0-9]){0,5}", fullmatch=True)
+TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+               max_size=20)
+JSON_SCALAR = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**53), 2**53),
+    st.floats(allow_nan=False, allow_infinity=False, width=32), TEXT,
+)
+JSON_VALUE = st.recursive(
+    JSON_SCALAR,
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(TEXT, inner, max_size=3)),
+    max_leaves=8,
+)
+CONDITION = st.dictionaries(TEXT, JSON_VALUE, min_size=1, max_size=3)
+_PAIR = re.compile(r"\\u(d[89ab][0-9a-f]{2})\\u(d[c-f][0-9a-f]{2})")
+
+
+def to_yaml(document: Any) -> str:
+    """JSON text (valid YAML) with astral characters as YAML ``\\U`` escapes."""
+    text = json.dumps(document, ensure_ascii=True)
+
+    def astral(match: re.Match[str]) -> str:
+        pair = chr(int(match[1], 16)) + chr(int(match[2], 16))
+        char = pair.encode("utf-16", "surrogatepass").decode("utf-16")
+        return f"\\U{ord(char):08x}"
+
+    return _PAIR.sub(astral, text)
+
+
+@st.composite
+def flow_documents(draw: st.DrawFn, slug: str | None = None) -> dict[str, Any]:
+    """A valid ``kind: flow`` document: a random DAG declared in a random order."""
+    flow_slug = slug or "f" + draw(SLUG)
+    steps = draw(st.lists(SLUG, min_size=1, max_size=7, unique_by=str.lower))
+    specs: dict[str, dict[str, Any]] = {}
+    for index, step in enumerate(steps):
+        needs = draw(st.lists(st.sampled_from(steps[:index]), unique=True, max_size=3)
+                     ) if index else []
+        spec: dict[str, Any] = {"handler": f"pkg.mod:{step}"}
+        if needs:
+            spec["needs"] = needs
+        if len(needs) <= 1 and draw(st.booleans()):
+            spec["type"] = "map"
+        if draw(st.integers(0, 3)) == 0:
+            spec["if"] = draw(CONDITION)
+            spec["when_unmet"] = draw(st.sampled_from(["skip", "skip-cascade", "fail"]))
+        if draw(st.integers(0, 3)) == 0:
+            spec["unless"] = draw(CONDITION)
+        if draw(st.booleans()):
+            spec["timeout"] = draw(st.integers(3, 10_000))
+        specs[step] = spec
+    order = draw(st.permutations(steps))
+    document: dict[str, Any] = {"kind": "flow", "slug": flow_slug,
+                                "steps": {s: specs[s] for s in order}}
+    routing = draw(st.sampled_from(["default", "flow", "per-step", "explicit"]))
+    if routing == "explicit":
+        document["queues"] = {s: draw(QUEUE) for s in order}
+    elif routing != "default":
+        document["queues"] = routing
+    return document

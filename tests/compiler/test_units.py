@@ -1,0 +1,112 @@
+"""Unit tests: loader positions and scalars, names, SQL literals, schema, shape, order."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flowlane.compiler import graph_order, loader, names, schema, shape, sqltext
+from flowlane.compiler.analyze import next_version_slug
+
+
+def test_positions_of_values_and_keys() -> None:
+    docs, found = loader.load_text("kind: flow\nsteps:\n  a:\n    needs: [x, y]\n", "f.yaml")
+    assert not found
+    doc = docs[0]
+    assert doc.at(("steps", "a", "needs", 1)) == loader.Position(4, 16)
+    assert doc.key_at(("steps", "a")) == loader.Position(3, 3)
+    assert doc.at(("steps", "a", "missing")) == loader.Position(4, 5)
+
+
+def test_plain_scalars_resolve_conservatively() -> None:
+    cases = {"yes": "yes", "on": "on", "~": None, "": None, "true": True, "False": False,
+             "12": 12, "-3": -3, "007": "007", "1.5": 1.5, "1e3": 1000.0, "1e999": "1e999",
+             "0x10": "0x10", "2024-01-01": "2024-01-01", ".inf": ".inf", "1_000": "1_000"}
+    for text, expected in cases.items():
+        assert loader.resolve_plain(text) == expected, text
+        assert type(loader.resolve_plain(text)) is type(expected)
+
+
+def test_crlf_and_bom_files(tmp_path: Path) -> None:
+    file = tmp_path / "f.yaml"
+    file.write_bytes(b"\xef\xbb\xbfkind: flow\r\nslug: a\r\n")
+    docs, found = loader.load_file(file, "f.yaml")
+    assert not found and docs[0].data == {"kind": "flow", "slug": "a"}
+
+
+def test_discover_skips_hidden_and_non_yaml(tmp_path: Path) -> None:
+    (tmp_path / ".hidden").mkdir()
+    (tmp_path / ".hidden" / "x.yaml").write_text("kind: flow\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.yml").write_text("a: 1\n")
+    (tmp_path / "a.yaml").write_text("a: 1\n")
+    (tmp_path / "notes.txt").write_text("x")
+    files, found = loader.discover([tmp_path])
+    assert [f.name for f in files] == ["a.yaml", "b.yml"] and not found
+    _files, found = loader.discover([tmp_path / "missing"])
+    assert found[0].code == "FL008"
+
+
+def test_names() -> None:
+    assert names.slug_problem("fetch") is None
+    assert names.slug_problem("Run") is not None
+    assert names.slug_problem("a" * 129) is not None
+    assert names.queue_problem("classify_threads") is None
+    problem = names.queue_problem("Classify Threads!")
+    assert problem is not None and "`classify_threads`" in problem.help
+    assert names.canonical_queue("9lives") == "q_9lives"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")))
+def test_quote_round_trips(value: str) -> None:
+    quoted = sqltext.quote(value)
+    assert sqltext.unquote(quoted) == value
+    assert quoted.startswith(("'", "E'"))
+
+
+def test_literals() -> None:
+    assert sqltext.literal(None) == "null" and sqltext.literal(True) == "true"
+    assert sqltext.literal(7) == "7" and sqltext.literal("a'b") == "'a''b'"
+    assert sqltext.literal("a\\b") == "E'a\\\\b'"
+    assert sqltext.text_array([]) == "array[]::text[]"
+    assert sqltext.text_array(["a", "b'"]) == "array['a', 'b''']::text[]"
+    assert sqltext.jsonb({"b": 1, "a": "x"}) == "'{\"a\":\"x\",\"b\":1}'::jsonb"
+    assert sqltext.comment("a\nb") == "a?b"
+
+
+def test_shipped_schema_is_a_valid_draft_2020_12_schema() -> None:
+    loaded = json.loads(schema.schema_text())
+    jsonschema.Draft202012Validator.check_schema(loaded)
+    for name, definition in loaded["$defs"].items():
+        if name not in ("mode",):
+            assert "description" in definition, name
+    for name in ("flow", "alias", "worker"):
+        for example in loaded["$defs"][name]["examples"]:
+            assert not list(jsonschema.Draft202012Validator(loaded).iter_errors(example))
+
+
+def test_stable_order_takes_the_earliest_declared_ready_step() -> None:
+    declared = ["d", "c", "b", "a"]
+    needs = {"d": ["a"], "c": [], "b": ["c"], "a": []}
+    assert graph_order.stable_order(declared, needs) == ["c", "b", "a", "d"]
+
+
+def test_shape_differences_are_readable() -> None:
+    old = {"queue_mode": "flow", "steps": [{"slug": "a", "type": "single"}]}
+    new = {"queue_mode": "per-step", "steps": [{"slug": "a", "type": "map"}, {"slug": "b"}]}
+    assert shape.differences(old, new) == [
+        "queue_mode: flow in the database, per-step in the given shape",
+        "step count: 1 in the database, 2 in the given shape",
+        "step 0 (a): type is single in the database, map in the given shape",
+    ]
+
+
+def test_next_version_slug() -> None:
+    assert next_version_slug("foo") == "foo_v2"
+    assert next_version_slug("foo_v2") == "foo_v3"
+    assert next_version_slug("foo_v2", ["foo_v3"]) == "foo_v4"
