@@ -10,16 +10,16 @@ from typing import Any
 def render_run(state: dict[str, Any]) -> str:
     run = state["run"]
     lines = [
-        f"run     {run['run_id']}",
-        f"flow    {run['flow_slug']}",
-        f"status  {run['status']}",
-        f"started {run.get('started_at')}",
+        f"{'run':<10}{run['run_id']}",
+        f"{'flow':<10}{run['flow_slug']}",
+        f"{'status':<10}{run['status']}",
+        f"{'started':<10}{run.get('started_at')}",
     ]
     for key in ("completed_at", "failed_at"):
         if run.get(key):
-            lines.append(f"{key.split('_')[0]:<7} {run[key]}")
+            lines.append(f"{key.split('_')[0]:<10}{run[key]}")
     if run.get("error_message"):
-        lines.append(f"error   {run['error_message']}")
+        lines.append(f"{'error':<10}{run['error_message']}")
     tasks_by_step: dict[str, Counter[str]] = {}
     attempts: dict[str, int] = {}
     for task in state.get("tasks", []):

@@ -7,6 +7,7 @@ import contextlib
 import inspect
 import json
 import logging
+import queue
 import threading
 import time
 import traceback
@@ -83,7 +84,9 @@ def describe(exc: BaseException) -> str:
     return text[:MAX_ERROR_CHARS]
 
 
-async def execute(task: ClaimedTask, handler: Registered, ctx: TaskContext) -> TaskResult:
+async def execute(
+    task: ClaimedTask, handler: Registered, ctx: TaskContext, threads: HandlerThreads
+) -> TaskResult:
     """Run the handler; exceptions and unserialisable outputs become a failed result."""
     started = time.monotonic()
     log.event(logging.INFO, "task_started", **task.fields)
@@ -91,7 +94,7 @@ async def execute(task: ClaimedTask, handler: Registered, ctx: TaskContext) -> T
         if handler.is_async:
             output = await handler.func(task.input, ctx)
         else:
-            output = await run_in_thread(handler.func, task.input, ctx)
+            output = await threads.submit(handler.func, task.input, ctx)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - any handler error fails the task
@@ -133,39 +136,59 @@ class HandlerCrashed(Exception):
     """A sync handler raised a BaseException that is not an Exception (e.g. SystemExit)."""
 
 
-def run_in_thread(func: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-    """Run a sync handler in a daemon thread.
+class HandlerThreads:
+    """A fixed set of daemon threads for sync handlers (one per handler slot).
 
-    Daemon threads (not an executor) so that a handler abandoned at shutdown
-    never keeps the process alive: its task is left to stalled recovery.
+    Daemon threads, not a ``ThreadPoolExecutor``: a handler abandoned at
+    shutdown must never keep the process alive (its task is left to stalled
+    recovery). Started once: starting a thread per task blocks the event loop
+    until the new thread is scheduled.
     """
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[Any] = loop.create_future()
 
-    def settle(value: Any, error: BaseException | None) -> None:
-        if future.done():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(value)
+    def __init__(self, size: int) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"flowlane-handler-{i}", daemon=True)
+            for i in range(size)
+        ]
+        for thread in self._threads:
+            thread.start()
 
-    def target() -> None:
-        value: Any = None
-        error: BaseException | None = None
-        try:
-            value = func(*args)
-            if inspect.isawaitable(value):
-                value = asyncio.run(_await(value))
-        except Exception as exc:  # noqa: BLE001 - any handler error fails the task
-            error = exc
-        except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt in a handler
-            error = HandlerCrashed(describe(exc))
-        with contextlib.suppress(RuntimeError):  # the loop is gone: the task was abandoned
-            loop.call_soon_threadsafe(settle, value, error)
+    def submit(self, func: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._jobs.put((loop, future, func, args))
+        return future
 
-    threading.Thread(target=target, name="flowlane-handler", daemon=True).start()
-    return future
+    def close(self) -> None:
+        """Let idle threads exit; busy (abandoned) ones end with the process."""
+        for _ in self._threads:
+            self._jobs.put(None)
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            loop, future, func, args = job
+            value: Any = None
+            error: BaseException | None = None
+            try:
+                value = func(*args)
+                if inspect.isawaitable(value):
+                    value = asyncio.run(_await(value))
+            except Exception as exc:  # noqa: BLE001 - any handler error fails the task
+                error = exc
+            except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt in a handler
+                error = HandlerCrashed(describe(exc))
+            with contextlib.suppress(RuntimeError):  # the loop is gone: the task was abandoned
+                loop.call_soon_threadsafe(_settle, future, value, error)
+
+
+def _settle(future: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
+    if future.done():  # cancelled: abandoned at shutdown
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
 
 
 async def _await(value: Any) -> Any:

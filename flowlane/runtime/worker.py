@@ -49,7 +49,7 @@ from flowlane.runtime.registry import HandlerRegistry
 from flowlane.runtime.results import ResultSender
 from flowlane.runtime.selection import Selection, select
 from flowlane.runtime.store import TRANSIENT, Store
-from flowlane.runtime.tasks import ClaimedTask, TaskResult, describe, execute
+from flowlane.runtime.tasks import ClaimedTask, HandlerThreads, TaskResult, describe, execute
 
 DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
 MAX_POLL_WINDOW = 2  # seconds
@@ -100,6 +100,8 @@ class Worker:
         self.heartbeat_interval = heartbeat_interval
         # read_with_poll's window while notifications are off or down: short, so a stop or a
         # recovered notification connection is noticed quickly
+        # while handlers run, read only once at least half a batch of slots is free
+        self._min_read = max(1, min(self.batch_size, self.max_concurrent) // 2)
         self._poll_window = max(1, min(int(poll_interval), MAX_POLL_WINDOW))
         self.requeue_interval = requeue_interval
         self.import_paths = [str(Path(self.project.root).resolve()), *import_paths]
@@ -229,6 +231,7 @@ class Worker:
         self._store = store
         self._registry = registry
         self._sender = ResultSender(store, self.worker_id, self.stats)
+        self._threads = HandlerThreads(self.max_concurrent)
         # LISTEN before the first read, so that nothing inserted after that read goes unnoticed
         listening = await self._listen() if self.notify else None
         self._notify_live = listening is not None
@@ -256,6 +259,7 @@ class Worker:
         for helper in helpers:
             helper.cancel()
         await asyncio.gather(poller, flusher, *helpers, return_exceptions=True)
+        self._threads.close()
         try:
             with contextlib.suppress(*TRANSIENT):
                 await asyncio.wait_for(store.mark_stopped(self.worker_id), timeout=5)
@@ -314,7 +318,7 @@ class Worker:
         while not self._stopping.is_set():
             self._capacity.clear()  # before counting: a handler finishing now sets it again
             free = self.max_concurrent - len(self._in_flight)
-            if free <= 0:
+            if free < self._min_read:  # busy: wait for a worthwhile batch instead of a trickle
                 await self._pause(60.0, self._capacity)
                 continue
             notified = self._notify_live
@@ -377,7 +381,7 @@ class Worker:
         )
 
         async def run_one() -> None:
-            self._results.put_nowait(await execute(task, registered, ctx))
+            self._results.put_nowait(await execute(task, registered, ctx, self._threads))
 
         handle = asyncio.create_task(run_one())
         self._in_flight.add(handle)

@@ -44,7 +44,7 @@ def test_start_runs_and_run_in_text_and_json(
         "alert": "completed",
     }
     text = flowlane("run", run_id, "--dsn", flows_dsn).stdout
-    assert "status  completed" in text and '"sum_of_squares": 30' in text
+    assert "status    completed" in text and '"sum_of_squares": 30' in text
     assert "alert" in text and "4 completed" in text  # the map step's tasks
 
     listed = flowlane("runs", "--dsn", flows_dsn, "--format", "json")
