@@ -76,11 +76,11 @@ class WorkerProcess:
                 "-m",
                 "flowlane",
                 "worker",
+                "--log-level",
+                "DEBUG",  # a test may override it: the last occurrence wins
                 *args,
                 "--dsn",
                 dsn,
-                "--log-level",
-                "DEBUG",
             ],
             cwd=cwd,
             env=env(),
@@ -95,7 +95,7 @@ class WorkerProcess:
         def ready() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.text()}")
-            return " worker_started " in self.text()
+            return "worker_started" in self.text()
 
         wait_until(ready, timeout=timeout, message=f"worker {self.args} to start")
         return self

@@ -78,8 +78,7 @@ def test_missing_handlers_refuse_with_yaml_locations() -> None:
     text = str(info.value)
     assert (
         "flows/f.yaml:8: handler no_such_module_xyz:run of step f.b: "
-        "module 'no_such_module_xyz' not found"
-        in text
+        "module 'no_such_module_xyz' not found" in text
     )
     assert "flows/f.yaml:11: handler json:no_such_attr of step f.c" in text
     assert "flows/f.yaml:5" not in text

@@ -28,8 +28,7 @@ def test_missing_handlers_refuse_to_start_naming_the_yaml_line(dsn: str, tmp_pat
     assert "flows/app.yaml:8: handler app_handlers:nope of step broken.b" in result.stderr
     assert (
         "flows/app.yaml:11: handler missing_module:c of step broken.c: "
-        "module 'missing_module' not found"
-        in result.stderr
+        "module 'missing_module' not found" in result.stderr
     )
     assert "Traceback" not in result.stderr
     with psycopg.connect(dsn, autocommit=True) as conn:

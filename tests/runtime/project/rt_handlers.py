@@ -9,6 +9,7 @@ executions of the dependent step.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -93,3 +94,22 @@ async def async_noop(item: Any, ctx: TaskContext) -> Any:
 
 def bad_output(input: Any, ctx: TaskContext) -> Any:
     return {"not json": {1, 2, 3}}
+
+
+GAUGE = {"now": 0, "peak": 0}
+_GAUGE_LOCK = threading.Lock()
+
+
+def gauge(item: Any, ctx: TaskContext) -> int:
+    """Count handlers running at once; each waits until a few others have started too."""
+    with _GAUGE_LOCK:
+        GAUGE["now"] += 1
+        GAUGE["peak"] = max(GAUGE["peak"], GAUGE["now"])
+    try:
+        deadline = time.monotonic() + 2
+        while GAUGE["peak"] < 3 and time.monotonic() < deadline:
+            ctx.shutdown.wait(0.005)
+        return int(item)
+    finally:
+        with _GAUGE_LOCK:
+            GAUGE["now"] -= 1
