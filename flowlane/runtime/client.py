@@ -16,6 +16,7 @@ from psycopg.rows import dict_row
 from flowlane import errors
 from flowlane.core import db
 from flowlane.core.queries import query
+from flowlane.runtime import hints
 
 TERMINAL = ("completed", "failed")
 
@@ -79,7 +80,7 @@ class Client:
         self.close()
 
     def _rows(self, name: str, action: str, **params: Any) -> list[dict[str, Any]]:
-        with db.wrap_errors(action):
+        with hints.migrate_hint(), db.wrap_errors(action):
             return self._connection().execute(query(name), params).fetchall()
 
     def start_run(self, flow: str, input: Any = None, *, run_id: str | None = None) -> str:

@@ -40,7 +40,7 @@ import psycopg
 
 from flowlane import errors
 from flowlane.core import db
-from flowlane.runtime import log
+from flowlane.runtime import hints, log
 from flowlane.runtime.backoff import Backoff
 from flowlane.runtime.context import TaskContext
 from flowlane.runtime.model import RuntimeProject
@@ -191,7 +191,7 @@ class Worker:
             self._force.set()
 
     async def _startup(self, store: Store) -> None:
-        with db.wrap_errors("worker startup"):
+        with hints.migrate_hint(), db.wrap_errors("worker startup"):
             problems: list[str] = []
             for slug, flow in sorted(self.project.flows.items()):
                 result = await store.ensure_flow_compiled(slug, flow.shape)

@@ -95,3 +95,16 @@ def test_unserialisable_output_fails_the_task_clearly(flows_dsn: str, spawn: Spa
         "handler returned a value that is not JSON-serialisable"
     )
     assert "set" in task["error_message"]
+
+
+def test_one_worker_serves_two_flows_on_a_shared_queue(flows_dsn: str, spawn: Spawn) -> None:
+    jobs = spawn("--queue", "rt_jobs")
+    side = spawn("--queue", "rt_side")
+    a = start_run(flows_dsn, "rt_shared_a", {"value": 4})
+    b = start_run(flows_dsn, "rt_shared_b", {"value": 7})
+    state_a = wait_run(flows_dsn, a, workers=[jobs, side])
+    state_b = wait_run(flows_dsn, b, workers=[jobs, side])
+    assert step(state_a, "one")["output"]["pid"] == jobs.proc.pid
+    assert step(state_a, "two")["output"] == {"pid": side.proc.pid, "value": 5}
+    assert step(state_b, "only")["output"] == {"pid": jobs.proc.pid, "value": 7}
+    assert "name=rt_jobs_worker" in jobs.text() and "max_concurrent=3" in jobs.text()

@@ -7,8 +7,9 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 
+import psycopg
 import pytest
-from rt_support import PROJECT, WorkerProcess, start_run, step, wait_run
+from rt_support import PROJECT, WorkerProcess, start_run, step, wait_run, wait_until
 
 from flowlane.runtime import project
 from flowlane.runtime.worker import Worker
@@ -64,3 +65,41 @@ def test_json_logs_carry_ids_and_never_payloads(
     assert all(e["run_id"] == run_id and "task_index" in e and "attempt" in e for e in completed)
     text = worker.text()
     assert str(secret) not in text and "s3cr3t" not in text
+
+
+def test_heartbeats_and_deprecation_stop_the_worker(flows_dsn: str) -> None:
+    worker = Worker(
+        project.load(PROJECT / "flows"),
+        flow="rt_diamond",
+        dsn=flows_dsn,
+        heartbeat_interval=0.05,
+        handle_signals=False,
+        import_paths=[str(PROJECT)],
+    )
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        assert worker.ready.wait(60)
+        with psycopg.connect(flows_dsn, autocommit=True) as conn:
+
+            def beats() -> bool:
+                row = conn.execute(
+                    "select last_heartbeat_at > started_at from flowlane.workers"
+                    " where worker_id = %s",
+                    (worker.worker_id,),
+                ).fetchone()
+                return bool(row and row[0])
+
+            wait_until(beats, message="a heartbeat")
+            conn.execute(
+                "update flowlane.workers set deprecated_at = now() where worker_id = %s",
+                (worker.worker_id,),
+            )
+        thread.join(60)  # the next heartbeat sees the deprecation and stops gracefully
+        assert not thread.is_alive()
+        with psycopg.connect(flows_dsn, autocommit=True) as conn:
+            row = conn.execute("select stopped_at is not null from flowlane.workers").fetchone()
+        assert row == (True,)
+    finally:
+        worker.stop()
+        thread.join(60)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from rt_support import flowlane
@@ -65,3 +66,17 @@ def test_shape_mismatch_refuses_to_start_listing_differences(dsn: str, tmp_path:
         and "step count: 2 in the database, 1 in the given shape" in result.stderr
     )
     assert "new flow slug" in result.stderr
+
+
+def test_unmigrated_database_gets_a_migrate_hint(db_factory: Any, tmp_path: Path) -> None:
+    bare = db_factory("none")  # PGMQ only, no flowlane schema
+    root = _project(
+        tmp_path,
+        "kind: flow\nslug: plain\nsteps:\n  a:\n    handler: app_handlers:a\n",
+        "def a(input, ctx):\n    return 1\n",
+    )
+    worker = flowlane("worker", "--flow", "plain", "--dsn", bare, cwd=root)
+    assert worker.returncode == 1 and "hint: " in worker.stderr
+    assert "flowlane db migrate" in worker.stderr and "Traceback" not in worker.stderr
+    start = flowlane("start", "plain", "--dsn", bare, cwd=root)
+    assert start.returncode == 1 and "flowlane db migrate" in start.stderr

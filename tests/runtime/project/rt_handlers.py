@@ -60,6 +60,10 @@ def second(input: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
     return {"pid": os.getpid(), "value": input["first"]["value"] + 1}
 
 
+def after_one(input: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    return {"pid": os.getpid(), "value": input["one"]["value"] + 1}
+
+
 def third(input: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
     return {"pid": os.getpid(), "value": input["second"]["value"] * 10}
 
