@@ -1,6 +1,6 @@
 """Engine throughput against raw PGMQ on the same embedded database, in one run.
 
-    python benchmarks/engine_throughput.py [--messages N] [--runs N] [--to VERSION]
+    python benchmarks/engine_throughput.py [--messages N] [--runs N] [--rounds N] [--to VERSION]
 
 (a) raw PGMQ: send N messages one by one, then read batches of 10 and
     archive each message: messages/s for the full send + read + archive cycle.
@@ -8,6 +8,9 @@
     complete_task per task) for a 1-step and a 3-step chain flow:
     start_flow runs/s, tasks/s for the drive, and end-to-end tasks/s
     (start_flow included), and the ratio of engine tasks/s to raw messages/s.
+
+The workloads run interleaved in rounds (rotating order), so that load from
+other processes on a shared machine affects (a) and (b) alike.
 
 Every call is its own autocommit transaction, like a worker's. The database
 is a fresh embedded PostgreSQL in a temporary directory, removed afterwards.
@@ -48,9 +51,8 @@ def load_queries() -> dict[str, LiteralString]:
 Q = load_queries()
 
 
-def raw_pgmq(conn: psycopg.Connection[Any], messages: int) -> float:
-    """Messages per second for send + read + archive."""
-    conn.execute(Q["create_queue"], {"queue": "bench_raw"})
+def raw_round(conn: psycopg.Connection[Any], messages: int) -> float:
+    """Seconds to send ``messages`` one by one, then read them in batches of 10 and archive each."""
     start = time.perf_counter()
     for i in range(messages):
         conn.execute(Q["send"], {"queue": "bench_raw", "body": Jsonb({"i": i})})
@@ -62,15 +64,21 @@ def raw_pgmq(conn: psycopg.Connection[Any], messages: int) -> float:
         for msg_id in ids:
             conn.execute(Q["archive"], {"queue": "bench_raw", "msg_id": msg_id})
         done += len(ids)
-    return messages / (time.perf_counter() - start)
+    return time.perf_counter() - start
 
 
-def engine(conn: psycopg.Connection[Any], flow: str, steps: int, runs: int) -> dict[str, float]:
-    conn.execute(Q["create_flow"], {"flow": flow})
-    for i in range(steps):
-        deps = [f"s{i - 1}"] if i else []
-        conn.execute(Q["add_step"], {"flow": flow, "step": f"s{i}", "deps": deps})
-    worker_id = uuid.uuid4()
+def define(conn: psycopg.Connection[Any], flow: str, steps: int) -> None:
+    with conn.transaction():
+        conn.execute(Q["create_flow"], {"flow": flow})
+        for i in range(steps):
+            deps = [f"s{i - 1}"] if i else []
+            conn.execute(Q["add_step"], {"flow": flow, "step": f"s{i}", "deps": deps})
+
+
+def engine_round(
+    conn: psycopg.Connection[Any], flow: str, runs: int, worker_id: uuid.UUID
+) -> tuple[float, float, int]:
+    """(seconds in start_flow, seconds driving the queue empty, tasks completed)."""
     t0 = time.perf_counter()
     for i in range(runs):
         conn.execute(Q["start_flow"], {"flow": flow, "input": Jsonb({"i": i})})
@@ -96,23 +104,52 @@ def engine(conn: psycopg.Connection[Any], flow: str, steps: int, runs: int) -> d
                 },
             )
             tasks += 1
-    t2 = time.perf_counter()
-    row = conn.execute(Q["completed_runs"], {"flow": flow}).fetchone()
-    if row is None or row[0] != runs or tasks != runs * steps:
-        raise RuntimeError(
-            f"{flow}: {row} completed runs, {tasks} tasks; expected {runs}, {runs * steps}"
+    return t1 - t0, time.perf_counter() - t1, tasks
+
+
+def measure(conn: psycopg.Connection[Any], messages: int, runs: int, rounds: int) -> None:
+    """Interleave the workloads in rounds so that load drift on a shared machine hits all alike."""
+    conn.execute(Q["create_queue"], {"queue": "bench_raw"})
+    flows = {"bench_one": 1, "bench_three": 3}
+    for flow, steps in flows.items():
+        define(conn, flow, steps)
+    worker_id = uuid.uuid4()
+    raw_seconds = 0.0
+    totals: dict[str, list[float]] = {flow: [0.0, 0.0, 0.0] for flow in flows}
+    for r in range(rounds):
+        order = ["raw", *flows]
+        order = order[r % len(order) :] + order[: r % len(order)]
+        for item in order:
+            if item == "raw":
+                raw_seconds += raw_round(conn, messages // rounds)
+            else:
+                start_s, drive_s, tasks = engine_round(conn, item, runs // rounds, worker_id)
+                totals[item][0] += start_s
+                totals[item][1] += drive_s
+                totals[item][2] += tasks
+    raw = (messages // rounds * rounds) / raw_seconds
+    print(f"(a) raw PGMQ send+read+archive: {raw:8.1f} messages/s")
+    for flow, steps in flows.items():
+        start_s, drive_s, tasks_f = totals[flow]
+        tasks = int(tasks_f)
+        done = conn.execute(Q["completed_runs"], {"flow": flow}).fetchone()
+        n_runs = runs // rounds * rounds
+        if done is None or done[0] != n_runs or tasks != n_runs * steps:
+            raise RuntimeError(f"{flow}: {done} runs completed, {tasks} tasks")
+        drive = tasks / drive_s
+        e2e = tasks / (start_s + drive_s)
+        print(
+            f"(b) {steps}-step flow, {n_runs} runs: start_flow {n_runs / start_s:7.1f} runs/s, "
+            f"drive {drive:7.1f} tasks/s, end-to-end {e2e:7.1f} tasks/s; "
+            f"ratio to raw: drive {drive / raw:4.2f}, end-to-end {e2e / raw:4.2f}"
         )
-    return {
-        "runs_per_s": runs / (t1 - t0),
-        "drive_tasks_per_s": tasks / (t2 - t1),
-        "e2e_tasks_per_s": tasks / (t2 - t0),
-    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=3000, help="raw PGMQ messages")
     parser.add_argument("--runs", type=int, default=600, help="runs per engine flow")
+    parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds")
     parser.add_argument(
         "--to", metavar="VERSION", help="migrate only up to this version (e.g. 0001)"
     )
@@ -125,20 +162,7 @@ def main() -> int:
             migrator.migrate(conn, to=args.to)
             versions = conn.execute(Q["migration_versions"]).fetchone()
             print(f"flowlane migrations: {versions[0] if versions else '?'}")
-            raw = raw_pgmq(conn, args.messages)
-            print(
-                f"(a) raw PGMQ send+read+archive: {raw:9.1f} messages/s ({args.messages} messages)"
-            )
-            for flow, steps in (("bench_one", 1), ("bench_three", 3)):
-                r = engine(conn, flow, steps, args.runs)
-                print(
-                    f"(b) {steps}-step flow, {args.runs} runs: "
-                    f"start_flow {r['runs_per_s']:8.1f} runs/s, "
-                    f"drive {r['drive_tasks_per_s']:8.1f} tasks/s, "
-                    f"end-to-end {r['e2e_tasks_per_s']:8.1f} tasks/s, "
-                    f"ratio drive/raw {r['drive_tasks_per_s'] / raw:5.2f}, "
-                    f"end-to-end/raw {r['e2e_tasks_per_s'] / raw:5.2f}"
-                )
+            measure(conn, args.messages, args.runs, args.rounds)
     finally:
         db.EmbeddedDatabase.stop_at(pgdata)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -555,12 +555,15 @@ create function flowlane._condition_met(p_run_id uuid, p_step_slug text) returns
 language sql stable
 set search_path = ''
 as $$
-  select (s.required_input_pattern is null and s.forbidden_input_pattern is null)
-      or ((s.required_input_pattern is null or subj @> s.required_input_pattern)
-          and (s.forbidden_input_pattern is null or not subj @> s.forbidden_input_pattern))
+  -- the subject (which may hold large outputs) is built only for a step with a condition
+  select case
+    when s.required_input_pattern is null and s.forbidden_input_pattern is null then true
+    else (select (s.required_input_pattern is null or x.subj @> s.required_input_pattern)
+             and (s.forbidden_input_pattern is null or not x.subj @> s.forbidden_input_pattern)
+          from (select flowlane._condition_subject(p_run_id, p_step_slug) as subj) x)
+  end
   from flowlane.runs r
   join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = p_step_slug
-  cross join lateral (select flowlane._condition_subject(p_run_id, p_step_slug) as subj) x
   where r.run_id = p_run_id
 $$;
 

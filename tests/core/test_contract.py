@@ -1,0 +1,103 @@
+"""The public function signatures and record type of docs/sql-api.md, as installed at head."""
+
+from __future__ import annotations
+
+from tests.core.engine import Engine
+
+EXPECTED = {
+    "add_step": (
+        (
+            "flow_slug text, step_slug text, deps_slugs text[] DEFAULT '{}'::text[], "
+            "max_attempts integer DEFAULT NULL::integer, base_delay integer DEFAULT NULL::integer, "
+            "timeout integer DEFAULT NULL::integer, start_delay integer DEFAULT NULL::integer, "
+            "step_type text DEFAULT 'single'::text, "
+            "required_input_pattern jsonb DEFAULT NULL::jsonb, "
+            "forbidden_input_pattern jsonb DEFAULT NULL::jsonb, "
+            "when_unmet text DEFAULT 'skip'::text, "
+            "when_exhausted text DEFAULT 'fail'::text, queue_name text DEFAULT NULL::text"
+        ),
+        "flowlane.steps",
+    ),
+    "calculate_retry_delay": ("base_delay integer, attempts integer", "integer"),
+    "complete_task": (
+        (
+            "run_id uuid, step_slug text, task_index integer, output jsonb, "
+            "worker_id uuid DEFAULT NULL::uuid, attempt integer DEFAULT NULL::integer"
+        ),
+        "SETOF flowlane.step_tasks",
+    ),
+    "complete_tasks": ("results jsonb", "SETOF flowlane.step_tasks"),
+    "create_flow": (
+        (
+            "flow_slug text, max_attempts integer DEFAULT NULL::integer, "
+            "base_delay integer DEFAULT NULL::integer, timeout integer DEFAULT NULL::integer, "
+            "queue_mode text DEFAULT 'flow'::text"
+        ),
+        "flowlane.flows",
+    ),
+    "delete_flow_and_data": ("flow_slug text", "void"),
+    "ensure_flow_compiled": ("flow_slug text, shape jsonb", "jsonb"),
+    "ensure_flow_shape": ("flow_slug text, shape jsonb", "void"),
+    "fail_task": (
+        (
+            "run_id uuid, step_slug text, task_index integer, error_message text, "
+            "worker_id uuid DEFAULT NULL::uuid, attempt integer DEFAULT NULL::integer"
+        ),
+        "SETOF flowlane.step_tasks",
+    ),
+    "get_flow_shape": ("flow_slug text", "jsonb"),
+    "get_run_with_states": ("run_id uuid", "jsonb"),
+    "heartbeat": ("worker_id uuid", "boolean"),
+    "is_valid_queue_name": ("queue_name text", "boolean"),
+    "is_valid_slug": ("slug text", "boolean"),
+    "mark_worker_stopped": ("worker_id uuid", "void"),
+    "register_worker": ("worker_id uuid, queue_name text, worker_name text", "flowlane.workers"),
+    "requeue_stalled_tasks": ("", "integer"),
+    "resolve_flow": ("flow_slug_or_alias text", "text"),
+    "start_flow": ("flow_slug text, input jsonb, run_id uuid DEFAULT NULL::uuid", "flowlane.runs"),
+    "start_ready_steps": ("run_id uuid", "void"),
+    "start_tasks": (
+        "queue_name text, msg_ids bigint[], worker_id uuid",
+        "SETOF flowlane.step_task_record",
+    ),
+}
+
+
+def test_public_function_signatures(engine: Engine) -> None:
+    rows = engine.rows(
+        "select p.proname, pg_get_function_arguments(p.oid) as args, "
+        "pg_get_function_result(p.oid) as result from pg_proc p "
+        "where p.pronamespace = 'flowlane'::regnamespace and p.proname !~ '^_' order by 1, 2"
+    )
+    found = {r["proname"]: (r["args"], r["result"]) for r in rows}
+    assert len(rows) == len(found), "no public function is overloaded"
+    assert found == EXPECTED
+
+
+def test_step_task_record_fields(engine: Engine) -> None:
+    fields = engine.rows(
+        "select a.attname, format_type(a.atttypid, a.atttypmod) as type "
+        "from pg_attribute a "
+        "where a.attrelid = 'flowlane.step_task_record'::regclass and a.attnum > 0 "
+        "order by a.attnum"
+    )
+    assert [(f["attname"], f["type"]) for f in fields] == [
+        ("flow_slug", "text"),
+        ("step_slug", "text"),
+        ("queue_name", "text"),
+        ("run_id", "uuid"),
+        ("task_index", "integer"),
+        ("input", "jsonb"),
+        ("flow_input", "jsonb"),
+        ("attempt", "integer"),
+        ("msg_id", "bigint"),
+    ]
+
+
+def test_task_statuses(engine: Engine) -> None:
+    definition = engine.scalar(
+        "select pg_get_constraintdef(oid) from pg_constraint "
+        "where conname = 'step_tasks_status_valid'"
+    )
+    for status in ("queued", "started", "completed", "failed", "skipped", "cancelled"):
+        assert f"'{status}'" in definition
