@@ -70,6 +70,8 @@ def _configure_database(subparsers: Any) -> None:
     plan = subparsers.add_parser("plan", help="compare the YAML with a live database")
     _add_paths(plan)
     add_dsn_argument(plan)
+    plan.add_argument("--format", choices=("text", "markdown"), default="text",
+                      help="markdown: a table to post as a pull-request comment")
     plan.set_defaults(func=cmd_plan)
 
     apply = subparsers.add_parser(
@@ -148,7 +150,12 @@ def cmd_graph(args: argparse.Namespace) -> int:
                                  [a.slug for a in project.aliases]))
         raise errors.UsageError(f"no flow or alias `{args.flow}`", hint=f"known: {known}") \
             from None
-    sys.stdout.write(graph.render(flow, args.format))
+    title = flow.slug
+    if project.has_alias(args.flow):
+        alias = project.alias(args.flow)
+        draining = f", draining {', '.join(alias.draining)}" if alias.draining else ""
+        title = f"{flow.slug} (active version of alias {alias.slug}{draining})"
+    sys.stdout.write(graph.render(flow, args.format, title))
     return 0
 
 
@@ -178,7 +185,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from flowlane.core import deploy
 
     plan = deploy.plan(_project(args.paths), args.dsn)
-    sys.stdout.write(plan.render())
+    sys.stdout.write(plan.markdown() if args.format == "markdown" else plan.render())
     return 1 if plan.refused else 0
 
 

@@ -27,10 +27,10 @@ def _lanes(flow: Flow) -> list[tuple[str, list[Step]]]:
     return list(lanes.items())
 
 
-def mermaid(flow: Flow) -> str:
+def mermaid(flow: Flow, title: str | None = None) -> str:
     """A ``flowchart`` with one subgraph per queue; map steps as stacked boxes,
     conditional steps as hexagons, edges into conditional steps dotted."""
-    lines = ["flowchart TD"]
+    lines = ["---", f"title: {title or flow.slug}", "---", "flowchart TD"]
     for index, (queue, steps) in enumerate(_lanes(flow)):
         lines.append(f'  subgraph q{index}["queue: {queue}"]')
         lines.extend(f"    {_mermaid_node(step)}" for step in steps)
@@ -54,9 +54,10 @@ def _mermaid_node(step: Step) -> str:
     return f's_{step.slug}["{label}"]'
 
 
-def dot(flow: Flow) -> str:
+def dot(flow: Flow, title: str | None = None) -> str:
     """A ``digraph`` with one ``cluster`` per queue."""
-    lines = [f'digraph "{flow.slug}" {{', "  rankdir=TB;", "  node [shape=box];"]
+    lines = [f'digraph "{flow.slug}" {{', f'  label="{title or flow.slug}";', "  labelloc=t;",
+             "  rankdir=TB;", "  node [shape=box];"]
     for index, (queue, steps) in enumerate(_lanes(flow)):
         lines.append(f'  subgraph "cluster_{index}" {{')
         lines.append(f'    label="queue: {queue}";')
@@ -78,8 +79,9 @@ def _dot_node(step: Step) -> str:
     return f'"{step.slug}" [{", ".join(attrs)}];'
 
 
-RENDERERS: dict[str, Callable[[Flow], str]] = {"mermaid": mermaid, "dot": dot}
+RENDERERS: dict[str, Callable[[Flow, str | None], str]] = {"mermaid": mermaid, "dot": dot}
 
 
-def render(flow: Flow, fmt: str = "mermaid") -> str:
-    return RENDERERS[fmt](flow)
+def render(flow: Flow, fmt: str = "mermaid", title: str | None = None) -> str:
+    """The diagram of ``flow``; ``title`` defaults to the flow slug."""
+    return RENDERERS[fmt](flow, title)

@@ -77,6 +77,17 @@ class Plan:
         return "\n".join(lines) + "\n"
 
 
+    def markdown(self) -> str:
+        """The plan as a Markdown table, ready to post as a pull-request comment."""
+        lines = ["### flowlane plan", "", "| change | subject | details |", "|---|---|---|"]
+        for change in self.changes:
+            details = "<br>".join(d.replace("|", "\\|") for d in change.details)
+            lines.append(f"| `{change.kind}` | {change.subject} | {details} |")
+        if self.refused:
+            lines += ["", "**Refused:** a changed flow shape needs a new concrete slug."]
+        return "\n".join(lines) + "\n"
+
+
 @dataclass
 class _State:
     """What the database holds, read in one snapshot."""
@@ -235,6 +246,7 @@ def _apply_files(conn: psycopg.Connection[Any], project: Project,
                  files: Iterable[Path]) -> ApplyResult:
     with conn.transaction():
         with db.wrap_errors("apply"):
+            conn.execute(query("deploy_lock_timeout"))  # never queue behind long locks
             conn.execute(query("deploy_lock"))
         current = plan_with(project, conn)
         if current.refused:

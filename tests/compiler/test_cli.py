@@ -177,7 +177,7 @@ def test_check_outside_git_notes_the_skipped_version_check(project: Path,
 def test_graph_mermaid_and_dot(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "graph", "hello")
     assert code == 0
-    assert out.splitlines()[0] == "flowchart TD"
+    assert out.splitlines()[:4] == ["---", "title: hello", "---", "flowchart TD"]
     assert 'subgraph q0["queue: hello"]' in out and "s_greet --> s_shout" in out
     code, out, _ = run(capsys, "graph", "hello", "--format", "dot")
     assert out.startswith('digraph "hello" {') and '"greet" -> "shout";' in out

@@ -86,6 +86,8 @@ def test_plan_apply_verify_end_to_end(dsn: str, project_dir: Path,
     code, out, _ = cli(capsys, "plan", "--dsn", dsn)
     assert code == 0 and "NEW_FLOW              flow hello_world" in out
     assert "ALIAS_MOVE            alias community_threads" in out
+    code, out, _ = cli(capsys, "plan", "--dsn", dsn, "--format", "markdown")
+    assert code == 0 and "| `NEW_FLOW` | flow hello_world | 1 step(s) on hello_world |" in out
     assert cli(capsys, "verify", "--dsn", dsn)[0] == 1
     code, out, _ = cli(capsys, "apply", "--dsn", dsn)
     assert code == 0 and "applied 6 file(s) in one transaction" in out

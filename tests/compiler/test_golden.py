@@ -52,7 +52,7 @@ def test_invalid_case_gives_expected_diagnostics(case: Path, update_golden: bool
 
 
 def test_invalid_cases_cover_every_code() -> None:
-    seen = set()
+    seen: set[str] = set()
     for case in INVALID:
         docs, findings = loader.load_file(case, case.name)
         _project, more = analyze.analyze(docs)

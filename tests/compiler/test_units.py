@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from flowlane.compiler import graph_order, loader, names, schema, shape, sqltext
 from flowlane.compiler.analyze import next_version_slug
+from tests.compiler.strategies import STORABLE_CHARACTERS
 
 
 def test_positions_of_values_and_keys() -> None:
@@ -62,7 +63,7 @@ def test_names() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")))
+@given(st.text(STORABLE_CHARACTERS))
 def test_quote_round_trips(value: str) -> None:
     quoted = sqltext.quote(value)
     assert sqltext.unquote(quoted) == value
@@ -110,3 +111,22 @@ def test_next_version_slug() -> None:
     assert next_version_slug("foo") == "foo_v2"
     assert next_version_slug("foo_v2") == "foo_v3"
     assert next_version_slug("foo_v2", ["foo_v3"]) == "foo_v4"
+
+
+def test_every_code_is_documented() -> None:
+    from flowlane.compiler import codes
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "diagnostics.md").read_text()
+    for code, meaning in codes.CODES.items():
+        assert f"| {code} | {meaning} |" in text, code
+
+
+def test_templates_refuse_values_that_skipped_the_quoting_filters() -> None:
+    import pytest
+
+    from flowlane.compiler import render
+
+    env = render.environment()
+    with pytest.raises(TypeError, match="was not passed through a SQL filter"):
+        env.from_string("select {{ value }}").render(value="'; drop table x; --")
+    assert env.from_string("select {{ value | lit }}").render(value="'; x") == "select '''; x'"

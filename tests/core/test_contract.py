@@ -54,6 +54,11 @@ EXPECTED = {
     "register_worker": ("worker_id uuid, queue_name text, worker_name text", "flowlane.workers"),
     "requeue_stalled_tasks": ("", "integer"),
     "resolve_flow": ("flow_slug_or_alias text", "text"),
+    # 0003_aliases
+    "set_alias": (
+        "alias text, flow_slug text, draining text[] DEFAULT '{}'::text[]",
+        "flowlane.aliases",
+    ),
     "start_flow": ("flow_slug text, input jsonb, run_id uuid DEFAULT NULL::uuid", "flowlane.runs"),
     "start_ready_steps": ("run_id uuid", "void"),
     "start_tasks": (

@@ -21,3 +21,6 @@ order by a.alias collate "C"
 
 -- name: deploy_lock
 select pg_advisory_xact_lock(hashtext('flowlane.apply'))
+
+-- name: deploy_lock_timeout
+set local lock_timeout = '10s'
