@@ -19,8 +19,7 @@ from typing import Any
 
 from flowlane import compiler, errors
 from flowlane.compiler import diagnostics
-from flowlane.core import db, migrator
-from flowlane.core.queries import query
+from flowlane.core import db, deploy, migrator
 from flowlane.runtime import project as projects
 from flowlane.runtime.client import Client
 from flowlane.runtime.model import RuntimeProject
@@ -67,23 +66,12 @@ def run_demo(
             if applied
             else "3. core migrations: up to date"
         )
-        files = compiler.compile_project(result.project)
-        with db.wrap_errors("applying the compiled SQL"):
-            row = conn.execute(query("aliases_supported")).fetchone()
-            aliases = bool(row and row[0])
-            applied_files = []
-            for name, text in sorted(files.items(), key=lambda item: item[0] == "aliases.sql"):
-                if name == "aliases.sql" and not aliases:
-                    continue
-                conn.execute(text.encode("utf-8"))  # the compiled artifact, as reviewed
-                applied_files.append(name)
-        print(
-            f"4. applied {len(applied_files)} compiled file(s) from {out}/"
-            + ("" if aliases else " (aliases skipped: this database has no alias support)")
-        )
+    # the same path as `flowlane apply`: the reviewed files, all or nothing
+    deployed = deploy.apply(paths, out, target.dsn)
+    print(f"4. applied {len(deployed.files)} compiled file(s) from {out}/ in one transaction")
 
     runtime = projects.from_project(result.project, root)
-    entry_points = _entry_points(runtime, with_aliases=aliases)
+    entry_points = _entry_points(runtime)
     with Client(target.dsn) as client:
         started = [
             Started(
@@ -125,20 +113,16 @@ def run_demo(
     print()
     print(
         f"compiled SQL: {(root / out / 'flows').as_posix()}/*.sql"
-        + (f" and {(root / out / 'aliases.sql').as_posix()}" if "aliases.sql" in files else "")
+        f" and {(root / out / 'aliases.sql').as_posix()}"
     )
     print("inspect: `flowlane runs`, `flowlane run RUN_ID`; stop the database: `flowlane db down`")
     return 0 if ok else 1
 
 
-def _entry_points(project: RuntimeProject, *, with_aliases: bool) -> list[str]:
+def _entry_points(project: RuntimeProject) -> list[str]:
+    """Every alias, and every flow that no alias stands for."""
     behind_alias = {slug for alias in project.aliases.values() for slug in alias.targets}
-    names = (
-        sorted(project.aliases)
-        if with_aliases
-        else sorted({a.active for a in project.aliases.values()})
-    )
-    return names + sorted(slug for slug in project.flows if slug not in behind_alias)
+    return sorted(project.aliases) + sorted(s for s in project.flows if s not in behind_alias)
 
 
 def _serve_until_done(
