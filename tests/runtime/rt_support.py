@@ -25,7 +25,7 @@ T = TypeVar("T")
 
 
 def wait_until(
-    check: Callable[[], T],
+    check: Callable[[], T | None],
     *,
     timeout: float = 30.0,
     interval: float = 0.02,
