@@ -141,6 +141,7 @@ class Worker:
         self._in_flight: set[asyncio.Task[None]] = set()
         self._notify_live = False
         self._running: dict[asyncio.Task[None], ClaimedTask] = {}
+        self._crash: str | None = None
         if self._stop_requested.is_set():
             self._stopping.set()
         self._install_signal_handlers()
@@ -164,6 +165,12 @@ class Worker:
             await self._serve(store, registry)
         finally:
             await store.close()
+        if self._crash:
+            raise errors.WorkerError(
+                f"the worker stopped after an internal error in its {self._crash}",
+                hint="in-flight tasks were finished or left for stalled recovery; "
+                "see the worker_crashed log line and restart the worker",
+            )
 
     def _install_signal_handlers(self) -> None:
         if not self.handle_signals or threading.current_thread() is not threading.main_thread():
@@ -296,6 +303,7 @@ class Worker:
                 log.event(
                     ERROR, "worker_crashed", component=name, error=describe(exc), exc_info=exc
                 )
+                self._crash = self._crash or f"{name}: {describe(exc)}"
                 self._request_stop()
 
         return asyncio.create_task(guarded(), name=f"flowlane-{name}")

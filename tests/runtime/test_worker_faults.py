@@ -143,3 +143,14 @@ def _state(dsn: str, run_id: str) -> dict:  # type: ignore[type-arg]
     from rt_support import run_state
 
     return run_state(dsn, run_id)
+
+
+def test_a_broken_queue_stops_the_worker_loudly(flows_dsn: str, spawn: Spawn) -> None:
+    worker = spawn("--flow", "rt_retry", "--poll-interval", "0.2")
+    with psycopg.connect(flows_dsn, autocommit=True) as conn:
+        conn.execute("select pgmq.drop_queue('rt_retry')")  # an operator mistake
+    assert worker.wait(60) == 1
+    log = worker.text()
+    assert "worker_crashed component=poller" in log
+    assert "error: the worker stopped after an internal error in its poller" in log
+    assert "worker_stopped" in log
