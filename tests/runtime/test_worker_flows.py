@@ -108,3 +108,24 @@ def test_one_worker_serves_two_flows_on_a_shared_queue(flows_dsn: str, spawn: Sp
     assert step(state_a, "two")["output"] == {"pid": side.proc.pid, "value": 5}
     assert step(state_b, "only")["output"] == {"pid": jobs.proc.pid, "value": 7}
     assert "name=rt_jobs_worker" in jobs.text() and "max_concurrent=3" in jobs.text()
+
+
+def test_four_workers_race_on_one_queue_and_complete_each_task_once(
+    flows_dsn: str, spawn: Spawn
+) -> None:
+    workers = [spawn("--flow", "rt_noop", "--batch-size", "5") for _ in range(4)]
+    widths = [60, 45, 30]
+    run_ids = [start_run(flows_dsn, "rt_noop", {"width": w}) for w in widths]
+    for width, run_id in zip(widths, run_ids, strict=True):
+        state = wait_run(flows_dsn, run_id, workers=workers)
+        assert state["run"]["status"] == "completed"
+        assert step(state, "two")["output"] == list(range(width))
+        assert all(t["attempts_count"] == 1 and t["status"] == "completed" for t in state["tasks"])
+    claimed = 0
+    for worker in workers:
+        assert worker.stop() == 0
+        final = worker.text().split("worker_stopped")[-1]
+        counts = dict(part.split("=") for part in final.split() if "=" in part)
+        assert counts["rejected"] == "0" and counts["failed"] == "0"
+        claimed += int(counts["claimed"])
+    assert claimed == sum(widths) + len(widths)  # every task claimed exactly once
