@@ -196,3 +196,11 @@ def requeue_stalled(dsn: str) -> int:
         row = conn.execute("select flowlane.requeue_stalled_tasks()").fetchone()
     assert row is not None
     return int(row[0])
+
+
+def queue_depth(dsn: str, queue: str) -> int:
+    """Messages still in a queue (visible or not): 0 once every task is archived."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("select queue_length from pgmq.metrics(%s)", (queue,)).fetchone()
+    assert row is not None
+    return int(row[0])

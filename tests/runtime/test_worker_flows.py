@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rt_support import WorkerProcess, start_run, step, tasks, wait_run
+from rt_support import WorkerProcess, queue_depth, start_run, step, tasks, wait_run
 
 Spawn = Callable[..., WorkerProcess]
 
@@ -33,6 +33,7 @@ def test_diamond_with_map_and_condition(flows_dsn: str, spawn: Spawn) -> None:
     assert step(state, "square")["output"] == []
     assert step(state, "total")["output"] == {"sum_of_squares": 0, "count": 0}
     assert all(t["attempts_count"] == 1 for t in state["tasks"])
+    assert queue_depth(flows_dsn, "rt_diamond") == 0
 
 
 def test_retries_until_success_with_attempt_in_context(flows_dsn: str, spawn: Spawn) -> None:
@@ -129,3 +130,4 @@ def test_four_workers_race_on_one_queue_and_complete_each_task_once(
         assert counts["rejected"] == "0" and counts["failed"] == "0"
         claimed += int(counts["claimed"])
     assert claimed == sum(widths) + len(widths)  # every task claimed exactly once
+    assert queue_depth(flows_dsn, "rt_noop") == 0  # and every message archived
