@@ -93,7 +93,9 @@ class Store:
 
     async def enable_notify(self, queue_name: str, throttle_ms: int) -> bool:
         """Install PGMQ's insert trigger on the queue unless it is already there."""
-        async with self.pool.connection() as conn:
+        async with self.pool.connection() as conn, conn.transaction():
+            # replicas starting together: one installs the trigger, the others then see it
+            await conn.execute(query("worker_notify_lock"), {"queue_name": queue_name})
             cur = await conn.execute(query("worker_notify_throttle"), {"queue_name": queue_name})
             if await cur.fetchone() is not None:
                 return False

@@ -131,3 +131,11 @@ def test_four_workers_race_on_one_queue_and_complete_each_task_once(
         claimed += int(counts["claimed"])
     assert claimed == sum(widths) + len(widths)  # every task claimed exactly once
     assert queue_depth(flows_dsn, "rt_noop") == 0  # and every message archived
+
+
+def test_replicas_starting_together_all_come_up(flows_dsn: str, spawn: Spawn) -> None:
+    replicas = [spawn("--flow", "rt_retry", ready=False) for _ in range(4)]
+    for replica in replicas:  # the notification trigger is installed once, under a lock
+        replica.wait_ready()
+    run_id = start_run(flows_dsn, "rt_retry", {})
+    assert wait_run(flows_dsn, run_id, workers=replicas)["run"]["status"] == "completed"

@@ -18,6 +18,9 @@ select flowlane.requeue_stalled_tasks() as requeued
 -- name: worker_set_alias
 select flowlane.set_alias(alias => %(alias)s, flow_slug => %(active)s, draining => %(draining)s::text[])
 
+-- name: worker_notify_lock
+select pg_advisory_xact_lock(hashtext('flowlane.notify_insert'), hashtext(%(queue_name)s))
+
 -- name: worker_notify_throttle
 select throttle_interval_ms
 from pgmq.list_notify_insert_throttles()
