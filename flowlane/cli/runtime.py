@@ -136,9 +136,9 @@ def cmd_start(args: argparse.Namespace) -> int:
     except json.JSONDecodeError as exc:
         raise errors.UsageError(f"--input is not valid JSON: {exc}") from exc
     with Client(args.dsn) as client:
-        run_id = client.start_run(args.flow, payload, run_id=args.run_id)
+        run_id, flow_slug = client.start(args.flow, payload, run_id=args.run_id)
     if args.format == "json":
-        print(json.dumps({"run_id": run_id, "flow": args.flow}))
+        print(json.dumps({"run_id": run_id, "flow": args.flow, "flow_slug": flow_slug}))
     else:
         print(run_id)
     return 0

@@ -85,6 +85,10 @@ class Client:
 
     def start_run(self, flow: str, input: Any = None, *, run_id: str | None = None) -> str:
         """Start a run of a concrete flow or an alias; return its id."""
+        return self.start(flow, input, run_id=run_id)[0]
+
+    def start(self, flow: str, input: Any = None, *, run_id: str | None = None) -> tuple[str, str]:
+        """Start a run; return ``(run_id, concrete flow slug)`` (an alias: its active version)."""
         try:
             payload = json.dumps({} if input is None else input, allow_nan=False)
         except (TypeError, ValueError) as exc:
@@ -94,7 +98,7 @@ class Client:
         )
         if not rows:
             raise errors.DatabaseError(f"start_flow({flow!r}) returned no run")
-        return str(rows[0]["run_id"])
+        return str(rows[0]["run_id"]), str(rows[0]["flow_slug"])
 
     def list_runs(
         self, *, limit: int = 20, flow: str | None = None, status: str | None = None

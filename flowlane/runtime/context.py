@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -13,8 +14,9 @@ class TaskContext:
     """``def handler(input, ctx)``: identity of the task and the worker's shutdown signal.
 
     ``shutdown`` is set when the worker begins a graceful stop; long handlers
-    may poll ``ctx.shutdown.is_set()`` (or ``ctx.shutdown.wait(seconds)``) and
-    return early. ``attempt`` is 1 on the first execution.
+    may poll ``ctx.shutdown.is_set()`` (or ``ctx.shutdown.wait(seconds)``; in an
+    ``async def`` handler ``await ctx.wait_shutdown(seconds)``) and return early.
+    ``attempt`` is 1 on the first execution.
     """
 
     run_id: str
@@ -32,3 +34,14 @@ class TaskContext:
     @property
     def shutting_down(self) -> bool:
         return self.shutdown.is_set()
+
+    async def wait_shutdown(self, timeout: float | None = None) -> bool:
+        """For ``async def`` handlers: wait until the worker stops (True) or ``timeout`` (False)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while not self.shutdown.is_set():
+            if deadline is not None and loop.time() >= deadline:
+                return False
+            remaining = 0.05 if deadline is None else min(0.05, deadline - loop.time())
+            await asyncio.sleep(max(0.0, remaining))
+        return True

@@ -175,9 +175,8 @@ def apply_flows(dsn: str, project_dir: Path = PROJECT) -> None:
     render = importlib.import_module("flowlane.compiler.render")
     files: dict[str, str] = render.render_project(compiled)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        for name, text in sorted(files.items()):
-            if "alias" not in name:
-                conn.execute(text.encode())
+        for _name, text in sorted(files.items(), key=lambda item: "alias" in item[0]):
+            conn.execute(text.encode())  # flows first, then aliases.sql
 
 
 def backdate_started(dsn: str, run_id: str, step_slug: str, seconds: int = 3600) -> None:

@@ -56,6 +56,17 @@ def test_start_runs_and_run_in_text_and_json(
     assert flowlane("runs", "--dsn", flows_dsn, "--status", "failed").stdout.strip() == "no runs"
 
 
+def test_start_an_alias_records_the_concrete_flow(flows_dsn: str) -> None:
+    started = flowlane("start", "rt_latest_retry", "--dsn", flows_dsn, "--format", "json")
+    assert started.returncode == 0, started.stderr
+    data = json.loads(started.stdout)
+    assert data["flow"] == "rt_latest_retry" and data["flow_slug"] == "rt_retry"
+    shown = json.loads(
+        flowlane("run", data["run_id"], "--dsn", flows_dsn, "--format", "json").stdout
+    )
+    assert shown["run"]["flow_slug"] == "rt_retry"
+
+
 def test_cli_errors_are_one_line_without_traceback(flows_dsn: str) -> None:
     bad_json = flowlane("start", "rt_diamond", "--input", "{nope", "--dsn", flows_dsn)
     assert bad_json.returncode == 2 and "--input is not valid JSON" in bad_json.stderr

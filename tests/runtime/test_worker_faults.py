@@ -154,3 +154,16 @@ def test_a_broken_queue_stops_the_worker_loudly(flows_dsn: str, spawn: Spawn) ->
     assert "worker_crashed component=poller" in log
     assert "error: the worker stopped after an internal error in its poller" in log
     assert "worker_stopped" in log
+
+
+def test_sigterm_wakes_an_async_handler_waiting_on_ctx(
+    flows_dsn: str, spawn: Spawn, tmp_path: Path
+) -> None:
+    worker = spawn("--flow", "rt_slow_async")
+    run_id = start_run(flows_dsn, "rt_slow_async", {"dir": str(tmp_path)})
+    wait_until(_started(tmp_path, run_id, 1), message="the async handler to start")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0
+    state = _state(flows_dsn, run_id)
+    assert state["run"]["status"] == "completed"
+    assert step(state, "hold")["output"] == {"saw_shutdown": True}

@@ -117,3 +117,10 @@ def gauge(item: Any, ctx: TaskContext) -> int:
     finally:
         with _GAUGE_LOCK:
             GAUGE["now"] -= 1
+
+
+async def hold_async(input: Any, ctx: TaskContext) -> dict[str, Any]:
+    """Mark the claim, then wait (asynchronously) for the worker to stop."""
+    (Path(ctx.flow_input["dir"]) / f"started-{ctx.run_id}-{ctx.attempt}").write_text("")
+    stopped = await ctx.wait_shutdown(60)
+    return {"saw_shutdown": stopped}
