@@ -365,12 +365,20 @@ class Worker:
         self.stats["claimed"] += 1
         registered = self._registry.get(task.flow_slug, task.step_slug)
         if registered is None:
-            error = (
-                f"worker {self.name} on queue {self.queue} has no handler for "
-                f"{task.flow_slug}.{task.step_slug}"
+            # another flow routes work to this (shared) queue that this deployment does not
+            # serve: stop instead of failing someone else's task; stalled recovery hands it on
+            log.event(
+                ERROR,
+                "unsupported_task",
+                **task.fields,
+                queue=self.queue,
+                served=",".join(f"{f}.{s}" for f, s in self._registry.pairs),
             )
-            log.event(ERROR, "handler_missing", **task.fields, queue=self.queue)
-            self._results.put_nowait(TaskResult(task, ok=False, error=error))
+            self._crash = self._crash or (
+                f"poller: claimed {task.flow_slug}.{task.step_slug} from queue {self.queue}, "
+                "which this worker has no handler for (left for stalled recovery)"
+            )
+            self._request_stop()
             return
         ctx = TaskContext(
             run_id=task.run_id,
