@@ -139,3 +139,16 @@ def test_replicas_starting_together_all_come_up(flows_dsn: str, spawn: Spawn) ->
         replica.wait_ready()
     run_id = start_run(flows_dsn, "rt_retry", {})
     assert wait_run(flows_dsn, run_id, workers=replicas)["run"]["status"] == "completed"
+
+
+def test_alias_worker_serves_active_and_draining_versions(flows_dsn: str, spawn: Spawn) -> None:
+    old = start_run(flows_dsn, "rt_versioned_v1", {"name": "old"})  # started before a move
+    worker = spawn("--queue", "rt_versioned")
+    new = start_run(flows_dsn, "rt_versioned", {"name": "new"})  # the alias: the active v2
+    old_state = wait_run(flows_dsn, old, workers=[worker])
+    new_state = wait_run(flows_dsn, new, workers=[worker])
+    assert old_state["run"]["flow_slug"] == "rt_versioned_v1"
+    assert old_state["run"]["output"] == {"greet": "hello old"}
+    assert new_state["run"]["flow_slug"] == "rt_versioned_v2"
+    assert new_state["run"]["output"] == {"shout": "HELLO, NEW!"}
+    assert "flows=rt_versioned_v1,rt_versioned_v2" in worker.text()

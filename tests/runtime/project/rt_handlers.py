@@ -124,3 +124,15 @@ async def hold_async(input: Any, ctx: TaskContext) -> dict[str, Any]:
     (Path(ctx.flow_input["dir"]) / f"started-{ctx.run_id}-{ctx.attempt}").write_text("")
     stopped = await ctx.wait_shutdown(60)
     return {"saw_shutdown": stopped}
+
+
+def greet_v1(input: Any, ctx: TaskContext) -> str:
+    return f"hello {ctx.flow_input['name']}"
+
+
+def greet_v2(input: Any, ctx: TaskContext) -> str:
+    return f"Hello, {ctx.flow_input['name']}!"
+
+
+def shout(input: dict[str, Any], ctx: TaskContext) -> str:
+    return str(input["greet"]).upper()
