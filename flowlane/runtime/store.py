@@ -48,7 +48,9 @@ class Store:
             max_size=max_size,
             open=False,
             timeout=5.0,
-            reconnect_timeout=0,  # keep retrying forever while the database is away
+            # no background reconnection schedule: a failed connect gives the slot up at once and
+            # the next checkout (our callers retry with their own backoff) tries again
+            reconnect_timeout=0,
             kwargs={
                 "autocommit": True,
                 "row_factory": dict_row,
