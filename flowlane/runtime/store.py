@@ -61,6 +61,11 @@ class Store:
         )
 
     async def open(self, timeout: float = 10.0) -> None:
+        # one direct connection first: its error says why (the pool's only says "timed out")
+        probe = await psycopg.AsyncConnection.connect(
+            self.dsn, connect_timeout=max(1, int(timeout))
+        )
+        await probe.close()
         await self.pool.open(wait=True, timeout=timeout)
 
     async def close(self) -> None:

@@ -149,12 +149,13 @@ class Worker:
         dsn = db.resolve(self.dsn).dsn
         store = Store(dsn, application_name=f"flowlane-worker-{self.worker_id[:8]}")
         try:
-            with db.wrap_errors("worker cannot reach the database"):
-                await store.open()
+            await store.open()
         except psycopg.Error as exc:
             await store.close()
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise errors.DatabaseUnavailable(
-                f"worker cannot connect to {db.redact(dsn)}: {exc}"
+                f"worker cannot connect to {db.redact(dsn)}: {first}",
+                hint="start the server or fix --dsn / FLOWLANE_DSN / DATABASE_URL",
             ) from exc
         except Exception:
             await store.close()

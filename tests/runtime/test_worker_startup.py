@@ -80,3 +80,17 @@ def test_unmigrated_database_gets_a_migrate_hint(db_factory: Any, tmp_path: Path
     assert "flowlane db migrate" in worker.stderr and "Traceback" not in worker.stderr
     start = flowlane("start", "plain", "--dsn", bare, cwd=root)
     assert start.returncode == 1 and "flowlane db migrate" in start.stderr
+
+
+def test_unreachable_database_is_one_clear_error(tmp_path: Path) -> None:
+    root = _project(
+        tmp_path,
+        "kind: flow\nslug: plain\nsteps:\n  a:\n    handler: app_handlers:a\n",
+        "def a(input, ctx):\n    return 1\n",
+    )
+    result = flowlane(
+        "worker", "--flow", "plain", "--dsn", "postgresql://nobody@127.0.0.1:1/x", cwd=root
+    )
+    assert result.returncode == 1
+    assert "error: worker cannot connect to postgresql://nobody@127.0.0.1:1/x" in result.stderr
+    assert "Connection refused" in result.stderr and "Traceback" not in result.stderr
