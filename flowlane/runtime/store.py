@@ -168,11 +168,6 @@ class Store:
     async def complete_tasks(self, completions: list[dict[str, Any]]) -> list[Row]:
         return await self.fetch("worker_complete_tasks", results=json_param(completions))
 
-    async def complete_task(self, completion: dict[str, Any]) -> list[Row]:
-        return await self.fetch(
-            "worker_complete_task", **{**completion, "output": json_param(completion["output"])}
-        )
-
     async def fail_task(
         self,
         *,

@@ -47,11 +47,6 @@ from flowlane.start_tasks(%(queue_name)s, %(msg_ids)s::bigint[], %(worker_id)s::
 select run_id, step_slug, task_index, status, attempts_count, last_worker_id, error_message
 from flowlane.complete_tasks(%(results)s::jsonb)
 
--- name: worker_complete_task
-select run_id, step_slug, task_index, status, attempts_count, last_worker_id, error_message
-from flowlane.complete_task(%(run_id)s::uuid, %(step_slug)s, %(task_index)s, %(output)s::jsonb,
-                            %(worker_id)s::uuid, %(attempt)s)
-
 -- name: worker_fail_task
 select run_id, step_slug, task_index, status, attempts_count, last_worker_id, error_message
 from flowlane.fail_task(%(run_id)s::uuid, %(step_slug)s, %(task_index)s, %(error_message)s,
