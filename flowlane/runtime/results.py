@@ -20,7 +20,7 @@ from flowlane.runtime.backoff import Backoff
 from flowlane.runtime.store import TRANSIENT, Row, Store
 from flowlane.runtime.tasks import TaskResult, describe
 
-INFO, WARNING = logging.INFO, logging.WARNING
+INFO, WARNING, ERROR = logging.INFO, logging.WARNING, logging.ERROR
 
 
 class ResultSender:
@@ -78,14 +78,26 @@ class ResultSender:
 
     async def _send_failure(self, result: TaskResult) -> None:
         task = result.task
-        rows = await self.store.fail_task(
-            run_id=task.run_id,
-            step_slug=task.step_slug,
-            task_index=task.task_index,
-            error_message=result.error or "failed",
-            worker_id=self.worker_id,
-            attempt=task.attempt,
-        )
+        try:
+            rows = await self.store.fail_task(
+                run_id=task.run_id,
+                step_slug=task.step_slug,
+                task_index=task.task_index,
+                error_message=(result.error or "failed").replace("\x00", "\\0"),
+                worker_id=self.worker_id,
+                attempt=task.attempt,
+            )
+        except TRANSIENT:
+            raise
+        except psycopg.Error as exc:  # never expected; do not let one task stop the worker
+            log.event(
+                ERROR,
+                "result_not_sent",
+                **task.fields,
+                error=describe(exc),
+                note="left for stalled recovery",
+            )
+            return
         self._check_rows(rows, [result], "failed")
 
     def _check_rows(self, rows: list[Row], results: list[TaskResult], outcome: str) -> None:

@@ -81,7 +81,7 @@ def check_json(output: Any) -> str | None:
 
 def describe(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return text[:MAX_ERROR_CHARS]
+    return text.replace("\x00", "\\0")[:MAX_ERROR_CHARS]  # PostgreSQL text cannot hold NUL
 
 
 async def execute(

@@ -152,3 +152,12 @@ def test_alias_worker_serves_active_and_draining_versions(flows_dsn: str, spawn:
     assert new_state["run"]["flow_slug"] == "rt_versioned_v2"
     assert new_state["run"]["output"] == {"shout": "HELLO, NEW!"}
     assert "flows=rt_versioned_v1,rt_versioned_v2" in worker.text()
+
+
+def test_error_text_postgres_cannot_store_is_escaped(flows_dsn: str, spawn: Spawn) -> None:
+    worker = spawn("--flow", "rt_nul_error")
+    run_id = start_run(flows_dsn, "rt_nul_error", {})
+    state = wait_run(flows_dsn, run_id, workers=[worker])
+    (task,) = tasks(state, "bad")
+    assert task["error_message"] == "ValueError: binary\\0garbage"
+    assert worker.proc.poll() is None  # still serving

@@ -136,3 +136,7 @@ def greet_v2(input: Any, ctx: TaskContext) -> str:
 
 def shout(input: dict[str, Any], ctx: TaskContext) -> str:
     return str(input["greet"]).upper()
+
+
+def nul_error(input: Any, ctx: TaskContext) -> None:
+    raise ValueError("binary\x00garbage")
