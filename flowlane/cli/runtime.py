@@ -15,7 +15,8 @@ def configure(subparsers: Any) -> None:
         "worker",
         help="run the handlers of one queue",
         description="Poll one queue and run its handlers: --flow F (one queue per flow), "
-        "--flow F --step S (per-step queues), or --queue Q (any routing).",
+        "--flow F --step S (per-step queues), --queue Q (any routing), or --name D "
+        "(the `kind: worker` document D).",
     )
     worker.add_argument("paths", nargs="*", metavar="PATHS", help="flow YAML (default: flows/)")
     selector = worker.add_argument_group("queue selection")
@@ -28,7 +29,11 @@ def configure(subparsers: Any) -> None:
         "(default: the queue's `kind: worker` document, else every flow routed to it)",
     )
     add_dsn_argument(worker)
-    worker.add_argument("--name", help="deployment name (default: worker document name or queue)")
+    worker.add_argument(
+        "--name",
+        help="deployment name (default: the worker document's name, else the queue); "
+        "alone, it selects the `kind: worker` document of that name",
+    )
     worker.add_argument("--max-concurrent", type=int, help="handlers running at once (default 10)")
     worker.add_argument("--batch-size", type=int, help="messages read per poll (default 10)")
     worker.add_argument(

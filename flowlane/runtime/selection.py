@@ -2,7 +2,8 @@
 
 ``--flow F`` (one queue per flow: inferred), ``--flow F --step S`` (per-step
 queues: the step is required), ``--queue Q`` (any routing; the registry comes
-from the ``kind: worker`` documents for Q, else every step routed to Q).
+from the ``kind: worker`` documents for Q, else every step routed to Q), or
+``--name D`` alone (the queue and registry of the ``kind: worker`` document D).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def select(
     flow: str | None = None,
     step: str | None = None,
     flows: list[str] | None = None,
+    name: str | None = None,
 ) -> Selection:
     if queue is not None:
         if flow is not None or step is not None:
@@ -44,7 +46,12 @@ def select(
             )
         return _by_queue(project, queue, flows)
     if flow is None:
-        raise errors.UsageError("a worker needs --queue Q, --flow F, or --flow F --step S")
+        named = [w for w in project.workers if name is not None and w.name == name]
+        if named and step is None:  # `--name D` alone: the `kind: worker` document named D
+            return _by_queue(project, named[0].queue, flows, named[0])
+        raise errors.UsageError(
+            "a worker needs --queue Q, --flow F, --flow F --step S, or --name of a worker document"
+        )
     return _by_flow(project, flow, step)
 
 
@@ -83,9 +90,15 @@ def _by_flow(project: RuntimeProject, name: str, step_slug: str | None) -> Selec
     )
 
 
-def _by_queue(project: RuntimeProject, queue: str, names: list[str] | None) -> Selection:
-    deployments = project.workers_for(queue)
-    deployment = deployments[0] if len(deployments) == 1 and names is None else None
+def _by_queue(
+    project: RuntimeProject,
+    queue: str,
+    names: list[str] | None,
+    deployment: WorkerSpec | None = None,
+) -> Selection:
+    if deployment is None:
+        deployments = project.workers_for(queue)
+        deployment = deployments[0] if len(deployments) == 1 and names is None else None
     if names is None and deployment is not None:
         names = list(deployment.flows)
     if names is None:

@@ -82,7 +82,7 @@ class Worker:
     ) -> None:
         self.project = as_runtime_project(project)
         self.selection: Selection = select(
-            self.project, queue=queue, flow=flow, step=step, flows=flows
+            self.project, queue=queue, flow=flow, step=step, flows=flows, name=name
         )
         deployment = self.selection.deployment
         self.queue = self.selection.queue

@@ -84,3 +84,11 @@ def test_missing_handlers_refuse_with_yaml_locations() -> None:
     assert "flows/f.yaml:5" not in text
     registry = HandlerRegistry.load(steps[:1])
     assert registry.pairs == [("f", "a")] and not registry.get("f", "a").is_async  # type: ignore[union-attr]
+
+
+def test_a_worker_document_name_selects_its_queue() -> None:
+    chosen = select(_project(), name="jobs_worker")
+    assert chosen.queue == "jobs" and chosen.default_name == "jobs_worker"
+    assert {(s.flow_slug, s.slug) for s in chosen.steps} == {("shared_v2", "a"), ("shared_v2", "b")}
+    with pytest.raises(errors.UsageError, match="--name of a worker document"):
+        select(_project(), name="nobody")
