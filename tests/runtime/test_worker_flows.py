@@ -99,7 +99,7 @@ def test_unserialisable_output_fails_the_task_clearly(flows_dsn: str, spawn: Spa
 
 
 def test_one_worker_serves_two_flows_on_a_shared_queue(flows_dsn: str, spawn: Spawn) -> None:
-    jobs = spawn("--queue", "rt_jobs")
+    jobs = spawn("--name", "rt_jobs_worker")  # selects the worker document (queue rt_jobs)
     side = spawn("--queue", "rt_side")
     a = start_run(flows_dsn, "rt_shared_a", {"value": 4})
     b = start_run(flows_dsn, "rt_shared_b", {"value": 7})
