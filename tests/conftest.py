@@ -54,7 +54,8 @@ class Cluster:
 
     def drop_database(self, name: str) -> None:
         with self._admin() as conn:
-            conn.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
+            stmt = sql.SQL("drop database if exists {} with (force)")
+            conn.execute(stmt.format(sql.Identifier(name)))
 
     def template(self, version: str | None) -> str:
         """A template database with PGMQ and migrations up to ``version`` ('none' = PGMQ only)."""
@@ -87,7 +88,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         pgdata = tmp_path_factory.mktemp("pg") / "data"
         try:
             admin_dsn = db.EmbeddedDatabase.start_at(pgdata)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure to start is reported, not raised
             pytest.fail(f"cannot start the embedded PostgreSQL for the tests: {exc}", pytrace=False)
     try:
         with psycopg.connect(admin_dsn, autocommit=True) as conn:
@@ -103,7 +104,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture
 def db_factory(cluster: Cluster) -> Iterator[Callable[..., str]]:
-    """Make fresh databases: ``db_factory()`` = fully migrated, ``db_factory('0001')``, ``db_factory('none')``."""
+    """Fresh databases: ``db_factory()`` migrated, ``db_factory('0001')``, ``('none')``."""
     made: list[str] = []
 
     def make(version: str | None = None) -> str:

