@@ -22,14 +22,18 @@ def configure(subparsers: Any) -> None:
     commands = parser.add_subparsers(dest="db_command", metavar="ACTION")
     commands.required = True
 
-    up = commands.add_parser("up", help="start the embedded database (initialise it the first time)")
+    up = commands.add_parser(
+        "up", help="start the embedded database (initialise it the first time)"
+    )
     up.set_defaults(func=cmd_up)
     down = commands.add_parser("down", help="stop the embedded database")
     down.set_defaults(func=cmd_down)
     url = commands.add_parser("url", help="print the connection URL of the database in use")
     add_dsn_argument(url)
     url.set_defaults(func=cmd_url)
-    migrate = commands.add_parser("migrate", help="install PGMQ if absent and apply core migrations")
+    migrate = commands.add_parser(
+        "migrate", help="install PGMQ if absent and apply core migrations"
+    )
     add_dsn_argument(migrate)
     migrate.add_argument("--to", metavar="VERSION", help="stop after this migration (e.g. 0001)")
     migrate.set_defaults(func=cmd_migrate)
@@ -49,7 +53,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def cmd_down(args: argparse.Namespace) -> int:
     embedded = db.EmbeddedDatabase(Path.cwd())
-    print("embedded PostgreSQL stopped" if embedded.down() else "embedded PostgreSQL was not running")
+    stopped = embedded.down()
+    print("embedded PostgreSQL stopped" if stopped else "embedded PostgreSQL was not running")
     return 0
 
 

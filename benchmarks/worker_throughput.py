@@ -1,0 +1,303 @@
+"""End-to-end worker throughput and pickup latency, next to raw PGMQ on the same database.
+
+    PYTHONPATH=. python benchmarks/worker_throughput.py [--tasks 2000] [--dsn DSN]
+
+Without --dsn it starts a throwaway embedded PostgreSQL. Measured in one run:
+
+1. end to end: one producer sends N messages (raw PGMQ, one pgmq.send per
+   transaction) or starts N one-step runs (flowlane.start_flow per
+   transaction) while 1 / 4 consumer processes drain them: raw consumers
+   read batches of 10 (polling every 5 ms when idle) and archive them;
+   flowlane consumers are real worker processes (`flowlane worker`, no-op
+   handler) that claim, run and complete;
+2. drain only: the same with the backlog enqueued before the consumers start
+   (and start_flow's own rate with no worker running);
+3. latency from start_flow's commit to the handler starting, one run at a
+   time on an idle worker, with PGMQ insert notifications on and off
+   (polling fallback: read_with_poll, 100 ms interval): p50 / p95.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from flowlane.compiler import compile_project, load_project  # noqa: E402
+from flowlane.core import db, migrator  # noqa: E402
+
+FLOWS = REPO / "benchmarks" / "flows"
+RAW_QUEUE = "bench_raw"
+
+
+def fresh_database(admin_dsn: str) -> str:
+    name = f"flowlane_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'create database "{name}"'.encode())
+    dsn = psycopg.conninfo.make_conninfo(admin_dsn, dbname=name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrator.ensure_pgmq(conn)
+        migrator.migrate(conn)
+        for path, text in sorted(compile_project(load_project([FLOWS])).items()):
+            if path.startswith("flows/"):
+                conn.execute(text.encode())
+    return dsn
+
+
+# -- raw PGMQ -----------------------------------------------------------------
+
+
+def _raw_consumer(dsn: str, stop_at: int, done: Any) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while done.value < stop_at:
+            rows = conn.execute(
+                b"select msg_id from pgmq.read(%s, 30, 10)", (RAW_QUEUE,)
+            ).fetchall()
+            if not rows:
+                time.sleep(0.005)  # an idle consumer polls every 5 ms (no 1 s read_with_poll tail)
+                continue
+            ids = [r[0] for r in rows]
+            conn.execute(b"select pgmq.archive(%s, %s::bigint[])", (RAW_QUEUE, ids))
+            with done.get_lock():
+                done.value += len(ids)
+
+
+def raw_pgmq(dsn: str, n: int, consumers: int, *, preload: bool = False) -> float:
+    """Messages/s: one send per transaction while consumers drain; or (preload) drain only."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(b"select pgmq.create(%s)", (RAW_QUEUE,))
+        conn.execute(b"select pgmq.purge_queue(%s)", (RAW_QUEUE,))
+        if preload:
+            for offset in range(0, n, 500):
+                batch = [json.dumps({"n": i}) for i in range(offset, min(n, offset + 500))]
+                conn.execute(b"select pgmq.send_batch(%s, %s::jsonb[])", (RAW_QUEUE, batch))
+    done = multiprocessing.Value("i", 0)
+    procs = [
+        multiprocessing.Process(target=_raw_consumer, args=(dsn, n, done)) for _ in range(consumers)
+    ]
+    started = time.perf_counter()
+    for p in procs:
+        p.start()
+    if not preload:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for i in range(n):
+                conn.execute(b"select pgmq.send(%s, %s::jsonb)", (RAW_QUEUE, json.dumps({"n": i})))
+    for p in procs:
+        p.join()
+    return n / (time.perf_counter() - started)
+
+
+# -- flowlane workers ---------------------------------------------------------
+
+
+class Workers:
+    def __init__(self, dsn: str, count: int, *extra: str) -> None:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env.pop("FLOWLANE_DSN", None)
+        self.folder = Path(tempfile.mkdtemp(prefix="flowlane-bench-workers-"))
+        self.paths = [self.folder / f"worker-{i}.log" for i in range(count)]
+        self.logs = [path.open("w") for path in self.paths]
+        self.procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "flowlane",
+                    "worker",
+                    str(FLOWS),
+                    "--flow",
+                    "bench_noop",
+                    "--dsn",
+                    dsn,
+                    "--import-path",
+                    str(REPO / "benchmarks"),
+                    "--log-level",
+                    "INFO",
+                    *extra,
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            for log in self.logs
+        ]
+        deadline = time.monotonic() + 60
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while live_workers(conn) < count:  # registered = polling
+                for path, proc in zip(self.paths, self.procs, strict=True):
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise SystemExit(f"worker did not start:\n{path.read_text()}")
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc, log, path in zip(self.procs, self.logs, self.paths, strict=True):
+            proc.wait(60)
+            log.close()
+            path.unlink()
+        self.folder.rmdir()
+
+
+def live_workers(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(b"select count(*) from flowlane.workers where stopped_at is null").fetchone()
+    return int(row[0]) if row else 0
+
+
+def completed_count(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(b"select count(*) from flowlane.runs where status = 'completed'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def start_runs(conn: psycopg.Connection[Any], n: int) -> None:
+    with conn.cursor() as cur:
+        cur.executemany(
+            b"select flowlane.start_flow('bench_noop', %s::jsonb)",
+            [(json.dumps({"i": i}),) for i in range(n)],
+        )
+
+
+def wait_completed(conn: psycopg.Connection[Any], count: int) -> None:
+    while completed_count(conn) < count:
+        time.sleep(0.01)
+
+
+def engine(dsn: str, n: int, workers: int) -> float:
+    """Tasks/s end to end: start_flow one run per transaction while the workers drain."""
+    pool = Workers(dsn, workers)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            before = completed_count(conn)
+            started = time.perf_counter()
+            start_runs(conn, n)
+            wait_completed(conn, before + n)
+            return n / (time.perf_counter() - started)
+    finally:
+        pool.stop()
+
+
+def engine_drain(dsn: str, n: int, workers: int) -> tuple[float, float]:
+    """(start_flow runs/s with no worker running, tasks/s of the workers draining the backlog).
+
+    The drain is timed in the database: from the first worker's registration to
+    the last run's completion (worker start-up overlaps the first claims).
+    """
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        before = completed_count(conn)
+        started = time.perf_counter()
+        start_runs(conn, n)
+        produce = n / (time.perf_counter() - started)
+        mark = conn.execute(b"select clock_timestamp()").fetchone()
+        assert mark is not None
+        pool = Workers(dsn, workers)
+        try:
+            wait_completed(conn, before + n)
+        finally:
+            pool.stop()
+        row = conn.execute(
+            b"select extract(epoch from (select max(completed_at) from flowlane.runs)"
+            b" - (select min(started_at) from flowlane.workers where started_at > %s))",
+            (mark[0],),
+        ).fetchone()
+        assert row is not None
+        return produce, n / float(row[0])
+
+
+def latency(dsn: str, samples: int, notify: bool) -> tuple[float, float]:
+    pool = Workers(dsn, 1, *([] if notify else ["--no-notify"]))
+    delays: list[float] = []
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            time.sleep(0.5)  # let the idle worker settle into its wait
+            for _ in range(samples):
+                row = conn.execute(
+                    b"select run_id from flowlane.start_flow('bench_noop', '{}')"
+                ).fetchone()
+                committed = time.time()
+                assert row is not None
+                while True:
+                    out = conn.execute(
+                        b"select output from flowlane.runs"
+                        b" where run_id = %s and status = 'completed'",
+                        (row[0],),
+                    ).fetchone()
+                    if out:
+                        break
+                    time.sleep(0.02)  # the handler stamps the time: slow polling adds no error
+                delays.append((out[0]["only"]["t"] - committed) * 1000)
+                time.sleep(
+                    0.15
+                )  # idle gap: the worker is back in its wait when the next run starts
+    finally:
+        pool.stop()
+    delays.sort()
+    return statistics.median(delays), delays[int(len(delays) * 0.95) - 1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--dsn", help="admin DSN (may CREATE DATABASE); default: a temporary embedded server"
+    )
+    parser.add_argument("--tasks", type=int, default=2000)
+    parser.add_argument("--samples", type=int, default=40)
+    args = parser.parse_args()
+    tmp = None
+    admin = args.dsn
+    if admin is None:
+        tmp = tempfile.mkdtemp(prefix="flowlane-bench-")
+        admin = db.EmbeddedDatabase.start_at(Path(tmp) / "pgdata")
+    try:
+        dsn = fresh_database(admin)
+        print(f"tasks per measurement: {args.tasks}; cpus: {os.cpu_count()}")
+        print("end to end: one producer, one transaction per message/run, consumers draining")
+        print(f"{'consumers':>9}  {'raw pgmq msg/s':>14}  {'flowlane tasks/s':>16}  {'ratio':>6}")
+        for consumers in (1, 4):
+            raw = raw_pgmq(dsn, args.tasks, consumers)
+            eng = engine(dsn, args.tasks, consumers)
+            print(f"{consumers:>9}  {raw:>14.0f}  {eng:>16.0f}  {eng / raw:>6.2f}")
+        print()
+        print("drain only: the backlog is enqueued first (send_batch / start_flow per run)")
+        print(
+            f"{'consumers':>9}  {'raw pgmq msg/s':>14}  {'flowlane tasks/s':>16}  {'ratio':>6}"
+            f"  {'start_flow runs/s':>17}"
+        )
+        for consumers in (1, 4):
+            raw = raw_pgmq(dsn, args.tasks, consumers, preload=True)
+            produce, eng = engine_drain(dsn, args.tasks, consumers)
+            print(
+                f"{consumers:>9}  {raw:>14.0f}  {eng:>16.0f}  {eng / raw:>6.2f}  {produce:>17.0f}"
+            )
+        print()
+        print(
+            "pickup latency, start_flow commit -> handler start, idle worker "
+            f"({args.samples} samples)"
+        )
+        for notify in (True, False):
+            p50, p95 = latency(dsn, args.samples, notify)
+            label = "notifications on " if notify else "notifications off"
+            print(f"  {label}: p50 {p50:7.1f} ms   p95 {p95:7.1f} ms")
+    finally:
+        if tmp is not None:
+            db.EmbeddedDatabase.stop_at(Path(tmp) / "pgdata")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""``flowlane demo``: the whole loop on the embedded database, in one command.
+
+Compile ``flows/`` to ``sql/``, start the project's embedded PostgreSQL,
+migrate, apply the compiled SQL, start one run per entry point (every alias
+and every flow not behind an alias), serve every queue those runs touch with
+in-process workers (threads) until the runs finish, then print each output.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flowlane import compiler, errors
+from flowlane.compiler import diagnostics
+from flowlane.core import db, deploy, migrator
+from flowlane.runtime import project as projects
+from flowlane.runtime.client import Client
+from flowlane.runtime.model import RuntimeProject
+from flowlane.runtime.worker import Worker
+
+# sample inputs for the example flows shipped in flows/; any other flow gets {}
+SAMPLE_INPUTS: dict[str, Any] = {
+    "hello_world": {"name": "flowlane"},
+    "diamond": {"numbers": [3, 4, 5, 6, 7]},
+    "thumbnails": {"url": "https://example.com/cat.png"},
+    "community_threads": {
+        "threads": ["Is the API down?", "Great release, thanks", "How do I rotate keys?"],
+        "urgent": True,
+    },
+}
+
+
+@dataclass(frozen=True)
+class Started:
+    name: str
+    flow: str
+    run_id: str
+
+
+def run_demo(
+    paths: Sequence[str], *, timeout: float = 120.0, dsn: str | None = None, out: str = "sql"
+) -> int:
+    root = Path.cwd()
+    result = compiler.compile_paths(paths, out=out)
+    if result.project is None:
+        print(diagnostics.render(result.diagnostics, "text"))
+        return 1
+    print(f"1. {result.summary.line(out)}")
+
+    target = (
+        db.Target(dsn, "--dsn") if dsn else db.Target(db.EmbeddedDatabase(root).up(), "embedded")
+    )
+    where = "the embedded PostgreSQL in .flowlane/" if target.embedded else db.redact(target.dsn)
+    print(f"2. database: {where}")
+    with db.connect(target, autocommit=True) as conn:
+        applied = migrator.migrate(conn)
+        print(
+            f"3. core migrations: {len(applied)} applied"
+            if applied
+            else "3. core migrations: up to date"
+        )
+    # the same path as `flowlane apply`: the reviewed files, all or nothing
+    deployed = deploy.apply(paths, out, target.dsn)
+    print(f"4. applied {len(deployed.files)} compiled file(s) from {out}/ in one transaction")
+
+    runtime = projects.from_project(result.project, root)
+    entry_points = _entry_points(runtime)
+    with Client(target.dsn) as client:
+        started = [
+            Started(
+                name,
+                runtime.active(name) or name,
+                client.start_run(name, SAMPLE_INPUTS.get(name, {})),
+            )
+            for name in entry_points
+        ]
+    print(f"5. started {len(started)} run(s): " + ", ".join(s.name for s in started))
+
+    queues = sorted({s.queue for item in started for s in runtime.flows[item.flow].steps})
+    workers = [
+        Worker(
+            runtime,
+            queue=q,
+            dsn=target.dsn,
+            handle_signals=False,
+            poll_interval=1.0,
+            shutdown_timeout=5.0,
+        )
+        for q in queues
+    ]
+    print(f"6. serving {len(queues)} queue(s) with in-process workers: {', '.join(queues)}")
+    states = _serve_until_done(workers, target.dsn, started, timeout)
+
+    print()
+    ok = True
+    for item in started:
+        state = states.get(item.run_id)
+        status = state["run"]["status"] if state else "unfinished"
+        ok = ok and status == "completed"
+        label = item.name if item.name == item.flow else f"{item.name} -> {item.flow}"
+        print(f"run {item.run_id}  {label}: {status}")
+        if state and state["run"].get("output") is not None:
+            print("  output: " + json.dumps(state["run"]["output"], ensure_ascii=False))
+        elif state and state["run"].get("error_message"):
+            print("  error: " + state["run"]["error_message"])
+    print()
+    print(
+        f"compiled SQL: {(root / out / 'flows').as_posix()}/*.sql"
+        f" and {(root / out / 'aliases.sql').as_posix()}"
+    )
+    print("inspect: `flowlane runs`, `flowlane run RUN_ID`; stop the database: `flowlane db down`")
+    return 0 if ok else 1
+
+
+def _entry_points(project: RuntimeProject) -> list[str]:
+    """Every alias, and every flow that no alias stands for."""
+    behind_alias = {slug for alias in project.aliases.values() for slug in alias.targets}
+    return sorted(project.aliases) + sorted(s for s in project.flows if s not in behind_alias)
+
+
+def _serve_until_done(
+    workers: list[Worker], dsn: str, started: list[Started], timeout: float
+) -> dict[str, dict[str, Any]]:
+    logging.getLogger("flowlane").setLevel(logging.WARNING)
+    failures: list[BaseException] = []
+
+    def serve(worker: Worker) -> None:
+        try:
+            worker.run()
+        except BaseException as exc:  # noqa: BLE001 - reported below, after the other workers stop
+            failures.append(exc)
+
+    threads = [
+        threading.Thread(target=serve, args=(w,), name=f"demo-{w.queue}", daemon=True)
+        for w in workers
+    ]
+    for thread in threads:
+        thread.start()
+    states: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        with Client(dsn) as client:
+            while len(states) < len(started) and not failures and time.monotonic() < deadline:
+                for item in started:
+                    if item.run_id not in states:
+                        state = client.get_run(item.run_id)
+                        if state["run"]["status"] in ("completed", "failed"):
+                            states[item.run_id] = state
+                time.sleep(0.05)
+    finally:
+        for worker in workers:
+            worker.stop()
+        for thread in threads:
+            thread.join(30)
+    if failures:
+        raise (
+            failures[0]
+            if isinstance(failures[0], errors.FlowlaneError)
+            else errors.WorkerError(f"a demo worker failed: {failures[0]}")
+        )
+    return states

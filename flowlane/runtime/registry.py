@@ -1,0 +1,103 @@
+"""Import the handlers a worker serves, before it polls anything.
+
+A handler that cannot be imported refuses the start with every problem
+listed, each naming the YAML ``file:line`` that references it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from flowlane import errors
+from flowlane.runtime.model import HandlerRef, StepSpec
+
+Handler = Callable[[Any, Any], Any]
+
+
+@dataclass(frozen=True)
+class Registered:
+    step: StepSpec
+    func: Handler
+    is_async: bool
+
+
+class HandlerRegistry:
+    """``(flow_slug, step_slug) -> handler`` for the pairs routed to one queue."""
+
+    def __init__(self, entries: dict[tuple[str, str], Registered]) -> None:
+        self._entries = entries
+
+    @classmethod
+    def load(cls, steps: Iterable[StepSpec], import_paths: Iterable[str] = ()) -> HandlerRegistry:
+        for path in import_paths:
+            if path not in sys.path:
+                sys.path.insert(0, path)
+        entries: dict[tuple[str, str], Registered] = {}
+        problems: list[str] = []
+        for step in steps:
+            where = f"{step.flow_slug}.{step.slug}"
+            if step.handler is None:
+                problems.append(f"step {where} has no handler")
+                continue
+            try:
+                func = _import(step.handler)
+            except _ImportProblem as exc:
+                problems.append(
+                    f"{step.handler.source}: handler {step.handler} of step {where}: {exc}"
+                )
+                continue
+            entries[(step.flow_slug, step.slug)] = Registered(step, func, _is_async(func))
+        if problems:
+            raise errors.WorkerError(
+                "cannot import the handlers routed to this worker:\n  " + "\n  ".join(problems),
+                hint="fix the `handler:` entries or make the modules importable "
+                "(run the worker from the project root or pass --import-path)",
+            )
+        return cls(entries)
+
+    def get(self, flow_slug: str, step_slug: str) -> Registered | None:
+        return self._entries.get((flow_slug, step_slug))
+
+    @property
+    def pairs(self) -> list[tuple[str, str]]:
+        return sorted(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class _ImportProblem(Exception):
+    pass
+
+
+def _import(ref: HandlerRef) -> Handler:
+    if not ref.module or not ref.attr:
+        raise _ImportProblem("expected `module:callable`")
+    try:
+        module = importlib.import_module(ref.module)
+    except ModuleNotFoundError as exc:
+        raise _ImportProblem(f"module {exc.name!r} not found") from exc
+    except Exception as exc:  # the handler module itself is broken
+        raise _ImportProblem(f"importing {ref.module} raised {type(exc).__name__}: {exc}") from exc
+    target: Any = module
+    for part in ref.attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError as exc:
+            raise _ImportProblem(f"module {ref.module} has no attribute {ref.attr!r}") from exc
+    if not callable(target):
+        raise _ImportProblem(f"{ref} is not callable")
+    func: Handler = target
+    return func
+
+
+def _is_async(func: Any) -> bool:
+    if inspect.iscoroutinefunction(func):
+        return True
+    call = getattr(func, "__call__", None)  # noqa: B004 - callable objects with async __call__
+    return call is not None and inspect.iscoroutinefunction(call)

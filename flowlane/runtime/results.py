@@ -1,0 +1,142 @@
+"""Sending task results: completions batched through ``complete_tasks``, failures one by one.
+
+Every call is fenced by worker id and attempt. The returned rows tell what
+happened: accepted, a retry scheduled, the task exhausted, the output refused
+by the engine (e.g. a map's parent must output an array), or rejected
+because this worker lost its lease (the task was requeued and claimed again,
+or finished elsewhere): a rejected result changes nothing and is only logged.
+Transient database errors are retried with backoff until the worker stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import psycopg
+
+from flowlane.runtime import log
+from flowlane.runtime.backoff import Backoff
+from flowlane.runtime.store import TRANSIENT, Row, Store
+from flowlane.runtime.tasks import TaskResult, describe
+
+INFO, WARNING, ERROR = logging.INFO, logging.WARNING, logging.ERROR
+
+
+class ResultSender:
+    def __init__(self, store: Store, worker_id: str, stats: dict[str, int]) -> None:
+        self.store = store
+        self.worker_id = worker_id
+        self.stats = stats
+
+    async def send(self, results: list[TaskResult]) -> None:
+        completions = [r for r in results if r.ok]
+        failures = [r for r in results if not r.ok]
+        backoff = Backoff()
+        while completions or failures:
+            try:
+                if completions:
+                    failures.extend(await self._send_completions(completions))
+                    completions = []
+                while failures:
+                    await self._send_failure(failures[0])
+                    failures.pop(0)
+            except TRANSIENT as exc:
+                delay = backoff.next()
+                log.event(
+                    WARNING,
+                    "database_unavailable",
+                    component="flusher",
+                    error=describe(exc),
+                    pending=len(completions) + len(failures),
+                    retry_in=f"{delay:.2f}s",
+                )
+                await asyncio.sleep(delay)
+
+    async def _send_completions(self, results: list[TaskResult]) -> list[TaskResult]:
+        """Complete a batch; return the results the database refused to store (to fail instead)."""
+        refused: list[TaskResult] = []
+        try:
+            rows = await self.store.complete_tasks([r.completion(self.worker_id) for r in results])
+        except TRANSIENT:
+            raise
+        except psycopg.Error as exc:
+            if len(results) == 1:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                return [
+                    TaskResult(
+                        results[0].task,
+                        ok=False,
+                        error=f"the database refused the handler output: {first}",
+                    )
+                ]
+            for result in results:  # find the one(s) the database refuses
+                refused.extend(await self._send_completions([result]))
+            return refused
+        self._check_rows(rows, results, "completed")
+        return refused
+
+    async def _send_failure(self, result: TaskResult) -> None:
+        task = result.task
+        try:
+            rows = await self.store.fail_task(
+                run_id=task.run_id,
+                step_slug=task.step_slug,
+                task_index=task.task_index,
+                error_message=(result.error or "failed").replace("\x00", "\\0"),
+                worker_id=self.worker_id,
+                attempt=task.attempt,
+            )
+        except TRANSIENT:
+            raise
+        except psycopg.Error as exc:  # never expected; do not let one task stop the worker
+            log.event(
+                ERROR,
+                "result_not_sent",
+                **task.fields,
+                error=describe(exc),
+                note="left for stalled recovery",
+            )
+            return
+        self._check_rows(rows, [result], "failed")
+
+    def _check_rows(self, rows: list[Row], results: list[TaskResult], outcome: str) -> None:
+        by_key = {(str(r["run_id"]), r["step_slug"], int(r["task_index"])): r for r in rows}
+        for result in results:
+            task = result.task
+            row = by_key.get((task.run_id, task.step_slug, task.task_index))
+            owned = (
+                row is not None
+                and str(row["last_worker_id"]) == self.worker_id
+                and int(row["attempts_count"]) == task.attempt
+            )
+            if outcome == "completed" and owned and row is not None and row["status"] == "failed":
+                # the engine refused the output (e.g. a map's parent must output an array)
+                self.stats["failed"] += 1
+                log.event(WARNING, "task_output_refused", **task.fields, error=row["error_message"])
+                continue
+            if outcome == "completed":
+                accepted = owned and row is not None and row["status"] == "completed"
+            else:
+                accepted = owned and row is not None and row["status"] in ("failed", "queued")
+            if not accepted:
+                self.stats["rejected"] += 1
+                log.event(
+                    WARNING,
+                    "result_rejected",
+                    **task.fields,
+                    outcome=outcome,
+                    status=row["status"] if row else "missing",
+                    note="the task was requeued or finished elsewhere; result discarded",
+                )
+                continue
+            self.stats[outcome] += 1
+            if outcome == "completed":
+                log.event(INFO, "task_completed", **task.fields, duration_ms=result.duration_ms)
+            else:
+                assert row is not None
+                log.event(
+                    INFO if row["status"] == "queued" else WARNING,
+                    "task_retry_scheduled" if row["status"] == "queued" else "task_exhausted",
+                    **task.fields,
+                )

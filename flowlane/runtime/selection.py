@@ -1,0 +1,121 @@
+"""Which queue a worker polls and which (flow, step) pairs it must serve.
+
+``--flow F`` (one queue per flow: inferred), ``--flow F --step S`` (per-step
+queues: the step is required), ``--queue Q`` (any routing; the registry comes
+from the ``kind: worker`` documents for Q, else every step routed to Q), or
+``--name D`` alone (the queue and registry of the ``kind: worker`` document D).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flowlane import errors
+from flowlane.runtime.model import RuntimeProject, StepSpec, WorkerSpec
+
+
+@dataclass(frozen=True)
+class Selection:
+    queue: str
+    steps: tuple[StepSpec, ...]
+    deployment: WorkerSpec | None = None
+
+    @property
+    def flows(self) -> list[str]:
+        return sorted({s.flow_slug for s in self.steps})
+
+    @property
+    def default_name(self) -> str:
+        return self.deployment.name if self.deployment else self.queue
+
+
+def select(
+    project: RuntimeProject,
+    *,
+    queue: str | None = None,
+    flow: str | None = None,
+    step: str | None = None,
+    flows: list[str] | None = None,
+    name: str | None = None,
+) -> Selection:
+    if queue is not None:
+        if flow is not None or step is not None:
+            raise errors.UsageError(
+                "--queue cannot be combined with --flow/--step",
+                hint="use --flows to narrow the flows served from the queue",
+            )
+        return _by_queue(project, queue, flows)
+    if flow is None:
+        named = [w for w in project.workers if name is not None and w.name == name]
+        if named and step is None:  # `--name D` alone: the `kind: worker` document named D
+            return _by_queue(project, named[0].queue, flows, named[0])
+        raise errors.UsageError(
+            "a worker needs --queue Q, --flow F, --flow F --step S, or --name of a worker document"
+        )
+    return _by_flow(project, flow, step)
+
+
+def _by_flow(project: RuntimeProject, name: str, step_slug: str | None) -> Selection:
+    slug = project.active(name)
+    if slug is None or slug not in project.flows:
+        raise errors.UsageError(
+            f"unknown flow {name!r}",
+            hint=f"known flows: {', '.join(sorted(project.flows)) or '(none)'}",
+        )
+    flow = project.flows[slug]
+    if flow.queue_mode == "flow":
+        if step_slug is not None:
+            raise errors.UsageError(
+                f"flow {slug} runs every step on its queue {flow.queues[0]}; --step is not allowed",
+                hint=f"run `flowlane worker --flow {slug}`",
+            )
+        return Selection(flow.queues[0], flow.steps)
+    if flow.queue_mode == "per-step":
+        if step_slug is None:
+            raise errors.UsageError(
+                f"flow {slug} uses per-step queues; --step is required",
+                hint="start one worker per step: "
+                + ", ".join(f"--flow {slug} --step {s.slug}" for s in flow.steps),
+            )
+        step = flow.step(step_slug)
+        if step is None:
+            raise errors.UsageError(
+                f"flow {slug} has no step {step_slug!r}",
+                hint=f"steps: {', '.join(s.slug for s in flow.steps)}",
+            )
+        return Selection(step.queue, (step,))
+    raise errors.UsageError(
+        f"flow {slug} routes its steps to explicit queues; select one with --queue",
+        hint="queues: " + ", ".join(flow.queues),
+    )
+
+
+def _by_queue(
+    project: RuntimeProject,
+    queue: str,
+    names: list[str] | None,
+    deployment: WorkerSpec | None = None,
+) -> Selection:
+    if deployment is None:
+        deployments = project.workers_for(queue)
+        deployment = deployments[0] if len(deployments) == 1 and names is None else None
+    if names is None and deployment is not None:
+        names = list(deployment.flows)
+    if names is None:
+        chosen = list(project.flows)
+    else:
+        chosen = []
+        for name in names:
+            resolved = project.resolve(name)
+            if not resolved:
+                raise errors.UsageError(f"unknown flow or alias {name!r}")
+            chosen.extend(s for s in resolved if s not in chosen)
+    steps = project.steps_on(queue, chosen)
+    if not steps:
+        routed = sorted({s.queue for f in project.flows.values() for s in f.steps})
+        raise errors.UsageError(
+            f"no step of {'the project' if names is None else ', '.join(names)} "
+            f"is routed to queue {queue!r}",
+            hint=f"queues in this project: {', '.join(routed) or '(none)'}",
+        )
+    return Selection(queue, tuple(steps), deployment)

@@ -1,0 +1,203 @@
+"""Every database call the worker makes (SQL text lives in core/sql/runtime.sql)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from flowlane.core.queries import query
+from flowlane.runtime import log
+from flowlane.runtime.tasks import ClaimedTask
+
+# errors after which the same call may succeed on another connection
+TRANSIENT: tuple[type[BaseException], ...] = (psycopg.OperationalError, PoolTimeout)
+
+Row = dict[str, Any]
+
+
+def channel(queue_name: str) -> str:
+    """The channel PGMQ's insert trigger notifies (``pgmq.notify_queue_listeners``)."""
+    return f"pgmq.q_{queue_name}.INSERT"
+
+
+def json_param(value: Any) -> str:
+    return json.dumps(value, allow_nan=False)
+
+
+class Store:
+    """The worker's connection pool and its calls.
+
+    Handlers never hold a connection: the poller, the completion flusher and
+    the maintenance loop each use at most one at a time, so the pool is sized
+    to those (plus one spare), not to ``max_concurrent``.
+    """
+
+    def __init__(self, dsn: str, *, application_name: str, max_size: int = 4) -> None:
+        log.quiet_pool_logs()
+        self.dsn = dsn
+        self.application_name = application_name
+        self.pool: AsyncConnectionPool[psycopg.AsyncConnection[Row]] = AsyncConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=max_size,
+            open=False,
+            timeout=5.0,
+            # no background reconnection schedule: a failed connect gives the slot up at once and
+            # the next checkout (our callers retry with their own backoff) tries again
+            reconnect_timeout=0,
+            kwargs={
+                "autocommit": True,
+                "row_factory": dict_row,
+                "application_name": application_name,
+            },
+            connection_class=psycopg.AsyncConnection[Row],
+            name=application_name,
+        )
+
+    async def open(self, timeout: float = 10.0) -> None:
+        # one direct connection first: its error says why (the pool's only says "timed out")
+        probe = await psycopg.AsyncConnection.connect(
+            self.dsn, connect_timeout=max(1, int(timeout))
+        )
+        await probe.close()
+        await self.pool.open(wait=True, timeout=timeout)
+
+    async def close(self) -> None:
+        await self.pool.close(timeout=2.0)
+
+    async def fetch(self, name: str, **params: Any) -> list[Row]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(query(name), params)
+            return await cur.fetchall()
+
+    async def ensure_flow_compiled(self, flow_slug: str, shape: dict[str, Any]) -> dict[str, Any]:
+        rows = await self.fetch(
+            "worker_ensure_flow_compiled", flow_slug=flow_slug, shape=json_param(shape)
+        )
+        result: dict[str, Any] = rows[0]["result"] or {}
+        return result
+
+    async def apply_aliases(self, aliases: Sequence[tuple[str, str, list[str]]]) -> bool:
+        """``set_alias`` per (alias, active, draining); False when the database has no aliases."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(query("aliases_supported"))
+            row = await cur.fetchone()
+            if not aliases or not (row and row["supported"]):
+                return False
+            async with conn.transaction():
+                for alias, active, draining in aliases:
+                    await conn.execute(
+                        query("worker_set_alias"),
+                        {"alias": alias, "active": active, "draining": draining},
+                    )
+            return True
+
+    async def enable_notify(self, queue_name: str, throttle_ms: int) -> bool:
+        """Install PGMQ's insert trigger on the queue unless it is already there."""
+        async with self.pool.connection() as conn, conn.transaction():
+            # replicas starting together: one installs the trigger, the others then see it
+            await conn.execute(query("worker_notify_lock"), {"queue_name": queue_name})
+            cur = await conn.execute(query("worker_notify_throttle"), {"queue_name": queue_name})
+            if await cur.fetchone() is not None:
+                return False
+            await conn.execute(
+                query("worker_enable_notify"),
+                {"queue_name": queue_name, "throttle_ms": throttle_ms},
+            )
+            return True
+
+    async def register(self, worker_id: str, queue_name: str, worker_name: str) -> None:
+        await self.fetch(
+            "worker_register", worker_id=worker_id, queue_name=queue_name, worker_name=worker_name
+        )
+
+    async def heartbeat(self, worker_id: str) -> bool:
+        rows = await self.fetch("worker_heartbeat", worker_id=worker_id)
+        return bool(rows and rows[0]["deprecated"])
+
+    async def mark_stopped(self, worker_id: str) -> None:
+        await self.fetch("worker_mark_stopped", worker_id=worker_id)
+
+    async def requeue_stalled(self) -> int:
+        rows = await self.fetch("worker_requeue_stalled")
+        return int(rows[0]["requeued"] or 0) if rows else 0
+
+    async def read(
+        self, queue_name: str, *, vt: int, qty: int, poll_seconds: int | None
+    ) -> list[int]:
+        if poll_seconds is None:
+            rows = await self.fetch("worker_read", queue_name=queue_name, vt=vt, qty=qty)
+        else:
+            rows = await self.fetch(
+                "worker_read_with_poll",
+                queue_name=queue_name,
+                vt=vt,
+                qty=qty,
+                max_poll_seconds=poll_seconds,
+                poll_interval_ms=100,
+            )
+        return [int(r["msg_id"]) for r in rows]
+
+    async def start_tasks(
+        self, queue_name: str, msg_ids: Sequence[int], worker_id: str
+    ) -> list[ClaimedTask]:
+        rows = await self.fetch(
+            "worker_start_tasks", queue_name=queue_name, msg_ids=list(msg_ids), worker_id=worker_id
+        )
+        return [
+            ClaimedTask(
+                flow_slug=r["flow_slug"],
+                step_slug=r["step_slug"],
+                queue_name=r["queue_name"],
+                run_id=str(r["run_id"]),
+                task_index=int(r["task_index"]),
+                input=r["input"],
+                flow_input=r["flow_input"],
+                attempt=int(r["attempt"]),
+                msg_id=int(r["msg_id"]),
+            )
+            for r in rows
+        ]
+
+    async def complete_tasks(self, completions: list[dict[str, Any]]) -> list[Row]:
+        return await self.fetch("worker_complete_tasks", results=json_param(completions))
+
+    async def fail_task(
+        self,
+        *,
+        run_id: str,
+        step_slug: str,
+        task_index: int,
+        error_message: str,
+        worker_id: str,
+        attempt: int,
+    ) -> list[Row]:
+        return await self.fetch(
+            "worker_fail_task",
+            run_id=run_id,
+            step_slug=step_slug,
+            task_index=task_index,
+            error_message=error_message,
+            worker_id=worker_id,
+            attempt=attempt,
+        )
+
+    async def listen_connection(self, queue_name: str) -> psycopg.AsyncConnection[Any]:
+        conn = await psycopg.AsyncConnection.connect(
+            self.dsn, autocommit=True, application_name=f"{self.application_name}-listen"
+        )
+        try:
+            stmt = sql.SQL(query("worker_listen")).format(
+                channel=sql.Identifier(channel(queue_name))
+            )
+            await conn.execute(stmt)
+        except BaseException:
+            await conn.close()
+            raise
+        return conn

@@ -1,0 +1,195 @@
+"""Claimed tasks, their results, and running one handler."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from flowlane.runtime import log
+from flowlane.runtime.context import TaskContext
+from flowlane.runtime.registry import Registered
+
+MAX_ERROR_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class ClaimedTask:
+    """One row of ``flowlane.start_tasks``."""
+
+    flow_slug: str
+    step_slug: str
+    queue_name: str
+    run_id: str
+    task_index: int
+    input: Any
+    flow_input: Any
+    attempt: int
+    msg_id: int
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """Identifiers for log lines (never the payload)."""
+        return {
+            "run_id": self.run_id,
+            "flow": self.flow_slug,
+            "step": self.step_slug,
+            "task_index": self.task_index,
+            "attempt": self.attempt,
+            "msg_id": self.msg_id,
+        }
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    task: ClaimedTask
+    ok: bool
+    output: Any = None
+    error: str | None = None
+    duration_ms: int = 0
+
+    def completion(self, worker_id: str) -> dict[str, Any]:
+        return {
+            "run_id": self.task.run_id,
+            "step_slug": self.task.step_slug,
+            "task_index": self.task.task_index,
+            "output": self.output,
+            "worker_id": worker_id,
+            "attempt": self.task.attempt,
+        }
+
+
+def check_json(output: Any) -> str | None:
+    """None when ``output`` can be stored as jsonb, else why not."""
+    try:
+        text = json.dumps(output, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        return f"handler returned a value that is not JSON-serialisable: {exc}"
+    if "\\u0000" in text:
+        return "handler returned a string containing \\u0000, which PostgreSQL jsonb cannot store"
+    return None
+
+
+def describe(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text.replace("\x00", "\\0")[:MAX_ERROR_CHARS]  # PostgreSQL text cannot hold NUL
+
+
+async def execute(
+    task: ClaimedTask, handler: Registered, ctx: TaskContext, threads: HandlerThreads
+) -> TaskResult:
+    """Run the handler; exceptions and unserialisable outputs become a failed result."""
+    started = time.monotonic()
+    log.event(logging.INFO, "task_started", **task.fields)
+    try:
+        if handler.is_async:
+            output = await handler.func(task.input, ctx)
+        else:
+            output = await threads.submit(handler.func, task.input, ctx)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any handler error fails the task
+        elapsed = _ms(started)
+        log.event(
+            logging.WARNING,
+            "task_failed",
+            **task.fields,
+            duration_ms=elapsed,
+            error=type(exc).__name__,
+        )
+        log.logger.debug(
+            "handler traceback for %s/%s[%s]:\n%s",
+            task.run_id,
+            task.step_slug,
+            task.task_index,
+            "".join(traceback.format_exception(exc)),
+        )
+        return TaskResult(task, ok=False, error=describe(exc), duration_ms=elapsed)
+    problem = check_json(output)
+    elapsed = _ms(started)
+    if problem is not None:
+        log.event(
+            logging.WARNING,
+            "task_failed",
+            **task.fields,
+            duration_ms=elapsed,
+            error="OutputNotJSON",
+        )
+        return TaskResult(task, ok=False, error=problem, duration_ms=elapsed)
+    return TaskResult(task, ok=True, output=output, duration_ms=elapsed)
+
+
+def _ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
+
+
+class HandlerCrashed(Exception):
+    """A sync handler raised a BaseException that is not an Exception (e.g. SystemExit)."""
+
+
+class HandlerThreads:
+    """A fixed set of daemon threads for sync handlers (one per handler slot).
+
+    Daemon threads, not a ``ThreadPoolExecutor``: a handler abandoned at
+    shutdown must never keep the process alive (its task is left to stalled
+    recovery). Started once: starting a thread per task blocks the event loop
+    until the new thread is scheduled.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"flowlane-handler-{i}", daemon=True)
+            for i in range(size)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, func: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._jobs.put((loop, future, func, args))
+        return future
+
+    def close(self) -> None:
+        """Let idle threads exit; busy (abandoned) ones end with the process."""
+        for _ in self._threads:
+            self._jobs.put(None)
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            loop, future, func, args = job
+            value: Any = None
+            error: BaseException | None = None
+            try:
+                value = func(*args)
+                if inspect.isawaitable(value):
+                    value = asyncio.run(_await(value))
+            except Exception as exc:  # noqa: BLE001 - any handler error fails the task
+                error = exc
+            except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt in a handler
+                error = HandlerCrashed(describe(exc))
+            with contextlib.suppress(RuntimeError):  # the loop is gone: the task was abandoned
+                loop.call_soon_threadsafe(_settle, future, value, error)
+
+
+def _settle(future: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
+    if future.done():  # cancelled: abandoned at shutdown
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
+
+
+async def _await(value: Any) -> Any:
+    return await value

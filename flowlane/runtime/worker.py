@@ -1,0 +1,496 @@
+"""The worker: poll one PGMQ queue, run handlers, report results.
+
+Lifecycle: ``run()`` validates and imports every handler routed to the
+queue, compiles or verifies every flow (``ensure_flow_compiled``), enables
+PGMQ insert notifications, registers the worker, then serves until
+``stop()``, SIGTERM or SIGINT. Serving is four asyncio tasks on one loop:
+
+- poller: read a batch (at most the free handler slots), claim it with
+  ``start_tasks``, start one handler per claimed task. It wakes on PGMQ's
+  insert notification and polls every ``poll_interval`` as a fallback; while
+  the notification connection is down it uses ``pgmq.read_with_poll``;
+- flusher: sends results, completions batched through ``complete_tasks``,
+  failures through ``fail_task``, both fenced by worker id and attempt;
+- maintenance: heartbeat, and ``requeue_stalled_tasks`` every
+  ``requeue_interval`` seconds (cheap and SKIP LOCKED, so every worker does it);
+- listener: LISTEN on the queue's insert channel.
+
+Sync handlers run in daemon threads, ``async def`` handlers on the loop. Any
+database error that a retry can fix (a restart, a killed backend) is retried
+with backoff. Stopping: stop reading, set ``ctx.shutdown``, wait up to
+``shutdown_timeout`` for in-flight handlers, send their results, mark the
+worker stopped. Handlers still running are abandoned: their tasks stay
+``started`` and stalled recovery requeues them; nothing is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from flowlane import errors
+from flowlane.core import db
+from flowlane.runtime import hints, log
+from flowlane.runtime.backoff import Backoff
+from flowlane.runtime.context import TaskContext
+from flowlane.runtime.model import RuntimeProject
+from flowlane.runtime.project import as_runtime_project
+from flowlane.runtime.registry import HandlerRegistry
+from flowlane.runtime.results import ResultSender
+from flowlane.runtime.selection import Selection, select
+from flowlane.runtime.store import TRANSIENT, Store
+from flowlane.runtime.tasks import ClaimedTask, HandlerThreads, TaskResult, describe, execute
+
+DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
+MAX_POLL_WINDOW = 2  # seconds
+
+
+class Worker:
+    """Serve the handlers routed to one queue. ``run()`` blocks; ``stop()`` is thread-safe."""
+
+    def __init__(
+        self,
+        project: RuntimeProject | Any,
+        *,
+        queue: str | None = None,
+        flow: str | None = None,
+        step: str | None = None,
+        flows: list[str] | None = None,
+        dsn: str | None = None,
+        name: str | None = None,
+        max_concurrent: int | None = None,
+        batch_size: int | None = None,
+        notify: bool = True,
+        notify_throttle_ms: int = 0,
+        poll_interval: float = 2.0,
+        read_vt: int = 5,
+        shutdown_timeout: float = 30.0,
+        heartbeat_interval: float = 5.0,
+        requeue_interval: float = 15.0,
+        import_paths: Sequence[str] = (),
+        handle_signals: bool = True,
+    ) -> None:
+        self.project = as_runtime_project(project)
+        self.selection: Selection = select(
+            self.project, queue=queue, flow=flow, step=step, flows=flows, name=name
+        )
+        deployment = self.selection.deployment
+        self.queue = self.selection.queue
+        self.name = name or self.selection.default_name
+        self.max_concurrent = max_concurrent or (deployment.max_concurrent if deployment else 10)
+        self.batch_size = batch_size or (deployment.batch_size if deployment else 10)
+        if self.max_concurrent < 1 or self.batch_size < 1:
+            raise errors.UsageError("max_concurrent and batch_size must be at least 1")
+        self.dsn = dsn
+        self.notify = notify
+        self.notify_throttle_ms = notify_throttle_ms
+        self.poll_interval = poll_interval
+        self.read_vt = read_vt
+        self.shutdown_timeout = shutdown_timeout
+        self.heartbeat_interval = heartbeat_interval
+        # read_with_poll's window while notifications are off or down: short, so a stop or a
+        # recovered notification connection is noticed quickly
+        # while handlers run, read only once at least half a batch of slots is free
+        self._min_read = max(1, min(self.batch_size, self.max_concurrent) // 2)
+        self._poll_window = max(1, min(int(poll_interval), MAX_POLL_WINDOW))
+        self.requeue_interval = requeue_interval
+        self.import_paths = [str(Path(self.project.root).resolve()), *import_paths]
+        self.handle_signals = handle_signals
+        self.worker_id = str(uuid.uuid4())
+        self.ready = threading.Event()  # set once registered and serving
+        self.stats = {"claimed": 0, "completed": 0, "failed": 0, "rejected": 0}
+        self._stop_requested = threading.Event()
+        self._shutdown = threading.Event()  # ctx.shutdown of every task
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- public -----------------------------------------------------------
+
+    def run(self) -> None:
+        """Start up, serve until stopped, shut down gracefully."""
+        asyncio.run(self._main())
+
+    def stop(self, *, force: bool = False) -> None:
+        """Begin a graceful stop (``force``: abandon in-flight handlers at once)."""
+        self._stop_requested.set()
+        if force:
+            self.shutdown_timeout = 0
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                loop.call_soon_threadsafe(self._request_stop, force)
+
+    # -- lifecycle --------------------------------------------------------
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        self._force = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._capacity = asyncio.Event()
+        self._results: asyncio.Queue[TaskResult | None] = asyncio.Queue()
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._notify_live = False
+        self._running: dict[asyncio.Task[None], ClaimedTask] = {}
+        self._crash: str | None = None
+        if self._stop_requested.is_set():
+            self._stopping.set()
+        self._install_signal_handlers()
+        registry = HandlerRegistry.load(self.selection.steps, self.import_paths)
+        dsn = db.resolve(self.dsn).dsn
+        store = Store(dsn, application_name=f"flowlane-worker-{self.worker_id[:8]}")
+        try:
+            await store.open()
+        except psycopg.Error as exc:
+            await store.close()
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise errors.DatabaseUnavailable(
+                f"worker cannot connect to {db.redact(dsn)}: {first}",
+                hint="start the server or fix --dsn / FLOWLANE_DSN / DATABASE_URL",
+            ) from exc
+        except Exception:
+            await store.close()
+            raise
+        try:
+            await self._startup(store)
+            self.ready.set()
+            await self._serve(store, registry)
+        finally:
+            await store.close()
+        if self._crash:
+            raise errors.WorkerError(
+                f"the worker stopped after an internal error in its {self._crash}",
+                hint="in-flight tasks were finished or left for stalled recovery; "
+                "see the worker_crashed log line and restart the worker",
+            )
+
+    def _install_signal_handlers(self) -> None:
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            return
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        again = self._stopping.is_set()
+        log.event(
+            WARNING if again else INFO,
+            "signal_received",
+            signal=sig.name,
+            action="abandon in-flight tasks" if again else "graceful stop",
+        )
+        self._request_stop(again)
+
+    def _request_stop(self, force: bool = False) -> None:
+        self._stopping.set()
+        self._shutdown.set()
+        self._wake.set()
+        self._capacity.set()
+        if force:
+            self._force.set()
+
+    async def _startup(self, store: Store) -> None:
+        with hints.migrate_hint(), db.wrap_errors("worker startup"):
+            problems: list[str] = []
+            for slug, flow in sorted(self.project.flows.items()):
+                result = await store.ensure_flow_compiled(slug, flow.shape)
+                status = result.get("status")
+                if status == "mismatch":
+                    lines = result.get("differences") or ["(no details)"]
+                    problems.append(
+                        f"flow {slug} ({flow.source}):\n    " + "\n    ".join(map(str, lines))
+                    )
+                else:
+                    log.event(INFO, "flow_checked", flow=slug, status=status)
+            if problems:
+                raise errors.WorkerError(
+                    "the database holds flows whose shape differs from the YAML:\n  "
+                    + "\n  ".join(problems),
+                    hint="a structural change needs a new flow slug (e.g. _v2) and an alias move",
+                )
+            aliases = [(a.slug, a.active, list(a.draining)) for a in self.project.aliases.values()]
+            if await store.apply_aliases(sorted(aliases)):
+                log.event(INFO, "aliases_applied", count=len(aliases))
+            if self.notify:
+                await store.enable_notify(self.queue, self.notify_throttle_ms)
+            await store.register(self.worker_id, self.queue, self.name)
+        log.event(
+            INFO,
+            "worker_started",
+            worker_id=self.worker_id,
+            name=self.name,
+            queue=self.queue,
+            flows=",".join(self.selection.flows),
+            max_concurrent=self.max_concurrent,
+            batch_size=self.batch_size,
+            notify=self.notify,
+        )
+
+    async def _serve(self, store: Store, registry: HandlerRegistry) -> None:
+        self._store = store
+        self._registry = registry
+        self._sender = ResultSender(store, self.worker_id, self.stats)
+        self._threads = HandlerThreads(self.max_concurrent)
+        # LISTEN before the first read, so that nothing inserted after that read goes unnoticed
+        listening = await self._listen() if self.notify else None
+        self._notify_live = listening is not None
+        poller = self._background(self._poll_loop(), "poller")
+        flusher = self._background(self._flush_loop(), "flusher")
+        helpers = [self._background(self._maintenance_loop(), "maintenance")]
+        if self.notify:
+            helpers.append(self._background(self._listen_loop(listening), "listener"))
+        await self._stopping.wait()
+        log.event(INFO, "worker_stopping", worker_id=self.worker_id, in_flight=len(self._in_flight))
+        self._shutdown.set()
+        await asyncio.wait({poller}, timeout=self.poll_interval + 5)
+        poller.cancel()
+        await self._drain_in_flight()
+        self._results.put_nowait(None)
+        done, _ = await asyncio.wait({flusher}, timeout=max(5.0, self.shutdown_timeout / 2))
+        if not done:
+            log.event(
+                WARNING,
+                "results_abandoned",
+                pending=self._results.qsize(),
+                note="left for stalled recovery",
+            )
+            flusher.cancel()
+        for helper in helpers:
+            helper.cancel()
+        await asyncio.gather(poller, flusher, *helpers, return_exceptions=True)
+        self._threads.close()
+        try:
+            with contextlib.suppress(*TRANSIENT):
+                await asyncio.wait_for(store.mark_stopped(self.worker_id), timeout=5)
+        except TimeoutError:
+            pass
+        log.event(INFO, "worker_stopped", worker_id=self.worker_id, **self.stats)
+
+    async def _drain_in_flight(self) -> None:
+        deadline = time.monotonic() + self.shutdown_timeout
+        while self._in_flight and not self._force.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            force = asyncio.ensure_future(self._force.wait())
+            await asyncio.wait(
+                {*self._in_flight, force}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+            )
+            force.cancel()
+        for handle in list(self._in_flight):
+            claimed = self._running.get(handle)
+            if claimed is not None:
+                log.event(
+                    WARNING, "task_abandoned", **claimed.fields, note="left for stalled recovery"
+                )
+            handle.cancel()
+
+    def _background(self, coro: Awaitable[None], name: str) -> asyncio.Task[None]:
+        async def guarded() -> None:
+            try:
+                await coro
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a crashed component stops the worker
+                log.event(
+                    ERROR, "worker_crashed", component=name, error=describe(exc), exc_info=exc
+                )
+                self._crash = self._crash or f"{name}: {describe(exc)}"
+                self._request_stop()
+
+        return asyncio.create_task(guarded(), name=f"flowlane-{name}")
+
+    async def _pause(self, seconds: float, event: asyncio.Event | None = None) -> None:
+        """Sleep ``seconds``, returning early when stopping (or when ``event`` is set)."""
+        waiters = {asyncio.ensure_future(self._stopping.wait())}
+        if event is not None:
+            waiters.add(asyncio.ensure_future(event.wait()))
+        try:
+            await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    # -- poller -----------------------------------------------------------
+
+    async def _poll_loop(self) -> None:
+        backoff = Backoff()
+        while not self._stopping.is_set():
+            self._capacity.clear()  # before counting: a handler finishing now sets it again
+            free = self.max_concurrent - len(self._in_flight)
+            if free < self._min_read:  # busy: wait for a worthwhile batch instead of a trickle
+                await self._pause(60.0, self._capacity)
+                continue
+            notified = self._notify_live
+            self._wake.clear()
+            try:
+                msg_ids = await self._store.read(
+                    self.queue,
+                    vt=self.read_vt,
+                    qty=min(free, self.batch_size),
+                    poll_seconds=None if notified else self._poll_window,
+                )
+                claimed = (
+                    await self._store.start_tasks(self.queue, msg_ids, self.worker_id)
+                    if msg_ids
+                    else []
+                )
+            except TRANSIENT as exc:
+                delay = backoff.next()
+                log.event(
+                    WARNING,
+                    "database_unavailable",
+                    component="poller",
+                    error=describe(exc),
+                    retry_in=f"{delay:.2f}s",
+                )
+                await self._pause(delay)
+                continue
+            backoff.reset()
+            for task in claimed:
+                self._spawn(task)
+            if not msg_ids and notified and not self._stopping.is_set():
+                log.event(DEBUG, "poller_idle", wait=f"{self.poll_interval:g}s")
+                await self._pause(self.poll_interval, self._wake)
+
+    def _spawn(self, task: ClaimedTask) -> None:
+        self.stats["claimed"] += 1
+        registered = self._registry.get(task.flow_slug, task.step_slug)
+        if registered is None:
+            # another flow routes work to this (shared) queue that this deployment does not
+            # serve: stop instead of failing someone else's task; stalled recovery hands it on
+            log.event(
+                ERROR,
+                "unsupported_task",
+                **task.fields,
+                queue=self.queue,
+                served=",".join(f"{f}.{s}" for f, s in self._registry.pairs),
+            )
+            self._crash = self._crash or (
+                f"poller: claimed {task.flow_slug}.{task.step_slug} from queue {self.queue}, "
+                "which this worker has no handler for (left for stalled recovery)"
+            )
+            self._request_stop()
+            return
+        ctx = TaskContext(
+            run_id=task.run_id,
+            flow_slug=task.flow_slug,
+            step_slug=task.step_slug,
+            task_index=task.task_index,
+            attempt=task.attempt,
+            flow_input=task.flow_input,
+            queue_name=task.queue_name,
+            msg_id=task.msg_id,
+            worker_id=self.worker_id,
+            shutdown=self._shutdown,
+            log=logging.LoggerAdapter(
+                logging.getLogger(f"flowlane.handler.{task.flow_slug}"), task.fields
+            ),
+        )
+
+        async def run_one() -> None:
+            self._results.put_nowait(await execute(task, registered, ctx, self._threads))
+
+        handle = asyncio.create_task(run_one())
+        self._in_flight.add(handle)
+        self._running[handle] = task
+        handle.add_done_callback(self._finished)
+
+    def _finished(self, handle: asyncio.Task[None]) -> None:
+        self._in_flight.discard(handle)
+        self._running.pop(handle, None)
+        self._capacity.set()
+
+    # -- flusher ----------------------------------------------------------
+
+    async def _flush_loop(self) -> None:
+        while True:
+            first = await self._results.get()
+            batch = [first]
+            while not self._results.empty():
+                batch.append(self._results.get_nowait())
+            results = [r for r in batch if r is not None]
+            if results:
+                await self._sender.send(results)
+                self._wake.set()  # a retry with no delay or a new dependent may be ready
+            if None in batch:
+                return
+
+    # -- maintenance and notifications ------------------------------------
+
+    async def _maintenance_loop(self) -> None:
+        next_heartbeat = next_requeue = time.monotonic()
+        while not self._stopping.is_set():
+            now = time.monotonic()
+            try:
+                if now >= next_heartbeat:
+                    next_heartbeat = now + self.heartbeat_interval
+                    if await self._store.heartbeat(self.worker_id):
+                        log.event(
+                            WARNING,
+                            "worker_deprecated",
+                            worker_id=self.worker_id,
+                            action="graceful stop",
+                        )
+                        self._request_stop()
+                if now >= next_requeue:
+                    next_requeue = now + self.requeue_interval
+                    requeued = await self._store.requeue_stalled()
+                    if requeued:
+                        log.event(WARNING, "stalled_tasks_requeued", count=requeued)
+            except TRANSIENT as exc:
+                log.event(
+                    WARNING, "database_unavailable", component="maintenance", error=describe(exc)
+                )
+            except psycopg.Error as exc:
+                log.event(ERROR, "maintenance_failed", error=describe(exc))
+            await self._pause(max(0.05, min(next_heartbeat, next_requeue) - time.monotonic()))
+
+    async def _listen(self) -> psycopg.AsyncConnection[Any] | None:
+        try:
+            return await self._store.listen_connection(self.queue)
+        except TRANSIENT as exc:
+            log.event(WARNING, "database_unavailable", component="listener", error=describe(exc))
+            return None
+
+    async def _listen_loop(self, first: psycopg.AsyncConnection[Any] | None) -> None:
+        backoff = Backoff()
+        while not self._stopping.is_set():
+            try:
+                conn = first or await self._store.listen_connection(self.queue)
+                first = None
+            except TRANSIENT as exc:
+                delay = backoff.next()
+                log.event(
+                    WARNING,
+                    "database_unavailable",
+                    component="listener",
+                    error=describe(exc),
+                    retry_in=f"{delay:.2f}s",
+                )
+                await self._pause(delay)
+                continue
+            try:
+                self._notify_live = True
+                self._wake.set()  # something may have arrived while we were not listening
+                backoff.reset()
+                while not self._stopping.is_set():
+                    async for _ in conn.notifies(timeout=1.0):
+                        self._wake.set()
+            except TRANSIENT as exc:
+                log.event(
+                    WARNING, "notifications_lost", error=describe(exc), fallback="read_with_poll"
+                )
+            finally:
+                self._notify_live = False
+                with contextlib.suppress(Exception):
+                    await conn.close()

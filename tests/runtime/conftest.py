@@ -1,0 +1,31 @@
+"""Runtime test fixtures: a database with the test flows applied, worker processes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import rt_support
+
+
+@pytest.fixture
+def flows_dsn(dsn: str) -> str:
+    """A fresh database with every flow of tests/runtime/project applied."""
+    rt_support.apply_flows(dsn)
+    return dsn
+
+
+@pytest.fixture
+def spawn(flows_dsn: str, tmp_path: Path) -> Iterator[Callable[..., rt_support.WorkerProcess]]:
+    """``spawn("--flow", "x")``: a ready worker process on ``flows_dsn``, stopped after the test."""
+    started: list[rt_support.WorkerProcess] = []
+
+    def make(*args: str, ready: bool = True) -> rt_support.WorkerProcess:
+        worker = rt_support.WorkerProcess(flows_dsn, tmp_path, *args)
+        started.append(worker)
+        return worker.wait_ready() if ready else worker
+
+    yield make
+    for worker in started:
+        worker.stop()

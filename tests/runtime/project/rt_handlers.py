@@ -1,0 +1,142 @@
+"""Handlers of the runtime test flows (imported by real worker processes).
+
+Handlers that coordinate with a test take a directory in the run input
+(``{"dir": ...}``) and talk through files in it: ``started-<run>-<attempt>``
+marks a claim, ``release`` lets ``hold`` return, ``record.log`` counts
+executions of the dependent step.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from flowlane.runtime import TaskContext
+
+
+def split(input: dict[str, Any], ctx: TaskContext) -> list[int]:
+    return list(ctx.flow_input["numbers"])
+
+
+def square(n: int, ctx: TaskContext) -> int:
+    return n * n
+
+
+def meta(input: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    numbers = input["split"]
+    return {"count": len(numbers), "big": len(numbers) > 3}
+
+
+def total(input: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    return {"sum_of_squares": sum(input["square"]), "count": input["meta"]["count"]}
+
+
+async def alert(input: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    return {"alerted": True, "count": input["meta"]["count"]}
+
+
+def flaky(input: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    if ctx.attempt < 3:
+        raise RuntimeError(f"flaky failure on attempt {ctx.attempt}")
+    return {"succeeded_on_attempt": ctx.attempt}
+
+
+def boom(input: dict[str, Any], ctx: TaskContext) -> None:
+    raise ValueError(f"boom on attempt {ctx.attempt}")
+
+
+def after(input: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    return {"saw": sorted(input)}
+
+
+def first(input: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    return {"pid": os.getpid(), "value": ctx.flow_input["value"]}
+
+
+def second(input: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    return {"pid": os.getpid(), "value": input["first"]["value"] + 1}
+
+
+def after_one(input: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    return {"pid": os.getpid(), "value": input["one"]["value"] + 1}
+
+
+def third(input: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    return {"pid": os.getpid(), "value": input["second"]["value"] * 10}
+
+
+def hold(input: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    """Mark the claim, then wait for ``release`` (only on attempt 1 when ``only_first`` is set)."""
+    folder = Path(ctx.flow_input["dir"])
+    (folder / f"started-{ctx.run_id}-{ctx.attempt}").write_text(str(os.getpid()))
+    must_wait = ctx.attempt == 1 or not ctx.flow_input.get("only_first")
+    deadline = time.monotonic() + 60
+    while must_wait and not (folder / "release").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("never released")
+        ctx.shutdown.wait(0.02)  # a handler polling for its condition
+    return {"attempt": ctx.attempt, "pid": os.getpid(), "saw_shutdown": ctx.shutdown.is_set()}
+
+
+def record(input: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    folder = Path(ctx.flow_input["dir"])
+    with (folder / "record.log").open("a") as log:
+        log.write(f"{ctx.run_id} {ctx.attempt} {input['hold']['attempt']}\n")
+    return {"from_attempt": input["hold"]["attempt"]}
+
+
+def noop(input: Any, ctx: TaskContext) -> list[int]:
+    return list(range(int(ctx.flow_input.get("width", 2))))
+
+
+async def async_noop(item: Any, ctx: TaskContext) -> Any:
+    return item
+
+
+def bad_output(input: Any, ctx: TaskContext) -> Any:
+    return {"not json": {1, 2, 3}}
+
+
+GAUGE = {"now": 0, "peak": 0}
+_GAUGE_LOCK = threading.Lock()
+
+
+def gauge(item: Any, ctx: TaskContext) -> int:
+    """Count handlers running at once; each waits until a few others have started too."""
+    with _GAUGE_LOCK:
+        GAUGE["now"] += 1
+        GAUGE["peak"] = max(GAUGE["peak"], GAUGE["now"])
+    try:
+        deadline = time.monotonic() + 2
+        while GAUGE["peak"] < 3 and time.monotonic() < deadline:
+            ctx.shutdown.wait(0.005)
+        return int(item)
+    finally:
+        with _GAUGE_LOCK:
+            GAUGE["now"] -= 1
+
+
+async def hold_async(input: Any, ctx: TaskContext) -> dict[str, Any]:
+    """Mark the claim, then wait (asynchronously) for the worker to stop."""
+    (Path(ctx.flow_input["dir"]) / f"started-{ctx.run_id}-{ctx.attempt}").write_text("")
+    stopped = await ctx.wait_shutdown(60)
+    return {"saw_shutdown": stopped}
+
+
+def greet_v1(input: Any, ctx: TaskContext) -> str:
+    return f"hello {ctx.flow_input['name']}"
+
+
+def greet_v2(input: Any, ctx: TaskContext) -> str:
+    return f"Hello, {ctx.flow_input['name']}!"
+
+
+def shout(input: dict[str, Any], ctx: TaskContext) -> str:
+    return str(input["greet"]).upper()
+
+
+def nul_error(input: Any, ctx: TaskContext) -> None:
+    raise ValueError("binary\x00garbage")

@@ -1,0 +1,205 @@
+"""Helpers for the runtime tests: worker processes, waiting on conditions, applying flows.
+
+Nothing here sleeps to paper over a race: every wait polls a condition
+(a file, a log line, a database row) against a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+
+REPO = Path(__file__).resolve().parents[2]
+PROJECT = Path(__file__).resolve().parent / "project"
+T = TypeVar("T")
+
+
+def wait_until(
+    check: Callable[[], T | None],
+    *,
+    timeout: float = 30.0,
+    interval: float = 0.02,
+    message: str = "condition",
+) -> T:
+    """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)  # polling interval of a wait loop with a deadline
+
+
+def env() -> dict[str, str]:
+    variables = {k: v for k, v in os.environ.items() if k not in ("FLOWLANE_DSN", "DATABASE_URL")}
+    variables["PYTHONPATH"] = str(REPO)
+    variables["PYTHONUNBUFFERED"] = "1"
+    return variables
+
+
+def flowlane(
+    *args: str, cwd: Path = PROJECT, timeout: float = 120, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "flowlane", *args],
+        cwd=cwd,
+        env={**env(), **(extra_env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+class WorkerProcess:
+    """``python -m flowlane worker ...`` in the test project, logs in a file."""
+
+    def __init__(self, dsn: str, logdir: Path, *args: str, cwd: Path = PROJECT) -> None:
+        self.log = logdir / f"worker-{uuid.uuid4().hex[:8]}.log"
+        self.args = args
+        self._out = self.log.open("w")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "flowlane",
+                "worker",
+                "--log-level",
+                "DEBUG",  # a test may override it: the last occurrence wins
+                *args,
+                "--dsn",
+                dsn,
+            ],
+            cwd=cwd,
+            env=env(),
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+        )
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def wait_ready(self, timeout: float = 60.0) -> WorkerProcess:
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.text()}")
+            return "worker_started" in self.text()
+
+        wait_until(ready, timeout=timeout, message=f"worker {self.args} to start")
+        return self
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 60.0) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._out.close()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.wait(10)
+
+
+def run_state(dsn: str, run_id: str) -> dict[str, Any]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("select flowlane.get_run_with_states(%s::uuid)", (run_id,)).fetchone()
+    assert row is not None and row[0] is not None, f"no run {run_id}"
+    state: dict[str, Any] = row[0]
+    return state
+
+
+def wait_run(
+    dsn: str,
+    run_id: str,
+    timeout: float = 60.0,
+    workers: list[WorkerProcess] | None = None,
+) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        for w in workers or []:
+            if w.proc.poll() is not None:
+                raise AssertionError(f"worker died ({w.proc.returncode}):\n{w.text()}")
+        state = run_state(dsn, run_id)
+        return state if state["run"]["status"] in ("completed", "failed") else None
+
+    try:
+        return wait_until(done, timeout=timeout, interval=0.05, message=f"run {run_id} to finish")
+    except AssertionError:
+        logs = "\n\n".join(w.text() for w in workers or [])
+        raise AssertionError(
+            f"run {run_id} did not finish: {json.dumps(run_state(dsn, run_id), default=str)}"
+            f"\n{logs}"
+        ) from None
+
+
+def start_run(dsn: str, flow: str, payload: Any) -> str:
+    from flowlane.runtime.client import Client
+
+    with Client(dsn) as client:
+        return client.start_run(flow, payload)
+
+
+def step(state: dict[str, Any], slug: str) -> dict[str, Any]:
+    return next(s for s in state["steps"] if s["step_slug"] == slug)
+
+
+def tasks(state: dict[str, Any], slug: str) -> list[dict[str, Any]]:
+    return [t for t in state["tasks"] if t["step_slug"] == slug]
+
+
+def apply_flows(dsn: str, project_dir: Path = PROJECT) -> None:
+    """Compile the project's flows with the compiler and apply the SQL (options included)."""
+    import importlib
+
+    from flowlane.runtime.project import load_compiled
+
+    compiled = load_compiled([project_dir / "flows"])
+    render = importlib.import_module("flowlane.compiler.render")
+    files: dict[str, str] = render.render_project(compiled)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _name, text in sorted(files.items(), key=lambda item: "alias" in item[0]):
+            conn.execute(text.encode())  # flows first, then aliases.sql
+
+
+def backdate_started(dsn: str, run_id: str, step_slug: str, seconds: int = 3600) -> None:
+    """Make started tasks look stalled instead of waiting for the stall threshold."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "update flowlane.step_tasks set started_at = started_at - make_interval(secs => %s),"
+            " queued_at = queued_at - make_interval(secs => %s)"
+            " where run_id = %s::uuid and step_slug = %s and status = 'started'",
+            (seconds, seconds, run_id, step_slug),
+        )
+
+
+def requeue_stalled(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("select flowlane.requeue_stalled_tasks()").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def queue_depth(dsn: str, queue: str) -> int:
+    """Messages still in a queue (visible or not): 0 once every task is archived."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("select queue_length from pgmq.metrics(%s)", (queue,)).fetchone()
+    assert row is not None
+    return int(row[0])

@@ -1,0 +1,47 @@
+"""``flowlane demo`` from a fresh copy of the repository, on its own embedded database."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from rt_support import REPO
+
+from flowlane.core import db
+
+
+def test_demo_in_a_fresh_copy(tmp_path: Path) -> None:
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True)
+    copy = tmp_path / "clone"
+    for name in tracked.stdout.decode().split("\0"):
+        if name and (REPO / name).is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, copy / name)
+    env = {k: v for k, v in os.environ.items() if k not in ("FLOWLANE_DSN", "DATABASE_URL")}
+    env["PYTHONPATH"] = str(copy)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "flowlane", "demo"],
+            cwd=copy,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    finally:
+        db.EmbeddedDatabase.stop_at(copy / ".flowlane" / "pgdata")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "Traceback" not in result.stderr
+    for flow in ("hello_world", "diamond", "thumbnails", "community_threads"):
+        assert any(
+            line.startswith("run ") and flow in line and line.endswith(": completed")
+            for line in out.splitlines()
+        ), out
+    assert '"greeting": "Hello, flowlane!"' in out
+    assert f"compiled SQL: {(copy / 'sql' / 'flows').as_posix()}/*.sql" in out
+    assert (copy / "sql" / "flows" / "hello_world.sql").is_file()

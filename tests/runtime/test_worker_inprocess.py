@@ -1,0 +1,105 @@
+"""The Python API: ``Worker(...).run()`` in a thread, ``stop()``; concurrency bound; log hygiene."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+from rt_support import PROJECT, WorkerProcess, start_run, step, wait_run, wait_until
+
+from flowlane.runtime import project
+from flowlane.runtime.worker import Worker
+
+
+@pytest.fixture
+def handlers() -> Iterator[object]:
+    sys.path.insert(0, str(PROJECT))
+    import rt_handlers
+
+    yield rt_handlers
+    sys.path.remove(str(PROJECT))
+
+
+def test_at_most_max_concurrent_handlers_run(flows_dsn: str, handlers: object) -> None:
+    worker = Worker(
+        project.load(PROJECT / "flows"),
+        flow="rt_gauge",
+        dsn=flows_dsn,
+        max_concurrent=3,
+        batch_size=10,
+        handle_signals=False,
+        import_paths=[str(PROJECT)],
+    )
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        assert worker.ready.wait(60)
+        run_id = start_run(flows_dsn, "rt_gauge", list(range(12)))
+        state = wait_run(flows_dsn, run_id)
+        assert step(state, "fan")["output"] == list(range(12))
+    finally:
+        worker.stop()
+        thread.join(60)
+    assert not thread.is_alive()
+    assert handlers.GAUGE["peak"] == 3  # type: ignore[attr-defined]
+    assert worker.stats["completed"] == 12 and worker.stats["rejected"] == 0
+
+
+def test_json_logs_carry_ids_and_never_payloads(
+    flows_dsn: str, spawn: Callable[..., WorkerProcess]
+) -> None:
+    worker = spawn("--flow", "rt_diamond", "--log-level", "INFO", "--log-format", "json")
+    secret = 987654321
+    run_id = start_run(flows_dsn, "rt_diamond", {"numbers": [secret], "token": "s3cr3t"})
+    wait_run(flows_dsn, run_id, workers=[worker])
+    assert worker.stop() == 0
+    events = [json.loads(line) for line in worker.text().splitlines() if line.strip()]
+    names = [e.get("event") for e in events]
+    assert {"worker_started", "task_started", "task_completed", "worker_stopped"} <= set(names)
+    completed = [e for e in events if e.get("event") == "task_completed"]
+    assert {e["step"] for e in completed} == {"split", "square", "meta", "total"}
+    assert all(e["run_id"] == run_id and "task_index" in e and "attempt" in e for e in completed)
+    text = worker.text()
+    assert str(secret) not in text and "s3cr3t" not in text
+
+
+def test_heartbeats_and_deprecation_stop_the_worker(flows_dsn: str) -> None:
+    worker = Worker(
+        project.load(PROJECT / "flows"),
+        flow="rt_diamond",
+        dsn=flows_dsn,
+        heartbeat_interval=0.05,
+        handle_signals=False,
+        import_paths=[str(PROJECT)],
+    )
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        assert worker.ready.wait(60)
+        with psycopg.connect(flows_dsn, autocommit=True) as conn:
+
+            def beats() -> bool:
+                row = conn.execute(
+                    "select last_heartbeat_at > started_at from flowlane.workers"
+                    " where worker_id = %s",
+                    (worker.worker_id,),
+                ).fetchone()
+                return bool(row and row[0])
+
+            wait_until(beats, message="a heartbeat")
+            conn.execute(
+                "update flowlane.workers set deprecated_at = now() where worker_id = %s",
+                (worker.worker_id,),
+            )
+        thread.join(60)  # the next heartbeat sees the deprecation and stops gracefully
+        assert not thread.is_alive()
+        with psycopg.connect(flows_dsn, autocommit=True) as conn:
+            row = conn.execute("select stopped_at is not null from flowlane.workers").fetchone()
+        assert row == (True,)
+    finally:
+        worker.stop()
+        thread.join(60)

@@ -1,0 +1,89 @@
+"""Waking up: PGMQ insert notifications, the polling fallback, a database restart."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+import rt_support
+from rt_support import WorkerProcess, start_run, step, wait_run, wait_until
+
+from flowlane.core import db, migrator
+
+Spawn = Callable[..., WorkerProcess]
+
+
+def test_insert_notification_wakes_an_idle_worker(flows_dsn: str, spawn: Spawn) -> None:
+    worker = spawn("--flow", "rt_diamond", "--poll-interval", "600")
+    wait_until(lambda: "poller_idle" in worker.text(), message="the worker to go idle")
+    began = time.monotonic()
+    run_id = start_run(flows_dsn, "rt_diamond", {"numbers": [1, 2]})
+    state = wait_run(flows_dsn, run_id, timeout=60, workers=[worker])
+    assert state["run"]["status"] == "completed"
+    assert time.monotonic() - began < 60  # far below the 600 s fallback poll: woken by NOTIFY
+    with psycopg.connect(flows_dsn, autocommit=True) as conn:
+        throttles = conn.execute(
+            "select queue_name from pgmq.list_notify_insert_throttles()"
+        ).fetchall()
+    assert throttles == [("rt_diamond",)]
+
+
+def test_polling_fallback_without_notifications(flows_dsn: str, spawn: Spawn) -> None:
+    worker = spawn("--flow", "rt_diamond", "--no-notify", "--poll-interval", "1")
+    run_id = start_run(flows_dsn, "rt_diamond", {"numbers": [3]})
+    state = wait_run(flows_dsn, run_id, workers=[worker])
+    assert step(state, "total")["output"] == {"sum_of_squares": 9, "count": 1}
+    assert "poller_idle" not in worker.text()  # read_with_poll did the waiting
+
+
+def test_worker_reconnects_after_a_database_restart(tmp_path: Path) -> None:
+    # its own server: stopping the shared test cluster would disturb the other tests
+    # (outside pytest's basetemp, which concurrent pytest sessions prune and re-permission)
+    scratch = Path(tempfile.mkdtemp(prefix="flowlane-restart-"))
+    pgdata = scratch / "pgdata"
+    dsn = db.EmbeddedDatabase.start_at(pgdata)
+    worker: WorkerProcess | None = None
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            migrator.ensure_pgmq(conn)
+            migrator.migrate(conn)
+        rt_support.apply_flows(dsn)
+        worker = WorkerProcess(dsn, tmp_path, "--flow", "rt_diamond").wait_ready()
+        first = start_run(dsn, "rt_diamond", {"numbers": [1]})
+        assert wait_run(dsn, first, workers=[worker])["run"]["status"] == "completed"
+
+        db.EmbeddedDatabase.stop_at(pgdata)  # immediate shutdown: every connection dies
+        wait_until(
+            lambda: (
+                "database_unavailable" in worker.text() or "notifications_lost" in worker.text()
+            ),
+            message="the worker to notice",
+        )
+        restart = [
+            sys.executable,
+            "-c",
+            (
+                "import sys; from pathlib import Path; "
+                "from flowlane.core import db; db.EmbeddedDatabase.start_at(Path(sys.argv[1]))"
+            ),
+            str(pgdata),
+        ]
+        subprocess.run(restart, env=rt_support.env(), check=True, timeout=120)
+
+        runs = [start_run(dsn, "rt_diamond", {"numbers": list(range(n))}) for n in (2, 3)]
+        for n, run_id in zip((2, 3), runs, strict=True):
+            state = wait_run(dsn, run_id, workers=[worker])
+            assert state["run"]["status"] == "completed"
+            assert step(state, "total")["output"]["count"] == n
+        assert worker.stop() == 0
+    finally:
+        if worker is not None and worker.proc.poll() is None:
+            worker.proc.kill()
+        db.EmbeddedDatabase.stop_at(pgdata)
+        shutil.rmtree(scratch, ignore_errors=True)
