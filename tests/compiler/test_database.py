@@ -177,6 +177,9 @@ def test_applying_a_changed_shape_raises_and_changes_nothing(
     flow = api.project_from_text(to_yaml(document)).flows[0]
     run_file(conn, api.compile_project(api.project_from_text(to_yaml(document)))[
         f"flows/{flow.slug}.sql"])
+    # the Python shape and the one SQL derives from the stored definition agree
+    stored = conn.execute("select flowlane.get_flow_shape(%s)", (flow.slug,)).fetchone()
+    assert stored is not None and shape.same_json(stored[0], shape.flow_shape(flow))
     before = snapshot(conn)
     for mutated in _mutations(document):
         text = api.compile_project(api.project_from_text(to_yaml(mutated)))[
