@@ -346,15 +346,7 @@ class Worker:
                     else []
                 )
             except TRANSIENT as exc:
-                delay = backoff.next()
-                log.event(
-                    WARNING,
-                    "database_unavailable",
-                    component="poller",
-                    error=describe(exc),
-                    retry_in=f"{delay:.2f}s",
-                )
-                await self._pause(delay)
+                await backoff.retry_later("poller", exc, self._pause)
                 continue
             backoff.reset()
             for task in claimed:
@@ -470,15 +462,7 @@ class Worker:
                 conn = first or await self._store.listen_connection(self.queue)
                 first = None
             except TRANSIENT as exc:
-                delay = backoff.next()
-                log.event(
-                    WARNING,
-                    "database_unavailable",
-                    component="listener",
-                    error=describe(exc),
-                    retry_in=f"{delay:.2f}s",
-                )
-                await self._pause(delay)
+                await backoff.retry_later("listener", exc, self._pause)
                 continue
             try:
                 self._notify_live = True
