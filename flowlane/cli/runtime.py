@@ -108,12 +108,13 @@ def _paths(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from flowlane.runtime import log, project
+    from flowlane.compiler.model import Project
+    from flowlane.runtime import log
     from flowlane.runtime.worker import Worker
 
     log.configure(args.log_level, args.log_format)
     worker = Worker(
-        project.load(_paths(args)),
+        Project.load(*_paths(args)),
         queue=args.queue,
         flow=args.flow,
         step=args.step,

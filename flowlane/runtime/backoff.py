@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from flowlane.runtime import log
+from flowlane.runtime.tasks import describe
 
 
 class Backoff:
@@ -18,3 +25,23 @@ class Backoff:
 
     def reset(self) -> None:
         self._current = self.first
+
+    async def retry_later(
+        self,
+        component: str,
+        exc: BaseException,
+        sleep: Callable[[float], Awaitable[Any]] | None = None,
+        **fields: Any,
+    ) -> None:
+        """Log ``database_unavailable`` for ``component``, then wait the next delay
+        (with ``sleep``, e.g. a pause that ends early on stop; default ``asyncio.sleep``)."""
+        delay = self.next()
+        log.event(
+            logging.WARNING,
+            "database_unavailable",
+            component=component,
+            error=describe(exc),
+            **fields,
+            retry_in=f"{delay:.2f}s",
+        )
+        await (sleep or asyncio.sleep)(delay)

@@ -19,10 +19,9 @@ from typing import Any
 
 from flowlane import compiler, errors
 from flowlane.compiler import diagnostics
+from flowlane.compiler.model import Project
 from flowlane.core import db, deploy, migrator
-from flowlane.runtime import project as projects
 from flowlane.runtime.client import Client
-from flowlane.runtime.model import RuntimeProject
 from flowlane.runtime.worker import Worker
 
 # sample inputs for the example flows shipped in flows/; any other flow gets {}
@@ -70,23 +69,22 @@ def run_demo(
     deployed = deploy.apply(paths, out, target.dsn)
     print(f"4. applied {len(deployed.files)} compiled file(s) from {out}/ in one transaction")
 
-    runtime = projects.from_project(result.project, root)
-    entry_points = _entry_points(runtime)
+    project = result.project
     with Client(target.dsn) as client:
         started = [
             Started(
                 name,
-                runtime.active(name) or name,
+                project.resolve(name).slug,
                 client.start_run(name, SAMPLE_INPUTS.get(name, {})),
             )
-            for name in entry_points
+            for name in _entry_points(project)
         ]
     print(f"5. started {len(started)} run(s): " + ", ".join(s.name for s in started))
 
-    queues = sorted({s.queue for item in started for s in runtime.flows[item.flow].steps})
+    queues = sorted({q for item in started for q in project.flow(item.flow).queues})
     workers = [
         Worker(
-            runtime,
+            project,
             queue=q,
             dsn=target.dsn,
             handle_signals=False,
@@ -119,10 +117,12 @@ def run_demo(
     return 0 if ok else 1
 
 
-def _entry_points(project: RuntimeProject) -> list[str]:
+def _entry_points(project: Project) -> list[str]:
     """Every alias, and every flow that no alias stands for."""
-    behind_alias = {slug for alias in project.aliases.values() for slug in alias.targets}
-    return sorted(project.aliases) + sorted(s for s in project.flows if s not in behind_alias)
+    behind_alias = {slug for alias in project.aliases for slug in alias.versions}
+    return sorted(a.slug for a in project.aliases) + sorted(
+        f.slug for f in project.flows if f.slug not in behind_alias
+    )
 
 
 def _serve_until_done(

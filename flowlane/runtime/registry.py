@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowlane import errors
-from flowlane.runtime.model import HandlerRef, StepSpec
+from flowlane.compiler.model import HandlerRef, Location
 
 Handler = Callable[[Any, Any], Any]
 
 
 @dataclass(frozen=True)
 class Registered:
-    step: StepSpec
+    ref: HandlerRef
     func: Handler
     is_async: bool
 
@@ -33,25 +33,28 @@ class HandlerRegistry:
         self._entries = entries
 
     @classmethod
-    def load(cls, steps: Iterable[StepSpec], import_paths: Iterable[str] = ()) -> HandlerRegistry:
+    def load(
+        cls, handlers: Iterable[HandlerRef], import_paths: Iterable[str] = ()
+    ) -> HandlerRegistry:
         for path in import_paths:
             if path not in sys.path:
                 sys.path.insert(0, path)
         entries: dict[tuple[str, str], Registered] = {}
         problems: list[str] = []
-        for step in steps:
-            where = f"{step.flow_slug}.{step.slug}"
-            if step.handler is None:
+        for ref in handlers:
+            where = f"{ref.flow_slug}.{ref.step_slug}"
+            if not ref.handler:
                 problems.append(f"step {where} has no handler")
                 continue
             try:
-                func = _import(step.handler)
+                func = _import(ref.handler)
             except _ImportProblem as exc:
                 problems.append(
-                    f"{step.handler.source}: handler {step.handler} of step {where}: {exc}"
+                    f"{source_line(ref.location, ref.flow_slug)}: "
+                    f"handler {ref.handler} of step {where}: {exc}"
                 )
                 continue
-            entries[(step.flow_slug, step.slug)] = Registered(step, func, _is_async(func))
+            entries[(ref.flow_slug, ref.step_slug)] = Registered(ref, func, _is_async(func))
         if problems:
             raise errors.WorkerError(
                 "cannot import the handlers routed to this worker:\n  " + "\n  ".join(problems),
@@ -75,23 +78,31 @@ class _ImportProblem(Exception):
     pass
 
 
-def _import(ref: HandlerRef) -> Handler:
-    if not ref.module or not ref.attr:
+def source_line(location: Location | None, fallback: str) -> str:
+    """``path:line`` of a YAML declaration, as worker errors cite it."""
+    return f"{location.path}:{location.line}" if location else fallback
+
+
+def _import(handler: str) -> Handler:
+    module_name, _, attr = (part.strip() for part in handler.partition(":"))
+    if not module_name or not attr:
         raise _ImportProblem("expected `module:callable`")
     try:
-        module = importlib.import_module(ref.module)
+        module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         raise _ImportProblem(f"module {exc.name!r} not found") from exc
     except Exception as exc:  # the handler module itself is broken
-        raise _ImportProblem(f"importing {ref.module} raised {type(exc).__name__}: {exc}") from exc
+        raise _ImportProblem(
+            f"importing {module_name} raised {type(exc).__name__}: {exc}"
+        ) from exc
     target: Any = module
-    for part in ref.attr.split("."):
+    for part in attr.split("."):
         try:
             target = getattr(target, part)
         except AttributeError as exc:
-            raise _ImportProblem(f"module {ref.module} has no attribute {ref.attr!r}") from exc
+            raise _ImportProblem(f"module {module_name} has no attribute {attr!r}") from exc
     if not callable(target):
-        raise _ImportProblem(f"{ref} is not callable")
+        raise _ImportProblem(f"{module_name}:{attr} is not callable")
     func: Handler = target
     return func
 

@@ -10,7 +10,6 @@ Transient database errors are retried with backoff until the worker stops.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import psycopg
@@ -42,16 +41,8 @@ class ResultSender:
                     await self._send_failure(failures[0])
                     failures.pop(0)
             except TRANSIENT as exc:
-                delay = backoff.next()
-                log.event(
-                    WARNING,
-                    "database_unavailable",
-                    component="flusher",
-                    error=describe(exc),
-                    pending=len(completions) + len(failures),
-                    retry_in=f"{delay:.2f}s",
-                )
-                await asyncio.sleep(delay)
+                pending = len(completions) + len(failures)
+                await backoff.retry_later("flusher", exc, pending=pending)
 
     async def _send_completions(self, results: list[TaskResult]) -> list[TaskResult]:
         """Complete a batch; return the results the database refused to store (to fail instead)."""

@@ -11,18 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flowlane import errors
-from flowlane.runtime.model import RuntimeProject, StepSpec, WorkerSpec
+from flowlane.compiler.model import HandlerRef, Project, WorkerDoc
 
 
 @dataclass(frozen=True)
 class Selection:
     queue: str
-    steps: tuple[StepSpec, ...]
-    deployment: WorkerSpec | None = None
+    handlers: tuple[HandlerRef, ...]
+    deployment: WorkerDoc | None = None
 
     @property
     def flows(self) -> list[str]:
-        return sorted({s.flow_slug for s in self.steps})
+        return sorted({h.flow_slug for h in self.handlers})
 
     @property
     def default_name(self) -> str:
@@ -30,7 +30,7 @@ class Selection:
 
 
 def select(
-    project: RuntimeProject,
+    project: Project,
     *,
     queue: str | None = None,
     flow: str | None = None,
@@ -55,21 +55,22 @@ def select(
     return _by_flow(project, flow, step)
 
 
-def _by_flow(project: RuntimeProject, name: str, step_slug: str | None) -> Selection:
-    slug = project.active(name)
-    if slug is None or slug not in project.flows:
+def _by_flow(project: Project, name: str, step_slug: str | None) -> Selection:
+    try:
+        flow = project.resolve(name)
+    except KeyError:
         raise errors.UsageError(
             f"unknown flow {name!r}",
-            hint=f"known flows: {', '.join(sorted(project.flows)) or '(none)'}",
-        )
-    flow = project.flows[slug]
+            hint=f"known flows: {', '.join(sorted(f.slug for f in project.flows)) or '(none)'}",
+        ) from None
+    slug = flow.slug
     if flow.queue_mode == "flow":
         if step_slug is not None:
             raise errors.UsageError(
                 f"flow {slug} runs every step on its queue {flow.queues[0]}; --step is not allowed",
                 hint=f"run `flowlane worker --flow {slug}`",
             )
-        return Selection(flow.queues[0], flow.steps)
+        return Selection(flow.queues[0], project.handlers(flows=[slug]))
     if flow.queue_mode == "per-step":
         if step_slug is None:
             raise errors.UsageError(
@@ -77,13 +78,15 @@ def _by_flow(project: RuntimeProject, name: str, step_slug: str | None) -> Selec
                 hint="start one worker per step: "
                 + ", ".join(f"--flow {slug} --step {s.slug}" for s in flow.steps),
             )
-        step = flow.step(step_slug)
-        if step is None:
+        try:
+            step = flow.step(step_slug)
+        except KeyError:
             raise errors.UsageError(
                 f"flow {slug} has no step {step_slug!r}",
                 hint=f"steps: {', '.join(s.slug for s in flow.steps)}",
-            )
-        return Selection(step.queue, (step,))
+            ) from None
+        handlers = project.handlers(step.queue, [slug])
+        return Selection(step.queue, tuple(h for h in handlers if h.step_slug == step.slug))
     raise errors.UsageError(
         f"flow {slug} routes its steps to explicit queues; select one with --queue",
         hint="queues: " + ", ".join(flow.queues),
@@ -91,31 +94,34 @@ def _by_flow(project: RuntimeProject, name: str, step_slug: str | None) -> Selec
 
 
 def _by_queue(
-    project: RuntimeProject,
+    project: Project,
     queue: str,
     names: list[str] | None,
-    deployment: WorkerSpec | None = None,
+    deployment: WorkerDoc | None = None,
 ) -> Selection:
     if deployment is None:
-        deployments = project.workers_for(queue)
+        deployments = project.workers_on(queue)
         deployment = deployments[0] if len(deployments) == 1 and names is None else None
     if names is None and deployment is not None:
         names = list(deployment.flows)
-    if names is None:
-        chosen = list(project.flows)
-    else:
-        chosen = []
-        for name in names:
-            resolved = project.resolve(name)
-            if not resolved:
-                raise errors.UsageError(f"unknown flow or alias {name!r}")
-            chosen.extend(s for s in resolved if s not in chosen)
-    steps = project.steps_on(queue, chosen)
-    if not steps:
-        routed = sorted({s.queue for f in project.flows.values() for s in f.steps})
+    chosen = None if names is None else [_known(project, name) for name in names]
+    handlers = project.handlers(queue, chosen)
+    if not handlers:
         raise errors.UsageError(
             f"no step of {'the project' if names is None else ', '.join(names)} "
             f"is routed to queue {queue!r}",
-            hint=f"queues in this project: {', '.join(routed) or '(none)'}",
+            hint=f"queues in this project: {', '.join(project.queues) or '(none)'}",
         )
-    return Selection(queue, tuple(steps), deployment)
+    return Selection(queue, handlers, deployment)
+
+
+def _known(project: Project, name: str) -> str:
+    """A flow slug or alias as the project spells it (names given on the command line
+    match case-insensitively)."""
+    if project.has_flow(name) or project.has_alias(name):
+        return name
+    folded = {s.lower(): s for s in [*(f.slug for f in project.flows),
+                                     *(a.slug for a in project.aliases)]}
+    if name.lower() not in folded:
+        raise errors.UsageError(f"unknown flow or alias {name!r}")
+    return folded[name.lower()]

@@ -39,13 +39,13 @@ from typing import Any
 import psycopg
 
 from flowlane import errors
+from flowlane.compiler.model import Project
+from flowlane.compiler.shape import flow_shape
 from flowlane.core import db
 from flowlane.runtime import hints, log
 from flowlane.runtime.backoff import Backoff
 from flowlane.runtime.context import TaskContext
-from flowlane.runtime.model import RuntimeProject
-from flowlane.runtime.project import as_runtime_project
-from flowlane.runtime.registry import HandlerRegistry
+from flowlane.runtime.registry import HandlerRegistry, source_line
 from flowlane.runtime.results import ResultSender
 from flowlane.runtime.selection import Selection, select
 from flowlane.runtime.store import TRANSIENT, Store
@@ -60,7 +60,7 @@ class Worker:
 
     def __init__(
         self,
-        project: RuntimeProject | Any,
+        project: Project | str | Path,
         *,
         queue: str | None = None,
         flow: str | None = None,
@@ -80,7 +80,7 @@ class Worker:
         import_paths: Sequence[str] = (),
         handle_signals: bool = True,
     ) -> None:
-        self.project = as_runtime_project(project)
+        self.project = _as_project(project)
         self.selection: Selection = select(
             self.project, queue=queue, flow=flow, step=step, flows=flows, name=name
         )
@@ -104,7 +104,7 @@ class Worker:
         self._min_read = max(1, min(self.batch_size, self.max_concurrent) // 2)
         self._poll_window = max(1, min(int(poll_interval), MAX_POLL_WINDOW))
         self.requeue_interval = requeue_interval
-        self.import_paths = [str(Path(self.project.root).resolve()), *import_paths]
+        self.import_paths = [str(Path.cwd().resolve()), *import_paths]
         self.handle_signals = handle_signals
         self.worker_id = str(uuid.uuid4())
         self.ready = threading.Event()  # set once registered and serving
@@ -145,7 +145,7 @@ class Worker:
         if self._stop_requested.is_set():
             self._stopping.set()
         self._install_signal_handlers()
-        registry = HandlerRegistry.load(self.selection.steps, self.import_paths)
+        registry = HandlerRegistry.load(self.selection.handlers, self.import_paths)
         dsn = db.resolve(self.dsn).dsn
         store = Store(dsn, application_name=f"flowlane-worker-{self.worker_id[:8]}")
         try:
@@ -201,23 +201,24 @@ class Worker:
     async def _startup(self, store: Store) -> None:
         with hints.migrate_hint(), db.wrap_errors("worker startup"):
             problems: list[str] = []
-            for slug, flow in sorted(self.project.flows.items()):
-                result = await store.ensure_flow_compiled(slug, flow.shape)
+            for flow in sorted(self.project.flows, key=lambda f: f.slug):
+                result = await store.ensure_flow_compiled(flow.slug, flow_shape(flow))
                 status = result.get("status")
                 if status == "mismatch":
                     lines = result.get("differences") or ["(no details)"]
+                    source = source_line(flow.location, flow.slug)
                     problems.append(
-                        f"flow {slug} ({flow.source}):\n    " + "\n    ".join(map(str, lines))
+                        f"flow {flow.slug} ({source}):\n    " + "\n    ".join(map(str, lines))
                     )
                 else:
-                    log.event(INFO, "flow_checked", flow=slug, status=status)
+                    log.event(INFO, "flow_checked", flow=flow.slug, status=status)
             if problems:
                 raise errors.WorkerError(
                     "the database holds flows whose shape differs from the YAML:\n  "
                     + "\n  ".join(problems),
                     hint="a structural change needs a new flow slug (e.g. _v2) and an alias move",
                 )
-            aliases = [(a.slug, a.active, list(a.draining)) for a in self.project.aliases.values()]
+            aliases = [(a.slug, a.active, list(a.draining)) for a in self.project.aliases]
             if await store.apply_aliases(sorted(aliases)):
                 log.event(INFO, "aliases_applied", count=len(aliases))
             if self.notify:
@@ -345,15 +346,7 @@ class Worker:
                     else []
                 )
             except TRANSIENT as exc:
-                delay = backoff.next()
-                log.event(
-                    WARNING,
-                    "database_unavailable",
-                    component="poller",
-                    error=describe(exc),
-                    retry_in=f"{delay:.2f}s",
-                )
-                await self._pause(delay)
+                await backoff.retry_later("poller", exc, self._pause)
                 continue
             backoff.reset()
             for task in claimed:
@@ -469,15 +462,7 @@ class Worker:
                 conn = first or await self._store.listen_connection(self.queue)
                 first = None
             except TRANSIENT as exc:
-                delay = backoff.next()
-                log.event(
-                    WARNING,
-                    "database_unavailable",
-                    component="listener",
-                    error=describe(exc),
-                    retry_in=f"{delay:.2f}s",
-                )
-                await self._pause(delay)
+                await backoff.retry_later("listener", exc, self._pause)
                 continue
             try:
                 self._notify_live = True
@@ -494,3 +479,12 @@ class Worker:
                 self._notify_live = False
                 with contextlib.suppress(Exception):
                     await conn.close()
+
+
+def _as_project(project: Project | str | Path) -> Project:
+    """The validated project: as given, or loaded from a path (``CompileError`` if invalid)."""
+    if isinstance(project, Project):
+        return project
+    if isinstance(project, str | Path):
+        return Project.load(project)
+    raise errors.ProjectError(f"cannot use {type(project).__name__} as a flowlane project")

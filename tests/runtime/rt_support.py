@@ -169,9 +169,9 @@ def apply_flows(dsn: str, project_dir: Path = PROJECT) -> None:
     """Compile the project's flows with the compiler and apply the SQL (options included)."""
     import importlib
 
-    from flowlane.runtime.project import load_compiled
+    from flowlane.compiler import load_project
 
-    compiled = load_compiled([project_dir / "flows"])
+    compiled = load_project([project_dir / "flows"])
     render = importlib.import_module("flowlane.compiler.render")
     files: dict[str, str] = render.render_project(compiled)
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -2,38 +2,44 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from flowlane import errors
-from flowlane.runtime.model import FlowSpec, HandlerRef, RuntimeProject, StepSpec, WorkerSpec
+from flowlane import Project, errors
+from flowlane.compiler import Flow, HandlerRef, Location, Step, WorkerDoc, project_from_text
+from flowlane.compiler.model import QueueMode
 from flowlane.runtime.registry import HandlerRegistry
 from flowlane.runtime.selection import select
+from flowlane.runtime.worker import Worker
 
 
-def _flow(slug: str, mode: str, routes: dict[str, str], handler: str = "json:dumps") -> FlowSpec:
+def _flow(slug: str, mode: QueueMode, routes: dict[str, str], handler: str = "json:dumps") -> Flow:
     steps = tuple(
-        StepSpec(slug, step, i, queue, HandlerRef.parse(handler, f"flows/{slug}.yaml:{10 + i}"))
+        Step(step, i, handler, queue, handler_location=Location(f"flows/{slug}.yaml", 10 + i, 5))
         for i, (step, queue) in enumerate(routes.items())
     )
-    return FlowSpec(slug, mode, {"queue_mode": mode, "steps": []}, steps, f"flows/{slug}.yaml:1")
+    return Flow(slug, mode, steps, location=Location(f"flows/{slug}.yaml", 1, 1))
 
 
-def _project() -> RuntimeProject:
+def _project() -> Project:
+    """Built from the model directly: the compiler would also ask for a worker document
+    listing shared_v1 on queue jobs, which is the case these tests are about."""
     plain = _flow("plain", "flow", {"a": "plain", "b": "plain"})
     split = _flow("split", "per-step", {"a": "split__a", "b": "split__b"})
     shared = _flow("shared_v1", "explicit", {"a": "jobs", "b": "alerts"})
     shared2 = _flow("shared_v2", "explicit", {"a": "jobs", "b": "jobs"})
-    return RuntimeProject(
-        {f.slug: f for f in (plain, split, shared, shared2)},
+    return Project(
+        (plain, split, shared, shared2),
         workers=(
-            WorkerSpec("jobs_worker", "jobs", ("shared_v2",), max_concurrent=3, batch_size=7),
+            WorkerDoc("jobs_worker", "jobs", ("shared_v2",), max_concurrent=3, batch_size=7),
         ),
     )
 
 
 def test_plain_flow_infers_its_queue_and_refuses_step() -> None:
     chosen = select(_project(), flow="plain")
-    assert chosen.queue == "plain" and [s.slug for s in chosen.steps] == ["a", "b"]
+    assert chosen.queue == "plain" and [h.step_slug for h in chosen.handlers] == ["a", "b"]
     with pytest.raises(errors.UsageError, match="--step is not allowed"):
         select(_project(), flow="plain", step="a")
 
@@ -43,7 +49,7 @@ def test_per_step_flow_requires_step() -> None:
         select(_project(), flow="split")
     assert "--flow split --step a" in (info.value.hint or "")
     chosen = select(_project(), flow="split", step="b")
-    assert chosen.queue == "split__b" and [s.slug for s in chosen.steps] == ["b"]
+    assert chosen.queue == "split__b" and [h.step_slug for h in chosen.handlers] == ["b"]
     with pytest.raises(errors.UsageError, match="no step 'c'"):
         select(_project(), flow="split", step="c")
 
@@ -56,11 +62,11 @@ def test_explicit_routing_needs_queue() -> None:
 def test_queue_uses_the_worker_document_or_every_routed_step() -> None:
     chosen = select(_project(), queue="jobs")
     assert chosen.deployment is not None and chosen.default_name == "jobs_worker"
-    assert {(s.flow_slug, s.slug) for s in chosen.steps} == {("shared_v2", "a"), ("shared_v2", "b")}
+    assert {(h.flow_slug, h.step_slug) for h in chosen.handlers} == {("shared_v2", "a"), ("shared_v2", "b")}
     narrowed = select(_project(), queue="jobs", flows=["shared_v1"])
-    assert {(s.flow_slug, s.slug) for s in narrowed.steps} == {("shared_v1", "a")}
+    assert {(h.flow_slug, h.step_slug) for h in narrowed.handlers} == {("shared_v1", "a")}
     everything = select(_project(), queue="alerts")
-    assert [(s.flow_slug, s.slug) for s in everything.steps] == [("shared_v1", "b")]
+    assert [(h.flow_slug, h.step_slug) for h in everything.handlers] == [("shared_v1", "b")]
     with pytest.raises(errors.UsageError, match="no step"):
         select(_project(), queue="nowhere")
     with pytest.raises(errors.UsageError, match="cannot be combined"):
@@ -69,9 +75,9 @@ def test_queue_uses_the_worker_document_or_every_routed_step() -> None:
 
 def test_missing_handlers_refuse_with_yaml_locations() -> None:
     steps = [
-        StepSpec("f", "a", 0, "f", HandlerRef.parse("json:dumps", "flows/f.yaml:5")),
-        StepSpec("f", "b", 1, "f", HandlerRef.parse("no_such_module_xyz:run", "flows/f.yaml:8")),
-        StepSpec("f", "c", 2, "f", HandlerRef.parse("json:no_such_attr", "flows/f.yaml:11")),
+        HandlerRef("f", "a", "f", "json:dumps", Location("flows/f.yaml", 5, 12)),
+        HandlerRef("f", "b", "f", "no_such_module_xyz:run", Location("flows/f.yaml", 8, 12)),
+        HandlerRef("f", "c", "f", "json:no_such_attr", Location("flows/f.yaml", 11, 12)),
     ]
     with pytest.raises(errors.WorkerError) as info:
         HandlerRegistry.load(steps)
@@ -89,6 +95,36 @@ def test_missing_handlers_refuse_with_yaml_locations() -> None:
 def test_a_worker_document_name_selects_its_queue() -> None:
     chosen = select(_project(), name="jobs_worker")
     assert chosen.queue == "jobs" and chosen.default_name == "jobs_worker"
-    assert {(s.flow_slug, s.slug) for s in chosen.steps} == {("shared_v2", "a"), ("shared_v2", "b")}
+    assert {(h.flow_slug, h.step_slug) for h in chosen.handlers} == {("shared_v2", "a"), ("shared_v2", "b")}
     with pytest.raises(errors.UsageError, match="--name of a worker document"):
         select(_project(), name="nobody")
+
+
+PROJECT_YAML = """
+kind: flow
+slug: shared
+queues: {a: jobs, b: jobs}
+steps:
+  a: {handler: "json:dumps"}
+  b: {handler: "json:dumps"}
+---
+kind: worker
+name: jobs_worker
+queue: jobs
+flows: [shared]
+max_concurrent: 3
+batch_size: 7
+"""
+
+
+def test_worker_takes_a_project_or_a_path(tmp_path: Path) -> None:
+    (tmp_path / "project.yaml").write_text(PROJECT_YAML)
+    for given in (project_from_text(PROJECT_YAML), tmp_path, str(tmp_path)):
+        worker = Worker(given, queue="jobs", handle_signals=False)
+        assert isinstance(worker.project, Project)
+        assert (worker.queue, worker.name) == ("jobs", "jobs_worker")
+        assert (worker.max_concurrent, worker.batch_size) == (3, 7)
+        assert worker.selection.flows == ["shared"]
+        assert {h.step_slug for h in worker.selection.handlers} == {"a", "b"}
+    with pytest.raises(errors.ProjectError, match="cannot use dict"):
+        Worker({}, queue="jobs")  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from rt_support import PROJECT, WorkerProcess, start_run, step, wait_run, wait_until
 
-from flowlane.runtime import project
+from flowlane import Project
 from flowlane.runtime.worker import Worker
 
 
@@ -26,7 +26,7 @@ def handlers() -> Iterator[object]:
 
 def test_at_most_max_concurrent_handlers_run(flows_dsn: str, handlers: object) -> None:
     worker = Worker(
-        project.load(PROJECT / "flows"),
+        Project.load(PROJECT / "flows"),
         flow="rt_gauge",
         dsn=flows_dsn,
         max_concurrent=3,
@@ -69,7 +69,7 @@ def test_json_logs_carry_ids_and_never_payloads(
 
 def test_heartbeats_and_deprecation_stop_the_worker(flows_dsn: str) -> None:
     worker = Worker(
-        project.load(PROJECT / "flows"),
+        Project.load(PROJECT / "flows"),
         flow="rt_diamond",
         dsn=flows_dsn,
         heartbeat_interval=0.05,
