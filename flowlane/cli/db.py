@@ -67,9 +67,15 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     target = db.resolve(args.dsn)
     with db.connect(target, autocommit=True) as conn:
         applied = migrator.migrate(conn, to=args.to)
+        newest = max((s.version for s in migrator.status(conn) if s.applied), default=None)
     for migration in applied:
         print(f"applied {migration.filename}")
-    print(f"{len(applied)} migration(s) applied" if applied else "database is up to date")
+    if applied:
+        print(f"{len(applied)} migration(s) applied")
+    elif args.to and newest and newest > args.to:
+        print(f"database is already at {newest}, past {args.to}: migrations are never rolled back")
+    else:
+        print("database is up to date")
     return 0
 
 

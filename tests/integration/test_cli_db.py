@@ -41,6 +41,11 @@ def test_db_lifecycle_from_an_empty_directory(project: Path) -> None:
     assert second.returncode == 0, second.stderr
     assert second.stdout.strip() == "database is up to date"
 
+    past = flowlane(project, "db", "migrate", "--to", "0001")
+    assert past.returncode == 0, past.stderr
+    assert past.stdout.strip().startswith("database is already at 00")
+    assert "past 0001: migrations are never rolled back" in past.stdout
+
     status = flowlane(project, "db", "status")
     assert status.returncode == 0, status.stderr
     assert "pending" not in status.stdout.replace("0 pending", "")
