@@ -97,7 +97,9 @@ async def execute(
             output = await threads.submit(handler.func, task.input, ctx)
     except asyncio.CancelledError:
         raise
-    except Exception as exc:  # noqa: BLE001 - any handler error fails the task
+    except BaseException as exc:  # noqa: BLE001 - any handler error fails the task
+        # SystemExit/KeyboardInterrupt from an async handler too: escaping a task, they would
+        # stop the event loop and kill the worker, dropping every buffered result
         elapsed = _ms(started)
         log.event(
             logging.WARNING,
