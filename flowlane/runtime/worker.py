@@ -87,10 +87,33 @@ class Worker:
         deployment = self.selection.deployment
         self.queue = self.selection.queue
         self.name = name or self.selection.default_name
-        self.max_concurrent = max_concurrent or (deployment.max_concurrent if deployment else 10)
-        self.batch_size = batch_size or (deployment.batch_size if deployment else 10)
+        # None = the deployment's value; 0 is refused below, never taken for "unset"
+        if max_concurrent is None:
+            max_concurrent = deployment.max_concurrent if deployment else 10
+        if batch_size is None:
+            batch_size = deployment.batch_size if deployment else 10
+        self.max_concurrent = max_concurrent
+        self.batch_size = batch_size
         if self.max_concurrent < 1 or self.batch_size < 1:
-            raise errors.UsageError("max_concurrent and batch_size must be at least 1")
+            raise errors.UsageError(
+                "max_concurrent and batch_size must be at least 1",
+                hint="--max-concurrent N and --batch-size N take a positive number",
+            )
+        for option, seconds in (
+            ("poll_interval", poll_interval),
+            ("heartbeat_interval", heartbeat_interval),
+            ("requeue_interval", requeue_interval),
+        ):
+            if not seconds > 0:  # also NaN; 0 would make the worker spin on the database
+                raise errors.UsageError(
+                    f"{option} must be a positive number of seconds, not {seconds:g}",
+                    hint=f"--{option.replace('_', '-')} takes seconds greater than 0",
+                )
+        if not shutdown_timeout >= 0:
+            raise errors.UsageError(
+                f"shutdown_timeout must be 0 or more seconds, not {shutdown_timeout:g}",
+                hint="--shutdown-timeout 0 abandons in-flight handlers at once",
+            )
         self.dsn = dsn
         self.notify = notify
         self.notify_throttle_ms = notify_throttle_ms
