@@ -84,6 +84,12 @@ def describe(exc: BaseException) -> str:
     return text.replace("\x00", "\\0")[:MAX_ERROR_CHARS]  # PostgreSQL text cannot hold NUL
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's text (a database error's message without DETAIL/CONTEXT)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 async def execute(
     task: ClaimedTask, handler: Registered, ctx: TaskContext, threads: HandlerThreads
 ) -> TaskResult:

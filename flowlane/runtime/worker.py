@@ -49,7 +49,14 @@ from flowlane.runtime.registry import HandlerRegistry, source_line
 from flowlane.runtime.results import ResultSender
 from flowlane.runtime.selection import Selection, select
 from flowlane.runtime.store import TRANSIENT, Store
-from flowlane.runtime.tasks import ClaimedTask, HandlerThreads, TaskResult, describe, execute
+from flowlane.runtime.tasks import (
+    ClaimedTask,
+    HandlerThreads,
+    TaskResult,
+    describe,
+    execute,
+    first_line,
+)
 
 DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
 MAX_POLL_WINDOW = 2  # seconds
@@ -169,15 +176,18 @@ class Worker:
             self._stopping.set()
         self._install_signal_handlers()
         registry = HandlerRegistry.load(self.selection.handlers, self.import_paths)
-        dsn = db.resolve(self.dsn).dsn
+        target = db.resolve(self.dsn)
+        dsn = target.dsn
         store = Store(dsn, application_name=f"flowlane-worker-{self.worker_id[:8]}")
         try:
             await store.open()
+        except psycopg.ProgrammingError as exc:  # libpq cannot parse the DSN
+            await store.close()
+            raise db.invalid_dsn(target, exc) from exc
         except psycopg.Error as exc:
             await store.close()
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise errors.DatabaseUnavailable(
-                f"worker cannot connect to {db.redact(dsn)}: {first}",
+                f"worker cannot connect to {db.redact(dsn)}: {first_line(exc)}",
                 hint="start the server or fix --dsn / FLOWLANE_DSN / DATABASE_URL",
             ) from exc
         except Exception:
