@@ -44,6 +44,13 @@ class RunSummary:
         }
 
 
+# start_flow's refusals of the caller's input (not of the database state)
+_START_HINTS = {
+    "22023": "this flow's first step maps over the run input: pass a JSON array, e.g. --input '[1, 2, 3]'",
+    "23505": "a run id names one run: pass another --run-id, or none for a new one",
+}
+
+
 def _run_id(text: str) -> str:
     """``text`` as a canonical UUID string; a usage error when it is not one."""
     try:
@@ -107,9 +114,15 @@ class Client:
             raise errors.UsageError(f"the run input is not JSON-serialisable: {exc}") from exc
         if run_id is not None:
             run_id = _run_id(run_id)
-        rows = self._rows(
-            "client_start_flow", f"cannot start {flow}", flow=flow, input=payload, run_id=run_id
-        )
+        try:
+            rows = self._rows(
+                "client_start_flow", f"cannot start {flow}", flow=flow, input=payload, run_id=run_id
+            )
+        except errors.DatabaseError as exc:
+            hint = _START_HINTS.get(exc.sqlstate or "")
+            if hint is None:
+                raise
+            raise errors.UsageError(str(exc), hint=hint) from exc
         if not rows:
             raise errors.DatabaseError(f"start_flow({flow!r}) returned no run")
         return str(rows[0]["run_id"]), str(rows[0]["flow_slug"])
@@ -119,9 +132,7 @@ class Client:
     ) -> list[RunSummary]:
         if limit < 0:
             raise errors.UsageError(f"the run limit must be 0 or more, not {limit}")
-        rows = self._rows(
-            "client_list_runs", "cannot list runs", limit=limit, flow=flow, status=status
-        )
+        rows = self._rows("client_list_runs", "cannot list runs", limit=limit, flow=flow, status=status)
         return [
             RunSummary(
                 run_id=str(r["run_id"]),
@@ -139,9 +150,7 @@ class Client:
         """``{"run": {...}, "steps": [...], "tasks": [...]}``; raises when there is no such run."""
         rows = self._rows("client_get_run", "cannot read the run", run_id=_run_id(run_id))
         if not rows or rows[0]["run"] is None:
-            raise errors.FlowlaneError(
-                f"no run {run_id}", hint="`flowlane runs` lists recent runs"
-            )
+            raise errors.FlowlaneError(f"no run {run_id}", hint="`flowlane runs` lists recent runs")
         run: dict[str, Any] = rows[0]["run"]
         return run
 
