@@ -141,7 +141,8 @@ def _ms(started: float) -> int:
 
 
 class HandlerCrashed(Exception):
-    """A sync handler raised a BaseException that is not an Exception (e.g. SystemExit)."""
+    """A sync handler raised what a Future cannot carry to the loop: a BaseException that
+    is not an Exception (e.g. SystemExit), or StopIteration."""
 
 
 class HandlerThreads:
@@ -182,6 +183,8 @@ class HandlerThreads:
                 value = func(*args)
                 if inspect.isawaitable(value):
                     value = asyncio.run(_await(value))
+            except StopIteration as exc:  # a Future refuses it: the task would hang forever
+                error = HandlerCrashed(describe(exc))
             except Exception as exc:  # noqa: BLE001 - any handler error fails the task
                 error = exc
             except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt in a handler

@@ -14,6 +14,7 @@ FAILING = {
     "system_exit": "SystemExit",
     "keyboard_interrupt": "KeyboardInterrupt",
     "generator_exit": "GeneratorExit",
+    "stop_iteration": "StopIteration",
     "nan": "not JSON",
     "infinity": "not JSON",
     "set": "not JSON",

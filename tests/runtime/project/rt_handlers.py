@@ -154,6 +154,8 @@ def _misbehaviour(mode: str) -> Any:
         raise KeyboardInterrupt
     if mode == "generator_exit":
         raise GeneratorExit
+    if mode == "stop_iteration":
+        raise StopIteration("no more")
     if mode == "nan":
         return {"value": float("nan")}
     if mode == "infinity":
