@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+from collections.abc import Callable
 from typing import Any
 
 from flowlane import errors
@@ -103,6 +105,23 @@ def _add_format(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=["text", "json"], default="text")
 
 
+def _json_errors(command: Callable[[argparse.Namespace], int]) -> Callable[..., int]:
+    """With ``--format json``, an error is also printed to stdout as one JSON object
+    (``{"error": ..., "hint": ...}``), so that a caller parsing stdout always gets JSON;
+    the ``error:`` line on stderr and the exit code stay as for text."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except errors.FlowlaneError as exc:
+            if args.format == "json":
+                print(json.dumps({"error": str(exc), "hint": exc.hint}))
+            raise
+
+    return run
+
+
 def _paths(args: argparse.Namespace) -> list[str]:
     return list(args.paths) or ["flows"]
 
@@ -134,13 +153,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+@_json_errors
 def cmd_start(args: argparse.Namespace) -> int:
     from flowlane.runtime.client import Client
 
     try:
         payload = json.loads(args.input)
     except json.JSONDecodeError as exc:
-        raise errors.UsageError(f"--input is not valid JSON: {exc}") from exc
+        raise errors.UsageError(
+            f"--input is not valid JSON: {exc}",
+            hint="""quote a JSON document for the shell, e.g. --input '{"name": "Ada"}'""",
+        ) from exc
     with Client(args.dsn) as client:
         run_id, flow_slug = client.start(args.flow, payload, run_id=args.run_id)
     if args.format == "json":
@@ -150,6 +173,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     return 0
 
 
+@_json_errors
 def cmd_runs(args: argparse.Namespace) -> int:
     from flowlane.runtime.client import Client
 
@@ -167,6 +191,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+@_json_errors
 def cmd_run(args: argparse.Namespace) -> int:
     from flowlane.runtime.client import Client
     from flowlane.runtime.report import render_run

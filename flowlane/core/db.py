@@ -149,14 +149,7 @@ def connect(target: Target | str, *, autocommit: bool = False, **kwargs: Any) ->
     try:
         return psycopg.connect(target.dsn, autocommit=autocommit, **kwargs)
     except psycopg.ProgrammingError as exc:  # the DSN itself cannot be parsed
-        shown = redact(target.dsn)
-        # libpq quotes fragments of the string: show them only when no password is hidden
-        reason = f": {str(exc).strip()}" if shown == target.dsn else ""
-        raise errors.UsageError(
-            f"invalid connection string {shown} (from {target.source}){reason}",
-            hint="use a URL (postgresql://user@host:5432/dbname) or key=value pairs "
-            "(host=... dbname=...)",
-        ) from exc
+        raise invalid_dsn(target, exc) from exc
     except psycopg.OperationalError as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise errors.DatabaseUnavailable(
@@ -164,6 +157,18 @@ def connect(target: Target | str, *, autocommit: bool = False, **kwargs: Any) ->
             hint="start the server, fix the DSN (--dsn, FLOWLANE_DSN or DATABASE_URL), "
             "or unset them to use the embedded database (`flowlane db up`)",
         ) from exc
+
+
+def invalid_dsn(target: Target, exc: psycopg.ProgrammingError) -> errors.UsageError:
+    """The usage error for a connection string libpq cannot parse."""
+    shown = redact(target.dsn)
+    # libpq quotes fragments of the string: show them only when no password is hidden
+    reason = f": {str(exc).strip()}" if shown == target.dsn else ""
+    return errors.UsageError(
+        f"invalid connection string {shown} (from {target.source}){reason}",
+        hint="use a URL (postgresql://user@host:5432/dbname) or key=value pairs "
+        "(host=... dbname=...)",
+    )
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -41,6 +42,24 @@ class RunSummary:
             "completed_at": _iso(self.completed_at),
             "failed_at": _iso(self.failed_at),
         }
+
+
+# start_flow's refusals of the caller's input (not of the database state)
+_START_HINTS = {
+    "22023": "this flow's first step maps over the run input: pass a JSON array, e.g. --input '[1, 2, 3]'",
+    "23505": "a run id names one run: pass another --run-id, or none for a new one",
+}
+
+
+def _run_id(text: str) -> str:
+    """``text`` as a canonical UUID string; a usage error when it is not one."""
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        raise errors.UsageError(
+            f"{text!r} is not a run id (expected a UUID)",
+            hint="`flowlane runs` lists run ids",
+        ) from None
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -93,9 +112,17 @@ class Client:
             payload = json.dumps({} if input is None else input, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise errors.UsageError(f"the run input is not JSON-serialisable: {exc}") from exc
-        rows = self._rows(
-            "client_start_flow", f"cannot start {flow}", flow=flow, input=payload, run_id=run_id
-        )
+        if run_id is not None:
+            run_id = _run_id(run_id)
+        try:
+            rows = self._rows(
+                "client_start_flow", f"cannot start {flow}", flow=flow, input=payload, run_id=run_id
+            )
+        except errors.DatabaseError as exc:
+            hint = _START_HINTS.get(exc.sqlstate or "")
+            if hint is None:
+                raise
+            raise errors.UsageError(str(exc), hint=hint) from exc
         if not rows:
             raise errors.DatabaseError(f"start_flow({flow!r}) returned no run")
         return str(rows[0]["run_id"]), str(rows[0]["flow_slug"])
@@ -103,9 +130,9 @@ class Client:
     def list_runs(
         self, *, limit: int = 20, flow: str | None = None, status: str | None = None
     ) -> list[RunSummary]:
-        rows = self._rows(
-            "client_list_runs", "cannot list runs", limit=limit, flow=flow, status=status
-        )
+        if limit < 0:
+            raise errors.UsageError(f"the run limit must be 0 or more, not {limit}")
+        rows = self._rows("client_list_runs", "cannot list runs", limit=limit, flow=flow, status=status)
         return [
             RunSummary(
                 run_id=str(r["run_id"]),
@@ -121,14 +148,9 @@ class Client:
 
     def get_run(self, run_id: str) -> dict[str, Any]:
         """``{"run": {...}, "steps": [...], "tasks": [...]}``; raises when there is no such run."""
-        try:
-            rows = self._rows("client_get_run", "cannot read the run", run_id=run_id)
-        except errors.DatabaseError as exc:
-            if exc.sqlstate == "22P02":  # invalid uuid text
-                raise errors.UsageError(f"{run_id!r} is not a run id (expected a UUID)") from exc
-            raise
+        rows = self._rows("client_get_run", "cannot read the run", run_id=_run_id(run_id))
         if not rows or rows[0]["run"] is None:
-            raise errors.FlowlaneError(f"no run {run_id}")
+            raise errors.FlowlaneError(f"no run {run_id}", hint="`flowlane runs` lists recent runs")
         run: dict[str, Any] = rows[0]["run"]
         return run
 

@@ -17,7 +17,7 @@ import psycopg
 from flowlane.runtime import log
 from flowlane.runtime.backoff import Backoff
 from flowlane.runtime.store import TRANSIENT, Row, Store
-from flowlane.runtime.tasks import TaskResult, describe
+from flowlane.runtime.tasks import TaskResult, describe, first_line
 
 INFO, WARNING, ERROR = logging.INFO, logging.WARNING, logging.ERROR
 
@@ -53,12 +53,11 @@ class ResultSender:
             raise
         except psycopg.Error as exc:
             if len(results) == 1:
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 return [
                     TaskResult(
                         results[0].task,
                         ok=False,
-                        error=f"the database refused the handler output: {first}",
+                        error=f"the database refused the handler output: {first_line(exc)}",
                     )
                 ]
             for result in results:  # find the one(s) the database refuses

@@ -49,6 +49,13 @@ def select(
         named = [w for w in project.workers if name is not None and w.name == name]
         if named and step is None:  # `--name D` alone: the `kind: worker` document named D
             return _by_queue(project, named[0].queue, flows, named[0])
+        documents = sorted(w.name for w in project.workers)
+        if name is not None and not named:
+            raise errors.UsageError(
+                f"no `kind: worker` document is named {name!r}",
+                hint=f"worker documents: {', '.join(documents) or '(none)'}; "
+                "or select the queue with --queue Q, --flow F or --flow F --step S",
+            )
         raise errors.UsageError(
             "a worker needs --queue Q, --flow F, --flow F --step S, or --name of a worker document"
         )
@@ -123,5 +130,8 @@ def _known(project: Project, name: str) -> str:
     folded = {s.lower(): s for s in [*(f.slug for f in project.flows),
                                      *(a.slug for a in project.aliases)]}
     if name.lower() not in folded:
-        raise errors.UsageError(f"unknown flow or alias {name!r}")
+        raise errors.UsageError(
+            f"unknown flow or alias {name!r}",
+            hint=f"flows and aliases: {', '.join(sorted(folded.values())) or '(none)'}",
+        )
     return folded[name.lower()]

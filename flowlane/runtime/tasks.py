@@ -84,6 +84,12 @@ def describe(exc: BaseException) -> str:
     return text.replace("\x00", "\\0")[:MAX_ERROR_CHARS]  # PostgreSQL text cannot hold NUL
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's text (a database error's message without DETAIL/CONTEXT)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 async def execute(
     task: ClaimedTask, handler: Registered, ctx: TaskContext, threads: HandlerThreads
 ) -> TaskResult:
@@ -97,7 +103,9 @@ async def execute(
             output = await threads.submit(handler.func, task.input, ctx)
     except asyncio.CancelledError:
         raise
-    except Exception as exc:  # noqa: BLE001 - any handler error fails the task
+    except BaseException as exc:  # noqa: BLE001 - any handler error fails the task
+        # SystemExit/KeyboardInterrupt from an async handler too: escaping a task, they would
+        # stop the event loop and kill the worker, dropping every buffered result
         elapsed = _ms(started)
         log.event(
             logging.WARNING,
@@ -133,7 +141,8 @@ def _ms(started: float) -> int:
 
 
 class HandlerCrashed(Exception):
-    """A sync handler raised a BaseException that is not an Exception (e.g. SystemExit)."""
+    """A sync handler raised what a Future cannot carry to the loop: a BaseException that
+    is not an Exception (e.g. SystemExit), or StopIteration."""
 
 
 class HandlerThreads:
@@ -174,6 +183,8 @@ class HandlerThreads:
                 value = func(*args)
                 if inspect.isawaitable(value):
                     value = asyncio.run(_await(value))
+            except StopIteration as exc:  # a Future refuses it: the task would hang forever
+                error = HandlerCrashed(describe(exc))
             except Exception as exc:  # noqa: BLE001 - any handler error fails the task
                 error = exc
             except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt in a handler

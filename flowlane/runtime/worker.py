@@ -49,7 +49,14 @@ from flowlane.runtime.registry import HandlerRegistry, source_line
 from flowlane.runtime.results import ResultSender
 from flowlane.runtime.selection import Selection, select
 from flowlane.runtime.store import TRANSIENT, Store
-from flowlane.runtime.tasks import ClaimedTask, HandlerThreads, TaskResult, describe, execute
+from flowlane.runtime.tasks import (
+    ClaimedTask,
+    HandlerThreads,
+    TaskResult,
+    describe,
+    execute,
+    first_line,
+)
 
 DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
 MAX_POLL_WINDOW = 2  # seconds
@@ -87,10 +94,33 @@ class Worker:
         deployment = self.selection.deployment
         self.queue = self.selection.queue
         self.name = name or self.selection.default_name
-        self.max_concurrent = max_concurrent or (deployment.max_concurrent if deployment else 10)
-        self.batch_size = batch_size or (deployment.batch_size if deployment else 10)
+        # None = the deployment's value; 0 is refused below, never taken for "unset"
+        if max_concurrent is None:
+            max_concurrent = deployment.max_concurrent if deployment else 10
+        if batch_size is None:
+            batch_size = deployment.batch_size if deployment else 10
+        self.max_concurrent = max_concurrent
+        self.batch_size = batch_size
         if self.max_concurrent < 1 or self.batch_size < 1:
-            raise errors.UsageError("max_concurrent and batch_size must be at least 1")
+            raise errors.UsageError(
+                "max_concurrent and batch_size must be at least 1",
+                hint="--max-concurrent N and --batch-size N take a positive number",
+            )
+        for option, seconds in (
+            ("poll_interval", poll_interval),
+            ("heartbeat_interval", heartbeat_interval),
+            ("requeue_interval", requeue_interval),
+        ):
+            if not seconds > 0:  # also NaN; 0 would make the worker spin on the database
+                raise errors.UsageError(
+                    f"{option} must be a positive number of seconds, not {seconds:g}",
+                    hint=f"--{option.replace('_', '-')} takes seconds greater than 0",
+                )
+        if not shutdown_timeout >= 0:
+            raise errors.UsageError(
+                f"shutdown_timeout must be 0 or more seconds, not {shutdown_timeout:g}",
+                hint="--shutdown-timeout 0 abandons in-flight handlers at once",
+            )
         self.dsn = dsn
         self.notify = notify
         self.notify_throttle_ms = notify_throttle_ms
@@ -146,15 +176,18 @@ class Worker:
             self._stopping.set()
         self._install_signal_handlers()
         registry = HandlerRegistry.load(self.selection.handlers, self.import_paths)
-        dsn = db.resolve(self.dsn).dsn
+        target = db.resolve(self.dsn)
+        dsn = target.dsn
         store = Store(dsn, application_name=f"flowlane-worker-{self.worker_id[:8]}")
         try:
             await store.open()
+        except psycopg.ProgrammingError as exc:  # libpq cannot parse the DSN
+            await store.close()
+            raise db.invalid_dsn(target, exc) from exc
         except psycopg.Error as exc:
             await store.close()
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise errors.DatabaseUnavailable(
-                f"worker cannot connect to {db.redact(dsn)}: {first}",
+                f"worker cannot connect to {db.redact(dsn)}: {first_line(exc)}",
                 hint="start the server or fix --dsn / FLOWLANE_DSN / DATABASE_URL",
             ) from exc
         except Exception:

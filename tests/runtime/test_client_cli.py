@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import uuid
 from collections.abc import Callable
+from typing import Any
 
+import psycopg
 from rt_support import WorkerProcess, flowlane, wait_run
 
 from flowlane.runtime.client import Client
 
 
-def test_start_runs_and_run_in_text_and_json(
-    flows_dsn: str, spawn: Callable[..., WorkerProcess]
-) -> None:
-    started = flowlane(
-        "start", "rt_diamond", "--input", '{"numbers": [1, 2, 3, 4]}', "--dsn", flows_dsn
-    )
+def test_start_runs_and_run_in_text_and_json(flows_dsn: str, spawn: Callable[..., WorkerProcess]) -> None:
+    started = flowlane("start", "rt_diamond", "--input", '{"numbers": [1, 2, 3, 4]}', "--dsn", flows_dsn)
     assert started.returncode == 0, started.stderr
     run_id = started.stdout.strip()
     assert str(uuid.UUID(run_id)) == run_id
@@ -61,9 +60,7 @@ def test_start_an_alias_records_the_concrete_flow(flows_dsn: str) -> None:
     assert started.returncode == 0, started.stderr
     data = json.loads(started.stdout)
     assert data["flow"] == "rt_latest_retry" and data["flow_slug"] == "rt_retry"
-    shown = json.loads(
-        flowlane("run", data["run_id"], "--dsn", flows_dsn, "--format", "json").stdout
-    )
+    shown = json.loads(flowlane("run", data["run_id"], "--dsn", flows_dsn, "--format", "json").stdout)
     assert shown["run"]["flow_slug"] == "rt_retry"
 
 
@@ -86,3 +83,70 @@ def test_client_api(flows_dsn: str) -> None:
         assert state["run"]["input"] == {"x": 1} and state["run"]["status"] == "started"
         assert [r.run_id for r in client.list_runs(flow="rt_retry")] == [run_id]
         assert client.list_runs(flow="rt_diamond") == []
+
+
+def _one_error(result: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+    """Exit ``code``, one ``error:`` line (+ ``hint:``) on stderr, no traceback."""
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith("error: ") and all(line.startswith(("error: ", "hint: ")) for line in lines), (
+        result.stderr
+    )
+    assert "Traceback" not in result.stderr + result.stdout
+    for needle in needles:
+        assert needle in result.stderr, (needle, result.stderr)
+
+
+def test_bad_arguments_are_one_error_line_and_json_stays_json(flows_dsn: str) -> None:
+    cases: list[tuple[list[str], int, str]] = [
+        (["start", "no_such_flow"], 1, "no_such_flow"),
+        (["start", "rt_diamond", "--input", "{nope"], 2, "--input is not valid JSON"),
+        (["start", "rt_diamond", "--run-id", "xyz"], 2, "'xyz' is not a run id"),
+        (["start", "rt_gauge", "--input", '{"not": "an array"}'], 2, "must be a JSON array"),
+        (["run", "not-a-uuid"], 2, "not a run id"),
+        (["run", str(uuid.uuid4())], 1, "no run"),
+        (["runs", "--limit", "-1"], 2, "limit must be 0 or more"),
+    ]
+    for args, code, needle in cases:
+        text = flowlane(*args, "--dsn", flows_dsn)
+        _one_error(text, code, needle)
+        assert text.stdout == ""
+        as_json = flowlane(*args, "--dsn", flows_dsn, "--format", "json")
+        _one_error(as_json, code, needle)
+        data = json.loads(as_json.stdout)  # stdout is JSON even for an error
+        assert needle in data["error"] and set(data) == {"error", "hint"}, (args, data)
+    with psycopg.connect(flows_dsn) as conn:
+        row = conn.execute("select count(*) from flowlane.runs").fetchone()
+    assert row == (0,)  # no bad input started a run
+    run_id = str(uuid.uuid4())
+    for _ in range(2):  # the same id and input twice: the same run
+        again = flowlane("start", "rt_retry", "--run-id", run_id, "--dsn", flows_dsn)
+        assert again.returncode == 0 and again.stdout.strip() == run_id, again.stderr
+    clash = flowlane("start", "rt_retry", "--run-id", run_id, "--input", '{"other": 1}', "--dsn", flows_dsn)
+    _one_error(clash, 2, f"run {run_id} already exists", "pass another --run-id")
+    assert json.loads(flowlane("runs", "--limit", "0", "--dsn", flows_dsn, "--format", "json").stdout) == []
+
+
+def test_cli_on_a_missing_or_unmigrated_database(db_factory: Any) -> None:
+    bare = db_factory("none")  # PGMQ only, no flowlane schema
+    nowhere = "postgresql://nobody@127.0.0.1:1/x"
+    for args in (["start", "rt_diamond"], ["runs"], ["run", str(uuid.uuid4())]):
+        unmigrated = flowlane(*args, "--dsn", bare, "--format", "json")
+        _one_error(unmigrated, 1, "flowlane db migrate")
+        assert "flowlane db migrate" in json.loads(unmigrated.stdout)["hint"]
+        missing = flowlane(*args, "--dsn", nowhere)
+        _one_error(missing, 1, "cannot connect", "hint: ")
+
+
+def test_worker_refuses_nonsense_numbers(flows_dsn: str) -> None:
+    for option, value in [
+        ("--max-concurrent", "0"),
+        ("--batch-size", "0"),
+        ("--max-concurrent", "-2"),
+        ("--poll-interval", "0"),
+        ("--requeue-interval", "-1"),
+        ("--poll-interval", "nan"),
+        ("--shutdown-timeout", "-1"),
+    ]:
+        result = flowlane("worker", "--flow", "rt_diamond", option, value, "--dsn", flows_dsn, timeout=60)
+        _one_error(result, 2, option.lstrip("-").split("-")[0])

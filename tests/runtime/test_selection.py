@@ -96,8 +96,14 @@ def test_a_worker_document_name_selects_its_queue() -> None:
     chosen = select(_project(), name="jobs_worker")
     assert chosen.queue == "jobs" and chosen.default_name == "jobs_worker"
     assert {(h.flow_slug, h.step_slug) for h in chosen.handlers} == {("shared_v2", "a"), ("shared_v2", "b")}
-    with pytest.raises(errors.UsageError, match="--name of a worker document"):
+    with pytest.raises(errors.UsageError, match="no `kind: worker` document is named 'nobody'") as e:
         select(_project(), name="nobody")
+    assert e.value.hint is not None and "jobs_worker" in e.value.hint and "--queue Q" in e.value.hint
+    with pytest.raises(errors.UsageError, match="unknown flow or alias 'nope'") as e:
+        select(_project(), queue="jobs", flows=["nope"])
+    assert e.value.hint is not None and "shared_v2" in e.value.hint
+    with pytest.raises(errors.UsageError, match="--name of a worker document"):
+        select(_project())
 
 
 PROJECT_YAML = """

@@ -88,9 +88,20 @@ def test_unreachable_database_is_one_clear_error(tmp_path: Path) -> None:
         "kind: flow\nslug: plain\nsteps:\n  a:\n    handler: app_handlers:a\n",
         "def a(input, ctx):\n    return 1\n",
     )
-    result = flowlane(
-        "worker", "--flow", "plain", "--dsn", "postgresql://nobody@127.0.0.1:1/x", cwd=root
-    )
+    result = flowlane("worker", "--flow", "plain", "--dsn", "postgresql://nobody@127.0.0.1:1/x", cwd=root)
     assert result.returncode == 1
     assert "error: worker cannot connect to postgresql://nobody@127.0.0.1:1/x" in result.stderr
     assert "Connection refused" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_unparseable_dsn_is_a_usage_error_that_hides_the_password(tmp_path: Path) -> None:
+    root = _project(
+        tmp_path,
+        "kind: flow\nslug: plain\nsteps:\n  a:\n    handler: app_handlers:a\n",
+        "def a(input, ctx):\n    return 1\n",
+    )
+    result = flowlane("worker", "--flow", "plain", "--dsn", "host=x password=hunter2 junk", cwd=root)
+    assert result.returncode == 2, result.stderr
+    assert "error: invalid connection string host=x password=*** junk" in result.stderr
+    assert "hunter2" not in result.stderr and "Traceback" not in result.stderr
+    assert "hint: use a URL" in result.stderr

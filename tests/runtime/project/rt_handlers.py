@@ -140,3 +140,42 @@ def shout(input: dict[str, Any], ctx: TaskContext) -> str:
 
 def nul_error(input: Any, ctx: TaskContext) -> None:
     raise ValueError("binary\x00garbage")
+
+
+class _Opaque:
+    pass
+
+
+def _misbehaviour(mode: str) -> Any:
+    """What the ``misbehave`` handlers do for ``flow_input["mode"]``."""
+    if mode == "system_exit":
+        raise SystemExit(3)
+    if mode == "keyboard_interrupt":
+        raise KeyboardInterrupt
+    if mode == "generator_exit":
+        raise GeneratorExit
+    if mode == "stop_iteration":
+        raise StopIteration("no more")
+    if mode == "nan":
+        return {"value": float("nan")}
+    if mode == "infinity":
+        return [float("inf")]
+    if mode == "set":
+        return {1, 2}
+    if mode == "object":
+        return _Opaque()
+    if mode == "bytes":
+        return b"raw"
+    if mode == "lone_surrogate":
+        return "half \ud800 a pair"
+    if mode == "huge":
+        return {"blob": "x" * 5_000_000, "items": list(range(100_000))}
+    return {"mode": mode}
+
+
+def misbehave(input: Any, ctx: TaskContext) -> Any:
+    return _misbehaviour(ctx.flow_input["mode"])
+
+
+async def misbehave_async(input: Any, ctx: TaskContext) -> Any:
+    return _misbehaviour(ctx.flow_input["mode"])
