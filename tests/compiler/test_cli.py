@@ -6,12 +6,12 @@ import json
 import os
 import runpy
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from flowlane.cli import main
+from tests.cli_support import run_flowlane
 
 HELLO = """kind: flow
 slug: hello
@@ -295,10 +295,7 @@ def test_a_fifo_among_the_flows_is_reported_not_read(project: Path) -> None:
     # reading a FIFO blocks until a writer comes: validate used to hang forever
     # (a subprocess with a timeout, so that a regression fails instead of hanging the suite)
     os.mkfifo(project / "flows" / "pipe.yaml")
-    repo = Path(__file__).resolve().parents[2]
-    result = subprocess.run([sys.executable, "-m", "flowlane", "validate", "flows", "/dev/null"],
-                            cwd=project, env={**os.environ, "PYTHONPATH": str(repo)},
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = run_flowlane("validate", "flows", "/dev/null", cwd=project, timeout=60)
     assert result.returncode == 1, result.stderr
     assert "flows/pipe.yaml:1:1: error[FL008]: not a regular file: flows/pipe.yaml" in result.stdout
     assert "error[FL008]: not a regular file: /dev/null" in result.stdout

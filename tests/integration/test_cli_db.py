@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.cli_support import REPO, run_flowlane
 
 
 def flowlane(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if k not in ("FLOWLANE_DSN", "DATABASE_URL")}
-    full_env["PYTHONPATH"] = str(REPO)
-    full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "flowlane", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, check=False, timeout=120)
+    return run_flowlane(*args, cwd=cwd, env=env)
 
 
 @pytest.fixture

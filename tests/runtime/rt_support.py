@@ -7,7 +7,6 @@ Nothing here sleeps to paper over a race: every wait polls a condition
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,7 +18,8 @@ from typing import Any, TypeVar
 
 import psycopg
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.cli_support import cli_env, run_flowlane
+
 PROJECT = Path(__file__).resolve().parent / "project"
 T = TypeVar("T")
 
@@ -43,24 +43,14 @@ def wait_until(
 
 
 def env() -> dict[str, str]:
-    variables = {k: v for k, v in os.environ.items() if k not in ("FLOWLANE_DSN", "DATABASE_URL")}
-    variables["PYTHONPATH"] = str(REPO)
-    variables["PYTHONUNBUFFERED"] = "1"
-    return variables
+    return cli_env(PYTHONUNBUFFERED="1")
 
 
 def flowlane(
     *args: str, cwd: Path = PROJECT, timeout: float = 120, extra_env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "flowlane", *args],
-        cwd=cwd,
-        env={**env(), **(extra_env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run_flowlane(*args, cwd=cwd, env={"PYTHONUNBUFFERED": "1", **(extra_env or {})},
+                        timeout=timeout)
 
 
 class WorkerProcess:

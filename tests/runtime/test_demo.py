@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-from rt_support import REPO
-
 from flowlane.core import db
+from tests.cli_support import REPO, run_flowlane
 
 
 def test_demo_in_a_fresh_copy(tmp_path: Path) -> None:
@@ -20,18 +17,8 @@ def test_demo_in_a_fresh_copy(tmp_path: Path) -> None:
         if name and (REPO / name).is_file():
             (copy / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, copy / name)
-    env = {k: v for k, v in os.environ.items() if k not in ("FLOWLANE_DSN", "DATABASE_URL")}
-    env["PYTHONPATH"] = str(copy)
     try:
-        result = subprocess.run(
-            [sys.executable, "-m", "flowlane", "demo"],
-            cwd=copy,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
+        result = run_flowlane("demo", cwd=copy, root=copy, timeout=600)
     finally:
         db.EmbeddedDatabase.stop_at(copy / ".flowlane" / "pgdata")
     assert result.returncode == 0, result.stdout + result.stderr
