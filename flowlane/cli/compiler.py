@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from flowlane import errors
+from flowlane import errors, project_root
 from flowlane.cli.db import add_dsn_argument
 from flowlane.compiler import api, diagnostics, graph, pytypes, schema
 from flowlane.compiler import check as checks
@@ -24,8 +24,8 @@ def _add_format(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_out(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="sql", metavar="DIR",
-                        help="directory of the compiled SQL (default: sql/)")
+    parser.add_argument("--out", metavar="DIR",
+                        help="directory of the compiled SQL (default: the project's sql/)")
 
 
 def configure(subparsers: Any) -> None:
@@ -103,6 +103,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    args.out = args.out or project_root.sql_dir()
     result = api.compile_paths(args.paths, args.out)
     _report(result.diagnostics, args.format)
     if result.diagnostics:
@@ -182,7 +183,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_apply(args: argparse.Namespace) -> int:
     from flowlane.core import deploy
 
-    result = deploy.apply(args.paths or list(api.DEFAULT_PATHS), args.out, args.dsn)
+    result = deploy.apply(args.paths, args.out, args.dsn)
     sys.stdout.write(result.render())
     return 0
 

@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from flowlane import errors
+from flowlane import errors, project_root
 from flowlane.cli.db import add_dsn_argument
 
 
@@ -123,7 +123,7 @@ def _json_errors(command: Callable[[argparse.Namespace], int]) -> Callable[..., 
 
 
 def _paths(args: argparse.Namespace) -> list[str]:
-    return list(args.paths) or ["flows"]
+    return list(args.paths) or [project_root.flows_dir()]
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from flowlane import errors
+from flowlane import errors, project_root
 from flowlane.compiler import analyze, api, check, render, shape
 from flowlane.compiler.model import Flow, Project
 from flowlane.core import db
@@ -226,9 +226,11 @@ def _ordered_files(out: Path, project: Project) -> list[Path]:
     return [*flows, out / render.ALIASES_FILE]
 
 
-def apply(paths: Sequence[str | os.PathLike[str]] | None, out: str | os.PathLike[str] = "sql",
-          dsn: str | None = None) -> ApplyResult:
-    """Apply the compiled SQL files in one transaction; refuses stale files and shape changes."""
+def apply(paths: Sequence[str | os.PathLike[str]] | None,
+          out: str | os.PathLike[str] | None = None, dsn: str | None = None) -> ApplyResult:
+    """Apply the compiled SQL files (default: the project's sql/) in one transaction;
+    refuses stale files and shape changes."""
+    out = out or project_root.sql_dir()
     project = api.load_project(paths)
     stale = check.stale_files(api.compile_project(project), Path(out))
     if stale:
