@@ -13,6 +13,7 @@ from typing import Any
 from flowlane import errors, project_root
 from flowlane.cli.db import add_dsn_argument
 from flowlane.runtime.client import MAX_INPUT_BYTES, STATUSES
+from flowlane.runtime.serve import EXIT_DISABLED
 
 
 def configure(subparsers: Any) -> None:
@@ -137,6 +138,31 @@ def configure(subparsers: Any) -> None:
     add_dsn_argument(run)
     _add_format(run)
     run.set_defaults(func=cmd_run)
+
+    serve = subparsers.add_parser(
+        "serve",
+        help="run and supervise one worker per queue of the project",
+        description="Start one worker per `kind: worker` document and per other queue the "
+        "flows route to; restart a worker that exits, with backoff, except one that exits "
+        f"with status {EXIT_DISABLED} (deployment disabled or unsupported work); on SIGTERM or "
+        "SIGINT stop every worker gracefully. Worker logs: .flowlane/logs/NAME.log.",
+    )
+    serve.add_argument("paths", nargs="*", metavar="PATHS", help="flow YAML (default: flows/)")
+    add_dsn_argument(serve)
+    serve.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM/SIGINT, seconds each worker gets to finish in-flight handlers (default 30)",
+    )
+    serve.add_argument("--log-dir", metavar="DIR", help="worker logs (default: .flowlane/logs/)")
+    serve.add_argument(
+        "--import-path", action="append", default=[], metavar="DIR",
+        help="passed to every worker (repeatable)",
+    )
+    serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    serve.add_argument("--log-format", default="text", choices=["text", "json"])
+    serve.set_defaults(func=cmd_serve)
 
     demo = subparsers.add_parser(
         "demo",
@@ -344,6 +370,42 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         print(render_run(state))
     return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    from flowlane.compiler.model import Project
+    from flowlane.core import db
+    from flowlane.runtime import serve
+
+    if args.shutdown_timeout < 0:
+        raise errors.UsageError(f"--shutdown-timeout must be 0 or more, not {args.shutdown_timeout:g}")
+    paths = _paths(args)
+    specs = serve.plan_workers(Project.load(*paths))
+    if not specs:
+        raise errors.UsageError("the project routes no step to any queue: nothing to serve",
+                                hint="add a flow under flows/")
+    target = db.resolve(args.dsn)
+    root = project_root.find_root()
+    log_dir = Path(args.log_dir).resolve() if args.log_dir else root / project_root.STATE_DIRNAME / "logs"
+    extra = ["--shutdown-timeout", f"{args.shutdown_timeout:g}", "--log-level", args.log_level,
+             "--log-format", args.log_format]
+    for directory in args.import_path:
+        extra += ["--import-path", os.path.abspath(directory)]
+    env = {**os.environ, "FLOWLANE_DSN": target.dsn, "PYTHONUNBUFFERED": "1"}
+    print(f"serving {len(specs)} queue(s) on {db.redact(target.dsn)} ({target.source}); "
+          f"worker logs in {project_root.relative(log_dir)}/; stop with Ctrl-C or SIGTERM",
+          flush=True)
+    return serve.serve(
+        specs,
+        serve.worker_command(paths, extra),
+        env=env,
+        cwd=root,
+        log_dir=log_dir,
+        shutdown_timeout=args.shutdown_timeout + 10,
+    )
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -111,8 +111,8 @@ def run_demo(
             print("  error: " + state["run"]["error_message"])
     print()
     print(
-        f"compiled SQL: {(Path(out) / 'flows').as_posix()}/*.sql"
-        f" and {(Path(out) / 'aliases.sql').as_posix()}"
+        f"compiled SQL: {(Path(out).resolve() / 'flows').as_posix()}/*.sql"
+        f" and {(Path(out).resolve() / 'aliases.sql').as_posix()}"
     )
     print("inspect: `flowlane runs`, `flowlane run RUN_ID`; stop the database: `flowlane db down`")
     return 0 if ok else 1
