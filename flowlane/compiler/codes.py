@@ -48,12 +48,15 @@ CODES: dict[str, str] = {
     # handlers and values
     "FL070": "invalid handler reference",
     "FL071": "condition contains a value PostgreSQL cannot store",
+    "FL072": "handler cannot be imported or called with (input, ctx)",
     # check (compiled SQL against the YAML and the base revision)
     "FL090": "compiled SQL is stale, missing or hand-edited",
     "FL091": "NEW_VERSION_REQUIRED: a committed flow changed its shape",
 }
 
 CHECK_CODES = frozenset({"FL090", "FL091"})
+# found by importing the handlers (`validate --handlers`), not from the YAML alone
+HANDLER_CODES = frozenset({"FL072"})
 
 
 def describe(code: str) -> str:
