@@ -47,7 +47,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     was_running = embedded.running()
     url = embedded.up()
     print(f"embedded PostgreSQL {'already running' if was_running else 'started'}: {url}")
-    print("next: `flowlane db migrate`")
+    with db.connect(url, autocommit=True) as conn:
+        pending = [s for s in migrator.status(conn) if not s.applied]
+    if pending:
+        print(f"{len(pending)} core migration(s) pending; next: `flowlane db migrate`")
+    else:
+        print("core migrations are up to date; next: `flowlane apply`")
     return 0
 
 

@@ -21,7 +21,7 @@ from flowlane import compiler, errors, project_root
 from flowlane.compiler import diagnostics
 from flowlane.compiler.model import Project
 from flowlane.core import db, deploy, migrator
-from flowlane.runtime.client import Client
+from flowlane.runtime.client import TERMINAL, Client
 from flowlane.runtime.worker import Worker
 
 # sample inputs for the example flows shipped in flows/; any other flow gets {}
@@ -152,7 +152,7 @@ def _serve_until_done(
                 for item in started:
                     if item.run_id not in states:
                         state = client.get_run(item.run_id)
-                        if state["run"]["status"] in ("completed", "failed"):
+                        if state["run"]["status"] in TERMINAL:
                             states[item.run_id] = state
                 time.sleep(0.05)
     finally:

@@ -103,3 +103,9 @@ def test_plan_exit_code(tmp_path: Path, dsn: str) -> None:
     assert same.returncode == 0, same.stdout + same.stderr
     broken = run_flowlane("plan", "--exit-code", "--dsn", "not a dsn", cwd=root)
     assert broken.returncode == 1 and "invalid connection string" in broken.stderr
+
+
+def test_version(tmp_path: Path) -> None:
+    result = run_flowlane("--version", cwd=tmp_path)
+    assert result.returncode == 0
+    assert result.stdout.startswith("flowlane ") and len(result.stdout.split()) >= 2

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from flowlane import Project, errors
 from flowlane.compiler import Flow, HandlerRef, Location, Step, WorkerDoc, project_from_text
-from flowlane.compiler.model import QueueMode
+from flowlane.compiler.model import Alias, QueueMode
 from flowlane.runtime.registry import HandlerRegistry
 from flowlane.runtime.selection import select
 from flowlane.runtime.worker import Worker
@@ -134,3 +135,11 @@ def test_worker_takes_a_project_or_a_path(tmp_path: Path) -> None:
         assert {h.step_slug for h in worker.selection.handlers} == {"a", "b"}
     with pytest.raises(errors.ProjectError, match="cannot use dict"):
         Worker({}, queue="jobs")  # type: ignore[arg-type]
+
+
+def test_unknown_flow_hint_lists_aliases_too() -> None:
+    project = dataclasses.replace(_project(), aliases=(Alias("shared", "shared_v2", ("shared_v1",)),))
+    with pytest.raises(errors.UsageError, match="unknown flow 'nope'") as e:
+        select(project, flow="nope")
+    assert e.value.hint is not None
+    assert "known flows: plain, shared_v1, shared_v2, split; aliases: shared" in e.value.hint
