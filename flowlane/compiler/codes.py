@@ -29,6 +29,7 @@ CODES: dict[str, str] = {
     "FL032": "map step with more than one dependency",
     "FL033": "when_unmet without a condition",
     "FL034": "dependency listed twice",
+    "FL035": "condition names a step that is not among the step's needs",
     # routing and queues
     "FL040": "queue name is not canonical",
     "FL041": "explicit routing misses a step",

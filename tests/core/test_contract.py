@@ -65,6 +65,18 @@ EXPECTED = {
         "queue_name text, msg_ids bigint[], worker_id uuid",
         "SETOF flowlane.step_task_record",
     ),
+    # 0007_run_operations
+    "cancel_run": ("run_id uuid, reason text DEFAULT NULL::text", "flowlane.runs"),
+    "fail_task_detailed": (
+        (
+            "run_id uuid, step_slug text, task_index integer, error_message text, "
+            "worker_id uuid DEFAULT NULL::uuid, attempt integer DEFAULT NULL::integer, "
+            "error_type text DEFAULT NULL::text, traceback text DEFAULT NULL::text"
+        ),
+        "SETOF flowlane.step_tasks",
+    ),
+    "get_run_attempts": ("run_id uuid", "jsonb"),
+    "retry_run": ("run_id uuid", "flowlane.runs"),
 }
 
 
