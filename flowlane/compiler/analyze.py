@@ -106,7 +106,19 @@ def _schema_valid(documents: Iterable[Document], state: Analysis) -> list[_Entry
         state.findings.extend(problems)
         if not problems:
             entries.append(_Entry(doc, doc.data))
+        elif doc.data.get("kind") == "flow":
+            state.findings.extend(_partial_findings(doc, state.complete))
     return entries
+
+
+def _partial_findings(doc: Document, complete: bool) -> list[Diagnostic]:
+    """The flow-local semantic findings of a document that also has schema errors."""
+    repaired = schema.repaired_flow(doc.data)
+    if repaired is None:
+        return []
+    scratch = Analysis(complete=complete)
+    _FlowChecker(_Entry(doc, repaired), scratch).run()
+    return scratch.findings
 
 
 def _namespace(flows: list[_Entry], aliases: list[_Entry], state: Analysis) -> None:
