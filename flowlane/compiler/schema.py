@@ -221,7 +221,19 @@ def _type(doc: Document, error: ValidationError, path: tuple[Any, ...],
     text = " or ".join(_TYPE_NAMES.get(t, t) for t in wanted)
     return [doc.diagnostic(path, "FL012",
                            f"{_field(path)} must be {text}, not {_kind_of(error.instance)}",
-                           _example_help(sub))]
+                           _empty_step_help(doc, path, error.instance) or _example_help(sub))]
+
+
+def _empty_step_help(doc: Document, path: tuple[Any, ...], value: Any) -> str | None:
+    """``b:`` with nothing under it, followed by options at its own indentation."""
+    if value is not None or len(path) != 2 or path[0] != "steps":
+        return None
+    names = list(doc.data["steps"])
+    following = names[names.index(path[1]) + 1:]
+    if following and following[0] in _step_keys():
+        return f"its options are not indented under it: indent `{following[0]}:` and the " \
+               f"lines after it further than `{path[1]}:`"
+    return None
 
 
 def _any_of(doc: Document, error: ValidationError, path: tuple[Any, ...],
