@@ -109,3 +109,8 @@ def test_version(tmp_path: Path) -> None:
     result = run_flowlane("--version", cwd=tmp_path)
     assert result.returncode == 0
     assert result.stdout.startswith("flowlane ") and len(result.stdout.split()) >= 2
+
+
+def test_readme_shows_the_workflow_init_writes(tmp_path: Path) -> None:
+    workflow = (_init(tmp_path) / ".github" / "workflows" / "flowlane.yml").read_text()
+    assert f"```yaml\n{workflow}```" in (REPO / "README.md").read_text()
