@@ -8,6 +8,7 @@ case a notification cannot arrive (e.g. behind a transaction-pooling proxy).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import time
@@ -145,6 +146,11 @@ def _flow_filter(rows: list[dict[str, Any]], flow: str) -> list[str]:
     raise errors.UsageError(f"no flow or alias `{flow}` in the database", hint=hint)
 
 
+def _check_page(rows: list[dict[str, Any]], before: str) -> None:
+    if not rows[0]["found"]:
+        raise errors.UsageError(f"--before: no run {before}", hint="`flowlane runs` lists run ids")
+
+
 def _list_params(
     limit: int, flows: list[str] | None, status: str | None, before: str | None,
     since: datetime | None,
@@ -255,6 +261,9 @@ class Client:
         """Runs newest first; ``before`` = a run id (the next page), ``since`` = a time."""
         flows = self.flows_named(flow) if flow else None
         params = _list_params(limit, flows, status, before, since)
+        if params["before"]:
+            found = self._rows("client_run_exists", "cannot list runs", run_id=params["before"])
+            _check_page(found, params["before"])
         rows = self._rows("client_list_runs", "cannot list runs", **params)
         return [RunSummary.from_row(r) for r in rows]
 
@@ -285,7 +294,7 @@ class Client:
                         if note.payload == run_id:
                             break
         finally:
-            if not conn.closed:
+            with contextlib.suppress(psycopg.Error):  # a broken connection: the error above says why
                 conn.execute(query("client_unlisten_finished"))
 
 
@@ -372,6 +381,9 @@ class AsyncClient:
             found = await self._rows("client_flow_filter", "cannot list flows", flow=flow)
             flows = _flow_filter(found, flow)
         params = _list_params(limit, flows, status, before, since)
+        if params["before"]:
+            found = await self._rows("client_run_exists", "cannot list runs", run_id=params["before"])
+            _check_page(found, params["before"])
         rows = await self._rows("client_list_runs", "cannot list runs", **params)
         return [RunSummary.from_row(r) for r in rows]
 

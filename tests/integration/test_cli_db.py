@@ -10,6 +10,8 @@ import pytest
 
 from tests.cli_support import REPO, run_flowlane
 
+pytestmark = pytest.mark.slow  # the tests start embedded PostgreSQL servers
+
 
 def flowlane(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return run_flowlane(*args, cwd=cwd, env=env)

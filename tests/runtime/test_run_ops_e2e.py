@@ -215,6 +215,8 @@ def test_runs_resolves_aliases_suggests_and_pages(flows_dsn: str) -> None:
     page2 = [r["run_id"] for r in json.loads(second.stdout)]
     assert len(page1) == 2 and len(page2) == 1 and sorted(page1 + page2) == sorted(retry_runs)
 
+    gone = flowlane("runs", "--before", "6f1c54c2-52a6-4d8e-9d0e-2b8b5b2b3b3b", "--dsn", flows_dsn)
+    assert gone.returncode == 2 and "--before: no run 6f1c54c2" in gone.stderr
     future = flowlane("runs", "--since", "2999-01-01T00:00:00+00:00", "--dsn", flows_dsn)
     assert future.returncode == 0 and "no runs" in future.stdout
     bad = flowlane("runs", "--since", "yesterday", "--dsn", flows_dsn)

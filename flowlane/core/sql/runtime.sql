@@ -68,6 +68,9 @@ where (%(flows)s::text[] is null or r.flow_slug = any(%(flows)s::text[]))
 order by r.started_at desc, r.run_id desc
 limit %(limit)s
 
+-- name: client_run_exists
+select exists (select 1 from flowlane.runs r where r.run_id = %(run_id)s::uuid) as found
+
 -- name: client_flow_filter
 -- a concrete flow, or every version an alias points or pointed at; all names otherwise
 select coalesce(
