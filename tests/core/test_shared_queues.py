@@ -98,9 +98,12 @@ def test_terminal_task_message_is_archived_and_nothing_changes(engine: Engine) -
     [task] = engine.claim("f")
     engine.complete(task, 1)
     # the message comes back (say, a restore of the queue table): it is archived again
-    engine.conn.execute("insert into pgmq.q_f (msg_id, read_ct, enqueued_at, vt, message, headers) "
-                        "overriding system value select msg_id, read_ct, enqueued_at, now(), message, headers "
-                        "from pgmq.a_f where msg_id = %s", (task["msg_id"],))
+    engine.conn.execute(
+        "insert into pgmq.q_f (msg_id, read_ct, enqueued_at, vt, message, headers) "
+        "overriding system value select msg_id, read_ct, enqueued_at, now(), message, headers "
+        "from pgmq.a_f where msg_id = %s",
+        (task["msg_id"],),
+    )
     engine.conn.execute("delete from pgmq.a_f where msg_id = %s", (task["msg_id"],))
     assert engine.classify("f", [task["msg_id"]], [("f", "a")]) == []
     assert engine.queue_messages("f") == [] and engine.archived_ids("f") == [task["msg_id"]]
