@@ -1,4 +1,4 @@
--- flowlane compiled flow forum_digest from flows/forum_digest.yaml; do not edit: change the YAML and run `flowlane compile`
+-- flowlane compiled flow forum_digest from flows/community_threads.yaml; do not edit: change the YAML and run `flowlane compile`
 -- shape sha256: 1b21eb7d2dc0ff772d89719336053bffbe765032f59453bd2fb56533982a2355
 begin;
 
