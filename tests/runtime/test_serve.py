@@ -90,6 +90,9 @@ def _pids(text: str) -> dict[str, int]:
     return found
 
 
+_DISABLED = re.compile(r"^sv_plain\s+disabled\s", re.MULTILINE)
+
+
 def _last_block(text: str) -> str:
     blocks = [b for b in text.split("\n\n") if b.strip()]
     return blocks[-1] if blocks else ""
@@ -177,3 +180,47 @@ def test_exit_status_3_is_never_restarted_other_exits_are() -> None:
     supervisor.stop(timeout=10)
     assert disabled.state == "disabled"
     assert by_name["crashing"].state == "stopped"
+
+
+def test_serve_never_restarts_a_disabled_deployment(
+    project: Path, dsn: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "serve.out"
+    with out.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flowlane", "serve", "--dsn", dsn, "--shutdown-timeout", "5"],
+            cwd=project, env=env(), stdout=sink, stderr=subprocess.STDOUT,
+        )
+    try:
+        def all_running() -> dict[str, int] | None:
+            assert proc.poll() is None, out.read_text()
+            pids = _pids(_last_block(out.read_text()))
+            return pids if len(pids) == 4 else None
+
+        pids = wait_until(all_running, timeout=60, message="four workers running")
+        logs = project / ".flowlane" / "logs"
+        wait_until(lambda: "worker_started" in (logs / "sv_plain.log").read_text(),
+                   timeout=60, message="sv_plain registered its deployment")
+        disabled = flowlane("worker", "disable", "sv_plain", "--reason", "bad release",
+                            "--dsn", dsn, cwd=project)
+        assert disabled.returncode == 0, disabled.stdout + disabled.stderr
+        os.kill(pids["sv_plain"], signal.SIGKILL)  # a crash: serve restarts it, it refuses
+
+        def settled() -> str | None:
+            assert proc.poll() is None, out.read_text()
+            block = _last_block(out.read_text())
+            return block if _DISABLED.search(block) else None
+
+        block = wait_until(settled, timeout=60, message="sv_plain disabled")
+        assert "exit 3" in block and "flowlane worker enable sv_plain" in block
+        assert len(_pids(block)) == 3  # the others keep running
+        with Client(dsn) as client:
+            run_id = client.start_run("sv_split", {})
+            assert client.wait(run_id, timeout=60)["run"]["status"] == "completed"
+        assert _last_block(out.read_text()) == block  # not restarted again
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, out.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _DISABLED.search(_last_block(out.read_text()))
