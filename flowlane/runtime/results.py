@@ -17,7 +17,7 @@ import psycopg
 from flowlane.runtime import log
 from flowlane.runtime.backoff import Backoff
 from flowlane.runtime.store import TRANSIENT, Row, Store
-from flowlane.runtime.tasks import TaskResult, describe, first_line
+from flowlane.runtime.tasks import TaskResult, describe, first_line, short_text
 
 INFO, WARNING, ERROR = logging.INFO, logging.WARNING, logging.ERROR
 
@@ -132,4 +132,5 @@ class ResultSender:
                     "task_retry_scheduled" if row["status"] == "queued" else "task_exhausted",
                     **task.fields,
                     error=result.error_type,
+                    message=short_text(result.error),
                 )

@@ -99,10 +99,12 @@ def bounded_traceback(exc: BaseException) -> str:
     return text if len(text) <= MAX_TRACEBACK_CHARS else "...\n" + text[-(MAX_TRACEBACK_CHARS - 4) :]
 
 
-def short_message(exc: BaseException) -> str:
-    """The exception's message for a log line: one line, truncated."""
-    text = " ".join(str(exc).split())
-    return text if len(text) <= LOGGED_MESSAGE_CHARS else text[: LOGGED_MESSAGE_CHARS - 3] + "..."
+def short_text(text: str | None) -> str | None:
+    """An error text for a log line: one line, truncated; None when empty."""
+    flat = " ".join((text or "").split())
+    if not flat:
+        return None
+    return flat if len(flat) <= LOGGED_MESSAGE_CHARS else flat[: LOGGED_MESSAGE_CHARS - 3] + "..."
 
 
 def first_line(exc: BaseException) -> str:
@@ -134,7 +136,7 @@ async def execute(
             **task.fields,
             duration_ms=elapsed,
             error=error_type(exc),
-            message=short_message(exc) or None,
+            message=short_text(str(exc)),
         )
         trace = bounded_traceback(exc)
         log.logger.debug(

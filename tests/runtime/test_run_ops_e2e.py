@@ -46,6 +46,8 @@ def test_every_failed_attempt_is_visible(flows_dsn: str, spawn: Spawn) -> None:
     log = worker.text()
     assert 'task_failed' in log and "error=ValueError" in log
     assert 'message="boom on attempt 1"' in log
+    retry_line = next(line for line in log.splitlines() if "task_retry_scheduled" in line)
+    assert "error=ValueError" in retry_line and 'message="ValueError: boom on attempt 1"' in retry_line
     assert "s3cr3t-input" not in log  # never the task input
 
     shown = flowlane("run", run_id, "--dsn", flows_dsn)
