@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 
-from tests.core.engine import Engine
+from flowlane.core import migrator
+from tests.core.engine import Engine, assert_invariants
 
 
 def _attempts(engine: Engine, run_id: uuid.UUID) -> list[dict[str, Any]]:
@@ -191,3 +193,30 @@ def test_finished_run_notifies(engine: Engine, dsn: str) -> None:
         engine.drive("f", lambda t: 1)
         payloads = [n.payload for n in listener.notifies(timeout=10, stop_after=1)]
     assert payloads == [str(run_id)]
+
+
+def test_upgrade_to_0007_keeps_runs_and_lets_old_failures_be_retried(
+    db_factory: Callable[..., str],
+) -> None:
+    with psycopg.connect(db_factory("0005"), autocommit=True) as conn:
+        engine = Engine(conn)
+        engine.define("f", [("a", [], {"max_attempts": 1}), ("b", ["a"], {})])
+        failed = engine.start("f", {})
+        [task] = engine.claim("f")
+        engine.fail(task, "before the upgrade")
+        running = engine.start("f", {})
+        [claimed] = engine.claim("f")
+        assert [m.version for m in migrator.migrate(conn)][-1] == "0007"
+
+        assert engine.run(failed)["status"] == "failed"
+        assert engine.run(running)["status"] == "started"
+        assert _attempts(engine, failed) == []  # history starts with 0007
+        engine.complete(claimed, "a")  # an in-flight claim completes across the upgrade
+        engine.drive("f", lambda t: "b")
+        assert engine.run(running)["status"] == "completed"
+
+        run = engine.row("select * from flowlane.retry_run(%s)", (failed,))
+        assert run is not None and run["status"] == "started"
+        engine.drive("f", lambda t: t["step_slug"])
+        assert engine.run(failed)["status"] == "completed"
+        assert_invariants(engine)
