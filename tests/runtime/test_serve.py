@@ -98,22 +98,31 @@ def _last_block(text: str) -> str:
     return blocks[-1] if blocks else ""
 
 
+def _serve(project: Path, dsn: str, out: Path) -> subprocess.Popen[bytes]:
+    with out.open("w") as sink:
+        return subprocess.Popen(
+            [sys.executable, "-m", "flowlane", "serve", "--dsn", dsn, "--shutdown-timeout", "5"],
+            cwd=project, env=env(), stdout=sink, stderr=subprocess.STDOUT,
+        )
+
+
+def _all_running(proc: subprocess.Popen[bytes], out: Path) -> dict[str, int]:
+    def running() -> dict[str, int] | None:
+        assert proc.poll() is None, out.read_text()
+        pids = _pids(_last_block(out.read_text()))
+        return pids if len(pids) == 4 else None
+
+    found: dict[str, int] = wait_until(running, timeout=60, message="four workers running")
+    return found
+
+
 def test_serve_restarts_a_killed_worker_and_stops_cleanly(
     project: Path, dsn: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "serve.out"
-    with out.open("w") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "flowlane", "serve", "--dsn", dsn, "--shutdown-timeout", "5"],
-            cwd=project, env=env(), stdout=sink, stderr=subprocess.STDOUT,
-        )
+    proc = _serve(project, dsn, out)
     try:
-        def all_running() -> dict[str, int] | None:
-            assert proc.poll() is None, out.read_text()
-            pids = _pids(_last_block(out.read_text()))
-            return pids if len(pids) == 4 else None
-
-        pids = wait_until(all_running, timeout=60, message="four workers running")
+        pids = _all_running(proc, out)
         logs = project / ".flowlane" / "logs"
         wait_until(lambda: all("worker_started" in (logs / f"{n}.log").read_text()
                                for n in pids), timeout=60, message="workers started")
@@ -186,18 +195,9 @@ def test_serve_never_restarts_a_disabled_deployment(
     project: Path, dsn: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "serve.out"
-    with out.open("w") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "flowlane", "serve", "--dsn", dsn, "--shutdown-timeout", "5"],
-            cwd=project, env=env(), stdout=sink, stderr=subprocess.STDOUT,
-        )
+    proc = _serve(project, dsn, out)
     try:
-        def all_running() -> dict[str, int] | None:
-            assert proc.poll() is None, out.read_text()
-            pids = _pids(_last_block(out.read_text()))
-            return pids if len(pids) == 4 else None
-
-        pids = wait_until(all_running, timeout=60, message="four workers running")
+        pids = _all_running(proc, out)
         logs = project / ".flowlane" / "logs"
         wait_until(lambda: "worker_started" in (logs / "sv_plain.log").read_text(),
                    timeout=60, message="sv_plain registered its deployment")
