@@ -80,6 +80,25 @@ class Cluster:
             self.drop_database(name)
 
 
+DATABASE_FIXTURES = frozenset({"cluster", "db_factory", "dsn", "conn"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`slow` = needs a database (a fresh one per test) or worker processes: the fast loop
+    `pytest -m "not slow"` runs everything else in seconds."""
+    for item in items:
+        if DATABASE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+def _no_durability(conn: psycopg.Connection[Any]) -> None:
+    """The tests' own throwaway server never needs to survive a power loss: without fsync,
+    creating a database per test costs a fraction (the suite's speed, not its meaning)."""
+    for setting in ("fsync", "synchronous_commit", "full_page_writes"):
+        conn.execute(sql.SQL("alter system set {} = off").format(sql.Identifier(setting)))
+    conn.execute("select pg_reload_conf()")
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     external = os.environ.get("FLOWLANE_TEST_DSN")
@@ -97,6 +116,8 @@ def cluster() -> Iterator[Cluster]:
     try:
         with psycopg.connect(admin_dsn, autocommit=True) as conn:
             conn.execute("select 1")
+            if not external:
+                _no_durability(conn)
     except psycopg.Error as exc:
         pytest.fail(f"cannot reach the test database {db.redact(admin_dsn)}: {exc}", pytrace=False)
     cluster = Cluster(admin_dsn)

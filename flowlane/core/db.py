@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from flowlane import errors
+from flowlane import errors, project_root
 
 EMBEDDED_DIRNAME = ".flowlane"
 PGDATA_DIRNAME = "pgdata"
@@ -46,7 +46,7 @@ def resolve(dsn: str | None = None, project_dir: Path | None = None, *, start: b
         value = os.environ.get(name)
         if value:
             return Target(value, name)
-    embedded = EmbeddedDatabase(project_dir or Path.cwd())
+    embedded = EmbeddedDatabase(project_dir or project_root.find_root())
     return Target(embedded.up() if start else embedded.url(), "embedded")
 
 

@@ -17,7 +17,7 @@ import psycopg
 from flowlane.runtime import log
 from flowlane.runtime.backoff import Backoff
 from flowlane.runtime.store import TRANSIENT, Row, Store
-from flowlane.runtime.tasks import TaskResult, describe, first_line
+from flowlane.runtime.tasks import TaskResult, describe, first_line, short_text
 
 INFO, WARNING, ERROR = logging.INFO, logging.WARNING, logging.ERROR
 
@@ -76,6 +76,8 @@ class ResultSender:
                 error_message=(result.error or "failed").replace("\x00", "\\0"),
                 worker_id=self.worker_id,
                 attempt=task.attempt,
+                error_type=result.error_type,
+                traceback=result.traceback,
             )
         except TRANSIENT:
             raise
@@ -129,4 +131,6 @@ class ResultSender:
                     INFO if row["status"] == "queued" else WARNING,
                     "task_retry_scheduled" if row["status"] == "queued" else "task_exhausted",
                     **task.fields,
+                    error=result.error_type,
+                    message=short_text(result.error),
                 )

@@ -204,6 +204,8 @@ class Store:
         error_message: str,
         worker_id: str,
         attempt: int,
+        error_type: str | None = None,
+        traceback: str | None = None,
     ) -> list[Row]:
         return await self.fetch(
             "worker_fail_task",
@@ -213,6 +215,8 @@ class Store:
             error_message=error_message,
             worker_id=worker_id,
             attempt=attempt,
+            error_type=error_type,
+            traceback=traceback,
         )
 
     async def listen_connection(self, queue_name: str) -> psycopg.AsyncConnection[Any]:

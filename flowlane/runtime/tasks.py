@@ -20,6 +20,8 @@ from flowlane.runtime.context import TaskContext
 from flowlane.runtime.registry import Registered
 
 MAX_ERROR_CHARS = 4000
+MAX_TRACEBACK_CHARS = 16000  # the attempt history's bound (0007_run_operations.sql)
+LOGGED_MESSAGE_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ class TaskResult:
     output: Any = None
     error: str | None = None
     duration_ms: int = 0
+    error_type: str | None = None
+    traceback: str | None = None
 
     def completion(self, worker_id: str) -> dict[str, Any]:
         return {
@@ -82,6 +86,25 @@ def check_json(output: Any) -> str | None:
 def describe(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     return text.replace("\x00", "\\0")[:MAX_ERROR_CHARS]  # PostgreSQL text cannot hold NUL
+
+
+def error_type(exc: BaseException) -> str:
+    kind = type(exc)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def bounded_traceback(exc: BaseException) -> str:
+    """The traceback's last ``MAX_TRACEBACK_CHARS`` characters (the innermost frames matter most)."""
+    text = "".join(traceback.format_exception(exc)).replace("\x00", "\\0")
+    return text if len(text) <= MAX_TRACEBACK_CHARS else "...\n" + text[-(MAX_TRACEBACK_CHARS - 4) :]
+
+
+def short_text(text: str | None) -> str | None:
+    """An error text for a log line: one line, truncated; None when empty."""
+    flat = " ".join((text or "").split())
+    if not flat:
+        return None
+    return flat if len(flat) <= LOGGED_MESSAGE_CHARS else flat[: LOGGED_MESSAGE_CHARS - 3] + "..."
 
 
 def first_line(exc: BaseException) -> str:
@@ -112,16 +135,21 @@ async def execute(
             "task_failed",
             **task.fields,
             duration_ms=elapsed,
-            error=type(exc).__name__,
+            error=error_type(exc),
+            message=short_text(str(exc)),
         )
+        trace = bounded_traceback(exc)
         log.logger.debug(
-            "handler traceback for %s/%s[%s]:\n%s",
-            task.run_id,
-            task.step_slug,
-            task.task_index,
-            "".join(traceback.format_exception(exc)),
+            "handler traceback for %s/%s[%s]:\n%s", task.run_id, task.step_slug, task.task_index, trace
         )
-        return TaskResult(task, ok=False, error=describe(exc), duration_ms=elapsed)
+        return TaskResult(
+            task,
+            ok=False,
+            error=describe(exc),
+            duration_ms=elapsed,
+            error_type=error_type(exc),
+            traceback=trace,
+        )
     problem = check_json(output)
     elapsed = _ms(started)
     if problem is not None:
@@ -132,7 +160,9 @@ async def execute(
             duration_ms=elapsed,
             error="OutputNotJSON",
         )
-        return TaskResult(task, ok=False, error=problem, duration_ms=elapsed)
+        return TaskResult(
+            task, ok=False, error=problem, duration_ms=elapsed, error_type="OutputNotJSON"
+        )
     return TaskResult(task, ok=True, output=output, duration_ms=elapsed)
 
 

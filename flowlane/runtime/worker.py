@@ -46,7 +46,7 @@ from typing import Any
 
 import psycopg
 
-from flowlane import errors
+from flowlane import errors, project_root
 from flowlane.compiler.model import Project
 from flowlane.compiler.shape import flow_shape
 from flowlane.core import db, deploy
@@ -145,7 +145,10 @@ class Worker:
         self._min_read = max(1, min(self.batch_size, self.max_concurrent) // 2)
         self._poll_window = max(1, min(int(poll_interval), MAX_POLL_WINDOW))
         self.requeue_interval = requeue_interval
-        self.import_paths = [str(Path.cwd().resolve()), *import_paths]
+        # handlers import from the current directory and the project root
+        self.import_paths = list(
+            dict.fromkeys([str(Path.cwd().resolve()), str(project_root.find_root()), *import_paths])
+        )
         self.handle_signals = handle_signals
         self.worker_id = str(uuid.uuid4())
         self.ready = threading.Event()  # set once registered and serving

@@ -86,6 +86,18 @@ EXPECTED = {
         "flowlane.worker_deployments",
     ),
     "verify_flow": ("flow_slug text, shape jsonb", "jsonb"),
+    # 0007_run_operations
+    "cancel_run": ("run_id uuid, reason text DEFAULT NULL::text", "flowlane.runs"),
+    "fail_task_detailed": (
+        (
+            "run_id uuid, step_slug text, task_index integer, error_message text, "
+            "worker_id uuid DEFAULT NULL::uuid, attempt integer DEFAULT NULL::integer, "
+            "error_type text DEFAULT NULL::text, traceback text DEFAULT NULL::text"
+        ),
+        "SETOF flowlane.step_tasks",
+    ),
+    "get_run_attempts": ("run_id uuid", "jsonb"),
+    "retry_run": ("run_id uuid", "flowlane.runs"),
 }
 
 

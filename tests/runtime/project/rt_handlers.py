@@ -179,3 +179,15 @@ def misbehave(input: Any, ctx: TaskContext) -> Any:
 
 async def misbehave_async(input: Any, ctx: TaskContext) -> Any:
     return _misbehaviour(ctx.flow_input["mode"])
+
+
+def prep(input: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    with (Path(ctx.flow_input["dir"]) / "prep.log").open("a") as log:
+        log.write(f"{ctx.run_id} {ctx.attempt}\n")
+    return {"prepared": True}
+
+
+def gate(input: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    if not (Path(ctx.flow_input["dir"]) / "open").exists():
+        raise PermissionError(f"gate closed on attempt {ctx.attempt}")
+    return {"passed_on_attempt": ctx.attempt, "prep": input["prep"]}
