@@ -11,16 +11,21 @@ PGMQ insert notifications, registers the worker, then serves until
   the notification connection is down it uses ``pgmq.read_with_poll``;
 - flusher: sends results, completions batched through ``complete_tasks``,
   failures through ``fail_task``, both fenced by worker id and attempt;
-- maintenance: heartbeat, and ``requeue_stalled_tasks`` every
+- maintenance: heartbeat, lease extension (``extend_leases``) for the tasks
+  held longer than ``LEASE_INTERVAL``, and ``requeue_stalled_tasks`` every
   ``requeue_interval`` seconds (cheap and SKIP LOCKED, so every worker does it);
 - listener: LISTEN on the queue's insert channel.
 
-Sync handlers run in daemon threads, ``async def`` handlers on the loop. Any
-database error that a retry can fix (a restart, a killed backend) is retried
-with backoff. Stopping: stop reading, set ``ctx.shutdown``, wait up to
-``shutdown_timeout`` for in-flight handlers, send their results, mark the
-worker stopped. Handlers still running are abandoned: their tasks stay
-``started`` and stalled recovery requeues them; nothing is lost.
+Backpressure: a handler slot is held from the claim until the task's result
+is committed (not until the handler returns), so the result backlog never
+exceeds ``max_concurrent`` and a worker claims only what it can finish within
+its leases. Sync handlers run in daemon threads, ``async def`` handlers on the
+loop. Any database error that a retry can fix (``store.is_transient``: a
+restart, a killed backend, a deadlock) is retried with backoff. Stopping:
+stop reading, set ``ctx.shutdown``, wait up to ``shutdown_timeout`` for
+in-flight handlers, send their results, mark the worker stopped. Handlers
+still running are abandoned: their tasks stay ``started`` and stalled
+recovery requeues them (a stall counts as an attempt); nothing is lost.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +54,7 @@ from flowlane.runtime.context import TaskContext
 from flowlane.runtime.registry import HandlerRegistry, source_line
 from flowlane.runtime.results import ResultSender
 from flowlane.runtime.selection import Selection, select
-from flowlane.runtime.store import TRANSIENT, Store
+from flowlane.runtime.store import DATABASE_ERRORS, TRANSIENT, Store, is_transient
 from flowlane.runtime.tasks import (
     ClaimedTask,
     HandlerThreads,
@@ -60,6 +66,27 @@ from flowlane.runtime.tasks import (
 
 DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
 MAX_POLL_WINDOW = 2  # seconds
+# leases of tasks held this long are extended, every LEASE_INTERVAL: far inside the stall
+# threshold (timeout + 30 s, timeout >= 3 s)
+LEASE_INTERVAL = 5.0  # seconds
+
+
+@dataclass
+class Held:
+    """A claimed task from its claim until its result is committed (one handler slot)."""
+
+    task: ClaimedTask
+    claimed_at: float
+    running: bool = True  # False once the handler returned and the result waits for the flusher
+
+    def lease_item(self) -> dict[str, Any]:
+        return {
+            "run_id": self.task.run_id,
+            "step_slug": self.task.step_slug,
+            "task_index": self.task.task_index,
+            "attempt": self.task.attempt,
+            "running": self.running,
+        }
 
 
 class Worker:
@@ -78,7 +105,6 @@ class Worker:
         max_concurrent: int | None = None,
         batch_size: int | None = None,
         notify: bool = True,
-        notify_throttle_ms: int = 0,
         poll_interval: float = 2.0,
         read_vt: int = 5,
         shutdown_timeout: float = 30.0,
@@ -123,7 +149,6 @@ class Worker:
             )
         self.dsn = dsn
         self.notify = notify
-        self.notify_throttle_ms = notify_throttle_ms
         self.poll_interval = poll_interval
         self.read_vt = read_vt
         self.shutdown_timeout = shutdown_timeout
@@ -167,10 +192,12 @@ class Worker:
         self._force = asyncio.Event()
         self._wake = asyncio.Event()
         self._capacity = asyncio.Event()
-        self._results: asyncio.Queue[TaskResult | None] = asyncio.Queue()
+        self._results: asyncio.Queue[tuple[TaskResult, asyncio.Future[None]] | None] = (
+            asyncio.Queue()
+        )
         self._in_flight: set[asyncio.Task[None]] = set()
         self._notify_live = False
-        self._running: dict[asyncio.Task[None], ClaimedTask] = {}
+        self._held: dict[asyncio.Task[None], Held] = {}
         self._crash: str | None = None
         if self._stop_requested.is_set():
             self._stopping.set()
@@ -255,7 +282,7 @@ class Worker:
             if await store.apply_aliases(sorted(aliases)):
                 log.event(INFO, "aliases_applied", count=len(aliases))
             if self.notify:
-                await store.enable_notify(self.queue, self.notify_throttle_ms)
+                await store.enable_notify(self.queue)
             await store.register(self.worker_id, self.queue, self.name)
         log.event(
             INFO,
@@ -321,10 +348,10 @@ class Worker:
             )
             force.cancel()
         for handle in list(self._in_flight):
-            claimed = self._running.get(handle)
-            if claimed is not None:
+            held = self._held.get(handle)
+            if held is not None and held.running:  # a finished handler's result is still sent
                 log.event(
-                    WARNING, "task_abandoned", **claimed.fields, note="left for stalled recovery"
+                    WARNING, "task_abandoned", **held.task.fields, note="left for stalled recovery"
                 )
             handle.cancel()
 
@@ -378,7 +405,9 @@ class Worker:
                     if msg_ids
                     else []
                 )
-            except TRANSIENT as exc:
+            except DATABASE_ERRORS as exc:
+                if not is_transient(exc):  # e.g. a claim the database refuses: never crash on it
+                    log.event(ERROR, "claim_failed", queue=self.queue, error=describe(exc))
                 await backoff.retry_later("poller", exc, self._pause)
                 continue
             backoff.reset()
@@ -423,17 +452,22 @@ class Worker:
             ),
         )
 
-        async def run_one() -> None:
-            self._results.put_nowait(await execute(task, registered, ctx, self._threads))
+        async def run_one(held: Held) -> None:
+            result = await execute(task, registered, ctx, self._threads)
+            held.running = False
+            committed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._results.put_nowait((result, committed))
+            await committed  # the slot stays taken until the result is in the database
 
-        handle = asyncio.create_task(run_one())
+        held = Held(task, time.monotonic())
+        handle = asyncio.create_task(run_one(held))
         self._in_flight.add(handle)
-        self._running[handle] = task
+        self._held[handle] = held
         handle.add_done_callback(self._finished)
 
     def _finished(self, handle: asyncio.Task[None]) -> None:
         self._in_flight.discard(handle)
-        self._running.pop(handle, None)
+        self._held.pop(handle, None)
         self._capacity.set()
 
     # -- flusher ----------------------------------------------------------
@@ -444,9 +478,12 @@ class Worker:
             batch = [first]
             while not self._results.empty():
                 batch.append(self._results.get_nowait())
-            results = [r for r in batch if r is not None]
-            if results:
-                await self._sender.send(results)
+            items = [item for item in batch if item is not None]
+            if items:
+                await self._sender.send([result for result, _ in items])
+                for _, committed in items:
+                    if not committed.done():
+                        committed.set_result(None)
                 self._wake.set()  # a retry with no delay or a new dependent may be ready
             if None in batch:
                 return
@@ -454,10 +491,13 @@ class Worker:
     # -- maintenance and notifications ------------------------------------
 
     async def _maintenance_loop(self) -> None:
-        next_heartbeat = next_requeue = time.monotonic()
+        next_heartbeat = next_requeue = next_lease = time.monotonic()
         while not self._stopping.is_set():
             now = time.monotonic()
             try:
+                if now >= next_lease:
+                    next_lease = now + LEASE_INTERVAL
+                    await self._extend_leases(now)
                 if now >= next_heartbeat:
                     next_heartbeat = now + self.heartbeat_interval
                     if await self._store.heartbeat(self.worker_id):
@@ -473,13 +513,25 @@ class Worker:
                     requeued = await self._store.requeue_stalled()
                     if requeued:
                         log.event(WARNING, "stalled_tasks_requeued", count=requeued)
-            except TRANSIENT as exc:
-                log.event(
-                    WARNING, "database_unavailable", component="maintenance", error=describe(exc)
-                )
-            except psycopg.Error as exc:
-                log.event(ERROR, "maintenance_failed", error=describe(exc))
-            await self._pause(max(0.05, min(next_heartbeat, next_requeue) - time.monotonic()))
+            except DATABASE_ERRORS as exc:
+                if is_transient(exc):
+                    log.event(
+                        WARNING,
+                        "database_unavailable",
+                        component="maintenance",
+                        error=describe(exc),
+                    )
+                else:
+                    log.event(ERROR, "maintenance_failed", error=describe(exc))
+            wake_at = min(next_heartbeat, next_requeue, next_lease)
+            await self._pause(max(0.05, wake_at - time.monotonic()))
+
+    async def _extend_leases(self, now: float) -> None:
+        """Keep the leases of tasks held for a while (handler running or result pending)."""
+        items = [h.lease_item() for h in self._held.values() if now - h.claimed_at >= LEASE_INTERVAL]
+        if items:
+            extended = await self._store.extend_leases(self.worker_id, items)
+            log.event(DEBUG, "leases_extended", held=len(items), extended=extended)
 
     async def _listen(self) -> psycopg.AsyncConnection[Any] | None:
         try:

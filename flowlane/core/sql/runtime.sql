@@ -18,16 +18,11 @@ select flowlane.requeue_stalled_tasks() as requeued
 -- name: worker_set_alias
 select flowlane.set_alias(alias => %(alias)s, flow_slug => %(active)s, draining => %(draining)s::text[])
 
--- name: worker_notify_lock
-select pg_advisory_xact_lock(hashtext('flowlane.notify_insert'), hashtext(%(queue_name)s))
-
--- name: worker_notify_throttle
-select throttle_interval_ms
-from pgmq.list_notify_insert_throttles()
-where queue_name = %(queue_name)s
-
 -- name: worker_enable_notify
-select pgmq.enable_notify_insert(%(queue_name)s, %(throttle_ms)s)
+select flowlane.enable_queue_notify(%(queue_name)s) as installed
+
+-- name: worker_extend_leases
+select flowlane.extend_leases(%(worker_id)s::uuid, %(tasks)s::jsonb) as extended
 
 -- name: worker_listen
 listen {channel}
