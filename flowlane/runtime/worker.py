@@ -405,9 +405,9 @@ class Worker:
                     if msg_ids
                     else []
                 )
-            except DATABASE_ERRORS as exc:
-                if not is_transient(exc):  # e.g. a claim the database refuses: never crash on it
-                    log.event(ERROR, "claim_failed", queue=self.queue, error=describe(exc))
+            except TRANSIENT as exc:
+                if not is_transient(exc):  # e.g. a dropped queue: stop loudly, not spin
+                    raise
                 await backoff.retry_later("poller", exc, self._pause)
                 continue
             backoff.reset()
