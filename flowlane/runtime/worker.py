@@ -68,7 +68,7 @@ DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logg
 MAX_POLL_WINDOW = 2  # seconds
 # leases of tasks held this long are extended, every LEASE_INTERVAL: far inside the stall
 # threshold (timeout + 30 s, timeout >= 3 s)
-LEASE_INTERVAL = 5.0  # seconds
+LEASE_INTERVAL = 2.0  # seconds
 
 
 @dataclass
@@ -389,6 +389,8 @@ class Worker:
             self._capacity.clear()  # before counting: a handler finishing now sets it again
             free = self.max_concurrent - len(self._in_flight)
             if free < self._min_read:  # busy: wait for a worthwhile batch instead of a trickle
+                # slots free when results commit: a slow database throttles the claims
+                log.event(DEBUG, "poller_full", held=len(self._in_flight))
                 await self._pause(60.0, self._capacity)
                 continue
             notified = self._notify_live

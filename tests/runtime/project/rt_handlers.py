@@ -179,3 +179,22 @@ def misbehave(input: Any, ctx: TaskContext) -> Any:
 
 async def misbehave_async(input: Any, ctx: TaskContext) -> Any:
     return _misbehaviour(ctx.flow_input["mode"])
+
+
+def suicide(input: Any, ctx: TaskContext) -> None:
+    """Kill the worker process running it (a stall with no result, every attempt)."""
+    os.kill(os.getpid(), 9)
+
+
+def fan(input: Any, ctx: TaskContext) -> list[int]:
+    return list(range(int(ctx.flow_input.get("width", 0))))
+
+
+def recorded_item(item: int, ctx: TaskContext) -> int:
+    """Append one line per execution to ``<dir>/exec-<pid>.log`` (small O_APPEND writes)."""
+    folder = ctx.flow_input.get("dir")
+    if folder:
+        line = f"{ctx.run_id} {ctx.step_slug} {ctx.task_index} {ctx.attempt}\n"
+        with (Path(folder) / f"exec-{os.getpid()}.log").open("a") as log:
+            log.write(line)
+    return item
