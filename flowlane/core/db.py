@@ -138,7 +138,8 @@ def _system_user() -> str | None:
 
 def redact(dsn: str) -> str:
     """Hide the password of a DSN for messages."""
-    dsn = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
+    # userinfo ends at the last "@" before the path: a raw "@" in a password stays hidden
+    dsn = re.sub(r"(://[^:/@]*:)[^/?#]*@", r"\1***@", dsn)
     return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
 
 
