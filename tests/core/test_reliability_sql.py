@@ -181,7 +181,7 @@ def test_concurrent_applies_of_one_flow_never_collide(engine: Engine, dsn: str) 
                 barrier.wait(timeout=10)
                 conn.execute("select flowlane.create_flow(%s, queue_mode => 'explicit')", (slug,))
                 conn.execute("select flowlane.add_step(%s, 'a', queue_name => 'race_q')", (slug,))
-        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+        except BaseException as exc:
             errors.append(exc)
 
     for i in range(150):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +14,7 @@ import rt_support
 from rt_support import WorkerProcess, start_run, step, wait_run, wait_until
 
 from flowlane.core import db, migrator
+from tests.conftest import reachable_tmp_dir
 
 Spawn = Callable[..., WorkerProcess]
 
@@ -49,7 +49,7 @@ def test_polling_fallback_without_notifications(flows_dsn: str, spawn: Spawn) ->
 def test_worker_reconnects_after_a_database_restart(tmp_path: Path) -> None:
     # its own server: stopping the shared test cluster would disturb the other tests
     # (outside pytest's basetemp, which concurrent pytest sessions prune and re-permission)
-    scratch = Path(tempfile.mkdtemp(prefix="flowlane-restart-"))
+    scratch = reachable_tmp_dir("flowlane-restart-")
     pgdata = scratch / "pgdata"
     dsn = db.EmbeddedDatabase.start_at(pgdata)
     worker: WorkerProcess | None = None
