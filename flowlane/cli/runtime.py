@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -82,6 +83,11 @@ def configure(subparsers: Any) -> None:
     runs.add_argument("--flow", help="only runs of this concrete flow")
     runs.add_argument("--status", choices=["started", "completed", "failed"])
     runs.add_argument("--limit", type=int, default=20)
+    runs.add_argument(
+        "--stuck",
+        action="store_true",
+        help="list started runs that no task can move (exit 1 when there are any)",
+    )
     add_dsn_argument(runs)
     _add_format(runs)
     runs.set_defaults(func=cmd_runs)
@@ -177,6 +183,8 @@ def cmd_start(args: argparse.Namespace) -> int:
 def cmd_runs(args: argparse.Namespace) -> int:
     from flowlane.runtime.client import Client
 
+    if args.stuck:
+        return _stuck_runs(args)
     with Client(args.dsn) as client:
         runs = client.list_runs(limit=args.limit, flow=args.flow, status=args.status)
     if args.format == "json":
@@ -189,6 +197,24 @@ def cmd_runs(args: argparse.Namespace) -> int:
     for r in runs:
         print(f"{r.run_id:<36}  {r.flow_slug:<28}  {r.status:<9}  {r.started_at:%Y-%m-%d %H:%M:%S}")
     return 0
+
+
+def _stuck_runs(args: argparse.Namespace) -> int:
+    from flowlane.runtime.client import Client
+
+    with Client(args.dsn) as client:
+        stuck = client.stuck_runs()
+    if args.format == "json":
+        print(json.dumps([r.as_dict() for r in stuck], indent=2))
+        return 1 if stuck else 0
+    if not stuck:
+        print("no stuck runs")
+        return 0
+    print(f"{'RUN ID':<36}  {'FLOW':<28}  {'STARTED':<19}  WHY")
+    for r in stuck:
+        print(f"{r.run_id:<36}  {r.flow_slug:<28}  {r.started_at:%Y-%m-%d %H:%M:%S}  {r.reason}")
+    print(f"{len(stuck)} stuck run(s): `flowlane run RUN_ID` shows their tasks", file=sys.stderr)
+    return 1
 
 
 @_json_errors

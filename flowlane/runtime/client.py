@@ -44,6 +44,20 @@ class RunSummary:
         }
 
 
+@dataclass(frozen=True)
+class StuckRun:
+    """A started run that no task can move (``flowlane.stuck_runs()``)."""
+
+    run_id: str
+    flow_slug: str
+    started_at: datetime
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "flow_slug": self.flow_slug,
+                "started_at": _iso(self.started_at), "reason": self.reason}
+
+
 # start_flow's refusals of the caller's input (not of the database state)
 _START_HINTS = {
     "22023": "this flow's first step maps over the run input: pass a JSON array, e.g. --input '[1, 2, 3]'",
@@ -119,9 +133,9 @@ class Client:
                 "client_start_flow", f"cannot start {flow}", flow=flow, input=payload, run_id=run_id
             )
         except errors.DatabaseError as exc:
-            hint = _START_HINTS.get(exc.sqlstate or "")
-            if hint is None:
+            if (exc.sqlstate or "") not in _START_HINTS:
                 raise
+            hint = exc.hint or _START_HINTS[exc.sqlstate or ""]  # the database's hint first
             raise errors.UsageError(str(exc), hint=hint) from exc
         if not rows:
             raise errors.DatabaseError(f"start_flow({flow!r}) returned no run")
@@ -145,6 +159,12 @@ class Client:
             )
             for r in rows
         ]
+
+    def stuck_runs(self) -> list[StuckRun]:
+        """Started runs without a queued, leased or retry-delayed task: nothing will move them."""
+        rows = self._rows("client_stuck_runs", "cannot check for stuck runs")
+        return [StuckRun(str(r["run_id"]), r["flow_slug"], r["started_at"], r["reason"])
+                for r in rows]
 
     def get_run(self, run_id: str) -> dict[str, Any]:
         """``{"run": {...}, "steps": [...], "tasks": [...]}``; raises when there is no such run."""

@@ -58,6 +58,9 @@ where (%(flow)s::text is null or flow_slug = %(flow)s::text)
 order by started_at desc, run_id
 limit %(limit)s
 
+-- name: client_stuck_runs
+select run_id, flow_slug, started_at, reason from flowlane.stuck_runs()
+
 -- name: client_get_run
 select flowlane.get_run_with_states(%(run_id)s::uuid) as run
 
