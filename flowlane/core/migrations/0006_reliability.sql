@@ -54,17 +54,21 @@ language plpgsql volatile
 set search_path = ''
 as $$
 declare
+  v_pgmq text;  -- PGMQ's spelling (PGMQ folds case in table names; an adopted queue may differ)
   v_table text;
 begin
-  if not exists (select 1 from pgmq.meta m where m.queue_name = enable_queue_notify.queue_name) then
+  select m.queue_name into v_pgmq from pgmq.meta m
+  where lower(m.queue_name) = lower(enable_queue_notify.queue_name)
+  order by m.queue_name = enable_queue_notify.queue_name desc, m.queue_name limit 1;
+  if not found then
     raise exception 'enable_queue_notify: queue % does not exist', coalesce(quote_literal(queue_name), 'NULL')
       using errcode = '22023';
   end if;
-  v_table := pgmq.format_table_name(queue_name, 'q');
+  v_table := pgmq.format_table_name(v_pgmq, 'q');
   -- replicas starting together: one installs the trigger, the others then see it
-  perform pg_advisory_xact_lock(hashtext('flowlane.notify_insert'), hashtext(queue_name));
-  if exists (select 1 from pgmq.list_notify_insert_throttles() t where t.queue_name = enable_queue_notify.queue_name) then
-    perform pgmq.disable_notify_insert(queue_name);
+  perform pg_advisory_xact_lock(hashtext('flowlane.notify_insert'), hashtext(v_table));
+  if exists (select 1 from pgmq.list_notify_insert_throttles() t where t.queue_name = v_pgmq) then
+    perform pgmq.disable_notify_insert(v_pgmq);
   end if;
   if exists (select 1 from pg_catalog.pg_trigger tg
              where tg.tgrelid = format('pgmq.%I', v_table)::regclass
