@@ -3,6 +3,7 @@ leases, and queued load without deadlocks or duplicate executions."""
 
 from __future__ import annotations
 
+import json
 import signal
 from collections import Counter
 from collections.abc import Callable
@@ -51,6 +52,21 @@ def test_poison_input_fails_its_run_and_the_worker_goes_on(flows_dsn: str, spawn
     assert worker.proc.poll() is None
 
 
+def test_an_output_nested_too_deep_fails_its_task_and_json_logs_stay_json(
+    flows_dsn: str, spawn: Spawn
+) -> None:
+    # before: the RecursionError of json.dumps escaped the output check and the worker's
+    # JSON log formatter; the task was never answered and stalled until exhausted
+    worker = spawn("--flow", "rt_deep_output", "--log-format", "json")
+    run_id = start_run(flows_dsn, "rt_deep_output", {"depth": 5000})
+    state = wait_run(flows_dsn, run_id, workers=[worker])
+    assert state["run"]["status"] == "failed"
+    assert "nested deeper than 100 levels" in state["run"]["error_message"]
+    assert worker.stop() == 0
+    for line in worker.text().splitlines():
+        json.loads(line)
+
+
 def test_a_result_the_database_refuses_fails_only_its_task(flows_dsn: str, spawn: Spawn) -> None:
     # a program limit (54000, e.g. a map output past jsonb's 255 MB) is permanent: before the
     # fix it was retried as an OperationalError forever and nothing else committed
@@ -69,7 +85,7 @@ def test_a_result_the_database_refuses_fails_only_its_task(flows_dsn: str, spawn
         """)
     bad = start_run(flows_dsn, "rt_shared_b", {"value": "too big"})
     good = [start_run(flows_dsn, "rt_shared_b", {"value": n}) for n in range(3)]
-    worker = spawn("--queue", "rt_jobs", "--flows", "rt_shared_b")
+    worker = spawn("--queue", "rt_jobs")  # the rt_jobs_worker document: both shared flows
     for run_id in good:
         assert wait_run(flows_dsn, run_id, workers=[worker])["run"]["status"] == "completed"
     state = wait_run(flows_dsn, bad, workers=[worker])

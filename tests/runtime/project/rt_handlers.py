@@ -198,3 +198,11 @@ def recorded_item(item: int, ctx: TaskContext) -> int:
         with (Path(folder) / f"exec-{os.getpid()}.log").open("a") as log:
             log.write(line)
     return item
+
+
+def deep_output(input: Any, ctx: TaskContext) -> Any:
+    """An output nested past json.dumps' recursion limit (and past flowlane's 100 levels)."""
+    value: Any = 1
+    for _ in range(int(ctx.flow_input.get("depth", 5000))):
+        value = [value]
+    return value
