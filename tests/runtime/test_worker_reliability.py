@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -169,34 +170,50 @@ def test_a_running_handler_keeps_its_lease(
 def test_queued_load_has_no_deadlocks_and_no_duplicate_executions(
     flows_dsn: str, tmp_path: Path, spawn: Spawn
 ) -> None:
+    # before the fix (benchmarks/queued_load.py): 13-17 deadlocks, start_flow failing for
+    # the producer, and up to thousands of duplicate executions
     from flowlane.runtime.client import Client
 
-    payload = {"dir": str(tmp_path), "width": 4}
+    width, queued, arriving = 10, 600, 200
+    payload = {"dir": str(tmp_path), "width": width}
+    failures: list[BaseException] = []
+
+    def produce() -> None:  # new runs arrive while the workers drain the backlog
+        try:
+            with Client(flows_dsn) as client:
+                for _ in range(arriving):
+                    client.start_run("rt_load", payload)
+        except BaseException as exc:
+            failures.append(exc)
+
     deadlocks_before = scalar(
         flows_dsn, "select deadlocks from pg_stat_database where datname = current_database()")
     with Client(flows_dsn) as client:
-        queued = [client.start_run("rt_load", payload) for _ in range(1500)]
-        workers = [spawn("--flow", "rt_load", "--max-concurrent", "10") for _ in range(3)]
-        arriving = [client.start_run("rt_load", payload) for _ in range(300)]
-    runs = queued + arriving
+        for _ in range(queued):
+            client.start_run("rt_load", payload)
+    workers = [spawn("--flow", "rt_load") for _ in range(3)]
+    producer = threading.Thread(target=produce)
+    producer.start()
 
     def finished() -> bool:
         for w in workers:
             assert w.proc.poll() is None, w.text()[-3000:]
-        return scalar(flows_dsn, "select count(*) from flowlane.runs where status = 'started'") == 0
+        return not producer.is_alive() and scalar(
+            flows_dsn, "select count(*) from flowlane.runs where status = 'started'") == 0
 
     wait_until(finished, timeout=240, interval=0.5, message="every run to finish")
+    assert failures == []
     statuses = scalar(
         flows_dsn,
         "select jsonb_object_agg(status, n) from "
         "(select status, count(*) n from flowlane.runs group by status) s")
-    assert statuses == {"completed": len(runs)}
+    assert statuses == {"completed": queued + arriving}
     executions: Counter[str] = Counter()
     for log in tmp_path.glob("exec-*.log"):
         for line in log.read_text().splitlines():
             run, step, index, _attempt = line.split()
             executions[f"{run} {step} {index}"] += 1
-    assert len(executions) == len(runs) * 4
+    assert len(executions) == (queued + arriving) * (width + 2)
     assert [k for k, n in executions.items() if n > 1] == []
     deadlocks_after = scalar(
         flows_dsn, "select deadlocks from pg_stat_database where datname = current_database()")

@@ -190,14 +190,28 @@ def fan(input: Any, ctx: TaskContext) -> list[int]:
     return list(range(int(ctx.flow_input.get("width", 0))))
 
 
-def recorded_item(item: int, ctx: TaskContext) -> int:
+def _record(ctx: TaskContext) -> None:
     """Append one line per execution to ``<dir>/exec-<pid>.log`` (small O_APPEND writes)."""
     folder = ctx.flow_input.get("dir")
     if folder:
         line = f"{ctx.run_id} {ctx.step_slug} {ctx.task_index} {ctx.attempt}\n"
         with (Path(folder) / f"exec-{os.getpid()}.log").open("a") as log:
             log.write(line)
+
+
+def recorded_item(item: int, ctx: TaskContext) -> int:
+    _record(ctx)
     return item
+
+
+def recorded_side(input: dict[str, Any], ctx: TaskContext) -> int:
+    _record(ctx)
+    return len(input["fan"])
+
+
+def recorded_join(input: dict[str, Any], ctx: TaskContext) -> int:
+    _record(ctx)
+    return sum(input["item"]) + input["side"]
 
 
 def deep_output(input: Any, ctx: TaskContext) -> Any:
