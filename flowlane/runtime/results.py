@@ -43,9 +43,7 @@ class ResultSender:
                 while failures:
                     await self._send_failure(failures[0])
                     failures.pop(0)
-            except TRANSIENT as exc:
-                if not is_transient(exc):
-                    raise
+            except TRANSIENT as exc:  # the two calls above raise only what a retry can fix
                 pending = len(completions) + len(failures)
                 await backoff.retry_later("flusher", exc, pending=pending)
 

@@ -68,7 +68,8 @@ class Claim:
 
 
 def channel(queue_name: str) -> str:
-    """The channel PGMQ's insert trigger notifies (``pgmq.notify_queue_listeners``)."""
+    """The channel flowlane's insert trigger notifies (``flowlane._notify_queue_insert``;
+    the name PGMQ's own trigger used)."""
     return f"pgmq.q_{queue_name}.INSERT"
 
 
