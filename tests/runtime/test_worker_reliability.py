@@ -97,6 +97,27 @@ def test_a_result_the_database_refuses_fails_only_its_task(flows_dsn: str, spawn
     assert worker.proc.poll() is None
 
 
+@pytest.mark.slow
+def test_a_map_output_past_jsonb_limit_fails_its_run_and_the_rest_commits(
+    flows_dsn: str, spawn: Spawn
+) -> None:
+    # issue 9 #4: 90 x 3 MB; the aggregate is refused with 54000, which was retried as an
+    # OperationalError for minutes while nothing else committed and the run never failed
+    big = start_run(flows_dsn, "rt_big_map", [3] * 90)
+    small = start_run(flows_dsn, "rt_big_map", [1, 1])
+    worker = spawn("--flow", "rt_big_map", "--max-concurrent", "4")
+    assert wait_run(flows_dsn, small, workers=[worker])["run"]["status"] == "completed"
+    failed = wait_until(lambda: scalar(
+        flows_dsn,
+        "select error_message from flowlane.runs where run_id = %s and status = 'failed'",
+        (big,)), timeout=120, message="the oversized map to fail")
+    assert "the database refused the handler output: total size of jsonb array elements" in failed
+    completed = scalar(flows_dsn, "select count(*) from flowlane.step_tasks where run_id = %s "
+                                  "and status = 'completed'", (big,))
+    assert completed == 89  # every other result of the map committed
+    assert worker.proc.poll() is None
+
+
 def test_repeated_stalls_fail_the_run_within_max_attempts(
     flows_dsn: str, tmp_path: Path
 ) -> None:

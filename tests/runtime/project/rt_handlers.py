@@ -220,3 +220,8 @@ def deep_output(input: Any, ctx: TaskContext) -> Any:
     for _ in range(int(ctx.flow_input.get("depth", 5000))):
         value = [value]
     return value
+
+
+def big_item(item: int, ctx: TaskContext) -> str:
+    """``item`` MB of text: 90 x 3 MB outputs exceed jsonb's 255 MB when the map aggregates them."""
+    return "x" * (int(item) * 1_000_000)
