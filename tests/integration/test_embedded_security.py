@@ -91,3 +91,24 @@ def test_an_unreachable_project_is_refused_not_opened_up(reachable_tmp_path: Pat
 )
 def test_redact_hides_a_password_with_a_raw_at_sign(dsn: str, shown: str) -> None:
     assert db.redact(dsn) == shown
+
+
+def test_a_trust_data_directory_from_before_gets_a_password(reachable_tmp_path: Path) -> None:
+    # what the wheel's initdb left in .flowlane/pgdata before: trust for every connection
+    root = reachable_tmp_path / ".flowlane"
+    server = EmbeddedServer(root)
+    root.mkdir()
+    server.pgdata.mkdir(mode=0o700)
+    server.account.owns(server.pgdata)
+    server._run("initdb", "-D", str(server.pgdata), "-U", "postgres", "--auth=trust")
+    try:
+        dsn = server.start()
+        assert "trust" not in (server.pgdata / "pg_hba.conf").read_text()
+        assert stat.S_IMODE(server.pgpass.stat().st_mode) == 0o600
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute("select 1").fetchone() == (1,)
+        socket_dir = str(conninfo_to_dict(dsn)["host"])
+        with pytest.raises(psycopg.OperationalError, match="password"):
+            psycopg.connect(host=socket_dir, user="postgres", dbname="postgres").close()
+    finally:
+        server.stop()
