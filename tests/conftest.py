@@ -80,7 +80,8 @@ class Cluster:
             self.drop_database(name)
 
 
-DATABASE_FIXTURES = frozenset({"cluster", "db_factory", "dsn", "conn"})
+# a fresh database per test, or a project's own embedded server
+DATABASE_FIXTURES = frozenset({"cluster", "db_factory", "dsn", "conn", "reachable_tmp_path"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -99,12 +100,31 @@ def _no_durability(conn: psycopg.Connection[Any]) -> None:
     conn.execute("select pg_reload_conf()")
 
 
+def reachable_tmp_dir(prefix: str) -> Path:
+    """A new private directory (0711) that the embedded server's account can walk into.
+
+    Run as root, the embedded PostgreSQL runs as another account and flowlane never
+    opens up directories it does not own; pytest's ``tmp_path`` is under a 0700 basetemp.
+    """
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.chmod(0o711)
+    return path
+
+
+@pytest.fixture
+def reachable_tmp_path() -> Iterator[Path]:
+    """Like ``tmp_path``, but reachable by the embedded server (for projects using `.flowlane/`)."""
+    path = reachable_tmp_dir("flowlane-test-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     external = os.environ.get("FLOWLANE_TEST_DSN")
     # a private directory: pytest prunes old basetemp dirs, which would pull the
     # data directory from under a server still used by a concurrent session
-    workdir = Path(tempfile.mkdtemp(prefix="flowlane-test-pg-"))
+    workdir = reachable_tmp_dir("flowlane-test-pg-")
     pgdata = workdir / "data"
     if external:
         admin_dsn = external

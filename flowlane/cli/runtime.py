@@ -116,6 +116,11 @@ def configure(subparsers: Any) -> None:
     runs.add_argument(
         "--since", metavar="TIME", help="runs started at or after TIME (ISO 8601, e.g. 2026-05-01T12:00)"
     )
+    runs.add_argument(
+        "--stuck",
+        action="store_true",
+        help="list started runs that no task can move (exit 1 when there are any)",
+    )
     add_dsn_argument(runs)
     _add_format(runs)
     runs.set_defaults(func=cmd_runs)
@@ -322,6 +327,8 @@ def _since(text: str | None) -> datetime | None:
 def cmd_runs(args: argparse.Namespace) -> int:
     from flowlane.runtime.client import Client
 
+    if args.stuck:
+        return _stuck_runs(args)
     with Client(args.dsn) as client:
         runs = client.list_runs(
             limit=args.limit,
@@ -369,6 +376,24 @@ def cmd_retry(args: argparse.Namespace) -> int:
     else:
         print(f"run {run['run_id']} {run['status']} again (retry {run['retry_count']})")
     return 0
+
+
+def _stuck_runs(args: argparse.Namespace) -> int:
+    from flowlane.runtime.client import Client
+
+    with Client(args.dsn) as client:
+        stuck = client.stuck_runs()
+    if args.format == "json":
+        print(json.dumps([r.as_dict() for r in stuck], indent=2))
+        return 1 if stuck else 0
+    if not stuck:
+        print("no stuck runs")
+        return 0
+    print(f"{'RUN ID':<36}  {'FLOW':<28}  {'STARTED':<19}  WHY")
+    for r in stuck:
+        print(f"{r.run_id:<36}  {r.flow_slug:<28}  {r.started_at:%Y-%m-%d %H:%M:%S}  {r.reason}")
+    print(f"{len(stuck)} stuck run(s): `flowlane run RUN_ID` shows their tasks", file=sys.stderr)
+    return 1
 
 
 @_json_errors

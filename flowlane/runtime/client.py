@@ -74,6 +74,20 @@ class RunTimeout(errors.FlowlaneError):
     """A run did not end within the time given to ``wait``."""
 
 
+@dataclass(frozen=True)
+class StuckRun:
+    """A started run that no task can move (``flowlane.stuck_runs()``)."""
+
+    run_id: str
+    flow_slug: str
+    started_at: datetime
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "flow_slug": self.flow_slug,
+                "started_at": _iso(self.started_at), "reason": self.reason}
+
+
 # start_flow's refusals of the caller's input (not of the database state)
 _START_HINTS = {
     "22023": "this flow's first step maps over the run input: pass a JSON array, e.g. --input '[1, 2, 3]'",
@@ -115,7 +129,8 @@ def encode_input(input: Any) -> str:
 
 def _start_error(exc: errors.DatabaseError) -> errors.FlowlaneError:
     hint = _START_HINTS.get(exc.sqlstate or "")
-    return exc if hint is None else errors.UsageError(str(exc), hint=hint)
+    # the database's own hint first (e.g. the input limits)
+    return exc if hint is None else errors.UsageError(str(exc), hint=exc.hint or hint)
 
 
 def _operation_error(exc: errors.DatabaseError, run_id: str) -> errors.FlowlaneError:
@@ -225,6 +240,8 @@ class Client:
             )
         except errors.DatabaseError as exc:
             raise _start_error(exc) from exc
+        if not rows:
+            raise errors.DatabaseError(f"start_flow({flow!r}) returned no run")
         return str(rows[0]["run_id"]), str(rows[0]["flow_slug"])
 
     def cancel(self, run_id: str, *, reason: str | None = None) -> dict[str, Any]:
@@ -266,6 +283,12 @@ class Client:
             _check_page(found, params["before"])
         rows = self._rows("client_list_runs", "cannot list runs", **params)
         return [RunSummary.from_row(r) for r in rows]
+
+    def stuck_runs(self) -> list[StuckRun]:
+        """Started runs without a queued, leased or retry-delayed task: nothing will move them."""
+        rows = self._rows("client_stuck_runs", "cannot check for stuck runs")
+        return [StuckRun(str(r["run_id"]), r["flow_slug"], r["started_at"], r["reason"])
+                for r in rows]
 
     def get_run(self, run_id: str) -> dict[str, Any]:
         """``{"run", "steps", "tasks", "attempts"}``; raises when there is no such run."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import json
 import logging
 import queue
 import threading
@@ -17,6 +16,7 @@ from typing import Any
 
 from flowlane.runtime import log
 from flowlane.runtime.context import TaskContext
+from flowlane.runtime.limits import check_output, undecodable_field
 from flowlane.runtime.registry import Registered
 
 MAX_ERROR_CHARS = 4000
@@ -72,17 +72,6 @@ class TaskResult:
         }
 
 
-def check_json(output: Any) -> str | None:
-    """None when ``output`` can be stored as jsonb, else why not."""
-    try:
-        text = json.dumps(output, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        return f"handler returned a value that is not JSON-serialisable: {exc}"
-    if "\\u0000" in text:
-        return "handler returned a string containing \\u0000, which PostgreSQL jsonb cannot store"
-    return None
-
-
 def describe(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     return text.replace("\x00", "\\0")[:MAX_ERROR_CHARS]  # PostgreSQL text cannot hold NUL
@@ -118,6 +107,10 @@ async def execute(
 ) -> TaskResult:
     """Run the handler; exceptions and unserialisable outputs become a failed result."""
     started = time.monotonic()
+    poison = undecodable_field(("input", task.input), ("run input", task.flow_input))
+    if poison is not None:
+        log.event(logging.WARNING, "task_failed", **task.fields, error="InputNotDecodable")
+        return TaskResult(task, ok=False, error=poison)
     log.event(logging.INFO, "task_started", **task.fields)
     try:
         if handler.is_async:
@@ -150,7 +143,7 @@ async def execute(
             error_type=error_type(exc),
             traceback=trace,
         )
-    problem = check_json(output)
+    problem = check_output(output)
     elapsed = _ms(started)
     if problem is not None:
         log.event(
@@ -158,10 +151,10 @@ async def execute(
             "task_failed",
             **task.fields,
             duration_ms=elapsed,
-            error="OutputNotJSON",
+            error="OutputRefused",
         )
         return TaskResult(
-            task, ok=False, error=problem, duration_ms=elapsed, error_type="OutputNotJSON"
+            task, ok=False, error=problem, duration_ms=elapsed, error_type="OutputRefused"
         )
     return TaskResult(task, ok=True, output=output, duration_ms=elapsed)
 

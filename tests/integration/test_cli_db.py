@@ -18,9 +18,9 @@ def flowlane(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subpro
 
 
 @pytest.fixture
-def project(tmp_path: Path) -> Iterator[Path]:
-    yield tmp_path
-    flowlane(tmp_path, "db", "down")
+def project(reachable_tmp_path: Path) -> Iterator[Path]:
+    yield reachable_tmp_path
+    flowlane(reachable_tmp_path, "db", "down")
 
 
 def test_db_lifecycle_from_an_empty_directory(project: Path) -> None:

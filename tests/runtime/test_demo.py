@@ -12,9 +12,9 @@ from flowlane.core import db
 from tests.cli_support import REPO, run_flowlane
 
 
-def test_demo_in_a_fresh_copy(tmp_path: Path) -> None:
+def test_demo_in_a_fresh_copy(reachable_tmp_path: Path) -> None:
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True)
-    copy = tmp_path / "clone"
+    copy = reachable_tmp_path / "clone"
     for name in tracked.stdout.decode().split("\0"):
         if name and (REPO / name).is_file():
             (copy / name).parent.mkdir(parents=True, exist_ok=True)

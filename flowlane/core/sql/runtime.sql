@@ -28,16 +28,12 @@ select flowlane.mark_worker_stopped(%(worker_id)s::uuid)
 -- name: worker_requeue_stalled
 select flowlane.requeue_stalled_tasks() as requeued
 
--- name: worker_notify_lock
-select pg_advisory_xact_lock(hashtext('flowlane.notify_insert'), hashtext(%(queue_name)s))
-
--- name: worker_notify_throttle
-select throttle_interval_ms
-from pgmq.list_notify_insert_throttles()
-where queue_name = %(queue_name)s
 
 -- name: worker_enable_notify
-select pgmq.enable_notify_insert(%(queue_name)s, %(throttle_ms)s)
+select flowlane.enable_queue_notify(%(queue_name)s) as installed
+
+-- name: worker_extend_leases
+select flowlane.extend_leases(%(worker_id)s::uuid, %(tasks)s::jsonb) as extended
 
 -- name: worker_listen
 listen {channel}
@@ -107,6 +103,8 @@ select * from flowlane.cancel_run(%(run_id)s::uuid, %(reason)s)
 
 -- name: client_retry_run
 select * from flowlane.retry_run(%(run_id)s::uuid)
+-- name: client_stuck_runs
+select run_id, flow_slug, started_at, reason from flowlane.stuck_runs()
 
 -- name: client_get_run
 select flowlane.get_run_with_states(%(run_id)s::uuid)
