@@ -118,12 +118,11 @@ def test_public_has_no_access_to_schema_flowlane(roles_conn: psycopg.Connection[
 
 
 def test_every_public_function_is_worker_read_or_admin(roles_conn: psycopg.Connection[Any]) -> None:
-    for signature, name in public_functions(roles_conn):
-        worker = roles_conn.execute(
-            "select has_function_privilege('flowlane_worker', %s::regprocedure, 'EXECUTE'),"
-            " has_function_privilege('flowlane_admin', %s::regprocedure, 'EXECUTE')",
-            (signature, signature)).fetchone()
-        assert worker is not None and worker[1], f"{signature}: the admin role cannot call it"
+    for signature, _name in public_functions(roles_conn):
+        admin = roles_conn.execute(
+            "select has_function_privilege('flowlane_admin', %s::regprocedure, 'EXECUTE')",
+            (signature,)).fetchone()
+        assert admin == (True,), f"{signature}: the admin role cannot call it"
     worker_callable = {name for signature, name in public_functions(roles_conn) if
                        roles_conn.execute("select has_function_privilege('flowlane_worker', "
                                           "%s::regprocedure, 'EXECUTE')", (signature,)

@@ -49,7 +49,7 @@ def test_a_worker_logged_in_as_the_worker_role_serves_its_flows(
         assert state["run"]["output"]["total"] == {"sum_of_squares": 30, "count": 4}
     finally:
         assert worker.stop() == 0
-    with psycopg.connect(logins["worker"], autocommit=True) as conn:
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("select flowlane.delete_flow_and_data('rt_diamond')")
+    with (psycopg.connect(logins["worker"], autocommit=True) as conn,
+          pytest.raises(psycopg.errors.InsufficientPrivilege)):
+        conn.execute("select flowlane.delete_flow_and_data('rt_diamond')")
     assert rt_support.run_state(dsn, run_id)["run"]["status"] == "completed"
