@@ -237,3 +237,27 @@ def deep_output(input: Any, ctx: TaskContext) -> Any:
 def big_item(item: int, ctx: TaskContext) -> str:
     """``item`` MB of text: 90 x 3 MB outputs exceed jsonb's 255 MB when the map aggregates them."""
     return "x" * (int(item) * 1_000_000)
+
+
+def _crash_record(ctx: TaskContext) -> None:
+    """One line per execution, written before the work: a killed execution still counts."""
+    line = f"{ctx.run_id} {ctx.step_slug} {ctx.task_index} {ctx.attempt}\n"
+    with (Path(ctx.flow_input["dir"]) / f"exec-{os.getpid()}.log").open("a") as log:
+        log.write(line)
+
+
+def crash_fan(input: Any, ctx: TaskContext) -> list[int]:
+    _crash_record(ctx)
+    return list(range(int(ctx.flow_input["width"])))
+
+
+def crash_work(input: Any, ctx: TaskContext) -> dict[str, Any]:
+    """``work`` seconds of work that does not look at ``ctx.shutdown`` (a long handler)."""
+    _crash_record(ctx)
+    time.sleep(float(ctx.flow_input.get("work", 0)))  # the handler's workload, not a wait
+    return {"step": ctx.step_slug, "index": ctx.task_index}
+
+
+def crash_join(input: dict[str, Any], ctx: TaskContext) -> int:
+    _crash_record(ctx)
+    return len(input["item"])
