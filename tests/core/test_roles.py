@@ -104,8 +104,8 @@ def test_public_has_no_access_to_schema_flowlane(roles_conn: psycopg.Connection[
     nobody = f"fl_nobody_{uuid.uuid4().hex[:8]}"
     roles_conn.execute(sql.SQL("create role {}").format(sql.Identifier(nobody)))
     try:
-        assert not roles_conn.execute(
-            "select has_schema_privilege(%s, 'flowlane', 'USAGE')", (nobody,)).fetchone()[0]
+        assert roles_conn.execute(
+            "select has_schema_privilege(%s, 'flowlane', 'USAGE')", (nobody,)).fetchone() == (False,)
         for statement in ("select flowlane.json_limits()", "select * from flowlane.flows",
                           "select flowlane.requeue_stalled_tasks()"):
             assert denied(roles_conn, statement, nobody), statement
