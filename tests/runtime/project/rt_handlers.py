@@ -78,6 +78,8 @@ def hold(input: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
         if time.monotonic() > deadline:
             raise TimeoutError("never released")
         ctx.shutdown.wait(0.02)  # a handler polling for its condition
+    if ctx.attempt == 1 and ctx.flow_input.get("fail_first"):
+        raise RuntimeError("the first attempt fails once released")
     return {"attempt": ctx.attempt, "pid": os.getpid(), "saw_shutdown": ctx.shutdown.is_set()}
 
 
