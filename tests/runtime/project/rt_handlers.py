@@ -263,3 +263,21 @@ def crash_work(input: Any, ctx: TaskContext) -> dict[str, Any]:
 def crash_join(input: dict[str, Any], ctx: TaskContext) -> int:
     _crash_record(ctx)
     return len(input["item"])
+
+
+FUZZ_SPECIALS: dict[str, Any] = {
+    "none": None, "nan": float("nan"), "inf": float("-inf"), "nul": "a\x00b",
+    "surrogate": "half \udc00", "bytes": b"raw",
+}
+
+
+def fuzz_value(recipe: dict[str, Any]) -> Any:
+    """``[text * repeat, special]`` wrapped in ``depth`` objects (tests compute it too)."""
+    value: Any = [str(recipe["text"]) * int(recipe["repeat"]), FUZZ_SPECIALS[recipe["special"]]]
+    for _ in range(int(recipe["depth"])):
+        value = {"d": value}
+    return value
+
+
+def fuzz_output(input: Any, ctx: TaskContext) -> Any:
+    return fuzz_value(ctx.flow_input)
