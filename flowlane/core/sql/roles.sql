@@ -16,7 +16,8 @@ declare
   -- fails on a function in none, and this block refuses to run with one
   v_worker constant text[] := array[
     'register_worker', 'heartbeat', 'mark_worker_stopped', 'enable_queue_notify',
-    'start_tasks', 'complete_task', 'complete_tasks', 'fail_task', 'fail_task_detailed',
+    'start_tasks', 'claim_tasks', 'complete_task', 'complete_tasks', 'fail_task', 'fail_tasks',
+    'fail_task_detailed',
     'extend_leases', 'requeue_stalled_tasks',
     'set_deployment_enabled'];  -- a worker disables its own deployment on unsupported work (6.4)
   v_read constant text[] := array[
@@ -27,7 +28,8 @@ declare
   v_admin constant text[] := array[
     'create_flow', 'add_step', 'ensure_flow_shape', 'ensure_flow_compiled', 'set_alias',
     'delete_flow_and_data', 'adopt_queue', 'begin_rollout', 'finish_rollout',
-    'start_flow', 'start_ready_steps', 'cancel_run', 'retry_run'];
+    'start_flow', 'start_flows', 'start_ready_steps', 'cancel_run', 'retry_run'];
+  -- claim_tasks, fail_tasks and start_flows: issue 10's set-based engine (0009)
   v_unclassified text;
   v_fn record;
   v_queue text;
