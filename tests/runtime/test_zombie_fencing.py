@@ -28,7 +28,7 @@ def test_a_resumed_zombie_changes_nothing(
     try:
         live = spawn("--flow", "rt_slow")
         rt_support.backdate_started(flows_dsn, run_id, "hold")  # past its lease
-        assert rt_support.requeue_stalled(flows_dsn) == 1
+        rt_support.requeue_stalled(flows_dsn)  # (or `live`'s own sweep did it first)
         state = wait_run(flows_dsn, run_id, workers=[live])  # attempt 2 and `record`, on `live`
         assert state["run"]["status"] == "completed"
     finally:
