@@ -37,12 +37,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import queued_load  # a sibling script: benchmarks/ is on sys.path when run as a script
 from psycopg.types.json import Jsonb
 
-from flowlane.compiler import compile_project, load_project
-from flowlane.core import db, migrator
+from flowlane.core import db
 
-HERE = Path(__file__).resolve().parent
 FLOW = "bench_diamond"
 TABLES = {"queue": f"pgmq.q_{FLOW}", "step_tasks": "flowlane.step_tasks",
           "step_states": "flowlane.step_states", "runs": "flowlane.runs"}
@@ -54,17 +53,10 @@ PARAMETERS = ("fillfactor", "autovacuum_vacuum_scale_factor", "autovacuum_vacuum
 
 
 def fresh_database(admin_dsn: str, config: str) -> str:
-    name = f"flowlane_bloat_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f'create database "{name}"'.encode())
-    dsn = psycopg.conninfo.make_conninfo(admin_dsn, dbname=name)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        migrator.ensure_pgmq(conn)
-        migrator.migrate(conn)
-        for path, text in sorted(compile_project(load_project([HERE / "flows"])).items()):
-            if path.startswith("flows/"):
-                conn.execute(text.encode())
-        if config == "defaults":
+    """queued_load.py's database (migrated, benchmark flows applied), storage per ``config``."""
+    dsn = queued_load.fresh_database(admin_dsn)
+    if config == "defaults":
+        with psycopg.connect(dsn, autocommit=True) as conn:
             for table in TABLES.values():
                 conn.execute(f"alter table {table} reset ({', '.join(PARAMETERS)})".encode())
     return dsn
