@@ -21,6 +21,7 @@ from flowlane.core.queries import query
 
 RUN_STATUSES = ("started", "completed", "failed", "cancelled")
 PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
 TASKS_PER_STEP = 20
 PAYLOAD_LIMIT = 64 * 1024  # characters of a JSON value shown on demand
 STALE_AFTER_SECONDS = 30.0  # a worker without a heartbeat for this long is shown as stale
@@ -90,7 +91,13 @@ class Console:
 
     def open(self) -> None:
         # fail now with flowlane's clear error rather than on the first page view
-        db.connect(self.target).close()
+        with db.connect(self.target) as conn, db.wrap_errors("cannot read the flowlane schema"):
+            row = conn.execute(query("console_schema_ready")).fetchone()
+        if not (row and row[0]):
+            raise errors.FlowlaneError(
+                f"{db.redact(self.target.dsn)} has no flowlane schema (with aliases) yet",
+                hint="migrate it first: `flowlane db migrate`",
+            )
         self._pool.open(wait=True)
 
     def close(self) -> None:

@@ -50,11 +50,10 @@ TEMPLATES = _templates()
 
 
 def create_app(console: core.Console, settings: Settings) -> Starlette:
-    """The ASGI application; ``console`` is opened on startup and closed on shutdown."""
+    """The ASGI application over an opened ``console``, closed on shutdown."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await run_in_threadpool(console.open)
         yield
         await run_in_threadpool(console.close)
 
@@ -88,12 +87,13 @@ def create_app(console: core.Console, settings: Settings) -> Starlette:
         try:
             since = pages.parse_time(params.get("since"))
             until = pages.parse_time(params.get("until"))
+            limit = min(max(int(params.get("limit") or core.PAGE_SIZE), 1), core.MAX_PAGE_SIZE)
             page = console.runs(flow=flow, status=status, since=since, until=until,
-                                cursor=params.get("after") or None)
+                                cursor=params.get("after") or None, limit=limit)
         except (ValueError, errors.UsageError) as exc:
             return render(request, "message.html", 400, title="Bad filter", message=str(exc), ok=False)
         filters = {k: v for k, v in (("flow", flow), ("status", status), ("since", params.get("since")),
-                                     ("until", params.get("until"))) if v}
+                                     ("until", params.get("until")), ("limit", params.get("limit"))) if v}
         context: dict[str, Any] = {
             "page": page, "filters": filters, "statuses": core.RUN_STATUSES,
             "names": sorted({f["flow_slug"] for f in console.flows()}
@@ -182,8 +182,14 @@ def create_app(console: core.Console, settings: Settings) -> Starlette:
     ]
     if settings.allow_actions:
         routes += _action_routes(console, render)
+    def database_error(request: Request, exc: Exception) -> Response:
+        hint = exc.hint if isinstance(exc, errors.FlowlaneError) else None
+        return render(request, "message.html", 503, title="Database error", message=str(exc), hint=hint,
+                      ok=False)
+
     middleware = [Middleware(security.Guard, token=settings.token, secret=secrets.token_bytes(32))]
-    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
+                     exception_handlers={errors.FlowlaneError: database_error})
 
 
 # what each action's confirmation asks, and which form fields it passes on

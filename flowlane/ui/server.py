@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import sys
 
 import uvicorn
 
@@ -35,8 +34,13 @@ def url(sock: socket.socket) -> str:
 def serve(target: db.Target, host: str, port: int, settings: app.Settings) -> None:
     """Check the bind rule, open the database, print the address, serve until SIGINT/SIGTERM."""
     security.check_bind(host, settings.token)
-    console = core.Console(target)
     sock = bind(host, port)
+    console = core.Console(target)
+    try:
+        console.open()
+    except BaseException:
+        sock.close()
+        raise
     mode = "actions enabled" if settings.allow_actions else "read-only"
     auth = ", token required" if settings.token else ""
     print(f"flowlane ui: serving {url(sock)} ({mode}{auth}) on {db.redact(target.dsn)}", flush=True)
@@ -44,6 +48,3 @@ def serve(target: db.Target, host: str, port: int, settings: app.Settings) -> No
                             access_log=False)
     server = uvicorn.Server(config)
     server.run(sockets=[sock])
-    if not server.started:
-        # uvicorn logged why (e.g. the database refused during startup) and returned
-        sys.exit(1)

@@ -53,6 +53,7 @@ class Seeded:
     queued: uuid.UUID
     running: uuid.UUID
     running_task: dict[str, Any]
+    worker_id: uuid.UUID  # the claimer of running_task (completions are fenced)
 
 
 def seed(dsn: str) -> Seeded:
@@ -80,14 +81,27 @@ def seed(dsn: str) -> Seeded:
         queued = engine.start("ping", {})
         running = engine.start("orders_v2", {"order": 4})
         (running_task,) = [t for t in engine.claim("intake") if t["run_id"] == running]
-        return Seeded(completed, skipped_notify, failed, queued, running, running_task)
+        register_workers(conn, engine.worker_id)
+        return Seeded(completed, skipped_notify, failed, queued, running, running_task, engine.worker_id)
+
+
+def register_workers(conn: psycopg.Connection[Any], live: uuid.UUID) -> None:
+    """A live worker on intake, a stale one on pricing (heartbeat backdated), a stopped one."""
+    stale, stopped = uuid.uuid4(), uuid.uuid4()
+    for worker_id, queue, name in ((live, "intake", "intake"), (stale, "pricing", "pricing"),
+                                   (stopped, "notify", "notify")):
+        conn.execute("select flowlane.register_worker(%s, %s, %s)", (worker_id, queue, name))
+    conn.execute("update flowlane.workers set started_at = now() - interval '10 minutes', "
+                 "last_heartbeat_at = now() - interval '5 minutes' where worker_id = %s", (stale,))
+    conn.execute("select flowlane.mark_worker_stopped(%s)", (stopped,))
 
 
 def finish(dsn: str, seeded: Seeded) -> None:
     """Complete the seeded running run (its claimed task, then everything after it)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         engine = Engine(conn)
-        engine.complete(seeded.running_task, [1])
+        engine.worker_id = seeded.worker_id
+        assert engine.complete(seeded.running_task, [1])["status"] == "completed"
         for queue in ("intake", "pricing", "intake", "notify", "intake"):
             engine.drive(queue, lambda task: {"ok": True} if task["step_slug"] != "price" else 2)
 
@@ -190,3 +204,21 @@ def fetch(url: str, method: str = "GET", *, body: str | None = None,
                      response.read().decode("utf-8", "replace"))
     finally:
         conn.close()
+
+
+SCREENSHOTS = ("runs", "run", "flow", "queues", "workers")
+
+
+def screenshots(driver: Any, url: str, seeded: Seeded, out: Path) -> list[Path]:
+    """PNG screenshots of the main pages, taken by ``driver`` (also writes docs/ via docs/screenshots.py)."""
+    pages = {"runs": "/runs", "run": f"/runs/{seeded.failed}", "flow": "/flows/orders_v1",
+             "queues": "/queues", "workers": "/workers"}
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in SCREENSHOTS:
+        driver.get(url + pages[name])
+        path = out / f"console-{name}.png"
+        if not driver.save_screenshot(str(path)):
+            raise AssertionError(f"the browser could not take a screenshot of {pages[name]}")
+        written.append(path)
+    return written

@@ -1,0 +1,151 @@
+"""The console in a real headless Chromium against a real database with runs in every state."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ui_support
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+WAIT = 20.0  # seconds a condition may take to appear; polling, never a fixed sleep
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[Any]:
+    with ui_support.browser() as chromium:
+        yield chromium
+
+
+@pytest.fixture(scope="module")
+def console(seeded_db: tuple[str, ui_support.Seeded]) -> Iterator[ui_support.UiServer]:
+    with ui_support.ui_server(seeded_db[0], "--refresh", "0.2") as server:
+        yield server
+
+
+def _statuses(driver: Any) -> dict[str, str]:
+    # read in one script: the live region may be swapped between two element lookups
+    rows: list[list[str]] = driver.execute_script(
+        "return [...document.querySelectorAll('#runs-body tr[data-run]')]"
+        ".map(r => [r.dataset.run, r.dataset.status])")
+    return dict(rows)
+
+
+def test_runs_page_lists_every_state_and_updates_when_a_run_finishes(
+        driver: Any, console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded]) -> None:
+    dsn, seeded = seeded_db
+    driver.get(console.url + "/runs")
+    assert _statuses(driver) == {
+        str(seeded.completed): "completed", str(seeded.skipped_notify): "completed",
+        str(seeded.failed): "failed", str(seeded.queued): "started", str(seeded.running): "started",
+    }
+    marker = driver.execute_script("window.flowlaneMarker = 1; return window.flowlaneMarker")
+
+    ui_support.finish(dsn, seeded)
+
+    WebDriverWait(driver, WAIT).until(lambda d: _statuses(d)[str(seeded.running)] == "completed")
+    # the same document, updated in place: no reload happened
+    assert driver.execute_script("return window.flowlaneMarker") == marker
+
+
+def test_run_page_shows_the_failed_step_error_and_colours_the_graph(
+        driver: Any, console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded]) -> None:
+    seeded = seeded_db[1]
+    driver.get(f"{console.url}/runs/{seeded.failed}")
+    assert driver.find_element(By.ID, "run-status").text == "failed"
+    error = driver.find_element(By.CSS_SELECTOR, "tr[data-error-for='price'] pre.error").text
+    assert error.splitlines()[0] == "ValueError: line 2 has a negative price (-5)"
+    assert "Traceback (most recent call last):" in error
+    nodes = {n.get_attribute("data-step"): n.get_attribute("data-status")
+             for n in driver.find_elements(By.CSS_SELECTOR, "svg.graph g.node")}
+    assert nodes == {"fetch": "completed", "audit": "completed", "price": "failed",
+                     "notify": "skipped", "report": "created"}
+    failed_task = driver.find_element(By.CSS_SELECTOR, "tr[data-task='price/1']")
+    assert failed_task.get_attribute("data-status") == "failed"
+
+    payload = driver.find_element(By.CSS_SELECTOR, "details.payload[data-src$='what=input']")
+    payload.find_element(By.TAG_NAME, "summary").click()
+    pre = payload.find_element(By.TAG_NAME, "pre")
+    WebDriverWait(driver, WAIT).until(lambda d: pre.text == '{"order": 3}')
+
+
+def test_flow_graph_has_one_node_per_step_and_one_lane_per_queue(
+        driver: Any, console: ui_support.UiServer) -> None:
+    driver.get(console.url + "/flows/orders_v1")
+    svg = driver.find_element(By.CSS_SELECTOR, "svg.graph")
+    lanes = [lane.get_attribute("data-queue") for lane in svg.find_elements(By.CSS_SELECTOR, "g.lane")]
+    assert lanes == ["intake", "pricing", "notify"]
+    nodes = {n.get_attribute("data-step"): n for n in svg.find_elements(By.CSS_SELECTOR, "g.node")}
+    assert sorted(nodes) == ["audit", "fetch", "notify", "price", "report"]
+    assert {s: n.get_attribute("data-queue") for s, n in nodes.items()} == {
+        "fetch": "intake", "price": "pricing", "audit": "intake", "notify": "notify", "report": "intake"}
+    assert "map" in nodes["price"].get_attribute("class").split()
+    assert len(nodes["price"].find_elements(By.CSS_SELECTOR, ".box")) == 3  # stacked boxes
+    assert "conditional" in nodes["notify"].get_attribute("class").split()
+    edges = {(e.get_attribute("data-from"), e.get_attribute("data-to"))
+             for e in svg.find_elements(By.CSS_SELECTOR, "path.edge")}
+    assert edges == {("fetch", "price"), ("fetch", "audit"), ("audit", "notify"),
+                     ("price", "report"), ("audit", "report")}
+    # every node is drawn inside its own lane's band
+    bands = {lane.get_attribute("data-queue"): lane.find_element(By.TAG_NAME, "rect").rect
+             for lane in svg.find_elements(By.CSS_SELECTOR, "g.lane")}
+    for node in nodes.values():
+        box, band = node.find_element(By.CSS_SELECTOR, ".box:not(.behind)").rect, bands[
+            node.get_attribute("data-queue")]
+        assert band["y"] <= box["y"] and box["y"] + box["height"] <= band["y"] + band["height"]
+
+
+def test_actions_are_absent_without_allow_actions(
+        driver: Any, console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded]) -> None:
+    seeded = seeded_db[1]
+    for run in (seeded.failed, seeded.queued):
+        driver.get(f"{console.url}/runs/{run}")
+        assert driver.find_elements(By.CSS_SELECTOR, "#actions, .action") == []
+    driver.get(f"{console.url}/actions/cancel?run_id={seeded.queued}")
+    assert "Not Found" in driver.page_source
+
+
+def test_actions_need_a_confirmation_with_the_sessions_csrf_token(
+        driver: Any, seeded_db: tuple[str, ui_support.Seeded]) -> None:
+    dsn, seeded = seeded_db
+    with ui_support.ui_server(dsn, "--allow-actions") as server:
+        driver.get(f"{server.url}/runs/{seeded.queued}")
+        button = driver.find_element(By.ID, "action-cancel")
+        assert button.text.startswith("Cancel run")
+        if "disabled" in button.get_attribute("class").split():
+            # this database has no flowlane.cancel_run yet: the console says so instead of failing
+            assert "not available in this database" in button.text
+            return
+        button.click()
+        assert str(seeded.queued) in driver.find_element(By.ID, "question").text
+        csrf = driver.find_element(By.NAME, "csrf").get_attribute("value")
+        assert len(csrf) == 64
+        driver.find_element(By.ID, "confirm").click()
+        assert driver.find_element(By.CSS_SELECTOR, "#message h1").text == "Done"
+        driver.find_element(By.ID, "back").click()
+        assert driver.find_element(By.ID, "run-status").text == "cancelled"
+
+
+def test_a_token_console_refuses_a_browser_without_it_and_remembers_it_once_given(
+        driver: Any, seeded_db: tuple[str, ui_support.Seeded], tmp_path: Path) -> None:
+    token = "s3cret-token"
+    with ui_support.ui_server(seeded_db[0], "--host", "0.0.0.0", "--token", token) as server:
+        local = server.url.replace("0.0.0.0", "127.0.0.1")
+        driver.get(local + "/runs")
+        assert "needs its token" in driver.find_element(By.TAG_NAME, "body").text
+        driver.get(f"{local}/flows?token={token}")
+        assert driver.current_url == local + "/flows"  # the token left the address bar
+        driver.get(local + "/queues")  # carried by the cookie from now on
+        assert driver.find_element(By.CSS_SELECTOR, "#queues tr[data-queue='pricing']")
+
+
+def test_screenshots_of_the_main_pages(
+        driver: Any, console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded],
+        tmp_path: Path) -> None:
+    shots = ui_support.screenshots(driver, console.url, seeded_db[1], tmp_path)
+    assert [p.name for p in shots] == [f"console-{name}.png" for name in ui_support.SCREENSHOTS]
+    for shot in shots:
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

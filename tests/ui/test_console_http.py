@@ -1,0 +1,199 @@
+"""`flowlane ui` over real HTTP: pages, filters, keyset paging, payload limits, the token and
+loopback rules, CSRF on actions. The server is a real `python -m flowlane ui` process."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import urlencode
+
+import psycopg
+import pytest
+import ui_support
+from psycopg.types.json import Jsonb
+
+from tests.cli_support import run_flowlane
+from tests.core.engine import Engine
+
+
+@pytest.fixture(scope="module")
+def console(seeded_db: tuple[str, ui_support.Seeded]) -> Iterator[ui_support.UiServer]:
+    with ui_support.ui_server(seeded_db[0]) as server:
+        yield server
+
+
+def _run_ids(html: str) -> list[str]:
+    return re.findall(r'<tr data-run="([0-9a-f-]{36})"', html)
+
+
+def test_every_page_renders(console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded]) -> None:
+    seeded = seeded_db[1]
+    flows = ui_support.fetch(console.url + "/flows")
+    assert flows.status == 200
+    for slug in ("orders_v1", "orders_v2", "ping"):
+        assert f'<tr data-flow="{slug}">' in flows.body
+    assert "orders (active)" in flows.body and "orders (draining)" in flows.body
+    flow = ui_support.fetch(console.url + "/flows/orders_v2")
+    assert flow.status == 200 and "alias <b>orders</b>: active" in flow.body
+    queues = ui_support.fetch(console.url + "/queues")
+    assert queues.status == 200
+    assert re.search(r'<tr data-queue="ping">.*?owned by <a href="/flows/ping">', queues.body, re.DOTALL)
+    workers = ui_support.fetch(console.url + "/workers").body
+    assert re.findall(r'data-state="(\w+)"', workers) == ["live", "stale", "stopped"]
+    for run in (seeded.completed, seeded.failed, seeded.queued, seeded.running):
+        assert ui_support.fetch(f"{console.url}/runs/{run}").status == 200
+    assert ui_support.fetch(console.url + "/").headers["location"] == "/runs"
+    for missing in ("/flows/nope", "/runs/00000000-0000-0000-0000-000000000000", "/runs/not-a-uuid"):
+        assert ui_support.fetch(console.url + missing).status == 404
+
+
+def test_runs_filter_by_status_alias_and_time(
+        console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded]) -> None:
+    seeded = seeded_db[1]
+
+    def ids(**filters: str) -> set[str]:
+        reply = ui_support.fetch(f"{console.url}/runs?{urlencode(filters)}")
+        assert reply.status == 200, reply.body
+        return set(_run_ids(reply.body))
+
+    assert ids(status="failed") == {str(seeded.failed)}
+    assert ids(flow="ping") == {str(seeded.queued)}
+    # an alias stands for every version it named: active orders_v2 and draining orders_v1
+    assert ids(flow="orders") == {str(r) for r in (seeded.completed, seeded.skipped_notify,
+                                                   seeded.failed, seeded.running)}
+    assert ids(flow="orders_v2", status="completed") == {str(seeded.skipped_notify)}
+    assert ids(since="2999-01-01T00:00:00") == set()
+    assert ids(until="2000-01-01T00:00:00") == set()
+    assert len(ids(since="2000-01-01T00:00:00")) == 5
+    assert ui_support.fetch(console.url + "/runs?since=yesterday").status == 400
+
+
+def test_keyset_pages_cover_every_run_once_newest_first(cluster: object) -> None:
+    dsn = cluster.clone()  # type: ignore[attr-defined]
+    ui_support.apply_flows(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        engine = Engine(conn)
+        started = [engine.start("ping", {"n": n}) for n in range(7)]
+        # three runs share one start time: the run id breaks the tie
+        conn.execute("update flowlane.runs set started_at = '2026-01-01T00:00:00Z' where run_id = any(%s)",
+                     (started[2:5],))
+        expected = [str(r[0]) for r in conn.execute(
+            "select run_id from flowlane.runs order by started_at desc, run_id desc")]
+    with ui_support.ui_server(dsn) as server:
+        seen: list[str] = []
+        url: str | None = "/runs?limit=3"
+        while url:
+            reply = ui_support.fetch(server.url + url)
+            seen += _run_ids(reply.body)
+            found = re.search(r'<a href="([^"]+)" id="older">', reply.body)
+            url = found[1].replace("&amp;", "&") if found else None
+        assert seen == expected
+
+
+def test_payloads_are_served_on_demand_within_a_size_limit(
+        console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded]) -> None:
+    dsn, seeded = seeded_db
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        big = Engine(conn).start("ping", {"blob": "x" * 100_000})
+        conn.execute("update flowlane.runs set input = %s where run_id = %s",
+                     (Jsonb({"blob": "x" * 100_000}), big))
+    reply = ui_support.fetch(f"{console.url}/runs/{big}/payload?what=input")
+    assert reply.status == 200
+    assert int(reply.headers["x-total-bytes"]) == len('{"blob": ""}') + 100_000
+    assert reply.body.startswith('{"blob": "xxx')
+    assert "truncated: 97.7 KiB in all, first 65536 characters" in reply.body
+    run_page = ui_support.fetch(f"{console.url}/runs/{big}").body
+    assert "x" * 1000 not in run_page  # the page itself never inlines payloads
+    step = ui_support.fetch(f"{console.url}/runs/{seeded.completed}/payload?what=output&step=fetch")
+    assert step.body == "[10, 20]"
+    task = ui_support.fetch(f"{console.url}/runs/{seeded.completed}/payload?what=output&step=price&task=1")
+    assert task.body == "40"
+    assert ui_support.fetch(f"{console.url}/runs/{seeded.completed}/payload?what=secrets").status == 400
+
+
+def test_read_only_console_has_no_action_routes(
+        console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded]) -> None:
+    seeded = seeded_db[1]
+    assert "read-only" in console.banner
+    page = ui_support.fetch(f"{console.url}/runs/{seeded.queued}").body
+    assert "/actions/" not in page
+    reply = ui_support.fetch(f"{console.url}/actions/cancel", "POST", body=f"run_id={seeded.queued}")
+    assert reply.status in (404, 405)
+
+
+def test_actions_refuse_a_post_without_the_sessions_csrf_token(
+        seeded_db: tuple[str, ui_support.Seeded]) -> None:
+    dsn, seeded = seeded_db
+    with ui_support.ui_server(dsn, "--allow-actions") as server:
+        confirm = ui_support.fetch(f"{server.url}/actions/cancel?run_id={seeded.queued}&back=/runs")
+        assert confirm.status == 200
+        session = confirm.headers["set-cookie"].split(";")[0]
+        csrf = re.search(r'name="csrf" value="([0-9a-f]{64})"', confirm.body)
+        assert csrf is not None
+        form = f"run_id={seeded.queued}&reason=test"
+        cookie = {"Cookie": session}
+        for body, headers in ((form, cookie),                                     # no token
+                              (f"{form}&csrf={'0' * 64}", cookie),                 # a wrong one
+                              (f"{form}&csrf={csrf[1]}", {}),                      # another session
+                              (f"{form}&csrf={csrf[1]}", {**cookie, "Origin": "http://evil.example"})):
+            reply = ui_support.fetch(f"{server.url}/actions/cancel", "POST", body=body, headers=headers)
+            assert reply.status == 403, (body, headers)
+        with psycopg.connect(dsn) as conn:
+            status = conn.execute("select status from flowlane.runs where run_id = %s", (seeded.queued,))
+            assert status.fetchone() == ("started",)
+        accepted = ui_support.fetch(f"{server.url}/actions/cancel", "POST",
+                                    body=f"{form}&csrf={csrf[1]}", headers=cookie)
+        # the CSRF check passed; the action itself runs only where its SQL function exists
+        assert accepted.status in (200, 409)
+        if accepted.status == 409:
+            assert "has no flowlane.cancel_run" in accepted.body
+
+
+def test_token_is_required_on_every_request_when_set(seeded_db: tuple[str, ui_support.Seeded]) -> None:
+    token = "t0ken-for-tests"
+    # 0.0.0.0 is not loopback: the token rule applies; the test reaches it through 127.0.0.1
+    with ui_support.ui_server(seeded_db[0], "--host", "0.0.0.0", env={"FLOWLANE_UI_TOKEN": token}) as server:
+        assert "token required" in server.banner
+        url = server.url.replace("0.0.0.0", "127.0.0.1")
+        payload = f"/runs/{seeded_db[1].failed}/payload?what=input"
+        for path in ("/runs", "/flows", "/static/console.js", payload):
+            assert ui_support.fetch(url + path).status == 401, path
+        assert ui_support.fetch(url + "/runs", headers={"Authorization": "Bearer wrong"}).status == 401
+        assert ui_support.fetch(url + "/runs", headers={"Authorization": f"Bearer {token}"}).status == 200
+        given = ui_support.fetch(f"{url}/runs?status=failed&token={token}")
+        assert given.status == 303 and given.headers["location"] == "/runs?status=failed"
+        cookie = given.headers["set-cookie"].split(";")[0]
+        assert cookie == f"flowlane_token={token}"
+        assert ui_support.fetch(url + "/queues", headers={"Cookie": cookie}).status == 200
+
+
+def test_a_non_loopback_bind_without_a_token_is_refused(tmp_path: Path) -> None:
+    result = run_flowlane("ui", "--host", "0.0.0.0", "--port", "0", "--dsn", "postgresql://unused@127.0.0.1:1/x",
+                          cwd=tmp_path, env={"FLOWLANE_UI_TOKEN": ""})
+    assert result.returncode == 2
+    assert "a token is required" in result.stderr and "--token" in result.stderr
+
+
+def test_loopback_console_answers_only_to_loopback_host_names(console: ui_support.UiServer) -> None:
+    # a page that DNS-rebinds evil.example to 127.0.0.1 must not read the console
+    assert ui_support.fetch(console.url + "/runs", headers={"Host": "evil.example"}).status == 421
+    port = console.url.rsplit(":", 1)[1]
+    assert ui_support.fetch(console.url + "/runs", headers={"Host": f"localhost:{port}"}).status == 200
+
+
+def test_security_headers(console: ui_support.UiServer) -> None:
+    headers = ui_support.fetch(console.url + "/runs").headers
+    assert "script-src 'self'" in headers["content-security-policy"]
+    assert headers["x-content-type-options"] == "nosniff"
+    assert "httponly" in headers["set-cookie"].lower() and "samesite=strict" in headers["set-cookie"].lower()
+
+
+def test_unreachable_database_and_unmigrated_database_are_clear_errors(
+        db_factory: Callable[..., str], tmp_path: Path) -> None:
+    down = run_flowlane("ui", "--port", "0", "--dsn", "postgresql://nobody@127.0.0.1:1/none", cwd=tmp_path)
+    assert down.returncode == 1 and down.stderr.startswith("error: cannot connect to")
+    bare = db_factory("none")
+    empty = run_flowlane("ui", "--port", "0", "--dsn", bare, cwd=tmp_path)
+    assert empty.returncode == 1 and "hint: migrate it first: `flowlane db migrate`" in empty.stderr
+    assert "Traceback" not in down.stderr + empty.stderr
