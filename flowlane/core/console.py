@@ -86,7 +86,9 @@ class Console:
         self.target = target
         self._pool: ConnectionPool[Any] = ConnectionPool(
             target.dsn, min_size=1, max_size=max_connections, open=False,
-            kwargs={"autocommit": True, "row_factory": dict_row},
+            # custom plans only: the filters are "param is null or ..." and a generic plan
+            # cannot drop the branches that do not apply
+            kwargs={"autocommit": True, "row_factory": dict_row, "prepare_threshold": None},
         )
 
     def open(self) -> None:

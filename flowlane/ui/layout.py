@@ -68,6 +68,9 @@ class Layout:
     lanes: tuple[Lane, ...]
     nodes: tuple[Node, ...]
     edges: tuple[Edge, ...]
+    node_w: int = NODE_W
+    node_h: int = NODE_H
+    stack: int = STACK
 
 
 def layers(flow: Flow) -> dict[str, int]:
