@@ -115,7 +115,8 @@ def measure(conn: psycopg.Connection[Any], page: Page, runs: int, repeat: int
     assert page.get(deep_path).count("<tr data-run=") == 50
     cases = [
         ("runs list, first page", lambda: page.get("/runs"), raw("raw_runs_first_page", {})),
-        (f"runs list, failed, page {offset // 50 + 2}", lambda: page.get(deep_path), raw("raw_runs_failed_page", deeper)),
+        (f"runs list, failed, page {offset // 50 + 2}", lambda: page.get(deep_path),
+         raw("raw_runs_failed_page", deeper)),
         ("run detail (failed run)", lambda: page.get(f"/runs/{run_id}"), raw_run),
     ]
     rows = [(label, median_ms(p, repeat), median_ms(r, repeat)) for label, p, r in cases]
@@ -152,9 +153,11 @@ def main() -> int:
             assert server.stdout is not None
             url = server.stdout.readline().split()[3]
             page = Page(url)
-            report(f"with the console indexes (median of {args.repeat})", measure(conn, page, args.runs, args.repeat))
+            report(f"with the console indexes (median of {args.repeat})",
+                   measure(conn, page, args.runs, args.repeat))
             conn.execute(Q["drop_console_indexes"])
-            report("without them (0001's single-column indexes)", measure(conn, page, args.runs, args.repeat))
+            report("without them (0001's single-column indexes)",
+                   measure(conn, page, args.runs, args.repeat))
     finally:
         if server is not None:
             server.terminate()

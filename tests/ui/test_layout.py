@@ -40,7 +40,8 @@ def test_marks_statuses_and_long_names() -> None:
     drawn = {n.slug: n for n in layout.layout(flow, {"fetch": "completed", "price": "failed"}).nodes}
     assert drawn["price"].kind == "map" and not drawn["price"].conditional
     assert drawn["notify"].conditional and drawn["notify"].label == "notify (if)"
-    assert (drawn["fetch"].status, drawn["price"].status, drawn["report"].status) == ("completed", "failed", None)
+    statuses = (drawn["fetch"].status, drawn["price"].status, drawn["report"].status)
+    assert statuses == ("completed", "failed", None)
     assert layout.layers(flow) == {"fetch": 0, "price": 1, "audit": 1, "notify": 2, "report": 2}
     # price and audit share a column but not a lane; in one lane they would stack
     assert drawn["price"].x == drawn["audit"].x and drawn["price"].y != drawn["audit"].y
