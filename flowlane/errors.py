@@ -13,6 +13,7 @@ class FlowlaneError(Exception):
     """A flowlane operation failed."""
 
     hint: str | None = None
+    exit_code: int = 1  # the CLI's exit status for this error
 
     def __init__(self, message: str | None = None, *, hint: str | None = None) -> None:
         super().__init__(message or (self.__doc__ or "").strip())
@@ -22,6 +23,8 @@ class FlowlaneError(Exception):
 
 class UsageError(FlowlaneError):
     """The command line or a function argument is invalid."""
+
+    exit_code = 2
 
 
 class DatabaseError(FlowlaneError):
@@ -76,3 +79,10 @@ class ProjectError(FlowlaneError):
 
 class WorkerError(FlowlaneError):
     """A worker cannot start or had to stop."""
+
+
+class WorkerDisabled(WorkerError):
+    """The worker's deployment is disabled (or was just disabled because the worker met work
+    it cannot handle): a supervisor must not restart it until an operator enables it."""
+
+    exit_code = 3

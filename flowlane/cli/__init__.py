@@ -2,7 +2,8 @@
 
 Each command group lives in its own module and registers its sub-commands in
 ``configure(subparsers)``. Commands return an exit code: 0 ok, 1 findings or
-failure, 2 usage error. Every :class:`flowlane.errors.FlowlaneError` becomes
+failure, 2 usage error, 3 a worker whose deployment is disabled (do not
+restart it automatically). Every :class:`flowlane.errors.FlowlaneError` becomes
 one ``error:`` line (plus ``hint:``) on stderr; ``--debug`` shows tracebacks.
 """
 
@@ -23,7 +24,7 @@ def _optional_groups() -> list[object]:
     import importlib
 
     groups: list[object] = []
-    for name in ("compiler", "runtime", "ui"):
+    for name in ("compiler", "runtime", "fleet", "ui"):
         try:
             groups.append(importlib.import_module(f"flowlane.cli.{name}"))
         except ModuleNotFoundError as exc:
@@ -54,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         report_error(exc)
-        return 2 if isinstance(exc, errors.UsageError) else 1
+        return exc.exit_code
     except OSError as exc:  # a file the command was pointed at (a wrapped one says more)
         if args.debug:
             raise

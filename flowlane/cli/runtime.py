@@ -10,6 +10,7 @@ from typing import Any
 
 from flowlane import errors
 from flowlane.cli.db import add_dsn_argument
+from flowlane.cli.fleet import WORKER_ACTIONS, add_worker_admin_arguments, run_worker_admin
 
 
 def configure(subparsers: Any) -> None:
@@ -18,7 +19,9 @@ def configure(subparsers: Any) -> None:
         help="run the handlers of one queue",
         description="Poll one queue and run its handlers: --flow F (one queue per flow), "
         "--flow F --step S (per-step queues), --queue Q (any routing), or --name D "
-        "(the `kind: worker` document D).",
+        "(the `kind: worker` document D). Deployments: `flowlane worker list`, "
+        "`flowlane worker enable NAME`, `flowlane worker disable NAME --reason TEXT`. "
+        "Exit status 3: the worker's deployment is disabled (do not restart it automatically).",
     )
     worker.add_argument("paths", nargs="*", metavar="PATHS", help="flow YAML (default: flows/)")
     selector = worker.add_argument_group("queue selection")
@@ -35,6 +38,12 @@ def configure(subparsers: Any) -> None:
         "--name",
         help="deployment name (default: the worker document's name, else the queue); "
         "alone, it selects the `kind: worker` document of that name",
+    )
+    worker.add_argument(
+        "--compile",
+        action="store_true",
+        help="development databases only: create flows missing from the database with the "
+        "same SQL `flowlane apply` runs (never changes existing flows or aliases)",
     )
     worker.add_argument("--max-concurrent", type=int, help="handlers running at once (default 10)")
     worker.add_argument("--batch-size", type=int, help="messages read per poll (default 10)")
@@ -68,6 +77,7 @@ def configure(subparsers: Any) -> None:
     levels = ["DEBUG", "INFO", "WARNING", "ERROR"]
     worker.add_argument("--log-level", default="INFO", choices=levels)
     worker.add_argument("--log-format", default="text", choices=["text", "json"])
+    add_worker_admin_arguments(worker)
     worker.set_defaults(func=cmd_worker)
 
     start = subparsers.add_parser("start", help="start a run, print its id")
@@ -131,6 +141,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from flowlane.runtime import log
     from flowlane.runtime.worker import Worker
 
+    if args.paths and args.paths[0] in WORKER_ACTIONS:
+        return run_worker_admin(args)
     log.configure(args.log_level, args.log_format)
     worker = Worker(
         Project.load(*_paths(args)),
@@ -148,6 +160,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         requeue_interval=args.requeue_interval,
         heartbeat_interval=args.heartbeat_interval,
         import_paths=args.import_path,
+        compile=args.compile,
     )
     worker.run()
     return 0

@@ -226,15 +226,20 @@ def _ordered_files(out: Path, project: Project) -> list[Path]:
     return [*flows, out / render.ALIASES_FILE]
 
 
-def apply(paths: Sequence[str | os.PathLike[str]] | None, out: str | os.PathLike[str] = "sql",
-          dsn: str | None = None) -> ApplyResult:
-    """Apply the compiled SQL files in one transaction; refuses stale files and shape changes."""
-    project = api.load_project(paths)
+def refuse_stale(project: Project, out: str | os.PathLike[str]) -> None:
+    """Raise unless the compiled SQL in ``out`` is exactly what the YAML compiles to."""
     stale = check.stale_files(api.compile_project(project), Path(out))
     if stale:
         listed = ", ".join(f"{s.path} ({s.reason})" for s in stale)
         raise errors.StaleOutputError(f"compiled SQL is stale against the YAML: {listed}",
                                       hint="run `flowlane compile`, review and commit the SQL")
+
+
+def apply(paths: Sequence[str | os.PathLike[str]] | None, out: str | os.PathLike[str] = "sql",
+          dsn: str | None = None) -> ApplyResult:
+    """Apply the compiled SQL files in one transaction; refuses stale files and shape changes."""
+    project = api.load_project(paths)
+    refuse_stale(project, out)
     files = _ordered_files(Path(out), project)
     target = db.resolve(dsn)
     with db.connect(target) as conn:
@@ -261,3 +266,19 @@ def _apply_files(conn: psycopg.Connection[Any], project: Project,
                 conn.execute(body)  # a reviewed, compiled file (package-independent text)
             applied.append(file.as_posix())
     return ApplyResult(current, tuple(applied))
+
+
+def create_flows(project: Project, slugs: Iterable[str], dsn: str | None = None) -> tuple[str, ...]:
+    """Create flows missing from a development database (``worker --compile``) by running
+    the very SQL that ``apply`` runs for them, options included; aliases are left to
+    ``apply``. Flows that exist meanwhile are verified by the same SQL, never changed in shape."""
+    flows = [project.flow(slug) for slug in sorted(slugs)]
+    target = db.resolve(dsn)
+    with db.connect(target) as conn, conn.transaction():
+        with db.wrap_errors("compile"):
+            conn.execute(query("deploy_lock_timeout"))
+            conn.execute(query("deploy_lock"))
+        for flow in flows:
+            with db.wrap_errors(f"compile flow {flow.slug}"):
+                conn.execute(_statements(render.render_flow(flow)))
+    return tuple(f.slug for f in flows)

@@ -70,6 +70,7 @@ def _by_flow(project: Project, name: str, step_slug: str | None) -> Selection:
             f"unknown flow {name!r}",
             hint=f"known flows: {', '.join(sorted(f.slug for f in project.flows)) or '(none)'}",
         ) from None
+    _refuse_split_alias(project, name)
     slug = flow.slug
     if flow.queue_mode == "flow":
         if step_slug is not None:
@@ -97,6 +98,23 @@ def _by_flow(project: Project, name: str, step_slug: str | None) -> Selection:
     raise errors.UsageError(
         f"flow {slug} routes its steps to explicit queues; select one with --queue",
         hint="queues: " + ", ".join(flow.queues),
+    )
+
+
+def _refuse_split_alias(project: Project, name: str) -> None:
+    """``--flow ALIAS`` names one queue only when every version routes the same way;
+    otherwise serving the active version's queue would strand the draining ones."""
+    if not project.has_alias(name):
+        return
+    versions = project.versions(name)
+    if len({f.queues for f in versions}) == 1:
+        return
+    queues = sorted({q for f in versions for q in f.queues})
+    raise errors.UsageError(
+        f"the versions of alias {name} route their steps to different queues: "
+        + "; ".join(f"{f.slug}: {', '.join(f.queues)}" for f in versions),
+        hint="start one worker per queue: "
+        + ", ".join(f"`flowlane worker --queue {q} --flows {name}`" for q in queues),
     )
 
 

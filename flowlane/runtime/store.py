@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -19,6 +20,30 @@ from flowlane.runtime.tasks import ClaimedTask
 TRANSIENT: tuple[type[BaseException], ...] = (psycopg.OperationalError, PoolTimeout)
 
 Row = dict[str, Any]
+Pairs = Sequence[tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A message ``start_tasks`` refused: no task on the queue (``flow_slug`` None) or a
+    (flow, step) pair the worker does not serve. Identities only, never the body."""
+
+    msg_id: int
+    flow_slug: str | None
+    step_slug: str | None
+
+    @property
+    def pair(self) -> str:
+        return f"{self.flow_slug}.{self.step_slug}" if self.flow_slug else "(no flowlane task)"
+
+
+@dataclass
+class Claim:
+    """What one ``start_tasks`` call did: tasks claimed, or (nothing claimed) the
+    unsupported messages that made it hand the whole batch back."""
+
+    tasks: list[ClaimedTask] = field(default_factory=list)
+    unsupported: list[Unsupported] = field(default_factory=list)
 
 
 def channel(queue_name: str) -> str:
@@ -76,27 +101,15 @@ class Store:
             cur = await conn.execute(query(name), params)
             return await cur.fetchall()
 
-    async def ensure_flow_compiled(self, flow_slug: str, shape: dict[str, Any]) -> dict[str, Any]:
-        rows = await self.fetch(
-            "worker_ensure_flow_compiled", flow_slug=flow_slug, shape=json_param(shape)
-        )
+    async def verify_flow(self, flow_slug: str, shape: dict[str, Any]) -> dict[str, Any]:
+        """``{"status": "missing" | "verified" | "mismatch", "differences": [...]}`` (read-only)."""
+        rows = await self.fetch("worker_verify_flow", flow_slug=flow_slug, shape=json_param(shape))
         result: dict[str, Any] = rows[0]["result"] or {}
         return result
 
-    async def apply_aliases(self, aliases: Sequence[tuple[str, str, list[str]]]) -> bool:
-        """``set_alias`` per (alias, active, draining); False when the database has no aliases."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(query("aliases_supported"))
-            row = await cur.fetchone()
-            if not aliases or not (row and row["supported"]):
-                return False
-            async with conn.transaction():
-                for alias, active, draining in aliases:
-                    await conn.execute(
-                        query("worker_set_alias"),
-                        {"alias": alias, "active": active, "draining": draining},
-                    )
-            return True
+    async def coverage(self, queue_name: str, pairs: Pairs) -> list[Row]:
+        """The pairs routed to the queue that ``pairs`` leaves out, each with its sources."""
+        return await self.fetch("worker_coverage", queue_name=queue_name, pairs=json_param(pairs))
 
     async def enable_notify(self, queue_name: str, throttle_ms: int) -> bool:
         """Install PGMQ's insert trigger on the queue unless it is already there."""
@@ -112,10 +125,20 @@ class Store:
             )
             return True
 
-    async def register(self, worker_id: str, queue_name: str, worker_name: str) -> None:
+    async def register(
+        self, worker_id: str, queue_name: str, worker_name: str, deployment: str, pairs: Pairs
+    ) -> None:
         await self.fetch(
-            "worker_register", worker_id=worker_id, queue_name=queue_name, worker_name=worker_name
+            "worker_register",
+            worker_id=worker_id,
+            queue_name=queue_name,
+            worker_name=worker_name,
+            deployment=deployment,
+            pairs=json_param(pairs),
         )
+
+    async def disable_deployment(self, deployment: str, reason: str) -> None:
+        await self.fetch("worker_disable_deployment", deployment=deployment, reason=reason)
 
     async def heartbeat(self, worker_id: str) -> bool:
         rows = await self.fetch("worker_heartbeat", worker_id=worker_id)
@@ -145,25 +168,24 @@ class Store:
         return [int(r["msg_id"]) for r in rows]
 
     async def start_tasks(
-        self, queue_name: str, msg_ids: Sequence[int], worker_id: str
-    ) -> list[ClaimedTask]:
+        self, queue_name: str, msg_ids: Sequence[int], worker_id: str, pairs: Pairs
+    ) -> Claim:
         rows = await self.fetch(
-            "worker_start_tasks", queue_name=queue_name, msg_ids=list(msg_ids), worker_id=worker_id
+            "worker_start_tasks",
+            queue_name=queue_name,
+            msg_ids=list(msg_ids),
+            worker_id=worker_id,
+            pairs=json_param(pairs),
         )
-        return [
-            ClaimedTask(
-                flow_slug=r["flow_slug"],
-                step_slug=r["step_slug"],
-                queue_name=r["queue_name"],
-                run_id=str(r["run_id"]),
-                task_index=int(r["task_index"]),
-                input=r["input"],
-                flow_input=r["flow_input"],
-                attempt=int(r["attempt"]),
-                msg_id=int(r["msg_id"]),
-            )
-            for r in rows
-        ]
+        claim = Claim()
+        for r in rows:
+            if r["outcome"] == "claimed":
+                claim.tasks.append(_claimed(r))
+            else:
+                claim.unsupported.append(
+                    Unsupported(int(r["msg_id"]), r["flow_slug"], r["step_slug"])
+                )
+        return claim
 
     async def complete_tasks(self, completions: list[dict[str, Any]]) -> list[Row]:
         return await self.fetch("worker_complete_tasks", results=json_param(completions))
@@ -201,3 +223,17 @@ class Store:
             await conn.close()
             raise
         return conn
+
+
+def _claimed(r: Row) -> ClaimedTask:
+    return ClaimedTask(
+        flow_slug=r["flow_slug"],
+        step_slug=r["step_slug"],
+        queue_name=r["queue_name"],
+        run_id=str(r["run_id"]),
+        task_index=int(r["task_index"]),
+        input=r["input"],
+        flow_input=r["flow_input"],
+        attempt=int(r["attempt"]),
+        msg_id=int(r["msg_id"]),
+    )

@@ -1,18 +1,26 @@
 """The worker: poll one PGMQ queue, run handlers, report results.
 
 Lifecycle: ``run()`` validates and imports every handler routed to the
-queue, compiles or verifies every flow (``ensure_flow_compiled``), enables
-PGMQ insert notifications, registers the worker, then serves until
-``stop()``, SIGTERM or SIGINT. Serving is four asyncio tasks on one loop:
+queue, verifies every flow it serves against the database (read-only: a
+missing or different flow refuses the start; ``compile=True`` creates missing
+ones through the SQL ``apply`` runs), checks that it covers every (flow, step)
+the database routes to the queue, enables PGMQ insert notifications,
+registers the worker under its deployment (refused while the deployment is
+disabled), then serves until ``stop()``, SIGTERM or SIGINT. Serving is four
+asyncio tasks on one loop:
 
 - poller: read a batch (at most the free handler slots), claim it with
-  ``start_tasks``, start one handler per claimed task. It wakes on PGMQ's
+  ``start_tasks`` and the exact (flow, step) pairs served, start one handler
+  per claimed task. A batch with unsupported work is handed back whole by
+  ``start_tasks``; the worker then disables its deployment and stops (exit
+  status 3). It wakes on PGMQ's
   insert notification and polls every ``poll_interval`` as a fallback; while
   the notification connection is down it uses ``pgmq.read_with_poll``;
 - flusher: sends results, completions batched through ``complete_tasks``,
   failures through ``fail_task``, both fenced by worker id and attempt;
-- maintenance: heartbeat, and ``requeue_stalled_tasks`` every
-  ``requeue_interval`` seconds (cheap and SKIP LOCKED, so every worker does it);
+- maintenance: heartbeat (a deprecated worker stops), and every
+  ``requeue_interval`` seconds ``requeue_stalled_tasks`` (cheap and SKIP
+  LOCKED, so every worker does it) and a coverage re-check;
 - listener: LISTEN on the queue's insert channel.
 
 Sync handlers run in daemon threads, ``async def`` handlers on the loop. Any
@@ -41,14 +49,14 @@ import psycopg
 from flowlane import errors
 from flowlane.compiler.model import Project
 from flowlane.compiler.shape import flow_shape
-from flowlane.core import db
+from flowlane.core import db, deploy
 from flowlane.runtime import hints, log
 from flowlane.runtime.backoff import Backoff
 from flowlane.runtime.context import TaskContext
 from flowlane.runtime.registry import HandlerRegistry, source_line
 from flowlane.runtime.results import ResultSender
 from flowlane.runtime.selection import Selection, select
-from flowlane.runtime.store import TRANSIENT, Store
+from flowlane.runtime.store import TRANSIENT, Claim, Store, Unsupported
 from flowlane.runtime.tasks import (
     ClaimedTask,
     HandlerThreads,
@@ -86,6 +94,7 @@ class Worker:
         requeue_interval: float = 15.0,
         import_paths: Sequence[str] = (),
         handle_signals: bool = True,
+        compile: bool = False,
     ) -> None:
         self.project = _as_project(project)
         self.selection: Selection = select(
@@ -93,7 +102,9 @@ class Worker:
         )
         deployment = self.selection.deployment
         self.queue = self.selection.queue
-        self.name = name or self.selection.default_name
+        self.name = name or self.selection.default_name  # also the deployment name
+        self.pairs = sorted({(h.flow_slug, h.step_slug) for h in self.selection.handlers})
+        self.compile = compile
         # None = the deployment's value; 0 is refused below, never taken for "unset"
         if max_concurrent is None:
             max_concurrent = deployment.max_concurrent if deployment else 10
@@ -172,6 +183,8 @@ class Worker:
         self._notify_live = False
         self._running: dict[asyncio.Task[None], ClaimedTask] = {}
         self._crash: str | None = None
+        self._fatal: errors.WorkerDisabled | None = None
+        self._gaps: set[str] = set()
         if self._stop_requested.is_set():
             self._stopping.set()
         self._install_signal_handlers()
@@ -199,6 +212,8 @@ class Worker:
             await self._serve(store, registry)
         finally:
             await store.close()
+        if self._fatal:
+            raise self._fatal
         if self._crash:
             raise errors.WorkerError(
                 f"the worker stopped after an internal error in its {self._crash}",
@@ -233,30 +248,11 @@ class Worker:
 
     async def _startup(self, store: Store) -> None:
         with hints.migrate_hint(), db.wrap_errors("worker startup"):
-            problems: list[str] = []
-            for flow in sorted(self.project.flows, key=lambda f: f.slug):
-                result = await store.ensure_flow_compiled(flow.slug, flow_shape(flow))
-                status = result.get("status")
-                if status == "mismatch":
-                    lines = result.get("differences") or ["(no details)"]
-                    source = source_line(flow.location, flow.slug)
-                    problems.append(
-                        f"flow {flow.slug} ({source}):\n    " + "\n    ".join(map(str, lines))
-                    )
-                else:
-                    log.event(INFO, "flow_checked", flow=flow.slug, status=status)
-            if problems:
-                raise errors.WorkerError(
-                    "the database holds flows whose shape differs from the YAML:\n  "
-                    + "\n  ".join(problems),
-                    hint="a structural change needs a new flow slug (e.g. _v2) and an alias move",
-                )
-            aliases = [(a.slug, a.active, list(a.draining)) for a in self.project.aliases]
-            if await store.apply_aliases(sorted(aliases)):
-                log.event(INFO, "aliases_applied", count=len(aliases))
+            await self._verify_flows(store)
+            await self._check_coverage(store)
             if self.notify:
                 await store.enable_notify(self.queue, self.notify_throttle_ms)
-            await store.register(self.worker_id, self.queue, self.name)
+            await self._register(store)
         log.event(
             INFO,
             "worker_started",
@@ -264,10 +260,67 @@ class Worker:
             name=self.name,
             queue=self.queue,
             flows=",".join(self.selection.flows),
+            pairs=len(self.pairs),
             max_concurrent=self.max_concurrent,
             batch_size=self.batch_size,
             notify=self.notify,
         )
+
+    async def _verify_flows(self, store: Store) -> None:
+        """Every flow served must be in the database with the YAML's shape. Workers never
+        write definitions; ``compile=True`` creates missing flows through ``apply``'s SQL."""
+        flows = {slug: self.project.flow(slug) for slug in self.selection.flows}
+        missing, problems = [], []
+        for slug, flow in sorted(flows.items()):
+            result = await store.verify_flow(slug, flow_shape(flow))
+            status = result.get("status")
+            if status == "missing":
+                missing.append(slug)
+            elif status == "mismatch":
+                lines = result.get("differences") or ["(no details)"]
+                problems.append(
+                    f"flow {slug} ({source_line(flow.location, slug)}):\n    "
+                    + "\n    ".join(map(str, lines))
+                )
+            else:
+                log.event(INFO, "flow_checked", flow=slug, status=status)
+        if problems:
+            raise errors.WorkerError(
+                "the database holds flows whose shape differs from the YAML:\n  "
+                + "\n  ".join(problems),
+                hint="a structural change needs a new flow slug (e.g. _v2) and an alias move; "
+                "`flowlane plan` shows every difference",
+            )
+        if missing and not self.compile:
+            raise errors.WorkerError(
+                "flows missing from the database: " + ", ".join(missing),
+                hint="apply the reviewed SQL first: `flowlane compile`, review, `flowlane apply` "
+                "(on a development database, `flowlane worker --compile` creates them)",
+            )
+        if missing:
+            created = await asyncio.to_thread(deploy.create_flows, self.project, missing, store.dsn)
+            log.event(INFO, "flows_compiled", flows=",".join(created))
+
+    async def _check_coverage(self, store: Store) -> None:
+        gaps = await store.coverage(self.queue, self.pairs)
+        if gaps:
+            raise errors.WorkerError(
+                f"this worker does not serve every (flow, step) routed to queue {self.queue}:\n  "
+                + "\n  ".join(_gap_line(g) for g in gaps),
+                hint="serve them too (list the flows in the queue's `kind: worker` document or "
+                "--flows), or start another deployment for them before this one",
+            )
+
+    async def _register(self, store: Store) -> None:
+        try:
+            await store.register(self.worker_id, self.queue, self.name, self.name, self.pairs)
+        except psycopg.errors.ObjectNotInPrerequisiteState as exc:
+            if "FLOWLANE_DEPLOYMENT_DISABLED" not in str(exc):
+                raise
+            raise errors.WorkerDisabled(
+                f"worker deployment {self.name} is disabled: {_disabled_reason(exc)}",
+                hint=f"after fixing the cause, run `flowlane worker enable {self.name}`",
+            ) from exc
 
     async def _serve(self, store: Store, registry: HandlerRegistry) -> None:
         self._store = store
@@ -373,40 +426,61 @@ class Worker:
                     qty=min(free, self.batch_size),
                     poll_seconds=None if notified else self._poll_window,
                 )
-                claimed = (
-                    await self._store.start_tasks(self.queue, msg_ids, self.worker_id)
+                claim = (
+                    await self._store.start_tasks(self.queue, msg_ids, self.worker_id, self.pairs)
                     if msg_ids
-                    else []
+                    else Claim()
                 )
             except TRANSIENT as exc:
                 await backoff.retry_later("poller", exc, self._pause)
                 continue
             backoff.reset()
-            for task in claimed:
+            if claim.unsupported:
+                await self._refuse_unsupported(msg_ids, claim.unsupported)
+                return
+            for task in claim.tasks:
                 self._spawn(task)
             if not msg_ids and notified and not self._stopping.is_set():
                 log.event(DEBUG, "poller_idle", wait=f"{self.poll_interval:g}s")
                 await self._pause(self.poll_interval, self._wake)
 
+    async def _refuse_unsupported(self, batch: list[int], unsupported: list[Unsupported]) -> None:
+        """``start_tasks`` claimed nothing and made the whole batch visible again: stop, and
+        disable the deployment so that a supervisor's restarts refuse until it is enabled."""
+        pairs = sorted({u.pair for u in unsupported})
+        reason = (
+            f"unsupported work on queue {self.queue}: message(s) "
+            f"{', '.join(str(u.msg_id) for u in unsupported)} of {', '.join(pairs)} "
+            f"(worker {self.worker_id})"
+        )
+        log.event(
+            ERROR,
+            "unsupported_work",
+            queue=self.queue,
+            msg_ids=",".join(map(str, batch)),
+            unsupported=",".join(str(u.msg_id) for u in unsupported),
+            pairs=",".join(pairs),
+            action="disable deployment and stop",
+        )
+        backoff = Backoff()
+        for _ in range(5):  # the stop matters more than the flag: give up after a few tries
+            try:
+                await self._store.disable_deployment(self.name, reason)
+                break
+            except TRANSIENT as exc:
+                await backoff.retry_later("poller", exc, self._pause)
+        self._fatal = errors.WorkerDisabled(
+            f"stopped: {reason}; deployment {self.name} is disabled",
+            hint="deploy a worker that serves these pairs (or fix the routing), then "
+            f"`flowlane worker enable {self.name}`",
+        )
+        self._request_stop()
+
     def _spawn(self, task: ClaimedTask) -> None:
         self.stats["claimed"] += 1
         registered = self._registry.get(task.flow_slug, task.step_slug)
-        if registered is None:
-            # another flow routes work to this (shared) queue that this deployment does not
-            # serve: stop instead of failing someone else's task; stalled recovery hands it on
-            log.event(
-                ERROR,
-                "unsupported_task",
-                **task.fields,
-                queue=self.queue,
-                served=",".join(f"{f}.{s}" for f, s in self._registry.pairs),
-            )
-            self._crash = self._crash or (
-                f"poller: claimed {task.flow_slug}.{task.step_slug} from queue {self.queue}, "
-                "which this worker has no handler for (left for stalled recovery)"
-            )
-            self._request_stop()
-            return
+        if registered is None:  # start_tasks claims only the pairs this registry serves
+            raise RuntimeError(f"claimed {task.flow_slug}.{task.step_slug} without its handler")
         ctx = TaskContext(
             run_id=task.run_id,
             flow_slug=task.flow_slug,
@@ -473,6 +547,7 @@ class Worker:
                     requeued = await self._store.requeue_stalled()
                     if requeued:
                         log.event(WARNING, "stalled_tasks_requeued", count=requeued)
+                    await self._recheck_coverage()
             except TRANSIENT as exc:
                 log.event(
                     WARNING, "database_unavailable", component="maintenance", error=describe(exc)
@@ -480,6 +555,20 @@ class Worker:
             except psycopg.Error as exc:
                 log.event(ERROR, "maintenance_failed", error=describe(exc))
             await self._pause(max(0.05, min(next_heartbeat, next_requeue) - time.monotonic()))
+
+    async def _recheck_coverage(self) -> None:
+        """Routing state changes (an alias moves, a run of another version starts): say
+        so once per change; unsupported work itself is refused by ``start_tasks``."""
+        gaps = {_gap_line(g) for g in await self._store.coverage(self.queue, self.pairs)}
+        if gaps and gaps != self._gaps:
+            log.event(
+                WARNING,
+                "coverage_gap",
+                queue=self.queue,
+                missing="; ".join(sorted(gaps)),
+                note="tasks of these pairs will stop this worker; deploy a worker that serves them",
+            )
+        self._gaps = gaps
 
     async def _listen(self) -> psycopg.AsyncConnection[Any] | None:
         try:
@@ -512,6 +601,15 @@ class Worker:
                 self._notify_live = False
                 with contextlib.suppress(Exception):
                     await conn.close()
+
+
+def _gap_line(gap: dict[str, Any]) -> str:
+    return f"{gap['flow_slug']}.{gap['step_slug']} (needed by: {', '.join(gap['sources'])})"
+
+
+def _disabled_reason(exc: psycopg.Error) -> str:
+    message = exc.diag.message_primary or str(exc)
+    return message.partition(" is disabled: ")[2] or message
 
 
 def _as_project(project: Project | str | Path) -> Project:

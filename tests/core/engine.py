@@ -8,7 +8,9 @@ sleeping: make messages visible now instead of waiting), and inspects state.
 Claiming uses the queue name as the first argument of ``start_tasks``. With
 the default routing the queue is ``lower(flow_slug)``, so with lowercase flow
 slugs the helpers work against 0001 (``start_tasks(flow_slug, ...)``) and
-against head (``start_tasks(queue_name, ...)``).
+against head (``start_tasks(queue_name, ...)``). From 0005 on, ``start_tasks``
+also takes the (flow, step) pairs the claimer supports: by default every pair
+routed to the queue, so that claims behave like a worker serving all of them.
 """
 
 from __future__ import annotations
@@ -104,9 +106,44 @@ class Engine:
     def start_tasks(
         self, queue: str, msg_ids: Sequence[int], worker_id: uuid.UUID | None = None
     ) -> list[Task]:
+        """Claim like a worker that serves every pair on ``queue``; only claimed rows."""
+        if not self._claims_with_pairs():
+            return self.rows(
+                "select * from flowlane.start_tasks(%s, %s, %s)",
+                (queue, list(msg_ids), worker_id or self.worker_id),
+            )
+        rows = self.classify(queue, msg_ids, self.routed_pairs(queue), worker_id)
+        unsupported = [r for r in rows if r["outcome"] != "claimed"]
+        assert not unsupported, f"unexpected unsupported messages: {unsupported}"
+        return [{k: v for k, v in r.items() if k != "outcome"} for r in rows]
+
+    def classify(
+        self,
+        queue: str,
+        msg_ids: Sequence[int],
+        pairs: Sequence[tuple[str, str]],
+        worker_id: uuid.UUID | None = None,
+    ) -> list[Task]:
+        """``start_tasks`` with explicit supported pairs: every row, claimed or unsupported."""
         return self.rows(
-            "select * from flowlane.start_tasks(%s, %s, %s)",
-            (queue, list(msg_ids), worker_id or self.worker_id),
+            "select * from flowlane.start_tasks(%s, %s, %s, %s)",
+            (queue, list(msg_ids), worker_id or self.worker_id, Jsonb([list(p) for p in pairs])),
+        )
+
+    def routed_pairs(self, queue: str) -> list[tuple[str, str]]:
+        return [
+            (r["flow_slug"], r["step_slug"])
+            for r in self.rows(
+                "select flow_slug, step_slug from flowlane.steps where queue_name = %s order by 1, 2",
+                (queue,),
+            )
+        ]
+
+    def _claims_with_pairs(self) -> bool:
+        return bool(
+            self.scalar(
+                "select to_regprocedure('flowlane.start_tasks(text, bigint[], uuid, jsonb)') is not null"
+            )
         )
 
     def claim(

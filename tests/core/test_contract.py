@@ -51,7 +51,10 @@ EXPECTED = {
     "is_valid_queue_name": ("queue_name text", "boolean"),
     "is_valid_slug": ("slug text", "boolean"),
     "mark_worker_stopped": ("worker_id uuid", "void"),
-    "register_worker": ("worker_id uuid, queue_name text, worker_name text", "flowlane.workers"),
+    "register_worker": (
+        "worker_id uuid, queue_name text, worker_name text, deployment_name text, supported_pairs jsonb",
+        "flowlane.workers",
+    ),
     "requeue_stalled_tasks": ("", "integer"),
     "resolve_flow": ("flow_slug_or_alias text", "text"),
     # 0003_aliases
@@ -62,9 +65,27 @@ EXPECTED = {
     "start_flow": ("flow_slug text, input jsonb, run_id uuid DEFAULT NULL::uuid", "flowlane.runs"),
     "start_ready_steps": ("run_id uuid", "void"),
     "start_tasks": (
-        "queue_name text, msg_ids bigint[], worker_id uuid",
-        "SETOF flowlane.step_task_record",
+        "queue_name text, msg_ids bigint[], worker_id uuid, supported_pairs jsonb",
+        "SETOF flowlane.claim_record",
     ),
+    # 0005_shared_queues
+    "adopt_queue": ("queue_name text", "flowlane.queues"),
+    "begin_rollout": ("deployments text[]", "flowlane.rollouts"),
+    "coverage": (
+        "queue_name text, supported_pairs jsonb",
+        "TABLE(flow_slug text, step_slug text, sources text[])",
+    ),
+    "drain_status": (
+        "",
+        "TABLE(alias text, flow_slug text, started_runs bigint, active_tasks bigint, drained boolean)",
+    ),
+    "finish_rollout": ("rollout_id bigint", "flowlane.rollouts"),
+    "is_valid_deployment_name": ("deployment_name text", "boolean"),
+    "set_deployment_enabled": (
+        "deployment_name text, enabled boolean, reason text DEFAULT NULL::text",
+        "flowlane.worker_deployments",
+    ),
+    "verify_flow": ("flow_slug text, shape jsonb", "jsonb"),
 }
 
 
@@ -79,14 +100,15 @@ def test_public_function_signatures(engine: Engine) -> None:
     assert found == EXPECTED
 
 
-def test_step_task_record_fields(engine: Engine) -> None:
+def test_claim_record_fields(engine: Engine) -> None:
     fields = engine.rows(
         "select a.attname, format_type(a.atttypid, a.atttypmod) as type "
         "from pg_attribute a "
-        "where a.attrelid = 'flowlane.step_task_record'::regclass and a.attnum > 0 "
+        "where a.attrelid = 'flowlane.claim_record'::regclass and a.attnum > 0 "
         "order by a.attnum"
     )
     assert [(f["attname"], f["type"]) for f in fields] == [
+        ("outcome", "text"),
         ("flow_slug", "text"),
         ("step_slug", "text"),
         ("queue_name", "text"),

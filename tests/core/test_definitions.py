@@ -282,8 +282,12 @@ def test_functions_pin_search_path(engine: Engine) -> None:
 def test_workers(engine: Engine) -> None:
     import uuid
 
+    engine.define("orders", [("a", [], {})])
+    register = (
+        "select * from flowlane.register_worker(%s, 'orders', 'w1', 'orders', '[[\"orders\", \"a\"]]')"
+    )
     wid = uuid.uuid4()
-    row = engine.row("select * from flowlane.register_worker(%s, 'orders', 'w1')", (wid,))
+    row = engine.row(register, (wid,))
     assert row is not None and row["queue_name"] == "orders" and row["stopped_at"] is None
     assert engine.scalar("select flowlane.heartbeat(%s)", (wid,)) is False
     engine.conn.execute(
@@ -294,7 +298,7 @@ def test_workers(engine: Engine) -> None:
     engine.conn.execute("select flowlane.mark_worker_stopped(%s)", (wid,))
     stopped = engine.row("select * from flowlane.workers where worker_id = %s", (wid,))
     assert stopped is not None and stopped["stopped_at"] is not None
-    again = engine.row("select * from flowlane.register_worker(%s, 'orders', 'w1')", (wid,))
+    again = engine.row(register, (wid,))
     assert again is not None and engine.scalar("select count(*) from flowlane.workers") == 1
 
 

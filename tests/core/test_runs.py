@@ -114,8 +114,9 @@ def test_claim_benign_duplicates_ignored(engine: Engine) -> None:
     # terminal task: still nothing, nothing changes
     assert engine.start_tasks("f", msg) == []
     assert engine.task(run_id, "a")["status"] == "completed"
-    # unknown message ids are ignored too
-    assert engine.start_tasks("f", [999999]) == []
+    # a message no task tracks is foreign work: reported, never claimed or dropped
+    [foreign] = engine.classify("f", [999999], [("f", "a")])
+    assert (foreign["outcome"], foreign["flow_slug"], foreign["msg_id"]) == ("unsupported", None, 999999)
 
 
 def test_claim_only_queued_tasks_of_given_flow(engine: Engine) -> None:

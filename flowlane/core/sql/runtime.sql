@@ -1,10 +1,20 @@
 -- Queries of the Python worker runtime and client (flowlane/runtime/).
 
--- name: worker_ensure_flow_compiled
-select flowlane.ensure_flow_compiled(%(flow_slug)s, %(shape)s::jsonb) as result
+-- name: worker_verify_flow
+select flowlane.verify_flow(%(flow_slug)s, %(shape)s::jsonb) as result
+
+-- name: worker_coverage
+select flow_slug, step_slug, sources
+from flowlane.coverage(%(queue_name)s, %(pairs)s::jsonb)
 
 -- name: worker_register
-select worker_id from flowlane.register_worker(%(worker_id)s::uuid, %(queue_name)s, %(worker_name)s)
+select worker_id
+from flowlane.register_worker(%(worker_id)s::uuid, %(queue_name)s, %(worker_name)s,
+                              %(deployment)s, %(pairs)s::jsonb)
+
+-- name: worker_disable_deployment
+select enabled
+from flowlane.set_deployment_enabled(%(deployment)s, false, %(reason)s)
 
 -- name: worker_heartbeat
 select flowlane.heartbeat(%(worker_id)s::uuid) as deprecated
@@ -14,9 +24,6 @@ select flowlane.mark_worker_stopped(%(worker_id)s::uuid)
 
 -- name: worker_requeue_stalled
 select flowlane.requeue_stalled_tasks() as requeued
-
--- name: worker_set_alias
-select flowlane.set_alias(alias => %(alias)s, flow_slug => %(active)s, draining => %(draining)s::text[])
 
 -- name: worker_notify_lock
 select pg_advisory_xact_lock(hashtext('flowlane.notify_insert'), hashtext(%(queue_name)s))
@@ -40,8 +47,8 @@ select msg_id
 from pgmq.read_with_poll(%(queue_name)s, %(vt)s, %(qty)s, %(max_poll_seconds)s, %(poll_interval_ms)s)
 
 -- name: worker_start_tasks
-select flow_slug, step_slug, queue_name, run_id, task_index, input, flow_input, attempt, msg_id
-from flowlane.start_tasks(%(queue_name)s, %(msg_ids)s::bigint[], %(worker_id)s::uuid)
+select outcome, flow_slug, step_slug, queue_name, run_id, task_index, input, flow_input, attempt, msg_id
+from flowlane.start_tasks(%(queue_name)s, %(msg_ids)s::bigint[], %(worker_id)s::uuid, %(pairs)s::jsonb)
 
 -- name: worker_complete_tasks
 select run_id, step_slug, task_index, status, attempts_count, last_worker_id, error_message
@@ -65,9 +72,3 @@ limit %(limit)s
 
 -- name: client_get_run
 select flowlane.get_run_with_states(%(run_id)s::uuid) as run
-
--- name: aliases_supported
-select exists (
-  select 1 from pg_proc p join pg_namespace n on n.oid = p.pronamespace
-  where n.nspname = 'flowlane' and p.proname = 'set_alias'
-) as supported

@@ -1,0 +1,152 @@
+"""Worker deployments, the queue registry and fenced rollouts, for operators.
+
+A *deployment* is a named group of workers on one queue (a ``kind: worker``
+document, or the queue name for ``--flow`` workers) with a persistent enabled
+flag: a worker that meets work it cannot handle disables its deployment, and
+no worker of a disabled deployment starts until ``enable``. A *rollout*
+fences a deploy: it disables the affected deployments, waits until their live
+workers stop, applies the reviewed SQL and re-enables exactly the deployments
+that were enabled before it began (an interrupted rollout, run again, resumes
+from its record).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from flowlane import errors
+from flowlane.compiler import api
+from flowlane.core import db, deploy
+from flowlane.core.queries import query
+
+Row = dict[str, Any]
+STALE_AFTER = 30.0  # seconds without a heartbeat after which a worker counts as gone
+
+
+def _rows(dsn: str | None, name: str, context: str, **params: Any) -> list[Row]:
+    with (db.connect(db.resolve(dsn), autocommit=True) as conn, db.wrap_errors(context),
+          conn.cursor(row_factory=dict_row) as cur):
+        cur.execute(query(name), params)
+        return cur.fetchall()
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """Deployments with their live workers, and the draining versions of every alias."""
+
+    deployments: list[Row]
+    draining: list[Row]
+
+
+def fleet(dsn: str | None = None) -> Fleet:
+    return Fleet(
+        _rows(dsn, "fleet_deployments", "worker list"),
+        _rows(dsn, "fleet_drain_status", "worker list"),
+    )
+
+
+def set_enabled(name: str, enabled: bool, reason: str | None = None, dsn: str | None = None) -> Row:
+    action = "enable" if enabled else "disable"
+    [row] = _rows(dsn, "fleet_set_enabled", f"worker {action} {name}",
+                  deployment=name, enabled=enabled, reason=None if enabled else reason)
+    return row
+
+
+def queues(dsn: str | None = None, stale_after: float = STALE_AFTER) -> list[Row]:
+    return _rows(dsn, "fleet_queues", "queue list", stale_after=stale_after)
+
+
+def adopt_queue(name: str, dsn: str | None = None) -> Row:
+    [row] = _rows(dsn, "fleet_adopt_queue", f"queue adopt {name}", queue_name=name)
+    return row
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    rollout_id: int
+    deployments: tuple[str, ...]
+    reenabled: tuple[str, ...]
+    applied: deploy.ApplyResult
+
+
+Progress = Callable[[str], None]
+
+
+def rollout(
+    paths: Sequence[str | os.PathLike[str]] | None,
+    out: str | os.PathLike[str] = "sql",
+    dsn: str | None = None,
+    *,
+    deployments: Sequence[str] | None = None,
+    timeout: float = 120.0,
+    stale_after: float = STALE_AFTER,
+    progress: Progress = lambda line: None,
+) -> RolloutResult:
+    """Disable the affected deployments, wait for their workers to stop, apply the
+    reviewed SQL, re-enable the deployments that were enabled before."""
+    project = api.load_project(paths)
+    deploy.refuse_stale(project, out)  # before anything is disabled
+    target = db.resolve(dsn)
+    with db.connect(target, autocommit=True) as conn, db.wrap_errors("rollout"):
+        record = _begin(conn, deployments, list(project.queues))
+        progress(f"rollout {record['rollout_id']}: disabled "
+                 f"{', '.join(record['deployments']) or '(no deployments)'}; will re-enable "
+                 f"{', '.join(record['previously_enabled']) or '(none)'}")
+        _wait_stopped(conn, record["deployments"], timeout, stale_after, progress)
+    applied = deploy.apply(paths, out, target.dsn)
+    progress(f"applied {len(applied.files)} file(s) while the deployments were disabled")
+    with db.connect(target, autocommit=True) as conn, db.wrap_errors("rollout"):
+        done = _one(conn, "fleet_finish_rollout", rollout_id=record["rollout_id"])
+    progress(f"rollout {done['rollout_id']}: re-enabled "
+             f"{', '.join(done['previously_enabled']) or '(none)'}")
+    return RolloutResult(done["rollout_id"], tuple(done["deployments"]),
+                         tuple(done["previously_enabled"]), applied)
+
+
+def _one(conn: psycopg.Connection[Any], name: str, **params: Any) -> Row:
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(query(name), params).fetchone()
+    assert row is not None
+    return row
+
+
+def _begin(conn: psycopg.Connection[Any], wanted: Sequence[str] | None,
+           project_queues: list[str]) -> Row:
+    if wanted is None:
+        with conn.cursor(row_factory=dict_row) as cur:
+            unfinished = cur.execute(query("fleet_unfinished_rollout")).fetchone()
+            wanted = (unfinished["deployments"] if unfinished else
+                      [r["deployment_name"] for r in
+                       cur.execute(query("fleet_deployments_on_queues"),
+                                   {"queues": project_queues}).fetchall()])
+    return _one(conn, "fleet_begin_rollout", deployments=list(wanted))
+
+
+def _wait_stopped(conn: psycopg.Connection[Any], deployments: list[str], timeout: float,
+                  stale_after: float, progress: Progress) -> None:
+    deadline = time.monotonic() + timeout
+    last: list[Row] | None = None
+    while True:
+        with conn.cursor(row_factory=dict_row) as cur:
+            live = cur.execute(query("fleet_live_workers"),
+                               {"deployments": deployments, "stale_after": stale_after}).fetchall()
+        if live != last:
+            progress(f"waiting for {len(live)} worker(s) to stop" if live else
+                     "every worker of these deployments has stopped")
+            last = live
+        if not live:
+            return
+        if time.monotonic() > deadline:
+            raise errors.FlowlaneError(
+                f"rollout: {len(live)} worker(s) still running after {timeout:g} s: "
+                + ", ".join(f"{r['worker_id']} ({r['deployment_name']})" for r in live),
+                hint="the deployments stay disabled; stop those workers, then run the same "
+                "`flowlane rollout` again to finish")
+        time.sleep(0.25)

@@ -1,0 +1,63 @@
+-- Queries of worker deployments, queues and rollouts (flowlane/core/fleet.py).
+
+-- name: fleet_deployments
+select d.deployment_name, d.queue_name, d.enabled, d.reason, d.changed_at,
+       coalesce(jsonb_agg(jsonb_build_object(
+                  'worker_id', w.worker_id,
+                  'worker_name', w.worker_name,
+                  'heartbeat_age', round(extract(epoch from now() - w.last_heartbeat_at)::numeric, 1),
+                  'deprecated', w.deprecated_at is not null,
+                  'pairs', w.supported_pairs) order by w.started_at, w.worker_id)
+                filter (where w.worker_id is not null), '[]'::jsonb) as workers
+from flowlane.worker_deployments d
+left join flowlane.workers w on w.deployment_name = d.deployment_name and w.stopped_at is null
+group by d.deployment_name
+order by d.deployment_name collate "C"
+
+-- name: fleet_drain_status
+select alias, flow_slug, started_runs, active_tasks, drained
+from flowlane.drain_status()
+
+-- name: fleet_set_enabled
+select deployment_name, queue_name, enabled, reason, changed_at
+from flowlane.set_deployment_enabled(%(deployment)s, %(enabled)s, %(reason)s)
+
+-- name: fleet_queues
+select q.queue_name, q.ownership, q.owner_flow_slug, q.pgmq_queue_name, q.adopted_at,
+       m.queue_length as depth, m.oldest_msg_age_sec as oldest_age,
+       (select count(*) from flowlane.workers w
+         where w.queue_name = q.queue_name and w.stopped_at is null
+           and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s)) as live_workers
+from flowlane.queues q
+cross join lateral pgmq.metrics(q.pgmq_queue_name) m
+order by q.queue_name collate "C"
+
+-- name: fleet_adopt_queue
+select queue_name, ownership, pgmq_queue_name, adopted_at
+from flowlane.adopt_queue(%(queue_name)s)
+
+-- name: fleet_deployments_on_queues
+select d.deployment_name
+from flowlane.worker_deployments d
+where d.queue_name = any (%(queues)s::text[])
+order by d.deployment_name collate "C"
+
+-- name: fleet_unfinished_rollout
+select rollout_id, deployments, previously_enabled
+from flowlane.rollouts
+where finished_at is null
+
+-- name: fleet_begin_rollout
+select rollout_id, deployments, previously_enabled
+from flowlane.begin_rollout(%(deployments)s::text[])
+
+-- name: fleet_finish_rollout
+select rollout_id, deployments, previously_enabled
+from flowlane.finish_rollout(%(rollout_id)s)
+
+-- name: fleet_live_workers
+select w.worker_id, w.deployment_name
+from flowlane.workers w
+where w.deployment_name = any (%(deployments)s::text[]) and w.stopped_at is null
+  and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s)
+order by w.deployment_name collate "C", w.worker_id
