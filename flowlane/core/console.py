@@ -17,6 +17,7 @@ from psycopg_pool import ConnectionPool
 
 from flowlane import errors
 from flowlane.core import db
+from flowlane.core.fleet import STALE_AFTER
 from flowlane.core.queries import query
 
 RUN_STATUSES = ("started", "completed", "failed", "cancelled")
@@ -24,7 +25,6 @@ PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 TASKS_PER_STEP = 20
 PAYLOAD_LIMIT = 64 * 1024  # characters of a JSON value shown on demand
-STALE_AFTER_SECONDS = 30.0  # a worker without a heartbeat for this long is shown as stale
 THROUGHPUT_MINUTES = 15
 
 
@@ -46,8 +46,8 @@ ACTIONS = {
         Action("cancel", "flowlane.cancel_run", "console_action_cancel_run",
                "run cancellation (issue 12)"),
         Action("retry", "flowlane.retry_run", "console_action_retry_run", "run retry (issue 12)"),
-        Action("set_deployment_enabled", "flowlane.set_worker_deployment_enabled",
-               "console_action_set_deployment_enabled", "worker deployments (issue 8, migration 0005)"),
+        Action("set_deployment_enabled", "flowlane.set_deployment_enabled", "fleet_set_enabled",
+               "worker deployments (migration 0005)"),
     )
 }
 
@@ -176,7 +176,7 @@ class Console:
     # queues and workers
 
     def queues(self) -> list[dict[str, Any]]:
-        return self._rows("console_queues", stale_after=STALE_AFTER_SECONDS)
+        return self._rows("console_queues", stale_after=STALE_AFTER)
 
     def throughput(self, minutes: int = THROUGHPUT_MINUTES) -> dict[str, list[int]]:
         """Per queue, tasks completed in each of the last ``minutes`` minutes (oldest first)."""
@@ -195,6 +195,9 @@ class Console:
 
     def workers(self, limit: int = 200) -> list[dict[str, Any]]:
         return self._rows("console_workers", limit=limit)
+
+    def deployments(self) -> list[dict[str, Any]]:
+        return self._rows("console_deployments", stale_after=STALE_AFTER)
 
     # actions
 

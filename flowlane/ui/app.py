@@ -25,6 +25,7 @@ from starlette.templating import Jinja2Templates
 
 from flowlane import errors
 from flowlane.core import console as core
+from flowlane.core.fleet import STALE_AFTER
 from flowlane.ui import layout, pages, security
 
 
@@ -162,10 +163,12 @@ def create_app(console: core.Console, settings: Settings) -> Starlette:
 
     def workers_page(request: Request) -> Response:
         workers = console.workers()
+        deployments = console.deployments()
+        actions = console.available_actions() if settings.allow_actions else set()
         for worker in workers:
-            worker["state"] = pages.worker_state(worker, core.STALE_AFTER_SECONDS)
-        return render(request, "workers.html", workers=workers, routes=console.queue_routes(),
-                      stale_after=core.STALE_AFTER_SECONDS)
+            worker["state"] = pages.worker_state(worker, STALE_AFTER)
+        return render(request, "workers.html", workers=workers, deployments=deployments,
+                      actions=actions, stale_after=STALE_AFTER)
 
     routes = [
         Route("/", lambda request: RedirectResponse("/runs", status_code=303)),
@@ -197,7 +200,7 @@ ACTION_FORMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "cancel": ("Cancel run {run_id}? Queued tasks are archived and dependents never start.",
                ("run_id", "reason")),
     "retry": ("Retry the failed steps of run {run_id} with a fresh attempt budget?", ("run_id",)),
-    "set_deployment_enabled": ("Set worker deployment {name} to {state}?", ("name", "enabled", "reason")),
+    "set_deployment_enabled": ("{verb} worker deployment {deployment}?", ("deployment", "enabled", "reason")),
 }
 
 
@@ -212,7 +215,7 @@ def _action_routes(console: core.Console, render: Callable[..., Response]) -> li
                           ok=False)
         values = fields(name, dict(request.query_params))
         question = ACTION_FORMS[name][0].format(
-            state="enabled" if values.get("enabled") == "true" else "disabled", **values)
+            verb="Enable" if values.get("enabled") == "true" else "Disable", **values)
         return render(request, "confirm.html", action=name, question=question, values=values,
                       back=_safe_back(request.query_params.get("back")))
 
@@ -230,8 +233,9 @@ def _action_routes(console: core.Console, render: Callable[..., Response]) -> li
         back = _safe_back(form.get("back"))
         if "enabled" in params:
             params["enabled"] = params["enabled"] == "true"
-        if "reason" in params:
-            params["reason"] = params["reason"] or "from the console"
+        if "reason" in params and not params["reason"]:
+            # a disabled deployment or a cancelled run says who did it; enabling clears the reason
+            params["reason"] = None if params.get("enabled") is True else "from the console"
         try:
             await run_in_threadpool(console.perform, name, **params)
         except errors.FlowlaneError as exc:

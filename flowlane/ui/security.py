@@ -120,6 +120,7 @@ def _secured(response: Response) -> Response:
         "frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
     )
     response.headers.setdefault("X-Content-Type-Options", "nosniff")
-    response.headers.setdefault("Referrer-Policy", "no-referrer")
+    # not no-referrer: under it browsers send "Origin: null" with forms, which check_csrf refuses
+    response.headers.setdefault("Referrer-Policy", "same-origin")
     response.headers.setdefault("Cache-Control", "no-store")
     return response

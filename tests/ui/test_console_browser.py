@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import ui_support
 from selenium.webdriver.common.by import By
@@ -101,32 +102,61 @@ def test_flow_graph_has_one_node_per_step_and_one_lane_per_queue(
 def test_actions_are_absent_without_allow_actions(
         driver: Any, console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded]) -> None:
     seeded = seeded_db[1]
-    for run in (seeded.failed, seeded.queued):
-        driver.get(f"{console.url}/runs/{run}")
-        assert driver.find_elements(By.CSS_SELECTOR, "#actions, .action") == []
-    driver.get(f"{console.url}/actions/cancel?run_id={seeded.queued}")
+    for page in (f"/runs/{seeded.failed}", f"/runs/{seeded.queued}", "/workers"):
+        driver.get(console.url + page)
+        assert driver.find_elements(By.CSS_SELECTOR, "#actions, .action") == [], page
+    driver.get(f"{console.url}/actions/set_deployment_enabled?deployment=intake_workers&enabled=false")
     assert "Not Found" in driver.page_source
 
 
-def test_actions_need_a_confirmation_with_the_sessions_csrf_token(
+def _deployment(driver: Any, name: str) -> tuple[str, str]:
+    row = driver.find_element(By.CSS_SELECTOR, f"#deployments tr[data-deployment='{name}']")
+    return row.get_attribute("data-enabled"), row.find_element(By.CSS_SELECTOR, ".reason").text
+
+
+def test_actions_work_behind_a_confirmation(
         driver: Any, seeded_db: tuple[str, ui_support.Seeded]) -> None:
     dsn, seeded = seeded_db
     with ui_support.ui_server(dsn, "--allow-actions") as server:
-        driver.get(f"{server.url}/runs/{seeded.queued}")
-        button = driver.find_element(By.ID, "action-cancel")
-        assert button.text.startswith("Cancel run")
-        if "disabled" in button.get_attribute("class").split():
-            # this database has no flowlane.cancel_run yet: the console says so instead of failing
-            assert "not available in this database" in button.text
-            return
-        button.click()
-        assert str(seeded.queued) in driver.find_element(By.ID, "question").text
-        csrf = driver.find_element(By.NAME, "csrf").get_attribute("value")
-        assert len(csrf) == 64
+        driver.get(server.url + "/workers")
+        assert _deployment(driver, "intake_workers") == ("true", "")
+        driver.find_element(By.ID, "action-disable-intake_workers").click()
+        assert driver.find_element(By.ID, "question").text == "Disable worker deployment intake_workers?"
+        assert _deployment_in_db(dsn, "intake_workers") == (True, None)  # nothing happens before confirming
+        assert len(driver.find_element(By.NAME, "csrf").get_attribute("value")) == 64
+        driver.find_element(By.NAME, "reason").send_keys("maintenance window")
         driver.find_element(By.ID, "confirm").click()
         assert driver.find_element(By.CSS_SELECTOR, "#message h1").text == "Done"
+        assert _deployment_in_db(dsn, "intake_workers") == (False, "maintenance window")
         driver.find_element(By.ID, "back").click()
-        assert driver.find_element(By.ID, "run-status").text == "cancelled"
+        assert _deployment(driver, "intake_workers") == ("false", "maintenance window")
+
+        driver.find_element(By.ID, "action-enable-intake_workers").click()
+        driver.find_element(By.ID, "confirm").click()
+        assert _deployment_in_db(dsn, "intake_workers") == (True, None)
+
+        # cancel and retry are offered where the database has their SQL functions (issue 12)
+        driver.get(f"{server.url}/runs/{seeded.failed}")
+        retry = driver.find_element(By.ID, "action-retry")
+        assert driver.find_elements(By.ID, "action-cancel") == []  # a failed run cannot be cancelled
+        if _has_function(dsn, "flowlane.retry_run"):
+            assert retry.tag_name == "a"
+        else:
+            assert retry.text == "Retry failed steps (not available in this database)"
+
+
+def _deployment_in_db(dsn: str, name: str) -> tuple[bool, str | None]:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("select enabled, reason from flowlane.worker_deployments "
+                           "where deployment_name = %s", (name,)).fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
+def _has_function(dsn: str, name: str) -> bool:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("select to_regproc(%s) is not null", (name,)).fetchone()
+    return bool(row and row[0])
 
 
 def test_a_token_console_refuses_a_browser_without_it_and_remembers_it_once_given(

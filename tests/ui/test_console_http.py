@@ -41,6 +41,10 @@ def test_every_page_renders(console: ui_support.UiServer, seeded_db: tuple[str, 
     assert re.search(r'<tr data-queue="ping">.*?owned by <a href="/flows/ping">', queues.body, re.DOTALL)
     workers = ui_support.fetch(console.url + "/workers").body
     assert re.findall(r'data-state="(\w+)"', workers) == ["live", "stale", "stopped"]
+    assert re.findall(r'data-deployment="(\w+)" data-enabled="(\w+)"', workers) == [
+        ("intake_workers", "true"), ("notify_workers", "false"), ("pricing_workers", "true")]
+    assert "unsupported work on queue notify: message 7 (orders_v3, notify)" in workers
+    assert "orders_v2.price" in workers  # the pairs a worker recorded
     for run in (seeded.completed, seeded.failed, seeded.queued, seeded.running):
         assert ui_support.fetch(f"{console.url}/runs/{run}").status == 200
     assert ui_support.fetch(console.url + "/").headers["location"] == "/runs"
@@ -124,30 +128,43 @@ def test_read_only_console_has_no_action_routes(
 
 def test_actions_refuse_a_post_without_the_sessions_csrf_token(
         seeded_db: tuple[str, ui_support.Seeded]) -> None:
-    dsn, seeded = seeded_db
+    dsn = seeded_db[0]
     with ui_support.ui_server(dsn, "--allow-actions") as server:
-        confirm = ui_support.fetch(f"{server.url}/actions/cancel?run_id={seeded.queued}&back=/runs")
+        assert "actions enabled" in server.banner
+        confirm = ui_support.fetch(
+            f"{server.url}/actions/set_deployment_enabled?deployment=pricing_workers&enabled=false&back=/workers")
         assert confirm.status == 200
         session = confirm.headers["set-cookie"].split(";")[0]
         csrf = re.search(r'name="csrf" value="([0-9a-f]{64})"', confirm.body)
         assert csrf is not None
-        form = f"run_id={seeded.queued}&reason=test"
+        form = "deployment=pricing_workers&enabled=false&reason=test"
         cookie = {"Cookie": session}
         for body, headers in ((form, cookie),                                     # no token
                               (f"{form}&csrf={'0' * 64}", cookie),                 # a wrong one
                               (f"{form}&csrf={csrf[1]}", {}),                      # another session
                               (f"{form}&csrf={csrf[1]}", {**cookie, "Origin": "http://evil.example"})):
-            reply = ui_support.fetch(f"{server.url}/actions/cancel", "POST", body=body, headers=headers)
+            reply = ui_support.fetch(f"{server.url}/actions/set_deployment_enabled", "POST", body=body,
+                                     headers=headers)
             assert reply.status == 403, (body, headers)
-        with psycopg.connect(dsn) as conn:
-            status = conn.execute("select status from flowlane.runs where run_id = %s", (seeded.queued,))
-            assert status.fetchone() == ("started",)
-        accepted = ui_support.fetch(f"{server.url}/actions/cancel", "POST",
+            assert _enabled(dsn, "pricing_workers")
+        accepted = ui_support.fetch(f"{server.url}/actions/set_deployment_enabled", "POST",
                                     body=f"{form}&csrf={csrf[1]}", headers=cookie)
-        # the CSRF check passed; the action itself runs only where its SQL function exists
-        assert accepted.status in (200, 409)
-        if accepted.status == 409:
-            assert "has no flowlane.cancel_run" in accepted.body
+        assert accepted.status == 200
+        assert not _enabled(dsn, "pricing_workers")
+        unknown = ui_support.fetch(f"{server.url}/actions/set_deployment_enabled", "POST",
+                                   body=f"deployment=nope&enabled=true&csrf={csrf[1]}", headers=cookie)
+        assert unknown.status == 409 and "unknown worker deployment" in unknown.body
+        missing = ui_support.fetch(f"{server.url}/actions/retry", "POST",
+                                   body=f"run_id={seeded_db[1].failed}&csrf={csrf[1]}", headers=cookie)
+        assert missing.status == 409 and "has no flowlane.retry_run" in missing.body
+
+
+def _enabled(dsn: str, deployment: str) -> bool:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("select enabled from flowlane.worker_deployments where deployment_name = %s",
+                           (deployment,)).fetchone()
+    assert row is not None
+    return bool(row[0])
 
 
 def test_token_is_required_on_every_request_when_set(seeded_db: tuple[str, ui_support.Seeded]) -> None:

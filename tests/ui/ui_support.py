@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from flowlane.compiler import load_project
 from flowlane.compiler.render import render_project
@@ -86,14 +87,21 @@ def seed(dsn: str) -> Seeded:
 
 
 def register_workers(conn: psycopg.Connection[Any], live: uuid.UUID) -> None:
-    """A live worker on intake, a stale one on pricing (heartbeat backdated), a stopped one."""
+    """Deployments as workers record them: a live worker on intake, a stale one on pricing
+    (heartbeat backdated), a stopped one on notify whose deployment was then disabled."""
     stale, stopped = uuid.uuid4(), uuid.uuid4()
-    for worker_id, queue, name in ((live, "intake", "intake"), (stale, "pricing", "pricing"),
-                                   (stopped, "notify", "notify")):
-        conn.execute("select flowlane.register_worker(%s, %s, %s)", (worker_id, queue, name))
+    for worker_id, queue, pairs in (
+            (live, "intake",
+             [[f, s] for f in ("orders_v1", "orders_v2") for s in ("fetch", "audit", "report")]),
+            (stale, "pricing", [["orders_v1", "price"], ["orders_v2", "price"]]),
+            (stopped, "notify", [["orders_v1", "notify"], ["orders_v2", "notify"]])):
+        conn.execute("select flowlane.register_worker(%s, %s, %s, %s, %s)",
+                     (worker_id, queue, f"{queue}-worker", f"{queue}_workers", Jsonb(pairs)))
     conn.execute("update flowlane.workers set started_at = now() - interval '10 minutes', "
                  "last_heartbeat_at = now() - interval '5 minutes' where worker_id = %s", (stale,))
     conn.execute("select flowlane.mark_worker_stopped(%s)", (stopped,))
+    conn.execute("select flowlane.set_deployment_enabled('notify_workers', false, %s)",
+                 ("unsupported work on queue notify: message 7 (orders_v3, notify)",))
 
 
 def finish(dsn: str, seeded: Seeded) -> None:

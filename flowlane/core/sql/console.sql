@@ -135,16 +135,15 @@ where k.run_id = %(run_id)s::uuid and k.step_slug = %(step_slug)s and k.task_ind
 
 -- name: console_queues
 -- the registry and PGMQ side by side: a queue may be registered, in PGMQ only (not adopted), or both
-select coalesce(q.queue_name, m.queue_name) as queue_name, q.ownership, q.owner_flow_slug,
+select coalesce(q.queue_name, m.queue_name) as queue_name, q.ownership, q.owner_flow_slug, q.adopted_at,
        q.queue_name is not null as registered, m.queue_name is not null as in_pgmq,
        m.queue_length, m.queue_visible_length, m.oldest_msg_age_sec, m.total_messages,
-       (select count(*) from flowlane.steps s where s.queue_name = coalesce(q.queue_name, m.queue_name))
-         as routed_steps,
+       (select count(*) from flowlane.steps s where s.queue_name = q.queue_name) as routed_steps,
        (select count(*) from flowlane.workers w
-         where w.queue_name = coalesce(q.queue_name, m.queue_name) and w.stopped_at is null
+         where w.queue_name = q.queue_name and w.stopped_at is null
            and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s)) as live_workers
 from flowlane.queues q
-full join pgmq.metrics_all() m on m.queue_name = q.queue_name
+full join pgmq.metrics_all() m on m.queue_name = q.pgmq_queue_name
 order by 1
 
 -- name: console_queue_throughput
@@ -162,7 +161,8 @@ from flowlane.steps s
 order by s.queue_name, s.flow_slug, s.step_index
 
 -- name: console_workers
-select w.worker_id, w.worker_name, w.queue_name, w.started_at, w.last_heartbeat_at,
+select w.worker_id, w.worker_name, w.deployment_name, w.queue_name, w.supported_pairs,
+       w.started_at, w.last_heartbeat_at,
        extract(epoch from now() - w.last_heartbeat_at)::float8 as heartbeat_age,
        w.deprecated_at, w.stopped_at
 from flowlane.workers w
@@ -178,5 +178,12 @@ select flowlane.cancel_run(%(run_id)s::uuid, %(reason)s)
 -- name: console_action_retry_run
 select flowlane.retry_run(%(run_id)s::uuid)
 
--- name: console_action_set_deployment_enabled
-select flowlane.set_worker_deployment_enabled(%(name)s, %(enabled)s, %(reason)s)
+-- name: console_deployments
+select d.deployment_name, d.queue_name, d.enabled, d.reason, d.created_at, d.changed_at,
+       count(w.worker_id) filter (where w.stopped_at is null
+                                    and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s))
+         as live_workers
+from flowlane.worker_deployments d
+left join flowlane.workers w on w.deployment_name = d.deployment_name
+group by d.deployment_name
+order by d.deployment_name collate "C"
