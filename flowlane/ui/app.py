@@ -96,16 +96,16 @@ def create_app(console: core.Console, settings: Settings) -> Starlette:
         filters = {k: v for k, v in (("flow", flow), ("status", status), ("since", params.get("since")),
                                      ("until", params.get("until")), ("limit", params.get("limit"))) if v}
         context: dict[str, Any] = {
-            "page": page, "filters": filters, "statuses": core.RUN_STATUSES,
-            "names": sorted({f["flow_slug"] for f in console.flows()}
-                            | {a["alias"] for a in console.aliases()}),
+            "page": page, "filters": filters,
             "next_url": "/runs?" + urlencode({**filters, "after": page.next_cursor})
             if page.next_cursor else None,
             "live_url": None if params.get("after") else "/runs/rows?" + urlencode(filters),
             "paged": bool(params.get("after")),
         }
-        name = "runs_rows.html" if request.url.path == "/runs/rows" else "runs.html"
-        return render(request, name, **context)
+        if request.url.path == "/runs/rows":  # the live refresh of the first page's rows
+            return render(request, "runs_rows.html", **context)
+        names = {f["flow_slug"] for f in console.flows()} | {a["alias"] for a in console.aliases()}
+        return render(request, "runs.html", names=sorted(names), statuses=core.RUN_STATUSES, **context)
 
     def run_context(run_id: str) -> dict[str, Any] | None:
         run = console.run(run_id)

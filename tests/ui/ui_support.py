@@ -28,6 +28,8 @@ from tests.core.engine import Engine  # the SQL Core driven as a worker drives i
 PROJECT = Path(__file__).resolve().parent / "project"
 CHROMIUM = os.environ.get("FLOWLANE_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("FLOWLANE_TEST_CHROMEDRIVER", "/usr/bin/chromedriver")
+# Workers record "Type: message" today; a bounded traceback follows once attempts keep one
+# (issue 12). The console shows whatever text the attempt recorded, lines preserved.
 PRICE_ERROR = (
     "ValueError: line 2 has a negative price (-5)\n"
     "Traceback (most recent call last):\n"
