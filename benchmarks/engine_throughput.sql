@@ -23,7 +23,10 @@ select run_id from flowlane.start_flow(%(flow)s, %(input)s)
 
 -- name: start_tasks
 select run_id, step_slug, task_index, attempt
-from flowlane.start_tasks(%(queue)s, %(msg_ids)s, %(worker_id)s)
+from flowlane.start_tasks(%(queue)s, %(msg_ids)s, %(worker_id)s,
+                          (select jsonb_agg(jsonb_build_array(flow_slug, step_slug))
+                           from flowlane.steps where queue_name = %(queue)s))
+where outcome = 'claimed'
 
 -- name: complete_task
 select status from flowlane.complete_task(%(run_id)s, %(step)s, %(task_index)s, %(output)s,

@@ -1,4 +1,5 @@
-"""Handlers of ``flows/community_threads.yaml`` (both versions share them)."""
+"""Handlers of ``flows/community_threads.yaml`` (both versions share them) and of
+``flows/forum_digest.yaml`` (the same shared queue)."""
 
 from __future__ import annotations
 
@@ -21,3 +22,12 @@ def classify(thread: Any, ctx: Any = None) -> dict[str, str]:
 
 def slack(input: Any, ctx: Any = None) -> dict[str, Any]:
     return {"posted": len(input["classify"])}
+
+
+def collect(input: Any, ctx: Any = None) -> list[str]:
+    return [str(p) for p in input.get("posts", [])]
+
+
+def summarise(input: Any, ctx: Any = None) -> dict[str, int]:
+    posts = input["collect"]
+    return {"posts": len(posts), "questions": sum("?" in p for p in posts)}

@@ -1,9 +1,12 @@
 """``flowlane demo``: the whole loop on the embedded database, in one command.
 
 Compile ``flows/`` to ``sql/``, start the project's embedded PostgreSQL,
-migrate, apply the compiled SQL, start one run per entry point (every alias
-and every flow not behind an alias), serve every queue those runs touch with
-in-process workers (threads) until the runs finish, then print each output.
+migrate, apply the compiled SQL (the only writer of definitions: the workers
+only verify), start one run per entry point (every alias, every draining
+version and every flow not behind an alias), serve every queue those runs
+touch with one in-process worker (thread) each until the runs finish, then
+print each output. The shipped examples put two flows and two versions of one
+of them on the shared queue ``classify_threads``, served by one worker.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ SAMPLE_INPUTS: dict[str, Any] = {
         "threads": ["Is the API down?", "Great release, thanks", "How do I rotate keys?"],
         "urgent": True,
     },
+    "community_threads_v1": {"threads": ["Started before the alias moved?"]},
+    "forum_digest": {"posts": ["Release notes are out", "Does v2 support SSO?"]},
 }
 
 
@@ -93,7 +98,9 @@ def run_demo(
         )
         for q in queues
     ]
-    print(f"6. serving {len(queues)} queue(s) with in-process workers: {', '.join(queues)}")
+    print(f"6. serving {len(queues)} queue(s) with one in-process worker each:")
+    for worker in workers:
+        print(f"   {worker.queue} (deployment {worker.name}): {', '.join(worker.selection.flows)}")
     states = _serve_until_done(workers, target.dsn, started, timeout)
 
     print()
@@ -118,10 +125,12 @@ def run_demo(
 
 
 def _entry_points(project: Project) -> list[str]:
-    """Every alias, and every flow that no alias stands for."""
+    """Every alias, every draining version (a run started before its alias moved), and
+    every flow that no alias stands for."""
     behind_alias = {slug for alias in project.aliases for slug in alias.versions}
+    draining = {slug for alias in project.aliases for slug in alias.draining}
     return sorted(a.slug for a in project.aliases) + sorted(
-        f.slug for f in project.flows if f.slug not in behind_alias
+        f.slug for f in project.flows if f.slug not in behind_alias or f.slug in draining
     )
 
 

@@ -137,6 +137,11 @@ class Store:
             pairs=json_param(pairs),
         )
 
+    async def deployment(self, deployment: str) -> Row | None:
+        """``{"enabled", "reason"}`` of a deployment, None before its first worker registered."""
+        rows = await self.fetch("worker_deployment", deployment=deployment)
+        return rows[0] if rows else None
+
     async def disable_deployment(self, deployment: str, reason: str) -> None:
         await self.fetch("worker_disable_deployment", deployment=deployment, reason=reason)
 

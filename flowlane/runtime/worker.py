@@ -248,6 +248,7 @@ class Worker:
 
     async def _startup(self, store: Store) -> None:
         with hints.migrate_hint(), db.wrap_errors("worker startup"):
+            await self._refuse_if_disabled(store)  # first: a supervisor must see exit status 3
             await self._verify_flows(store)
             await self._check_coverage(store)
             if self.notify:
@@ -311,16 +312,25 @@ class Worker:
                 "--flows), or start another deployment for them before this one",
             )
 
+    async def _refuse_if_disabled(self, store: Store) -> None:
+        found = await store.deployment(self.name)
+        if found is not None and not found["enabled"]:
+            raise self._disabled(found["reason"] or "no reason given")
+
     async def _register(self, store: Store) -> None:
+        """Registration checks the flag again, atomically (it may change during startup)."""
         try:
             await store.register(self.worker_id, self.queue, self.name, self.name, self.pairs)
         except psycopg.errors.ObjectNotInPrerequisiteState as exc:
             if "FLOWLANE_DEPLOYMENT_DISABLED" not in str(exc):
                 raise
-            raise errors.WorkerDisabled(
-                f"worker deployment {self.name} is disabled: {_disabled_reason(exc)}",
-                hint=f"after fixing the cause, run `flowlane worker enable {self.name}`",
-            ) from exc
+            raise self._disabled(_disabled_reason(exc)) from exc
+
+    def _disabled(self, reason: str) -> errors.WorkerDisabled:
+        return errors.WorkerDisabled(
+            f"worker deployment {self.name} is disabled: {reason}",
+            hint=f"after fixing the cause, run `flowlane worker enable {self.name}`",
+        )
 
     async def _serve(self, store: Store, registry: HandlerRegistry) -> None:
         self._store = store

@@ -90,7 +90,7 @@ def test_plan_apply_verify_end_to_end(dsn: str, project_dir: Path,
     assert code == 0 and "| `NEW_FLOW` | flow hello_world | 1 step(s) on hello_world |" in out
     assert cli(capsys, "verify", "--dsn", dsn)[0] == 1
     code, out, _ = cli(capsys, "apply", "--dsn", dsn)
-    assert code == 0 and "applied 6 file(s) in one transaction" in out
+    assert code == 0 and "applied 7 file(s) in one transaction" in out
     code, out, _ = cli(capsys, "verify", "--dsn", dsn)
     assert code == 0 and "ok: the database matches the YAML" in out
     assert cli(capsys, "apply", "--dsn", dsn)[0] == 0  # idempotent

@@ -26,7 +26,8 @@ def test_project_load_exposes_flows_aliases_workers_and_handlers() -> None:
     assert (worker.queue, worker.max_concurrent, worker.batch_size) == ("classify_threads", 4, 10)
     pairs = project.routed_pairs("classify_threads", worker.flows)
     assert pairs == {("community_threads_v2", "fetch"), ("community_threads_v2", "classify"),
-                     ("community_threads_v1", "fetch"), ("community_threads_v1", "classify")}
+                     ("community_threads_v1", "fetch"), ("community_threads_v1", "classify"),
+                     ("forum_digest", "collect"), ("forum_digest", "summarise")}
     refs = project.handlers("classify_threads", ["community_threads"])
     assert refs[0].handler == "examples.handlers.community:fetch"
     assert refs[0].location is not None and refs[0].location.path.endswith(

@@ -24,11 +24,16 @@ def test_demo_in_a_fresh_copy(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "Traceback" not in result.stderr
-    for flow in ("hello_world", "diamond", "thumbnails", "community_threads"):
+    for flow in ("hello_world", "diamond", "thumbnails", "community_threads -> community_threads_v2",
+                 "community_threads_v1", "forum_digest"):
         assert any(
             line.startswith("run ") and flow in line and line.endswith(": completed")
             for line in out.splitlines()
         ), out
     assert '"greeting": "Hello, flowlane!"' in out
+    # one worker serves the shared queue for two flows and both versions of one of them
+    assert ("classify_threads (deployment classify): community_threads_v1, community_threads_v2, "
+            "forum_digest") in out
+    assert '"summarise": {"posts": 2, "questions": 1}' in out
     assert f"compiled SQL: {(copy / 'sql' / 'flows').as_posix()}/*.sql" in out
     assert (copy / "sql" / "flows" / "hello_world.sql").is_file()

@@ -134,3 +134,42 @@ def test_worker_takes_a_project_or_a_path(tmp_path: Path) -> None:
         assert {h.step_slug for h in worker.selection.handlers} == {"a", "b"}
     with pytest.raises(errors.ProjectError, match="cannot use dict"):
         Worker({}, queue="jobs")  # type: ignore[arg-type]
+
+
+SPLIT_ALIAS = """\
+kind: flow
+slug: orders_v1
+steps:
+  a: {handler: json:dumps}
+---
+kind: flow
+slug: orders_v2
+steps:
+  a: {handler: json:dumps}
+---
+kind: alias
+slug: orders
+active: orders_v2
+draining: [orders_v1]
+"""
+
+
+def test_flow_alias_whose_versions_use_different_queues_is_refused() -> None:
+    project = project_from_text(SPLIT_ALIAS)
+    with pytest.raises(errors.UsageError, match="route their steps to different queues") as info:
+        select(project, flow="orders")
+    assert "orders_v2: orders_v2; orders_v1: orders_v1" in str(info.value)  # active first
+    assert info.value.hint is not None
+    assert "`flowlane worker --queue orders_v1 --flows orders`" in info.value.hint
+    assert "`flowlane worker --queue orders_v2 --flows orders`" in info.value.hint
+    # each of those commands selects exactly one version's handlers
+    for version in ("orders_v1", "orders_v2"):
+        chosen = select(project, queue=version, flows=["orders"])
+        assert chosen.flows == [version]
+    assert select(project, flow="orders_v2").queue == "orders_v2"  # a concrete slug is fine
+
+
+def test_worker_pairs_are_exact_flow_step_pairs() -> None:
+    worker = Worker(_project(), queue="jobs", handle_signals=False)
+    assert worker.pairs == [("shared_v2", "a"), ("shared_v2", "b")]
+    assert worker.name == "jobs_worker" and worker.compile is False

@@ -167,19 +167,3 @@ def test_sigterm_wakes_an_async_handler_waiting_on_ctx(
     state = _state(flows_dsn, run_id)
     assert state["run"]["status"] == "completed"
     assert step(state, "hold")["output"] == {"saw_shutdown": True}
-
-
-def test_unsupported_work_on_a_shared_queue_stops_the_worker(flows_dsn: str, spawn: Spawn) -> None:
-    narrow = spawn("--queue", "rt_jobs", "--flows", "rt_shared_b")
-    run_id = start_run(flows_dsn, "rt_shared_a", {"value": 1})  # rt_shared_a.one is on rt_jobs
-    assert narrow.wait(60) == 1
-    log = narrow.text()
-    assert "unsupported_task" in log and "flow=rt_shared_a step=one" in log
-    assert "served=rt_shared_b.only" in log
-    (one,) = tasks(_state(flows_dsn, run_id), "one")
-    assert one["status"] == "started"  # not failed: left for stalled recovery
-    backdate_started(flows_dsn, run_id, "one")
-    assert requeue_stalled(flows_dsn) == 1
-    full = spawn("--queue", "rt_jobs")
-    side = spawn("--queue", "rt_side")
-    assert wait_run(flows_dsn, run_id, workers=[full, side])["run"]["status"] == "completed"

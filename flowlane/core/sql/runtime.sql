@@ -12,6 +12,9 @@ select worker_id
 from flowlane.register_worker(%(worker_id)s::uuid, %(queue_name)s, %(worker_name)s,
                               %(deployment)s, %(pairs)s::jsonb)
 
+-- name: worker_deployment
+select enabled, reason from flowlane.worker_deployments where deployment_name = %(deployment)s
+
 -- name: worker_disable_deployment
 select enabled
 from flowlane.set_deployment_enabled(%(deployment)s, false, %(reason)s)
