@@ -270,19 +270,17 @@ class Worker:
     async def _verify_flows(self, store: Store) -> None:
         """Every flow served must be in the database with the YAML's shape. Workers never
         write definitions; ``compile=True`` creates missing flows through ``apply``'s SQL."""
-        flows = {slug: self.project.flow(slug) for slug in self.selection.flows}
         missing, problems = [], []
-        for slug, flow in sorted(flows.items()):
+        for slug in self.selection.flows:
+            flow = self.project.flow(slug)
             result = await store.verify_flow(slug, flow_shape(flow))
             status = result.get("status")
             if status == "missing":
                 missing.append(slug)
             elif status == "mismatch":
-                lines = result.get("differences") or ["(no details)"]
-                problems.append(
-                    f"flow {slug} ({source_line(flow.location, slug)}):\n    "
-                    + "\n    ".join(map(str, lines))
-                )
+                differences = result.get("differences") or ["(no details)"]
+                problems.append(f"flow {slug} ({source_line(flow.location, slug)}):\n    "
+                                + "\n    ".join(map(str, differences)))
             else:
                 log.event(INFO, "flow_checked", flow=slug, status=status)
         if problems:
@@ -292,15 +290,18 @@ class Worker:
                 hint="a structural change needs a new flow slug (e.g. _v2) and an alias move; "
                 "`flowlane plan` shows every difference",
             )
-        if missing and not self.compile:
+        if missing:
+            await self._create_missing(store, missing)
+
+    async def _create_missing(self, store: Store, missing: list[str]) -> None:
+        if not self.compile:
             raise errors.WorkerError(
                 "flows missing from the database: " + ", ".join(missing),
                 hint="apply the reviewed SQL first: `flowlane compile`, review, `flowlane apply` "
                 "(on a development database, `flowlane worker --compile` creates them)",
             )
-        if missing:
-            created = await asyncio.to_thread(deploy.create_flows, self.project, missing, store.dsn)
-            log.event(INFO, "flows_compiled", flows=",".join(created))
+        created = await asyncio.to_thread(deploy.create_flows, self.project, missing, store.dsn)
+        log.event(INFO, "flows_compiled", flows=",".join(created))
 
     async def _check_coverage(self, store: Store) -> None:
         gaps = await store.coverage(self.queue, self.pairs)
