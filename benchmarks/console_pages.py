@@ -115,6 +115,7 @@ def measure(conn: psycopg.Connection[Any], page: Page, runs: int, repeat: int
     assert page.get(deep_path).count("<tr data-run=") == 50
     cases = [
         ("runs list, first page", lambda: page.get("/runs"), raw("raw_runs_first_page", {})),
+        ("runs list, flow filter", lambda: page.get("/runs?flow=diamond"), raw("raw_runs_of_flow", {})),
         (f"runs list, failed, page {offset // 50 + 2}", lambda: page.get(deep_path),
          raw("raw_runs_failed_page", deeper)),
         ("run detail (failed run)", lambda: page.get(f"/runs/{run_id}"), raw_run),

@@ -69,6 +69,13 @@ from flowlane.runs
 order by started_at desc, run_id desc
 limit 50
 
+-- name: raw_runs_of_flow
+select run_id, flow_slug, status, remaining_steps, started_at, completed_at, failed_at, error_message
+from flowlane.runs
+where flow_slug = 'diamond'
+order by started_at desc, run_id desc
+limit 50
+
 -- name: raw_runs_failed_page
 select run_id, flow_slug, status, remaining_steps, started_at, completed_at, failed_at, error_message
 from flowlane.runs
@@ -95,9 +102,9 @@ offset %(offset)s limit 1
 select run_id from flowlane.runs where status = 'failed' order by started_at desc limit 1 offset 100
 
 -- name: drop_console_indexes
-drop index flowlane.runs_started_idx;
-drop index flowlane.runs_flow_started_idx;
-drop index flowlane.runs_status_started_idx;
+drop index flowlane.runs_keyset_idx;
+drop index flowlane.runs_flow_keyset_idx;
+drop index flowlane.runs_status_keyset_idx;
 create index runs_flow_idx on flowlane.runs (flow_slug);
 create index runs_status_idx on flowlane.runs (status);
 analyze flowlane.runs

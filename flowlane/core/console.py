@@ -140,12 +140,13 @@ class Console:
     def runs(self, *, flow: str | None = None, status: str | None = None,
              since: datetime | None = None, until: datetime | None = None,
              cursor: str | None = None, limit: int = PAGE_SIZE) -> RunPage:
-        flows = self.flow_names(flow) if flow else None
         after_started_at, after_run_id = decode_cursor(cursor) if cursor else (None, None)
-        rows = self._rows(
-            "console_runs", flows=flows, status=status, since=since, until=until,
-            after_started_at=after_started_at, after_run_id=after_run_id, limit=limit + 1,
-        )
+        params = {"status": status, "since": since, "until": until, "after_started_at": after_started_at,
+                  "after_run_id": after_run_id, "limit": limit + 1}
+        if flow:
+            rows = self._rows("console_runs_of_flows", flows=self.flow_names(flow), **params)
+        else:
+            rows = self._rows("console_runs", **params)
         more = len(rows) > limit
         rows = rows[:limit]
         last = rows[-1] if more else None

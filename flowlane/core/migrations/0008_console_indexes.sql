@@ -1,11 +1,12 @@
 -- Indexes for `flowlane ui` (the console): keyset paging of the runs list, newest first,
 -- with or without a flow or status filter, and the per-queue throughput of recent minutes.
+-- Names end in _keyset_idx: 0007 (run operations) has its own runs_started_idx.
 -- Plain (not concurrent) index builds: a migration runs in one transaction; on a large
 -- database they block writes to these tables while they build.
 
-create index runs_started_idx on flowlane.runs (started_at, run_id);
-create index runs_flow_started_idx on flowlane.runs (flow_slug, started_at, run_id);
-create index runs_status_started_idx on flowlane.runs (status, started_at, run_id);
+create index runs_keyset_idx on flowlane.runs (started_at, run_id);
+create index runs_flow_keyset_idx on flowlane.runs (flow_slug, started_at, run_id);
+create index runs_status_keyset_idx on flowlane.runs (status, started_at, run_id);
 
 -- the 0001 single-column indexes are prefixes of the two above
 drop index flowlane.runs_flow_idx;
