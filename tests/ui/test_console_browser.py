@@ -10,7 +10,10 @@ import psycopg
 import pytest
 import ui_support
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.core.engine import Engine
 
 WAIT = 20.0  # seconds a condition may take to appear; polling, never a fixed sleep
 
@@ -73,6 +76,29 @@ def test_run_page_shows_the_failed_step_error_and_colours_the_graph(
     WebDriverWait(driver, WAIT).until(lambda d: pre.text == '{"order": 3}')
 
 
+def test_run_page_follows_a_running_run_until_it_ends(
+        driver: Any, console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded]) -> None:
+    dsn = seeded_db[0]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        engine = Engine(conn)
+        run_id = engine.start("ping", {"late": True})
+        driver.get(f"{console.url}/runs/{run_id}")
+        assert driver.find_element(By.ID, "run-status").text == "started"
+        node = driver.find_element(By.CSS_SELECTOR, "svg.graph g.node")
+        assert node.get_attribute("data-status") == "started"
+        (task,) = [t for t in engine.claim("ping") if t["run_id"] == run_id]
+        engine.complete(task, {"pong": True})
+
+    def status(d: Any) -> list[str]:
+        # one script: the region is replaced while we look
+        found: list[str] = d.execute_script(
+            "return [document.getElementById('run-status').textContent,"
+            " document.querySelector('svg.graph g.node').dataset.status]")
+        return found
+
+    WebDriverWait(driver, WAIT).until(lambda d: status(d) == ["completed", "completed"])
+
+
 def test_flow_graph_has_one_node_per_step_and_one_lane_per_queue(
         driver: Any, console: ui_support.UiServer) -> None:
     driver.get(console.url + "/flows/orders_v1")
@@ -120,19 +146,20 @@ def test_actions_work_behind_a_confirmation(
     with ui_support.ui_server(dsn, "--allow-actions") as server:
         driver.get(server.url + "/workers")
         assert _deployment(driver, "intake_workers") == ("true", "")
-        driver.find_element(By.ID, "action-disable-intake_workers").click()
+        _follow(driver, driver.find_element(By.ID, "action-disable-intake_workers"))
         assert driver.find_element(By.ID, "question").text == "Disable worker deployment intake_workers?"
         assert _deployment_in_db(dsn, "intake_workers") == (True, None)  # nothing happens before confirming
         assert len(driver.find_element(By.NAME, "csrf").get_attribute("value")) == 64
         driver.find_element(By.NAME, "reason").send_keys("maintenance window")
-        driver.find_element(By.ID, "confirm").click()
+        _follow(driver, driver.find_element(By.ID, "confirm"))
         assert driver.find_element(By.CSS_SELECTOR, "#message h1").text == "Done"
         assert _deployment_in_db(dsn, "intake_workers") == (False, "maintenance window")
-        driver.find_element(By.ID, "back").click()
+        _follow(driver, driver.find_element(By.ID, "back"))
         assert _deployment(driver, "intake_workers") == ("false", "maintenance window")
 
-        driver.find_element(By.ID, "action-enable-intake_workers").click()
-        driver.find_element(By.ID, "confirm").click()
+        _follow(driver, driver.find_element(By.ID, "action-enable-intake_workers"))
+        _follow(driver, driver.find_element(By.ID, "confirm"))
+        assert driver.find_element(By.CSS_SELECTOR, "#message h1").text == "Done"
         assert _deployment_in_db(dsn, "intake_workers") == (True, None)
 
         # cancel and retry are offered where the database has their SQL functions (issue 12)
@@ -143,6 +170,15 @@ def test_actions_work_behind_a_confirmation(
             assert retry.tag_name == "a"
         else:
             assert retry.text == "Retry failed steps (not available in this database)"
+
+
+def _follow(driver: Any, element: Any) -> None:
+    """Click a link or submit button and wait until the next page has loaded (a click returns
+    before the navigation it starts has finished)."""
+    page = driver.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(driver, WAIT).until(expected_conditions.staleness_of(page))
+    WebDriverWait(driver, WAIT).until(lambda d: d.execute_script("return document.readyState") == "complete")
 
 
 def _deployment_in_db(dsn: str, name: str) -> tuple[bool, str | None]:

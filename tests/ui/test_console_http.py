@@ -39,6 +39,12 @@ def test_every_page_renders(console: ui_support.UiServer, seeded_db: tuple[str, 
     queues = ui_support.fetch(console.url + "/queues")
     assert queues.status == 200
     assert re.search(r'<tr data-queue="ping">.*?owned by <a href="/flows/ping">', queues.body, re.DOTALL)
+    with psycopg.connect(seeded_db[0]) as conn:
+        completed = conn.execute("select count(*) from flowlane.step_tasks where queue_name = 'pricing' "
+                                 "and completed_at > now() - interval '15 minutes'").fetchone()
+    assert completed is not None and completed[0] > 0
+    assert re.search(rf'<tr data-queue="pricing">.*?aria-label="{completed[0]} completed in 15 min"',
+                     queues.body, re.DOTALL)
     workers = ui_support.fetch(console.url + "/workers").body
     assert re.findall(r'data-state="(\w+)"', workers) == ["live", "stale", "stopped"]
     assert re.findall(r'data-deployment="(\w+)" data-enabled="(\w+)"', workers) == [
