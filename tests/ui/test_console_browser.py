@@ -86,7 +86,9 @@ def test_run_page_follows_a_running_run_until_it_ends(
         assert driver.find_element(By.ID, "run-status").text == "started"
         node = driver.find_element(By.CSS_SELECTOR, "svg.graph g.node")
         assert node.get_attribute("data-status") == "started"
-        (task,) = [t for t in engine.claim("ping") if t["run_id"] == run_id]
+        # claim this run's message only: the seeded queued run on the same queue stays queued
+        msg_id = engine.scalar("select message_id from flowlane.step_tasks where run_id = %s", (run_id,))
+        (task,) = engine.start_tasks("ping", [msg_id])
         engine.complete(task, {"pong": True})
 
     def status(d: Any) -> list[str]:
