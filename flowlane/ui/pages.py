@@ -44,10 +44,14 @@ def alias_roles(aliases: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
 
 
 def duration(start: datetime | None, end: datetime | None, now: datetime | None = None) -> str:
-    """``1.25 s``, ``3 min 4 s``, ``2 h 5 min``; running durations count up to now."""
+    """From ``start`` to ``end``; a running one counts up to now."""
     if start is None:
         return ""
-    seconds = ((end or now or datetime.now(UTC)) - start).total_seconds()
+    return seconds_text(((end or now or datetime.now(UTC)) - start).total_seconds())
+
+
+def seconds_text(seconds: float) -> str:
+    """``1.25 s``, ``3 min 4 s``, ``2 h 5 min``."""
     if seconds < 60:
         return f"{seconds:.2f} s"
     if seconds < 3600:
@@ -60,25 +64,20 @@ def timestamp(value: datetime | None) -> str:
 
 
 def age(seconds: float | None) -> str:
+    """A heartbeat's or message's age: whole seconds up to two minutes."""
     if seconds is None:
         return ""
-    return f"{seconds:.0f} s" if seconds < 120 else duration_text(seconds)
-
-
-def duration_text(seconds: float) -> str:
-    if seconds < 3600:
-        return f"{int(seconds // 60)} min"
-    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
+    return f"{seconds:.0f} s" if seconds < 120 else seconds_text(seconds)
 
 
 def size(count: int | None) -> str:
     if count is None:
         return ""
-    for unit in ("B", "KiB", "MiB"):
-        if count < 1024 or unit == "MiB":
-            return f"{count} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024  # type: ignore[assignment]
-    return ""
+    if count < 1024:
+        return f"{count} B"
+    if count < 1024 * 1024:
+        return f"{count / 1024:.1f} KiB"
+    return f"{count / (1024 * 1024):.1f} MiB"
 
 
 def parse_time(text: str | None) -> datetime | None:

@@ -26,6 +26,7 @@ from flowlane import errors
 TOKEN_ENV = "FLOWLANE_UI_TOKEN"
 TOKEN_COOKIE = "flowlane_token"
 SESSION_COOKIE = "flowlane_session"
+SESSION_CHARS = 43  # secrets.token_urlsafe(32)
 LOOPBACK_NAMES = ("localhost",)
 
 
@@ -68,12 +69,10 @@ class Guard(BaseHTTPMiddleware):
             return _secured(refused)
         if self.token and _same(request.query_params.get("token"), self.token):
             return _secured(self._drop_token_from_url(request))
-        session = request.cookies.get(SESSION_COOKIE)
-        new_session = session is None or len(session) != 43
+        session = request.cookies.get(SESSION_COOKIE, "")
+        new_session = len(session) != SESSION_CHARS
         if new_session:
             session = secrets.token_urlsafe(32)
-        assert session is not None
-        request.state.session = session
         request.state.csrf = self.csrf_token(session)
         response = await call_next(request)
         if new_session:
