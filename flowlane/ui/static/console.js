@@ -25,7 +25,6 @@
   // carries data-terminal, stops refreshing.
   function live(region) {
     let last = region.innerHTML;
-    let timer = null;
     async function tick() {
       if (document.visibilityState === "visible") {
         try {
@@ -41,16 +40,14 @@
               });
               wirePayloads(region);
               region.querySelectorAll("details.payload[open]").forEach(loadPayload);
-              region.dispatchEvent(new CustomEvent("flowlane:updated"));
             }
             if (region.querySelector("[data-terminal]")) return;
           }
         } catch (e) { /* the server may be restarting: try again */ }
       }
-      timer = setTimeout(tick, refreshMs);
+      setTimeout(tick, refreshMs);
     }
-    if (!region.dataset.liveStop) timer = setTimeout(tick, refreshMs);
-    return () => clearTimeout(timer);
+    if (!region.dataset.liveStop) setTimeout(tick, refreshMs);
   }
 
   document.addEventListener("DOMContentLoaded", () => {
