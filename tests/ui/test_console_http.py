@@ -213,3 +213,17 @@ def test_unreachable_database_and_unmigrated_database_are_clear_errors(
     empty = run_flowlane("ui", "--port", "0", "--dsn", bare, cwd=tmp_path)
     assert empty.returncode == 1 and "hint: migrate it first: `flowlane db migrate`" in empty.stderr
     assert "Traceback" not in down.stderr + empty.stderr
+
+
+def test_queues_page_tells_pgmq_only_queues_from_adopted_ones(
+        console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded]) -> None:
+    with psycopg.connect(seeded_db[0], autocommit=True) as conn:
+        conn.execute("select pgmq.create('legacy_jobs')")
+        before = ui_support.fetch(console.url + "/queues").body
+        conn.execute("select flowlane.adopt_queue('legacy_jobs')")
+    after = ui_support.fetch(console.url + "/queues").body
+    row = r'<tr data-queue="legacy_jobs">.*?</tr>'
+    found_before, found_after = re.search(row, before, re.DOTALL), re.search(row, after, re.DOTALL)
+    assert found_before and "not adopted" in found_before[0] and "flowlane queue adopt" in found_before[0]
+    assert found_after and "not adopted" not in found_after[0] and "shared" in found_after[0]
+    assert "(adopted " in found_after[0]
