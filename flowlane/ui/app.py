@@ -217,7 +217,7 @@ def _action_routes(console: core.Console, render: Callable[..., Response]) -> li
         question = ACTION_FORMS[name][0].format(
             verb="Enable" if values.get("enabled") == "true" else "Disable", **values)
         return render(request, "confirm.html", action=name, question=question, values=values,
-                      back=_safe_back(request.query_params.get("back")))
+                      back=safe_back(request.query_params.get("back")))
 
     async def perform(request: Request) -> Response:
         name = request.path_params["name"]
@@ -230,7 +230,7 @@ def _action_routes(console: core.Console, render: Callable[..., Response]) -> li
             return render(request, "message.html", 404, title="Not found", message=f"no action {name}",
                           ok=False)
         params: dict[str, Any] = fields(name, form)
-        back = _safe_back(form.get("back"))
+        back = safe_back(form.get("back"))
         if "enabled" in params:
             params["enabled"] = params["enabled"] == "true"
         if "reason" in params and not params["reason"]:
@@ -247,9 +247,10 @@ def _action_routes(console: core.Console, render: Callable[..., Response]) -> li
             Route("/actions/{name}", perform, methods=["POST"])]
 
 
-def _safe_back(value: str | None) -> str:
+def safe_back(value: str | None) -> str:
     """A same-site path to return to after an action (never another origin)."""
-    if value and value.startswith("/") and not value.startswith("//"):
+    # "//host" and "/\\host" are other origins to a browser
+    if value and value.startswith("/") and not value.startswith("//") and "\\" not in value:
         return value
     return "/runs"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from flowlane import errors
-from flowlane.ui import security
+from flowlane.ui import app, security
 from tests.cli_support import run_flowlane
 
 
@@ -39,3 +39,11 @@ def test_bad_arguments_are_usage_errors(tmp_path: Path, args: tuple[str, ...], m
                           env={"FLOWLANE_UI_TOKEN": ""})
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("back", "safe"), [
+    ("/workers", "/workers"), ("/runs/1?x=2", "/runs/1?x=2"), ("//evil.example/", "/runs"),
+    ("/\\evil.example", "/runs"), ("https://evil.example", "/runs"), ("", "/runs"), (None, "/runs"),
+])
+def test_actions_return_only_to_this_console(back: str | None, safe: str) -> None:
+    assert app.safe_back(back) == safe
