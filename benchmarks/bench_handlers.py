@@ -1,4 +1,4 @@
-"""Handlers for the benchmarks: no work, just the wall-clock time the handler started."""
+"""Handlers for the benchmarks: no real work."""
 
 from __future__ import annotations
 
@@ -8,3 +8,19 @@ from typing import Any
 
 def stamp(input: Any, ctx: Any) -> dict[str, float]:
     return {"t": time.time()}
+
+
+def split(input: Any, ctx: Any) -> list[int]:
+    return list(range(int(ctx.flow_input.get("width", 10))))
+
+
+def square(n: int, ctx: Any) -> int:
+    return n * n
+
+
+def meta(input: Any, ctx: Any) -> dict[str, int]:
+    return {"count": len(input["split"])}
+
+
+def total(input: Any, ctx: Any) -> dict[str, int]:
+    return {"sum": sum(input["square"]), "count": input["meta"]["count"]}

@@ -155,6 +155,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="flowlane-bench-"))
+    tmp.chmod(0o711)  # run as root, the server account must reach its data directory
     pgdata = tmp / "data"
     try:
         dsn = db.EmbeddedDatabase.start_at(pgdata)

@@ -263,6 +263,7 @@ def main() -> None:
     admin = args.dsn
     if admin is None:
         tmp = tempfile.mkdtemp(prefix="flowlane-bench-")
+        os.chmod(tmp, 0o711)  # run as root, the server account must reach its data directory
         admin = db.EmbeddedDatabase.start_at(Path(tmp) / "pgdata")
     try:
         dsn = fresh_database(admin)

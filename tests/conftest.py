@@ -80,12 +80,51 @@ class Cluster:
             self.drop_database(name)
 
 
+# a fresh database per test, or a project's own embedded server
+DATABASE_FIXTURES = frozenset({"cluster", "db_factory", "dsn", "conn", "reachable_tmp_path"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`slow` = needs a database (a fresh one per test) or worker processes: the fast loop
+    `pytest -m "not slow"` runs everything else in seconds."""
+    for item in items:
+        if DATABASE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+def _no_durability(conn: psycopg.Connection[Any]) -> None:
+    """The tests' own throwaway server never needs to survive a power loss: without fsync,
+    creating a database per test costs a fraction (the suite's speed, not its meaning)."""
+    for setting in ("fsync", "synchronous_commit", "full_page_writes"):
+        conn.execute(sql.SQL("alter system set {} = off").format(sql.Identifier(setting)))
+    conn.execute("select pg_reload_conf()")
+
+
+def reachable_tmp_dir(prefix: str) -> Path:
+    """A new private directory (0711) that the embedded server's account can walk into.
+
+    Run as root, the embedded PostgreSQL runs as another account and flowlane never
+    opens up directories it does not own; pytest's ``tmp_path`` is under a 0700 basetemp.
+    """
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.chmod(0o711)
+    return path
+
+
+@pytest.fixture
+def reachable_tmp_path() -> Iterator[Path]:
+    """Like ``tmp_path``, but reachable by the embedded server (for projects using `.flowlane/`)."""
+    path = reachable_tmp_dir("flowlane-test-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     external = os.environ.get("FLOWLANE_TEST_DSN")
     # a private directory: pytest prunes old basetemp dirs, which would pull the
     # data directory from under a server still used by a concurrent session
-    workdir = Path(tempfile.mkdtemp(prefix="flowlane-test-pg-"))
+    workdir = reachable_tmp_dir("flowlane-test-pg-")
     pgdata = workdir / "data"
     if external:
         admin_dsn = external
@@ -97,6 +136,8 @@ def cluster() -> Iterator[Cluster]:
     try:
         with psycopg.connect(admin_dsn, autocommit=True) as conn:
             conn.execute("select 1")
+            if not external:
+                _no_durability(conn)
     except psycopg.Error as exc:
         pytest.fail(f"cannot reach the test database {db.redact(admin_dsn)}: {exc}", pytrace=False)
     cluster = Cluster(admin_dsn)

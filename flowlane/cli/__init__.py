@@ -33,12 +33,22 @@ def _optional_groups() -> list[object]:
     return groups
 
 
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("flowlane")
+    except metadata.PackageNotFoundError:  # a checkout on PYTHONPATH, not installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="flowlane",
         description="Declarative YAML workflows compiled to SQL, run on PostgreSQL + PGMQ.",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    parser.add_argument("--version", action="version", version=f"flowlane {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for group in [*COMMAND_GROUPS, *_optional_groups()]:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from flowlane import errors
+from flowlane import errors, project_root
 from flowlane.cli.db import add_dsn_argument
 from flowlane.compiler import api, diagnostics, graph, pytypes, schema
 from flowlane.compiler import check as checks
@@ -24,14 +25,21 @@ def _add_format(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_out(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="sql", metavar="DIR",
-                        help="directory of the compiled SQL (default: sql/)")
+    parser.add_argument("--out", metavar="DIR",
+                        help="directory of the compiled SQL (default: the project's sql/)")
 
 
 def configure(subparsers: Any) -> None:
     validate = subparsers.add_parser("validate", help="schema and semantic checks of flow YAML")
     _add_paths(validate)
     _add_format(validate)
+    validate.add_argument(
+        "--handlers", action="store_true",
+        help="also import every handler and check it can be called as handler(input, ctx)")
+    validate.add_argument(
+        "--import-path", action="append", default=[], metavar="DIR",
+        help="with --handlers: extra directory to import handler modules from (repeatable; "
+        "the project root and the current directory are always searched)")
     validate.set_defaults(func=cmd_validate)
 
     compile_ = subparsers.add_parser("compile", help="write SQL for every flow and the aliases")
@@ -63,6 +71,15 @@ def configure(subparsers: Any) -> None:
     schema_ = subparsers.add_parser("schema", help="print the JSON Schema of flow YAML")
     schema_.set_defaults(func=cmd_schema)
 
+    init = subparsers.add_parser(
+        "init", help="scaffold a project: flows/, a handler, .gitignore, CI workflow",
+        description="Write flows/hello.yaml (with the editor modeline), handlers.py, "
+        "flowlane.schema.json, a .gitignore entry for .flowlane/, a CI workflow "
+        ".github/workflows/flowlane.yml and the compiled SQL; existing files are kept.")
+    init.add_argument("directory", nargs="?", default=".", metavar="DIR",
+                      help="project directory (default: the current one)")
+    init.set_defaults(func=cmd_init)
+
     _configure_database(subparsers)
 
 
@@ -72,6 +89,9 @@ def _configure_database(subparsers: Any) -> None:
     add_dsn_argument(plan)
     plan.add_argument("--format", choices=("text", "markdown"), default="text",
                       help="markdown: a table to post as a pull-request comment")
+    plan.add_argument("--exit-code", action="store_true",
+                      help="exit 0 when apply would change nothing, 2 when it would change "
+                      "something, 1 on an error or a refused change (NEW_VERSION_REQUIRED)")
     plan.set_defaults(func=cmd_plan)
 
     apply = subparsers.add_parser(
@@ -95,14 +115,22 @@ def _report(found: list[diagnostics.Diagnostic] | tuple[diagnostics.Diagnostic, 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     project, found = api.analyze_paths(args.paths)
+    if project is not None and args.handlers:
+        from flowlane.runtime.registry import check_handlers
+
+        paths = [str(Path.cwd()), str(project_root.find_root()), *args.import_path]
+        found = check_handlers(project, [os.path.abspath(p) for p in paths])
+        project = None if found else project
     _report(found, args.format)
     if project is not None and args.format == "text":
+        checked = ", every handler callable as handler(input, ctx)" if args.handlers else ""
         print(f"ok: {len(project.flows)} flow(s), {len(project.aliases)} alias(es), "
-              f"{len(project.workers)} worker(s)")
+              f"{len(project.workers)} worker(s){checked}")
     return 1 if found else 0
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    args.out = args.out or project_root.sql_dir()
     result = api.compile_paths(args.paths, args.out)
     _report(result.diagnostics, args.format)
     if result.diagnostics:
@@ -166,6 +194,21 @@ def cmd_types(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    from flowlane import scaffold
+
+    root = Path(args.directory)
+    result = scaffold.init(root)
+    for name in result.written:
+        print(f"created {(root / name).as_posix()}")
+    for name in result.kept:
+        print(f"kept    {(root / name).as_posix()} (already there)")
+    enter = f"cd {root.as_posix()} && " if args.directory != "." else ""
+    print(f"next: {enter}flowlane db migrate && flowlane apply && flowlane serve\n"
+          "      then, in another terminal: flowlane start hello --input '{\"name\": \"Ada\"}' --wait")
+    return 0
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     sys.stdout.write(schema.schema_text())
     return 0
@@ -174,15 +217,26 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from flowlane.core import deploy
 
-    plan = deploy.plan(_project(args.paths), args.dsn)
+    try:
+        plan = deploy.plan(_project(args.paths), args.dsn)
+    except errors.UsageError as exc:
+        if not args.exit_code:
+            raise
+        # with --exit-code, 2 means "changes": every error exits 1
+        from flowlane.cli import report_error
+
+        report_error(exc)
+        return 1
     sys.stdout.write(plan.markdown() if args.format == "markdown" else plan.render())
-    return 1 if plan.refused else 0
+    if plan.refused:
+        return 1
+    return 2 if args.exit_code and plan.drift else 0
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
     from flowlane.core import deploy
 
-    result = deploy.apply(args.paths or list(api.DEFAULT_PATHS), args.out, args.dsn)
+    result = deploy.apply(args.paths, args.out, args.dsn)
     sys.stdout.write(result.render())
     return 0
 

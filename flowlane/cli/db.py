@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
+from flowlane import project_root
 from flowlane.core import db, migrator
 
 
@@ -43,16 +43,21 @@ def configure(subparsers: Any) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    embedded = db.EmbeddedDatabase(Path.cwd())
+    embedded = db.EmbeddedDatabase(project_root.find_root())
     was_running = embedded.running()
     url = embedded.up()
     print(f"embedded PostgreSQL {'already running' if was_running else 'started'}: {url}")
-    print("next: `flowlane db migrate`")
+    with db.connect(url, autocommit=True) as conn:
+        pending = [s for s in migrator.status(conn) if not s.applied]
+    if pending:
+        print(f"{len(pending)} core migration(s) pending; next: `flowlane db migrate`")
+    else:
+        print("core migrations are up to date; next: `flowlane apply`")
     return 0
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    embedded = db.EmbeddedDatabase(Path.cwd())
+    embedded = db.EmbeddedDatabase(project_root.find_root())
     stopped = embedded.down()
     print("embedded PostgreSQL stopped" if stopped else "embedded PostgreSQL was not running")
     return 0

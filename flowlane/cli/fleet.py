@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from flowlane import errors
+from flowlane import errors, project_root
 from flowlane.cli.db import add_dsn_argument
 
 WORKER_ACTIONS = ("enable", "disable", "list")
@@ -35,7 +35,7 @@ def configure(subparsers: Any) -> None:
         "an interruption: it resumes the unfinished rollout.",
     )
     rollout.add_argument("paths", nargs="*", metavar="PATHS", help="flow YAML (default: flows/)")
-    rollout.add_argument("--out", default="sql", help="compiled SQL directory (default: sql)")
+    rollout.add_argument("--out", help="compiled SQL directory (default: the project's sql/)")
     rollout.add_argument("--deployments", help="comma-separated deployment names")
     rollout.add_argument("--timeout", type=float, default=120.0,
                          help="seconds to wait for the workers to stop (default 120)")
@@ -125,7 +125,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
     names = ([n.strip() for n in args.deployments.split(",") if n.strip()]
              if args.deployments is not None else None)
-    result = fleet.rollout(list(args.paths) or ["flows"], args.out, args.dsn,
+    result = fleet.rollout(list(args.paths) or [project_root.flows_dir()],
+                           args.out or project_root.sql_dir(), args.dsn,
                            deployments=names, timeout=args.timeout, progress=print)
     print(result.applied.render(), end="")
     return 0

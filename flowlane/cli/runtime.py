@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import sys
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
-from flowlane import errors
+from flowlane import errors, project_root
 from flowlane.cli.db import add_dsn_argument
 from flowlane.cli.fleet import WORKER_ACTIONS, add_worker_admin_arguments, run_worker_admin
+from flowlane.runtime.client import MAX_INPUT_BYTES, STATUSES
+from flowlane.runtime.serve import EXIT_DISABLED
 
 
 def configure(subparsers: Any) -> None:
@@ -80,27 +84,100 @@ def configure(subparsers: Any) -> None:
     add_worker_admin_arguments(worker)
     worker.set_defaults(func=cmd_worker)
 
-    start = subparsers.add_parser("start", help="start a run, print its id")
+    start = subparsers.add_parser(
+        "start",
+        help="start a run, print its id",
+        description="Start a run. With --wait, print the run's output when it ends: "
+        "exit 0 completed, 1 failed, cancelled or still running at --timeout.",
+    )
     start.add_argument("flow", metavar="FLOW_OR_ALIAS")
-    start.add_argument("--input", default="{}", help="run input as JSON (default {})")
+    start.add_argument(
+        "--input",
+        default="{}",
+        help="run input: JSON text, @FILE to read a JSON file, or - for stdin (default {}); "
+        f"at most {MAX_INPUT_BYTES // 1024} KiB",
+    )
     start.add_argument("--run-id", help="use this run id (UUID) instead of a generated one")
+    start.add_argument("--wait", action="store_true", help="wait for the run to end")
+    start.add_argument(
+        "--timeout", type=float, default=300.0, help="with --wait: seconds (default 300)"
+    )
     add_dsn_argument(start)
     _add_format(start)
     start.set_defaults(func=cmd_start)
 
-    runs = subparsers.add_parser("runs", help="list recent runs")
-    runs.add_argument("--flow", help="only runs of this concrete flow")
-    runs.add_argument("--status", choices=["started", "completed", "failed"])
+    runs = subparsers.add_parser("runs", help="list recent runs, newest first")
+    runs.add_argument(
+        "--flow", help="only runs of this flow (an alias: every version it points or pointed at)"
+    )
+    runs.add_argument("--status", choices=list(STATUSES))
     runs.add_argument("--limit", type=int, default=20)
+    runs.add_argument("--before", metavar="RUN_ID", help="the next page: runs older than this one")
+    runs.add_argument(
+        "--since", metavar="TIME", help="runs started at or after TIME (ISO 8601, e.g. 2026-05-01T12:00)"
+    )
+    runs.add_argument(
+        "--stuck",
+        action="store_true",
+        help="list started runs that no task can move (exit 1 when there are any)",
+    )
     add_dsn_argument(runs)
     _add_format(runs)
     runs.set_defaults(func=cmd_runs)
+
+    cancel = subparsers.add_parser(
+        "cancel",
+        help="cancel a started run",
+        description="Cancel a started run: it ends `cancelled`, its queued messages are archived, "
+        "results of handlers still running are rejected and no further step starts.",
+    )
+    cancel.add_argument("run_id", metavar="RUN_ID")
+    cancel.add_argument("--reason", help="recorded with the run")
+    add_dsn_argument(cancel)
+    _add_format(cancel)
+    cancel.set_defaults(func=cmd_cancel)
+
+    retry = subparsers.add_parser(
+        "retry",
+        help="resume a failed run from its failed steps",
+        description="Resume a failed run: its failed steps start over with a fresh attempt "
+        "budget; completed steps keep their outputs. Refused for runs that are not failed.",
+    )
+    retry.add_argument("run_id", metavar="RUN_ID")
+    add_dsn_argument(retry)
+    _add_format(retry)
+    retry.set_defaults(func=cmd_retry)
 
     run = subparsers.add_parser("run", help="show a run: status, step states, output")
     run.add_argument("run_id", metavar="RUN_ID")
     add_dsn_argument(run)
     _add_format(run)
     run.set_defaults(func=cmd_run)
+
+    serve = subparsers.add_parser(
+        "serve",
+        help="run and supervise one worker per queue of the project",
+        description="Start one worker per `kind: worker` document and per other queue the "
+        "flows route to; restart a worker that exits, with backoff, except one that exits "
+        f"with status {EXIT_DISABLED} (deployment disabled or unsupported work); on SIGTERM or "
+        "SIGINT stop every worker gracefully. Worker logs: .flowlane/logs/NAME.log.",
+    )
+    serve.add_argument("paths", nargs="*", metavar="PATHS", help="flow YAML (default: flows/)")
+    add_dsn_argument(serve)
+    serve.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM/SIGINT, seconds each worker gets to finish in-flight handlers (default 30)",
+    )
+    serve.add_argument("--log-dir", metavar="DIR", help="worker logs (default: .flowlane/logs/)")
+    serve.add_argument(
+        "--import-path", action="append", default=[], metavar="DIR",
+        help="passed to every worker (repeatable)",
+    )
+    serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    serve.add_argument("--log-format", default="text", choices=["text", "json"])
+    serve.set_defaults(func=cmd_serve)
 
     demo = subparsers.add_parser(
         "demo",
@@ -133,7 +210,7 @@ def _json_errors(command: Callable[[argparse.Namespace], int]) -> Callable[..., 
 
 
 def _paths(args: argparse.Namespace) -> list[str]:
-    return list(args.paths) or ["flows"]
+    return list(args.paths) or [project_root.flows_dir()]
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -166,42 +243,157 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def read_input(text: str) -> Any:
+    """``--input``: JSON text, ``@FILE`` or ``-`` (stdin), size-checked before parsing."""
+    if text == "-":
+        source, raw = "stdin", sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+    elif text.startswith("@"):
+        source = text[1:]
+        try:
+            with open(source, "rb") as file:
+                raw = file.read(MAX_INPUT_BYTES + 1)
+        except OSError as exc:
+            raise errors.UsageError(
+                f"cannot read --input file {source}: {exc.strerror or exc}"
+            ) from exc
+    else:
+        source, raw = "--input", text.encode("utf-8")
+    if len(raw) > MAX_INPUT_BYTES:
+        raise errors.UsageError(
+            f"the run input from {source} is over the limit of {MAX_INPUT_BYTES} bytes",
+            hint="pass a reference (a URL, a table key, a file path) instead of the data itself",
+        )
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        where = "--input" if source == "--input" else f"the --input from {source}"
+        raise errors.UsageError(
+            f"{where} is not valid JSON: {exc}",
+            hint="""quote a JSON document for the shell, e.g. --input '{"name": "Ada"}', """
+            "or pass a file: --input @input.json",
+        ) from exc
+
+
 @_json_errors
 def cmd_start(args: argparse.Namespace) -> int:
     from flowlane.runtime.client import Client
 
-    try:
-        payload = json.loads(args.input)
-    except json.JSONDecodeError as exc:
-        raise errors.UsageError(
-            f"--input is not valid JSON: {exc}",
-            hint="""quote a JSON document for the shell, e.g. --input '{"name": "Ada"}'""",
-        ) from exc
+    payload = read_input(args.input)
+    if args.wait and args.timeout <= 0:
+        raise errors.UsageError(f"--timeout must be more than 0, not {args.timeout:g}")
     with Client(args.dsn) as client:
         run_id, flow_slug = client.start(args.flow, payload, run_id=args.run_id)
-    if args.format == "json":
-        print(json.dumps({"run_id": run_id, "flow": args.flow, "flow_slug": flow_slug}))
-    else:
-        print(run_id)
-    return 0
+        if not args.wait:
+            if args.format == "json":
+                print(json.dumps({"run_id": run_id, "flow": args.flow, "flow_slug": flow_slug}))
+            else:
+                print(run_id)
+            return 0
+        print(f"started run {run_id} ({flow_slug}); waiting", file=sys.stderr)
+        state = client.wait(run_id, timeout=args.timeout)
+    return _report_end(state, args.format)
+
+
+def _report_end(state: dict[str, Any], fmt: str) -> int:
+    """The output of a run that ended; exit 0 only when it completed."""
+    run = state["run"]
+    if fmt == "json":
+        print(json.dumps({key: run.get(key) for key in (
+            "run_id", "flow_slug", "status", "output", "error_message", "cancel_reason")}))
+    elif run["status"] == "completed":
+        print(json.dumps(run["output"], indent=2, ensure_ascii=False))
+    if run["status"] == "completed":
+        return 0
+    why = run.get("error_message") or run.get("cancel_reason") or ""
+    print(f"error: run {run['run_id']} {run['status']}" + (f": {why}" if why else ""),
+          file=sys.stderr)
+    print(f"hint: `flowlane run {run['run_id']}` shows each step and its attempts", file=sys.stderr)
+    return 1
+
+
+def _since(text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise errors.UsageError(
+            f"--since {text!r} is not a time", hint="use ISO 8601, e.g. 2026-05-01T12:00:00+00:00"
+        ) from None
+    return moment if moment.tzinfo else moment.astimezone()
 
 
 @_json_errors
 def cmd_runs(args: argparse.Namespace) -> int:
     from flowlane.runtime.client import Client
 
+    if args.stuck:
+        return _stuck_runs(args)
     with Client(args.dsn) as client:
-        runs = client.list_runs(limit=args.limit, flow=args.flow, status=args.status)
+        runs = client.list_runs(
+            limit=args.limit,
+            flow=args.flow,
+            status=args.status,
+            before=args.before,
+            since=_since(args.since),
+        )
     if args.format == "json":
         print(json.dumps([r.as_dict() for r in runs], indent=2))
-        return 0
-    if not runs:
+    elif not runs:
         print("no runs")
-        return 0
-    print(f"{'RUN ID':<36}  {'FLOW':<28}  {'STATUS':<9}  STARTED")
-    for r in runs:
-        print(f"{r.run_id:<36}  {r.flow_slug:<28}  {r.status:<9}  {r.started_at:%Y-%m-%d %H:%M:%S}")
+    else:
+        print(f"{'RUN ID':<36}  {'FLOW':<28}  {'STATUS':<9}  STARTED")
+        for r in runs:
+            print(f"{r.run_id:<36}  {r.flow_slug:<28}  {r.status:<9}  {r.started_at:%Y-%m-%d %H:%M:%S}")
+    if runs and len(runs) == args.limit:
+        print(f"next page: flowlane runs --before {runs[-1].run_id}", file=sys.stderr)
     return 0
+
+
+@_json_errors
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from flowlane.runtime.client import Client
+
+    with Client(args.dsn) as client:
+        run = client.cancel(args.run_id, reason=args.reason)
+    if args.format == "json":
+        print(json.dumps({"run_id": str(run["run_id"]), "status": run["status"],
+                          "cancel_reason": run["cancel_reason"]}))
+    else:
+        print(f"run {run['run_id']} cancelled ({run['cancel_reason']})")
+    return 0
+
+
+@_json_errors
+def cmd_retry(args: argparse.Namespace) -> int:
+    from flowlane.runtime.client import Client
+
+    with Client(args.dsn) as client:
+        run = client.retry(args.run_id)
+    if args.format == "json":
+        print(json.dumps({"run_id": str(run["run_id"]), "status": run["status"],
+                          "retry_count": run["retry_count"]}))
+    else:
+        print(f"run {run['run_id']} {run['status']} again (retry {run['retry_count']})")
+    return 0
+
+
+def _stuck_runs(args: argparse.Namespace) -> int:
+    from flowlane.runtime.client import Client
+
+    with Client(args.dsn) as client:
+        stuck = client.stuck_runs()
+    if args.format == "json":
+        print(json.dumps([r.as_dict() for r in stuck], indent=2))
+        return 1 if stuck else 0
+    if not stuck:
+        print("no stuck runs")
+        return 0
+    print(f"{'RUN ID':<36}  {'FLOW':<28}  {'STARTED':<19}  WHY")
+    for r in stuck:
+        print(f"{r.run_id:<36}  {r.flow_slug:<28}  {r.started_at:%Y-%m-%d %H:%M:%S}  {r.reason}")
+    print(f"{len(stuck)} stuck run(s): `flowlane run RUN_ID` shows their tasks", file=sys.stderr)
+    return 1
 
 
 @_json_errors
@@ -216,6 +408,42 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         print(render_run(state))
     return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    from flowlane.compiler.model import Project
+    from flowlane.core import db
+    from flowlane.runtime import serve
+
+    if args.shutdown_timeout < 0:
+        raise errors.UsageError(f"--shutdown-timeout must be 0 or more, not {args.shutdown_timeout:g}")
+    paths = _paths(args)
+    specs = serve.plan_workers(Project.load(*paths))
+    if not specs:
+        raise errors.UsageError("the project routes no step to any queue: nothing to serve",
+                                hint="add a flow under flows/")
+    target = db.resolve(args.dsn)
+    root = project_root.find_root()
+    log_dir = Path(args.log_dir).resolve() if args.log_dir else root / project_root.STATE_DIRNAME / "logs"
+    extra = ["--shutdown-timeout", f"{args.shutdown_timeout:g}", "--log-level", args.log_level,
+             "--log-format", args.log_format]
+    for directory in args.import_path:
+        extra += ["--import-path", os.path.abspath(directory)]
+    env = {**os.environ, "FLOWLANE_DSN": target.dsn, "PYTHONUNBUFFERED": "1"}
+    print(f"serving {len(specs)} queue(s) on {db.redact(target.dsn)} ({target.source}); "
+          f"worker logs in {project_root.relative(log_dir)}/; stop with Ctrl-C or SIGTERM",
+          flush=True)
+    return serve.serve(
+        specs,
+        serve.worker_command(paths, extra),
+        env=env,
+        cwd=root,
+        log_dir=log_dir,
+        shutdown_timeout=args.shutdown_timeout + 10,
+    )
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

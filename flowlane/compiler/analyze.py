@@ -106,7 +106,19 @@ def _schema_valid(documents: Iterable[Document], state: Analysis) -> list[_Entry
         state.findings.extend(problems)
         if not problems:
             entries.append(_Entry(doc, doc.data))
+        elif doc.data.get("kind") == "flow":
+            state.findings.extend(_partial_findings(doc, state.complete))
     return entries
+
+
+def _partial_findings(doc: Document, complete: bool) -> list[Diagnostic]:
+    """The flow-local semantic findings of a document that also has schema errors."""
+    repaired = schema.repaired_flow(doc.data)
+    if repaired is None:
+        return []
+    scratch = Analysis(complete=complete)
+    _FlowChecker(_Entry(doc, repaired), scratch).run()
+    return scratch.findings
 
 
 def _namespace(flows: list[_Entry], aliases: list[_Entry], state: Analysis) -> None:
@@ -185,6 +197,7 @@ class _FlowChecker:
         needs = {s: self._needs(s, spec) for s, spec in self.steps.items()}
         for slug, spec in self.steps.items():
             self._step_rules(slug, spec)
+            self._condition_keys(slug, spec, needs[slug])
         order = self._order(needs)
         queues = self._routing(order) if order else None
         if self.errors or order is None or queues is None:
@@ -232,6 +245,32 @@ class _FlowChecker:
         for keyword in ("if", "unless"):
             if keyword in spec:
                 self._condition(("steps", slug, keyword), spec[keyword])
+
+    def _condition_keys(self, slug: str, spec: dict[str, Any], needs: list[str]) -> None:
+        """A step with needs tests its condition against ``{need: output}`` of its direct
+        needs only (the engine sees nothing else): any other top-level key never matches."""
+        if not spec.get("needs"):
+            return  # a root step's condition tests the run input: any key is fine
+        for keyword in ("if", "unless"):
+            condition = spec.get(keyword)
+            if not isinstance(condition, dict):
+                continue
+            for key in condition:
+                if key in needs or key in spec["needs"]:
+                    continue
+                listed = ", ".join(f"`{n}`" for n in spec["needs"])
+                if key in self.steps:
+                    help = (f"add `{key}` to the needs of `{slug}` (it is not a direct need, so "
+                            f"its output is not part of what `{keyword}` tests), or test a need: "
+                            f"{listed}")
+                else:
+                    close = difflib.get_close_matches(str(key), spec["needs"], n=1)
+                    help = (f"did you mean `{close[0]}`?" if close else
+                            f"`{keyword}` tests the outputs of `{slug}`'s needs: {listed}")
+                outcome = "be met" if keyword == "if" else "hold"
+                self.error(("steps", slug, keyword, key), "FL035",
+                           f"`{keyword}` of step `{slug}` names `{key}`, which is not among its "
+                           f"needs: the condition can never {outcome}", help, key=True)
 
     def _condition(self, path: tuple[str | int, ...], value: Any) -> None:
         bad = _unstorable(value)

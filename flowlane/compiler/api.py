@@ -9,19 +9,18 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flowlane import errors
+from flowlane import errors, project_root
 from flowlane.compiler import analyze, diagnostics, loader, render
 from flowlane.compiler.diagnostics import Diagnostic
 from flowlane.compiler.model import Project
 
 PathLike = str | os.PathLike[str]
-DEFAULT_PATHS: tuple[str, ...] = ("flows",)
 MAX_LISTED = 20
 
 
 def _paths(paths: Iterable[PathLike] | None) -> list[PathLike]:
     chosen = list(paths or ())
-    return chosen or list(DEFAULT_PATHS)
+    return chosen or [project_root.flows_dir()]
 
 
 @contextlib.contextmanager
@@ -170,9 +169,11 @@ class CompileResult:
     summary: WriteSummary = field(default_factory=WriteSummary)
 
 
-def compile_paths(paths: Iterable[PathLike] | None = None, out: PathLike = "sql"
+def compile_paths(paths: Iterable[PathLike] | None = None, out: PathLike | None = None
                   ) -> CompileResult:
-    """Validate and, when there is no finding, write the SQL; files untouched otherwise."""
+    """Validate and, when there is no finding, write the SQL (default: the project's sql/);
+    files untouched otherwise."""
+    out = out or project_root.sql_dir()
     project, found = analyze_paths(paths)
     if project is None:
         return CompileResult(None, tuple(found))

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flowlane import errors
+from flowlane import errors, project_root
 from flowlane.compiler import analyze, api, gitrev, render, shape, sqltext
 from flowlane.compiler.diagnostics import Diagnostic
 from flowlane.compiler.model import Flow, Project
@@ -96,10 +96,11 @@ def _first_changed_line(diff: str) -> int:
     return max(int(match[1]), 1) if match else 1
 
 
-def check(paths: Iterable[api.PathLike] | None = None, out: api.PathLike = "sql",
+def check(paths: Iterable[api.PathLike] | None = None, out: api.PathLike | None = None,
           base: str | None = None) -> CheckResult:
     """Validate, compare the SQL in ``out`` with the YAML, and compare shapes with ``base``
     (default ``HEAD``; when ``base`` is given explicitly it must exist)."""
+    out = out or project_root.sql_dir()
     project, found = api.analyze_paths(paths)
     if project is None:
         return CheckResult(diagnostics=tuple(found))

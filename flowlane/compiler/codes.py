@@ -29,6 +29,7 @@ CODES: dict[str, str] = {
     "FL032": "map step with more than one dependency",
     "FL033": "when_unmet without a condition",
     "FL034": "dependency listed twice",
+    "FL035": "condition names a step that is not among the step's needs",
     # routing and queues
     "FL040": "queue name is not canonical",
     "FL041": "explicit routing misses a step",
@@ -48,12 +49,15 @@ CODES: dict[str, str] = {
     # handlers and values
     "FL070": "invalid handler reference",
     "FL071": "condition contains a value PostgreSQL cannot store",
+    "FL072": "handler cannot be imported or called with (input, ctx)",
     # check (compiled SQL against the YAML and the base revision)
     "FL090": "compiled SQL is stale, missing or hand-edited",
     "FL091": "NEW_VERSION_REQUIRED: a committed flow changed its shape",
 }
 
 CHECK_CODES = frozenset({"FL090", "FL091"})
+# found by importing the handlers (`validate --handlers`), not from the YAML alone
+HANDLER_CODES = frozenset({"FL072"})
 
 
 def describe(code: str) -> str:

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from flowlane import project_root
 from flowlane.compiler.diagnostics import Diagnostic
 
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -346,9 +347,10 @@ def load_file(file: Path, display: str) -> tuple[list[Document], list[Diagnostic
 
 
 def display_path(file: Path) -> str:
-    """A stable, machine-independent name: relative to the working directory when inside it."""
+    """A stable, machine-independent name: relative to the project root when inside it
+    (the same from every subdirectory, so compiled headers never depend on the cwd)."""
     try:
-        return file.resolve().relative_to(Path.cwd().resolve()).as_posix()
+        return file.resolve().relative_to(project_root.find_root()).as_posix()
     except (ValueError, OSError, RuntimeError):  # outside the cwd; a symlink loop (3.11)
         return file.as_posix()
 

@@ -153,7 +153,7 @@ class Project:
     def load(cls, *paths: str | os.PathLike[str]) -> Project:
         from flowlane.compiler import api
 
-        return api.load_project(paths or ("flows",))
+        return api.load_project(paths or None)
 
     def flow(self, slug: str) -> Flow:
         """The concrete flow named ``slug`` (exact match)."""

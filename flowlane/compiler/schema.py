@@ -151,14 +151,89 @@ def _additional(doc: Document, error: ValidationError, path: tuple[Any, ...],
     return found
 
 
+def _step_keys() -> set[str]:
+    return set(schema()["$defs"]["step"].get("properties", {}))
+
+
+def _under_indented(doc: Document, path: tuple[Any, ...]) -> Diagnostic | None:
+    """``steps: {b: null, needs: [a]}``: a step option written at the indentation of the
+    step names, so YAML reads it as a step of its own."""
+    if len(path) != 2 or path[0] != "steps" or path[1] not in _step_keys():
+        return None
+    steps = doc.data.get("steps") if isinstance(doc.data, dict) else None
+    if not isinstance(steps, dict):
+        return None
+    names = list(steps)
+    index = names.index(path[1])
+    owner = next((n for n in reversed(names[:index])
+                  if n not in _step_keys() or isinstance(steps[n], dict | None)), None)
+    if owner is None:
+        return None
+    return doc.diagnostic(
+        path, "FL012", f"`{path[1]}` is read as a step name: indent it under `{owner}`",
+        f"step options belong inside their step: indent `{path[1]}:` further than "
+        f"`{owner}:`", key=True)
+
+
+def error_paths(data: Any) -> list[tuple[Any, ...]]:
+    """Where ``data`` breaks the schema (instance paths), for partial semantic checks."""
+    kind = data.get("kind") if isinstance(data, dict) else None
+    validator = _validator(kind if kind in ("flow", "alias", "worker") else None)
+    return [tuple(error.absolute_path) for error in validator.iter_errors(data)]
+
+
+def repaired_flow(data: dict[str, Any]) -> dict[str, Any] | None:
+    """A schema-valid stand-in for a flow document with schema errors, so that the semantic
+    checks still run on the rest of it: broken steps keep only their ``needs`` (and get a
+    placeholder handler), broken optional parts are dropped. None when that is not safe."""
+    flow_keys = set(schema()["$defs"]["flow"].get("properties", {}))
+    steps = data.get("steps")
+    if not isinstance(data.get("slug"), str) or not isinstance(steps, dict) or not steps:
+        return None
+    repaired = {key: value for key, value in data.items() if key in flow_keys}
+    fixed_steps = dict(steps)
+    for path in error_paths(data):
+        if len(path) >= 2 and path[0] == "steps" and path[1] in steps:
+            if path[1] in _step_keys():
+                return None  # an under-indented option: the step list itself is wrong
+            fixed_steps[path[1]] = _placeholder_step(steps[path[1]])
+        elif path[:1] in (("defaults",), ("description",), ("format",)):
+            repaired.pop(path[0], None)
+        elif path != ():  # () = unknown top-level keys, dropped above
+            return None
+    repaired["steps"] = fixed_steps
+    return repaired if is_valid(repaired) else None
+
+
+def _placeholder_step(spec: Any) -> dict[str, Any]:
+    needs = spec.get("needs") if isinstance(spec, dict) else None
+    valid = isinstance(needs, list) and all(isinstance(n, str) for n in needs)
+    return {"handler": "flowlane.placeholder:step", **({"needs": needs} if valid and needs else {})}
+
+
 def _type(doc: Document, error: ValidationError, path: tuple[Any, ...],
           sub: dict[str, Any]) -> list[Diagnostic]:
+    misplaced = _under_indented(doc, path)
+    if misplaced is not None:
+        return [misplaced]
     expected = error.validator_value
     wanted = [expected] if isinstance(expected, str) else _listed(expected)
     text = " or ".join(_TYPE_NAMES.get(t, t) for t in wanted)
     return [doc.diagnostic(path, "FL012",
                            f"{_field(path)} must be {text}, not {_kind_of(error.instance)}",
-                           _example_help(sub))]
+                           _empty_step_help(doc, path, error.instance) or _example_help(sub))]
+
+
+def _empty_step_help(doc: Document, path: tuple[Any, ...], value: Any) -> str | None:
+    """``b:`` with nothing under it, followed by options at its own indentation."""
+    if value is not None or len(path) != 2 or path[0] != "steps":
+        return None
+    names = list(doc.data["steps"])
+    following = names[names.index(path[1]) + 1:]
+    if following and following[0] in _step_keys():
+        return f"its options are not indented under it: indent `{following[0]}:` and the " \
+               f"lines after it further than `{path[1]}:`"
+    return None
 
 
 def _any_of(doc: Document, error: ValidationError, path: tuple[Any, ...],

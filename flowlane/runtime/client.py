@@ -1,7 +1,15 @@
-"""Start runs and inspect them."""
+"""Start runs, operate on them (cancel, retry, wait) and inspect them.
+
+:class:`Client` is synchronous, :class:`AsyncClient` the same API for asyncio.
+``wait`` LISTENs on ``flowlane_run_finished`` (notified by the SQL Core when a
+run ends) and re-reads the run only when woken, with a slow fallback poll in
+case a notification cannot arrive (e.g. behind a transaction-pooling proxy).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import json
 import time
 import uuid
@@ -19,7 +27,10 @@ from flowlane.core import db
 from flowlane.core.queries import query
 from flowlane.runtime import hints
 
-TERMINAL = ("completed", "failed")
+TERMINAL = ("completed", "failed", "cancelled")
+STATUSES = ("started", *TERMINAL)
+MAX_INPUT_BYTES = 1024 * 1024  # the run input as JSON text; documented in README
+FALLBACK_POLL_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -31,6 +42,7 @@ class RunSummary:
     started_at: datetime
     completed_at: datetime | None
     failed_at: datetime | None
+    cancelled_at: datetime | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -41,7 +53,39 @@ class RunSummary:
             "started_at": _iso(self.started_at),
             "completed_at": _iso(self.completed_at),
             "failed_at": _iso(self.failed_at),
+            "cancelled_at": _iso(self.cancelled_at),
         }
+
+    @classmethod
+    def from_row(cls, r: dict[str, Any]) -> RunSummary:
+        return cls(
+            run_id=str(r["run_id"]),
+            flow_slug=r["flow_slug"],
+            status=r["status"],
+            remaining_steps=r["remaining_steps"],
+            started_at=r["started_at"],
+            completed_at=r["completed_at"],
+            failed_at=r["failed_at"],
+            cancelled_at=r["cancelled_at"],
+        )
+
+
+class RunTimeout(errors.FlowlaneError):
+    """A run did not end within the time given to ``wait``."""
+
+
+@dataclass(frozen=True)
+class StuckRun:
+    """A started run that no task can move (``flowlane.stuck_runs()``)."""
+
+    run_id: str
+    flow_slug: str
+    started_at: datetime
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "flow_slug": self.flow_slug,
+                "started_at": _iso(self.started_at), "reason": self.reason}
 
 
 # start_flow's refusals of the caller's input (not of the database state)
@@ -49,12 +93,14 @@ _START_HINTS = {
     "22023": "this flow's first step maps over the run input: pass a JSON array, e.g. --input '[1, 2, 3]'",
     "23505": "a run id names one run: pass another --run-id, or none for a new one",
 }
+_NO_RUN = "P0002"
+_WRONG_STATE = "55000"
 
 
 def _run_id(text: str) -> str:
     """``text`` as a canonical UUID string; a usage error when it is not one."""
     try:
-        return str(uuid.UUID(text))
+        return str(uuid.UUID(str(text)))
     except ValueError:
         raise errors.UsageError(
             f"{text!r} is not a run id (expected a UUID)",
@@ -66,11 +112,89 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
+def encode_input(input: Any) -> str:
+    """The run input as JSON text; a usage error when it cannot be one or is too large."""
+    try:
+        payload = json.dumps({} if input is None else input, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise errors.UsageError(f"the run input is not JSON-serialisable: {exc}") from exc
+    size = len(payload.encode("utf-8"))
+    if size > MAX_INPUT_BYTES:
+        raise errors.UsageError(
+            f"the run input is {size} bytes of JSON, over the limit of {MAX_INPUT_BYTES} bytes",
+            hint="pass a reference (a URL, a table key, a file path) instead of the data itself",
+        )
+    return payload
+
+
+def _start_error(exc: errors.DatabaseError) -> errors.FlowlaneError:
+    hint = _START_HINTS.get(exc.sqlstate or "")
+    # the database's own hint first (e.g. the input limits)
+    return exc if hint is None else errors.UsageError(str(exc), hint=exc.hint or hint)
+
+
+def _operation_error(exc: errors.DatabaseError, run_id: str) -> errors.FlowlaneError:
+    if exc.sqlstate == _NO_RUN:
+        return errors.FlowlaneError(f"no run {run_id}", hint="`flowlane runs` lists recent runs")
+    if exc.sqlstate == _WRONG_STATE:
+        return errors.FlowlaneError(
+            str(exc).split(": ", 1)[-1], hint="`flowlane run RUN_ID` shows its state"
+        )
+    return exc
+
+
+def _run_state(rows: list[dict[str, Any]], run_id: str) -> dict[str, Any]:
+    if not rows or rows[0]["run"] is None:
+        raise errors.FlowlaneError(f"no run {run_id}", hint="`flowlane runs` lists recent runs")
+    run: dict[str, Any] = rows[0]["run"]
+    return run
+
+
+def _flow_filter(rows: list[dict[str, Any]], flow: str) -> list[str]:
+    """The concrete slugs a ``--flow`` name stands for; unknown names get a suggestion."""
+    row = rows[0]
+    if row["flows"]:
+        return list(row["flows"])
+    known: list[str] = list(row["known"] or [])
+    close = difflib.get_close_matches(flow, known, n=3)
+    hint = f"did you mean {', '.join(close)}?" if close else "`flowlane plan` lists the flows"
+    raise errors.UsageError(f"no flow or alias `{flow}` in the database", hint=hint)
+
+
+def _check_page(rows: list[dict[str, Any]], before: str) -> None:
+    if not rows[0]["found"]:
+        raise errors.UsageError(f"--before: no run {before}", hint="`flowlane runs` lists run ids")
+
+
+def _list_params(
+    limit: int, flows: list[str] | None, status: str | None, before: str | None,
+    since: datetime | None,
+) -> dict[str, Any]:
+    if limit < 0:
+        raise errors.UsageError(f"the run limit must be 0 or more, not {limit}")
+    if status is not None and status not in STATUSES:
+        raise errors.UsageError(f"unknown run status {status!r}", hint=f"one of {', '.join(STATUSES)}")
+    return {
+        "limit": limit,
+        "flows": flows,
+        "status": status,
+        "before": _run_id(before) if before else None,
+        "since": since,
+    }
+
+
+def _timed_out(run_id: str, status: str, timeout: float) -> RunTimeout:
+    return RunTimeout(
+        f"run {run_id} is still {status} after {timeout:g}s",
+        hint=f"it keeps running; `flowlane run {run_id}` shows where it is",
+    )
+
+
 class Client:
     """``Client(dsn)``: one connection; also a context manager.
 
     ``dsn`` None resolves like the CLI: ``FLOWLANE_DSN``, ``DATABASE_URL``, else
-    the embedded database of ``project_dir`` (default: the current directory).
+    the embedded database of ``project_dir`` (default: the project root).
     """
 
     def __init__(self, dsn: str | None = None, *, project_dir: Path | None = None) -> None:
@@ -108,61 +232,214 @@ class Client:
 
     def start(self, flow: str, input: Any = None, *, run_id: str | None = None) -> tuple[str, str]:
         """Start a run; return ``(run_id, concrete flow slug)`` (an alias: its active version)."""
-        try:
-            payload = json.dumps({} if input is None else input, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise errors.UsageError(f"the run input is not JSON-serialisable: {exc}") from exc
-        if run_id is not None:
-            run_id = _run_id(run_id)
+        payload = encode_input(input)
+        run_id = _run_id(run_id) if run_id is not None else None
         try:
             rows = self._rows(
                 "client_start_flow", f"cannot start {flow}", flow=flow, input=payload, run_id=run_id
             )
         except errors.DatabaseError as exc:
-            hint = _START_HINTS.get(exc.sqlstate or "")
-            if hint is None:
-                raise
-            raise errors.UsageError(str(exc), hint=hint) from exc
+            raise _start_error(exc) from exc
         if not rows:
             raise errors.DatabaseError(f"start_flow({flow!r}) returned no run")
         return str(rows[0]["run_id"]), str(rows[0]["flow_slug"])
 
+    def cancel(self, run_id: str, *, reason: str | None = None) -> dict[str, Any]:
+        """Cancel a started run (idempotent for a cancelled one); return its row."""
+        run_id = _run_id(run_id)
+        try:
+            rows = self._rows("client_cancel_run", "cannot cancel", run_id=run_id, reason=reason)
+        except errors.DatabaseError as exc:
+            raise _operation_error(exc, run_id) from exc
+        return rows[0]
+
+    def retry(self, run_id: str) -> dict[str, Any]:
+        """Resume a failed run from its failed steps with a fresh attempt budget."""
+        run_id = _run_id(run_id)
+        try:
+            rows = self._rows("client_retry_run", "cannot retry", run_id=run_id)
+        except errors.DatabaseError as exc:
+            raise _operation_error(exc, run_id) from exc
+        return rows[0]
+
+    def flows_named(self, flow: str) -> list[str]:
+        """The concrete slugs of a flow or alias (an alias: every version it ever pointed at)."""
+        return _flow_filter(self._rows("client_flow_filter", "cannot list flows", flow=flow), flow)
+
     def list_runs(
-        self, *, limit: int = 20, flow: str | None = None, status: str | None = None
+        self,
+        *,
+        limit: int = 20,
+        flow: str | None = None,
+        status: str | None = None,
+        before: str | None = None,
+        since: datetime | None = None,
     ) -> list[RunSummary]:
-        if limit < 0:
-            raise errors.UsageError(f"the run limit must be 0 or more, not {limit}")
-        rows = self._rows("client_list_runs", "cannot list runs", limit=limit, flow=flow, status=status)
-        return [
-            RunSummary(
-                run_id=str(r["run_id"]),
-                flow_slug=r["flow_slug"],
-                status=r["status"],
-                remaining_steps=r["remaining_steps"],
-                started_at=r["started_at"],
-                completed_at=r["completed_at"],
-                failed_at=r["failed_at"],
-            )
-            for r in rows
-        ]
+        """Runs newest first; ``before`` = a run id (the next page), ``since`` = a time."""
+        flows = self.flows_named(flow) if flow else None
+        params = _list_params(limit, flows, status, before, since)
+        if params["before"]:
+            found = self._rows("client_run_exists", "cannot list runs", run_id=params["before"])
+            _check_page(found, params["before"])
+        rows = self._rows("client_list_runs", "cannot list runs", **params)
+        return [RunSummary.from_row(r) for r in rows]
+
+    def stuck_runs(self) -> list[StuckRun]:
+        """Started runs without a queued, leased or retry-delayed task: nothing will move them."""
+        rows = self._rows("client_stuck_runs", "cannot check for stuck runs")
+        return [StuckRun(str(r["run_id"]), r["flow_slug"], r["started_at"], r["reason"])
+                for r in rows]
 
     def get_run(self, run_id: str) -> dict[str, Any]:
-        """``{"run": {...}, "steps": [...], "tasks": [...]}``; raises when there is no such run."""
-        rows = self._rows("client_get_run", "cannot read the run", run_id=_run_id(run_id))
-        if not rows or rows[0]["run"] is None:
-            raise errors.FlowlaneError(f"no run {run_id}", hint="`flowlane runs` lists recent runs")
-        run: dict[str, Any] = rows[0]["run"]
-        return run
+        """``{"run", "steps", "tasks", "attempts"}``; raises when there is no such run."""
+        run_id = _run_id(run_id)
+        return _run_state(self._rows("client_get_run", "cannot read the run", run_id=run_id), run_id)
 
-    def wait(self, run_id: str, *, timeout: float = 60.0, interval: float = 0.1) -> dict[str, Any]:
-        """Poll until the run is completed or failed; raise after ``timeout`` seconds."""
+    def wait(self, run_id: str, *, timeout: float = 60.0) -> dict[str, Any]:
+        """Block until the run ends (completed, failed or cancelled); return its state.
+
+        Woken by the run's notification; raises :class:`RunTimeout` after ``timeout`` s."""
+        run_id = _run_id(run_id)
         deadline = time.monotonic() + timeout
-        while True:
-            state = self.get_run(run_id)
-            if state["run"]["status"] in TERMINAL:
-                return state
-            if time.monotonic() >= deadline:
-                raise errors.FlowlaneError(
-                    f"run {run_id} is still {state['run']['status']} after {timeout:g}s"
+        conn = self._connection()
+        with db.wrap_errors("cannot wait for the run"):
+            conn.execute(query("client_listen_finished"))
+        try:
+            while True:
+                state = self.get_run(run_id)
+                if state["run"]["status"] in TERMINAL:
+                    return state
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise _timed_out(run_id, state["run"]["status"], timeout)
+                with db.wrap_errors("cannot wait for the run"):
+                    for note in conn.notifies(timeout=min(remaining, FALLBACK_POLL_SECONDS)):
+                        if note.payload == run_id:
+                            break
+        finally:
+            with contextlib.suppress(psycopg.Error):  # a broken connection: the error above says why
+                conn.execute(query("client_unlisten_finished"))
+
+
+class AsyncClient:
+    """The :class:`Client` API for asyncio: ``async with AsyncClient(dsn) as client: ...``."""
+
+    def __init__(self, dsn: str | None = None, *, project_dir: Path | None = None) -> None:
+        self.target = db.resolve(dsn, project_dir)
+        self._conn: psycopg.AsyncConnection[dict[str, Any]] | None = None
+
+    async def _connection(self) -> psycopg.AsyncConnection[dict[str, Any]]:
+        if self._conn is None or self._conn.closed:
+            with db.wrap_errors(f"cannot connect to {db.redact(self.target.dsn)}"):
+                self._conn = await psycopg.AsyncConnection.connect(
+                    self.target.dsn, autocommit=True, row_factory=dict_row
                 )
-            time.sleep(interval)
+        return self._conn
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def _rows(self, name: str, action: str, **params: Any) -> list[dict[str, Any]]:
+        conn = await self._connection()
+        with hints.migrate_hint(), db.wrap_errors(action):
+            cursor = await conn.execute(query(name), params)
+            return await cursor.fetchall()
+
+    async def start(
+        self, flow: str, input: Any = None, *, run_id: str | None = None
+    ) -> tuple[str, str]:
+        payload = encode_input(input)
+        run_id = _run_id(run_id) if run_id is not None else None
+        try:
+            rows = await self._rows(
+                "client_start_flow", f"cannot start {flow}", flow=flow, input=payload, run_id=run_id
+            )
+        except errors.DatabaseError as exc:
+            raise _start_error(exc) from exc
+        return str(rows[0]["run_id"]), str(rows[0]["flow_slug"])
+
+    async def start_run(self, flow: str, input: Any = None, *, run_id: str | None = None) -> str:
+        return (await self.start(flow, input, run_id=run_id))[0]
+
+    async def cancel(self, run_id: str, *, reason: str | None = None) -> dict[str, Any]:
+        run_id = _run_id(run_id)
+        try:
+            rows = await self._rows("client_cancel_run", "cannot cancel", run_id=run_id, reason=reason)
+        except errors.DatabaseError as exc:
+            raise _operation_error(exc, run_id) from exc
+        return rows[0]
+
+    async def retry(self, run_id: str) -> dict[str, Any]:
+        run_id = _run_id(run_id)
+        try:
+            rows = await self._rows("client_retry_run", "cannot retry", run_id=run_id)
+        except errors.DatabaseError as exc:
+            raise _operation_error(exc, run_id) from exc
+        return rows[0]
+
+    async def list_runs(
+        self,
+        *,
+        limit: int = 20,
+        flow: str | None = None,
+        status: str | None = None,
+        before: str | None = None,
+        since: datetime | None = None,
+    ) -> list[RunSummary]:
+        flows = None
+        if flow:
+            found = await self._rows("client_flow_filter", "cannot list flows", flow=flow)
+            flows = _flow_filter(found, flow)
+        params = _list_params(limit, flows, status, before, since)
+        if params["before"]:
+            found = await self._rows("client_run_exists", "cannot list runs", run_id=params["before"])
+            _check_page(found, params["before"])
+        rows = await self._rows("client_list_runs", "cannot list runs", **params)
+        return [RunSummary.from_row(r) for r in rows]
+
+    async def get_run(self, run_id: str) -> dict[str, Any]:
+        run_id = _run_id(run_id)
+        rows = await self._rows("client_get_run", "cannot read the run", run_id=run_id)
+        return _run_state(rows, run_id)
+
+    async def wait(self, run_id: str, *, timeout: float = 60.0) -> dict[str, Any]:
+        """Like :meth:`Client.wait`, without blocking the event loop."""
+        run_id = _run_id(run_id)
+        deadline = time.monotonic() + timeout
+        # a connection of its own: notifications arrive while other calls use the main one
+        with db.wrap_errors("cannot wait for the run"):
+            listener = await psycopg.AsyncConnection.connect(self.target.dsn, autocommit=True)
+        try:
+            await listener.execute(query("client_listen_finished"))
+            while True:
+                state = await self.get_run(run_id)
+                if state["run"]["status"] in TERMINAL:
+                    return state
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise _timed_out(run_id, state["run"]["status"], timeout)
+                await _next_notification(listener, run_id, min(remaining, FALLBACK_POLL_SECONDS))
+        finally:
+            await listener.close()
+
+
+async def _next_notification(
+    conn: psycopg.AsyncConnection[Any], run_id: str, timeout: float
+) -> None:
+    with db.wrap_errors("cannot wait for the run"):
+        async for note in conn.notifies(timeout=timeout):
+            if note.payload == run_id:
+                return

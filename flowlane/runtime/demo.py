@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flowlane import compiler, errors
+from flowlane import compiler, errors, project_root
 from flowlane.compiler import diagnostics
 from flowlane.compiler.model import Project
 from flowlane.core import db, deploy, migrator
-from flowlane.runtime.client import Client
+from flowlane.runtime.client import TERMINAL, Client
 from flowlane.runtime.worker import Worker
 
 # sample inputs for the example flows shipped in flows/; any other flow gets {}
@@ -49,9 +49,10 @@ class Started:
 
 
 def run_demo(
-    paths: Sequence[str], *, timeout: float = 120.0, dsn: str | None = None, out: str = "sql"
+    paths: Sequence[str], *, timeout: float = 120.0, dsn: str | None = None, out: str | None = None
 ) -> int:
-    root = Path.cwd()
+    root = project_root.find_root()
+    out = out or project_root.sql_dir()
     result = compiler.compile_paths(paths, out=out)
     if result.project is None:
         print(diagnostics.render(result.diagnostics, "text"))
@@ -117,8 +118,8 @@ def run_demo(
             print("  error: " + state["run"]["error_message"])
     print()
     print(
-        f"compiled SQL: {(root / out / 'flows').as_posix()}/*.sql"
-        f" and {(root / out / 'aliases.sql').as_posix()}"
+        f"compiled SQL: {(Path(out).resolve() / 'flows').as_posix()}/*.sql"
+        f" and {(Path(out).resolve() / 'aliases.sql').as_posix()}"
     )
     print("inspect: `flowlane runs`, `flowlane run RUN_ID`; stop the database: `flowlane db down`")
     return 0 if ok else 1
@@ -160,7 +161,7 @@ def _serve_until_done(
                 for item in started:
                     if item.run_id not in states:
                         state = client.get_run(item.run_id)
-                        if state["run"]["status"] in ("completed", "failed"):
+                        if state["run"]["status"] in TERMINAL:
                             states[item.run_id] = state
                 time.sleep(0.05)
     finally:

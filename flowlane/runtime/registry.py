@@ -11,10 +11,12 @@ import inspect
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from flowlane import errors
-from flowlane.compiler.model import HandlerRef, Location
+from flowlane import errors, project_root
+from flowlane.compiler.diagnostics import Diagnostic
+from flowlane.compiler.model import HandlerRef, Location, Project
 
 Handler = Callable[[Any, Any], Any]
 
@@ -105,6 +107,58 @@ def _import(handler: str) -> Handler:
         raise _ImportProblem(f"{module_name}:{attr} is not callable")
     func: Handler = target
     return func
+
+
+def check_handlers(project: Project, import_paths: Iterable[str] = ()) -> list[Diagnostic]:
+    """FL072 for every step whose handler cannot be imported or called as ``f(input, ctx)``."""
+    for path in import_paths:
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    found: list[Diagnostic] = []
+    for flow in project.flows:
+        for step in flow.steps:
+            problem = _handler_problem(step.handler)
+            if problem is None:
+                continue
+            where = step.handler_location or step.location or flow.location
+            found.append(Diagnostic(
+                where.path if where else flow.slug, where.line if where else 1,
+                where.col if where else 1, "FL072",
+                f"handler `{step.handler}` of step {flow.slug}.{step.slug}: {problem}",
+                "fix the `handler:` entry or make its module importable from the project root "
+                "(or pass --import-path)",
+                _source_line(where),
+            ))
+    return found
+
+
+def _handler_problem(handler: str) -> str | None:
+    try:
+        func = _import(handler)
+    except _ImportProblem as exc:
+        return str(exc)
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):  # a builtin without a signature: trust it
+        return None
+    try:
+        signature.bind(None, None)
+    except TypeError as exc:
+        return f"cannot be called with (input, ctx): {exc}"
+    return None
+
+
+def _source_line(where: Location | None) -> str | None:
+    if where is None:
+        return None
+    try:
+        lines = Path(project_root.find_root(), where.path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        try:
+            lines = Path(where.path).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError):
+            return None
+    return lines[where.line - 1] if 0 < where.line <= len(lines) else None
 
 
 def _is_async(func: Any) -> bool:

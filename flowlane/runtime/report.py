@@ -6,6 +6,17 @@ import json
 from collections import Counter
 from typing import Any
 
+SHOWN_ERROR_CHARS = 120
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def _one_line(text: str | None, limit: int = SHOWN_ERROR_CHARS) -> str:
+    flat = " ".join((text or "").split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
 
 def render_run(state: dict[str, Any]) -> str:
     run = state["run"]
@@ -15,29 +26,56 @@ def render_run(state: dict[str, Any]) -> str:
         f"{'status':<10}{run['status']}",
         f"{'started':<10}{run.get('started_at')}",
     ]
-    for key in ("completed_at", "failed_at"):
+    for key in ("completed_at", "failed_at", "cancelled_at", "retried_at"):
         if run.get(key):
             lines.append(f"{key.split('_')[0]:<10}{run[key]}")
+    if run.get("retry_count"):
+        lines.append(f"{'retries':<10}{run['retry_count']}")
+    if run.get("cancel_reason"):
+        lines.append(f"{'reason':<10}{run['cancel_reason']}")
     if run.get("error_message"):
         lines.append(f"{'error':<10}{run['error_message']}")
-    tasks_by_step: dict[str, Counter[str]] = {}
-    attempts: dict[str, int] = {}
-    for task in state.get("tasks", []):
-        tasks_by_step.setdefault(task["step_slug"], Counter())[task["status"]] += 1
-        slug = task["step_slug"]
-        attempts[slug] = max(attempts.get(slug, 0), task["attempts_count"])
     lines.append("")
-    lines.append(f"{'STEP':<28} {'STATUS':<10} {'TASKS':<24} NOTE")
-    for step in state.get("steps", []):
-        slug = step["step_slug"]
-        counts = tasks_by_step.get(slug, Counter())
-        tasks = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "-"
-        note = step.get("skip_reason") or step.get("error_message") or ""
-        if attempts.get(slug, 0) > 1:
-            note = f"{note} (max attempt {attempts[slug]})".strip()
-        lines.append(f"{slug:<28} {step['status']:<10} {tasks:<24} {note}")
+    lines.extend(_step_table(state))
+    failed = state.get("attempts") or []
+    if failed:
+        lines.append("")
+        lines.append("failed attempts")
+        for item in failed:
+            where = f"{item['step_slug']}[{item['task_index']}]"
+            retry = f", before retry {item['retry_round'] + 1}" if item.get("retry_round") else ""
+            kind = item.get("error_type") or item["outcome"]
+            lines.append(
+                f"  {where:<24} attempt {item['attempt']}{retry}  {kind}: "
+                f"{_one_line(item.get('error_message'))}"
+            )
+        lines.append("  (`flowlane run RUN_ID --format json` includes the tracebacks)")
     if run.get("output") is not None:
         lines.append("")
         lines.append("output")
         lines.append(json.dumps(run["output"], indent=2, ensure_ascii=False))
     return "\n".join(lines)
+
+
+def _step_table(state: dict[str, Any]) -> list[str]:
+    tasks_by_step: dict[str, Counter[str]] = {}
+    attempts: dict[str, int] = {}
+    errors: dict[str, str] = {}
+    for task in state.get("tasks", []):
+        slug = task["step_slug"]
+        tasks_by_step.setdefault(slug, Counter())[task["status"]] += 1
+        attempts[slug] = max(attempts.get(slug, 0), task["attempts_count"])
+        if task.get("error_message"):
+            errors[slug] = task["error_message"]
+    rows = [f"{'STEP':<24} {'STATUS':<10} {'TASKS':<26} {'ATTEMPTS':<11} LAST ERROR / NOTE"]
+    for step in state.get("steps", []):
+        slug = step["step_slug"]
+        counts = tasks_by_step.get(slug, Counter())
+        tasks = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "-"
+        tried = plural(attempts[slug], "attempt") if attempts.get(slug) else "-"
+        error = step.get("error_message") or errors.get(slug)
+        note = _one_line(error) if error else ""
+        if step.get("skip_reason"):
+            note = f"skipped: {step['skip_reason']}" + (f" ({note})" if note else "")
+        rows.append(f"{slug:<24} {step['status']:<10} {tasks:<26} {tried:<11} {note}".rstrip())
+    return rows

@@ -5,7 +5,10 @@ happened: accepted, a retry scheduled, the task exhausted, the output refused
 by the engine (e.g. a map's parent must output an array), or rejected
 because this worker lost its lease (the task was requeued and claimed again,
 or finished elsewhere): a rejected result changes nothing and is only logged.
-Transient database errors are retried with backoff until the worker stops.
+Errors a retry can fix (a lost connection, a deadlock: ``store.is_transient``)
+are retried with backoff until the worker stops. A result the database
+refuses (a program limit, an oversized value, any other error) fails its own
+task with the database's message; the other results of the batch commit.
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ import psycopg
 
 from flowlane.runtime import log
 from flowlane.runtime.backoff import Backoff
-from flowlane.runtime.store import TRANSIENT, Row, Store
-from flowlane.runtime.tasks import TaskResult, describe, first_line
+from flowlane.runtime.store import TRANSIENT, Row, Store, is_transient
+from flowlane.runtime.tasks import TaskResult, describe, first_line, short_text
 
 INFO, WARNING, ERROR = logging.INFO, logging.WARNING, logging.ERROR
 
@@ -40,7 +43,7 @@ class ResultSender:
                 while failures:
                     await self._send_failure(failures[0])
                     failures.pop(0)
-            except TRANSIENT as exc:
+            except TRANSIENT as exc:  # the two calls above raise only what a retry can fix
                 pending = len(completions) + len(failures)
                 await backoff.retry_later("flusher", exc, pending=pending)
 
@@ -49,9 +52,9 @@ class ResultSender:
         refused: list[TaskResult] = []
         try:
             rows = await self.store.complete_tasks([r.completion(self.worker_id) for r in results])
-        except TRANSIENT:
-            raise
         except psycopg.Error as exc:
+            if is_transient(exc):
+                raise
             if len(results) == 1:
                 return [
                     TaskResult(
@@ -76,10 +79,12 @@ class ResultSender:
                 error_message=(result.error or "failed").replace("\x00", "\\0"),
                 worker_id=self.worker_id,
                 attempt=task.attempt,
+                error_type=result.error_type,
+                traceback=result.traceback,
             )
-        except TRANSIENT:
-            raise
         except psycopg.Error as exc:  # never expected; do not let one task stop the worker
+            if is_transient(exc):
+                raise
             log.event(
                 ERROR,
                 "result_not_sent",
@@ -129,4 +134,6 @@ class ResultSender:
                     INFO if row["status"] == "queued" else WARNING,
                     "task_retry_scheduled" if row["status"] == "queued" else "task_exhausted",
                     **task.fields,
+                    error=result.error_type,
+                    message=short_text(result.error),
                 )

@@ -68,7 +68,9 @@ def _by_flow(project: Project, name: str, step_slug: str | None) -> Selection:
     except KeyError:
         raise errors.UsageError(
             f"unknown flow {name!r}",
-            hint=f"known flows: {', '.join(sorted(f.slug for f in project.flows)) or '(none)'}",
+            hint=f"known flows: {', '.join(sorted(f.slug for f in project.flows)) or '(none)'}"
+            + (f"; aliases: {', '.join(sorted(a.slug for a in project.aliases))}"
+               if project.aliases else ""),
         ) from None
     _refuse_split_alias(project, name)
     slug = flow.slug

@@ -10,14 +10,35 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
+from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from flowlane.core.queries import query
 from flowlane.runtime import log
+from flowlane.runtime.limits import safe_loads
 from flowlane.runtime.tasks import ClaimedTask
 
-# errors after which the same call may succeed on another connection
+# the exception classes that may be transient; is_transient() decides for one error
 TRANSIENT: tuple[type[BaseException], ...] = (psycopg.OperationalError, PoolTimeout)
+DATABASE_ERRORS: tuple[type[BaseException], ...] = (psycopg.Error, PoolTimeout)
+
+# SQLSTATEs a retry can fix: connection exceptions (class 08), the server shutting
+# down or starting, serialization failures and deadlocks, too many connections.
+# Other OperationalErrors (program limits, out of memory, a cancelled query) are
+# permanent: the same call fails the same way.
+_RETRYABLE_STATES = frozenset({"57P01", "57P02", "57P03", "40001", "40P01", "53300"})
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True when retrying the same call may succeed (connection lost, deadlock, ...)."""
+    if isinstance(exc, PoolTimeout):
+        return True
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = exc.sqlstate
+    if state is None:  # no answer from the server: the connection was lost or refused
+        return True
+    return state.startswith("08") or state in _RETRYABLE_STATES
 
 Row = dict[str, Any]
 Pairs = Sequence[tuple[str, str]]
@@ -47,7 +68,8 @@ class Claim:
 
 
 def channel(queue_name: str) -> str:
-    """The channel PGMQ's insert trigger notifies (``pgmq.notify_queue_listeners``)."""
+    """The channel flowlane's insert trigger notifies (``flowlane._notify_queue_insert``;
+    the name PGMQ's own trigger used)."""
     return f"pgmq.q_{queue_name}.INSERT"
 
 
@@ -81,6 +103,7 @@ class Store:
                 "row_factory": dict_row,
                 "application_name": application_name,
             },
+            configure=_configure,
             connection_class=psycopg.AsyncConnection[Row],
             name=application_name,
         )
@@ -111,19 +134,10 @@ class Store:
         """The pairs routed to the queue that ``pairs`` leaves out, each with its sources."""
         return await self.fetch("worker_coverage", queue_name=queue_name, pairs=json_param(pairs))
 
-    async def enable_notify(self, queue_name: str, throttle_ms: int) -> bool:
-        """Install PGMQ's insert trigger on the queue unless it is already there."""
-        async with self.pool.connection() as conn, conn.transaction():
-            # replicas starting together: one installs the trigger, the others then see it
-            await conn.execute(query("worker_notify_lock"), {"queue_name": queue_name})
-            cur = await conn.execute(query("worker_notify_throttle"), {"queue_name": queue_name})
-            if await cur.fetchone() is not None:
-                return False
-            await conn.execute(
-                query("worker_enable_notify"),
-                {"queue_name": queue_name, "throttle_ms": throttle_ms},
-            )
-            return True
+    async def enable_notify(self, queue_name: str) -> bool:
+        """Install flowlane's insert notification on the queue unless it is already there."""
+        rows = await self.fetch("worker_enable_notify", queue_name=queue_name)
+        return bool(rows and rows[0]["installed"])
 
     async def register(
         self, worker_id: str, queue_name: str, worker_name: str, deployment: str, pairs: Pairs
@@ -192,6 +206,11 @@ class Store:
                 )
         return claim
 
+    async def extend_leases(self, worker_id: str, held: list[dict[str, Any]]) -> int:
+        """Extend the leases of the tasks this worker holds (see ``flowlane.extend_leases``)."""
+        rows = await self.fetch("worker_extend_leases", worker_id=worker_id, tasks=json_param(held))
+        return int(rows[0]["extended"] or 0) if rows else 0
+
     async def complete_tasks(self, completions: list[dict[str, Any]]) -> list[Row]:
         return await self.fetch("worker_complete_tasks", results=json_param(completions))
 
@@ -204,6 +223,8 @@ class Store:
         error_message: str,
         worker_id: str,
         attempt: int,
+        error_type: str | None = None,
+        traceback: str | None = None,
     ) -> list[Row]:
         return await self.fetch(
             "worker_fail_task",
@@ -213,6 +234,8 @@ class Store:
             error_message=error_message,
             worker_id=worker_id,
             attempt=attempt,
+            error_type=error_type,
+            traceback=traceback,
         )
 
     async def listen_connection(self, queue_name: str) -> psycopg.AsyncConnection[Any]:
@@ -228,6 +251,11 @@ class Store:
             await conn.close()
             raise
         return conn
+
+
+async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+    # a claimed input nested too deep for json.loads fails its task, not the whole batch
+    set_json_loads(safe_loads, conn)
 
 
 def _claimed(r: Row) -> ClaimedTask:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import json
 import logging
 import queue
 import threading
@@ -17,9 +16,12 @@ from typing import Any
 
 from flowlane.runtime import log
 from flowlane.runtime.context import TaskContext
+from flowlane.runtime.limits import check_output, undecodable_field
 from flowlane.runtime.registry import Registered
 
 MAX_ERROR_CHARS = 4000
+MAX_TRACEBACK_CHARS = 16000  # the attempt history's bound (0007_run_operations.sql)
+LOGGED_MESSAGE_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ class TaskResult:
     output: Any = None
     error: str | None = None
     duration_ms: int = 0
+    error_type: str | None = None
+    traceback: str | None = None
 
     def completion(self, worker_id: str) -> dict[str, Any]:
         return {
@@ -68,20 +72,28 @@ class TaskResult:
         }
 
 
-def check_json(output: Any) -> str | None:
-    """None when ``output`` can be stored as jsonb, else why not."""
-    try:
-        text = json.dumps(output, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        return f"handler returned a value that is not JSON-serialisable: {exc}"
-    if "\\u0000" in text:
-        return "handler returned a string containing \\u0000, which PostgreSQL jsonb cannot store"
-    return None
-
-
 def describe(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     return text.replace("\x00", "\\0")[:MAX_ERROR_CHARS]  # PostgreSQL text cannot hold NUL
+
+
+def error_type(exc: BaseException) -> str:
+    kind = type(exc)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def bounded_traceback(exc: BaseException) -> str:
+    """The traceback's last ``MAX_TRACEBACK_CHARS`` characters (the innermost frames matter most)."""
+    text = "".join(traceback.format_exception(exc)).replace("\x00", "\\0")
+    return text if len(text) <= MAX_TRACEBACK_CHARS else "...\n" + text[-(MAX_TRACEBACK_CHARS - 4) :]
+
+
+def short_text(text: str | None) -> str | None:
+    """An error text for a log line: one line, truncated; None when empty."""
+    flat = " ".join((text or "").split())
+    if not flat:
+        return None
+    return flat if len(flat) <= LOGGED_MESSAGE_CHARS else flat[: LOGGED_MESSAGE_CHARS - 3] + "..."
 
 
 def first_line(exc: BaseException) -> str:
@@ -95,6 +107,10 @@ async def execute(
 ) -> TaskResult:
     """Run the handler; exceptions and unserialisable outputs become a failed result."""
     started = time.monotonic()
+    poison = undecodable_field(("input", task.input), ("run input", task.flow_input))
+    if poison is not None:
+        log.event(logging.WARNING, "task_failed", **task.fields, error="InputNotDecodable")
+        return TaskResult(task, ok=False, error=poison)
     log.event(logging.INFO, "task_started", **task.fields)
     try:
         if handler.is_async:
@@ -112,17 +128,22 @@ async def execute(
             "task_failed",
             **task.fields,
             duration_ms=elapsed,
-            error=type(exc).__name__,
+            error=error_type(exc),
+            message=short_text(str(exc)),
         )
+        trace = bounded_traceback(exc)
         log.logger.debug(
-            "handler traceback for %s/%s[%s]:\n%s",
-            task.run_id,
-            task.step_slug,
-            task.task_index,
-            "".join(traceback.format_exception(exc)),
+            "handler traceback for %s/%s[%s]:\n%s", task.run_id, task.step_slug, task.task_index, trace
         )
-        return TaskResult(task, ok=False, error=describe(exc), duration_ms=elapsed)
-    problem = check_json(output)
+        return TaskResult(
+            task,
+            ok=False,
+            error=describe(exc),
+            duration_ms=elapsed,
+            error_type=error_type(exc),
+            traceback=trace,
+        )
+    problem = check_output(output)
     elapsed = _ms(started)
     if problem is not None:
         log.event(
@@ -130,9 +151,11 @@ async def execute(
             "task_failed",
             **task.fields,
             duration_ms=elapsed,
-            error="OutputNotJSON",
+            error="OutputRefused",
         )
-        return TaskResult(task, ok=False, error=problem, duration_ms=elapsed)
+        return TaskResult(
+            task, ok=False, error=problem, duration_ms=elapsed, error_type="OutputRefused"
+        )
     return TaskResult(task, ok=True, output=output, duration_ms=elapsed)
 
 

@@ -18,17 +18,22 @@ asyncio tasks on one loop:
   the notification connection is down it uses ``pgmq.read_with_poll``;
 - flusher: sends results, completions batched through ``complete_tasks``,
   failures through ``fail_task``, both fenced by worker id and attempt;
-- maintenance: heartbeat (a deprecated worker stops), and every
-  ``requeue_interval`` seconds ``requeue_stalled_tasks`` (cheap and SKIP
+- maintenance: heartbeat (a deprecated worker stops), lease extension
+  (``extend_leases``) for the tasks held longer than ``LEASE_INTERVAL``, and
+  every ``requeue_interval`` seconds ``requeue_stalled_tasks`` (cheap and SKIP
   LOCKED, so every worker does it) and a coverage re-check;
 - listener: LISTEN on the queue's insert channel.
 
-Sync handlers run in daemon threads, ``async def`` handlers on the loop. Any
-database error that a retry can fix (a restart, a killed backend) is retried
-with backoff. Stopping: stop reading, set ``ctx.shutdown``, wait up to
-``shutdown_timeout`` for in-flight handlers, send their results, mark the
-worker stopped. Handlers still running are abandoned: their tasks stay
-``started`` and stalled recovery requeues them; nothing is lost.
+Backpressure: a handler slot is held from the claim until the task's result
+is committed (not until the handler returns), so the result backlog never
+exceeds ``max_concurrent`` and a worker claims only what it can finish within
+its leases. Sync handlers run in daemon threads, ``async def`` handlers on the
+loop. Any database error that a retry can fix (``store.is_transient``: a
+restart, a killed backend, a deadlock) is retried with backoff. Stopping:
+stop reading, set ``ctx.shutdown``, wait up to ``shutdown_timeout`` for
+in-flight handlers, send their results, mark the worker stopped. Handlers
+still running are abandoned: their tasks stay ``started`` and stalled
+recovery requeues them (a stall counts as an attempt); nothing is lost.
 """
 
 from __future__ import annotations
@@ -41,12 +46,13 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from flowlane import errors
+from flowlane import errors, project_root
 from flowlane.compiler.model import Project
 from flowlane.compiler.shape import flow_shape
 from flowlane.core import db, deploy
@@ -56,7 +62,14 @@ from flowlane.runtime.context import TaskContext
 from flowlane.runtime.registry import HandlerRegistry, source_line
 from flowlane.runtime.results import ResultSender
 from flowlane.runtime.selection import Selection, select
-from flowlane.runtime.store import TRANSIENT, Claim, Store, Unsupported
+from flowlane.runtime.store import (
+    DATABASE_ERRORS,
+    TRANSIENT,
+    Claim,
+    Store,
+    Unsupported,
+    is_transient,
+)
 from flowlane.runtime.tasks import (
     ClaimedTask,
     HandlerThreads,
@@ -68,6 +81,27 @@ from flowlane.runtime.tasks import (
 
 DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
 MAX_POLL_WINDOW = 2  # seconds
+# leases of tasks held this long are extended, every LEASE_INTERVAL: far inside the stall
+# threshold (timeout + 30 s, timeout >= 3 s)
+LEASE_INTERVAL = 2.0  # seconds
+
+
+@dataclass
+class Held:
+    """A claimed task from its claim until its result is committed (one handler slot)."""
+
+    task: ClaimedTask
+    claimed_at: float
+    running: bool = True  # False once the handler returned and the result waits for the flusher
+
+    def lease_item(self) -> dict[str, Any]:
+        return {
+            "run_id": self.task.run_id,
+            "step_slug": self.task.step_slug,
+            "task_index": self.task.task_index,
+            "attempt": self.task.attempt,
+            "running": self.running,
+        }
 
 
 class Worker:
@@ -86,7 +120,6 @@ class Worker:
         max_concurrent: int | None = None,
         batch_size: int | None = None,
         notify: bool = True,
-        notify_throttle_ms: int = 0,
         poll_interval: float = 2.0,
         read_vt: int = 5,
         shutdown_timeout: float = 30.0,
@@ -134,7 +167,6 @@ class Worker:
             )
         self.dsn = dsn
         self.notify = notify
-        self.notify_throttle_ms = notify_throttle_ms
         self.poll_interval = poll_interval
         self.read_vt = read_vt
         self.shutdown_timeout = shutdown_timeout
@@ -145,7 +177,10 @@ class Worker:
         self._min_read = max(1, min(self.batch_size, self.max_concurrent) // 2)
         self._poll_window = max(1, min(int(poll_interval), MAX_POLL_WINDOW))
         self.requeue_interval = requeue_interval
-        self.import_paths = [str(Path.cwd().resolve()), *import_paths]
+        # handlers import from the current directory and the project root
+        self.import_paths = list(
+            dict.fromkeys([str(Path.cwd().resolve()), str(project_root.find_root()), *import_paths])
+        )
         self.handle_signals = handle_signals
         self.worker_id = str(uuid.uuid4())
         self.ready = threading.Event()  # set once registered and serving
@@ -178,10 +213,12 @@ class Worker:
         self._force = asyncio.Event()
         self._wake = asyncio.Event()
         self._capacity = asyncio.Event()
-        self._results: asyncio.Queue[TaskResult | None] = asyncio.Queue()
+        self._results: asyncio.Queue[tuple[TaskResult, asyncio.Future[None]] | None] = (
+            asyncio.Queue()
+        )
         self._in_flight: set[asyncio.Task[None]] = set()
         self._notify_live = False
-        self._running: dict[asyncio.Task[None], ClaimedTask] = {}
+        self._held: dict[asyncio.Task[None], Held] = {}
         self._crash: str | None = None
         self._fatal: errors.WorkerDisabled | None = None
         self._gaps: set[str] = set()
@@ -252,7 +289,7 @@ class Worker:
             await self._verify_flows(store)
             await self._check_coverage(store)
             if self.notify:
-                await store.enable_notify(self.queue, self.notify_throttle_ms)
+                await store.enable_notify(self.queue)
             await self._register(store)
         log.event(
             INFO,
@@ -385,10 +422,10 @@ class Worker:
             )
             force.cancel()
         for handle in list(self._in_flight):
-            claimed = self._running.get(handle)
-            if claimed is not None:
+            held = self._held.get(handle)
+            if held is not None and held.running:  # a finished handler's result is still sent
                 log.event(
-                    WARNING, "task_abandoned", **claimed.fields, note="left for stalled recovery"
+                    WARNING, "task_abandoned", **held.task.fields, note="left for stalled recovery"
                 )
             handle.cancel()
 
@@ -426,6 +463,8 @@ class Worker:
             self._capacity.clear()  # before counting: a handler finishing now sets it again
             free = self.max_concurrent - len(self._in_flight)
             if free < self._min_read:  # busy: wait for a worthwhile batch instead of a trickle
+                # slots free when results commit: a slow database throttles the claims
+                log.event(DEBUG, "poller_full", held=len(self._in_flight))
                 await self._pause(60.0, self._capacity)
                 continue
             notified = self._notify_live
@@ -443,6 +482,8 @@ class Worker:
                     else Claim()
                 )
             except TRANSIENT as exc:
+                if not is_transient(exc):  # e.g. a dropped queue: stop loudly, not spin
+                    raise
                 await backoff.retry_later("poller", exc, self._pause)
                 continue
             backoff.reset()
@@ -508,17 +549,22 @@ class Worker:
             ),
         )
 
-        async def run_one() -> None:
-            self._results.put_nowait(await execute(task, registered, ctx, self._threads))
+        async def run_one(held: Held) -> None:
+            result = await execute(task, registered, ctx, self._threads)
+            held.running = False
+            committed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._results.put_nowait((result, committed))
+            await committed  # the slot stays taken until the result is in the database
 
-        handle = asyncio.create_task(run_one())
+        held = Held(task, time.monotonic())
+        handle = asyncio.create_task(run_one(held))
         self._in_flight.add(handle)
-        self._running[handle] = task
+        self._held[handle] = held
         handle.add_done_callback(self._finished)
 
     def _finished(self, handle: asyncio.Task[None]) -> None:
         self._in_flight.discard(handle)
-        self._running.pop(handle, None)
+        self._held.pop(handle, None)
         self._capacity.set()
 
     # -- flusher ----------------------------------------------------------
@@ -529,9 +575,12 @@ class Worker:
             batch = [first]
             while not self._results.empty():
                 batch.append(self._results.get_nowait())
-            results = [r for r in batch if r is not None]
-            if results:
-                await self._sender.send(results)
+            items = [item for item in batch if item is not None]
+            if items:
+                await self._sender.send([result for result, _ in items])
+                for _, committed in items:
+                    if not committed.done():
+                        committed.set_result(None)
                 self._wake.set()  # a retry with no delay or a new dependent may be ready
             if None in batch:
                 return
@@ -539,10 +588,13 @@ class Worker:
     # -- maintenance and notifications ------------------------------------
 
     async def _maintenance_loop(self) -> None:
-        next_heartbeat = next_requeue = time.monotonic()
+        next_heartbeat = next_requeue = next_lease = time.monotonic()
         while not self._stopping.is_set():
             now = time.monotonic()
             try:
+                if now >= next_lease:
+                    next_lease = now + LEASE_INTERVAL
+                    await self._extend_leases(now)
                 if now >= next_heartbeat:
                     next_heartbeat = now + self.heartbeat_interval
                     if await self._store.heartbeat(self.worker_id):
@@ -559,13 +611,25 @@ class Worker:
                     if requeued:
                         log.event(WARNING, "stalled_tasks_requeued", count=requeued)
                     await self._recheck_coverage()
-            except TRANSIENT as exc:
-                log.event(
-                    WARNING, "database_unavailable", component="maintenance", error=describe(exc)
-                )
-            except psycopg.Error as exc:
-                log.event(ERROR, "maintenance_failed", error=describe(exc))
-            await self._pause(max(0.05, min(next_heartbeat, next_requeue) - time.monotonic()))
+            except DATABASE_ERRORS as exc:
+                if is_transient(exc):
+                    log.event(
+                        WARNING,
+                        "database_unavailable",
+                        component="maintenance",
+                        error=describe(exc),
+                    )
+                else:
+                    log.event(ERROR, "maintenance_failed", error=describe(exc))
+            wake_at = min(next_heartbeat, next_requeue, next_lease)
+            await self._pause(max(0.05, wake_at - time.monotonic()))
+
+    async def _extend_leases(self, now: float) -> None:
+        """Keep the leases of tasks held for a while (handler running or result pending)."""
+        items = [h.lease_item() for h in self._held.values() if now - h.claimed_at >= LEASE_INTERVAL]
+        if items:
+            extended = await self._store.extend_leases(self.worker_id, items)
+            log.event(DEBUG, "leases_extended", held=len(items), extended=extended)
 
     async def _recheck_coverage(self) -> None:
         """Routing state changes (an alias moves, a run of another version starts): say

@@ -26,6 +26,14 @@ JSON_VALUE = st.recursive(
     max_leaves=8,
 )
 CONDITION = st.dictionaries(TEXT, JSON_VALUE, min_size=1, max_size=3)
+
+
+def conditions(needs: list[str]) -> st.SearchStrategy[dict[str, Any]]:
+    """A valid condition: any keys for a root step (it tests the run input), else keys
+    among the step's needs (FL035: the engine tests ``{need: output}`` only)."""
+    if not needs:
+        return CONDITION
+    return st.dictionaries(st.sampled_from(needs), JSON_VALUE, min_size=1, max_size=3)
 _PAIR = re.compile(r"\\u(d[89ab][0-9a-f]{2})\\u(d[c-f][0-9a-f]{2})")
 
 
@@ -56,10 +64,10 @@ def flow_documents(draw: st.DrawFn, slug: str | None = None) -> dict[str, Any]:
         if len(needs) <= 1 and draw(st.booleans()):
             spec["type"] = "map"
         if draw(st.integers(0, 3)) == 0:
-            spec["if"] = draw(CONDITION)
+            spec["if"] = draw(conditions(needs))
             spec["when_unmet"] = draw(st.sampled_from(["skip", "skip-cascade", "fail"]))
         if draw(st.integers(0, 3)) == 0:
-            spec["unless"] = draw(CONDITION)
+            spec["unless"] = draw(conditions(needs))
         if draw(st.booleans()):
             spec["timeout"] = draw(st.integers(3, 10_000))
         specs[step] = spec

@@ -142,8 +142,11 @@ def _mutations(document: dict[str, Any]) -> list[dict[str, Any]]:
         s: "qother" for s in steps} else "per-step"
     changed.append(rerouted)
     conditioned = json.loads(json.dumps(document))
-    conditioned["steps"][steps[-1]]["unless"] = {"changed": True}
-    if document["steps"][steps[-1]].get("unless") != {"changed": True}:
+    last = conditioned["steps"][steps[-1]]
+    # a condition keyed by a need (the input of a root step): FL035 refuses other keys
+    key = last["needs"][0] if last.get("needs") else "changed"
+    last["unless"] = {key: {"changed": True}}
+    if document["steps"][steps[-1]].get("unless") != last["unless"]:
         changed.append(conditioned)
     return changed
 

@@ -303,7 +303,7 @@ class Engine:
         """Pretend a started task was claimed ``seconds`` ago (never sleep)."""
         self.conn.execute(
             "update flowlane.step_tasks set started_at = now() - make_interval(secs => %s), "
-            "queued_at = least(queued_at, now() - make_interval(secs => %s)) "
+            "lease_renewed_at = null, queued_at = least(queued_at, now() - make_interval(secs => %s)) "
             "where run_id = %s and step_slug = %s and task_index = %s",
             (seconds, seconds, run_id, step, index),
         )
@@ -352,6 +352,9 @@ def assert_invariants(engine: Engine) -> None:
             join flowlane.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
             where t.queue_name <> s.queue_name""",
     }
+    if engine.scalar("select to_regproc('flowlane.stuck_runs') is not null"):
+        # 0006+: every started run has a task that can move it
+        violations["started run that no task can move"] = "select * from flowlane.stuck_runs()"
     for name, query in violations.items():
         rows = engine.rows(query)
         assert rows == [], f"invariant violated: {name}: {rows[:5]}"

@@ -36,8 +36,10 @@ EXPECTED = {
         "flowlane.flows",
     ),
     "delete_flow_and_data": ("flow_slug text", "void"),
+    "enable_queue_notify": ("queue_name text", "boolean"),
     "ensure_flow_compiled": ("flow_slug text, shape jsonb", "jsonb"),
     "ensure_flow_shape": ("flow_slug text, shape jsonb", "void"),
+    "extend_leases": ("worker_id uuid, tasks jsonb", "integer"),
     "fail_task": (
         (
             "run_id uuid, step_slug text, task_index integer, error_message text, "
@@ -50,6 +52,8 @@ EXPECTED = {
     "heartbeat": ("worker_id uuid", "boolean"),
     "is_valid_queue_name": ("queue_name text", "boolean"),
     "is_valid_slug": ("slug text", "boolean"),
+    "json_depth_exceeds": ("value jsonb, max_depth integer", "boolean"),
+    "json_limits": ("", "jsonb"),
     "mark_worker_stopped": ("worker_id uuid", "void"),
     "register_worker": (
         "worker_id uuid, queue_name text, worker_name text, deployment_name text, supported_pairs jsonb",
@@ -64,6 +68,10 @@ EXPECTED = {
     ),
     "start_flow": ("flow_slug text, input jsonb, run_id uuid DEFAULT NULL::uuid", "flowlane.runs"),
     "start_ready_steps": ("run_id uuid", "void"),
+    "stuck_runs": (
+        "",
+        "TABLE(run_id uuid, flow_slug text, started_at timestamp with time zone, reason text)",
+    ),
     "start_tasks": (
         "queue_name text, msg_ids bigint[], worker_id uuid, supported_pairs jsonb",
         "SETOF flowlane.claim_record",
@@ -86,6 +94,18 @@ EXPECTED = {
         "flowlane.worker_deployments",
     ),
     "verify_flow": ("flow_slug text, shape jsonb", "jsonb"),
+    # 0007_run_operations
+    "cancel_run": ("run_id uuid, reason text DEFAULT NULL::text", "flowlane.runs"),
+    "fail_task_detailed": (
+        (
+            "run_id uuid, step_slug text, task_index integer, error_message text, "
+            "worker_id uuid DEFAULT NULL::uuid, attempt integer DEFAULT NULL::integer, "
+            "error_type text DEFAULT NULL::text, traceback text DEFAULT NULL::text"
+        ),
+        "SETOF flowlane.step_tasks",
+    ),
+    "get_run_attempts": ("run_id uuid", "jsonb"),
+    "retry_run": ("run_id uuid", "flowlane.runs"),
 }
 
 

@@ -470,16 +470,17 @@ def test_stalled_reset_lands_on_the_task_queue(engine: Engine) -> None:
     assert (again["step_slug"], again["queue_name"], again["attempt"]) == ("fast", "q_fast", 2)
 
 
-def test_permanent_stall_archives_on_task_queue(engine: Engine) -> None:
+def test_stall_exhaustion_archives_on_task_queue(engine: Engine) -> None:
     run_id, task = stalled_setup(engine, step_timeout=5)
     engine.conn.execute(
-        "update flowlane.step_tasks set requeued_count = 3 where step_slug = 'fast'"
+        "update flowlane.steps set opt_max_attempts = 1 where step_slug = 'fast'"
     )
     engine.backdate(run_id, "fast", 40)
-    assert engine.scalar("select flowlane.requeue_stalled_tasks()") == 0
-    assert engine.task(run_id, "fast")["permanently_stalled_at"] is not None
+    assert engine.scalar("select flowlane.requeue_stalled_tasks()") == 1
+    assert engine.task(run_id, "fast")["status"] == "failed"
     assert engine.archived_ids("q_fast") == [task["msg_id"]]
-    assert engine.archived_ids("q_other") == [] and len(engine.queue_messages("q_other")) == 1
+    # the run failed: its other task is cancelled and archived on its own queue
+    assert engine.archived_ids("q_other") == [engine.task(run_id, "other")["message_id"]]
 
 
 # -- deletion --------------------------------------------------------------------------

@@ -53,27 +53,50 @@ def test_requeued_task_is_claimable_and_completes(engine: Engine) -> None:
     assert engine.run(run_id)["status"] == "completed"
 
 
-def test_at_most_three_requeues_then_permanently_stalled(engine: Engine) -> None:
-    engine.define("f", [("a", [], {"timeout": 10})], max_attempts=10)
+def test_repeated_stalls_fail_the_run_within_max_attempts(engine: Engine) -> None:
+    # issue 9 #5: a stall is a failed attempt; before 0006 the fourth stall archived the
+    # message and left the task started and the run started forever, with no error
+    engine.define("f", [("a", [], {"timeout": 10}), ("b", ["a"], {})], max_attempts=3)
     run_id = engine.start("f", {})
     msg_id = None
-    for n in range(1, 4):
+    for attempt in (1, 2, 3):
         [task] = engine.claim("f")
+        assert task["attempt"] == attempt
         msg_id = task["msg_id"]
         engine.backdate(run_id, "a", 100)
         assert requeue(engine) == 1
-        assert engine.task(run_id, "a")["requeued_count"] == n
-    [task] = engine.claim("f")
-    engine.backdate(run_id, "a", 100)
-    assert requeue(engine) == 0
     row = engine.task(run_id, "a")
-    assert row["status"] == "started" and row["permanently_stalled_at"] is not None
-    assert row["requeued_count"] == 3
-    assert engine.queue_messages("f") == []
-    assert msg_id in engine.archived_ids("f")
-    # a further scan leaves it alone
+    assert row["status"] == "failed" and row["attempts_count"] == 3
+    assert row["error_message"] == "no result within 10 s, 3 attempts"
+    run = engine.run(run_id)
+    assert run["status"] == "failed"
+    assert run["error_message"] == "step a task 0 failed after 3 attempts: no result within 10 s, 3 attempts"
+    assert engine.queue_messages("f") == [] and msg_id in engine.archived_ids("f")
+    assert engine.rows("select * from flowlane.stuck_runs()") == []
     assert requeue(engine) == 0
-    assert engine.task(run_id, "a")["permanently_stalled_at"] == row["permanently_stalled_at"]
+
+
+def test_stall_exhaustion_applies_when_exhausted_skip(engine: Engine) -> None:
+    engine.define("f", [("a", [], {"timeout": 10, "when_exhausted": "skip"}), ("b", ["a"], {})],
+                  max_attempts=1)
+    run_id = engine.start("f", {})
+    engine.claim("f")
+    engine.backdate(run_id, "a", 100)
+    assert requeue(engine) == 1
+    assert engine.statuses(run_id) == {"a": "skipped", "b": "started"}
+    [b] = engine.claim("f")
+    engine.complete(b, "done")
+    assert engine.run(run_id)["status"] == "completed"
+
+
+def test_stall_requeue_records_why(engine: Engine) -> None:
+    engine.define("f", [("a", [], {"timeout": 10})])
+    run_id = engine.start("f", {})
+    engine.claim("f")
+    engine.backdate(run_id, "a", 100)
+    assert requeue(engine) == 1
+    row = engine.task(run_id, "a")
+    assert (row["status"], row["error_message"]) == ("queued", "no result within 10 s (attempt 1)")
 
 
 def test_stalled_recovery_ignores_failed_runs_and_non_started_tasks(engine: Engine) -> None:

@@ -240,3 +240,33 @@ def test_upgrade_preflight_rejects_duplicate_message_identities(
         assert info.value.detail is not None and "(queue=f, message_id=" in info.value.detail
         assert info.value.hint is not None and "docs/upgrade-repair.md" in info.value.hint
         assert snapshot(engine) == before
+
+
+def test_upgrade_to_0006_ends_permanently_stalled_runs_and_converts_notifications(
+    db_factory: Callable[..., str],
+) -> None:
+    # 0001-0005: the fourth stall archived the message and left the task started forever
+    dsn = db_factory("0004")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        engine = Engine(conn)
+        engine.define("f", [("a", [], {"timeout": 10}), ("b", ["a"], {})], max_attempts=10)
+        engine.conn.execute("select pgmq.enable_notify_insert('f', 0)")
+        stuck = engine.start("f", {})
+        for _ in range(4):
+            engine.claim("f")
+            engine.conn.execute(  # Engine.backdate also clears 0006's lease column
+                "update flowlane.step_tasks set started_at = now() - interval '100 s', "
+                "queued_at = now() - interval '100 s' where run_id = %s", (stuck,))
+            engine.scalar("select flowlane.requeue_stalled_tasks()")
+        row = engine.task(stuck, "a")
+        assert row["status"] == "started" and row["permanently_stalled_at"] is not None
+        healthy = engine.start("f", {})
+        migrator.migrate(conn)
+        assert engine.run(stuck)["status"] == "failed"
+        assert engine.task(stuck, "a")["error_message"].startswith("no result within 10 s, 4 attempts")
+        assert engine.run(healthy)["status"] == "started"
+        assert engine.rows("select * from flowlane.stuck_runs()") == []
+        assert engine.rows("select * from pgmq.list_notify_insert_throttles()") == []
+        assert engine.scalar(
+            "select tgname from pg_trigger where tgrelid = 'pgmq.q_f'::regclass"
+        ) == "flowlane_notify_insert"

@@ -10,21 +10,24 @@ import pytest
 
 from tests.cli_support import REPO, run_flowlane
 
+pytestmark = pytest.mark.slow  # the tests start embedded PostgreSQL servers
+
 
 def flowlane(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return run_flowlane(*args, cwd=cwd, env=env)
 
 
 @pytest.fixture
-def project(tmp_path: Path) -> Iterator[Path]:
-    yield tmp_path
-    flowlane(tmp_path, "db", "down")
+def project(reachable_tmp_path: Path) -> Iterator[Path]:
+    yield reachable_tmp_path
+    flowlane(reachable_tmp_path, "db", "down")
 
 
 def test_db_lifecycle_from_an_empty_directory(project: Path) -> None:
     up = flowlane(project, "db", "up")
     assert up.returncode == 0, up.stderr
     assert "started" in up.stdout
+    assert "pending; next: `flowlane db migrate`" in up.stdout
     assert (project / ".flowlane" / ".gitignore").read_text() == "*\n"
     assert "already running" in flowlane(project, "db", "up").stdout
 
@@ -34,6 +37,8 @@ def test_db_lifecycle_from_an_empty_directory(project: Path) -> None:
     second = flowlane(project, "db", "migrate")
     assert second.returncode == 0, second.stderr
     assert second.stdout.strip() == "database is up to date"
+    migrated = flowlane(project, "db", "up").stdout
+    assert "db migrate" not in migrated and "core migrations are up to date" in migrated
 
     past = flowlane(project, "db", "migrate", "--to", "0001")
     assert past.returncode == 0, past.stderr

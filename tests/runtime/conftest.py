@@ -29,3 +29,12 @@ def spawn(flows_dsn: str, tmp_path: Path) -> Iterator[Callable[..., rt_support.W
     yield make
     for worker in started:
         worker.stop()
+
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Runtime tests start worker processes or a demo: `slow` (see tests/conftest.py)."""
+    here = Path(__file__).resolve().parent
+    for item in items:
+        if here in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.slow)

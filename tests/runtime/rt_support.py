@@ -174,7 +174,7 @@ def backdate_started(dsn: str, run_id: str, step_slug: str, seconds: int = 3600)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             "update flowlane.step_tasks set started_at = started_at - make_interval(secs => %s),"
-            " queued_at = queued_at - make_interval(secs => %s)"
+            " lease_renewed_at = null, queued_at = queued_at - make_interval(secs => %s)"
             " where run_id = %s::uuid and step_slug = %s and status = 'started'",
             (seconds, seconds, run_id, step_slug),
         )

@@ -150,3 +150,28 @@ def test_worker_refuses_nonsense_numbers(flows_dsn: str) -> None:
     ]:
         result = flowlane("worker", "--flow", "rt_diamond", option, value, "--dsn", flows_dsn, timeout=60)
         _one_error(result, 2, option.lstrip("-").split("-")[0])
+
+
+def test_runs_stuck_lists_runs_that_nothing_can_move(flows_dsn: str) -> None:
+    fine = flowlane("runs", "--stuck", "--dsn", flows_dsn)
+    assert (fine.returncode, fine.stdout.strip()) == (0, "no stuck runs")
+    run_id = flowlane("start", "rt_retry", "--dsn", flows_dsn).stdout.strip()
+    with psycopg.connect(flows_dsn, autocommit=True) as conn:
+        # what 0001-0005 left behind after repeated stalls: the task's message archived
+        conn.execute("select pgmq.archive('rt_retry', message_id) from flowlane.step_tasks "
+                     "where run_id = %s", (run_id,))
+    text = flowlane("runs", "--stuck", "--dsn", flows_dsn)
+    assert text.returncode == 1
+    assert run_id in text.stdout and "no message on their queue" in text.stdout
+    assert "flowlane run RUN_ID" in text.stderr
+    as_json = flowlane("runs", "--stuck", "--dsn", flows_dsn, "--format", "json")
+    assert as_json.returncode == 1
+    assert [r["run_id"] for r in json.loads(as_json.stdout)] == [run_id]
+
+
+def test_start_refuses_input_nested_past_the_limit_with_a_hint(flows_dsn: str) -> None:
+    deep = "[" * 150 + "]" * 150
+    result = flowlane("start", "rt_retry", "--input", deep, "--dsn", flows_dsn)
+    assert result.returncode == 2, result.stderr
+    assert "nested deeper than 100 levels" in result.stderr
+    assert "hint: flatten the input" in result.stderr and "Traceback" not in result.stderr

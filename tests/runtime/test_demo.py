@@ -6,13 +6,15 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from flowlane.core import db
 from tests.cli_support import REPO, run_flowlane
 
 
-def test_demo_in_a_fresh_copy(tmp_path: Path) -> None:
+def test_demo_in_a_fresh_copy(reachable_tmp_path: Path) -> None:
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True)
-    copy = tmp_path / "clone"
+    copy = reachable_tmp_path / "clone"
     for name in tracked.stdout.decode().split("\0"):
         if name and (REPO / name).is_file():
             (copy / name).parent.mkdir(parents=True, exist_ok=True)
@@ -37,3 +39,23 @@ def test_demo_in_a_fresh_copy(tmp_path: Path) -> None:
     assert '"summarise": {"posts": 2, "questions": 1}' in out
     assert f"compiled SQL: {(copy / 'sql' / 'flows').as_posix()}/*.sql" in out
     assert (copy / "sql" / "flows" / "hello_world.sql").is_file()
+
+
+def test_demo_exits_1_when_a_run_failed(
+    tmp_path: Path, dsn: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flowlane.runtime.demo import run_demo
+
+    (tmp_path / "flows").mkdir()
+    (tmp_path / "flows" / "f.yaml").write_text(
+        "kind: flow\nslug: demo_fails\ndefaults: {max_attempts: 1, timeout: 5}\n"
+        "steps:\n  a:\n    handler: demo_fail_handlers:fail\n"
+    )
+    (tmp_path / "demo_fail_handlers.py").write_text(
+        "def fail(input, ctx):\n    raise RuntimeError('on purpose')\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert run_demo(["flows"], dsn=dsn, timeout=60) == 1
+    out = capsys.readouterr().out
+    assert "demo_fails: failed" in out and "on purpose" in out

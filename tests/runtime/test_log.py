@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from flowlane.runtime import log
-from flowlane.runtime.tasks import check_json
+from flowlane.runtime.limits import check_output as check_json
 
 
 def test_event_lines_quote_values_and_skip_none(caplog: pytest.LogCaptureFixture) -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from flowlane import Project, errors
 from flowlane.compiler import Flow, HandlerRef, Location, Step, WorkerDoc, project_from_text
-from flowlane.compiler.model import QueueMode
+from flowlane.compiler.model import Alias, QueueMode
 from flowlane.runtime.registry import HandlerRegistry
 from flowlane.runtime.selection import select
 from flowlane.runtime.worker import Worker
@@ -173,3 +174,11 @@ def test_worker_pairs_are_exact_flow_step_pairs() -> None:
     worker = Worker(_project(), queue="jobs", handle_signals=False)
     assert worker.pairs == [("shared_v2", "a"), ("shared_v2", "b")]
     assert worker.name == "jobs_worker" and worker.compile is False
+
+
+def test_unknown_flow_hint_lists_aliases_too() -> None:
+    project = dataclasses.replace(_project(), aliases=(Alias("shared", "shared_v2", ("shared_v1",)),))
+    with pytest.raises(errors.UsageError, match="unknown flow 'nope'") as e:
+        select(project, flow="nope")
+    assert e.value.hint is not None
+    assert "known flows: plain, shared_v1, shared_v2, split; aliases: shared" in e.value.hint

@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +14,7 @@ import rt_support
 from rt_support import WorkerProcess, start_run, step, wait_run, wait_until
 
 from flowlane.core import db, migrator
+from tests.conftest import reachable_tmp_dir
 
 Spawn = Callable[..., WorkerProcess]
 
@@ -28,10 +28,14 @@ def test_insert_notification_wakes_an_idle_worker(flows_dsn: str, spawn: Spawn) 
     assert state["run"]["status"] == "completed"
     assert time.monotonic() - began < 60  # far below the 600 s fallback poll: woken by NOTIFY
     with psycopg.connect(flows_dsn, autocommit=True) as conn:
+        # flowlane's statement trigger, not PGMQ's throttled row trigger (issue 9 #1)
         throttles = conn.execute(
             "select queue_name from pgmq.list_notify_insert_throttles()"
         ).fetchall()
-    assert throttles == [("rt_diamond",)]
+        triggers = conn.execute(
+            "select tgname from pg_trigger where tgrelid = 'pgmq.q_rt_diamond'::regclass"
+        ).fetchall()
+    assert throttles == [] and triggers == [("flowlane_notify_insert",)]
 
 
 def test_polling_fallback_without_notifications(flows_dsn: str, spawn: Spawn) -> None:
@@ -45,7 +49,7 @@ def test_polling_fallback_without_notifications(flows_dsn: str, spawn: Spawn) ->
 def test_worker_reconnects_after_a_database_restart(tmp_path: Path) -> None:
     # its own server: stopping the shared test cluster would disturb the other tests
     # (outside pytest's basetemp, which concurrent pytest sessions prune and re-permission)
-    scratch = Path(tempfile.mkdtemp(prefix="flowlane-restart-"))
+    scratch = reachable_tmp_dir("flowlane-restart-")
     pgdata = scratch / "pgdata"
     dsn = db.EmbeddedDatabase.start_at(pgdata)
     worker: WorkerProcess | None = None

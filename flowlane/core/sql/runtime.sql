@@ -28,16 +28,12 @@ select flowlane.mark_worker_stopped(%(worker_id)s::uuid)
 -- name: worker_requeue_stalled
 select flowlane.requeue_stalled_tasks() as requeued
 
--- name: worker_notify_lock
-select pg_advisory_xact_lock(hashtext('flowlane.notify_insert'), hashtext(%(queue_name)s))
-
--- name: worker_notify_throttle
-select throttle_interval_ms
-from pgmq.list_notify_insert_throttles()
-where queue_name = %(queue_name)s
 
 -- name: worker_enable_notify
-select pgmq.enable_notify_insert(%(queue_name)s, %(throttle_ms)s)
+select flowlane.enable_queue_notify(%(queue_name)s) as installed
+
+-- name: worker_extend_leases
+select flowlane.extend_leases(%(worker_id)s::uuid, %(tasks)s::jsonb) as extended
 
 -- name: worker_listen
 listen {channel}
@@ -59,19 +55,57 @@ from flowlane.complete_tasks(%(results)s::jsonb)
 
 -- name: worker_fail_task
 select run_id, step_slug, task_index, status, attempts_count, last_worker_id, error_message
-from flowlane.fail_task(%(run_id)s::uuid, %(step_slug)s, %(task_index)s, %(error_message)s,
-                        %(worker_id)s::uuid, %(attempt)s)
+from flowlane.fail_task_detailed(%(run_id)s::uuid, %(step_slug)s, %(task_index)s, %(error_message)s,
+                                 %(worker_id)s::uuid, %(attempt)s, %(error_type)s, %(traceback)s)
 
 -- name: client_start_flow
 select run_id, flow_slug from flowlane.start_flow(%(flow)s, %(input)s::jsonb, %(run_id)s::uuid)
 
 -- name: client_list_runs
-select run_id, flow_slug, status, remaining_steps, started_at, completed_at, failed_at
-from flowlane.runs
-where (%(flow)s::text is null or flow_slug = %(flow)s::text)
-  and (%(status)s::text is null or status = %(status)s::text)
-order by started_at desc, run_id
+-- newest first; a page ends with the run whose id is passed as %(before)s next time
+select r.run_id, r.flow_slug, r.status, r.remaining_steps, r.started_at, r.completed_at, r.failed_at,
+       r.cancelled_at
+from flowlane.runs r
+where (%(flows)s::text[] is null or r.flow_slug = any(%(flows)s::text[]))
+  and (%(status)s::text is null or r.status = %(status)s::text)
+  and (%(since)s::timestamptz is null or r.started_at >= %(since)s::timestamptz)
+  and (%(before)s::uuid is null or (r.started_at, r.run_id) < (
+         select b.started_at, b.run_id from flowlane.runs b where b.run_id = %(before)s::uuid))
+order by r.started_at desc, r.run_id desc
 limit %(limit)s
 
+-- name: client_run_exists
+select exists (select 1 from flowlane.runs r where r.run_id = %(run_id)s::uuid) as found
+
+-- name: client_flow_filter
+-- a concrete flow, or every version an alias points or pointed at; all names otherwise
+select coalesce(
+         (select array[f.flow_slug] from flowlane.flows f where f.flow_slug = %(flow)s),
+         (select array_agg(distinct v.flow_slug order by v.flow_slug)
+          from (select a.flow_slug from flowlane.aliases a where a.alias = %(flow)s
+                union all
+                select unnest(a.draining) from flowlane.aliases a where a.alias = %(flow)s
+                union all
+                select h.flow_slug from flowlane.alias_history h where h.alias = %(flow)s) v)
+       ) as flows,
+       array(select f.flow_slug from flowlane.flows f
+             union select a.alias from flowlane.aliases a order by 1) as known
+
+-- name: client_listen_finished
+-- notified by the SQL Core (0007) with the run id when a run ends
+listen flowlane_run_finished
+
+-- name: client_unlisten_finished
+unlisten flowlane_run_finished
+
+-- name: client_cancel_run
+select * from flowlane.cancel_run(%(run_id)s::uuid, %(reason)s)
+
+-- name: client_retry_run
+select * from flowlane.retry_run(%(run_id)s::uuid)
+-- name: client_stuck_runs
+select run_id, flow_slug, started_at, reason from flowlane.stuck_runs()
+
 -- name: client_get_run
-select flowlane.get_run_with_states(%(run_id)s::uuid) as run
+select flowlane.get_run_with_states(%(run_id)s::uuid)
+       || jsonb_build_object('attempts', flowlane.get_run_attempts(%(run_id)s::uuid)) as run

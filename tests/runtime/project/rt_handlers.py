@@ -179,3 +179,61 @@ def misbehave(input: Any, ctx: TaskContext) -> Any:
 
 async def misbehave_async(input: Any, ctx: TaskContext) -> Any:
     return _misbehaviour(ctx.flow_input["mode"])
+
+
+def prep(input: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    with (Path(ctx.flow_input["dir"]) / "prep.log").open("a") as log:
+        log.write(f"{ctx.run_id} {ctx.attempt}\n")
+    return {"prepared": True}
+
+
+def gate(input: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    if not (Path(ctx.flow_input["dir"]) / "open").exists():
+        raise PermissionError(f"gate closed on attempt {ctx.attempt}")
+    return {"passed_on_attempt": ctx.attempt, "prep": input["prep"]}
+
+
+def suicide(input: Any, ctx: TaskContext) -> None:
+    """Kill the worker process running it (a stall with no result, every attempt)."""
+    os.kill(os.getpid(), 9)
+
+
+def fan(input: Any, ctx: TaskContext) -> list[int]:
+    return list(range(int(ctx.flow_input.get("width", 0))))
+
+
+def _record(ctx: TaskContext) -> None:
+    """Append one line per execution to ``<dir>/exec-<pid>.log`` (small O_APPEND writes)."""
+    folder = ctx.flow_input.get("dir")
+    if folder:
+        line = f"{ctx.run_id} {ctx.step_slug} {ctx.task_index} {ctx.attempt}\n"
+        with (Path(folder) / f"exec-{os.getpid()}.log").open("a") as log:
+            log.write(line)
+
+
+def recorded_item(item: int, ctx: TaskContext) -> int:
+    _record(ctx)
+    return item
+
+
+def recorded_side(input: dict[str, Any], ctx: TaskContext) -> int:
+    _record(ctx)
+    return len(input["fan"])
+
+
+def recorded_join(input: dict[str, Any], ctx: TaskContext) -> int:
+    _record(ctx)
+    return sum(input["item"]) + input["side"]
+
+
+def deep_output(input: Any, ctx: TaskContext) -> Any:
+    """An output nested past json.dumps' recursion limit (and past flowlane's 100 levels)."""
+    value: Any = 1
+    for _ in range(int(ctx.flow_input.get("depth", 5000))):
+        value = [value]
+    return value
+
+
+def big_item(item: int, ctx: TaskContext) -> str:
+    """``item`` MB of text: 90 x 3 MB outputs exceed jsonb's 255 MB when the map aggregates them."""
+    return "x" * (int(item) * 1_000_000)

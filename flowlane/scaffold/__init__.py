@@ -1,0 +1,75 @@
+"""``flowlane init``: scaffold a project that validates, compiles and serves at once.
+
+Writes ``flows/hello.yaml`` (with the editor modeline), ``handlers.py``, the
+JSON Schema the modeline points at, a ``.gitignore`` entry for ``.flowlane/``,
+a CI workflow (``.github/workflows/flowlane.yml``) and the compiled SQL.
+Existing files are never overwritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from flowlane import errors
+from flowlane.compiler import api, schema
+
+SCHEMA_FILE = "flowlane.schema.json"
+CI_WORKFLOW = ".github/workflows/flowlane.yml"
+# target path -> packaged template
+FILES = {
+    "flows/hello.yaml": "hello.yaml",
+    "handlers.py": "handlers.py",
+    CI_WORKFLOW: "flowlane.yml",
+}
+IGNORED = ".flowlane/"
+
+
+@dataclass
+class InitResult:
+    written: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+
+
+def init(root: Path) -> InitResult:
+    """Scaffold ``root`` (created if needed); report what was written and what was kept."""
+    result = InitResult()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        templates = resources.files("flowlane.scaffold") / "files"
+        for target, template in FILES.items():
+            _write(root, target, (templates / template).read_text("utf-8"), result)
+        _write(root, SCHEMA_FILE, schema.schema_text(), result)
+        _ignore(root, result)
+    except OSError as exc:
+        raise errors.FlowlaneError(f"cannot scaffold {root}: {exc.strerror or exc}") from exc
+    with contextlib.chdir(root):  # compiled headers name files relative to this project
+        compiled = api.compile_paths(["flows"], "sql")
+    if compiled.diagnostics:  # only when the user's existing flows/ has errors
+        result.kept.append("sql/ (flows/ has errors: run `flowlane validate`)")
+    elif compiled.summary.written:
+        result.written.append("sql/")
+    return result
+
+
+def _write(root: Path, relative: str, text: str, result: InitResult) -> None:
+    target = root / relative
+    if target.exists():
+        result.kept.append(relative)
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="utf-8")
+    result.written.append(relative)
+
+
+def _ignore(root: Path, result: InitResult) -> None:
+    gitignore = root / ".gitignore"
+    text = gitignore.read_text(encoding="utf-8") if gitignore.exists() else ""
+    if any(line.strip() in (IGNORED, IGNORED.rstrip("/")) for line in text.splitlines()):
+        result.kept.append(".gitignore")
+        return
+    separator = "" if not text or text.endswith("\n") else "\n"
+    gitignore.write_text(f"{text}{separator}{IGNORED}\n", encoding="utf-8")
+    result.written.append(".gitignore")

@@ -1,0 +1,116 @@
+"""init, pre-commit hooks, validate --handlers, plan --exit-code, --version, db up hints."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import yaml
+
+from tests.cli_support import REPO, run_flowlane
+
+
+def _init(tmp_path: Path) -> Path:
+    result = run_flowlane("init", "proj", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    return tmp_path / "proj"
+
+
+def test_init_scaffolds_a_project_that_validates_and_checks(tmp_path: Path) -> None:
+    root = _init(tmp_path)
+    hello = (root / "flows" / "hello.yaml").read_text()
+    assert hello.startswith("# yaml-language-server: $schema=../flowlane.schema.json\n")
+    assert (root / "flowlane.schema.json").read_text() == run_flowlane("schema", cwd=root).stdout
+    assert (root / ".gitignore").read_text() == ".flowlane/\n"
+    assert (root / "sql" / "flows" / "hello.sql").is_file()
+
+    validated = run_flowlane("validate", "--handlers", cwd=root)
+    assert validated.returncode == 0, validated.stdout + validated.stderr
+    checked = run_flowlane("check", cwd=root / "flows")  # from a subdirectory, too
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+    again = run_flowlane("init", cwd=root)
+    assert again.returncode == 0
+    assert "created" not in again.stdout and "kept    flows/hello.yaml" in again.stdout
+    assert (root / ".gitignore").read_text() == ".flowlane/\n"
+
+
+def test_init_keeps_an_existing_gitignore_and_adds_the_entry(tmp_path: Path) -> None:
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / ".gitignore").write_text("*.pyc")
+    root = _init(tmp_path)
+    assert (root / ".gitignore").read_text() == "*.pyc\n.flowlane/\n"
+
+
+def test_the_ci_workflow_runs_sarif_check_and_plan(tmp_path: Path) -> None:
+    workflow = yaml.safe_load((_init(tmp_path) / ".github" / "workflows" / "flowlane.yml").read_text())
+    commands = " ".join(s.get("run", "") for s in workflow["jobs"]["flowlane"]["steps"])
+    assert "flowlane validate --handlers --format sarif" in commands
+    assert "flowlane check --base" in commands
+    assert "flowlane plan" in commands and "--format markdown" in commands
+    uses = [s.get("uses", "") for s in workflow["jobs"]["flowlane"]["steps"]]
+    assert any(u.startswith("github/codeql-action/upload-sarif") for u in uses)
+
+
+def test_pre_commit_hooks_run_real_commands(tmp_path: Path) -> None:
+    hooks = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text())
+    assert [h["id"] for h in hooks] == ["flowlane-validate", "flowlane-check"]
+    root = _init(tmp_path)
+    for hook in hooks:
+        assert hook["language"] == "python" and hook["pass_filenames"] is False
+        program, *args = shlex.split(hook["entry"])
+        assert program == "flowlane"
+        ok = run_flowlane(*args, cwd=root)
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+    (root / "flows" / "hello.yaml").write_text("kind: flow\nslug: hello\nsteps: {}\nbogus: 1\n")
+    for hook in hooks:
+        assert run_flowlane(*shlex.split(hook["entry"])[1:], cwd=root).returncode == 1
+
+
+def test_validate_handlers_catches_typos_and_bad_signatures(tmp_path: Path) -> None:
+    root = _init(tmp_path)
+    (root / "handlers.py").write_text(
+        "def greet(input, ctx):\n    return 1\n\n\ndef lonely(input):\n    return 1\n"
+    )
+    (root / "flows" / "more.yaml").write_text(
+        "kind: flow\nslug: more\nsteps:\n"
+        "  a:\n    handler: handlers:gret\n"
+        "  b:\n    handler: handlers:lonely\n"
+        "  c:\n    handler: no_such_module:f\n"
+    )
+    plain = run_flowlane("validate", cwd=root)
+    assert plain.returncode == 0  # the YAML alone is fine
+    result = run_flowlane("validate", "--handlers", cwd=root)
+    assert result.returncode == 1
+    out = result.stdout
+    assert "flows/more.yaml:5:14: error[FL072]: handler `handlers:gret` of step more.a: " \
+        "module handlers has no attribute 'gret'" in out
+    assert "5 |     handler: handlers:gret" in out
+    assert "handler `handlers:lonely` of step more.b: cannot be called with (input, ctx)" in out
+    assert "module 'no_such_module' not found" in out
+    assert out.count("error[FL072]") == 3
+
+
+def test_plan_exit_code(tmp_path: Path, dsn: str) -> None:
+    root = _init(tmp_path)
+    changes = run_flowlane("plan", "--exit-code", "--dsn", dsn, cwd=root)
+    assert changes.returncode == 2, changes.stdout + changes.stderr
+    assert "NEW_FLOW" in changes.stdout
+    assert run_flowlane("plan", "--dsn", dsn, cwd=root).returncode == 0  # without the flag
+    applied = run_flowlane("apply", "--dsn", dsn, cwd=root)
+    assert applied.returncode == 0, applied.stderr
+    same = run_flowlane("plan", "--exit-code", "--dsn", dsn, cwd=root)
+    assert same.returncode == 0, same.stdout + same.stderr
+    broken = run_flowlane("plan", "--exit-code", "--dsn", "not a dsn", cwd=root)
+    assert broken.returncode == 1 and "invalid connection string" in broken.stderr
+
+
+def test_version(tmp_path: Path) -> None:
+    result = run_flowlane("--version", cwd=tmp_path)
+    assert result.returncode == 0
+    assert result.stdout.startswith("flowlane ") and len(result.stdout.split()) >= 2
+
+
+def test_readme_shows_the_workflow_init_writes(tmp_path: Path) -> None:
+    workflow = (_init(tmp_path) / ".github" / "workflows" / "flowlane.yml").read_text()
+    assert f"```yaml\n{workflow}```" in (REPO / "README.md").read_text()

@@ -1,0 +1,195 @@
+"""0006 (issue 9): notifications without a hot row, leases, limits, stuck runs, small fixes."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from flowlane.runtime import limits
+from tests.core.engine import Engine
+
+
+def nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+# -- 1. enqueue never waits on a shared row ------------------------------------------
+
+
+def test_enqueue_does_not_wait_for_another_transaction_that_enqueued(
+    engine: Engine, dsn: str
+) -> None:
+    # PGMQ's throttled trigger updated one row per queue on every insert: a transaction that
+    # had enqueued (start_flow, complete_task) blocked every other enqueue until it ended, and
+    # with run locks held in between, deadlocked (14 in a 300-run baseline)
+    engine.define("f", [("a", [], {})])
+    assert engine.scalar("select flowlane.enable_queue_notify('f')") is True
+    assert engine.scalar("select flowlane.enable_queue_notify('f')") is False  # idempotent
+    with psycopg.connect(dsn) as holder, psycopg.connect(dsn, autocommit=True) as other:
+        holder.execute("select flowlane.start_flow('f', '{}')")  # open transaction, enqueued
+        other.execute("set lock_timeout = '5s'")
+        other.execute("select flowlane.start_flow('f', '{}')")  # must not wait for holder
+        holder.rollback()
+    assert engine.scalar("select count(*) from flowlane.runs") == 1
+
+
+def test_enable_queue_notify_replaces_pgmq_throttled_trigger(engine: Engine) -> None:
+    engine.define("f", [("a", [], {})])
+    engine.conn.execute("select pgmq.enable_notify_insert('f', 0)")
+    engine.conn.execute("select flowlane.enable_queue_notify('f')")
+    assert engine.rows("select * from pgmq.list_notify_insert_throttles()") == []
+    triggers = engine.rows("select tgname from pg_trigger where tgrelid = 'pgmq.q_f'::regclass")
+    assert triggers == [{"tgname": "flowlane_notify_insert"}]
+
+
+def test_insert_notification_reaches_a_listener(engine: Engine, dsn: str) -> None:
+    engine.define("f", [("a", [], {})])
+    engine.conn.execute("select flowlane.enable_queue_notify('f')")
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute('listen "pgmq.q_f.INSERT"')
+        engine.start("f", {})
+        received = list(listener.notifies(timeout=10, stop_after=1))
+    assert [n.channel for n in received] == ["pgmq.q_f.INSERT"]
+
+
+def test_enable_queue_notify_refuses_an_unknown_queue(engine: Engine) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="does not exist"):
+        engine.conn.execute("select flowlane.enable_queue_notify('nope')")
+
+
+# -- 2. leases ------------------------------------------------------------------------
+
+
+def lease_item(task: dict[str, Any], running: bool) -> Jsonb:
+    return Jsonb([{"run_id": str(task["run_id"]), "step_slug": task["step_slug"],
+                   "task_index": task["task_index"], "attempt": task["attempt"],
+                   "running": running}])
+
+
+def test_a_pending_result_keeps_its_lease(engine: Engine) -> None:
+    engine.define("f", [("a", [], {"timeout": 10})])
+    run_id = engine.start("f", {})
+    [task] = engine.claim("f")
+    engine.backdate(run_id, "a", 100)  # claimed long ago; the result is still being sent
+    extended = engine.scalar("select flowlane.extend_leases(%s, %s)",
+                             (engine.worker_id, lease_item(task, running=False)))
+    assert extended == 1
+    assert engine.scalar("select flowlane.requeue_stalled_tasks()") == 0
+    assert engine.vt_in("f", task["msg_id"]) > 35  # hidden until the new stall deadline (40 s)
+    assert engine.complete(task, "ok")["status"] == "completed"  # type: ignore[index]
+
+
+def test_a_handler_running_past_its_timeout_is_not_extended(engine: Engine) -> None:
+    engine.define("f", [("a", [], {"timeout": 10})])
+    run_id = engine.start("f", {})
+    [task] = engine.claim("f")
+    engine.backdate(run_id, "a", 100)
+    extended = engine.scalar("select flowlane.extend_leases(%s, %s)",
+                             (engine.worker_id, lease_item(task, running=True)))
+    assert extended == 0
+    assert engine.scalar("select flowlane.requeue_stalled_tasks()") == 1
+
+
+def test_only_the_owner_extends_a_lease(engine: Engine) -> None:
+    engine.define("f", [("a", [], {"timeout": 10})])
+    run_id = engine.start("f", {})
+    [task] = engine.claim("f")
+    engine.backdate(run_id, "a", 100)
+    for worker, item in ((uuid.uuid4(), task), (engine.worker_id, {**task, "attempt": 2})):
+        assert engine.scalar("select flowlane.extend_leases(%s, %s)",
+                             (worker, lease_item(item, running=False))) == 0
+    assert engine.scalar("select flowlane.requeue_stalled_tasks()") == 1
+
+
+def test_extend_leases_refuses_a_non_array(engine: Engine) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="JSON array"):
+        engine.conn.execute("select flowlane.extend_leases(gen_random_uuid(), '{}')")
+
+
+# -- 3. stuck runs --------------------------------------------------------------------
+
+
+@pytest.mark.no_invariants
+def test_stuck_runs_lists_a_started_run_whose_task_lost_its_message(engine: Engine) -> None:
+    engine.define("f", [("a", [], {})])
+    run_id = engine.start("f", {})
+    healthy = engine.start("f", {})
+    [task] = [t for t in engine.claim("f") if t["run_id"] == run_id]
+    engine.conn.execute("select pgmq.archive('f', %s::bigint)", (task["msg_id"],))
+    stuck = engine.rows("select run_id, reason from flowlane.stuck_runs()")
+    assert stuck == [{"run_id": run_id,
+                      "reason": "its queued and started tasks have no message on their queue"}]
+    assert healthy not in [r["run_id"] for r in stuck]
+
+
+# -- 4. limits ------------------------------------------------------------------------
+
+
+def test_python_and_sql_limits_agree(engine: Engine) -> None:
+    assert engine.scalar("select flowlane.json_limits()") == {
+        "max_depth": limits.MAX_DEPTH, "max_bytes": limits.MAX_BYTES}
+    for value in (1, [], {}, nested(1), nested(99), nested(100), nested(101),
+                  {"a": [{"b": nested(98)}]}, {"a": [{"b": nested(99)}]}):
+        sql = engine.scalar("select flowlane.json_depth_exceeds(%s, %s)",
+                            (Jsonb(value), limits.MAX_DEPTH))
+        assert sql == limits.depth_exceeds(value), value
+
+
+def test_start_flow_refuses_input_nested_past_the_limit(engine: Engine) -> None:
+    engine.define("f", [("a", [], {})])
+    engine.start("f", {"ok": nested(limits.MAX_DEPTH - 1)})
+    deep = "[" * 1000 + "1" + "]" * 1000  # 2 KB; json.dumps cannot even encode it
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="nested deeper than 100"):
+        engine.conn.execute("select flowlane.start_flow('f', %s::jsonb)", (deep,))
+    assert engine.scalar("select count(*) from flowlane.runs") == 1
+
+
+def test_start_flow_refuses_input_past_the_size_limit(engine: Engine) -> None:
+    engine.define("f", [("a", [], {})])
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="more than the limit"):
+        engine.start("f", {"blob": "x" * limits.MAX_BYTES})
+    assert engine.scalar("select count(*) from flowlane.runs") == 0
+
+
+# -- 5. small fixes -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("base", "attempts", "delay"),
+    [(5, 0, 5), (5, 3, 40), (1, 30, 2**30), (2, 30, 2147483647), (1, 2147483647, 2147483647),
+     (0, 2147483647, 0), (5, -1, 5)],
+)
+def test_retry_delay_never_overflows(engine: Engine, base: int, attempts: int, delay: int) -> None:
+    assert engine.scalar("select flowlane.calculate_retry_delay(%s, %s)", (base, attempts)) == delay
+
+
+def test_concurrent_applies_of_one_flow_never_collide(engine: Engine, dsn: str) -> None:
+    # before 0006 about 1 in 150 concurrent applies failed on flows_slug_ci_unique
+    errors: list[BaseException] = []
+
+    def apply(slug: str, barrier: threading.Barrier) -> None:
+        try:
+            with psycopg.connect(dsn) as conn:
+                barrier.wait(timeout=10)
+                conn.execute("select flowlane.create_flow(%s, queue_mode => 'explicit')", (slug,))
+                conn.execute("select flowlane.add_step(%s, 'a', queue_name => 'race_q')", (slug,))
+        except BaseException as exc:
+            errors.append(exc)
+
+    for i in range(150):
+        barrier = threading.Barrier(2)
+        threads = [threading.Thread(target=apply, args=(f"Race{i}", barrier)) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+    assert errors == []
+    assert engine.scalar("select count(*) from flowlane.flows") == 150

@@ -1,0 +1,226 @@
+"""``flowlane serve``: one real worker process per queue, restarts, graceful stop."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+from rt_support import env, flowlane, wait_until
+
+from flowlane.compiler import api
+from flowlane.runtime.client import Client
+from flowlane.runtime.serve import EXIT_DISABLED, Supervisor, WorkerSpec, plan_workers
+
+FLOWS = """\
+kind: flow
+slug: sv_plain
+defaults: {base_delay: 0, timeout: 5}
+steps:
+  hello:
+    handler: sv_handlers:hello
+---
+kind: flow
+slug: sv_split
+queues: per-step
+defaults: {base_delay: 0, timeout: 5}
+steps:
+  one:
+    handler: sv_handlers:hello
+  two:
+    needs: [one]
+    handler: sv_handlers:hello
+---
+kind: flow
+slug: sv_shared
+queues: {work: sv_shared_q}
+defaults: {base_delay: 0, timeout: 5}
+steps:
+  work:
+    handler: sv_handlers:hello
+---
+kind: worker
+name: sv_shared_worker
+queue: sv_shared_q
+flows: [sv_shared]
+"""
+
+HANDLERS = """\
+import os
+
+
+def hello(input, ctx):
+    return {"pid": os.getpid(), "step": ctx.step_slug}
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path, dsn: str) -> Path:
+    root = tmp_path / "proj"
+    (root / "flows").mkdir(parents=True)
+    (root / "flows" / "sv.yaml").write_text(FLOWS)
+    (root / "sv_handlers.py").write_text(HANDLERS)
+    for command in (("compile",), ("apply", "--dsn", dsn)):
+        result = flowlane(*command, cwd=root)
+        assert result.returncode == 0, result.stdout + result.stderr
+    return root
+
+
+def test_plan_one_worker_per_queue(project: Path) -> None:
+    specs = plan_workers(api.load_project([project / "flows"]))
+    assert [(s.name, s.args) for s in specs] == [
+        ("sv_shared_worker", ("--name", "sv_shared_worker")),
+        ("sv_plain", ("--queue", "sv_plain")),
+        ("sv_split__one", ("--queue", "sv_split__one")),
+        ("sv_split__two", ("--queue", "sv_split__two")),
+    ]
+
+
+def _pids(text: str) -> dict[str, int]:
+    """The pid of every running worker in the last status block printed."""
+    found: dict[str, int] = {}
+    for match in re.finditer(r"^(\S+)\s+running\s+pid (\d+)", text, re.MULTILINE):
+        found[match[1]] = int(match[2])
+    return found
+
+
+_DISABLED = re.compile(r"^sv_plain\s+disabled\s", re.MULTILINE)
+
+
+def _last_block(text: str) -> str:
+    blocks = [b for b in text.split("\n\n") if b.strip()]
+    return blocks[-1] if blocks else ""
+
+
+def _serve(project: Path, dsn: str, out: Path) -> subprocess.Popen[bytes]:
+    with out.open("w") as sink:
+        return subprocess.Popen(
+            [sys.executable, "-m", "flowlane", "serve", "--dsn", dsn, "--shutdown-timeout", "5"],
+            cwd=project, env=env(), stdout=sink, stderr=subprocess.STDOUT,
+        )
+
+
+def _all_running(proc: subprocess.Popen[bytes], out: Path) -> dict[str, int]:
+    def running() -> dict[str, int] | None:
+        assert proc.poll() is None, out.read_text()
+        pids = _pids(_last_block(out.read_text()))
+        return pids if len(pids) == 4 else None
+
+    found: dict[str, int] = wait_until(running, timeout=60, message="four workers running")
+    return found
+
+
+def test_serve_restarts_a_killed_worker_and_stops_cleanly(
+    project: Path, dsn: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "serve.out"
+    proc = _serve(project, dsn, out)
+    try:
+        pids = _all_running(proc, out)
+        logs = project / ".flowlane" / "logs"
+        wait_until(lambda: all("worker_started" in (logs / f"{n}.log").read_text()
+                               for n in pids), timeout=60, message="workers started")
+        with Client(dsn) as client:
+            runs = [client.start_run(flow, {}) for flow in ("sv_plain", "sv_split", "sv_shared")]
+            assert all(client.wait(r, timeout=60)["run"]["status"] == "completed" for r in runs)
+
+        os.kill(pids["sv_plain"], signal.SIGKILL)
+
+        def restarted() -> int | None:
+            block = _last_block(out.read_text())
+            new = _pids(block).get("sv_plain")
+            return new if new and new != pids["sv_plain"] and "restarts 1" in block else None
+
+        new_pid = wait_until(restarted, timeout=60, message="sv_plain restarted")
+        assert "killed by signal 9; restarting in" in out.read_text()
+        with Client(dsn) as client:
+            run_id = client.start_run("sv_plain", {})
+            state = client.wait(run_id, timeout=60)
+        assert state["run"]["output"]["hello"]["pid"] == new_pid
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, out.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    final = _last_block(out.read_text())
+    assert final.count("stopped") == 4, final
+    for pid in [*pids.values(), new_pid]:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    with psycopg.connect(dsn) as conn:
+        live = conn.execute(
+            "select worker_name from flowlane.workers where stopped_at is null "
+            "and last_heartbeat_at > now() - interval '1 hour'"
+        ).fetchall()
+    # the SIGKILLed worker never marked itself stopped; every gracefully stopped one did
+    assert [name for (name,) in live] == ["sv_plain"]
+
+
+def _command(code: int) -> list[str]:
+    return [sys.executable, "-c", f"import sys; sys.exit({code})"]
+
+
+def test_exit_status_3_is_never_restarted_other_exits_are() -> None:
+    specs = [WorkerSpec("disabled", "q1", ()), WorkerSpec("crashing", "q2", ())]
+    codes = {"disabled": EXIT_DISABLED, "crashing": 1}
+    supervisor = Supervisor(
+        specs, lambda s: _command(codes[s.name]), base_delay=0.01, max_delay=0.04,
+        out=io.StringIO(),
+    )
+    supervisor.start()
+    by_name = {w.spec.name: w for w in supervisor.workers}
+
+    def crashed_thrice() -> bool:
+        supervisor.tick()
+        return by_name["crashing"].restarts >= 3
+
+    wait_until(crashed_thrice, timeout=60, message="three restarts")
+    disabled = by_name["disabled"]
+    assert disabled.state == "disabled" and disabled.restarts == 0
+    assert "flowlane worker enable disabled" in disabled.detail
+    assert by_name["crashing"].delay in (0.02, 0.04)  # backoff doubled, capped
+    supervisor.stop(timeout=10)
+    assert disabled.state == "disabled"
+    assert by_name["crashing"].state == "stopped"
+
+
+def test_serve_never_restarts_a_disabled_deployment(
+    project: Path, dsn: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "serve.out"
+    proc = _serve(project, dsn, out)
+    try:
+        pids = _all_running(proc, out)
+        logs = project / ".flowlane" / "logs"
+        wait_until(lambda: "worker_started" in (logs / "sv_plain.log").read_text(),
+                   timeout=60, message="sv_plain registered its deployment")
+        disabled = flowlane("worker", "disable", "sv_plain", "--reason", "bad release",
+                            "--dsn", dsn, cwd=project)
+        assert disabled.returncode == 0, disabled.stdout + disabled.stderr
+        os.kill(pids["sv_plain"], signal.SIGKILL)  # a crash: serve restarts it, it refuses
+
+        def settled() -> str | None:
+            assert proc.poll() is None, out.read_text()
+            block = _last_block(out.read_text())
+            return block if _DISABLED.search(block) else None
+
+        block = wait_until(settled, timeout=60, message="sv_plain disabled")
+        assert "exit 3" in block and "flowlane worker enable sv_plain" in block
+        assert len(_pids(block)) == 3  # the others keep running
+        with Client(dsn) as client:
+            run_id = client.start_run("sv_split", {})
+            assert client.wait(run_id, timeout=60)["run"]["status"] == "completed"
+        assert _last_block(out.read_text()) == block  # not restarted again
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, out.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _DISABLED.search(_last_block(out.read_text()))
