@@ -12,7 +12,8 @@ median of ``--repeat`` requests over one keep-alive HTTP connection:
 
 each next to the raw query a hand-written client would run for the same rows (the runs
 page's 50 rows; the run, its step states and its tasks), and the ratio page / raw. Then it
-drops the console's indexes (migration 0008) and measures again, to show what they buy.
+drops the console's indexes (migration 0008), restores the ones it replaced (0001's
+single-column indexes, 0007's runs_started_idx) and measures again, to show what they buy.
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ def main() -> int:
             report(f"with the console indexes (median of {args.repeat})",
                    measure(conn, page, args.runs, args.repeat))
             conn.execute(Q["drop_console_indexes"])
-            report("without them (0001's single-column indexes)",
+            report("without them (the indexes of 0001 and 0007 instead)",
                    measure(conn, page, args.runs, args.repeat))
     finally:
         if server is not None:

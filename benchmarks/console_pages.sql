@@ -107,4 +107,5 @@ drop index flowlane.runs_flow_keyset_idx;
 drop index flowlane.runs_status_keyset_idx;
 create index runs_flow_idx on flowlane.runs (flow_slug);
 create index runs_status_idx on flowlane.runs (status);
+create index runs_started_idx on flowlane.runs (started_at desc, run_id);
 analyze flowlane.runs

@@ -132,8 +132,10 @@ class Console:
         return self._rows("console_flow_steps", flow_slug=flow_slug)
 
     def flow_names(self, name: str) -> list[str]:
-        """The concrete slugs a runs filter stands for (an alias: every version it named)."""
-        return sorted(r["flow_slug"] for r in self._rows("console_flow_names", name=name))
+        """The concrete slugs a runs filter stands for (an alias: every version it named);
+        the same rule as ``flowlane runs --flow``."""
+        row = self._row("client_flow_filter", flow=name)
+        return list(row["flows"] or []) if row else []
 
     # runs
 
@@ -160,6 +162,10 @@ class Console:
 
     def run_tasks(self, run_id: str, per_step: int = TASKS_PER_STEP) -> list[dict[str, Any]]:
         return self._rows("console_run_tasks", run_id=run_id, per_step=per_step)
+
+    def run_attempts(self, run_id: str, per_step: int = TASKS_PER_STEP) -> list[dict[str, Any]]:
+        """Failed and stalled attempts with their error type, message and traceback."""
+        return self._rows("console_run_attempts", run_id=run_id, per_step=per_step)
 
     def payload(self, run_id: str, what: str, step_slug: str | None = None,
                 task_index: int | None = None, limit: int = PAYLOAD_LIMIT) -> dict[str, Any] | None:

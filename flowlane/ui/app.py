@@ -115,11 +115,14 @@ def create_app(console: core.Console, settings: Settings) -> Starlette:
         tasks: dict[str, list[dict[str, Any]]] = {}
         for task in console.run_tasks(run_id):
             tasks.setdefault(task["step_slug"], []).append(task)
+        attempts: dict[str, list[dict[str, Any]]] = {}
+        for attempt in console.run_attempts(run_id):
+            attempts.setdefault(attempt["step_slug"], []).append(attempt)
         flow = console.flow(run["flow_slug"])
         assert flow is not None  # runs reference their flow
         model = pages.flow_model(flow, console.flow_steps(run["flow_slug"]))
         return {
-            "run": run, "steps": steps, "tasks": tasks,
+            "run": run, "steps": steps, "tasks": tasks, "attempts": attempts,
             "graph": layout.layout(model, {s["step_slug"]: s["status"] for s in steps}),
             "terminal": run["status"] in pages.TERMINAL_RUN_STATUSES,
             "actions": console.available_actions() if settings.allow_actions else set(),

@@ -61,8 +61,13 @@ def test_run_page_shows_the_failed_step_error_and_colours_the_graph(
     driver.get(f"{console.url}/runs/{seeded.failed}")
     assert driver.find_element(By.ID, "run-status").text == "failed"
     error = driver.find_element(By.CSS_SELECTOR, "tr[data-error-for='price'] pre.error").text
-    assert error.splitlines()[0] == "ValueError: line 2 has a negative price (-5)"
-    assert "Traceback (most recent call last):" in error
+    assert error == ui_support.PRICE_ERROR
+    attempt = driver.find_element(By.CSS_SELECTOR, "tr[data-attempts-for='price'] tr[data-attempt='1/1']")
+    assert attempt.find_element(By.CSS_SELECTOR, "pre.error").text == ui_support.PRICE_ERROR
+    attempt.find_element(By.CSS_SELECTOR, "details.traceback summary").click()
+    traceback = attempt.find_element(By.CSS_SELECTOR, "details.traceback pre").text
+    assert traceback.startswith("Traceback (most recent call last):")
+    assert 'raise ValueError(f"line {line} has a negative price ({value})")' in traceback
     nodes = {n.get_attribute("data-step"): n.get_attribute("data-status")
              for n in driver.find_elements(By.CSS_SELECTOR, "svg.graph g.node")}
     assert nodes == {"fetch": "completed", "audit": "completed", "price": "failed",
@@ -86,10 +91,8 @@ def test_run_page_follows_a_running_run_until_it_ends(
         assert driver.find_element(By.ID, "run-status").text == "started"
         node = driver.find_element(By.CSS_SELECTOR, "svg.graph g.node")
         assert node.get_attribute("data-status") == "started"
-        # claim this run's message only: the seeded queued run on the same queue stays queued
-        msg_id = engine.scalar("select message_id from flowlane.step_tasks where run_id = %s", (run_id,))
-        (task,) = engine.start_tasks("ping", [msg_id])
-        engine.complete(task, {"pong": True})
+        # this run's message only: the seeded queued run on the same queue stays queued
+        engine.complete(ui_support.claim_only(engine, "ping", run_id), {"pong": True})
 
     def status(d: Any) -> list[str]:
         # one script: the region is replaced while we look
@@ -144,7 +147,7 @@ def _deployment(driver: Any, name: str) -> tuple[str, str]:
 
 def test_actions_work_behind_a_confirmation(
         driver: Any, seeded_db: tuple[str, ui_support.Seeded]) -> None:
-    dsn, seeded = seeded_db
+    dsn = seeded_db[0]
     with ui_support.ui_server(dsn, "--allow-actions") as server:
         driver.get(server.url + "/workers")
         assert _deployment(driver, "intake_workers") == ("true", "")
@@ -164,14 +167,34 @@ def test_actions_work_behind_a_confirmation(
         assert driver.find_element(By.CSS_SELECTOR, "#message h1").text == "Done"
         assert _deployment_in_db(dsn, "intake_workers") == (True, None)
 
-        # cancel and retry are offered where the database has their SQL functions (issue 12)
-        driver.get(f"{server.url}/runs/{seeded.failed}")
-        retry = driver.find_element(By.ID, "action-retry")
+        # a run to cancel and a run to retry, made for this test
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            engine = Engine(conn)
+            to_cancel = engine.start("ping", {"cancel": True})
+            to_retry = engine.start("orders_v1", {"retry": True})  # max_attempts 1: one failure fails it
+            engine.fail(ui_support.claim_only(engine, "intake", to_retry), "RuntimeError: upstream down")
+
+        driver.get(f"{server.url}/runs/{to_cancel}")
+        assert driver.find_elements(By.ID, "action-retry") == []  # only a failed run can be retried
+        _follow(driver, driver.find_element(By.ID, "action-cancel"))
+        assert str(to_cancel) in driver.find_element(By.ID, "question").text
+        driver.find_element(By.NAME, "reason").send_keys("wrong input")
+        _follow(driver, driver.find_element(By.ID, "confirm"))
+        assert driver.find_element(By.CSS_SELECTOR, "#message h1").text == "Done"
+        _follow(driver, driver.find_element(By.ID, "back"))
+        assert driver.find_element(By.ID, "run-status").text == "cancelled"
+        assert driver.find_element(By.ID, "cancel-reason").text == "cancelled: wrong input"
+
+        driver.get(f"{server.url}/runs/{to_retry}")
+        assert driver.find_element(By.ID, "run-status").text == "failed"
         assert driver.find_elements(By.ID, "action-cancel") == []  # a failed run cannot be cancelled
-        if _has_function(dsn, "flowlane.retry_run"):
-            assert retry.tag_name == "a"
-        else:
-            assert retry.text == "Retry failed steps (not available in this database)"
+        _follow(driver, driver.find_element(By.ID, "action-retry"))
+        _follow(driver, driver.find_element(By.ID, "confirm"))
+        assert driver.find_element(By.CSS_SELECTOR, "#message h1").text == "Done"
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute("select status, retry_count from flowlane.runs where run_id = %s",
+                               (to_retry,)).fetchone()
+        assert row == ("started", 1)
 
 
 def _follow(driver: Any, element: Any) -> None:
@@ -189,12 +212,6 @@ def _deployment_in_db(dsn: str, name: str) -> tuple[bool, str | None]:
                            "where deployment_name = %s", (name,)).fetchone()
     assert row is not None
     return row[0], row[1]
-
-
-def _has_function(dsn: str, name: str) -> bool:
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute("select to_regproc(%s) is not null", (name,)).fetchone()
-    return bool(row and row[0])
 
 
 def test_a_token_console_refuses_a_browser_without_it_and_remembers_it_once_given(

@@ -160,9 +160,9 @@ def test_actions_refuse_a_post_without_the_sessions_csrf_token(
         unknown = ui_support.fetch(f"{server.url}/actions/set_deployment_enabled", "POST",
                                    body=f"deployment=nope&enabled=true&csrf={csrf[1]}", headers=cookie)
         assert unknown.status == 409 and "unknown worker deployment" in unknown.body
-        missing = ui_support.fetch(f"{server.url}/actions/retry", "POST",
-                                   body=f"run_id={seeded_db[1].failed}&csrf={csrf[1]}", headers=cookie)
-        assert missing.status == 409 and "has no flowlane.retry_run" in missing.body
+        refused = ui_support.fetch(f"{server.url}/actions/retry", "POST",
+                                   body=f"run_id={seeded_db[1].completed}&csrf={csrf[1]}", headers=cookie)
+        assert refused.status == 409 and "only a failed run can be retried" in refused.body
 
 
 def _enabled(dsn: str, deployment: str) -> bool:

@@ -36,13 +36,16 @@ def test_upgrade_keeps_the_runs_and_serves_every_runs_filter_in_index_order(
         indexes = {r[0] for r in conn.execute(
             "select indexname from pg_indexes where schemaname = 'flowlane' and tablename = 'runs'")}
         assert {"runs_keyset_idx", "runs_flow_keyset_idx", "runs_status_keyset_idx"} <= indexes
-        assert not {"runs_flow_idx", "runs_status_idx"} & indexes
+        assert not {"runs_flow_idx", "runs_status_idx", "runs_started_idx"} & indexes
 
         for name, params, index in (("console_runs", {}, "runs_keyset_idx"),
                                     ("console_runs", {"status": "started"}, "runs_status_keyset_idx")):
             plan = _plan(conn, name, **params)
             assert f"Index Scan Backward using {index}" in plan, plan
             assert "Sort" not in plan, plan
+        # `flowlane runs` pages in the same order, through the same index
+        plan = _plan(conn, "client_list_runs", flows=None, before=None, limit=20)
+        assert "Index Scan Backward using runs_keyset_idx" in plan and "Sort" not in plan, plan
         # several flows (an alias): one index range per flow, each stopped at the page size,
         # so only (flows x page size) rows are ever sorted
         plan = _plan(conn, "console_runs_of_flows", flows=["ping", "orders_v1", "orders_v2"])

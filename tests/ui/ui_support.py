@@ -23,19 +23,29 @@ from psycopg.types.json import Jsonb
 
 from flowlane.compiler import load_project
 from flowlane.compiler.render import render_project
+from flowlane.runtime.tasks import bounded_traceback, describe, error_type
 from tests.core.engine import Engine  # the SQL Core driven as a worker drives it
 
 PROJECT = Path(__file__).resolve().parent / "project"
 CHROMIUM = os.environ.get("FLOWLANE_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("FLOWLANE_TEST_CHROMEDRIVER", "/usr/bin/chromedriver")
-# Workers record "Type: message" today; a bounded traceback follows once attempts keep one
-# (issue 12). The console shows whatever text the attempt recorded, lines preserved.
-PRICE_ERROR = (
-    "ValueError: line 2 has a negative price (-5)\n"
-    "Traceback (most recent call last):\n"
-    '  File "handlers.py", line 12, in price\n'
-    "    raise ValueError(f\"line {index} has a negative price ({value})\")"
-)
+PRICE_ERROR = "ValueError: line 2 has a negative price (-5)"
+
+
+def price(line: int, value: int) -> int:
+    """The seeded handler's logic, run for real so that the failure carries a real traceback."""
+    if value < 0:
+        raise ValueError(f"line {line} has a negative price ({value})")
+    return value * 2
+
+
+def fail_like_a_worker(conn: psycopg.Connection[Any], task: dict[str, Any], worker_id: uuid.UUID,
+                       exc: BaseException) -> None:
+    """What the worker does with a handler's exception: its text, type and bounded traceback."""
+    conn.execute(
+        "select 1 from flowlane.fail_task_detailed(%s, %s, %s, %s, %s, %s, %s, %s)",
+        (task["run_id"], task["step_slug"], task["task_index"], describe(exc), worker_id,
+         task["attempt"], error_type(exc), bounded_traceback(exc)))
 
 
 def apply_flows(dsn: str) -> None:
@@ -73,10 +83,10 @@ def seed(dsn: str) -> Seeded:
         for task in engine.claim("intake"):  # audit
             engine.complete(task, {"urgent": task["run_id"] == completed})
         for task in engine.claim("pricing"):
-            if task["run_id"] == failed and task["task_index"] == 1:
-                engine.fail(task, PRICE_ERROR)
-            else:
-                engine.complete(task, task["input"] * 2)
+            try:
+                engine.complete(task, price(task["task_index"] + 1, task["input"]))
+            except ValueError as exc:
+                fail_like_a_worker(conn, task, engine.worker_id, exc)
         for queue in ("notify", "intake"):  # notify (urgent run only), then report
             for task in engine.claim(queue):
                 engine.complete(task, {"sent": True} if queue == "notify" else {"total": 1})
@@ -86,6 +96,14 @@ def seed(dsn: str) -> Seeded:
         (running_task,) = [t for t in engine.claim("intake") if t["run_id"] == running]
         register_workers(conn, engine.worker_id)
         return Seeded(completed, skipped_notify, failed, queued, running, running_task, engine.worker_id)
+
+
+def claim_only(engine: Engine, queue: str, run_id: uuid.UUID) -> dict[str, Any]:
+    """Claim the one queued task of ``run_id`` on ``queue``, leaving other runs' messages alone."""
+    msg_id = engine.scalar(
+        "select message_id from flowlane.step_tasks where run_id = %s and status = 'queued'", (run_id,))
+    (task,) = engine.start_tasks(queue, [msg_id])
+    return task
 
 
 def register_workers(conn: psycopg.Connection[Any], live: uuid.UUID) -> None:

@@ -38,20 +38,10 @@ from flowlane.steps s
 where s.flow_slug = %(flow_slug)s
 order by s.step_index
 
--- name: console_flow_names
--- the concrete slugs a filter name stands for: a flow itself, or every version an alias ever named
-select f.flow_slug from flowlane.flows f where f.flow_slug = %(name)s
-union
-select a.flow_slug from flowlane.aliases a where a.alias = %(name)s
-union
-select unnest(a.draining) from flowlane.aliases a where a.alias = %(name)s
-union
-select h.flow_slug from flowlane.alias_history h where h.alias = %(name)s
-
 -- name: console_runs
 -- keyset paging, newest first: (after_started_at, after_run_id) is the last row of the previous page
 select r.run_id, r.flow_slug, r.status, r.remaining_steps, r.started_at,
-       coalesce(r.completed_at, r.failed_at) as ended_at, left(r.error_message, 200) as error_message
+       coalesce(r.completed_at, r.failed_at, r.cancelled_at) as ended_at, left(r.error_message, 200) as error_message
 from flowlane.runs r
 where (%(status)s::text is null or r.status = %(status)s::text)
   and (%(since)s::timestamptz is null or r.started_at >= %(since)s::timestamptz)
@@ -68,7 +58,7 @@ select page.*
 from unnest(%(flows)s::text[]) as f(flow_slug)
 cross join lateral (
   select r.run_id, r.flow_slug, r.status, r.remaining_steps, r.started_at,
-         coalesce(r.completed_at, r.failed_at) as ended_at, left(r.error_message, 200) as error_message
+         coalesce(r.completed_at, r.failed_at, r.cancelled_at) as ended_at, left(r.error_message, 200) as error_message
   from flowlane.runs r
   where r.flow_slug = f.flow_slug
     and (%(status)s::text is null or r.status = %(status)s::text)
@@ -84,7 +74,8 @@ limit %(limit)s
 
 -- name: console_run
 select r.run_id, r.flow_slug, r.status, r.remaining_steps, r.started_at, r.completed_at, r.failed_at,
-       coalesce(r.completed_at, r.failed_at) as ended_at, r.error_message,
+       coalesce(r.completed_at, r.failed_at, r.cancelled_at) as ended_at, r.error_message,
+       r.cancel_reason, r.retry_count, r.retried_at,
        octet_length(r.input::text) as input_bytes, octet_length(r.output::text) as output_bytes
 from flowlane.runs r
 where r.run_id = %(run_id)s::uuid
@@ -135,6 +126,18 @@ from (
 ) ranked
 where rank <= %(per_step)s
 order by step_slug, rank
+
+-- name: console_run_attempts
+-- the failed and stalled attempts of a run (0007's history), the latest ones per step, oldest first
+select step_slug, task_index, attempt, retry_round, outcome, worker_id, error_type, error_message,
+       traceback, failed_at
+from (
+  select a.*, row_number() over (partition by a.step_slug order by a.id desc) as latest
+  from flowlane.task_attempts a
+  where a.run_id = %(run_id)s::uuid
+) recent
+where latest <= %(per_step)s
+order by step_slug, id
 
 -- name: console_run_input
 select left(r.input::text, %(limit)s) as text, octet_length(r.input::text) as bytes
