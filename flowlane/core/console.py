@@ -38,14 +38,14 @@ class Action:
     provided_by: str
 
 
-# One table of actions: the console shows an action only where its SQL function exists, so the
-# functions of later migrations light up without a change here.
+# One table of actions: the console offers an action only where its SQL function exists (a
+# database not yet migrated shows it greyed out and refuses it with a hint to migrate).
 ACTIONS = {
     action.name: action
     for action in (
-        Action("cancel", "flowlane.cancel_run", "console_action_cancel_run",
-               "run cancellation (issue 12)"),
-        Action("retry", "flowlane.retry_run", "console_action_retry_run", "run retry (issue 12)"),
+        # the same named queries as `flowlane cancel|retry` and `flowlane worker enable|disable`
+        Action("cancel", "flowlane.cancel_run", "client_cancel_run", "run operations (migration 0007)"),
+        Action("retry", "flowlane.retry_run", "client_retry_run", "run operations (migration 0007)"),
         Action("set_deployment_enabled", "flowlane.set_deployment_enabled", "fleet_set_enabled",
                "worker deployments (migration 0005)"),
     )

@@ -195,12 +195,6 @@ limit %(limit)s
 -- name: console_function_exists
 select to_regproc(%(function)s) is not null as exists
 
--- name: console_action_cancel_run
-select flowlane.cancel_run(%(run_id)s::uuid, %(reason)s)
-
--- name: console_action_retry_run
-select flowlane.retry_run(%(run_id)s::uuid)
-
 -- name: console_deployments
 select d.deployment_name, d.queue_name, d.enabled, d.reason, d.created_at, d.changed_at,
        count(w.worker_id) filter (where w.stopped_at is null
