@@ -245,6 +245,12 @@ def screenshots(driver: Any, url: str, seeded: Seeded, out: Path) -> list[Path]:
     written = []
     for name in SCREENSHOTS:
         driver.get(url + pages[name])
+        driver.execute_script("document.querySelectorAll('details.traceback').forEach(d => d.open = true)")
+        # the whole page (up to 1800 px): the run page's attempt history sits below the fold
+        width = driver.get_window_size()["width"]
+        driver.set_window_size(width, 600)
+        height = driver.execute_script("return document.documentElement.scrollHeight")
+        driver.set_window_size(width, min(height + 140, 1800))  # + the browser's own chrome
         path = out / f"console-{name}.png"
         if not driver.save_screenshot(str(path)):
             raise AssertionError(f"the browser could not take a screenshot of {pages[name]}")
