@@ -2,7 +2,8 @@
 -- baselines the console's pages are compared with.
 
 -- name: seed_runs
--- run i started i * 26 s ago; every 50th is still running, every 12th failed, the rest completed
+-- run i started i * 26 s ago; every 50th is still running, every 1000th failed (the rare
+-- failures an operator looks for), the rest completed
 insert into flowlane.runs (run_id, flow_slug, status, input, output, error_message, remaining_steps,
                            started_at, completed_at, failed_at)
 select md5('run' || i)::uuid, 'diamond', status, jsonb_build_object('numbers', jsonb_build_array(i, 2, 3)),
@@ -12,7 +13,7 @@ select md5('run' || i)::uuid, 'diamond', status, jsonb_build_object('numbers', j
        t, case when status = 'completed' then t + interval '2 s' end,
        case when status = 'failed' then t + interval '2 s' end
 from (select i, now() - make_interval(secs => i * 26) as t,
-             case when i %% 50 = 0 then 'started' when i %% 12 = 0 then 'failed' else 'completed' end as status
+             case when i %% 1000 = 7 then 'failed' when i %% 50 = 0 then 'started' else 'completed' end as status
       from generate_series(1, %(runs)s) i) g
 
 -- name: seed_step_states
@@ -79,7 +80,14 @@ limit 50
 -- name: raw_runs_failed_page
 select run_id, flow_slug, status, remaining_steps, started_at, completed_at, failed_at, error_message
 from flowlane.runs
-where status = 'failed' and (started_at, run_id) < (%(after_started_at)s, %(after_run_id)s)
+where status = 'failed'
+order by started_at desc, run_id desc
+limit 50
+
+-- name: raw_runs_started_deep_page
+select run_id, flow_slug, status, remaining_steps, started_at, completed_at, failed_at, error_message
+from flowlane.runs
+where status = 'started' and (started_at, run_id) < (%(after_started_at)s, %(after_run_id)s)
 order by started_at desc, run_id desc
 limit 50
 
@@ -99,13 +107,13 @@ order by started_at desc, run_id desc
 offset %(offset)s limit 1
 
 -- name: a_failed_run
-select run_id from flowlane.runs where status = 'failed' order by started_at desc limit 1 offset 100
+select run_id from flowlane.runs where status = 'failed' order by started_at desc limit 1 offset 10
+
+-- name: raw_throughput
+select k.queue_name, count(*) from flowlane.step_tasks k
+where k.completed_at > now() - interval '15 minutes'
+group by 1
 
 -- name: drop_console_indexes
-drop index flowlane.runs_keyset_idx;
-drop index flowlane.runs_flow_keyset_idx;
-drop index flowlane.runs_status_keyset_idx;
-create index runs_flow_idx on flowlane.runs (flow_slug);
-create index runs_status_idx on flowlane.runs (status);
-create index runs_started_idx on flowlane.runs (started_at desc, run_id);
-analyze flowlane.runs
+drop index flowlane.step_tasks_completed_idx;
+analyze flowlane.step_tasks

@@ -1,18 +1,9 @@
--- Indexes for `flowlane ui` (the console): keyset paging of the runs list, newest first,
--- with or without a flow or status filter, and the per-queue throughput of recent minutes.
--- Plain (not concurrent) index builds: a migration runs in one transaction; on a large
--- database they block writes to these tables while they build.
-
-create index runs_keyset_idx on flowlane.runs (started_at, run_id);
-create index runs_flow_keyset_idx on flowlane.runs (flow_slug, started_at, run_id);
-create index runs_status_keyset_idx on flowlane.runs (status, started_at, run_id);
-
--- the 0001 single-column indexes are prefixes of the two above
-drop index flowlane.runs_flow_idx;
-drop index flowlane.runs_status_idx;
--- 0007's (started_at desc, run_id) serves "order by started_at desc, run_id desc" (flowlane runs,
--- the console) only with an extra sort of equal start times; runs_keyset_idx serves it exactly
-drop index flowlane.runs_started_idx;
+-- Index for `flowlane ui` (the console): the queues page's chart counts the tasks each queue
+-- completed per minute over the last minutes; without this index every view reads all tasks.
+-- (The runs list pages through 0007's runs_started_idx and 0001's flow and status indexes:
+-- measured with benchmarks/console_pages.py, keyset indexes of its own gained nothing.)
+-- A plain (not concurrent) build: a migration runs in one transaction; on a large database it
+-- blocks writes to step_tasks while it builds.
 
 create index step_tasks_completed_idx on flowlane.step_tasks (completed_at, queue_name)
   where completed_at is not null;
