@@ -92,6 +92,21 @@ def test_visible_started_task_costs_no_attempt_and_hides_until_stall_recovery(en
     engine.complete(task, "done")
 
 
+def test_visible_duplicate_of_an_extended_lease_hides_until_the_renewed_deadline(
+    engine: Engine,
+) -> None:
+    engine.define("f", [("a", [], {"timeout": 10})])
+    run = engine.start("f", {})
+    [task] = engine.claim("f")
+    engine.backdate(run, "a", 25)  # claimed 25 s ago, its lease extended just now
+    item = {"run_id": str(run), "step_slug": "a", "task_index": 0, "attempt": 1, "running": False}
+    assert engine.scalar("select flowlane.extend_leases(%s, %s)", (engine.worker_id, Jsonb([item]))) == 1
+    engine.make_visible("f")
+    assert engine.claim("f", worker_id=uuid.uuid4()) == []
+    assert 35 < engine.vt_in("f", task["msg_id"]) <= 41  # renewal + timeout + 30 s
+    engine.complete(task, "done")
+
+
 def test_terminal_task_message_is_archived_and_nothing_changes(engine: Engine) -> None:
     engine.define("f", [("a", [], {})])
     run = engine.start("f", {})

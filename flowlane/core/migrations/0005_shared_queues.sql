@@ -401,6 +401,14 @@ create type flowlane.claim_record as (
   msg_id bigint
 );
 
+-- when stalled recovery may take a started task: effective timeout + 30 s after its claim
+create function flowlane._stall_deadline(p_task flowlane.step_tasks, p_timeout int) returns timestamptz
+language sql immutable
+set search_path = ''
+as $$
+  select p_task.started_at + make_interval(secs => p_timeout + 30)
+$$;
+
 -- one message of a batch, classified before anything changes
 create type flowlane._claim_item as (
   msg_id bigint,
@@ -474,8 +482,9 @@ begin
     where (c.task).status in ('completed', 'failed', 'skipped', 'cancelled') order by c.msg_id));
   -- still started (a visible duplicate): no attempt; hidden until stalled recovery may take it
   select coalesce(array_agg(c.task order by c.msg_id), '{}'),
-         coalesce(array_agg(greatest(1, ceil(extract(epoch from (c.task).started_at - clock_timestamp()))::int
-                                        + flowlane._effective_timeout((c.task).flow_slug, (c.task).step_slug) + 30)
+         coalesce(array_agg(greatest(1, ceil(extract(epoch from
+                              flowlane._stall_deadline(c.task, flowlane._effective_timeout((c.task).flow_slug, (c.task).step_slug))
+                              - clock_timestamp()))::int)
                             order by c.msg_id), '{}')
     into v_duplicates, v_offsets
   from unnest(v_batch) c where (c.task).status = 'started';

@@ -93,9 +93,9 @@ order by t.queue_name;
 -- the last time the owning worker extended the lease (null: never since the claim)
 alter table flowlane.step_tasks add column lease_renewed_at timestamptz;
 
--- the stall deadline of a started task: effective timeout + 30 s after the
--- later of its claim and its last lease extension
-create function flowlane._stall_deadline(p_task flowlane.step_tasks, p_timeout int) returns timestamptz
+-- the stall deadline of a started task (0005: after its claim): effective
+-- timeout + 30 s after the later of its claim and its last lease extension
+create or replace function flowlane._stall_deadline(p_task flowlane.step_tasks, p_timeout int) returns timestamptz
 language sql immutable
 set search_path = ''
 as $$
