@@ -16,7 +16,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from flowlane import errors
-from flowlane.core import db
+from flowlane.core import db, migrator
 from flowlane.core.fleet import STALE_AFTER
 from flowlane.core.queries import query
 
@@ -93,11 +93,11 @@ class Console:
 
     def open(self) -> None:
         # fail now with flowlane's clear error rather than on the first page view
-        with db.connect(self.target) as conn, db.wrap_errors("cannot read the flowlane schema"):
-            row = conn.execute(query("console_schema_ready")).fetchone()
-        if not (row and row[0]):
+        with db.connect(self.target) as conn:
+            pending = [s.migration.filename for s in migrator.status(conn) if s.migration and not s.applied]
+        if pending:
             raise errors.FlowlaneError(
-                f"{db.redact(self.target.dsn)} has no flowlane schema (with aliases) yet",
+                f"{db.redact(self.target.dsn)} is not migrated: pending {', '.join(pending)}",
                 hint="migrate it first: `flowlane db migrate`",
             )
         self._pool.open(wait=True)

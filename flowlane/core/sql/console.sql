@@ -1,8 +1,5 @@
 -- Read queries of the console (`flowlane ui`, flowlane/core/console.py). Every list is bounded.
 
--- name: console_schema_ready
-select to_regclass('flowlane.runs') is not null and to_regclass('flowlane.aliases') is not null as ready
-
 -- name: console_flows
 select f.flow_slug, f.queue_mode, f.opt_max_attempts, f.opt_base_delay, f.opt_timeout, f.created_at,
        (select count(*) from flowlane.steps s where s.flow_slug = f.flow_slug) as steps,
