@@ -189,7 +189,7 @@ def browser(width: int = 1440, height: int = 1000) -> Iterator[Any]:
         if not Path(path).exists():
             raise AssertionError(
                 f"{path} is missing: the console's browser tests need Debian's chromium "
-                "(apt-get install -y chromium chromium-driver; .ci/run installs it)")
+                "(sh tools/install-browser.sh installs chromium and chromium-driver)")
     profile = Path(tempfile.mkdtemp(prefix="flowlane-chromium-"))
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
