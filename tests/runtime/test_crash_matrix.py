@@ -154,6 +154,11 @@ class Load:
         assert status == (0 if sig == signal.SIGTERM else -sig), worker.text()[-3000:]
         self.workers.remove(worker)
         self.retired.append(worker)
+        # its backends may still be finishing a statement (a claim commits without its client):
+        # backdate only once they are gone
+        wait_until(lambda: scalar(
+            self.dsn, "select count(*) = 0 from pg_stat_activity where application_name like %s",
+            (f"flowlane-worker-{worker_id[:8]}%",)), message="the worker's backends to end")
         left = backdate(self.dsn, "t.last_worker_id = %s::uuid", (worker_id,))
         self.extra_allowed += MAX_CONCURRENT
         self.spawn()
