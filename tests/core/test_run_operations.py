@@ -206,7 +206,7 @@ def test_upgrade_to_0007_keeps_runs_and_lets_old_failures_be_retried(
         engine.fail(task, "before the upgrade")
         running = engine.start("f", {})
         [claimed] = engine.claim("f")
-        assert [m.version for m in migrator.migrate(conn)][-1] == "0007"
+        assert [m.version for m in migrator.migrate(conn, to="0007")][-1] == "0007"
 
         assert engine.run(failed)["status"] == "failed"
         assert engine.run(running)["status"] == "started"
