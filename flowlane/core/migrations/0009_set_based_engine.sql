@@ -736,11 +736,13 @@ $$;
 -- claims
 -- ---------------------------------------------------------------------------
 
--- read up to qty messages and claim them in one call: start_tasks' exact
--- classification (an unsupported message: nothing claimed, the whole batch
--- visible again). Messages are read with the queue's longest claim lease, so a
--- claimed task's message needs no second visibility update unless its own
--- lease is shorter. flow_input is sent once per run: null on a run's later rows.
+-- read up to qty messages and claim them in one round trip, with start_tasks'
+-- exact classification: with an unsupported message nothing is claimed, the
+-- whole batch is visible again, and the rows are the 'unsupported' messages
+-- plus one 'handed_back' row (msg_id only) per other message of the batch.
+-- Messages are read with the longest claim lease of the served pairs, so none
+-- becomes visible between the read and the claim. flow_input is sent once per
+-- run and batch: null on the run's later rows (a run input is never SQL null).
 create function flowlane.claim_tasks(queue_name text, qty int, worker_id uuid, supported_pairs jsonb)
 returns setof flowlane.claim_record
 language plpgsql volatile
@@ -765,11 +767,20 @@ begin
     return;
   end if;
   return query
+    with c as (
+      select * from flowlane.start_tasks(claim_tasks.queue_name, v_ids, claim_tasks.worker_id, supported_pairs)
+    )
     select c.outcome, c.flow_slug, c.step_slug, c.queue_name, c.run_id, c.task_index, c.input,
            case when row_number() over (partition by c.run_id order by c.msg_id) = 1 then c.flow_input end,
            c.attempt, c.msg_id
-    from flowlane.start_tasks(claim_tasks.queue_name, v_ids, claim_tasks.worker_id, supported_pairs) c
-    order by c.msg_id;
+    from c
+    union all
+    -- a refused batch: the other messages read, handed back visible with it (ids only)
+    select 'handed_back', null, null, claim_tasks.queue_name, null, null, null, null, null, m.id
+    from unnest(v_ids) as m (id)
+    where exists (select 1 from c where c.outcome = 'unsupported')
+      and not exists (select 1 from c where c.msg_id = m.id)
+    order by 10;
 end;
 $$;
 
