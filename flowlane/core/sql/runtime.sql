@@ -64,6 +64,9 @@ from flowlane.fail_tasks(%(results)s::jsonb)
 -- name: client_start_flow
 select run_id, flow_slug from flowlane.start_flow(%(flow)s, %(input)s::jsonb, %(run_id)s::uuid)
 
+-- name: client_start_flows
+select run_id from flowlane.start_flows(%(flow)s, %(inputs)s::jsonb[])
+
 -- name: client_list_runs
 -- newest first; a page ends with the run whose id is passed as %(before)s next time
 select r.run_id, r.flow_slug, r.status, r.remaining_steps, r.started_at, r.completed_at, r.failed_at,
