@@ -49,8 +49,8 @@ def configure(subparsers: Any) -> None:
         help="development databases only: create flows missing from the database with the "
         "same SQL `flowlane apply` runs (never changes existing flows or aliases)",
     )
-    worker.add_argument("--max-concurrent", type=int, help="handlers running at once (default 10)")
-    worker.add_argument("--batch-size", type=int, help="messages read per poll (default 10)")
+    worker.add_argument("--max-concurrent", type=int, help="handlers running at once (default 50)")
+    worker.add_argument("--batch-size", type=int, help="messages claimed per poll (default 50)")
     worker.add_argument(
         "--no-notify",
         action="store_true",
