@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.core.engine import Engine
+from tests.core.engine import Engine, assert_invariants
 
 
 def _item(engine: Engine, task: dict[str, Any], **fields: Any) -> dict[str, Any]:
@@ -185,3 +185,27 @@ def test_complete_tasks_names_a_bad_item(engine: Engine) -> None:
                 {"run_id": str(uuid.uuid4()), "step_slug": "a", "task_index": 0, "attempt": "x"},
             ],
         )
+
+
+def test_upgrade_from_0007_completes_in_flight_claims_in_a_batch(db_factory: Any) -> None:
+    from flowlane.core import migrator
+
+    with psycopg.connect(db_factory("0007"), autocommit=True) as conn:
+        engine = Engine(conn)
+        engine.define("fan", [("root", [], {"step_type": "map", "max_attempts": 1}), ("after", ["root"], {})])
+        run_id = engine.start("fan", [1, 2, 3])
+        failing = engine.start("fan", [9])
+        claimed = engine.claim("fan")
+        assert [m.version for m in migrator.migrate(conn)][-1] == "0009"
+        mine = [t for t in claimed if t["run_id"] == run_id]
+        [other] = [t for t in claimed if t["run_id"] == failing]
+        _complete_tasks(engine, [_item(engine, t, output=t["input"] * 10) for t in mine])
+        _fail_tasks(engine, [_item(engine, other, error_message="boom")])
+        assert engine.states(run_id)["root"]["output"] == [10, 20, 30]
+        assert engine.statuses(run_id) == {"root": "completed", "after": "started"}
+        assert engine.run(failing)["error_message"] == "step root task 0 failed after 1 attempt: boom"
+        assert engine.scalar("select count(*) from flowlane.task_attempts where run_id = %s", (failing,)) == 1
+        [after] = engine.claim("fan")
+        engine.complete(after, "done")
+        assert engine.run(run_id)["status"] == "completed"
+        assert_invariants(engine)
