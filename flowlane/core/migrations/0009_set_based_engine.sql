@@ -117,15 +117,20 @@ set search_path = ''
 as $$
 declare
   v_classes flowlane._result_class[];
+  -- every lookup below also filters on run_id = any (v_runs): an index path whose cost
+  -- follows the batch, whatever the planner thinks of unnest()'s row count
+  v_runs uuid[] := array(select distinct i.run_id from unnest(p_items) i);
 begin
   perform 1 from flowlane.runs r
-  where r.run_id in (select i.run_id from unnest(p_items) i)
+  where r.run_id = any (v_runs)
   order by r.run_id for update;
   perform 1 from flowlane.step_states ss
-  where (ss.run_id, ss.step_slug) in (select i.run_id, i.step_slug from unnest(p_items) i)
+  where ss.run_id = any (v_runs)
+    and (ss.run_id, ss.step_slug) in (select i.run_id, i.step_slug from unnest(p_items) i)
   order by ss.run_id, ss.step_slug for update;
   perform 1 from flowlane.step_tasks t
-  where (t.run_id, t.step_slug, t.task_index) in (select i.run_id, i.step_slug, i.task_index from unnest(p_items) i)
+  where t.run_id = any (v_runs)
+    and (t.run_id, t.step_slug, t.task_index) in (select i.run_id, i.step_slug, i.task_index from unnest(p_items) i)
   order by t.run_id, t.step_slug, t.task_index for update;
 
   with classified as (
@@ -134,10 +139,12 @@ begin
              and (i.worker_id is null or t.last_worker_id is not distinct from i.worker_id)
              and (i.attempt is null or t.attempts_count = i.attempt) as owns
     from unnest(p_items) i
-    left join flowlane.runs r on r.run_id = i.run_id
-    left join flowlane.step_states ss on ss.run_id = i.run_id and ss.step_slug = i.step_slug
+    left join flowlane.runs r on r.run_id = i.run_id and r.run_id = any (v_runs)
+    left join flowlane.step_states ss
+      on ss.run_id = i.run_id and ss.step_slug = i.step_slug and ss.run_id = any (v_runs)
     left join flowlane.step_tasks t
       on t.run_id = i.run_id and t.step_slug = i.step_slug and t.task_index = i.task_index
+     and t.run_id = any (v_runs)
   ), ranked as (
     -- the same task twice in a batch: the first item that owns it acts, the next ones are late
     select c.*, c.owns and row_number() over (
@@ -189,7 +196,7 @@ begin
   with ready as (
     select ss.run_id, ss.step_slug
     from flowlane.step_states ss
-    join flowlane.runs r on r.run_id = ss.run_id and r.status = 'started'
+    join flowlane.runs r on r.run_id = ss.run_id and r.status = 'started' and r.run_id = any (p_run_ids)
     where ss.run_id = any (p_run_ids) and ss.status = 'created' and ss.remaining_deps = 0
       and ss.initial_tasks > 0 and flowlane._condition_met(ss.run_id, ss.step_slug)
     order by ss.run_id, ss.step_slug
@@ -198,7 +205,7 @@ begin
     update flowlane.step_states ss
        set status = 'started', started_at = now(), remaining_tasks = ss.initial_tasks
       from ready
-     where ss.run_id = ready.run_id and ss.step_slug = ready.step_slug
+     where ss.run_id = ready.run_id and ss.step_slug = ready.step_slug and ss.run_id = any (p_run_ids)
     returning ss
   ) select coalesce(array_agg(st.ss), '{}') into v_started from started st;
   if cardinality(v_started) = 0 then
@@ -307,6 +314,7 @@ declare
   v_task flowlane.step_tasks;
   v_done flowlane.step_tasks[];
   v_steps flowlane.step_states[];
+  v_runs uuid[] := array(select distinct i.run_id from unnest(p_items) i);
 begin
   v_classes := flowlane._lock_and_classify(p_items);
 
@@ -366,6 +374,7 @@ begin
      where c.actionable and not (c.task).run_id = any (v_sequential)
        and not exists (select 1 from unnest(v_violations) v where (v.task).run_id = (c.task).run_id)
        and t.run_id = (c.task).run_id and t.step_slug = (c.task).step_slug and t.task_index = (c.task).task_index
+       and t.run_id = any (v_runs)
     returning t
   ) select coalesce(array_agg(d.t), '{}') into v_done from done d;
   if cardinality(v_done) = 0 then
@@ -389,7 +398,7 @@ begin
                                from flowlane.step_tasks t
                                where t.run_id = ss.run_id and t.step_slug = ss.step_slug) end
       from counts c, flowlane.steps st
-     where ss.run_id = c.run_id and ss.step_slug = c.step_slug
+     where ss.run_id = c.run_id and ss.step_slug = c.step_slug and ss.run_id = any (v_runs)
        and st.flow_slug = ss.flow_slug and st.step_slug = ss.step_slug
     returning ss
   ) select coalesce(array_agg(u.ss) filter (where (u.ss).status = 'completed'), '{}') into v_steps from updated u;
@@ -407,10 +416,12 @@ create function flowlane._steps_done(p_steps flowlane.step_states[]) returns voi
 language plpgsql volatile
 set search_path = ''
 as $$
+declare
+  v_runs uuid[] := array(select distinct s.run_id from unnest(p_steps) s order by 1);
 begin
   update flowlane.runs r set remaining_steps = r.remaining_steps - c.n
     from (select s.run_id, count(*)::int as n from unnest(p_steps) s group by 1) c
-   where r.run_id = c.run_id;
+   where r.run_id = c.run_id and r.run_id = any (v_runs);
   update flowlane.step_states cs
      set remaining_deps = cs.remaining_deps - x.n,
          initial_tasks = case
@@ -422,9 +433,9 @@ begin
           join flowlane.deps d on d.flow_slug = p.flow_slug and d.dep_slug = p.step_slug
           group by 1, 2) x,
          flowlane.steps cst
-   where cs.run_id = x.run_id and cs.step_slug = x.step_slug
+   where cs.run_id = x.run_id and cs.step_slug = x.step_slug and cs.run_id = any (v_runs)
      and cst.flow_slug = cs.flow_slug and cst.step_slug = cs.step_slug;
-  perform flowlane._progress_runs(array(select distinct s.run_id from unnest(p_steps) s order by 1));
+  perform flowlane._progress_runs(v_runs);
 end;
 $$;
 
@@ -436,6 +447,7 @@ set search_path = ''
 as $$
   select t.* from unnest(p_items) i
   join flowlane.step_tasks t on t.run_id = i.run_id and t.step_slug = i.step_slug and t.task_index = i.task_index
+   and t.run_id = any (array(select j.run_id from unnest(p_items) j))
   order by i.run_id, i.step_slug, i.task_index, i.pos
 $$;
 
@@ -544,6 +556,7 @@ declare
   v_task flowlane.step_tasks;
   v_retried flowlane.step_tasks[];
   v_delays int[];
+  v_runs uuid[] := array(select distinct i.run_id from unnest(p_items) i);
 begin
   v_classes := flowlane._lock_and_classify(p_items);
   perform set_config('flowlane.attempt_details', coalesce((
@@ -575,6 +588,7 @@ begin
      where c.actionable and not (c.task).run_id = any (v_sequential)
        and not exists (select 1 from unnest(v_exhausted) e where (e.task).run_id = (c.task).run_id)
        and t.run_id = (c.task).run_id and t.step_slug = (c.task).step_slug and t.task_index = (c.task).task_index
+       and t.run_id = any (v_runs)
     returning t
   ) select coalesce(array_agg(r.t), '{}'),
            coalesce(array_agg(flowlane.calculate_retry_delay(coalesce(s.opt_base_delay, f.opt_base_delay),
@@ -609,16 +623,6 @@ begin
 end;
 $$;
 
-create or replace function flowlane.fail_task(
-  run_id uuid, step_slug text, task_index int, error_message text, worker_id uuid = null, attempt int = null
-) returns setof flowlane.step_tasks
-language sql volatile
-set search_path = ''
-as $$
-  select * from flowlane._fail_batch(array[row(0, run_id, step_slug, task_index, null, worker_id, attempt,
-                                               error_message, null, null)::flowlane._result_item])
-$$;
-
 create or replace function flowlane.fail_task_detailed(
   run_id uuid, step_slug text, task_index int, error_message text, worker_id uuid = null, attempt int = null,
   error_type text = null, traceback text = null
@@ -628,6 +632,15 @@ set search_path = ''
 as $$
   select * from flowlane._fail_batch(array[row(0, run_id, step_slug, task_index, null, worker_id, attempt,
                                                error_message, error_type, traceback)::flowlane._result_item])
+$$;
+
+create or replace function flowlane.fail_task(
+  run_id uuid, step_slug text, task_index int, error_message text, worker_id uuid = null, attempt int = null
+) returns setof flowlane.step_tasks
+language sql volatile
+set search_path = ''
+as $$
+  select * from flowlane.fail_task_detailed(run_id, step_slug, task_index, error_message, worker_id, attempt)
 $$;
 
 -- ---------------------------------------------------------------------------
@@ -657,7 +670,7 @@ begin
   order by v_ids[i], s.step_slug;
   perform flowlane._progress_runs(v_ids);
   return query select r.* from unnest(v_ids) with ordinality as u (run_id, ord)
-               join flowlane.runs r on r.run_id = u.run_id order by u.ord;
+               join flowlane.runs r on r.run_id = u.run_id and r.run_id = any (v_ids) order by u.ord;
 end;
 $$;
 
