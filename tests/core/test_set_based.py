@@ -209,3 +209,23 @@ def test_upgrade_from_0007_completes_in_flight_claims_in_a_batch(db_factory: Any
         engine.complete(after, "done")
         assert engine.run(run_id)["status"] == "completed"
         assert_invariants(engine)
+
+
+def test_claim_tasks_leaves_a_message_queued_after_its_transaction_began(engine: Engine, dsn: str) -> None:
+    engine.define("one", [("a", [], {})])
+    pairs = json.dumps([["one", "a"]])
+    with psycopg.connect(dsn) as claimer:  # a transaction that began before the run started
+        claimer.execute("select now()")
+        run_id = engine.start("one", {})
+        rows = claimer.execute(
+            "select outcome from flowlane.claim_tasks('one', 10, %s, %s::jsonb)", (engine.worker_id, pairs)
+        ).fetchall()
+        claimer.commit()
+    assert rows == []
+    [task] = engine.tasks(run_id)
+    assert (task["status"], task["attempts_count"]) == ("queued", 0)
+    assert engine.vt_in("one", task["message_id"]) <= 0
+    claimed = engine.rows(
+        "select run_id from flowlane.claim_tasks('one', 10, %s, %s::jsonb)", (engine.worker_id, pairs)
+    )
+    assert [r["run_id"] for r in claimed] == [run_id]

@@ -781,6 +781,7 @@ as $$
 declare
   v_lease int;
   v_ids bigint[];
+  v_later bigint[];
 begin
   perform flowlane._check_queue_argument('claim_tasks', claim_tasks.queue_name);
   if qty is null or qty < 1 then
@@ -791,8 +792,16 @@ begin
   from flowlane._pairs(supported_pairs) p
   join flowlane.steps s on s.flow_slug = p.flow_slug and s.step_slug = p.step_slug
   join flowlane.flows f on f.flow_slug = s.flow_slug;
-  select coalesce(array_agg(m.msg_id), '{}') into v_ids
+  select coalesce(array_agg(m.msg_id) filter (where m.enqueued_at <= now()), '{}'),
+         coalesce(array_agg(m.msg_id) filter (where m.enqueued_at > now()), '{}')
+    into v_ids, v_later
   from pgmq.read(claim_tasks.queue_name, v_lease, qty) m;
+  if cardinality(v_later) > 0 then
+    -- enqueued by a transaction that committed after this one began (the read takes a
+    -- new snapshot): a claim now would start the task before it was queued. Visible
+    -- again at once; the next poll, a new transaction, claims it.
+    perform pgmq.set_vt(claim_tasks.queue_name, v_later, 0);
+  end if;
   if cardinality(v_ids) = 0 then
     return;
   end if;
