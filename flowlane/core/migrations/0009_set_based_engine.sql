@@ -831,3 +831,41 @@ $$;
 alter table flowlane.step_tasks set (fillfactor = 80);
 alter table flowlane.step_states set (fillfactor = 80);
 alter table flowlane.runs set (fillfactor = 85);
+
+-- ---------------------------------------------------------------------------
+-- deletion in the flow's runs, not in the tables
+-- ---------------------------------------------------------------------------
+
+-- step_tasks has no index on flow_slug (one would cost every enqueue): its
+-- rows are found through the flow's runs (primary key prefix), so deleting a
+-- small flow costs the same next to 10k or 100k other tasks
+-- (benchmarks/recovery_scaling.py)
+create or replace function flowlane.delete_flow_and_data(flow_slug text) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_runs uuid[];
+  v_active flowlane.step_tasks[];
+begin
+  v_runs := array(select r.run_id from flowlane.runs r where r.flow_slug = delete_flow_and_data.flow_slug
+                  order by r.run_id for update);
+  select coalesce(array_agg(t order by t.queue_name, t.message_id), '{}') into v_active
+  from flowlane.step_tasks t
+  where t.run_id = any (v_runs) and t.status in ('queued', 'started');
+  perform flowlane._archive_tasks(v_active);
+  delete from flowlane.step_tasks t where t.run_id = any (v_runs);
+  delete from flowlane.step_states ss where ss.run_id = any (v_runs);
+  delete from flowlane.runs r where r.run_id = any (v_runs);
+  delete from flowlane.deps d where d.flow_slug = delete_flow_and_data.flow_slug;
+  delete from flowlane.steps s where s.flow_slug = delete_flow_and_data.flow_slug;
+  delete from flowlane.flows f where f.flow_slug = delete_flow_and_data.flow_slug;
+end;
+$$;
+
+-- Deleting the flows row made PostgreSQL check that no step_tasks row still
+-- references it: a sequential scan of step_tasks (no index on flow_slug). The
+-- reference is redundant (a task's step state references its step, which
+-- references its flow; its run references the flow) and its check also ran on
+-- every task insert, so it goes.
+alter table flowlane.step_tasks drop constraint step_tasks_flow_slug_fkey;
