@@ -22,3 +22,11 @@ def test_ruff_is_clean() -> None:
 def test_mypy_is_clean() -> None:
     result = _run("mypy")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ci_runs_exactly_the_readme_test_command() -> None:
+    readme = (REPO / "README.md").read_text()
+    command = readme.split("Install and run the whole test suite", 1)[1].split("```bash\n", 1)[1]
+    command = command.split("\n", 1)[0]
+    ci = (REPO / ".ci" / "run").read_text().strip().splitlines()
+    assert ci[-1] == command

@@ -24,7 +24,7 @@ def _optional_groups() -> list[object]:
     import importlib
 
     groups: list[object] = []
-    for name in ("compiler", "runtime", "fleet"):
+    for name in ("compiler", "runtime", "fleet", "ui"):
         try:
             groups.append(importlib.import_module(f"flowlane.cli.{name}"))
         except ModuleNotFoundError as exc:

@@ -9,7 +9,8 @@ from flowlane.compiler.model import Flow, Step
 FORMATS = ("mermaid", "dot")
 
 
-def _label(step: Step) -> str:
+def label(step: Step) -> str:
+    """The step slug with its marks: map, if, unless."""
     marks = []
     if step.type == "map":
         marks.append("map")
@@ -20,61 +21,63 @@ def _label(step: Step) -> str:
     return step.slug + (f" ({', '.join(marks)})" if marks else "")
 
 
-def _lanes(flow: Flow) -> list[tuple[str, list[Step]]]:
-    lanes: dict[str, list[Step]] = {}
+def lanes(flow: Flow) -> list[tuple[str, list[Step]]]:
+    """The flow's queues in order of first use, each with its steps (one lane per queue)."""
+    by_queue: dict[str, list[Step]] = {}
     for step in flow.steps:
-        lanes.setdefault(step.queue, []).append(step)
-    return list(lanes.items())
+        by_queue.setdefault(step.queue, []).append(step)
+    return list(by_queue.items())
 
 
 def mermaid(flow: Flow, title: str | None = None) -> str:
     """A ``flowchart`` with one subgraph per queue; map steps as stacked boxes,
     conditional steps as hexagons, edges into conditional steps dotted."""
     lines = ["---", f"title: {title or flow.slug}", "---", "flowchart TD"]
-    for index, (queue, steps) in enumerate(_lanes(flow)):
+    for index, (queue, steps) in enumerate(lanes(flow)):
         lines.append(f'  subgraph q{index}["queue: {queue}"]')
         lines.extend(f"    {_mermaid_node(step)}" for step in steps)
         lines.append("  end")
     for step in flow.steps:
-        arrow = "-.->" if _conditional(step) else "-->"
+        arrow = "-.->" if is_conditional(step) else "-->"
         lines.extend(f"  s_{need} {arrow} s_{step.slug}" for need in sorted(step.needs))
     return "\n".join(lines) + "\n"
 
 
-def _conditional(step: Step) -> bool:
+def is_conditional(step: Step) -> bool:
+    """A step with an ``if`` or ``unless`` condition."""
     return step.condition_if is not None or step.condition_unless is not None
 
 
 def _mermaid_node(step: Step) -> str:
-    label = _label(step)
-    if _conditional(step):
-        return f's_{step.slug}{{{{"{label}"}}}}'
+    text = label(step)
+    if is_conditional(step):
+        return f's_{step.slug}{{{{"{text}"}}}}'
     if step.type == "map":
-        return f's_{step.slug}[["{label}"]]'
-    return f's_{step.slug}["{label}"]'
+        return f's_{step.slug}[["{text}"]]'
+    return f's_{step.slug}["{text}"]'
 
 
 def dot(flow: Flow, title: str | None = None) -> str:
     """A ``digraph`` with one ``cluster`` per queue."""
     lines = [f'digraph "{flow.slug}" {{', f'  label="{title or flow.slug}";', "  labelloc=t;",
              "  rankdir=TB;", "  node [shape=box];"]
-    for index, (queue, steps) in enumerate(_lanes(flow)):
+    for index, (queue, steps) in enumerate(lanes(flow)):
         lines.append(f'  subgraph "cluster_{index}" {{')
         lines.append(f'    label="queue: {queue}";')
         lines.extend(f"    {_dot_node(step)}" for step in steps)
         lines.append("  }")
     for step in flow.steps:
-        style = " [style=dashed]" if _conditional(step) else ""
+        style = " [style=dashed]" if is_conditional(step) else ""
         lines.extend(f'  "{need}" -> "{step.slug}"{style};' for need in sorted(step.needs))
     lines.append("}")
     return "\n".join(lines) + "\n"
 
 
 def _dot_node(step: Step) -> str:
-    attrs = [f'label="{_label(step)}"']
+    attrs = [f'label="{label(step)}"']
     if step.type == "map":
         attrs.append("shape=box3d")
-    if _conditional(step):
+    if is_conditional(step):
         attrs.append("shape=hexagon")
     return f'"{step.slug}" [{", ".join(attrs)}];'
 

@@ -1,6 +1,6 @@
 -- flowlane SQL Core 0009: a set-based engine (docs/runtime.md, "Throughput").
 --
--- 0008 is taken by the console's indexes (another branch); numbers need not be contiguous.
+-- (0008 holds the console's indexes.)
 --
 -- Before, complete_tasks looped over complete_task server-side (about 75
 -- nested statements per task: one archive of a one-element array per task,

@@ -1,0 +1,227 @@
+"""The console's database side (`flowlane ui`): bounded read queries and the operator actions.
+
+Queries live in ``flowlane/core/sql/console.sql``. The web layer (``flowlane/ui``) never
+touches psycopg: it calls :class:`Console` and renders what it returns.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+
+from flowlane import errors
+from flowlane.core import db, migrator
+from flowlane.core.fleet import STALE_AFTER
+from flowlane.core.queries import query
+
+RUN_STATUSES = ("started", "completed", "failed", "cancelled")
+PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
+TASKS_PER_STEP = 20
+PAYLOAD_LIMIT = 64 * 1024  # characters of a JSON value shown on demand
+THROUGHPUT_MINUTES = 15
+
+
+@dataclass(frozen=True)
+class Action:
+    """An operator action: the SQL function it calls, and where that function comes from."""
+
+    name: str
+    function: str
+    query: str
+    provided_by: str
+
+
+# One table of actions: the console offers an action only where its SQL function exists (a
+# database not yet migrated shows it greyed out and refuses it with a hint to migrate).
+ACTIONS = {
+    action.name: action
+    for action in (
+        # the same named queries as `flowlane cancel|retry` and `flowlane worker enable|disable`
+        Action("cancel", "flowlane.cancel_run", "client_cancel_run", "run operations (migration 0007)"),
+        Action("retry", "flowlane.retry_run", "client_retry_run", "run operations (migration 0007)"),
+        Action("set_deployment_enabled", "flowlane.set_deployment_enabled", "fleet_set_enabled",
+               "worker deployments (migration 0005)"),
+    )
+}
+
+
+@dataclass(frozen=True)
+class RunPage:
+    """One page of runs, newest first; ``next_cursor`` continues after its last row."""
+
+    rows: list[dict[str, Any]]
+    next_cursor: str | None
+
+
+def encode_cursor(started_at: datetime, run_id: uuid.UUID | str) -> str:
+    return f"{started_at.isoformat()}_{run_id}"
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    started, _, run_id = cursor.rpartition("_")
+    try:
+        return datetime.fromisoformat(started), str(uuid.UUID(run_id))
+    except ValueError:
+        raise errors.UsageError(f"invalid page cursor {cursor!r}") from None
+
+
+def parse_run_id(text: str) -> str | None:
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        return None
+
+
+class Console:
+    """Read access (and, when asked for, actions) over a small connection pool."""
+
+    def __init__(self, target: db.Target, *, max_connections: int = 4) -> None:
+        self.target = target
+        self._pool: ConnectionPool[Any] = ConnectionPool(
+            target.dsn, min_size=1, max_size=max_connections, open=False,
+            # custom plans only: the filters are "param is null or ..." and a generic plan
+            # cannot drop the branches that do not apply
+            kwargs={"autocommit": True, "row_factory": dict_row, "prepare_threshold": None},
+        )
+
+    def open(self) -> None:
+        # fail now with flowlane's clear error rather than on the first page view
+        with db.connect(self.target) as conn:
+            pending = [s.migration.filename for s in migrator.status(conn) if s.migration and not s.applied]
+        if pending:
+            raise errors.FlowlaneError(
+                f"{db.redact(self.target.dsn)} is not migrated: pending {', '.join(pending)}",
+                hint="migrate it first: `flowlane db migrate`",
+            )
+        self._pool.open(wait=True)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def _rows(self, query_name: str, **params: Any) -> list[dict[str, Any]]:
+        with db.wrap_errors(f"console query {query_name}"), self._pool.connection() as conn:
+            rows: list[dict[str, Any]] = conn.execute(query(query_name), params).fetchall()
+            return rows
+
+    def _row(self, query_name: str, **params: Any) -> dict[str, Any] | None:
+        rows = self._rows(query_name, **params)
+        return rows[0] if rows else None
+
+    # flows and aliases
+
+    def flows(self) -> list[dict[str, Any]]:
+        return self._rows("console_flows")
+
+    def aliases(self) -> list[dict[str, Any]]:
+        return self._rows("console_aliases")
+
+    def alias_history(self, aliases: Sequence[str]) -> list[dict[str, Any]]:
+        return self._rows("console_alias_history", aliases=list(aliases))
+
+    def flow(self, flow_slug: str) -> dict[str, Any] | None:
+        return self._row("console_flow", flow_slug=flow_slug)
+
+    def flow_steps(self, flow_slug: str) -> list[dict[str, Any]]:
+        return self._rows("console_flow_steps", flow_slug=flow_slug)
+
+    def flow_names(self, name: str) -> list[str]:
+        """The concrete slugs a runs filter stands for (an alias: every version it named);
+        the same rule as ``flowlane runs --flow``."""
+        row = self._row("client_flow_filter", flow=name)
+        return list(row["flows"] or []) if row else []
+
+    # runs
+
+    def runs(self, *, flow: str | None = None, status: str | None = None,
+             since: datetime | None = None, until: datetime | None = None,
+             cursor: str | None = None, limit: int = PAGE_SIZE) -> RunPage:
+        after_started_at, after_run_id = decode_cursor(cursor) if cursor else (None, None)
+        params = {"status": status, "since": since, "until": until, "after_started_at": after_started_at,
+                  "after_run_id": after_run_id, "limit": limit + 1}
+        if flow:
+            rows = self._rows("console_runs_of_flows", flows=self.flow_names(flow), **params)
+        else:
+            rows = self._rows("console_runs", **params)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        last = rows[-1] if more else None
+        return RunPage(rows, encode_cursor(last["started_at"], last["run_id"]) if last else None)
+
+    def run(self, run_id: str) -> dict[str, Any] | None:
+        return self._row("console_run", run_id=run_id)
+
+    def run_steps(self, run_id: str) -> list[dict[str, Any]]:
+        return self._rows("console_run_steps", run_id=run_id)
+
+    def run_tasks(self, run_id: str, per_step: int = TASKS_PER_STEP) -> list[dict[str, Any]]:
+        return self._rows("console_run_tasks", run_id=run_id, per_step=per_step)
+
+    def run_attempts(self, run_id: str, per_step: int = TASKS_PER_STEP) -> list[dict[str, Any]]:
+        """Failed and stalled attempts with their error type, message and traceback."""
+        return self._rows("console_run_attempts", run_id=run_id, per_step=per_step)
+
+    def payload(self, run_id: str, what: str, step_slug: str | None = None,
+                task_index: int | None = None, limit: int = PAYLOAD_LIMIT) -> dict[str, Any] | None:
+        """A run's input/output, a step's output or a task's output: at most ``limit`` characters
+        of its JSON text (``text``) and its full size (``bytes``); None when there is no such row."""
+        if what in ("input", "output") and step_slug is None:
+            return self._row(f"console_run_{what}", run_id=run_id, limit=limit)
+        if what == "output" and step_slug is not None and task_index is None:
+            return self._row("console_step_output", run_id=run_id, step_slug=step_slug, limit=limit)
+        if what == "output" and step_slug is not None:
+            return self._row("console_task_output", run_id=run_id, step_slug=step_slug,
+                             task_index=task_index, limit=limit)
+        raise errors.UsageError(f"no payload {what!r} for this selection")
+
+    # queues and workers
+
+    def queues(self) -> list[dict[str, Any]]:
+        return self._rows("console_queues", stale_after=STALE_AFTER)
+
+    def throughput(self, minutes: int = THROUGHPUT_MINUTES) -> dict[str, list[int]]:
+        """Per queue, tasks completed in each of the last ``minutes`` minutes (oldest first)."""
+        series: dict[str, list[int]] = {}
+        for row in self._rows("console_queue_throughput", minutes=minutes):
+            counts = series.setdefault(row["queue_name"], [0] * minutes)
+            if 0 <= row["minutes_ago"] < minutes:
+                counts[minutes - 1 - row["minutes_ago"]] = row["completed"]
+        return series
+
+    def queue_routes(self) -> dict[str, list[tuple[str, str]]]:
+        routes: dict[str, list[tuple[str, str]]] = {}
+        for row in self._rows("console_queue_routes"):
+            routes.setdefault(row["queue_name"], []).append((row["flow_slug"], row["step_slug"]))
+        return routes
+
+    def workers(self, limit: int = 200) -> list[dict[str, Any]]:
+        return self._rows("console_workers", limit=limit)
+
+    def deployments(self) -> list[dict[str, Any]]:
+        return self._rows("console_deployments", stale_after=STALE_AFTER)
+
+    # actions
+
+    def available_actions(self) -> set[str]:
+        """The actions whose SQL function exists in this database."""
+        return {
+            name for name, action in ACTIONS.items()
+            if (row := self._row("console_function_exists", function=action.function)) and row["exists"]
+        }
+
+    def perform(self, name: str, **params: Any) -> None:
+        action = ACTIONS.get(name)
+        if action is None:
+            raise errors.UsageError(f"unknown action {name!r}")
+        if name not in self.available_actions():
+            raise errors.FlowlaneError(
+                f"this database has no {action.function}: the {name} action needs {action.provided_by}",
+                hint="migrate the database (`flowlane db migrate`) with a flowlane that ships it",
+            )
+        self._rows(action.query, **params)

@@ -1,0 +1,1 @@
+"""``flowlane ui``: a local web console for flows, runs, queues and workers."""

@@ -1,0 +1,259 @@
+"""The console's web application: Starlette routes over :class:`flowlane.core.console.Console`.
+
+Pages are rendered on the server (Jinja2); ``static/console.js`` only refreshes marked
+regions (live runs) and loads payloads on demand. Actions exist only with ``allow_actions``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from flowlane import errors
+from flowlane.core import console as core
+from flowlane.core.fleet import STALE_AFTER
+from flowlane.ui import layout, pages, security
+
+
+@dataclass(frozen=True)
+class Settings:
+    token: str | None = None
+    allow_actions: bool = False
+    refresh_ms: int = 2000
+
+
+def _templates() -> Jinja2Templates:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("flowlane.ui", "templates"),
+        autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+    )
+    env.filters.update(
+        duration=pages.duration, timestamp=pages.timestamp, size=pages.size, age=pages.age,
+    )
+    return Jinja2Templates(env=env)
+
+
+TEMPLATES = _templates()
+
+
+def create_app(console: core.Console, settings: Settings) -> Starlette:
+    """The ASGI application over an opened ``console``, closed on shutdown."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await run_in_threadpool(console.close)
+
+    def render(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
+        context.update(settings=settings, csrf=request.state.csrf, path=request.url.path)
+        return TEMPLATES.TemplateResponse(request, name, context, status_code=status_code)
+
+    def not_found(request: Request, what: str) -> Response:
+        return render(request, "message.html", 404, title="Not found", message=what, ok=False)
+
+    def flows_page(request: Request) -> Response:
+        aliases = console.aliases()
+        return render(request, "flows.html", flows=console.flows(), aliases=aliases,
+                      roles=pages.alias_roles(aliases))
+
+    def flow_page(request: Request) -> Response:
+        slug = request.path_params["slug"]
+        flow = console.flow(slug)
+        if flow is None:
+            return not_found(request, f"no flow {slug} in this database")
+        steps = console.flow_steps(slug)
+        aliases = [a for a in console.aliases() if slug == a["active"] or slug in a["draining"]]
+        return render(request, "flow.html", flow=flow, steps=steps,
+                      graph=layout.layout(pages.flow_model(flow, steps)),
+                      aliases=aliases, history=console.alias_history([a["alias"] for a in aliases]))
+
+    def runs_page(request: Request) -> Response:
+        params = request.query_params
+        flow = params.get("flow") or None
+        status = params.get("status") or None
+        try:
+            since = pages.parse_time(params.get("since"))
+            until = pages.parse_time(params.get("until"))
+            limit = min(max(int(params.get("limit") or core.PAGE_SIZE), 1), core.MAX_PAGE_SIZE)
+            page = console.runs(flow=flow, status=status, since=since, until=until,
+                                cursor=params.get("after") or None, limit=limit)
+        except (ValueError, errors.UsageError) as exc:
+            return render(request, "message.html", 400, title="Bad filter", message=str(exc), ok=False)
+        filters = {k: v for k, v in (("flow", flow), ("status", status), ("since", params.get("since")),
+                                     ("until", params.get("until")), ("limit", params.get("limit"))) if v}
+        context: dict[str, Any] = {
+            "page": page, "filters": filters,
+            "next_url": "/runs?" + urlencode({**filters, "after": page.next_cursor})
+            if page.next_cursor else None,
+            "live_url": None if params.get("after") else "/runs/rows?" + urlencode(filters),
+            "paged": bool(params.get("after")),
+        }
+        if request.url.path == "/runs/rows":  # the live refresh of the first page's rows
+            return render(request, "runs_rows.html", **context)
+        names = {f["flow_slug"] for f in console.flows()} | {a["alias"] for a in console.aliases()}
+        return render(request, "runs.html", names=sorted(names), statuses=core.RUN_STATUSES, **context)
+
+    def run_context(run_id: str) -> dict[str, Any] | None:
+        run = console.run(run_id)
+        if run is None:
+            return None
+        steps = console.run_steps(run_id)
+        tasks: dict[str, list[dict[str, Any]]] = {}
+        for task in console.run_tasks(run_id):
+            tasks.setdefault(task["step_slug"], []).append(task)
+        attempts: dict[str, list[dict[str, Any]]] = {}
+        for attempt in console.run_attempts(run_id):
+            attempts.setdefault(attempt["step_slug"], []).append(attempt)
+        flow = console.flow(run["flow_slug"])
+        assert flow is not None  # runs reference their flow
+        model = pages.flow_model(flow, console.flow_steps(run["flow_slug"]))
+        return {
+            "run": run, "steps": steps, "tasks": tasks, "attempts": attempts,
+            "graph": layout.layout(model, {s["step_slug"]: s["status"] for s in steps}),
+            "terminal": run["status"] in pages.TERMINAL_RUN_STATUSES,
+            "actions": console.available_actions() if settings.allow_actions else set(),
+        }
+
+    def run_page(request: Request) -> Response:
+        run_id = core.parse_run_id(request.path_params["run_id"])
+        context = run_context(run_id) if run_id else None
+        if context is None:
+            return not_found(request, f"no run {request.path_params['run_id']}")
+        name = "run_body.html" if request.url.path.endswith("/live") else "run.html"
+        return render(request, name, **context)
+
+    def payload(request: Request) -> Response:
+        run_id = core.parse_run_id(request.path_params["run_id"])
+        params = request.query_params
+        try:
+            task = int(params["task"]) if params.get("task") else None
+            found = console.payload(run_id, params.get("what", ""), params.get("step") or None,
+                                    task) if run_id else None
+        except (ValueError, errors.UsageError) as exc:
+            return PlainTextResponse(f"{exc}\n", status_code=400)
+        if found is None:
+            return PlainTextResponse("no such run, step or task\n", status_code=404)
+        if found["bytes"] is None:
+            return PlainTextResponse("null (not set yet)\n")
+        text = found["text"]
+        if len(text.encode()) < found["bytes"]:
+            shown = len(found["text"])
+            text += f"\n… truncated: {pages.size(found['bytes'])} in all, first {shown} characters"
+        return PlainTextResponse(text, headers={"X-Total-Bytes": str(found["bytes"])})
+
+    def queues_page(request: Request) -> Response:
+        series = console.throughput()
+        queues = console.queues()
+        return render(request, "queues.html", queues=queues, routes=console.queue_routes(),
+                      charts={q["queue_name"]: pages.sparkline(series.get(q["queue_name"],
+                                                                          [0] * core.THROUGHPUT_MINUTES))
+                              for q in queues},
+                      minutes=core.THROUGHPUT_MINUTES)
+
+    def workers_page(request: Request) -> Response:
+        workers = console.workers()
+        deployments = console.deployments()
+        actions = console.available_actions() if settings.allow_actions else set()
+        for worker in workers:
+            worker["state"] = pages.worker_state(worker, STALE_AFTER)
+        return render(request, "workers.html", workers=workers, deployments=deployments,
+                      actions=actions, stale_after=STALE_AFTER)
+
+    routes = [
+        Route("/", lambda request: RedirectResponse("/runs", status_code=303)),
+        Route("/flows", flows_page),
+        Route("/flows/{slug}", flow_page),
+        Route("/runs", runs_page),
+        Route("/runs/rows", runs_page),
+        Route("/runs/{run_id}", run_page),
+        Route("/runs/{run_id}/live", run_page),
+        Route("/runs/{run_id}/payload", payload),
+        Route("/queues", queues_page),
+        Route("/workers", workers_page),
+        Mount("/static", StaticFiles(packages=[("flowlane.ui", "static")]), name="static"),
+    ]
+    if settings.allow_actions:
+        routes += _action_routes(console, render)
+    def database_error(request: Request, exc: Exception) -> Response:
+        hint = exc.hint if isinstance(exc, errors.FlowlaneError) else None
+        return render(request, "message.html", 503, title="Database error", message=str(exc), hint=hint,
+                      ok=False)
+
+    middleware = [Middleware(security.Guard, token=settings.token, secret=secrets.token_bytes(32))]
+    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
+                     exception_handlers={errors.FlowlaneError: database_error})
+
+
+# what each action's confirmation asks, and which form fields it passes on
+ACTION_FORMS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "cancel": ("Cancel run {run_id}? Queued tasks are archived and dependents never start.",
+               ("run_id", "reason")),
+    "retry": ("Retry the failed steps of run {run_id} with a fresh attempt budget?", ("run_id",)),
+    "set_deployment_enabled": ("{verb} worker deployment {deployment}?", ("deployment", "enabled", "reason")),
+}
+
+
+def _action_routes(console: core.Console, render: Callable[..., Response]) -> list[Route]:
+    def fields(name: str, source: dict[str, str]) -> dict[str, str]:
+        return {key: source.get(key, "") for key in ACTION_FORMS[name][1]}
+
+    def confirm(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in ACTION_FORMS:
+            return render(request, "message.html", 404, title="Not found", message=f"no action {name}",
+                          ok=False)
+        values = fields(name, dict(request.query_params))
+        question = ACTION_FORMS[name][0].format(
+            verb="Enable" if values.get("enabled") == "true" else "Disable", **values)
+        return render(request, "confirm.html", action=name, question=question, values=values,
+                      back=safe_back(request.query_params.get("back")))
+
+    async def perform(request: Request) -> Response:
+        name = request.path_params["name"]
+        form = dict(parse_qsl((await request.body()).decode("utf-8", "replace")))
+        if not security.check_csrf(request, form.get("csrf")):
+            return render(request, "message.html", 403, title="Refused",
+                          message="the form's CSRF token does not match this session: "
+                                  "reload the page and confirm again", ok=False)
+        if name not in ACTION_FORMS:
+            return render(request, "message.html", 404, title="Not found", message=f"no action {name}",
+                          ok=False)
+        params: dict[str, Any] = fields(name, form)
+        back = safe_back(form.get("back"))
+        if "enabled" in params:
+            params["enabled"] = params["enabled"] == "true"
+        if "reason" in params and not params["reason"]:
+            # a disabled deployment or a cancelled run says who did it; enabling clears the reason
+            params["reason"] = None if params.get("enabled") is True else "from the console"
+        try:
+            await run_in_threadpool(console.perform, name, **params)
+        except errors.FlowlaneError as exc:
+            return render(request, "message.html", 409, title=f"{name} failed", message=str(exc),
+                          hint=exc.hint, back=back, ok=False)
+        return render(request, "message.html", title="Done", message=f"{name}: done", back=back, ok=True)
+
+    return [Route("/actions/{name}", confirm, methods=["GET"]),
+            Route("/actions/{name}", perform, methods=["POST"])]
+
+
+def safe_back(value: str | None) -> str:
+    """A same-site path to return to after an action (never another origin)."""
+    # "//host" and "/\\host" are other origins to a browser
+    if value and value.startswith("/") and not value.startswith("//") and "\\" not in value:
+        return value
+    return "/runs"
+

@@ -1,0 +1,236 @@
+"""The console in a real headless Chromium against a real database with runs in every state."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import ui_support
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.core.engine import Engine
+
+WAIT = 20.0  # seconds a condition may take to appear; polling, never a fixed sleep
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[Any]:
+    with ui_support.browser() as chromium:
+        yield chromium
+
+
+@pytest.fixture(scope="module")
+def console(seeded_db: tuple[str, ui_support.Seeded]) -> Iterator[ui_support.UiServer]:
+    with ui_support.ui_server(seeded_db[0], "--refresh", "0.2") as server:
+        yield server
+
+
+def _statuses(driver: Any) -> dict[str, str]:
+    # read in one script: the live region may be swapped between two element lookups
+    rows: list[list[str]] = driver.execute_script(
+        "return [...document.querySelectorAll('#runs-body tr[data-run]')]"
+        ".map(r => [r.dataset.run, r.dataset.status])")
+    return dict(rows)
+
+
+def test_runs_page_lists_every_state_and_updates_when_a_run_finishes(
+        driver: Any, console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded]) -> None:
+    dsn, seeded = seeded_db
+    driver.get(console.url + "/runs")
+    assert _statuses(driver) == {
+        str(seeded.completed): "completed", str(seeded.skipped_notify): "completed",
+        str(seeded.failed): "failed", str(seeded.queued): "started", str(seeded.running): "started",
+    }
+    marker = driver.execute_script("window.flowlaneMarker = 1; return window.flowlaneMarker")
+
+    ui_support.finish(dsn, seeded)
+
+    WebDriverWait(driver, WAIT).until(lambda d: _statuses(d)[str(seeded.running)] == "completed")
+    # the same document, updated in place: no reload happened
+    assert driver.execute_script("return window.flowlaneMarker") == marker
+
+
+def test_run_page_shows_the_failed_step_error_and_colours_the_graph(
+        driver: Any, console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded]) -> None:
+    seeded = seeded_db[1]
+    driver.get(f"{console.url}/runs/{seeded.failed}")
+    assert driver.find_element(By.ID, "run-status").text == "failed"
+    error = driver.find_element(By.CSS_SELECTOR, "tr[data-error-for='price'] pre.error").text
+    assert error == ui_support.PRICE_ERROR
+    attempt = driver.find_element(By.CSS_SELECTOR, "tr[data-attempts-for='price'] tr[data-attempt='1/1']")
+    assert attempt.find_element(By.CSS_SELECTOR, "pre.error").text == ui_support.PRICE_ERROR
+    attempt.find_element(By.CSS_SELECTOR, "details.traceback summary").click()
+    traceback = attempt.find_element(By.CSS_SELECTOR, "details.traceback pre").text
+    assert traceback.startswith("Traceback (most recent call last):")
+    assert 'raise ValueError(f"line {line} has a negative price ({value})")' in traceback
+    nodes = {n.get_attribute("data-step"): n.get_attribute("data-status")
+             for n in driver.find_elements(By.CSS_SELECTOR, "svg.graph g.node")}
+    assert nodes == {"fetch": "completed", "audit": "completed", "price": "failed",
+                     "notify": "skipped", "report": "created"}
+    failed_task = driver.find_element(By.CSS_SELECTOR, "tr[data-task='price/1']")
+    assert failed_task.get_attribute("data-status") == "failed"
+
+    payload = driver.find_element(By.CSS_SELECTOR, "details.payload[data-src$='what=input']")
+    payload.find_element(By.TAG_NAME, "summary").click()
+    pre = payload.find_element(By.TAG_NAME, "pre")
+    WebDriverWait(driver, WAIT).until(lambda d: pre.text == '{"order": 3}')
+
+
+def test_run_page_follows_a_running_run_until_it_ends(
+        driver: Any, console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded]) -> None:
+    dsn = seeded_db[0]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        engine = Engine(conn)
+        run_id = engine.start("ping", {"late": True})
+        driver.get(f"{console.url}/runs/{run_id}")
+        assert driver.find_element(By.ID, "run-status").text == "started"
+        node = driver.find_element(By.CSS_SELECTOR, "svg.graph g.node")
+        assert node.get_attribute("data-status") == "started"
+        # this run's message only: the seeded queued run on the same queue stays queued
+        engine.complete(ui_support.claim_only(engine, "ping", run_id), {"pong": True})
+
+    def status(d: Any) -> list[str]:
+        # one script: the region is replaced while we look
+        found: list[str] = d.execute_script(
+            "return [document.getElementById('run-status').textContent,"
+            " document.querySelector('svg.graph g.node').dataset.status]")
+        return found
+
+    WebDriverWait(driver, WAIT).until(lambda d: status(d) == ["completed", "completed"])
+
+
+def test_flow_graph_has_one_node_per_step_and_one_lane_per_queue(
+        driver: Any, console: ui_support.UiServer) -> None:
+    driver.get(console.url + "/flows/orders_v1")
+    svg = driver.find_element(By.CSS_SELECTOR, "svg.graph")
+    lanes = [lane.get_attribute("data-queue") for lane in svg.find_elements(By.CSS_SELECTOR, "g.lane")]
+    assert lanes == ["intake", "pricing", "notify"]
+    nodes = {n.get_attribute("data-step"): n for n in svg.find_elements(By.CSS_SELECTOR, "g.node")}
+    assert sorted(nodes) == ["audit", "fetch", "notify", "price", "report"]
+    assert {s: n.get_attribute("data-queue") for s, n in nodes.items()} == {
+        "fetch": "intake", "price": "pricing", "audit": "intake", "notify": "notify", "report": "intake"}
+    assert "map" in nodes["price"].get_attribute("class").split()
+    assert len(nodes["price"].find_elements(By.CSS_SELECTOR, ".box")) == 3  # stacked boxes
+    assert "conditional" in nodes["notify"].get_attribute("class").split()
+    edges = {(e.get_attribute("data-from"), e.get_attribute("data-to"))
+             for e in svg.find_elements(By.CSS_SELECTOR, "path.edge")}
+    assert edges == {("fetch", "price"), ("fetch", "audit"), ("audit", "notify"),
+                     ("price", "report"), ("audit", "report")}
+    # every node is drawn inside its own lane's band
+    bands = {lane.get_attribute("data-queue"): lane.find_element(By.TAG_NAME, "rect").rect
+             for lane in svg.find_elements(By.CSS_SELECTOR, "g.lane")}
+    for node in nodes.values():
+        box, band = node.find_element(By.CSS_SELECTOR, ".box:not(.behind)").rect, bands[
+            node.get_attribute("data-queue")]
+        assert band["y"] <= box["y"] and box["y"] + box["height"] <= band["y"] + band["height"]
+
+
+def test_actions_are_absent_without_allow_actions(
+        driver: Any, console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded]) -> None:
+    seeded = seeded_db[1]
+    for page in (f"/runs/{seeded.failed}", f"/runs/{seeded.queued}", "/workers"):
+        driver.get(console.url + page)
+        assert driver.find_elements(By.CSS_SELECTOR, "#actions, .action") == [], page
+    driver.get(f"{console.url}/actions/set_deployment_enabled?deployment=intake_workers&enabled=false")
+    assert "Not Found" in driver.page_source
+
+
+def _deployment(driver: Any, name: str) -> tuple[str, str]:
+    row = driver.find_element(By.CSS_SELECTOR, f"#deployments tr[data-deployment='{name}']")
+    return row.get_attribute("data-enabled"), row.find_element(By.CSS_SELECTOR, ".reason").text
+
+
+def test_actions_work_behind_a_confirmation(
+        driver: Any, seeded_db: tuple[str, ui_support.Seeded]) -> None:
+    dsn = seeded_db[0]
+    with ui_support.ui_server(dsn, "--allow-actions") as server:
+        driver.get(server.url + "/workers")
+        assert _deployment(driver, "intake_workers") == ("true", "")
+        _follow(driver, driver.find_element(By.ID, "action-disable-intake_workers"))
+        assert driver.find_element(By.ID, "question").text == "Disable worker deployment intake_workers?"
+        assert _deployment_in_db(dsn, "intake_workers") == (True, None)  # nothing happens before confirming
+        assert len(driver.find_element(By.NAME, "csrf").get_attribute("value")) == 64
+        driver.find_element(By.NAME, "reason").send_keys("maintenance window")
+        _follow(driver, driver.find_element(By.ID, "confirm"))
+        assert driver.find_element(By.CSS_SELECTOR, "#message h1").text == "Done"
+        assert _deployment_in_db(dsn, "intake_workers") == (False, "maintenance window")
+        _follow(driver, driver.find_element(By.ID, "back"))
+        assert _deployment(driver, "intake_workers") == ("false", "maintenance window")
+
+        _follow(driver, driver.find_element(By.ID, "action-enable-intake_workers"))
+        _follow(driver, driver.find_element(By.ID, "confirm"))
+        assert driver.find_element(By.CSS_SELECTOR, "#message h1").text == "Done"
+        assert _deployment_in_db(dsn, "intake_workers") == (True, None)
+
+        # a run to cancel and a run to retry, made for this test
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            engine = Engine(conn)
+            to_cancel = engine.start("ping", {"cancel": True})
+            to_retry = engine.start("orders_v1", {"retry": True})  # max_attempts 1: one failure fails it
+            engine.fail(ui_support.claim_only(engine, "intake", to_retry), "RuntimeError: upstream down")
+
+        driver.get(f"{server.url}/runs/{to_cancel}")
+        assert driver.find_elements(By.ID, "action-retry") == []  # only a failed run can be retried
+        _follow(driver, driver.find_element(By.ID, "action-cancel"))
+        assert str(to_cancel) in driver.find_element(By.ID, "question").text
+        driver.find_element(By.NAME, "reason").send_keys("wrong input")
+        _follow(driver, driver.find_element(By.ID, "confirm"))
+        assert driver.find_element(By.CSS_SELECTOR, "#message h1").text == "Done"
+        _follow(driver, driver.find_element(By.ID, "back"))
+        assert driver.find_element(By.ID, "run-status").text == "cancelled"
+        assert driver.find_element(By.ID, "cancel-reason").text == "cancelled: wrong input"
+
+        driver.get(f"{server.url}/runs/{to_retry}")
+        assert driver.find_element(By.ID, "run-status").text == "failed"
+        assert driver.find_elements(By.ID, "action-cancel") == []  # a failed run cannot be cancelled
+        _follow(driver, driver.find_element(By.ID, "action-retry"))
+        _follow(driver, driver.find_element(By.ID, "confirm"))
+        assert driver.find_element(By.CSS_SELECTOR, "#message h1").text == "Done"
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute("select status, retry_count from flowlane.runs where run_id = %s",
+                               (to_retry,)).fetchone()
+        assert row == ("started", 1)
+
+
+def _follow(driver: Any, element: Any) -> None:
+    """Click a link or submit button and wait until the next page has loaded (a click returns
+    before the navigation it starts has finished)."""
+    page = driver.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(driver, WAIT).until(expected_conditions.staleness_of(page))
+    WebDriverWait(driver, WAIT).until(lambda d: d.execute_script("return document.readyState") == "complete")
+
+
+def _deployment_in_db(dsn: str, name: str) -> tuple[bool, str | None]:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("select enabled, reason from flowlane.worker_deployments "
+                           "where deployment_name = %s", (name,)).fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
+def test_a_token_console_refuses_a_browser_without_it_and_remembers_it_once_given(
+        driver: Any, seeded_db: tuple[str, ui_support.Seeded], tmp_path: Path) -> None:
+    token = "s3cret-token"
+    with ui_support.ui_server(seeded_db[0], "--host", "0.0.0.0", "--token", token) as server:
+        local = server.url.replace("0.0.0.0", "127.0.0.1")
+        driver.get(local + "/runs")
+        assert "needs its token" in driver.find_element(By.TAG_NAME, "body").text
+        driver.get(f"{local}/flows?token={token}")
+        assert driver.current_url == local + "/flows"  # the token left the address bar
+        driver.get(local + "/queues")  # carried by the cookie from now on
+        assert driver.find_element(By.CSS_SELECTOR, "#queues tr[data-queue='pricing']")
+
+
+def test_screenshots_of_the_main_pages(
+        driver: Any, console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded],
+        tmp_path: Path) -> None:
+    shots = ui_support.screenshots(driver, console.url, seeded_db[1], tmp_path)
+    assert [p.name for p in shots] == [f"console-{name}.png" for name in ui_support.SCREENSHOTS]
+    for shot in shots:
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
