@@ -9,15 +9,15 @@ registers the worker under its deployment (refused while the deployment is
 disabled), then serves until ``stop()``, SIGTERM or SIGINT. Serving is four
 asyncio tasks on one loop:
 
-- poller: read a batch (at most the free handler slots), claim it with
-  ``start_tasks`` and the exact (flow, step) pairs served, start one handler
-  per claimed task. A batch with unsupported work is handed back whole by
-  ``start_tasks``; the worker then disables its deployment and stops (exit
+- poller: read and claim a batch (at most the free handler slots) in one
+  round trip, ``claim_tasks`` with the exact (flow, step) pairs served, start
+  one handler per claimed task. A batch with unsupported work is handed back
+  whole; the worker then disables its deployment and stops (exit
   status 3). It wakes on PGMQ's
   insert notification and polls every ``poll_interval`` as a fallback; while
   the notification connection is down it uses ``pgmq.read_with_poll``;
 - flusher: sends results, completions batched through ``complete_tasks``,
-  failures through ``fail_task``, both fenced by worker id and attempt;
+  failures through ``fail_tasks``, both fenced by worker id and attempt;
 - maintenance: heartbeat (a deprecated worker stops), lease extension
   (``extend_leases``) for the tasks held longer than ``LEASE_INTERVAL``, and
   every ``requeue_interval`` seconds ``requeue_stalled_tasks`` (cheap and SKIP
