@@ -1,30 +1,42 @@
-"""Engine throughput against raw PGMQ on the same embedded database, in one run.
+"""The SQL Core against raw PGMQ, before and after the set-based engine, in one run.
 
-    python benchmarks/engine_throughput.py [--messages N] [--runs N] [--rounds N] [--to VERSION]
+    python benchmarks/engine_throughput.py [--runs 600] [--batch 50] [--rounds 3] [--map-items 1000]
 
-(a) raw PGMQ: send N messages one by one, then read batches of 10 and
-    archive each message: messages/s for the full send + read + archive cycle.
-(b) the SQL Core driven by one loop (read a batch of 10, start_tasks,
-    complete_task per task) for a 1-step and a 3-step chain flow:
-    start_flow runs/s, tasks/s for the drive, and end-to-end tasks/s
-    (start_flow included), and the ratio of engine tasks/s to raw messages/s.
+One embedded PostgreSQL (pg_stat_statements preloaded), two databases on it:
+`before` migrated to 0007 (the engine before issue 10) and `after` migrated to
+head. Every workload is driven by one loop on one connection, each call its
+own autocommit transaction (like a worker), interleaved in rounds with a
+rotating order so that load from other processes on a shared machine hits all
+alike. Figures are ratios measured in the same run.
 
-The workloads run interleaved in rounds (rotating order), so that load from
-other processes on a shared machine affects (a) and (b) alike.
+raw single   pgmq.send one message, read 1, archive 1 (per message)
+raw batched  pgmq.send_batch of --batch, read --batch, archive the array
+per-task     start_flow per run; read --batch + start_tasks, complete_task per task
+set-based    start_flows (after; before: start_flow per run); claim_tasks (after;
+             before: read + start_tasks) and one complete_tasks per batch
 
-Every call is its own autocommit transaction, like a worker's. The database
-is a fresh embedded PostgreSQL in a temporary directory, removed afterwards.
+Workloads: 1-step and 3-step chains (--runs runs), and a map fan-out (a step
+returning --map-items items, then a map step over them; 2 runs).
+
+CPU ms/task is the database backend's CPU time (utime + stime from
+/proc/<pid>/stat) per completed task; statements/task counts every statement
+the server executed, nested ones included (pg_stat_statements.track = all,
+measured in a separate pass so that tracking does not slow the timed ones).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import re
 import shutil
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, LiteralString
 
@@ -36,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from flowlane.core import db, migrator
 
 _HEADER = re.compile(r"^-- name: (?P<name>[a-z_]+)\s*$", re.MULTILINE)
+TICK = os.sysconf("SC_CLK_TCK")
 
 
 def load_queries() -> dict[str, LiteralString]:
@@ -49,121 +62,295 @@ def load_queries() -> dict[str, LiteralString]:
 
 
 Q = load_queries()
+Conn = psycopg.Connection[Any]
 
 
-def raw_round(conn: psycopg.Connection[Any], messages: int) -> float:
-    """Seconds to send ``messages`` one by one, then read them in batches of 10 and archive each."""
+def scalar(conn: Conn, query: str, **params: Any) -> Any:
+    row = conn.execute(Q[query], params).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def backend_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+@dataclass
+class Totals:
+    start_s: float = 0.0
+    drive_s: float = 0.0
+    cpu_s: float = 0.0
+    tasks: int = 0
+    runs: int = 0
+    statements: float = field(default=0.0)
+
+
+# -- raw PGMQ -------------------------------------------------------------------
+
+
+def raw_single(conn: Conn, n: int, batch: int) -> tuple[float, int]:
     start = time.perf_counter()
-    for i in range(messages):
+    for i in range(n):
         conn.execute(Q["send"], {"queue": "bench_raw", "body": Jsonb({"i": i})})
-    done = 0
-    while done < messages:
-        ids = [r[0] for r in conn.execute(Q["read"], {"queue": "bench_raw", "qty": 10})]
-        if not ids:
-            raise RuntimeError("raw queue ran dry early")
-        for msg_id in ids:
-            conn.execute(Q["archive"], {"queue": "bench_raw", "msg_id": msg_id})
-        done += len(ids)
-    return time.perf_counter() - start
+        [(msg_id,)] = conn.execute(Q["read"], {"queue": "bench_raw", "qty": 1}).fetchall()
+        conn.execute(Q["archive"], {"queue": "bench_raw", "msg_id": msg_id})
+    return time.perf_counter() - start, n
 
 
-def define(conn: psycopg.Connection[Any], flow: str, steps: int) -> None:
-    with conn.transaction():
-        conn.execute(Q["create_flow"], {"flow": flow})
-        for i in range(steps):
-            deps = [f"s{i - 1}"] if i else []
-            conn.execute(Q["add_step"], {"flow": flow, "step": f"s{i}", "deps": deps})
+def raw_batched(conn: Conn, n: int, batch: int) -> tuple[float, int]:
+    start = time.perf_counter()
+    for offset in range(0, n, batch):
+        bodies = [json.dumps({"i": i}) for i in range(offset, min(n, offset + batch))]
+        conn.execute(Q["send_batch"], {"queue": "bench_raw", "bodies": bodies})
+        ids = [r[0] for r in conn.execute(Q["read"], {"queue": "bench_raw", "qty": batch})]
+        conn.execute(Q["archive_batch"], {"queue": "bench_raw", "msg_ids": ids})
+    return time.perf_counter() - start, n
 
 
-def engine_round(
-    conn: psycopg.Connection[Any], flow: str, runs: int, worker_id: uuid.UUID
-) -> tuple[float, float, int]:
-    """(seconds in start_flow, seconds driving the queue empty, tasks completed)."""
-    t0 = time.perf_counter()
-    for i in range(runs):
-        conn.execute(Q["start_flow"], {"flow": flow, "input": Jsonb({"i": i})})
-    t1 = time.perf_counter()
-    tasks = 0
-    while True:
-        ids = [r[0] for r in conn.execute(Q["read"], {"queue": flow, "qty": 10})]
-        if not ids:
-            break
-        claimed = conn.execute(
-            Q["start_tasks"], {"queue": flow, "msg_ids": ids, "worker_id": worker_id}
-        ).fetchall()
-        for run_id, step, index, attempt in claimed:
-            conn.execute(
-                Q["complete_task"],
-                {
-                    "run_id": run_id,
-                    "step": step,
-                    "task_index": index,
-                    "output": Jsonb({"ok": True}),
-                    "worker_id": worker_id,
-                    "attempt": attempt,
-                },
-            )
-            tasks += 1
-    return t1 - t0, time.perf_counter() - t1, tasks
+# -- the engine -----------------------------------------------------------------
+
+FLOWS = {"bench_one": 1, "bench_three": 3, "bench_map": 0}
 
 
-def measure(conn: psycopg.Connection[Any], messages: int, runs: int, rounds: int) -> None:
-    """Interleave the workloads in rounds so that load drift on a shared machine hits all alike."""
+def define(conn: Conn) -> None:
     conn.execute(Q["create_queue"], {"queue": "bench_raw"})
-    flows = {"bench_one": 1, "bench_three": 3}
-    for flow, steps in flows.items():
-        define(conn, flow, steps)
-    worker_id = uuid.uuid4()
-    raw_seconds = 0.0
-    totals: dict[str, list[float]] = {flow: [0.0, 0.0, 0.0] for flow in flows}
-    for r in range(rounds):
-        order = ["raw", *flows]
-        order = order[r % len(order) :] + order[: r % len(order)]
-        for item in order:
-            if item == "raw":
-                raw_seconds += raw_round(conn, messages // rounds)
+    with conn.transaction():
+        for flow, steps in FLOWS.items():
+            conn.execute(Q["create_flow"], {"flow": flow})
+            if steps:
+                for i in range(steps):
+                    deps = [f"s{i - 1}"] if i else []
+                    conn.execute(
+                        Q["add_step"], {"flow": flow, "step": f"s{i}", "deps": deps, "step_type": "single"}
+                    )
             else:
-                start_s, drive_s, tasks = engine_round(conn, item, runs // rounds, worker_id)
-                totals[item][0] += start_s
-                totals[item][1] += drive_s
-                totals[item][2] += tasks
-    raw = (messages // rounds * rounds) / raw_seconds
-    print(f"(a) raw PGMQ send+read+archive: {raw:8.1f} messages/s")
-    for flow, steps in flows.items():
-        start_s, drive_s, tasks_f = totals[flow]
-        tasks = int(tasks_f)
-        done = conn.execute(Q["completed_runs"], {"flow": flow}).fetchone()
-        n_runs = runs // rounds * rounds
-        if done is None or done[0] != n_runs or tasks != n_runs * steps:
-            raise RuntimeError(f"{flow}: {done} runs completed, {tasks} tasks")
-        drive = tasks / drive_s
-        e2e = tasks / (start_s + drive_s)
+                conn.execute(Q["add_step"], {"flow": flow, "step": "s0", "deps": [], "step_type": "single"})
+                conn.execute(Q["add_step"], {"flow": flow, "step": "s1", "deps": ["s0"], "step_type": "map"})
+
+
+class Driver:
+    def __init__(self, conn: Conn, set_based: bool, batch: int, map_items: int) -> None:
+        self.conn = conn
+        self.set_based = set_based
+        self.batch = batch
+        self.map_items = map_items
+        self.worker_id = uuid.uuid4()
+        self.has_new = bool(scalar(conn, "has_function", name="start_flows"))
+        self.pairs = {flow: json.dumps(scalar(conn, "pairs", queue=flow)) for flow in FLOWS}
+
+    def start(self, flow: str, runs: int) -> None:
+        inputs = [{"i": i} for i in range(runs)]
+        if self.set_based and self.has_new:
+            for offset in range(0, runs, 500):
+                chunk = [json.dumps(x) for x in inputs[offset : offset + 500]]
+                self.conn.execute(Q["start_flows"], {"flow": flow, "inputs": chunk})
+        else:
+            for x in inputs:
+                self.conn.execute(Q["start_flow"], {"flow": flow, "input": Jsonb(x)})
+
+    def output(self, flow: str, step: str) -> Any:
+        if flow == "bench_map" and step == "s0":
+            return list(range(self.map_items))
+        return {"ok": True}
+
+    def claim(self, flow: str) -> list[tuple[Any, ...]]:
+        if self.set_based and self.has_new:
+            params = {
+                "queue": flow,
+                "qty": self.batch,
+                "worker_id": self.worker_id,
+                "pairs": self.pairs[flow],
+            }
+            return self.conn.execute(Q["claim_tasks"], params).fetchall()
+        ids = [r[0] for r in self.conn.execute(Q["read"], {"queue": flow, "qty": self.batch})]
+        if not ids:
+            return []
+        params = {"queue": flow, "msg_ids": ids, "worker_id": self.worker_id, "pairs": self.pairs[flow]}
+        return self.conn.execute(Q["start_tasks"], params).fetchall()
+
+    def drive(self, flow: str) -> int:
+        tasks = 0
+        while claimed := self.claim(flow):
+            if self.set_based:
+                results = [
+                    {
+                        "run_id": str(run_id),
+                        "step_slug": step,
+                        "task_index": index,
+                        "output": self.output(flow, step),
+                        "worker_id": str(self.worker_id),
+                        "attempt": attempt,
+                    }
+                    for run_id, step, index, attempt in claimed
+                ]
+                self.conn.execute(Q["complete_tasks"], {"results": json.dumps(results)})
+            else:
+                for run_id, step, index, attempt in claimed:
+                    params = {
+                        "run_id": run_id,
+                        "step": step,
+                        "task_index": index,
+                        "output": Jsonb(self.output(flow, step)),
+                        "worker_id": self.worker_id,
+                        "attempt": attempt,
+                    }
+                    self.conn.execute(Q["complete_task"], params)
+            tasks += len(claimed)
+        return tasks
+
+
+def engine_round(driver: Driver, flow: str, runs: int, totals: Totals) -> None:
+    pid = scalar(driver.conn, "backend_pid")
+    cpu0 = backend_cpu(pid)
+    t0 = time.perf_counter()
+    driver.start(flow, runs)
+    t1 = time.perf_counter()
+    tasks = driver.drive(flow)
+    totals.drive_s += time.perf_counter() - t1
+    totals.start_s += t1 - t0
+    totals.cpu_s += backend_cpu(pid) - cpu0
+    totals.tasks += tasks
+    totals.runs += runs
+
+
+def count_statements(conn: Conn, work: Callable[[], int]) -> float:
+    conn.execute("set pg_stat_statements.track = 'all'")
+    conn.execute(Q["statements_reset"])
+    done = work()
+    count = int(scalar(conn, "statements_count"))
+    conn.execute("set pg_stat_statements.track = 'none'")
+    return count / done
+
+
+# -- the run ----------------------------------------------------------------------
+
+
+def measure(conns: dict[str, Conn], runs: int, batch: int, rounds: int, map_items: int) -> None:
+    for conn in conns.values():
+        define(conn)
+        conn.execute("set pg_stat_statements.track = 'none'")
+    raw_conn = conns["after"]
+    raw = {"raw single": raw_single, "raw batched": raw_batched}
+    raw_totals = {name: Totals() for name in raw}
+    cells = [
+        (version, mode, flow) for flow in FLOWS for version in conns for mode in ("per-task", "set-based")
+    ]
+    totals = {cell: Totals() for cell in cells}
+    drivers = {
+        (version, mode): Driver(conn, mode == "set-based", batch, map_items)
+        for version, conn in conns.items()
+        for mode in ("per-task", "set-based")
+    }
+    per_round = max(1, runs // rounds)
+    items: list[Any] = [*raw, *cells]
+    for r in range(rounds):
+        shift = r % len(items)
+        for item in items[shift:] + items[:shift]:
+            if item in raw:
+                pid = scalar(raw_conn, "backend_pid")
+                cpu0 = backend_cpu(pid)
+                seconds, n = raw[item](raw_conn, per_round * 2, batch)
+                raw_totals[item].drive_s += seconds
+                raw_totals[item].cpu_s += backend_cpu(pid) - cpu0
+                raw_totals[item].tasks += n
+            else:
+                version, mode, flow = item
+                flow_runs = 1 if flow == "bench_map" else per_round
+                engine_round(drivers[(version, mode)], flow, flow_runs, totals[item])
+    # statements per task, in a separate pass
+    for name, fn in raw.items():
+        raw_totals[name].statements = count_statements(raw_conn, lambda fn=fn: fn(raw_conn, 100, batch)[1])
+    for cell in cells:
+        version, mode, flow = cell
+        driver = drivers[(version, mode)]
+        n = 1 if flow == "bench_map" else 50
+
+        def work(driver: Driver = driver, flow: str = flow, n: int = n) -> int:
+            driver.start(flow, n)
+            return driver.drive(flow)
+
+        totals[cell].statements = count_statements(conns[version], work)
+    report(raw_totals, totals, conns)
+
+
+def report(
+    raw_totals: dict[str, Totals], totals: dict[tuple[str, str, str], Totals], conns: dict[str, Conn]
+) -> None:
+    raw1 = raw_totals["raw single"].tasks / raw_totals["raw single"].drive_s
+    print("raw PGMQ, one loop (messages/s = send + read + archive):")
+    for name, t in raw_totals.items():
+        rate = t.tasks / t.drive_s
         print(
-            f"(b) {steps}-step flow, {n_runs} runs: start_flow {n_runs / start_s:7.1f} runs/s, "
-            f"drive {drive:7.1f} tasks/s, end-to-end {e2e:7.1f} tasks/s; "
-            f"ratio to raw: drive {drive / raw:4.2f}, end-to-end {e2e / raw:4.2f}"
+            f"  {name:<12} {rate:9.0f} msg/s  ratio to raw single {rate / raw1:5.2f}"
+            f"  cpu {1000 * t.cpu_s / t.tasks:6.3f} ms/msg  statements/msg {t.statements:5.1f}"
+        )
+    print()
+    header = (
+        f"{'workload':<12} {'engine':<7} {'mode':<10} {'start runs/s':>12} {'drive tasks/s':>13}"
+        f" {'e2e tasks/s':>11} {'drive/raw1':>10} {'e2e/raw1':>8} {'cpu ms/task':>11} {'stmts/task':>10}"
+    )
+    print(header)
+    for (version, mode, flow), t in totals.items():
+        done = scalar(conns[version], "completed_runs", flow=flow)
+        drive = t.tasks / t.drive_s
+        e2e = t.tasks / (t.start_s + t.drive_s)
+        print(
+            f"{flow:<12} {version:<7} {mode:<10} {t.runs / t.start_s:12.0f} {drive:13.0f} {e2e:11.0f}"
+            f" {drive / raw1:10.2f} {e2e / raw1:8.2f} {1000 * t.cpu_s / t.tasks:11.3f} {t.statements:10.1f}"
+        )
+        if done < t.runs:
+            raise SystemExit(f"{version} {flow}: only {done} of {t.runs} runs completed")
+    print()
+    for flow in FLOWS:
+        old = totals[("before", "per-task", flow)]
+        new = totals[("after", "set-based", flow)]
+        print(
+            f"{flow}: after set-based / before per-task: drive "
+            f"{(new.tasks / new.drive_s) / (old.tasks / old.drive_s):5.2f}x, end to end "
+            f"{(new.tasks / (new.start_s + new.drive_s)) / (old.tasks / (old.start_s + old.drive_s)):5.2f}x,"
+            f" cpu/task {(new.cpu_s / new.tasks) / (old.cpu_s / old.tasks):5.2f}x"
         )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=3000, help="raw PGMQ messages")
-    parser.add_argument("--runs", type=int, default=600, help="runs per engine flow")
-    parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds")
-    parser.add_argument(
-        "--to", metavar="VERSION", help="migrate only up to this version (e.g. 0001)"
-    )
+    parser.add_argument("--runs", type=int, default=600, help="runs per chain workload and cell")
+    parser.add_argument("--batch", type=int, default=50, help="messages per read / claim")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    parser.add_argument("--map-items", type=int, default=1000, help="items of the map fan-out")
+    parser.add_argument("--before", default="0007", help="the migration the 'before' database stops at")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="flowlane-bench-"))
     tmp.chmod(0o711)  # run as root, the server account must reach its data directory
     pgdata = tmp / "data"
     try:
-        dsn = db.EmbeddedDatabase.start_at(pgdata)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            migrator.migrate(conn, to=args.to)
-            versions = conn.execute(Q["migration_versions"]).fetchone()
-            print(f"flowlane migrations: {versions[0] if versions else '?'}")
-            measure(conn, args.messages, args.runs, args.rounds)
+        admin = db.EmbeddedDatabase.start_at(pgdata)
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute("alter system set shared_preload_libraries = 'pg_stat_statements'")
+        db.EmbeddedDatabase.stop_at(pgdata)
+        admin = db.EmbeddedDatabase.start_at(pgdata)
+        conns: dict[str, Conn] = {}
+        for version, to in (("before", args.before), ("after", None)):
+            with psycopg.connect(admin, autocommit=True) as conn:
+                conn.execute(f"create database bench_{version}".encode())
+            conn = psycopg.connect(
+                psycopg.conninfo.make_conninfo(admin, dbname=f"bench_{version}"), autocommit=True
+            )
+            conn.execute("create extension pg_stat_statements")
+            migrator.ensure_pgmq(conn)
+            migrator.migrate(conn, to=to)
+            print(f"{version}: migrations {scalar(conn, 'migration_versions')}")
+            conns[version] = conn
+        print(
+            f"cpus: {os.cpu_count()}, batch {args.batch}, {args.runs} runs per chain cell, "
+            f"map fan-out of {args.map_items} items, {args.rounds} rounds\n"
+        )
+        try:
+            measure(conns, args.runs, args.batch, args.rounds, args.map_items)
+        finally:
+            for conn in conns.values():
+                conn.close()
     finally:
         db.EmbeddedDatabase.stop_at(pgdata)
         shutil.rmtree(tmp, ignore_errors=True)

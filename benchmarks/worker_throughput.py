@@ -1,17 +1,23 @@
 """End-to-end worker throughput and pickup latency, next to raw PGMQ on the same database.
 
     PYTHONPATH=. python benchmarks/worker_throughput.py [--tasks 2000] [--dsn DSN]
+        [--before DIR] [--worker-args "--batch-size 50 ..."]
 
-Without --dsn it starts a throwaway embedded PostgreSQL. Measured in one run:
+Without --dsn it starts a throwaway embedded PostgreSQL. With --before DIR (a
+checkout of an older flowlane, e.g. `git archive main | tar -x -C DIR`) the
+flowlane columns are measured for both: workers from DIR on a database
+migrated by DIR's migrations, and workers from this checkout on one migrated
+to head, interleaved with the raw PGMQ figures in the same run. Measured:
 
 1. end to end: one producer sends N messages (raw PGMQ, one pgmq.send per
    transaction) or starts N one-step runs (flowlane.start_flow per
    transaction) while 1 / 4 consumer processes drain them: raw consumers
-   read batches of 10 (polling every 5 ms when idle) and archive them;
-   flowlane consumers are real worker processes (`flowlane worker`, no-op
-   handler) that claim, run and complete;
+   read batches of 1 ("raw single") or --raw-batch (polling every 5 ms when
+   idle) and archive them; flowlane consumers are real worker processes
+   (`flowlane worker`, no-op handler) that claim, run and complete;
 2. drain only: the same with the backlog enqueued before the consumers start
-   (and start_flow's own rate with no worker running);
+   (and start_flow's own rate with no worker running), and the database
+   server's CPU time per task (all its processes, from /proc; embedded only);
 3. latency from start_flow's commit to the handler starting, one run at a
    time on an idle worker, with PGMQ insert notifications on and off
    (polling fallback: read_with_poll, 100 ms interval): p50 / p95.
@@ -23,6 +29,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -38,34 +45,66 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from flowlane.compiler import compile_project, load_project  # noqa: E402
-from flowlane.core import db, migrator  # noqa: E402
+from flowlane.core import db  # noqa: E402
 
 FLOWS = REPO / "benchmarks" / "flows"
 RAW_QUEUE = "bench_raw"
+TICK = os.sysconf("SC_CLK_TCK")
+MIGRATE = (
+    "import sys, psycopg; from flowlane.core import migrator; "
+    "c = psycopg.connect(sys.argv[1], autocommit=True); migrator.ensure_pgmq(c); migrator.migrate(c)"
+)
 
 
-def fresh_database(admin_dsn: str) -> str:
+def fresh_database(admin_dsn: str, repo: Path) -> str:
+    """A database migrated by ``repo``'s migrations, with the benchmark flows applied."""
     name = f"flowlane_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(f'create database "{name}"'.encode())
     dsn = psycopg.conninfo.make_conninfo(admin_dsn, dbname=name)
+    subprocess.run([sys.executable, "-c", MIGRATE, dsn], check=True, env=_env(repo))
     with psycopg.connect(dsn, autocommit=True) as conn:
-        migrator.ensure_pgmq(conn)
-        migrator.migrate(conn)
         for path, text in sorted(compile_project(load_project([FLOWS])).items()):
             if path.startswith("flows/"):
                 conn.execute(text.encode())
     return dsn
 
 
+def _env(repo: Path) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    env.pop("FLOWLANE_DSN", None)
+    return env
+
+
+class ServerCpu:
+    """CPU seconds of every process of the embedded server (postmaster and its children)."""
+
+    def __init__(self, pgdata: Path | None) -> None:
+        self.pid = int((pgdata / "postmaster.pid").read_text().split()[0]) if pgdata else None
+
+    def seconds(self) -> float | None:
+        if self.pid is None:
+            return None
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            pid = int(stat.parent.name)
+            if pid == self.pid or int(fields[1]) == self.pid:
+                total += int(fields[11]) + int(fields[12])
+        return total / TICK
+
+
 # -- raw PGMQ -----------------------------------------------------------------
 
 
-def _raw_consumer(dsn: str, stop_at: int, done: Any) -> None:
+def _raw_consumer(dsn: str, stop_at: int, done: Any, qty: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         while done.value < stop_at:
             rows = conn.execute(
-                b"select msg_id from pgmq.read(%s, 30, 10)", (RAW_QUEUE,)
+                b"select msg_id from pgmq.read(%s, 30, %s)", (RAW_QUEUE, qty)
             ).fetchall()
             if not rows:
                 time.sleep(0.005)  # an idle consumer polls every 5 ms (no 1 s read_with_poll tail)
@@ -76,7 +115,7 @@ def _raw_consumer(dsn: str, stop_at: int, done: Any) -> None:
                 done.value += len(ids)
 
 
-def raw_pgmq(dsn: str, n: int, consumers: int, *, preload: bool = False) -> float:
+def raw_pgmq(dsn: str, n: int, consumers: int, qty: int, *, preload: bool = False) -> float:
     """Messages/s: one send per transaction while consumers drain; or (preload) drain only."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(b"select pgmq.create(%s)", (RAW_QUEUE,))
@@ -87,7 +126,8 @@ def raw_pgmq(dsn: str, n: int, consumers: int, *, preload: bool = False) -> floa
                 conn.execute(b"select pgmq.send_batch(%s, %s::jsonb[])", (RAW_QUEUE, batch))
     done = multiprocessing.Value("i", 0)
     procs = [
-        multiprocessing.Process(target=_raw_consumer, args=(dsn, n, done)) for _ in range(consumers)
+        multiprocessing.Process(target=_raw_consumer, args=(dsn, n, done, qty))
+        for _ in range(consumers)
     ]
     started = time.perf_counter()
     for p in procs:
@@ -105,9 +145,7 @@ def raw_pgmq(dsn: str, n: int, consumers: int, *, preload: bool = False) -> floa
 
 
 class Workers:
-    def __init__(self, dsn: str, count: int, *extra: str) -> None:
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
-        env.pop("FLOWLANE_DSN", None)
+    def __init__(self, dsn: str, count: int, *extra: str, repo: Path = REPO) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="flowlane-bench-workers-"))
         self.paths = [self.folder / f"worker-{i}.log" for i in range(count)]
         self.logs = [path.open("w") for path in self.paths]
@@ -129,8 +167,8 @@ class Workers:
                     "INFO",
                     *extra,
                 ],
-                cwd=REPO,
-                env=env,
+                cwd=repo,
+                env=_env(repo),
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
@@ -177,45 +215,53 @@ def wait_completed(conn: psycopg.Connection[Any], count: int) -> None:
         time.sleep(0.01)
 
 
-def engine(dsn: str, n: int, workers: int) -> float:
-    """Tasks/s end to end: start_flow one run per transaction while the workers drain."""
-    pool = Workers(dsn, workers)
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
+class Engine:
+    """One flowlane version: its code (workers) and a database migrated by it."""
+
+    def __init__(self, admin: str, repo: Path, extra: list[str]) -> None:
+        self.repo = repo
+        self.extra = extra
+        self.dsn = fresh_database(admin, repo)
+
+    def end_to_end(self, n: int, workers: int) -> float:
+        """Tasks/s end to end: start_flow one run per transaction while the workers drain."""
+        pool = Workers(self.dsn, workers, *self.extra, repo=self.repo)
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                before = completed_count(conn)
+                started = time.perf_counter()
+                start_runs(conn, n)
+                wait_completed(conn, before + n)
+                return n / (time.perf_counter() - started)
+        finally:
+            pool.stop()
+
+    def drain(self, n: int, workers: int, cpu: ServerCpu) -> tuple[float, float, float | None]:
+        """(start_flow runs/s with no worker running, tasks/s of the workers draining the
+        backlog, server CPU ms per task during the drain). The drain is timed in the
+        database: from the first worker's registration to the last run's completion."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
             before = completed_count(conn)
             started = time.perf_counter()
             start_runs(conn, n)
-            wait_completed(conn, before + n)
-            return n / (time.perf_counter() - started)
-    finally:
-        pool.stop()
-
-
-def engine_drain(dsn: str, n: int, workers: int) -> tuple[float, float]:
-    """(start_flow runs/s with no worker running, tasks/s of the workers draining the backlog).
-
-    The drain is timed in the database: from the first worker's registration to
-    the last run's completion (worker start-up overlaps the first claims).
-    """
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        before = completed_count(conn)
-        started = time.perf_counter()
-        start_runs(conn, n)
-        produce = n / (time.perf_counter() - started)
-        mark = conn.execute(b"select clock_timestamp()").fetchone()
-        assert mark is not None
-        pool = Workers(dsn, workers)
-        try:
-            wait_completed(conn, before + n)
-        finally:
-            pool.stop()
-        row = conn.execute(
-            b"select extract(epoch from (select max(completed_at) from flowlane.runs)"
-            b" - (select min(started_at) from flowlane.workers where started_at > %s))",
-            (mark[0],),
-        ).fetchone()
-        assert row is not None
-        return produce, n / float(row[0])
+            produce = n / (time.perf_counter() - started)
+            mark = conn.execute(b"select clock_timestamp()").fetchone()
+            assert mark is not None
+            pool = Workers(self.dsn, workers, *self.extra, repo=self.repo)
+            try:
+                cpu0 = cpu.seconds()
+                wait_completed(conn, before + n)
+                cpu1 = cpu.seconds()
+            finally:
+                pool.stop()
+            row = conn.execute(
+                b"select extract(epoch from (select max(completed_at) from flowlane.runs)"
+                b" - (select min(started_at) from flowlane.workers where started_at > %s))",
+                (mark[0],),
+            ).fetchone()
+            assert row is not None
+            per_task = None if cpu0 is None or cpu1 is None else 1000 * (cpu1 - cpu0) / n
+            return produce, n / float(row[0]), per_task
 
 
 def latency(dsn: str, samples: int, notify: bool) -> tuple[float, float]:
@@ -240,13 +286,15 @@ def latency(dsn: str, samples: int, notify: bool) -> tuple[float, float]:
                         break
                     time.sleep(0.02)  # the handler stamps the time: slow polling adds no error
                 delays.append((out[0]["only"]["t"] - committed) * 1000)
-                time.sleep(
-                    0.15
-                )  # idle gap: the worker is back in its wait when the next run starts
+                time.sleep(0.15)  # idle gap: the worker is back in its wait when the next run starts
     finally:
         pool.stop()
     delays.sort()
     return statistics.median(delays), delays[int(len(delays) * 0.95) - 1]
+
+
+def _cpu(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def main() -> None:
@@ -258,46 +306,68 @@ def main() -> None:
     )
     parser.add_argument("--tasks", type=int, default=2000)
     parser.add_argument("--samples", type=int, default=40)
+    parser.add_argument("--raw-batch", type=int, default=50, help="raw PGMQ batched read size")
+    parser.add_argument("--before", type=Path, help="a checkout of an older flowlane to compare")
+    parser.add_argument("--worker-args", default="", help="extra arguments for this checkout's workers")
+    parser.add_argument("--skip-latency", action="store_true")
     args = parser.parse_args()
     tmp = None
     admin = args.dsn
+    pgdata = None
     if admin is None:
         tmp = tempfile.mkdtemp(prefix="flowlane-bench-")
         os.chmod(tmp, 0o711)  # run as root, the server account must reach its data directory
-        admin = db.EmbeddedDatabase.start_at(Path(tmp) / "pgdata")
+        pgdata = Path(tmp) / "pgdata"
+        admin = db.EmbeddedDatabase.start_at(pgdata)
     try:
-        dsn = fresh_database(admin)
-        print(f"tasks per measurement: {args.tasks}; cpus: {os.cpu_count()}")
+        cpu = ServerCpu(pgdata)
+        engines = {"after": Engine(admin, REPO, shlex.split(args.worker_args))}
+        if args.before:
+            engines = {"before": Engine(admin, args.before.resolve(), []), **engines}
+        raw_dsn = engines["after"].dsn
+        q = args.raw_batch
+        print(f"tasks per measurement: {args.tasks}; cpus: {os.cpu_count()}; "
+              f"after's worker arguments: {args.worker_args or '(defaults)'}")
+        names = list(engines)
+        cols = "".join(f"  {name + ' tasks/s':>15}" for name in names)
+        ratios = "".join(f"  {name + '/raw1':>12}  {name + f'/raw{q}':>12}" for name in names)
         print("end to end: one producer, one transaction per message/run, consumers draining")
-        print(f"{'consumers':>9}  {'raw pgmq msg/s':>14}  {'flowlane tasks/s':>16}  {'ratio':>6}")
+        print(f"{'consumers':>9}  {'raw1 msg/s':>10}  {f'raw{q} msg/s':>11}{cols}{ratios}")
         for consumers in (1, 4):
-            raw = raw_pgmq(dsn, args.tasks, consumers)
-            eng = engine(dsn, args.tasks, consumers)
-            print(f"{consumers:>9}  {raw:>14.0f}  {eng:>16.0f}  {eng / raw:>6.2f}")
+            raw1 = raw_pgmq(raw_dsn, args.tasks, consumers, 1)
+            rawq = raw_pgmq(raw_dsn, args.tasks, consumers, q)
+            rates = {name: e.end_to_end(args.tasks, consumers) for name, e in engines.items()}
+            line = "".join(f"  {rates[n]:>15.0f}" for n in names)
+            line += "".join(f"  {rates[n] / raw1:>12.2f}  {rates[n] / rawq:>12.2f}" for n in names)
+            print(f"{consumers:>9}  {raw1:>10.0f}  {rawq:>11.0f}{line}")
         print()
         print("drain only: the backlog is enqueued first (send_batch / start_flow per run)")
-        print(
-            f"{'consumers':>9}  {'raw pgmq msg/s':>14}  {'flowlane tasks/s':>16}  {'ratio':>6}"
-            f"  {'start_flow runs/s':>17}"
-        )
+        cpu_cols = "".join(f"  {name + ' cpu ms/task':>19}" for name in names)
+        print(f"{'consumers':>9}  {'raw1 msg/s':>10}  {f'raw{q} msg/s':>11}{cols}{ratios}{cpu_cols}")
         for consumers in (1, 4):
-            raw = raw_pgmq(dsn, args.tasks, consumers, preload=True)
-            produce, eng = engine_drain(dsn, args.tasks, consumers)
-            print(
-                f"{consumers:>9}  {raw:>14.0f}  {eng:>16.0f}  {eng / raw:>6.2f}  {produce:>17.0f}"
+            raw1 = raw_pgmq(raw_dsn, args.tasks, consumers, 1, preload=True)
+            rawq = raw_pgmq(raw_dsn, args.tasks, consumers, q, preload=True)
+            drained = {name: e.drain(args.tasks, consumers, cpu) for name, e in engines.items()}
+            line = "".join(f"  {drained[n][1]:>15.0f}" for n in names)
+            line += "".join(
+                f"  {drained[n][1] / raw1:>12.2f}  {drained[n][1] / rawq:>12.2f}" for n in names
             )
+            line += "".join(f"  {_cpu(drained[n][2]):>19}" for n in names)
+            print(f"{consumers:>9}  {raw1:>10.0f}  {rawq:>11.0f}{line}")
+        if args.skip_latency:
+            return
         print()
         print(
             "pickup latency, start_flow commit -> handler start, idle worker "
-            f"({args.samples} samples)"
+            f"({args.samples} samples, this checkout)"
         )
         for notify in (True, False):
-            p50, p95 = latency(dsn, args.samples, notify)
+            p50, p95 = latency(raw_dsn, args.samples, notify)
             label = "notifications on " if notify else "notifications off"
             print(f"  {label}: p50 {p50:7.1f} ms   p95 {p95:7.1f} ms")
     finally:
-        if tmp is not None:
-            db.EmbeddedDatabase.stop_at(Path(tmp) / "pgdata")
+        if pgdata is not None:
+            db.EmbeddedDatabase.stop_at(pgdata)
 
 
 if __name__ == "__main__":

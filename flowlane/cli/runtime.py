@@ -6,7 +6,7 @@ import argparse
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -49,8 +49,8 @@ def configure(subparsers: Any) -> None:
         help="development databases only: create flows missing from the database with the "
         "same SQL `flowlane apply` runs (never changes existing flows or aliases)",
     )
-    worker.add_argument("--max-concurrent", type=int, help="handlers running at once (default 10)")
-    worker.add_argument("--batch-size", type=int, help="messages read per poll (default 10)")
+    worker.add_argument("--max-concurrent", type=int, help="handlers running at once (default 50)")
+    worker.add_argument("--batch-size", type=int, help="messages claimed per poll (default 50)")
     worker.add_argument(
         "--no-notify",
         action="store_true",
@@ -96,6 +96,12 @@ def configure(subparsers: Any) -> None:
         default="{}",
         help="run input: JSON text, @FILE to read a JSON file, or - for stdin (default {}); "
         f"at most {MAX_INPUT_BYTES // 1024} KiB",
+    )
+    start.add_argument(
+        "--input-file",
+        metavar="FILE",
+        help="start one run per line of FILE (JSON Lines; - for stdin), in one transaction: "
+        "a bad line starts no run; prints one run id per line",
     )
     start.add_argument("--run-id", help="use this run id (UUID) instead of a generated one")
     start.add_argument("--wait", action="store_true", help="wait for the run to end")
@@ -274,10 +280,55 @@ def read_input(text: str) -> Any:
         ) from exc
 
 
+def read_jsonl(lines: Iterable[bytes], source: str) -> Iterator[Any]:
+    """The JSON value of every non-blank line; a usage error names the bad line."""
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        if len(raw) > MAX_INPUT_BYTES:
+            raise errors.UsageError(
+                f"{source}:{number}: the run input is over the limit of {MAX_INPUT_BYTES} bytes",
+                hint="pass a reference (a URL, a table key, a file path) instead of the data itself",
+            )
+        try:
+            yield json.loads(raw.decode("utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise errors.UsageError(
+                f"{source}:{number}: not valid JSON: {exc}; no run was started",
+                hint="--input-file takes JSON Lines: one JSON document per line",
+            ) from exc
+
+
+def _start_many(args: argparse.Namespace) -> int:
+    from flowlane.runtime.client import Client
+
+    if args.input != "{}" or args.run_id or args.wait:
+        raise errors.UsageError(
+            "--input-file cannot be combined with --input, --run-id or --wait",
+            hint="start one run with --input, or many with --input-file FILE.jsonl",
+        )
+    source = "stdin" if args.input_file == "-" else args.input_file
+    try:
+        stream = sys.stdin.buffer if args.input_file == "-" else open(args.input_file, "rb")  # noqa: SIM115
+    except OSError as exc:
+        raise errors.UsageError(f"cannot read --input-file {source}: {exc.strerror or exc}") from exc
+    with stream, Client(args.dsn) as client:
+        run_ids = client.start_runs(args.flow, read_jsonl(stream, source))
+    for run_id in run_ids:
+        if args.format == "json":
+            print(json.dumps({"run_id": run_id, "flow": args.flow}))
+        else:
+            print(run_id)
+    print(f"started {len(run_ids)} runs of {args.flow}", file=sys.stderr)
+    return 0
+
+
 @_json_errors
 def cmd_start(args: argparse.Namespace) -> int:
     from flowlane.runtime.client import Client
 
+    if args.input_file is not None:
+        return _start_many(args)
     payload = read_input(args.input)
     if args.wait and args.timeout <= 0:
         raise errors.UsageError(f"--timeout must be more than 0, not {args.timeout:g}")

@@ -13,6 +13,7 @@ import difflib
 import json
 import time
 import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -131,6 +132,41 @@ def encode_input(input: Any) -> str:
     return payload
 
 
+START_CHUNK = 500  # runs per start_flows call
+
+
+def _chunks(inputs: Iterable[Any], size: int) -> Iterator[tuple[int, list[str]]]:
+    """(offset of the chunk's first input, the chunk's inputs as JSON text)."""
+    if size < 1:
+        raise errors.UsageError(f"chunk_size must be at least 1, not {size}")
+    chunk: list[str] = []
+    offset = 0
+    for position, item in enumerate(inputs):
+        try:
+            chunk.append(encode_input(item))
+        except errors.UsageError as exc:
+            raise errors.UsageError(f"input {position}: {exc}", hint=exc.hint) from exc
+        if len(chunk) == size:
+            yield offset, chunk
+            offset, chunk = position + 1, []
+    if chunk:
+        yield offset, chunk
+
+
+def _chunk_error(exc: psycopg.Error, flow: str, offset: int) -> errors.FlowlaneError:
+    """start_flows names a position within its chunk: say where the chunk starts."""
+    text = exc.diag.message_primary or str(exc).strip().splitlines()[0]
+    where = f" (positions count from input {offset}, the first of its chunk)" if offset else ""
+    return _start_error(
+        errors.DatabaseError(
+            f"cannot start {flow}: {text}{where}; no run was started",
+            hint=exc.diag.message_hint,
+            detail=exc.diag.message_detail,
+            sqlstate=exc.sqlstate,
+        )
+    )
+
+
 def _start_error(exc: errors.DatabaseError) -> errors.FlowlaneError:
     hint = _START_HINTS.get(exc.sqlstate or "")
     # the database's own hint first (e.g. the input limits)
@@ -247,6 +283,23 @@ class Client:
         if not rows:
             raise errors.DatabaseError(f"start_flow({flow!r}) returned no run")
         return str(rows[0]["run_id"]), str(rows[0]["flow_slug"])
+
+    def start_runs(self, flow: str, inputs: Iterable[Any], *, chunk_size: int = START_CHUNK) -> list[str]:
+        """Start one run per input (any iterable, consumed in chunks of ``chunk_size``
+        through ``flowlane.start_flows``); return the run ids in input order. All or
+        nothing: the chunks share one transaction, so a bad input starts no run."""
+        conn = self._connection()
+        run_ids: list[str] = []
+        with hints.migrate_hint(), db.wrap_errors(f"cannot start {flow}"), conn.transaction():
+            for offset, chunk in _chunks(inputs, chunk_size):
+                try:
+                    rows = conn.execute(
+                        query("client_start_flows"), {"flow": flow, "inputs": chunk}
+                    ).fetchall()
+                except psycopg.Error as exc:
+                    raise _chunk_error(exc, flow, offset) from exc
+                run_ids.extend(str(r["run_id"]) for r in rows)
+        return run_ids
 
     def cancel(self, run_id: str, *, reason: str | None = None) -> dict[str, Any]:
         """Cancel a started run (idempotent for a cancelled one); return its row."""
@@ -377,6 +430,24 @@ class AsyncClient:
 
     async def start_run(self, flow: str, input: Any = None, *, run_id: str | None = None) -> str:
         return (await self.start(flow, input, run_id=run_id))[0]
+
+    async def start_runs(
+        self, flow: str, inputs: Iterable[Any], *, chunk_size: int = START_CHUNK
+    ) -> list[str]:
+        """See ``Client.start_runs``."""
+        conn = await self._connection()
+        run_ids: list[str] = []
+        with hints.migrate_hint(), db.wrap_errors(f"cannot start {flow}"):
+            async with conn.transaction():
+                for offset, chunk in _chunks(inputs, chunk_size):
+                    try:
+                        cursor = await conn.execute(
+                            query("client_start_flows"), {"flow": flow, "inputs": chunk}
+                        )
+                    except psycopg.Error as exc:
+                        raise _chunk_error(exc, flow, offset) from exc
+                    run_ids.extend(str(r["run_id"]) for r in await cursor.fetchall())
+        return run_ids
 
     async def cancel(self, run_id: str, *, reason: str | None = None) -> dict[str, Any]:
         run_id = _run_id(run_id)

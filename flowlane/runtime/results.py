@@ -1,4 +1,5 @@
-"""Sending task results: completions batched through ``complete_tasks``, failures one by one.
+"""Sending task results: completions batched through ``complete_tasks``, failures through
+``fail_tasks`` (both set-based in the database: one call per batch).
 
 Every call is fenced by worker id and attempt. The returned rows tell what
 happened: accepted, a retry scheduled, the task exhausted, the output refused
@@ -22,7 +23,7 @@ from flowlane.runtime.backoff import Backoff
 from flowlane.runtime.store import TRANSIENT, Row, Store, is_transient
 from flowlane.runtime.tasks import TaskResult, describe, first_line, short_text
 
-INFO, WARNING, ERROR = logging.INFO, logging.WARNING, logging.ERROR
+DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
 
 
 class ResultSender:
@@ -40,9 +41,9 @@ class ResultSender:
                 if completions:
                     failures.extend(await self._send_completions(completions))
                     completions = []
-                while failures:
-                    await self._send_failure(failures[0])
-                    failures.pop(0)
+                if failures:
+                    await self._send_failures(failures)
+                    failures = []
             except TRANSIENT as exc:  # the two calls above raise only what a retry can fix
                 pending = len(completions) + len(failures)
                 await backoff.retry_later("flusher", exc, pending=pending)
@@ -69,31 +70,25 @@ class ResultSender:
         self._check_rows(rows, results, "completed")
         return refused
 
-    async def _send_failure(self, result: TaskResult) -> None:
-        task = result.task
+    async def _send_failures(self, results: list[TaskResult]) -> None:
         try:
-            rows = await self.store.fail_task(
-                run_id=task.run_id,
-                step_slug=task.step_slug,
-                task_index=task.task_index,
-                error_message=(result.error or "failed").replace("\x00", "\\0"),
-                worker_id=self.worker_id,
-                attempt=task.attempt,
-                error_type=result.error_type,
-                traceback=result.traceback,
-            )
+            rows = await self.store.fail_tasks([r.failure(self.worker_id) for r in results])
         except psycopg.Error as exc:  # never expected; do not let one task stop the worker
             if is_transient(exc):
                 raise
+            if len(results) > 1:  # find the one(s) the database refuses
+                for result in results:
+                    await self._send_failures([result])
+                return
             log.event(
                 ERROR,
                 "result_not_sent",
-                **task.fields,
+                **results[0].task.fields,
                 error=describe(exc),
                 note="left for stalled recovery",
             )
             return
-        self._check_rows(rows, [result], "failed")
+        self._check_rows(rows, results, "failed")
 
     def _check_rows(self, rows: list[Row], results: list[TaskResult], outcome: str) -> None:
         by_key = {(str(r["run_id"]), r["step_slug"], int(r["task_index"])): r for r in rows}
@@ -127,7 +122,7 @@ class ResultSender:
                 continue
             self.stats[outcome] += 1
             if outcome == "completed":
-                log.event(INFO, "task_completed", **task.fields, duration_ms=result.duration_ms)
+                log.event(DEBUG, "task_completed", **task.fields, duration_ms=result.duration_ms)
             else:
                 assert row is not None
                 log.event(

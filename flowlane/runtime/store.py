@@ -65,6 +65,7 @@ class Claim:
 
     tasks: list[ClaimedTask] = field(default_factory=list)
     unsupported: list[Unsupported] = field(default_factory=list)
+    batch: list[int] = field(default_factory=list)  # every message read (claim_tasks)
 
 
 def channel(queue_name: str) -> str:
@@ -196,15 +197,18 @@ class Store:
             worker_id=worker_id,
             pairs=json_param(pairs),
         )
-        claim = Claim()
-        for r in rows:
-            if r["outcome"] == "claimed":
-                claim.tasks.append(_claimed(r))
-            else:
-                claim.unsupported.append(
-                    Unsupported(int(r["msg_id"]), r["flow_slug"], r["step_slug"])
-                )
-        return claim
+        return _claim(rows)
+
+    async def claim_tasks(self, queue_name: str, qty: int, worker_id: str, pairs: Pairs) -> Claim:
+        """Read and claim in one round trip (``flowlane.claim_tasks``)."""
+        rows = await self.fetch(
+            "worker_claim_tasks",
+            queue_name=queue_name,
+            qty=qty,
+            worker_id=worker_id,
+            pairs=json_param(pairs),
+        )
+        return _claim(rows)
 
     async def extend_leases(self, worker_id: str, held: list[dict[str, Any]]) -> int:
         """Extend the leases of the tasks this worker holds (see ``flowlane.extend_leases``)."""
@@ -214,29 +218,8 @@ class Store:
     async def complete_tasks(self, completions: list[dict[str, Any]]) -> list[Row]:
         return await self.fetch("worker_complete_tasks", results=json_param(completions))
 
-    async def fail_task(
-        self,
-        *,
-        run_id: str,
-        step_slug: str,
-        task_index: int,
-        error_message: str,
-        worker_id: str,
-        attempt: int,
-        error_type: str | None = None,
-        traceback: str | None = None,
-    ) -> list[Row]:
-        return await self.fetch(
-            "worker_fail_task",
-            run_id=run_id,
-            step_slug=step_slug,
-            task_index=task_index,
-            error_message=error_message,
-            worker_id=worker_id,
-            attempt=attempt,
-            error_type=error_type,
-            traceback=traceback,
-        )
+    async def fail_tasks(self, failures: list[dict[str, Any]]) -> list[Row]:
+        return await self.fetch("worker_fail_tasks", results=json_param(failures))
 
     async def listen_connection(self, queue_name: str) -> psycopg.AsyncConnection[Any]:
         conn = await psycopg.AsyncConnection.connect(
@@ -256,6 +239,24 @@ class Store:
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     # a claimed input nested too deep for json.loads fails its task, not the whole batch
     set_json_loads(safe_loads, conn)
+
+
+def _claim(rows: list[Row]) -> Claim:
+    """The rows of start_tasks / claim_tasks. claim_tasks sends a run's input once per
+    batch (null on the run's later rows): those tasks share the first row's object."""
+    claim = Claim()
+    run_inputs: dict[str, Any] = {}
+    for r in rows:
+        claim.batch.append(int(r["msg_id"]))
+        if r["outcome"] == "claimed":
+            run_id = str(r["run_id"])
+            if r["flow_input"] is None:
+                r["flow_input"] = run_inputs[run_id]
+            run_inputs.setdefault(run_id, r["flow_input"])
+            claim.tasks.append(_claimed(r))
+        elif r["outcome"] == "unsupported":
+            claim.unsupported.append(Unsupported(int(r["msg_id"]), r["flow_slug"], r["step_slug"]))
+    return claim
 
 
 def _claimed(r: Row) -> ClaimedTask:

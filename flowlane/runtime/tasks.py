@@ -26,7 +26,8 @@ LOGGED_MESSAGE_CHARS = 200
 
 @dataclass(frozen=True)
 class ClaimedTask:
-    """One row of ``flowlane.start_tasks``."""
+    """One claimed row of ``flowlane.claim_tasks`` / ``start_tasks`` (``flow_input`` is
+    shared by the tasks of one run in a batch)."""
 
     flow_slug: str
     step_slug: str
@@ -71,6 +72,18 @@ class TaskResult:
             "attempt": self.task.attempt,
         }
 
+    def failure(self, worker_id: str) -> dict[str, Any]:
+        return {
+            "run_id": self.task.run_id,
+            "step_slug": self.task.step_slug,
+            "task_index": self.task.task_index,
+            "error_message": (self.error or "failed").replace("\x00", "\\0"),
+            "worker_id": worker_id,
+            "attempt": self.task.attempt,
+            "error_type": self.error_type,
+            "traceback": self.traceback,
+        }
+
 
 def describe(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -111,7 +124,7 @@ async def execute(
     if poison is not None:
         log.event(logging.WARNING, "task_failed", **task.fields, error="InputNotDecodable")
         return TaskResult(task, ok=False, error=poison)
-    log.event(logging.INFO, "task_started", **task.fields)
+    log.event(logging.DEBUG, "task_started", **task.fields)
     try:
         if handler.is_async:
             output = await handler.func(task.input, ctx)

@@ -9,15 +9,15 @@ registers the worker under its deployment (refused while the deployment is
 disabled), then serves until ``stop()``, SIGTERM or SIGINT. Serving is four
 asyncio tasks on one loop:
 
-- poller: read a batch (at most the free handler slots), claim it with
-  ``start_tasks`` and the exact (flow, step) pairs served, start one handler
-  per claimed task. A batch with unsupported work is handed back whole by
-  ``start_tasks``; the worker then disables its deployment and stops (exit
+- poller: read and claim a batch (at most the free handler slots) in one
+  round trip, ``claim_tasks`` with the exact (flow, step) pairs served, start
+  one handler per claimed task. A batch with unsupported work is handed back
+  whole; the worker then disables its deployment and stops (exit
   status 3). It wakes on PGMQ's
   insert notification and polls every ``poll_interval`` as a fallback; while
   the notification connection is down it uses ``pgmq.read_with_poll``;
 - flusher: sends results, completions batched through ``complete_tasks``,
-  failures through ``fail_task``, both fenced by worker id and attempt;
+  failures through ``fail_tasks``, both fenced by worker id and attempt;
 - maintenance: heartbeat (a deprecated worker stops), lease extension
   (``extend_leases``) for the tasks held longer than ``LEASE_INTERVAL``, and
   every ``requeue_interval`` seconds ``requeue_stalled_tasks`` (cheap and SKIP
@@ -84,6 +84,11 @@ MAX_POLL_WINDOW = 2  # seconds
 # leases of tasks held this long are extended, every LEASE_INTERVAL: far inside the stall
 # threshold (timeout + 30 s, timeout >= 3 s)
 LEASE_INTERVAL = 2.0  # seconds
+# defaults measured with benchmarks/worker_throughput.py (benchmarks/RESULTS.md): 10/10 left
+# the database idle between small claims; 50/50 drains about 1.5x faster
+DEFAULT_MAX_CONCURRENT = 50
+DEFAULT_BATCH_SIZE = 50
+PROGRESS_INTERVAL = 5.0  # seconds between INFO counter lines (per-task lines are DEBUG)
 
 
 @dataclass
@@ -140,9 +145,9 @@ class Worker:
         self.compile = compile
         # None = the deployment's value; 0 is refused below, never taken for "unset"
         if max_concurrent is None:
-            max_concurrent = deployment.max_concurrent if deployment else 10
+            max_concurrent = deployment.max_concurrent if deployment else DEFAULT_MAX_CONCURRENT
         if batch_size is None:
-            batch_size = deployment.batch_size if deployment else 10
+            batch_size = deployment.batch_size if deployment else DEFAULT_BATCH_SIZE
         self.max_concurrent = max_concurrent
         self.batch_size = batch_size
         if self.max_concurrent < 1 or self.batch_size < 1:
@@ -470,17 +475,7 @@ class Worker:
             notified = self._notify_live
             self._wake.clear()
             try:
-                msg_ids = await self._store.read(
-                    self.queue,
-                    vt=self.read_vt,
-                    qty=min(free, self.batch_size),
-                    poll_seconds=None if notified else self._poll_window,
-                )
-                claim = (
-                    await self._store.start_tasks(self.queue, msg_ids, self.worker_id, self.pairs)
-                    if msg_ids
-                    else Claim()
-                )
+                claim = await self._claim(min(free, self.batch_size), notified)
             except TRANSIENT as exc:
                 if not is_transient(exc):  # e.g. a dropped queue: stop loudly, not spin
                     raise
@@ -488,13 +483,25 @@ class Worker:
                 continue
             backoff.reset()
             if claim.unsupported:
-                await self._refuse_unsupported(msg_ids, claim.unsupported)
+                await self._refuse_unsupported(claim.batch, claim.unsupported)
                 return
             for task in claim.tasks:
                 self._spawn(task)
-            if not msg_ids and notified and not self._stopping.is_set():
+            if not claim.batch and notified and not self._stopping.is_set():
                 log.event(DEBUG, "poller_idle", wait=f"{self.poll_interval:g}s")
                 await self._pause(self.poll_interval, self._wake)
+
+    async def _claim(self, qty: int, notified: bool) -> Claim:
+        """One round trip (``claim_tasks``) while notifications wake the poller; without
+        them, ``read_with_poll`` waits in the database for messages, then ``start_tasks``."""
+        if notified:
+            return await self._store.claim_tasks(self.queue, qty, self.worker_id, self.pairs)
+        msg_ids = await self._store.read(
+            self.queue, vt=self.read_vt, qty=qty, poll_seconds=self._poll_window
+        )
+        if not msg_ids:
+            return Claim()
+        return await self._store.start_tasks(self.queue, msg_ids, self.worker_id, self.pairs)
 
     async def _refuse_unsupported(self, batch: list[int], unsupported: list[Unsupported]) -> None:
         """``start_tasks`` claimed nothing and made the whole batch visible again: stop, and
@@ -588,9 +595,13 @@ class Worker:
     # -- maintenance and notifications ------------------------------------
 
     async def _maintenance_loop(self) -> None:
-        next_heartbeat = next_requeue = next_lease = time.monotonic()
+        next_heartbeat = next_requeue = next_lease = next_progress = time.monotonic()
+        reported = dict(self.stats)
         while not self._stopping.is_set():
             now = time.monotonic()
+            if now >= next_progress:
+                next_progress = now + PROGRESS_INTERVAL
+                reported = self._report_progress(reported)
             try:
                 if now >= next_lease:
                     next_lease = now + LEASE_INTERVAL
@@ -621,8 +632,21 @@ class Worker:
                     )
                 else:
                     log.event(ERROR, "maintenance_failed", error=describe(exc))
-            wake_at = min(next_heartbeat, next_requeue, next_lease)
+            wake_at = min(next_heartbeat, next_requeue, next_lease, next_progress)
             await self._pause(max(0.05, wake_at - time.monotonic()))
+
+    def _report_progress(self, reported: dict[str, int]) -> dict[str, int]:
+        """Per-task lines are DEBUG; INFO gets the counters every few seconds, when they moved."""
+        if self.stats != reported:
+            delta = {key: value - reported.get(key, 0) for key, value in self.stats.items()}
+            log.event(
+                INFO,
+                "worker_progress",
+                **{f"{key}_total": value for key, value in self.stats.items()},
+                **{key: value for key, value in delta.items()},
+                held=len(self._in_flight),
+            )
+        return dict(self.stats)
 
     async def _extend_leases(self, now: float) -> None:
         """Keep the leases of tasks held for a while (handler running or result pending)."""

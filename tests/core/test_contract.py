@@ -26,6 +26,10 @@ EXPECTED = {
         ),
         "SETOF flowlane.step_tasks",
     ),
+    "claim_tasks": (
+        "queue_name text, qty integer, worker_id uuid, supported_pairs jsonb",
+        "SETOF flowlane.claim_record",
+    ),
     "complete_tasks": ("results jsonb", "SETOF flowlane.step_tasks"),
     "create_flow": (
         (
@@ -40,6 +44,7 @@ EXPECTED = {
     "ensure_flow_compiled": ("flow_slug text, shape jsonb", "jsonb"),
     "ensure_flow_shape": ("flow_slug text, shape jsonb", "void"),
     "extend_leases": ("worker_id uuid, tasks jsonb", "integer"),
+    "fail_tasks": ("results jsonb", "SETOF flowlane.step_tasks"),
     "fail_task": (
         (
             "run_id uuid, step_slug text, task_index integer, error_message text, "
@@ -66,6 +71,7 @@ EXPECTED = {
         "alias text, flow_slug text, draining text[] DEFAULT '{}'::text[]",
         "flowlane.aliases",
     ),
+    "start_flows": ("flow_slug text, inputs jsonb[]", "SETOF flowlane.runs"),
     "start_flow": ("flow_slug text, input jsonb, run_id uuid DEFAULT NULL::uuid", "flowlane.runs"),
     "start_ready_steps": ("run_id uuid", "void"),
     "stuck_runs": (

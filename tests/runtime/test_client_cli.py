@@ -9,8 +9,10 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import pytest
 from rt_support import WorkerProcess, flowlane, wait_run
 
+from flowlane import errors
 from flowlane.runtime.client import Client
 
 
@@ -175,3 +177,39 @@ def test_start_refuses_input_nested_past_the_limit_with_a_hint(flows_dsn: str) -
     assert result.returncode == 2, result.stderr
     assert "nested deeper than 100 levels" in result.stderr
     assert "hint: flatten the input" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_start_input_file_starts_one_run_per_line_in_one_transaction(
+    flows_dsn: str, tmp_path: Any
+) -> None:
+    good = tmp_path / "runs.jsonl"
+    good.write_text('{"x": 1}\n\n{"x": 2}\n{"x": 3}\n')
+    started = flowlane("start", "rt_retry", "--input-file", str(good), "--dsn", flows_dsn)
+    assert started.returncode == 0, started.stderr
+    run_ids = started.stdout.split()
+    assert len(run_ids) == 3 and "started 3 runs of rt_retry" in started.stderr
+    with Client(flows_dsn) as client:
+        assert [client.get_run(r)["run"]["input"] for r in run_ids] == [{"x": 1}, {"x": 2}, {"x": 3}]
+        many = client.start_runs("rt_retry", ({"n": i} for i in range(7)), chunk_size=3)
+        assert [client.get_run(r)["run"]["input"] for r in many] == [{"n": i} for i in range(7)]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"x": 4}\n{"x": \n')
+    _one_error(
+        flowlane("start", "rt_retry", "--input-file", str(bad), "--dsn", flows_dsn),
+        2,
+        f"{bad}:2: not valid JSON",
+        "no run was started",
+    )
+    mixed = flowlane("start", "rt_retry", "--input-file", str(good), "--wait", "--dsn", flows_dsn)
+    _one_error(mixed, 2, "--input-file cannot be combined")
+    with Client(flows_dsn) as client:
+        assert len(client.list_runs(flow="rt_retry", limit=100)) == 10
+
+
+def test_start_runs_with_a_refused_input_starts_none(flows_dsn: str) -> None:
+    with Client(flows_dsn) as client, psycopg.connect(flows_dsn) as conn:
+        before = conn.execute("select count(*) from flowlane.runs").fetchone()
+        # the first chunk is already in the database when the third input is refused
+        with pytest.raises(errors.UsageError, match="input 2: the run input is not JSON-serialisable"):
+            client.start_runs("rt_retry", [{"ok": 1}, {"ok": 2}, {"bad": float("nan")}], chunk_size=2)
+        assert conn.execute("select count(*) from flowlane.runs").fetchone() == before

@@ -52,7 +52,7 @@ def test_at_most_max_concurrent_handlers_run(flows_dsn: str, handlers: object) -
 def test_json_logs_carry_ids_and_never_payloads(
     flows_dsn: str, spawn: Callable[..., WorkerProcess]
 ) -> None:
-    worker = spawn("--flow", "rt_diamond", "--log-level", "INFO", "--log-format", "json")
+    worker = spawn("--flow", "rt_diamond", "--log-level", "DEBUG", "--log-format", "json")
     secret = 987654321
     run_id = start_run(flows_dsn, "rt_diamond", {"numbers": [secret], "token": "s3cr3t"})
     wait_run(flows_dsn, run_id, workers=[worker])
@@ -65,6 +65,20 @@ def test_json_logs_carry_ids_and_never_payloads(
     assert all(e["run_id"] == run_id and "task_index" in e and "attempt" in e for e in completed)
     text = worker.text()
     assert str(secret) not in text and "s3cr3t" not in text
+
+
+def test_info_logs_counters_not_a_line_per_task(
+    flows_dsn: str, spawn: Callable[..., WorkerProcess]
+) -> None:
+    worker = spawn("--flow", "rt_diamond", "--log-level", "INFO", "--log-format", "json")
+    run_id = start_run(flows_dsn, "rt_diamond", {"numbers": [1, 2, 3]})
+    wait_run(flows_dsn, run_id, workers=[worker])
+    assert worker.stop() == 0
+    events = [json.loads(line) for line in worker.text().splitlines() if line.strip()]
+    names = {e.get("event") for e in events}
+    assert not names & {"task_started", "task_completed"}
+    [stopped] = [e for e in events if e.get("event") == "worker_stopped"]
+    assert stopped["completed"] == 6 and stopped["claimed"] == 6
 
 
 def test_heartbeats_and_deprecation_stop_the_worker(flows_dsn: str) -> None:

@@ -49,17 +49,23 @@ from pgmq.read_with_poll(%(queue_name)s, %(vt)s, %(qty)s, %(max_poll_seconds)s, 
 select outcome, flow_slug, step_slug, queue_name, run_id, task_index, input, flow_input, attempt, msg_id
 from flowlane.start_tasks(%(queue_name)s, %(msg_ids)s::bigint[], %(worker_id)s::uuid, %(pairs)s::jsonb)
 
+-- name: worker_claim_tasks
+select outcome, flow_slug, step_slug, queue_name, run_id, task_index, input, flow_input, attempt, msg_id
+from flowlane.claim_tasks(%(queue_name)s, %(qty)s, %(worker_id)s::uuid, %(pairs)s::jsonb)
+
 -- name: worker_complete_tasks
 select run_id, step_slug, task_index, status, attempts_count, last_worker_id, error_message
 from flowlane.complete_tasks(%(results)s::jsonb)
 
--- name: worker_fail_task
+-- name: worker_fail_tasks
 select run_id, step_slug, task_index, status, attempts_count, last_worker_id, error_message
-from flowlane.fail_task_detailed(%(run_id)s::uuid, %(step_slug)s, %(task_index)s, %(error_message)s,
-                                 %(worker_id)s::uuid, %(attempt)s, %(error_type)s, %(traceback)s)
+from flowlane.fail_tasks(%(results)s::jsonb)
 
 -- name: client_start_flow
 select run_id, flow_slug from flowlane.start_flow(%(flow)s, %(input)s::jsonb, %(run_id)s::uuid)
+
+-- name: client_start_flows
+select run_id from flowlane.start_flows(%(flow)s, %(inputs)s::jsonb[])
 
 -- name: client_list_runs
 -- newest first; a page ends with the run whose id is passed as %(before)s next time

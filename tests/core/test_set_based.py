@@ -1,0 +1,231 @@
+"""0009: set-based completions and failures, batched starts, one-round-trip claims."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from tests.core.engine import Engine, assert_invariants
+
+
+def _item(engine: Engine, task: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return {
+        "run_id": str(task["run_id"]),
+        "step_slug": task["step_slug"],
+        "task_index": task["task_index"],
+        "worker_id": str(engine.worker_id),
+        "attempt": task["attempt"],
+        **fields,
+    }
+
+
+def _complete_tasks(engine: Engine, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return engine.rows("select * from flowlane.complete_tasks(%s)", (Jsonb(items),))
+
+
+def _fail_tasks(engine: Engine, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return engine.rows("select * from flowlane.fail_tasks(%s)", (Jsonb(items),))
+
+
+def _start_flows(engine: Engine, flow: str, inputs: list[Any]) -> list[dict[str, Any]]:
+    return engine.rows(
+        "select * from flowlane.start_flows(%s, %s::jsonb[])", (flow, [json.dumps(x) for x in inputs])
+    )
+
+
+def test_start_flows_starts_runs_in_input_order_and_sends_their_tasks(engine: Engine) -> None:
+    engine.define("fan", [("root", [], {"step_type": "map"}), ("after", ["root"], {})])
+    engine.conn.execute("select flowlane.set_alias('fan_latest', 'fan')")
+    runs = _start_flows(engine, "fan_latest", [[1, 2], [], [3]])
+    assert [r["input"] for r in runs] == [[1, 2], [], [3]]
+    assert {r["flow_slug"] for r in runs} == {"fan"}
+    # the empty map completed at once and released its child
+    assert engine.statuses(runs[1]["run_id"]) == {"root": "completed", "after": "started"}
+    bodies = sorted(
+        (str(m["message"]["run_id"]), m["message"]["step_slug"], m["message"]["task_index"])
+        for m in engine.queue_messages("fan")
+    )
+    first, empty, last = (str(r["run_id"]) for r in runs)
+    assert bodies == sorted(
+        [(first, "root", 0), (first, "root", 1), (empty, "after", 0), (last, "root", 0)]
+    )
+    assert _start_flows(engine, "fan", []) == []
+
+
+def test_start_flows_with_a_bad_input_starts_no_run(engine: Engine) -> None:
+    engine.define("fan", [("root", [], {"step_type": "map"})])
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="input 1: root map step"):
+        _start_flows(engine, "fan", [[1], {"not": "an array"}, [2]])
+    assert engine.scalar("select count(*) from flowlane.runs") == 0
+    assert engine.queue_messages("fan") == []
+
+
+def test_a_batch_rejects_stale_items_one_by_one_and_applies_the_rest(engine: Engine) -> None:
+    engine.define("fan", [("root", [], {"step_type": "map"})])
+    run_id = engine.start("fan", [1, 2, 3, 4])
+    tasks = sorted(engine.claim("fan"), key=lambda t: t["task_index"])
+    rows = _complete_tasks(
+        engine,
+        [
+            _item(engine, tasks[0], output="ok"),
+            _item(engine, tasks[1], output="stale attempt", attempt=tasks[1]["attempt"] + 1),
+            _item(engine, tasks[2], output="other worker", worker_id=str(uuid.uuid4())),
+            _item(engine, tasks[3], output="first"),
+            _item(engine, tasks[3], output="duplicate"),
+        ],
+    )
+    assert [(r["task_index"], r["status"]) for r in rows] == [
+        (0, "completed"), (1, "started"), (2, "started"), (3, "completed"), (3, "completed"),
+    ]
+    assert [t["output"] for t in engine.tasks(run_id)] == ["ok", None, None, "first"]
+    assert engine.states(run_id)["root"]["remaining_tasks"] == 2
+    _complete_tasks(engine, [_item(engine, tasks[1], output="b"), _item(engine, tasks[2], output="c")])
+    assert engine.run(run_id)["output"] == {"root": ["ok", "b", "c", "first"]}
+
+
+def test_fail_tasks_records_each_items_error_type_and_traceback(engine: Engine) -> None:
+    engine.define("fan", [("root", [], {"step_type": "map", "max_attempts": 2, "base_delay": 0})])
+    run_id = engine.start("fan", [1, 2])
+    first, second = sorted(engine.claim("fan"), key=lambda t: t["task_index"])
+    rows = _fail_tasks(
+        engine,
+        [
+            _item(engine, first, error_message="ValueError: x", error_type="ValueError", traceback="tb 0"),
+            _item(engine, second, error_message="KeyError: y", error_type="KeyError", traceback="tb 1"),
+        ],
+    )
+    assert [r["status"] for r in rows] == ["queued", "queued"]
+    attempts = engine.rows(
+        "select task_index, outcome, error_type, error_message, traceback from flowlane.task_attempts "
+        "where run_id = %s order by task_index",
+        (run_id,),
+    )
+    assert attempts == [
+        {"task_index": 0, "outcome": "retry", "error_type": "ValueError", "error_message": "ValueError: x",
+         "traceback": "tb 0"},
+        {"task_index": 1, "outcome": "retry", "error_type": "KeyError", "error_message": "KeyError: y",
+         "traceback": "tb 1"},
+    ]
+    assert all(engine.vt_in("fan", t["msg_id"]) <= 0 for t in (first, second))  # base_delay 0
+
+
+def test_an_exhausted_task_fails_its_run_after_1_attempt_not_1_attempts(engine: Engine) -> None:
+    engine.define("one", [("a", [], {"max_attempts": 1})])
+    run_id = engine.start("one", {})
+    [task] = engine.claim("one")
+    engine.fail(task, "boom")
+    assert engine.run(run_id)["error_message"] == "step a task 0 failed after 1 attempt: boom"
+
+
+def test_a_type_violation_in_a_batch_applies_item_by_item_in_key_order(engine: Engine) -> None:
+    engine.define(
+        "vio",
+        [("a", [], {}), ("b", [], {}), ("m", ["b"], {"step_type": "map"})],
+    )
+    run_id = engine.start("vio", {})
+    a, b = sorted(engine.claim("vio"), key=lambda t: t["step_slug"])
+    _complete_tasks(engine, [_item(engine, b, output={"not": "an array"}), _item(engine, a, output=1)])
+    # key order: a completes first, then b's output fails the run
+    assert engine.task(run_id, "a")["status"] == "completed"
+    assert engine.task(run_id, "b")["error_message"].startswith("[TYPE_VIOLATION] step b feeds map step m")
+    assert engine.run(run_id)["status"] == "failed"
+
+
+def test_claim_tasks_sends_the_run_input_once_per_run(engine: Engine) -> None:
+    engine.define("fan", [("root", [], {"step_type": "map"})])
+    big = [{"payload": "x" * 1000, "i": i} for i in range(5)]
+    first = engine.start("fan", big)
+    second = engine.start("fan", [1, 2])
+    pairs = json.dumps([["fan", "root"]])
+    rows = engine.rows(
+        "select * from flowlane.claim_tasks('fan', 50, %s, %s::jsonb) order by msg_id",
+        (engine.worker_id, pairs),
+    )
+    assert [r["outcome"] for r in rows] == ["claimed"] * 7
+    with_input = [(r["run_id"], r["flow_input"]) for r in rows if r["flow_input"] is not None]
+    assert with_input == [(first, big), (second, [1, 2])]
+    assert [r["input"] for r in rows] == [*big, 1, 2]
+    assert {t["status"] for t in engine.tasks(first)} == {"started"}
+
+
+def test_claim_tasks_hands_back_a_batch_with_unsupported_work(engine: Engine) -> None:
+    engine.define("two", [("a", [], {}), ("b", [], {})])
+    run_id = engine.start("two", {})
+    rows = engine.rows(
+        "select outcome, step_slug, msg_id from flowlane.claim_tasks('two', 50, %s, %s::jsonb) "
+        "order by msg_id",
+        (engine.worker_id, json.dumps([["two", "a"]])),
+    )
+    ids = sorted(t["message_id"] for t in engine.tasks(run_id))
+    by_step = {t["step_slug"]: t["message_id"] for t in engine.tasks(run_id)}
+    assert sorted(r["msg_id"] for r in rows) == ids
+    assert {(r["outcome"], r["step_slug"]) for r in rows} == {("unsupported", "b"), ("handed_back", None)}
+    assert [r["msg_id"] for r in rows if r["outcome"] == "handed_back"] == [by_step["a"]]
+    assert {(t["status"], t["attempts_count"]) for t in engine.tasks(run_id)} == {("queued", 0)}
+    assert all(engine.vt_in("two", m) <= 0 for m in ids)
+
+
+def test_claim_tasks_refuses_a_bad_quantity(engine: Engine) -> None:
+    engine.define("one", [("a", [], {})])
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="qty must be at least 1"):
+        engine.rows("select * from flowlane.claim_tasks('one', 0, %s, '[]')", (engine.worker_id,))
+
+
+def test_complete_tasks_names_a_bad_item(engine: Engine) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="item 1: attempt must be an integer"):
+        _complete_tasks(
+            engine,
+            [
+                {"run_id": str(uuid.uuid4()), "step_slug": "a", "task_index": 0},
+                {"run_id": str(uuid.uuid4()), "step_slug": "a", "task_index": 0, "attempt": "x"},
+            ],
+        )
+
+
+def test_upgrade_from_0007_completes_in_flight_claims_in_a_batch(db_factory: Any) -> None:
+    from flowlane.core import migrator
+
+    with psycopg.connect(db_factory("0007"), autocommit=True) as conn:
+        engine = Engine(conn)
+        engine.define("fan", [("root", [], {"step_type": "map", "max_attempts": 1}), ("after", ["root"], {})])
+        run_id = engine.start("fan", [1, 2, 3])
+        failing = engine.start("fan", [9])
+        claimed = engine.claim("fan")
+        assert [m.version for m in migrator.migrate(conn)][-1] == "0009"
+        mine = [t for t in claimed if t["run_id"] == run_id]
+        [other] = [t for t in claimed if t["run_id"] == failing]
+        _complete_tasks(engine, [_item(engine, t, output=t["input"] * 10) for t in mine])
+        _fail_tasks(engine, [_item(engine, other, error_message="boom")])
+        assert engine.states(run_id)["root"]["output"] == [10, 20, 30]
+        assert engine.statuses(run_id) == {"root": "completed", "after": "started"}
+        assert engine.run(failing)["error_message"] == "step root task 0 failed after 1 attempt: boom"
+        assert engine.scalar("select count(*) from flowlane.task_attempts where run_id = %s", (failing,)) == 1
+        [after] = engine.claim("fan")
+        engine.complete(after, "done")
+        assert engine.run(run_id)["status"] == "completed"
+        assert_invariants(engine)
+
+
+def test_claim_tasks_leaves_a_message_queued_after_its_transaction_began(engine: Engine, dsn: str) -> None:
+    engine.define("one", [("a", [], {})])
+    pairs = json.dumps([["one", "a"]])
+    with psycopg.connect(dsn) as claimer:  # a transaction that began before the run started
+        claimer.execute("select now()")
+        run_id = engine.start("one", {})
+        rows = claimer.execute(
+            "select outcome from flowlane.claim_tasks('one', 10, %s, %s::jsonb)", (engine.worker_id, pairs)
+        ).fetchall()
+        claimer.commit()
+    assert rows == []
+    [task] = engine.tasks(run_id)
+    assert (task["status"], task["attempts_count"]) == ("queued", 0)
+    assert engine.vt_in("one", task["message_id"]) <= 0
+    claimed = engine.rows(
+        "select run_id from flowlane.claim_tasks('one', 10, %s, %s::jsonb)", (engine.worker_id, pairs)
+    )
+    assert [r["run_id"] for r in claimed] == [run_id]
