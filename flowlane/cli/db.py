@@ -36,6 +36,10 @@ def configure(subparsers: Any) -> None:
     )
     add_dsn_argument(migrate)
     migrate.add_argument("--to", metavar="VERSION", help="stop after this migration (e.g. 0001)")
+    migrate.add_argument(
+        "--roles", action="store_true",
+        help="also create the roles flowlane_worker and flowlane_admin and revoke PUBLIC's "
+        "access (docs/security.md); later migrates keep them up to date")
     migrate.set_defaults(func=cmd_migrate)
     status = commands.add_parser("status", help="list applied and pending core migrations")
     add_dsn_argument(status)
@@ -71,7 +75,8 @@ def cmd_url(args: argparse.Namespace) -> int:
 def cmd_migrate(args: argparse.Namespace) -> int:
     target = db.resolve(args.dsn)
     with db.connect(target, autocommit=True) as conn:
-        applied = migrator.migrate(conn, to=args.to)
+        applied = migrator.migrate(conn, to=args.to, roles=args.roles)
+        roles = migrator.roles_applied(conn)
         newest = max((s.version for s in migrator.status(conn) if s.applied), default=None)
     for migration in applied:
         print(f"applied {migration.filename}")
@@ -81,6 +86,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         print(f"database is already at {newest}, past {args.to}: migrations are never rolled back")
     else:
         print("database is up to date")
+    if roles:
+        print("roles flowlane_worker and flowlane_admin are up to date; grant them to login "
+              "roles (docs/security.md)")
     return 0
 
 

@@ -113,8 +113,14 @@ def status(conn: psycopg.Connection[Any]) -> list[MigrationState]:
     return sorted(states, key=lambda s: s.version)
 
 
-def migrate(conn: psycopg.Connection[Any], *, to: str | None = None) -> list[Migration]:
-    """Install PGMQ if absent and apply pending migrations up to ``to``; return the applied ones."""
+def migrate(conn: psycopg.Connection[Any], *, to: str | None = None,
+            roles: bool = False) -> list[Migration]:
+    """Install PGMQ if absent and apply pending migrations up to ``to``; return the applied ones.
+
+    ``roles`` sets up the least-privilege roles (``flowlane/core/sql/roles.sql``); a database
+    that has them gets them re-applied after every migrate, because a migration's
+    ``create or replace function`` drops SECURITY DEFINER and a new function has no grant.
+    """
     if not conn.autocommit:
         raise errors.UsageError("migrate needs an autocommit connection")
     available = discover()
@@ -126,9 +132,23 @@ def migrate(conn: psycopg.Connection[Any], *, to: str | None = None) -> list[Mig
         try:
             ensure_pgmq(conn)
             conn.execute(query("bootstrap_migrations_table"))
-            return _apply_pending(conn, available, to)
+            applied = _apply_pending(conn, available, to)
+            if roles or roles_applied(conn):
+                apply_roles(conn)
+            return applied
         finally:
             conn.execute(query("migrate_unlock"))
+
+
+def apply_roles(conn: psycopg.Connection[Any]) -> None:
+    """Create or refresh roles ``flowlane_worker`` and ``flowlane_admin`` (docs/security.md)."""
+    with db.wrap_errors("setting up roles"), conn.transaction():
+        conn.execute(query("apply_roles_queue_grants"))
+        conn.execute(query("apply_roles"))
+
+
+def roles_applied(conn: psycopg.Connection[Any]) -> bool:
+    return bool(_scalar(conn, "roles_applied"))
 
 
 def _apply_pending(conn: psycopg.Connection[Any], available: Sequence[Migration],

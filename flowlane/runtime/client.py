@@ -26,7 +26,7 @@ from psycopg.rows import dict_row
 from flowlane import errors
 from flowlane.core import db
 from flowlane.core.queries import query
-from flowlane.runtime import hints
+from flowlane.runtime import hints, limits
 
 TERMINAL = ("completed", "failed", "cancelled")
 STATUSES = ("started", *TERMINAL)
@@ -115,6 +115,10 @@ def _iso(value: datetime | None) -> str | None:
 
 def encode_input(input: Any) -> str:
     """The run input as JSON text; a usage error when it cannot be one or is too large."""
+    if limits.depth_exceeds(input):  # before json.dumps, which recurses (RecursionError)
+        raise errors.UsageError(
+            f"the run input is nested deeper than {limits.MAX_DEPTH} levels (the limit)",
+            hint="flatten the input, or pass a reference to the data instead")
     try:
         payload = json.dumps({} if input is None else input, allow_nan=False)
     except (TypeError, ValueError) as exc:

@@ -105,3 +105,21 @@ def test_malformed_dsn_never_shows_its_password(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert "s3" not in result.stderr and "cr3t" not in result.stderr
     assert "(from FLOWLANE_DSN)" in result.stderr
+
+
+def test_migrate_roles_sets_up_least_privilege_and_keeps_it(tmp_path: Path, dsn: str) -> None:
+    import psycopg
+
+    first = flowlane(tmp_path, "db", "migrate", "--roles", "--dsn", dsn)
+    assert first.returncode == 0, first.stderr
+    assert "roles flowlane_worker and flowlane_admin are up to date" in first.stdout
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("alter function flowlane.heartbeat(uuid) security invoker")  # what a
+        # later migration's `create or replace function` does
+    again = flowlane(tmp_path, "db", "migrate", "--dsn", dsn)  # no --roles: kept all the same
+    assert again.returncode == 0, again.stderr
+    assert "roles flowlane_worker and flowlane_admin are up to date" in again.stdout
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute(
+            "select prosecdef from pg_proc where oid = 'flowlane.heartbeat(uuid)'::regprocedure"
+        ).fetchone() == (True,)

@@ -38,3 +38,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.slow)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for line in rt_support.REPORT:
+        terminalreporter.write_line(line)

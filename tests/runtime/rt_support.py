@@ -193,3 +193,6 @@ def queue_depth(dsn: str, queue: str) -> int:
         row = conn.execute("select queue_length from pgmq.metrics(%s)", (queue,)).fetchone()
     assert row is not None
     return int(row[0])
+
+
+REPORT: list[str] = []  # lines for the terminal summary (the crash matrix's throughput)

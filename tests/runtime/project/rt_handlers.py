@@ -78,6 +78,8 @@ def hold(input: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
         if time.monotonic() > deadline:
             raise TimeoutError("never released")
         ctx.shutdown.wait(0.02)  # a handler polling for its condition
+    if ctx.attempt == 1 and ctx.flow_input.get("fail_first"):
+        raise RuntimeError("the first attempt fails once released")
     return {"attempt": ctx.attempt, "pid": os.getpid(), "saw_shutdown": ctx.shutdown.is_set()}
 
 
@@ -237,3 +239,45 @@ def deep_output(input: Any, ctx: TaskContext) -> Any:
 def big_item(item: int, ctx: TaskContext) -> str:
     """``item`` MB of text: 90 x 3 MB outputs exceed jsonb's 255 MB when the map aggregates them."""
     return "x" * (int(item) * 1_000_000)
+
+
+def _crash_record(ctx: TaskContext) -> None:
+    """One line per execution, written before the work: a killed execution still counts."""
+    line = f"{ctx.run_id} {ctx.step_slug} {ctx.task_index} {ctx.attempt}\n"
+    with (Path(ctx.flow_input["dir"]) / f"exec-{os.getpid()}.log").open("a") as log:
+        log.write(line)
+
+
+def crash_fan(input: Any, ctx: TaskContext) -> list[int]:
+    _crash_record(ctx)
+    return list(range(int(ctx.flow_input["width"])))
+
+
+def crash_work(input: Any, ctx: TaskContext) -> dict[str, Any]:
+    """``work`` seconds of work that does not look at ``ctx.shutdown`` (a long handler)."""
+    _crash_record(ctx)
+    time.sleep(float(ctx.flow_input.get("work", 0)))  # the handler's workload, not a wait
+    return {"step": ctx.step_slug, "index": ctx.task_index}
+
+
+def crash_join(input: dict[str, Any], ctx: TaskContext) -> int:
+    _crash_record(ctx)
+    return len(input["item"])
+
+
+FUZZ_SPECIALS: dict[str, Any] = {
+    "none": None, "nan": float("nan"), "inf": float("-inf"), "nul": "a\x00b",
+    "surrogate": "half \udc00", "bytes": b"raw",
+}
+
+
+def fuzz_value(recipe: dict[str, Any]) -> Any:
+    """``[text * repeat, special]`` wrapped in ``depth`` objects (tests compute it too)."""
+    value: Any = [str(recipe["text"]) * int(recipe["repeat"]), FUZZ_SPECIALS[recipe["special"]]]
+    for _ in range(int(recipe["depth"])):
+        value = {"d": value}
+    return value
+
+
+def fuzz_output(input: Any, ctx: TaskContext) -> Any:
+    return fuzz_value(ctx.flow_input)

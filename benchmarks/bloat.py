@@ -1,0 +1,179 @@
+"""Bloat and long transactions: steady load with and without a session holding a snapshot.
+
+    PYTHONPATH=. python benchmarks/bloat.py [--phase 60] [--rate 10] [--claimers 2]
+
+For each storage configuration, on a fresh database of one throwaway embedded PostgreSQL
+(autovacuum on, durable commits):
+
+- ``defaults``: every storage parameter of the engine tables and the queue tables reset to
+  PostgreSQL's defaults;
+- ``flowlane``: as `flowlane db migrate` leaves them (docs/reliability.md, "Storage").
+
+three phases of --phase seconds each run the same steady load: a producer starts
+``bench_diamond`` runs (13 tasks) at --rate per second, --claimers threads claim like a worker
+(``pgmq.read`` + ``start_tasks``) and complete at once (``complete_tasks``):
+
+- ``steady``: nothing else;
+- ``snapshot held``: another session sits idle in a REPEATABLE READ transaction that has read
+  ``flowlane.runs`` (its snapshot keeps vacuum from removing any row version newer than it);
+- ``released``: that session has committed.
+
+Printed per phase: tasks completed per second, claim latency p50/p99 (one ``pgmq.read`` +
+``start_tasks`` round trip that claimed something), dead tuples at the end of the phase
+(``pg_stat_user_tables.n_dead_tup``) of the queue, ``step_tasks``, ``step_states`` and
+``runs``, the queue table's size, and autovacuum runs on those tables during the phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import queued_load  # a sibling script: benchmarks/ is on sys.path when run as a script
+from psycopg.types.json import Jsonb
+
+from flowlane.core import db
+
+FLOW = "bench_diamond"
+TABLES = {"queue": f"pgmq.q_{FLOW}", "step_tasks": "flowlane.step_tasks",
+          "step_states": "flowlane.step_states", "runs": "flowlane.runs"}
+PAIRS = Jsonb([[FLOW, s] for s in ("split", "square", "meta", "total")])
+OUTPUTS = {"split": list(range(10)), "square": 1, "meta": {"n": 10}, "total": 1}
+PARAMETERS = ("fillfactor", "autovacuum_vacuum_scale_factor", "autovacuum_vacuum_threshold",
+              "autovacuum_vacuum_insert_scale_factor", "autovacuum_vacuum_insert_threshold",
+              "autovacuum_analyze_scale_factor", "autovacuum_vacuum_cost_delay")
+
+
+def fresh_database(admin_dsn: str, config: str) -> str:
+    """queued_load.py's database (migrated, benchmark flows applied), storage per ``config``."""
+    dsn = queued_load.fresh_database(admin_dsn)
+    if config == "defaults":
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for table in TABLES.values():
+                conn.execute(f"alter table {table} reset ({', '.join(PARAMETERS)})".encode())
+    return dsn
+
+
+def produce(dsn: str, rate: float, stop: threading.Event) -> None:
+    began = time.monotonic()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        i = 0
+        while not stop.is_set():
+            time.sleep(max(0.0, began + i / rate - time.monotonic()))  # pacing the producer
+            conn.execute(b"select flowlane.start_flow(%s, '{}'::jsonb)", (FLOW,))
+            i += 1
+
+
+def claim(dsn: str, stop: threading.Event, latencies: list[float], done: list[int]) -> None:
+    worker = uuid.uuid4()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(b"select flowlane.register_worker(%s, %s, 'bloat', 'bloat', %s)",
+                     (worker, FLOW, PAIRS))
+        while not stop.is_set():
+            began = time.perf_counter()
+            ids = [r[0] for r in conn.execute(b"select msg_id from pgmq.read(%s, 30, 10)", (FLOW,))]
+            tasks = conn.execute(
+                b"select run_id, step_slug, task_index, attempt from flowlane.start_tasks("
+                b"%s, %s, %s, %s) where outcome = 'claimed'", (FLOW, ids, worker, PAIRS)
+            ).fetchall() if ids else []
+            if not tasks:
+                time.sleep(0.01)  # an idle claimer's poll interval
+                continue
+            latencies.append(time.perf_counter() - began)
+            results = [{"run_id": str(r[0]), "step_slug": r[1], "task_index": r[2],
+                        "output": OUTPUTS[r[1]], "worker_id": str(worker), "attempt": r[3]}
+                       for r in tasks]
+            conn.execute(b"select count(*) from flowlane.complete_tasks(%s)", (Jsonb(results),))
+            done.append(len(tasks))
+
+
+def table_stats(conn: psycopg.Connection[Any]) -> dict[str, tuple[int, int, int]]:
+    """name -> (dead tuples, autovacuum count, bytes)."""
+    conn.execute(b"select pg_stat_clear_snapshot()")
+    found = {}
+    for label, table in TABLES.items():
+        row = conn.execute(
+            b"select n_dead_tup, autovacuum_count, pg_total_relation_size(relid) "
+            b"from pg_stat_user_tables where relid = %s::regclass", (table,)).fetchone()
+        assert row is not None
+        found[label] = (int(row[0]), int(row[1]), int(row[2]))
+    return found
+
+
+def percentiles(values: list[float]) -> tuple[float, float]:
+    if len(values) < 2:
+        return (float("nan"), float("nan"))
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return cuts[49] * 1000, cuts[98] * 1000
+
+
+def measure(admin: str, config: str, args: argparse.Namespace) -> list[str]:
+    dsn = fresh_database(admin, config)
+    stop = threading.Event()
+    latencies: list[float] = []
+    done: list[int] = []
+    threads = [threading.Thread(target=produce, args=(dsn, args.rate, stop))]
+    threads += [threading.Thread(target=claim, args=(dsn, stop, latencies, done))
+                for _ in range(args.claimers)]
+    lines = []
+    with psycopg.connect(dsn, autocommit=True) as stats, psycopg.connect(dsn) as holder:
+        for thread in threads:
+            thread.start()
+        for phase in ("steady", "snapshot held", "released"):
+            if phase == "snapshot held":
+                holder.execute(b"set transaction isolation level repeatable read")
+                holder.execute(b"select count(*) from flowlane.runs")  # idle in transaction now
+            elif phase == "released":
+                holder.commit()
+            before = table_stats(stats)
+            first_latency, first_done, began = len(latencies), len(done), time.monotonic()
+            time.sleep(args.phase)  # the phase's duration
+            elapsed = time.monotonic() - began
+            after = table_stats(stats)
+            rate = sum(done[first_done:]) / elapsed
+            p50, p99 = percentiles(latencies[first_latency:])
+            dead = "  ".join(f"{label} {after[label][0]:6d}" for label in TABLES)
+            vacuums = sum(after[label][1] - before[label][1] for label in TABLES)
+            lines.append(
+                f"{config:<9} {phase:<14} {rate:7.1f} tasks/s  claim p50 {p50:6.1f} ms"
+                f" p99 {p99:7.1f} ms  dead: {dead}  queue {after['queue'][2] // 1024:6d} kB"
+                f"  autovacuums {vacuums}")
+            print(lines[-1], flush=True)
+        stop.set()
+        for thread in threads:
+            thread.join()
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dsn", help="admin DSN (may CREATE DATABASE); default: embedded")
+    parser.add_argument("--phase", type=float, default=60.0, help="seconds per phase")
+    parser.add_argument("--rate", type=float, default=10.0, help="runs started per second")
+    parser.add_argument("--claimers", type=int, default=2)
+    args = parser.parse_args()
+    tmp = None
+    admin = args.dsn
+    if admin is None:
+        tmp = tempfile.mkdtemp(prefix="flowlane-bench-")
+        os.chmod(tmp, 0o711)  # the server account (when run as root) must reach its data
+        admin = db.EmbeddedDatabase.start_at(Path(tmp) / "pgdata")
+    try:
+        lines = [line for config in ("defaults", "flowlane") for line in measure(admin, config, args)]
+    finally:
+        if tmp is not None:
+            db.EmbeddedDatabase.stop_at(Path(tmp) / "pgdata")
+    print("\n".join(["", *lines]))
+
+
+if __name__ == "__main__":
+    main()
