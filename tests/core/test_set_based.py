@@ -196,7 +196,7 @@ def test_upgrade_from_0007_completes_in_flight_claims_in_a_batch(db_factory: Any
         run_id = engine.start("fan", [1, 2, 3])
         failing = engine.start("fan", [9])
         claimed = engine.claim("fan")
-        assert [m.version for m in migrator.migrate(conn)][-1] == "0009"
+        assert [m.version for m in migrator.migrate(conn, to="0009")][-1] == "0009"
         mine = [t for t in claimed if t["run_id"] == run_id]
         [other] = [t for t in claimed if t["run_id"] == failing]
         _complete_tasks(engine, [_item(engine, t, output=t["input"] * 10) for t in mine])
