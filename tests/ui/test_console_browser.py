@@ -9,6 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 import ui_support
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
@@ -175,8 +176,8 @@ def test_actions_work_behind_a_confirmation(
             engine.fail(ui_support.claim_only(engine, "intake", to_retry), "RuntimeError: upstream down")
 
         driver.get(f"{server.url}/runs/{to_cancel}")
-        assert driver.find_elements(By.ID, "action-retry") == []  # only a failed run can be retried
-        _follow(driver, driver.find_element(By.ID, "action-cancel"))
+        assert _absent(driver, "action-retry")  # only a failed run can be retried
+        _follow_live(driver, "action-cancel")
         assert str(to_cancel) in driver.find_element(By.ID, "question").text
         driver.find_element(By.NAME, "reason").send_keys("wrong input")
         _follow(driver, driver.find_element(By.ID, "confirm"))
@@ -187,14 +188,30 @@ def test_actions_work_behind_a_confirmation(
 
         driver.get(f"{server.url}/runs/{to_retry}")
         assert driver.find_element(By.ID, "run-status").text == "failed"
-        assert driver.find_elements(By.ID, "action-cancel") == []  # a failed run cannot be cancelled
-        _follow(driver, driver.find_element(By.ID, "action-retry"))
+        assert _absent(driver, "action-cancel")  # a failed run cannot be cancelled
+        _follow_live(driver, "action-retry")
         _follow(driver, driver.find_element(By.ID, "confirm"))
         assert driver.find_element(By.CSS_SELECTOR, "#message h1").text == "Done"
         with psycopg.connect(dsn) as conn:
             row = conn.execute("select status, retry_count from flowlane.runs where run_id = %s",
                                (to_retry,)).fetchone()
         assert row == ("started", 1)
+
+
+def _absent(driver: Any, element_id: str) -> bool:
+    """Asked inside the page in one step: a run page replaces its live region while it runs,
+    and a lookup through the driver can race with that replacement."""
+    return bool(driver.execute_script("return document.getElementById(arguments[0]) === null",
+                                      element_id))
+
+
+def _follow_live(driver: Any, element_id: str) -> None:
+    """``_follow`` on a page whose live region may be replaced between finding and clicking."""
+    page = driver.find_element(By.TAG_NAME, "html")
+    WebDriverWait(driver, WAIT, ignored_exceptions=(WebDriverException,)).until(
+        lambda d: d.find_element(By.ID, element_id).click() or True)
+    WebDriverWait(driver, WAIT).until(expected_conditions.staleness_of(page))
+    WebDriverWait(driver, WAIT).until(lambda d: d.execute_script("return document.readyState") == "complete")
 
 
 def _follow(driver: Any, element: Any) -> None:
