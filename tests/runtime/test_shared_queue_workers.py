@@ -16,10 +16,10 @@ from typing import Any
 
 import psycopg
 import pytest
-import rt_support
-from rt_support import PROJECT, WorkerProcess, flowlane, start_run, tasks, wait_run, wait_until
 
 from tests.core.engine import Engine
+from tests.runtime import rt_support
+from tests.runtime.rt_support import PROJECT, WorkerProcess, flowlane, start_run, tasks, wait_run, wait_until
 
 Spawn = Callable[..., WorkerProcess]
 

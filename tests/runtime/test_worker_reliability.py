@@ -13,8 +13,9 @@ from typing import Any
 
 import psycopg
 import pytest
-import rt_support
-from rt_support import WorkerProcess, start_run, wait_run, wait_until
+
+from tests.runtime import rt_support
+from tests.runtime.rt_support import WorkerProcess, start_run, wait_run, wait_until
 
 Spawn = Callable[..., WorkerProcess]
 DEEP = "[" * 1000 + "1" + "]" * 1000  # 2 KB, past Python's json recursion limit

@@ -10,11 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
-import rt_support
-from rt_support import WorkerProcess, start_run, step, wait_run, wait_until
 
 from flowlane.core import db, migrator
 from tests.conftest import reachable_tmp_dir
+from tests.runtime import rt_support
+from tests.runtime.rt_support import WorkerProcess, start_run, step, wait_run, wait_until
 
 Spawn = Callable[..., WorkerProcess]
 

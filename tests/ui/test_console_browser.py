@@ -8,13 +8,13 @@ from typing import Any
 
 import psycopg
 import pytest
-import ui_support
 from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.core.engine import Engine
+from tests.ui import ui_support
 
 WAIT = 20.0  # seconds a condition may take to appear; polling, never a fixed sleep
 
