@@ -1,4 +1,4 @@
-"""Shared queues in production, with real worker processes (seed 02's acceptance criteria).
+"""Shared queues in production, with real worker processes.
 
 Older checkouts are simulated with a copy of the test project that lacks the
 newer flows: its workers serve fewer (flow, step) pairs than the database
