@@ -195,7 +195,7 @@ def cmd_types(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from flowlane import scaffold
+    from flowlane.app import scaffold
 
     root = Path(args.directory)
     result = scaffold.init(root)
@@ -215,7 +215,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from flowlane.core import deploy
+    from flowlane.app import deploy
 
     try:
         plan = deploy.plan(_project(args.paths), args.dsn)
@@ -234,7 +234,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from flowlane.core import deploy
+    from flowlane.app import deploy
 
     result = deploy.apply(args.paths, args.out, args.dsn)
     sys.stdout.write(result.render())
@@ -242,7 +242,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from flowlane.core import deploy
+    from flowlane.app import deploy
 
     plan = deploy.plan(_project(args.paths), args.dsn)
     sys.stdout.write(plan.render(verify=True))

@@ -10,20 +10,25 @@ Public API::
 
 from __future__ import annotations
 
-from flowlane.compiler.api import (
-    CompileResult,
-    WriteSummary,
-    analyze_paths,
-    compile_paths,
-    compile_project,
-    load_project,
-    project_from_text,
-    validate,
-    validate_text,
-    write_output,
-)
-from flowlane.compiler.diagnostics import Diagnostic
-from flowlane.compiler.model import Alias, Flow, HandlerRef, Location, Project, Step, WorkerDoc
+from typing import TYPE_CHECKING
+
+from flowlane import _lazy
+
+if TYPE_CHECKING:
+    from flowlane.compiler.api import (
+        CompileResult,
+        WriteSummary,
+        analyze_paths,
+        compile_paths,
+        compile_project,
+        load_project,
+        project_from_text,
+        validate,
+        validate_text,
+        write_output,
+    )
+    from flowlane.compiler.diagnostics import Diagnostic
+    from flowlane.compiler.model import Alias, Flow, HandlerRef, Location, Project, Step, WorkerDoc
 
 __all__ = [
     "Alias",
@@ -45,3 +50,13 @@ __all__ = [
     "validate_text",
     "write_output",
 ]
+
+# importing a submodule (flowlane.compiler.model) loads neither the loader nor jinja2
+__getattr__ = _lazy.exports(__name__, {
+    "flowlane.compiler.api": (
+        "CompileResult", "WriteSummary", "analyze_paths", "compile_paths", "compile_project",
+        "load_project", "project_from_text", "validate", "validate_text", "write_output",
+    ),
+    "flowlane.compiler.diagnostics": ("Diagnostic",),
+    "flowlane.compiler.model": ("Alias", "Flow", "HandlerRef", "Location", "Project", "Step", "WorkerDoc"),
+})

@@ -1,4 +1,4 @@
-"""Name rules (SPEC 2.1): slugs for flows, steps and aliases; canonical queue names."""
+"""Name rules: slugs for flows, steps and aliases; canonical queue names."""
 
 from __future__ import annotations
 

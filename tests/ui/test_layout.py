@@ -6,11 +6,11 @@ import re
 from pathlib import Path
 
 import pytest
-import ui_support
 
 from flowlane.compiler import graph, load_project
 from flowlane.compiler.model import Flow
 from flowlane.ui import layout
+from tests.ui import ui_support
 
 REPO = Path(__file__).resolve().parents[2]
 FLOWS = [*load_project([REPO / "flows"]).flows, *load_project([ui_support.PROJECT / "flows"]).flows]

@@ -18,7 +18,7 @@ import psycopg
 from flowlane import errors, project_root
 from flowlane.compiler import analyze, api, check, render, shape
 from flowlane.compiler.model import Flow, Project
-from flowlane.core import db
+from flowlane.core import db, definitions
 from flowlane.core.queries import query
 
 NEW_FLOW = "NEW_FLOW"
@@ -208,11 +208,6 @@ class ApplyResult:
                 + ", ".join(self.files) + "\n")
 
 
-def _statements(text: str) -> str:
-    """A compiled file without its own ``begin;``/``commit;`` lines (apply wraps them all)."""
-    return "\n".join(line for line in text.split("\n") if line not in ("begin;", "commit;"))
-
-
 def _read(file: Path) -> str:
     try:
         return file.read_text(encoding="utf-8")
@@ -263,24 +258,9 @@ def _apply_files(conn: psycopg.Connection[Any], project: Project,
                 + " changed shape in the database", hint="run `flowlane plan` for details")
         applied = []
         for file in files:
-            body = _statements(_read(file))
+            body = definitions.statements(_read(file))
             with db.wrap_errors(f"apply {file.as_posix()}"):
                 conn.execute(body)  # a reviewed, compiled file (package-independent text)
             applied.append(file.as_posix())
     return ApplyResult(current, tuple(applied))
 
-
-def create_flows(project: Project, slugs: Iterable[str], dsn: str | None = None) -> tuple[str, ...]:
-    """Create flows missing from a development database (``worker --compile``) by running
-    the very SQL that ``apply`` runs for them, options included; aliases are left to
-    ``apply``. Flows that exist meanwhile are verified by the same SQL, never changed in shape."""
-    flows = [project.flow(slug) for slug in sorted(slugs)]
-    target = db.resolve(dsn)
-    with db.connect(target) as conn, conn.transaction():
-        with db.wrap_errors("compile"):
-            conn.execute(query("deploy_lock_timeout"))
-            conn.execute(query("deploy_lock"))
-        for flow in flows:
-            with db.wrap_errors(f"compile flow {flow.slug}"):
-                conn.execute(_statements(render.render_flow(flow)))
-    return tuple(f.slug for f in flows)
