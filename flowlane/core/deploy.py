@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 
 from flowlane import errors, project_root
-from flowlane.compiler import analyze, api, check, render, shape
+from flowlane.compiler import analyze, api, check, compiled, shape
 from flowlane.compiler.model import Flow, Project
 from flowlane.core import db
 from flowlane.core.queries import query
@@ -208,11 +208,6 @@ class ApplyResult:
                 + ", ".join(self.files) + "\n")
 
 
-def _statements(text: str) -> str:
-    """A compiled file without its own ``begin;``/``commit;`` lines (apply wraps them all)."""
-    return "\n".join(line for line in text.split("\n") if line not in ("begin;", "commit;"))
-
-
 def _read(file: Path) -> str:
     try:
         return file.read_text(encoding="utf-8")
@@ -222,8 +217,8 @@ def _read(file: Path) -> str:
 
 
 def _ordered_files(out: Path, project: Project) -> list[Path]:
-    flows = [out / render.flow_path(f.slug) for f in sorted(project.flows, key=lambda f: f.slug)]
-    return [*flows, out / render.ALIASES_FILE]
+    flows = [out / compiled.flow_path(f.slug) for f in sorted(project.flows, key=lambda f: f.slug)]
+    return [*flows, out / compiled.ALIASES_FILE]
 
 
 def refuse_stale(project: Project, out: str | os.PathLike[str]) -> None:
@@ -263,7 +258,7 @@ def _apply_files(conn: psycopg.Connection[Any], project: Project,
                 + " changed shape in the database", hint="run `flowlane plan` for details")
         applied = []
         for file in files:
-            body = _statements(_read(file))
+            body = compiled.statements(_read(file))  # apply wraps them all
             with db.wrap_errors(f"apply {file.as_posix()}"):
                 conn.execute(body)  # a reviewed, compiled file (package-independent text)
             applied.append(file.as_posix())
@@ -282,5 +277,5 @@ def create_flows(project: Project, slugs: Iterable[str], dsn: str | None = None)
             conn.execute(query("deploy_lock"))
         for flow in flows:
             with db.wrap_errors(f"compile flow {flow.slug}"):
-                conn.execute(_statements(render.render_flow(flow)))
+                conn.execute(compiled.statements(compiled.render_flow(flow)))
     return tuple(f.slug for f in flows)

@@ -146,9 +146,9 @@ def test_every_code_is_documented() -> None:
 def test_templates_refuse_values_that_skipped_the_quoting_filters() -> None:
     import pytest
 
-    from flowlane.compiler import render
+    from flowlane.compiler import compiled
 
-    env = render.environment()
+    env = compiled.environment()
     with pytest.raises(TypeError, match="was not passed through a SQL filter"):
         env.from_string("select {{ value }}").render(value="'; drop table x; --")
     assert env.from_string("select {{ value | lit }}").render(value="'; x") == "select '''; x'"
