@@ -107,6 +107,7 @@ def test_shape_differences_are_readable() -> None:
         "queue_mode: flow in the database, per-step in the given shape",
         "step count: 1 in the database, 2 in the given shape",
         "step 0 (a): type is single in the database, map in the given shape",
+        "step 1 (b): only in the given shape",
     ]
 
 
