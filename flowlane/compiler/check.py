@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from flowlane import errors, project_root
-from flowlane.compiler import analyze, api, compiled, gitrev, shape
+from flowlane.compiler import api, compiled, gitrev, names, shape
 from flowlane.compiler.diagnostics import Diagnostic
 from flowlane.compiler.model import Flow, Project
 
@@ -172,7 +172,7 @@ def _compare(flow: Flow, committed: str, taken: list[str]) -> VersionChange | No
     else:
         lines = shape.differences(old, current, "the base", "the YAML")
     line, col = (flow.location.line, flow.location.col) if flow.location else (1, 1)
-    return VersionChange(flow.slug, tuple(lines), analyze.suggest_version(flow, taken),
+    return VersionChange(flow.slug, tuple(lines), names.suggest_version(flow, taken),
                          flow.source, line, col, _source_line(flow.source, line))
 
 

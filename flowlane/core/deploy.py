@@ -17,7 +17,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from flowlane import errors, project_root
-from flowlane.compiler import analyze, api, check, compiled, shape
+from flowlane.compiler import api, check, compiled, names, shape
 from flowlane.compiler.model import Flow, Project
 from flowlane.core import db
 from flowlane.core.queries import query
@@ -131,7 +131,7 @@ def _flow_change(flow: Flow, state: _State) -> Change:
     if differences:
         taken = [*state.flows, *state.aliases]
         suggestion = ("declare the changed flow as a new version, e.g. "
-                      f"`{analyze.suggest_version(flow, taken)}`")
+                      f"`{names.suggest_version(flow, taken)}`")
         return Change(NEW_VERSION_REQUIRED, subject, (*differences, suggestion))
     options = _option_differences(flow, row, state)
     return Change(SAFE_OPTION_CHANGE, subject, options) if options else Change(NO_CHANGE, subject)

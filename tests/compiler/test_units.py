@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from flowlane import errors
 from flowlane.compiler import api, graph_order, loader, names, schema, shape, sqltext
-from flowlane.compiler.analyze import next_version_slug, suggest_version
 from flowlane.compiler.diagnostics import Diagnostic
+from flowlane.compiler.names import next_version_slug, suggest_version
 from tests.compiler.strategies import STORABLE_CHARACTERS
 
 
