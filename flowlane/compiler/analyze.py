@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from flowlane.compiler import graph_order, names, schema
+from flowlane.compiler import names, schema, toposort
 from flowlane.compiler.diagnostics import Diagnostic
 from flowlane.compiler.loader import Document
 from flowlane.compiler.model import (
@@ -254,10 +254,10 @@ class _FlowChecker:
 
     def _order(self, needs: dict[str, list[str]]) -> list[str] | None:
         declared = list(self.steps)
-        order = graph_order.stable_order(declared, needs)
+        order = toposort.stable_order(declared, needs)
         if len(order) == len(declared):
             return order
-        cycle = graph_order.find_cycle(declared, needs, set(order))
+        cycle = toposort.find_cycle(declared, needs, set(order))
         cycle = _rotate(cycle, declared)
         edges = list(itertools.pairwise(cycle))
         lines = [

@@ -112,5 +112,5 @@ NAMES = st.one_of(
     _at_length(),
     st.text(st.sampled_from(ALPHABET), max_size=12),
     st.from_regex(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,20}", fullmatch=True),
-    st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=8),
+    st.text(STORABLE_CHARACTERS, max_size=8),
 )

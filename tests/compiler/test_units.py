@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flowlane import errors
-from flowlane.compiler import api, graph_order, loader, names, schema, shape, sqltext
+from flowlane.compiler import api, loader, names, schema, shape, sqltext, toposort
 from flowlane.compiler.diagnostics import Diagnostic
 from flowlane.compiler.names import next_version_slug, suggest_version
 from tests.compiler.strategies import STORABLE_CHARACTERS
@@ -97,7 +97,7 @@ def test_shipped_schema_is_a_valid_draft_2020_12_schema() -> None:
 def test_stable_order_takes_the_earliest_declared_ready_step() -> None:
     declared = ["d", "c", "b", "a"]
     needs = {"d": ["a"], "c": [], "b": ["c"], "a": []}
-    assert graph_order.stable_order(declared, needs) == ["c", "b", "a", "d"]
+    assert toposort.stable_order(declared, needs) == ["c", "b", "a", "d"]
 
 
 def test_shape_differences_are_readable() -> None:

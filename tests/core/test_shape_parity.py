@@ -126,8 +126,8 @@ def test_the_words_of_a_grown_flow(conn: psycopg.Connection[Any]) -> None:
                                            {"slug": "b"}]}
     expected = [
         "step count: 1 in the database, 2 in the given shape",
-        'step 0 (a): if is {"a": [0.00000015, 0.0], "kind": 10000000000000000} in the '
-        "database, null in the given shape",
+        ('step 0 (a): if is {"a": [0.00000015, 0.0], "kind": 10000000000000000} in the '
+         "database, null in the given shape"),
         "step 1 (b): only in the given shape",
     ]
     assert shape.differences(old, new) == expected
