@@ -1,26 +1,19 @@
 """Running compiled flow SQL against a database, under the deploy lock.
 
-The compiled files carry their own ``begin;``/``commit;`` so that ``psql -f``
-applies each one atomically; :func:`statements` drops those lines so that the
-caller's transaction (``apply``: every reviewed file at once) wraps them.
-:func:`create_flows` is ``worker --compile`` on a development database: the
-very SQL that ``apply`` runs for a flow, so a worker never writes a definition
-any other way.
+Only :func:`create_flows` lives here: ``worker --compile`` on a development
+database runs the very SQL that ``apply`` runs for a flow (rendered and split into
+statements by :mod:`flowlane.compiler.compiled`), so a worker never writes a
+definition any other way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from flowlane.compiler import render
+from flowlane.compiler import compiled
 from flowlane.compiler.model import Project
 from flowlane.core import db
 from flowlane.core.queries import query
-
-
-def statements(text: str) -> str:
-    """A compiled file without its own ``begin;``/``commit;`` lines (apply wraps them all)."""
-    return "\n".join(line for line in text.split("\n") if line not in ("begin;", "commit;"))
 
 
 def create_flows(project: Project, slugs: Iterable[str], dsn: str | None = None) -> tuple[str, ...]:
@@ -35,5 +28,5 @@ def create_flows(project: Project, slugs: Iterable[str], dsn: str | None = None)
             conn.execute(query("deploy_lock"))
         for flow in flows:
             with db.wrap_errors(f"compile flow {flow.slug}"):
-                conn.execute(statements(render.render_flow(flow)))
+                conn.execute(compiled.statements(compiled.render_flow(flow)))
     return tuple(f.slug for f in flows)
