@@ -201,7 +201,8 @@ begin
                    )::flowlane._claim_item order by b.msg_id)
     into v_batch
   from unnest(v_ids) as b (msg_id)
-  left join flowlane.step_tasks t on t.queue_name = p_queue and t.message_id = b.msg_id
+  left join flowlane.step_tasks t
+    on t.queue_name = p_queue and t.message_id = b.msg_id and t.message_id = any (v_ids)
   left join flowlane._pairs(p_pairs) p on p.flow_slug = t.flow_slug and p.step_slug = t.step_slug
   left join flowlane.runs r on r.run_id = t.run_id
   left join flowlane.step_states ss on ss.run_id = t.run_id and ss.step_slug = t.step_slug;
@@ -348,3 +349,157 @@ $$;
 -- step_tasks_queue_message_unique (measured: 1 ms instead of 0.2 ms per task over 5,000
 -- runs), so they keep PostgreSQL's choice.
 alter function flowlane._lock_and_classify(flowlane._result_item[]) set plan_cache_mode = force_generic_plan;
+
+-- ---------------------------------------------------------------------------
+-- plans that follow the batch, whatever the statistics
+-- ---------------------------------------------------------------------------
+
+-- After five calls PL/pgSQL may keep a statement's generic plan. Planned before ANALYZE
+-- had seen the tables (a worker's first calls after a burst of starts), two statements of
+-- 0009 joined step_states to steps on flow_slug and read all of a flow's states through
+-- step_states_flow_idx on every call: 1.1 to 3 ms per task instead of 0.2, growing with the
+-- table (measured over 5,000 and 10,000 queued one-step runs). Both now reach step_states
+-- only by (run_id, step_slug); the step's type comes from the batch's side of the join.
+-- (start_tasks' classification above likewise looks tasks up by queue and message id.)
+
+create or replace function flowlane._complete_batch(p_items flowlane._result_item[])
+returns setof flowlane.step_tasks
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in the header
+as $$
+declare
+  v_classes flowlane._result_class[];
+  v_violations flowlane._result_class[];
+  v_sequential uuid[];
+  v_class flowlane._result_class;
+  v_task flowlane.step_tasks;
+  v_done flowlane.step_tasks[];
+  v_steps flowlane.step_states[];
+  v_runs uuid[] := array(select distinct i.run_id from unnest(p_items) i);
+begin
+  v_classes := flowlane._lock_and_classify(p_items);
+
+  -- a single step feeding a map must output an array: such an item fails its run
+  select coalesce(array_agg(c order by (c.task).run_id, (c.task).step_slug, (c.task).task_index), '{}')
+    into v_violations
+  from unnest(v_classes) c
+  join flowlane.steps s on s.flow_slug = (c.task).flow_slug and s.step_slug = (c.task).step_slug
+  where c.actionable and s.step_type = 'single'
+    and jsonb_typeof(coalesce((c.item).output, 'null'::jsonb)) <> 'array'
+    and exists (select 1 from flowlane.deps d
+                join flowlane.steps ch on ch.flow_slug = d.flow_slug and ch.step_slug = d.step_slug
+                                       and ch.step_type = 'map'
+                join flowlane.step_states cs on cs.run_id = (c.task).run_id and cs.step_slug = d.step_slug
+                where d.flow_slug = s.flow_slug and d.dep_slug = s.step_slug
+                  and cs.status = 'created' and cs.initial_tasks is null);
+
+  v_sequential := flowlane._sequential_runs(v_classes, v_violations);
+  for v_class in
+    select c.* from unnest(v_classes) c
+    where c.actionable and (c.task).run_id = any (v_sequential)
+    order by (c.task).run_id, (c.task).step_slug, (c.task).task_index
+  loop
+    perform flowlane._complete_batch(array[v_class.item]);
+  end loop;
+
+  -- the rest: at most one violation per run, and it is the run's only actionable item
+  for v_class in
+    select c.* from unnest(v_violations) c where not (c.task).run_id = any (v_sequential)
+  loop
+    update flowlane.step_tasks t
+       set status = 'failed', failed_at = now(), output = (v_class.item).output,
+           error_message = format('[TYPE_VIOLATION] step %s feeds map step %s and must output a JSON array, got %s',
+             (v_class.task).step_slug,
+             (select d.step_slug from flowlane.deps d
+              join flowlane.steps ch on ch.flow_slug = d.flow_slug and ch.step_slug = d.step_slug and ch.step_type = 'map'
+              join flowlane.step_states cs on cs.run_id = (v_class.task).run_id and cs.step_slug = d.step_slug
+              where d.flow_slug = (v_class.task).flow_slug and d.dep_slug = (v_class.task).step_slug
+                and cs.status = 'created' and cs.initial_tasks is null
+              order by d.step_slug limit 1),
+             jsonb_typeof(coalesce((v_class.item).output, 'null'::jsonb)))
+     where t.run_id = (v_class.task).run_id and t.step_slug = (v_class.task).step_slug
+       and t.task_index = (v_class.task).task_index
+    returning * into v_task;
+    perform flowlane._archive_tasks(array[v_task]);
+    update flowlane.step_states ss
+       set status = 'failed', failed_at = now(), remaining_tasks = null, error_message = v_task.error_message
+     where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug;
+    perform flowlane._fail_run(v_task.run_id, v_task.error_message);
+  end loop;
+
+  -- completions: one statement per table
+  with done as (
+    update flowlane.step_tasks t
+       set status = 'completed', completed_at = now(), output = (c.item).output
+      from unnest(v_classes) c
+     where c.actionable and not (c.task).run_id = any (v_sequential)
+       and not exists (select 1 from unnest(v_violations) v where (v.task).run_id = (c.task).run_id)
+       and t.run_id = (c.task).run_id and t.step_slug = (c.task).step_slug and t.task_index = (c.task).task_index
+       and t.run_id = any (v_runs)
+    returning t
+  ) select coalesce(array_agg(d.t), '{}') into v_done from done d;
+  if cardinality(v_done) = 0 then
+    return query select * from flowlane._batch_rows(p_items);
+    return;
+  end if;
+  perform flowlane._archive_tasks(v_done);
+
+  -- step states: remaining tasks and, for the last task, completion with the step output (one update)
+  -- (the step's type joins the batch's counts, not step_states: joined to step_states on
+  -- flow_slug, a generic plan read every state of the flow through step_states_flow_idx)
+  with counts as (
+    select d.run_id, d.step_slug, st.step_type, count(*)::int as n, (array_agg(d.output))[1] as output
+    from unnest(v_done) d
+    join flowlane.steps st on st.flow_slug = d.flow_slug and st.step_slug = d.step_slug
+    group by 1, 2, 3
+  ), updated as (
+    update flowlane.step_states ss
+       set remaining_tasks = ss.remaining_tasks - c.n,
+           status = case when ss.remaining_tasks = c.n then 'completed' else ss.status end,
+           completed_at = case when ss.remaining_tasks = c.n then now() end,
+           output = case when ss.remaining_tasks <> c.n then null
+                         when c.step_type = 'single' then c.output
+                         else (select coalesce(jsonb_agg(t.output order by t.task_index), '[]'::jsonb)
+                               from flowlane.step_tasks t
+                               where t.run_id = ss.run_id and t.step_slug = ss.step_slug) end
+      from counts c
+     where ss.run_id = c.run_id and ss.step_slug = c.step_slug and ss.run_id = any (v_runs)
+    returning ss
+  ) select coalesce(array_agg(u.ss) filter (where (u.ss).status = 'completed'), '{}') into v_steps from updated u;
+  if cardinality(v_steps) > 0 then
+    perform flowlane._steps_done(v_steps);
+  end if;
+  return query select * from flowlane._batch_rows(p_items);
+end;
+$$;
+
+
+create or replace function flowlane._steps_done(p_steps flowlane.step_states[]) returns void
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in the header
+as $$
+declare
+  v_runs uuid[] := array(select distinct s.run_id from unnest(p_steps) s order by 1);
+begin
+  update flowlane.runs r set remaining_steps = r.remaining_steps - c.n
+    from (select s.run_id, count(*)::int as n from unnest(p_steps) s group by 1) c
+   where r.run_id = c.run_id and r.run_id = any (v_runs);
+  update flowlane.step_states cs
+     set remaining_deps = cs.remaining_deps - x.n,
+         initial_tasks = case
+           when cs.status <> 'created' or cs.initial_tasks is not null or cst.step_type <> 'map' then cs.initial_tasks
+           when jsonb_typeof(x.output) = 'array' then jsonb_array_length(x.output)
+           else cs.initial_tasks end
+    from (select p.run_id, d.step_slug, p.flow_slug, count(*)::int as n, (array_agg(p.output))[1] as output
+          from unnest(p_steps) p
+          join flowlane.deps d on d.flow_slug = p.flow_slug and d.dep_slug = p.step_slug
+          group by 1, 2, 3) x,
+         flowlane.steps cst
+   where cs.run_id = x.run_id and cs.step_slug = x.step_slug and cs.run_id = any (v_runs)
+     and cst.flow_slug = x.flow_slug and cst.step_slug = x.step_slug;
+  perform flowlane._progress_runs(v_runs);
+end;
+$$;
+
