@@ -18,6 +18,8 @@ set-based    start_flows (after; before: start_flow per run); claim_tasks (after
 Workloads: 1-step and 3-step chains (--runs runs), and a map fan-out (a step
 returning --map-items items, then a map step over them; 2 runs).
 
+HOT: n_tup_hot_upd / n_tup_upd of flowlane.step_tasks over the whole run, per database.
+
 CPU ms/task is the database backend's CPU time (utime + stime from
 /proc/<pid>/stat) per completed task; statements/task counts every statement
 the server executed, nested ones included (pg_stat_statements.track = all,
@@ -301,6 +303,11 @@ def report(
         )
         if done < t.runs:
             raise SystemExit(f"{version} {flow}: only {done} of {t.runs} runs completed")
+    print()
+    for version, conn in conns.items():
+        conn.execute(Q["stats_flush"])
+        updates, hot = conn.execute(Q["task_updates"]).fetchone() or (0, 0)
+        print(f"{version}: step_tasks updates {updates}, HOT {hot} ({100 * hot / max(updates, 1):.0f} %)")
     print()
     for flow in FLOWS:
         old = totals[("before", "per-task", flow)]

@@ -70,3 +70,9 @@ where dbid = (select oid from pg_database where datname = current_database())
 
 -- name: migration_versions
 select string_agg(version, ',' order by version) from flowlane.schema_migrations
+
+-- name: stats_flush
+select pg_stat_force_next_flush()
+
+-- name: task_updates
+select n_tup_upd, n_tup_hot_upd from pg_stat_user_tables where relid = 'flowlane.step_tasks'::regclass

@@ -49,7 +49,7 @@ def configure(subparsers: Any) -> None:
         help="development databases only: create flows missing from the database with the "
         "same SQL `flowlane apply` runs (never changes existing flows or aliases)",
     )
-    worker.add_argument("--max-concurrent", type=int, help="handlers running at once (default 50)")
+    worker.add_argument("--max-concurrent", type=int, help="handlers running at once (default 100)")
     worker.add_argument("--batch-size", type=int, help="messages claimed per poll (default 50)")
     worker.add_argument(
         "--no-notify",

@@ -86,7 +86,7 @@ MAX_POLL_WINDOW = 2  # seconds
 LEASE_INTERVAL = 2.0  # seconds
 # defaults measured with benchmarks/worker_throughput.py (benchmarks/RESULTS.md): 10/10 left
 # the database idle between small claims; 50/50 drains about 1.5x faster
-DEFAULT_MAX_CONCURRENT = 50
+DEFAULT_MAX_CONCURRENT = 100  # two claims of 50 in flight: one overlaps the other's result commit
 DEFAULT_BATCH_SIZE = 50
 PROGRESS_INTERVAL = 5.0  # seconds between INFO counter lines (per-task lines are DEBUG)
 

@@ -35,3 +35,24 @@ def test_queues_from_before_0010_are_tuned_by_the_upgrade(db_factory: Callable[.
         migrator.migrate(conn)
         assert QUEUE_OPTIONS <= reloptions(conn, "pgmq.q_older")
 
+
+
+def test_a_claim_updates_step_tasks_in_place_and_leases_the_tasks(engine: Engine) -> None:
+    # 0011: no index covers what a claim changes, and fillfactor 50 leaves each row about
+    # its own size free on its page: a claim is a HOT update (no new index entries) unless
+    # the page ran out of room (a claimed row is 24 bytes longer: started_at, worker id)
+    assert "fillfactor=50" in reloptions(engine.conn, "flowlane.step_tasks")
+    engine.define("hot", [("one", [], {})])
+    runs = {engine.start("hot", {"n": n}) for n in range(40)}
+    with engine.conn.transaction():
+        claimed = engine.claim("hot")
+        counts = engine.row(
+            "select pg_stat_get_xact_tuples_updated(%(t)s::regclass) as updated, "
+            "pg_stat_get_xact_tuples_hot_updated(%(t)s::regclass) as hot", {"t": "flowlane.step_tasks"})
+    assert {t["run_id"] for t in claimed} == runs
+    assert counts["updated"] == 40 and counts["hot"] >= 30, counts  # before 0011: 0
+    leased = engine.rows("select run_id from flowlane.task_leases")
+    assert {r["run_id"] for r in leased} == runs
+    for task in claimed:
+        engine.complete(task, {})
+    assert engine.scalar("select count(*) from flowlane.task_leases") == 0

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from flowlane import errors
 from flowlane.core import migrator
-from tests.core.engine import Engine
+from tests.core.engine import Engine, assert_invariants
 
 REPAIR_DOC = Path(__file__).resolve().parents[2] / "docs" / "upgrade-repair.md"
 
@@ -270,3 +272,48 @@ def test_upgrade_to_0006_ends_permanently_stalled_runs_and_converts_notification
         assert engine.scalar(
             "select tgname from pg_trigger where tgrelid = 'pgmq.q_f'::regclass"
         ) == "flowlane_notify_insert"
+
+
+def test_upgrade_to_0011_keeps_started_tasks_leased_fenced_and_recoverable(
+    db_factory: Callable[..., str],
+) -> None:
+    # 0011 moves "which tasks are started" from step_tasks' partial indexes to
+    # flowlane.task_leases: tasks claimed before the upgrade must keep their lease
+    with psycopg.connect(db_factory("0010"), autocommit=True) as conn:
+        engine = Engine(conn)
+        engine.define("f", [("a", [], {"timeout": 10})], max_attempts=3)
+        renewed_run, stalled_run, fresh_run = (engine.start("f", {"n": n}) for n in range(3))
+        claimed = {t["run_id"]: t for t in engine.claim("f")}
+        renewed, stalled, fresh = claimed[renewed_run], claimed[stalled_run], claimed[fresh_run]
+        # both claimed long ago; one lease was extended since (0006's lease-aware deadline)
+        engine.backdate(renewed_run, "a", 100)
+        engine.backdate(stalled_run, "a", 100)
+        extended = engine.scalar(
+            "select flowlane.extend_leases(%s, %s)",
+            (engine.worker_id, Jsonb([{"run_id": str(renewed_run), "step_slug": "a", "task_index": 0,
+                                       "attempt": renewed["attempt"], "running": False}])))
+        assert extended == 1
+
+        migrator.migrate(conn)
+
+        assert engine.scalar("select count(*) from flowlane.task_leases") == 3
+        assert_invariants(engine)  # includes: the leases are exactly the started tasks
+        # stalled recovery finds the stalled task through its lease, not the renewed one
+        assert engine.scalar("select flowlane.requeue_stalled_tasks()") == 1
+        assert engine.task(stalled_run, "a")["status"] == "queued"
+        assert engine.task(renewed_run, "a")["status"] == "started"
+        assert engine.scalar("select count(*) from flowlane.task_leases") == 2
+        # fencing: the stalled attempt's late result is rejected, another worker's too
+        assert engine.complete(stalled, "late")["status"] == "queued"
+        other = uuid.uuid4()
+        engine.complete_raw(fresh_run, "a", 0, "stolen", other, fresh["attempt"])
+        assert engine.task(fresh_run, "a")["status"] == "started"
+        # the owners' results apply; the requeued task runs again as attempt 2
+        assert engine.complete(renewed, "r")["status"] == "completed"
+        assert engine.complete(fresh, "f")["status"] == "completed"
+        [again] = engine.claim("f")
+        assert again["run_id"] == stalled_run and again["attempt"] == 2
+        assert engine.complete(again, "s")["status"] == "completed"
+        assert [engine.run(r)["status"] for r in (renewed_run, stalled_run, fresh_run)] == ["completed"] * 3
+        assert engine.scalar("select count(*) from flowlane.task_leases") == 0
+        assert_invariants(engine)
