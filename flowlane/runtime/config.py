@@ -31,6 +31,7 @@ LOG_FORMATS = ("text", "json")
 
 # seconds options that must be greater than 0 (0 would make the worker spin on the database)
 _POSITIVE_SECONDS = ("poll_interval", "heartbeat_interval", "requeue_interval")
+_PYTHON_ONLY = frozenset({"read_vt", "handle_signals"})  # no `flowlane worker` flag
 # counts that must be at least 1 when given (None: the worker document's value, else the default)
 _POSITIVE_COUNTS = ("max_concurrent", "batch_size", "read_vt")
 
@@ -48,7 +49,7 @@ class WorkerConfig:
     queue: str | None = None
     flow: str | None = None
     step: str | None = None
-    flows: tuple[str, ...] | None = None  # with --queue or --name: the flows/aliases served
+    flows: Sequence[str] | None = None  # with --queue or --name: the flows/aliases served
     name: str | None = None  # the deployment name; alone, selects the `kind: worker` document
     dsn: str | None = None
     compile: bool = False
@@ -60,13 +61,13 @@ class WorkerConfig:
     shutdown_timeout: float = 30.0
     heartbeat_interval: float = 5.0
     requeue_interval: float = 15.0
-    import_paths: tuple[str, ...] = ()
+    import_paths: Sequence[str] = ()
     handle_signals: bool = True
     log_level: str = "INFO"
     log_format: str = "text"
 
     def __post_init__(self) -> None:
-        # sequences given as lists (the CLI's, a caller's) are stored as tuples: frozen means frozen
+        # sequences (a caller's lists) are stored as tuples: frozen means frozen
         for option in ("flows", "import_paths"):
             value = getattr(self, option)
             if value is not None and not isinstance(value, tuple):
@@ -131,14 +132,15 @@ def _first(*values: int | None) -> int:
 
 
 def _flag(option: str) -> str:
-    return "--" + option.replace("_", "-")
+    """How a user sets ``option``: its ``flowlane worker`` flag, else its keyword."""
+    return option if option in _PYTHON_ONLY else "--" + option.replace("_", "-")
 
 
 def _strings(option: str, value: Any) -> Sequence[str]:
     if isinstance(value, str) or not isinstance(value, Sequence):
         raise errors.UsageError(
             f"{option} must be a list of strings, not {value!r}",
-            hint=f"e.g. {option}=[...] in Python; {_flag(option.rstrip('s'))} on the command line",
+            hint=f"pass a list, e.g. {option}=[{'a'!r}, {'b'!r}]",
         )
     for item in value:
         _check_text(option, item)
