@@ -107,7 +107,7 @@ class Held:
         }
 
 
-Pending = tuple[TaskResult, "asyncio.Future[None]"]  # a result and its commit signal
+Pending = tuple[TaskResult, asyncio.Future[None]]  # a result and its commit signal
 
 
 @dataclass
@@ -168,21 +168,16 @@ class Worker:
             flows=None if config.flows is None else list(config.flows),
             name=config.name,
         )
-        max_concurrent, batch_size = config.limits(self.selection.deployment)
-        # the effective values: the deployment name and the limits are known from here on
-        self.config = dataclasses.replace(
-            config,
-            name=config.name or self.selection.default_name,
-            max_concurrent=max_concurrent,
-            batch_size=batch_size,
-        )
         self.queue = self.selection.queue
-        self.name = self.config.name or self.queue  # also the deployment name
+        self.name = config.name or self.selection.default_name  # also the deployment name
         self.pairs = sorted({(h.flow_slug, h.step_slug) for h in self.selection.handlers})
-        self.max_concurrent = max_concurrent
-        self.batch_size = batch_size
+        self.max_concurrent, self.batch_size = config.limits(self.selection.deployment)
+        # the settings as served: the deployment's name and limits filled in
+        self.config = dataclasses.replace(
+            config, name=self.name, max_concurrent=self.max_concurrent, batch_size=self.batch_size
+        )
         # while handlers run, read only once at least half a batch of slots is free
-        self._min_read = max(1, min(batch_size, max_concurrent) // 2)
+        self._min_read = max(1, min(self.batch_size, self.max_concurrent) // 2)
         # read_with_poll's window while notifications are off or down: short, so a stop or a
         # recovered notification connection is noticed quickly
         self._poll_window = max(1, min(int(config.poll_interval), MAX_POLL_WINDOW))
@@ -195,8 +190,8 @@ class Worker:
         self.worker_id = str(uuid.uuid4())
         self.ready = threading.Event()  # set once registered and serving
         self._stop_requested = threading.Event()
-        self._forced = threading.Event()  # a forced stop: abandon in-flight handlers
-        self._abandon = threading.Event()  # stop(force=True): no shutdown timeout at all
+        self._forced = threading.Event()  # stop(force=True) or a second signal: abandon handlers
+        self._abandon = threading.Event()  # stop(force=True) only: the shutdown timeout is 0
         self._shutdown = threading.Event()  # ctx.shutdown of every task
         self._loop: asyncio.AbstractEventLoop | None = None
         self._session: Session | None = None

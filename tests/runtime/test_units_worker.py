@@ -525,13 +525,12 @@ def test_worker_command_refuses_text_for_numbers(
     assert "invalid" in capsys.readouterr().err
 
 
-PROJECT_YAML = """\
+ONE_FLOW = """\
 kind: flow
-slug: shared
-queues: {a: jobs, b: jobs}
+slug: orders
+queues: {charge: jobs}
 steps:
-  a: {handler: "json:dumps"}
-  b: {handler: "json:dumps"}
+  charge: {handler: "json:dumps"}
 """
 
 
@@ -539,8 +538,8 @@ steps:
     ("argv", "message"),
     [
         ([], "a worker needs --queue Q, --flow F, --flow F --step S, or --name of a worker"),
-        (["--queue", "jobs", "--flow", "shared"], "--queue cannot be combined with --flow/--step"),
-        (["--queue", "jobs", "--step", "a"], "--queue cannot be combined with --flow/--step"),
+        (["--queue", "jobs", "--flow", "orders"], "--queue cannot be combined with --flow/--step"),
+        (["--queue", "jobs", "--step", "charge"], "--queue cannot be combined with --flow/--step"),
         (["--name", "nobody"], "no `kind: worker` document is named 'nobody'"),
         (["--queue", "nowhere"], "no step of the project is routed to queue 'nowhere'"),
     ],
@@ -548,7 +547,7 @@ steps:
 def test_worker_command_refuses_a_missing_or_contradictory_selection(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    (tmp_path / "flows.yaml").write_text(PROJECT_YAML)
+    (tmp_path / "flows.yaml").write_text(ONE_FLOW)
     assert main(["worker", str(tmp_path / "flows.yaml"), *argv]) == 2  # before any database
     assert f"error: {message}" in capsys.readouterr().err
 
