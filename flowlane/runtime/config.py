@@ -29,7 +29,7 @@ DEFAULT_BATCH_SIZE = 50
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("text", "json")
 
-# seconds options that must be greater than 0 (0 would make the worker spin on the database)
+# intervals: seconds greater than 0
 _POSITIVE_SECONDS = ("poll_interval", "heartbeat_interval", "requeue_interval")
 _PYTHON_ONLY = frozenset({"read_vt", "handle_signals"})  # no `flowlane worker` flag
 # counts that must be at least 1 when given (None: the worker document's value, else the default)
@@ -67,32 +67,21 @@ class WorkerConfig:
     log_format: str = "text"
 
     def __post_init__(self) -> None:
-        # sequences (a caller's lists) are stored as tuples: frozen means frozen
-        for option in ("flows", "import_paths"):
+        for option in ("flows", "import_paths"):  # a caller's lists are stored as tuples
             value = getattr(self, option)
-            if value is not None and not isinstance(value, tuple):
+            if value is not None:
                 object.__setattr__(self, option, tuple(_strings(option, value)))
         for option in ("queue", "flow", "step", "name"):
             _check_text(option, getattr(self, option))
         if self.dsn is not None and not isinstance(self.dsn, str):  # "": not given (db.resolve)
             raise errors.UsageError(f"dsn must be a connection string, not {self.dsn!r}")
         for option in ("compile", "notify", "handle_signals"):
-            if not isinstance(getattr(self, option), bool):
-                raise errors.UsageError(f"{option} must be True or False, not {getattr(self, option)!r}")
+            _check_flag(option, getattr(self, option))
         for option in _POSITIVE_COUNTS:
             _check_count(option, getattr(self, option))
         for option in _POSITIVE_SECONDS:
-            seconds = _seconds(option, getattr(self, option))
-            if not 0 < seconds < math.inf:  # also NaN
-                raise errors.UsageError(
-                    f"{option} must be a positive number of seconds, not {seconds:g}",
-                    hint=f"{_flag(option)} takes seconds greater than 0",
-                )
-        if not _seconds("shutdown_timeout", self.shutdown_timeout) >= 0:
-            raise errors.UsageError(
-                f"shutdown_timeout must be 0 or more seconds, not {self.shutdown_timeout:g}",
-                hint="--shutdown-timeout 0 abandons in-flight handlers at once",
-            )
+            _check_interval(option, getattr(self, option))
+        _check_shutdown_timeout(self.shutdown_timeout)
         object.__setattr__(self, "log_level", _choice("log_level", self.log_level, LOG_LEVELS))
         object.__setattr__(self, "log_format", _choice("log_format", self.log_format, LOG_FORMATS))
 
@@ -155,6 +144,11 @@ def _check_text(option: str, value: Any) -> None:
         )
 
 
+def _check_flag(option: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise errors.UsageError(f"{option} must be True or False, not {value!r}")
+
+
 def _check_count(option: str, value: Any) -> None:
     if value is None:
         return
@@ -167,6 +161,23 @@ def _check_count(option: str, value: Any) -> None:
         raise errors.UsageError(
             f"{option} must be at least 1, not {value}",
             hint=f"{_flag(option)} takes a positive whole number",
+        )
+
+
+def _check_interval(option: str, value: Any) -> None:
+    seconds = _seconds(option, value)
+    if not 0 < seconds < math.inf:  # also NaN; 0 would make the worker spin on the database
+        raise errors.UsageError(
+            f"{option} must be a positive number of seconds, not {seconds:g}",
+            hint=f"{_flag(option)} takes seconds greater than 0",
+        )
+
+
+def _check_shutdown_timeout(value: Any) -> None:
+    if not _seconds("shutdown_timeout", value) >= 0:  # also NaN
+        raise errors.UsageError(
+            f"shutdown_timeout must be 0 or more seconds, not {value:g}",
+            hint="--shutdown-timeout 0 abandons in-flight handlers at once",
         )
 
 
