@@ -42,9 +42,7 @@ def configure(subparsers: Any) -> None:
     given = argparse.SUPPRESS
     selector = worker.add_argument_group("queue selection")
     selector.add_argument("--flow", default=given, help="flow slug or alias")
-    selector.add_argument(
-        "--step", default=given, help="step slug (flows with per-step queues)"
-    )
+    selector.add_argument("--step", default=given, help="step slug (flows with per-step queues)")
     selector.add_argument("--queue", default=given, help="queue name")
     selector.add_argument(
         "--flows",
@@ -102,9 +100,7 @@ def configure(subparsers: Any) -> None:
         help="seconds between calls to requeue_stalled_tasks "
         f"(default {DEFAULTS.requeue_interval:g})",
     )
-    worker.add_argument(
-        "--heartbeat-interval", type=float, default=given, help=argparse.SUPPRESS
-    )
+    worker.add_argument("--heartbeat-interval", type=float, default=given, help=argparse.SUPPRESS)
     add_worker_admin_arguments(worker)
     worker.set_defaults(func=cmd_worker)
 
