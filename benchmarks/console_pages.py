@@ -40,10 +40,10 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from flowlane.app.console import encode_cursor  # noqa: E402
 from flowlane.compiler import load_project  # noqa: E402
-from flowlane.compiler.render import render_project  # noqa: E402
+from flowlane.compiler.compiled import render_project  # noqa: E402
 from flowlane.core import db, migrator  # noqa: E402
-from flowlane.core.console import encode_cursor  # noqa: E402
 
 _HEADER = re.compile(r"^-- name: (?P<name>[a-z_]+)\s*$", re.MULTILINE)
 

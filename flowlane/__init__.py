@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from flowlane.compiler.model import Project
+from flowlane import _lazy
 
 if TYPE_CHECKING:
+    from flowlane.compiler.model import Project
     from flowlane.runtime.worker import Worker
 
 __all__ = ["Project", "Worker"]
 
-
-def __getattr__(name: str) -> Any:
-    # the worker (and psycopg) load only when asked for: the compiler never needs them
-    if name == "Worker":
-        from flowlane.runtime.worker import Worker
-
-        return Worker
-    raise AttributeError(f"module 'flowlane' has no attribute {name!r}")
+# nothing loads until asked for: the compiler never needs psycopg, a handler module never jinja2
+__getattr__ = _lazy.exports(__name__, {
+    "flowlane.compiler.model": ("Project",),
+    "flowlane.runtime.worker": ("Worker",),
+})

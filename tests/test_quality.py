@@ -1,4 +1,5 @@
-"""Lint and type checks are part of the suite: ruff and mypy must stay clean."""
+"""Lint, type and layering checks are part of the suite: ruff, mypy and the import contracts
+(``[tool.importlinter]`` in pyproject.toml) must stay clean."""
 
 from __future__ import annotations
 
@@ -22,6 +23,14 @@ def test_ruff_is_clean() -> None:
 def test_mypy_is_clean() -> None:
     result = _run("mypy")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_import_contracts_hold() -> None:
+    lint_imports = Path(sys.executable).with_name("lint-imports")  # import-linter has no __main__
+    result = subprocess.run([str(lint_imports), "--no-cache"], cwd=REPO, capture_output=True, text=True,
+                            check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
 
 
 def test_ci_runs_exactly_the_readme_test_command() -> None:

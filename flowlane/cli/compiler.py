@@ -10,7 +10,7 @@ from typing import Any
 
 from flowlane import errors, project_root
 from flowlane.cli.db import add_dsn_argument
-from flowlane.compiler import api, diagnostics, graph, pytypes, schema
+from flowlane.compiler import api, diagnostics, diagram, pytypes, schema
 from flowlane.compiler import check as checks
 
 
@@ -60,7 +60,7 @@ def configure(subparsers: Any) -> None:
     graph_ = subparsers.add_parser("graph", help="draw a flow (queues as lanes)")
     graph_.add_argument("flow", metavar="FLOW", help="flow slug or alias")
     _add_paths(graph_)
-    graph_.add_argument("--format", choices=graph.FORMATS, default="mermaid")
+    graph_.add_argument("--format", choices=diagram.FORMATS, default="mermaid")
     graph_.set_defaults(func=cmd_graph)
 
     types = subparsers.add_parser("types", help="a Python module of Literal types for names")
@@ -173,7 +173,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
         alias = project.alias(args.flow)
         draining = f", draining {', '.join(alias.draining)}" if alias.draining else ""
         title = f"{flow.slug} (active version of alias {alias.slug}{draining})"
-    sys.stdout.write(graph.render(flow, args.format, title))
+    sys.stdout.write(diagram.render(flow, args.format, title))
     return 0
 
 
@@ -195,7 +195,7 @@ def cmd_types(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from flowlane import scaffold
+    from flowlane.app import scaffold
 
     root = Path(args.directory)
     result = scaffold.init(root)
@@ -215,7 +215,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from flowlane.core import deploy
+    from flowlane.app import deploy
 
     try:
         plan = deploy.plan(_project(args.paths), args.dsn)
@@ -234,7 +234,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from flowlane.core import deploy
+    from flowlane.app import deploy
 
     result = deploy.apply(args.paths, args.out, args.dsn)
     sys.stdout.write(result.render())
@@ -242,7 +242,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from flowlane.core import deploy
+    from flowlane.app import deploy
 
     plan = deploy.plan(_project(args.paths), args.dsn)
     sys.stdout.write(plan.render(verify=True))

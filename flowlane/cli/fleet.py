@@ -56,7 +56,7 @@ def add_worker_admin_arguments(worker: argparse.ArgumentParser) -> None:
 def run_worker_admin(args: argparse.Namespace) -> int:
     """``flowlane worker ACTION ...``: the first positional is the action."""
     action, *rest = args.paths
-    from flowlane.core import fleet
+    from flowlane.app import fleet
 
     if action == "list":
         if rest:
@@ -95,7 +95,7 @@ def _print_fleet(found: Any, fmt: str) -> None:
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
-    from flowlane.core import fleet
+    from flowlane.app import fleet
 
     if args.action == "adopt":
         if not args.name:
@@ -121,7 +121,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    from flowlane.core import fleet
+    from flowlane.app import fleet
 
     names = ([n.strip() for n in args.deployments.split(",") if n.strip()]
              if args.deployments is not None else None)

@@ -547,6 +547,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from flowlane.runtime.demo import run_demo
+    from flowlane.app.demo import run_demo
 
     return run_demo(_paths(args), timeout=args.timeout)

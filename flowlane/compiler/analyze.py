@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from flowlane.compiler import graph_order, names, schema
+from flowlane.compiler import names, schema, toposort
 from flowlane.compiler.diagnostics import Diagnostic
 from flowlane.compiler.loader import Document
 from flowlane.compiler.model import (
@@ -142,38 +142,12 @@ def _namespace(flows: list[_Entry], aliases: list[_Entry], state: Analysis) -> N
         if entry.data["kind"] == "flow" == other.data["kind"]:
             limit = names.QUEUE_MAX if other.data.get("queues", "flow") == "flow" \
                 else names.SLUG_MAX
-            suggestion = next_version_slug(other.slug, max_length=limit)
+            suggestion = names.next_version_slug(other.slug, max_length=limit)
             help += f" (a new flow version gets a new slug such as `{suggestion}`)"
         state.findings.append(entry.doc.diagnostic(
             ("slug",), code,
             f"{entry.data['kind']} slug `{entry.slug}` is already used by "
             f"{other.data['kind']} `{other.slug}` at {where}", help))
-
-
-def next_version_slug(slug: str, taken: Iterable[str] = (), max_length: int = names.SLUG_MAX
-                      ) -> str:
-    """``foo_v2`` -> ``foo_v3``; ``foo`` -> ``foo_v2``; skipping slugs already taken; the
-    stem is shortened when the suggestion would exceed ``max_length``."""
-    used = {s.lower() for s in taken}
-    stem, _, number = slug.rpartition("_v")
-    if stem and number.isdigit():
-        base, n = stem, int(number) + 1
-    else:
-        base, n = slug, 2
-
-    def candidate() -> str:
-        suffix = f"_v{n}"
-        return base[: max_length - len(suffix)].rstrip("_") + suffix
-
-    while candidate().lower() in used:
-        n += 1
-    return candidate()
-
-
-def suggest_version(flow: Flow, taken: Iterable[str] = ()) -> str:
-    """The next version slug for ``flow``, short enough to be its own default queue name."""
-    limit = names.QUEUE_MAX if flow.queue_mode == "flow" else names.SLUG_MAX
-    return next_version_slug(flow.slug, taken, limit)
 
 
 class _FlowChecker:
@@ -280,10 +254,10 @@ class _FlowChecker:
 
     def _order(self, needs: dict[str, list[str]]) -> list[str] | None:
         declared = list(self.steps)
-        order = graph_order.stable_order(declared, needs)
+        order = toposort.stable_order(declared, needs)
         if len(order) == len(declared):
             return order
-        cycle = graph_order.find_cycle(declared, needs, set(order))
+        cycle = toposort.find_cycle(declared, needs, set(order))
         cycle = _rotate(cycle, declared)
         edges = list(itertools.pairwise(cycle))
         lines = [
@@ -322,7 +296,7 @@ class _FlowChecker:
     def _per_step_routing(self, order: list[str]) -> dict[str, str] | None:
         routes: dict[str, str] = {}
         for index, step in enumerate(order):
-            queue = per_step_queue(self.slug, step, index)
+            queue = names.per_step_queue(self.slug, step, index)
             if queue is None:
                 self.error(("steps", step), "FL043",
                            f"per-step queue of step `{step}` cannot be named: both "
@@ -391,14 +365,6 @@ class _FlowChecker:
             location=self.entry.loc(("steps", slug), key=True),
             handler_location=self.entry.loc(("steps", slug, "handler")),
         )
-
-
-def per_step_queue(flow_slug: str, step_slug: str, index: int) -> str | None:
-    """``lower(flow__step)`` if it fits, else ``lower(flow__<index>)``, else None."""
-    for candidate in (f"{flow_slug}__{step_slug}", f"{flow_slug}__{index}"):
-        if len(candidate) <= names.QUEUE_MAX:
-            return candidate.lower()
-    return None
 
 
 def _opt_int(spec: dict[str, Any], key: str) -> int | None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flowlane import errors, project_root
-from flowlane.compiler import analyze, diagnostics, loader, render
+from flowlane.compiler import analyze, compiled, diagnostics, loader
 from flowlane.compiler.diagnostics import Diagnostic
 from flowlane.compiler.model import Project
 
@@ -94,7 +94,7 @@ def compile_error(found: Sequence[Diagnostic]) -> errors.CompileError:
 def compile_project(project: Project) -> dict[str, str]:
     """Relative SQL path (``flows/<slug>.sql``, ``aliases.sql``) -> byte-stable text."""
     with _gc_paused():
-        return render.render_project(project)
+        return compiled.render_project(project)
 
 
 @dataclass(frozen=True)
@@ -113,18 +113,18 @@ class WriteSummary:
 
 def orphans(files: Mapping[str, str], out: PathLike) -> list[str]:
     """Compiled flow files in ``out`` that no longer have a flow in the YAML. Only files
-    flowlane wrote (they start with its header) count: other SQL there is the user's."""
-    flows_dir = Path(out) / render.FLOWS_DIR
+    compile wrote (a header in any format) count: other SQL there is the user's."""
+    flows_dir = Path(out) / compiled.FLOWS_DIR
     if not flows_dir.is_dir():
         return []
-    present = sorted(f"{render.FLOWS_DIR}/{p.name}" for p in flows_dir.glob("*.sql")
+    present = sorted(f"{compiled.FLOWS_DIR}/{p.name}" for p in flows_dir.glob("*.sql")
                      if p.is_file() and _compiled_by_flowlane(p))
     return [p for p in present if p not in files]
 
 
 def _compiled_by_flowlane(file: Path) -> bool:
     with file.open("rb") as handle:
-        return handle.read(len(render.FLOW_HEADER)) == render.FLOW_HEADER
+        return compiled.is_compiled_flow(handle.read(compiled.HEADER_LIMIT))
 
 
 def write_output(files: Mapping[str, str], out: PathLike) -> WriteSummary:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -11,11 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from flowlane import errors, project_root
-from flowlane.compiler import analyze, api, gitrev, render, shape, sqltext
+from flowlane.compiler import api, compiled, gitrev, names, shape
 from flowlane.compiler.diagnostics import Diagnostic
 from flowlane.compiler.model import Flow, Project
-
-_SHAPE_LINE = re.compile(r"^  shape => (?P<literal>.*)::jsonb\n\);$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -155,7 +152,7 @@ def version_changes(project: Project, out: Path, base: str | None
         return [], [f"note: no git revision {rev}; skipped the immutability check"]
     taken = [f.slug for f in project.flows] + [a.slug for a in project.aliases]
     changes = []
-    paths = {flow.slug: out / render.flow_path(flow.slug) for flow in project.flows}
+    paths = {flow.slug: out / compiled.flow_path(flow.slug) for flow in project.flows}
     committed_files = gitrev.show_many(rev, list(paths.values()))
     for flow in project.flows:
         committed = committed_files[paths[flow.slug]]
@@ -175,7 +172,7 @@ def _compare(flow: Flow, committed: str, taken: list[str]) -> VersionChange | No
     else:
         lines = shape.differences(old, current, "the base", "the YAML")
     line, col = (flow.location.line, flow.location.col) if flow.location else (1, 1)
-    return VersionChange(flow.slug, tuple(lines), analyze.suggest_version(flow, taken),
+    return VersionChange(flow.slug, tuple(lines), names.suggest_version(flow, taken),
                          flow.source, line, col, _source_line(flow.source, line))
 
 
@@ -188,12 +185,6 @@ def _source_line(path: str, line: int) -> str | None:
 
 
 def committed_shape(text: str) -> dict[str, Any] | None:
-    """The shape in a compiled file's ``ensure_flow_shape`` call."""
-    match = _SHAPE_LINE.search(text)
-    if match is None:
-        return None
-    try:
-        value = json.loads(sqltext.unquote(match["literal"]))
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
+    """The shape a committed flow file (any format) ensures, None when it has none."""
+    found = compiled.read(text)
+    return found.shape if found is not None else None

@@ -52,14 +52,6 @@ class Step:
     location: Location | None = field(default=None, compare=False)
     handler_location: Location | None = field(default=None, compare=False)
 
-    @property
-    def handler_module(self) -> str:
-        return self.handler.partition(":")[0]
-
-    @property
-    def handler_attribute(self) -> str:
-        return self.handler.partition(":")[2]
-
 
 @dataclass(frozen=True)
 class Flow:
@@ -192,12 +184,6 @@ class Project:
 
     def workers_on(self, queue: str) -> tuple[WorkerDoc, ...]:
         return tuple(w for w in self.workers if w.queue == queue)
-
-    def worker(self, name: str) -> WorkerDoc:
-        for worker in self.workers:
-            if worker.name == name:
-                return worker
-        raise KeyError(name)
 
     def handlers(self, queue: str | None = None, flows: Iterable[str] | None = None
                  ) -> tuple[HandlerRef, ...]:

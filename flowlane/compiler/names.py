@@ -1,14 +1,55 @@
-"""Name rules (SPEC 2.1): slugs for flows, steps and aliases; canonical queue names."""
+"""Name rules: slugs for flows, steps and aliases; queue and deployment names;
+the names the compiler derives (version slugs, per-step queues).
+
+The JSON Schema's name definitions are generated from the constants here
+(:func:`schema_definitions`; tests/compiler/test_names.py compares them with the shipped
+file), and tests/core/test_name_parity.py proves that the SQL Core's ``is_valid_slug``,
+``is_valid_queue_name`` and ``is_valid_deployment_name`` agree with both.
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
+
+from flowlane.compiler.model import Flow
 
 SLUG_MAX = 128
 QUEUE_MAX = 47  # the PGMQ limit on queue names
-_SLUG = re.compile(r"[a-zA-Z][a-zA-Z0-9_]*\Z")
-_QUEUE = re.compile(r"[a-z][a-z0-9_]*\Z")
+DEPLOYMENT_MAX = 128
+RESERVED_SLUG = "run"  # in any case: the engine's name for the run input
+# (first character, following characters) as regular-expression character classes
+SLUG_CHARS = ("a-zA-Z", "a-zA-Z0-9_")
+QUEUE_CHARS = ("a-z", "a-z0-9_")
+DEPLOYMENT_CHARS = ("A-Za-z0-9", "A-Za-z0-9_.-")
+_SLUG = re.compile(rf"[{SLUG_CHARS[0]}][{SLUG_CHARS[1]}]*\Z")
+_QUEUE = re.compile(rf"[{QUEUE_CHARS[0]}][{QUEUE_CHARS[1]}]*\Z")
+_END = r"(?![\s\S])"  # the end of the text (``$`` would also match before a final newline)
+
+
+def _pattern(chars: tuple[str, str], *, underscores: bool) -> str:
+    """A JSON Schema pattern; ``underscores``: no ``__`` anywhere, no trailing ``_``."""
+    first, rest = chars
+    if underscores:
+        return f"^[{first}](?!.*__)[{rest}]*(?<!_){_END}"
+    return f"^[{first}][{rest}]*{_END}"
+
+
+def schema_definitions() -> dict[str, dict[str, Any]]:
+    """The name rules as the JSON Schema states them: ``slug``, ``queue`` (``$defs``) and
+    ``deployment`` (a worker's ``name``), without their descriptions and examples."""
+    reserved = "".join(f"[{c}{c.upper()}]" for c in RESERVED_SLUG)
+    return {
+        "slug": {"type": "string", "minLength": 1, "maxLength": SLUG_MAX,
+                 "pattern": _pattern(SLUG_CHARS, underscores=True),
+                 "not": {"pattern": f"^{reserved}{_END}"}},
+        "queue": {"type": "string", "minLength": 1, "maxLength": QUEUE_MAX,
+                  "pattern": _pattern(QUEUE_CHARS, underscores=True)},
+        "deployment": {"type": "string", "minLength": 1, "maxLength": DEPLOYMENT_MAX,
+                       "pattern": _pattern(DEPLOYMENT_CHARS, underscores=False)},
+    }
 
 
 @dataclass(frozen=True)
@@ -32,8 +73,9 @@ def slug_problem(value: str, what: str = "slug") -> NameProblem | None:
                            "`__` is reserved for generated queue names; use a single `_`")
     if value.endswith("_"):
         return NameProblem(f"{what} `{value}` ends with `_`", "remove the trailing `_`")
-    if value.lower() == "run":
-        return NameProblem(f"{what} `{value}` is reserved", "choose another name than `run`")
+    if value.lower() == RESERVED_SLUG:
+        return NameProblem(f"{what} `{value}` is reserved",
+                           f"choose another name than `{RESERVED_SLUG}`")
     return None
 
 
@@ -66,6 +108,39 @@ def canonical_queue(value: str) -> str:
     if text and not text[0].isalpha():
         text = f"q_{text}"
     return text
+
+
+def next_version_slug(slug: str, taken: Iterable[str] = (), max_length: int = SLUG_MAX) -> str:
+    """``foo_v2`` -> ``foo_v3``; ``foo`` -> ``foo_v2``; skipping slugs already taken; the
+    stem is shortened when the suggestion would exceed ``max_length``."""
+    used = {s.lower() for s in taken}
+    stem, _, number = slug.rpartition("_v")
+    if stem and number.isdigit():
+        base, n = stem, int(number) + 1
+    else:
+        base, n = slug, 2
+
+    def candidate() -> str:
+        suffix = f"_v{n}"
+        return base[: max_length - len(suffix)].rstrip("_") + suffix
+
+    while candidate().lower() in used:
+        n += 1
+    return candidate()
+
+
+def suggest_version(flow: Flow, taken: Iterable[str] = ()) -> str:
+    """The next version slug for ``flow``, short enough to be its own default queue name."""
+    limit = QUEUE_MAX if flow.queue_mode == "flow" else SLUG_MAX
+    return next_version_slug(flow.slug, taken, limit)
+
+
+def per_step_queue(flow_slug: str, step_slug: str, index: int) -> str | None:
+    """``lower(flow__step)`` if it fits, else ``lower(flow__<index>)``, else None."""
+    for candidate in (f"{flow_slug}__{step_slug}", f"{flow_slug}__{index}"):
+        if len(candidate) <= QUEUE_MAX:
+            return candidate.lower()
+    return None
 
 
 def _short(value: str) -> str:

@@ -61,14 +61,6 @@ def _fast(kind: str) -> fastcheck.Check:
     return fastcheck.compile_schema(_validator(kind).schema)
 
 
-def is_valid(data: Any) -> bool:
-    """Whether ``data`` is a valid document (the fast check, confirmed by jsonschema)."""
-    kind = data.get("kind") if isinstance(data, dict) else None
-    if kind in ("flow", "alias", "worker") and _fast(kind)(data):
-        return True
-    return bool(_validator().is_valid(data))
-
-
 def validate_document(doc: Document) -> list[Diagnostic]:
     """Every schema finding of one document, each at the YAML position it concerns."""
     data = doc.data
@@ -202,7 +194,7 @@ def repaired_flow(data: dict[str, Any]) -> dict[str, Any] | None:
         elif path != ():  # () = unknown top-level keys, dropped above
             return None
     repaired["steps"] = fixed_steps
-    return repaired if is_valid(repaired) else None
+    return repaired if not error_paths(repaired) else None
 
 
 def _placeholder_step(spec: Any) -> dict[str, Any]:

@@ -40,23 +40,54 @@ def shape_sha256(shape: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_text(shape).encode("utf-8")).hexdigest()
 
 
+_STEP_KEYS = ("slug", "type", "needs", "if", "unless", "when_unmet", "when_exhausted", "queue")
+_ABSENT: Any = object()  # a missing key, which SQL sees as NULL (shown as ``absent``)
+
+
 def differences(old: dict[str, Any], new: dict[str, Any],
                 old_name: str = "the database", new_name: str = "the given shape") -> list[str]:
-    """Readable lines, one per difference (the same wording as the SQL Core)."""
+    """Readable lines, one per difference, in the words of the SQL Core's
+    ``_shape_differences`` (with the default names, exactly its text: a parity test proves
+    it). Where a database is at hand, ask it instead (``verify_flow``); this copy serves the
+    offline comparisons (``check --base``)."""
     lines: list[str] = []
-    if old.get("queue_mode") != new.get("queue_mode"):
-        lines.append(f"queue_mode: {old.get('queue_mode')} in {old_name}, "
-                     f"{new.get('queue_mode')} in {new_name}")
-    old_steps, new_steps = old.get("steps", []), new.get("steps", [])
+    old_mode, new_mode = old.get("queue_mode", _ABSENT), new.get("queue_mode", _ABSENT)
+    if not same_json(old_mode, new_mode):
+        lines.append(f"queue_mode: {shown(old_mode)} in {old_name}, {shown(new_mode)} in {new_name}")
+    lines += [f"unknown key {key} in {new_name}" for key in sorted(new)
+              if key not in ("queue_mode", "steps")]
+    old_steps, new_steps = old.get("steps") or [], new.get("steps") or []
     if len(old_steps) != len(new_steps):
         lines.append(f"step count: {len(old_steps)} in {old_name}, {len(new_steps)} in {new_name}")
-    for index, (a, b) in enumerate(zip(old_steps, new_steps, strict=False)):
-        for key in ("slug", "type", "needs", "if", "unless", "when_unmet", "when_exhausted",
-                    "queue"):
-            if not same_json(a.get(key), b.get(key)):
-                lines.append(f"step {index} ({b.get('slug')}): {key} is {_show(a.get(key))} in "
-                             f"{old_name}, {_show(b.get(key))} in {new_name}")
+    for index in range(max(len(old_steps), len(new_steps))):
+        if index >= len(old_steps):
+            lines.append(f"step {index} ({_get(new_steps[index], 'slug')}): only in {new_name}")
+        elif index >= len(new_steps):
+            lines.append(f"step {index} ({_get(old_steps[index], 'slug')}): only in {old_name}")
+        else:
+            lines += _step_differences(index, old_steps[index], new_steps[index],
+                                       old_name, new_name)
     return lines
+
+
+def _step_differences(index: int, old: dict[str, Any], new: dict[str, Any],
+                      old_name: str, new_name: str) -> list[str]:
+    old_slug, new_slug = old.get("slug", _ABSENT), new.get("slug", _ABSENT)
+    if not same_json(old_slug, new_slug):
+        return [(f"step {index}: slug is {shown(old_slug)} in {old_name}, "
+                 f"{shown(new_slug)} in {new_name}")]
+    label = f"step {index} ({shown(old_slug)})"
+    lines = [f"{label}: {key} is {shown(old.get(key, _ABSENT))} in {old_name}, "
+             f"{shown(new.get(key, _ABSENT))} in {new_name}"
+             for key in _STEP_KEYS[1:]
+             if not same_json(old.get(key, _ABSENT), new.get(key, _ABSENT))]
+    lines += [f"{label}: unknown key {key} in {new_name}" for key in sorted(new)
+              if key not in _STEP_KEYS]
+    return lines
+
+
+def _get(step: dict[str, Any], key: str) -> str:
+    return shown(step.get(key, _ABSENT))
 
 
 def same_json(a: Any, b: Any) -> bool:
@@ -74,7 +105,23 @@ def same_json(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def _show(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+def shown(value: Any) -> str:
+    """A value as the SQL Core's ``_shape_text`` shows it: a string bare, a missing key as
+    ``absent``, anything else as PostgreSQL prints the jsonb value."""
+    if value is _ABSENT:
+        return "absent"
+    return value if isinstance(value, str) else jsonb_text(value)
+
+
+def jsonb_text(value: Any) -> str:
+    """``value::text`` for a jsonb value: ``", "`` and ``": "`` separators, object keys
+    shortest first (then by their UTF-8 bytes), numbers in PostgreSQL's numeric notation."""
+    if isinstance(value, dict):
+        keys = sorted(value, key=lambda k: (len(k.encode("utf-8")), k.encode("utf-8")))
+        return "{" + ", ".join(f"{jsonb_text(k)}: {jsonb_text(value[k])}" for k in keys) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(jsonb_text(item) for item in value) + "]"
+    if isinstance(value, float):
+        number = Decimal(repr(value))  # the text json.dumps sends, read as numeric reads it
+        return format(abs(number) if number.is_zero() else number, "f")
+    return json.dumps(value, ensure_ascii=False)

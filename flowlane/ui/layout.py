@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from flowlane.compiler import graph
+from flowlane.compiler import diagram
 from flowlane.compiler.model import Flow
 
 NODE_W = 180
@@ -89,19 +89,19 @@ def layout(flow: Flow, statuses: Mapping[str, str | None] | None = None) -> Layo
     lanes: list[Lane] = []
     nodes: dict[str, Node] = {}
     top = 0
-    for queue, steps in graph.lanes(flow):
+    for queue, steps in diagram.lanes(flow):
         stacked: dict[int, int] = {}
         for step in steps:
             row = stacked.get(column[step.slug], 0)
             stacked[column[step.slug]] = row + 1
-            text = graph.label(step)
+            text = diagram.label(step)
             nodes[step.slug] = Node(
                 slug=step.slug, label=text,
                 text=text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "…",
                 queue=queue,
                 x=LABEL_W + column[step.slug] * (NODE_W + COL_GAP),
                 y=top + LANE_PAD + STACK + row * (NODE_H + ROW_GAP + STACK),
-                kind=step.type, conditional=graph.is_conditional(step),
+                kind=step.type, conditional=diagram.is_conditional(step),
                 status=statuses.get(step.slug),
             )
         rows = max(stacked.values())
@@ -109,7 +109,7 @@ def layout(flow: Flow, statuses: Mapping[str, str | None] | None = None) -> Layo
         lanes.append(Lane(queue, top, height))
         top += height
     edges = tuple(
-        _edge(nodes[need], nodes[step.slug], graph.is_conditional(step))
+        _edge(nodes[need], nodes[step.slug], diagram.is_conditional(step))
         for step in flow.steps for need in sorted(step.needs)
     )
     return Layout(width, max(top, NODE_H), tuple(lanes), tuple(nodes.values()), edges)

@@ -1,4 +1,4 @@
-"""Data shaping for the console's pages: rows from :mod:`flowlane.core.console` to template context."""
+"""Data shaping for the console's pages: rows from :mod:`flowlane.app.console` to template context."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import socket
 import uvicorn
 
 from flowlane import errors
-from flowlane.core import console as core
+from flowlane.app import console as core
 from flowlane.core import db
 from flowlane.ui import app, security
 

@@ -1,5 +1,5 @@
--- flowlane compiled flow community_threads_v1 from flows/community_threads.yaml; do not edit: change the YAML and run `flowlane compile`
--- shape sha256: cd1e803ed94ff921050ff64419eb52e94dcfb0247fd5d104b357ce74c4d715e1
+-- flowlane-compiled: {"format":2,"kind":"flow","shape_sha256":"cd1e803ed94ff921050ff64419eb52e94dcfb0247fd5d104b357ce74c4d715e1","slug":"community_threads_v1"}
+-- flow community_threads_v1 from flows/community_threads.yaml; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 -- an existing flow must already have exactly this shape (a changed shape needs a new slug)

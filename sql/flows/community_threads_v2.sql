@@ -1,5 +1,5 @@
--- flowlane compiled flow community_threads_v2 from flows/community_threads.yaml; do not edit: change the YAML and run `flowlane compile`
--- shape sha256: 90879420874af5c6ff7b98a37597a49b00c90d89a03a1ea12aebd4697cdf4301
+-- flowlane-compiled: {"format":2,"kind":"flow","shape_sha256":"90879420874af5c6ff7b98a37597a49b00c90d89a03a1ea12aebd4697cdf4301","slug":"community_threads_v2"}
+-- flow community_threads_v2 from flows/community_threads.yaml; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 -- an existing flow must already have exactly this shape (a changed shape needs a new slug)

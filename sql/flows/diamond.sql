@@ -1,5 +1,5 @@
--- flowlane compiled flow diamond from flows/diamond.yaml; do not edit: change the YAML and run `flowlane compile`
--- shape sha256: 4a92af6fa63b101cd0ff105e89f9119a37f2f4bb5d8d9d1dc956a8ee90faf700
+-- flowlane-compiled: {"format":2,"kind":"flow","shape_sha256":"4a92af6fa63b101cd0ff105e89f9119a37f2f4bb5d8d9d1dc956a8ee90faf700","slug":"diamond"}
+-- flow diamond from flows/diamond.yaml; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 -- an existing flow must already have exactly this shape (a changed shape needs a new slug)

@@ -1,5 +1,5 @@
--- flowlane compiled flow forum_digest from flows/community_threads.yaml; do not edit: change the YAML and run `flowlane compile`
--- shape sha256: 1b21eb7d2dc0ff772d89719336053bffbe765032f59453bd2fb56533982a2355
+-- flowlane-compiled: {"format":2,"kind":"flow","shape_sha256":"1b21eb7d2dc0ff772d89719336053bffbe765032f59453bd2fb56533982a2355","slug":"forum_digest"}
+-- flow forum_digest from flows/community_threads.yaml; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 -- an existing flow must already have exactly this shape (a changed shape needs a new slug)

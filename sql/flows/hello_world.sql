@@ -1,5 +1,5 @@
--- flowlane compiled flow hello_world from flows/hello_world.yaml; do not edit: change the YAML and run `flowlane compile`
--- shape sha256: a311094021799c49ec5a66b46d59cd6f30f4623412db1b6f18289bce8266feaf
+-- flowlane-compiled: {"format":2,"kind":"flow","shape_sha256":"a311094021799c49ec5a66b46d59cd6f30f4623412db1b6f18289bce8266feaf","slug":"hello_world"}
+-- flow hello_world from flows/hello_world.yaml; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 -- an existing flow must already have exactly this shape (a changed shape needs a new slug)

@@ -1,5 +1,5 @@
--- flowlane compiled flow thumbnails from flows/per_step.yaml; do not edit: change the YAML and run `flowlane compile`
--- shape sha256: 0846da06b9e9403c7b60e85558b6b4486ff3079b18846ffed0d72c45b9178227
+-- flowlane-compiled: {"format":2,"kind":"flow","shape_sha256":"0846da06b9e9403c7b60e85558b6b4486ff3079b18846ffed0d72c45b9178227","slug":"thumbnails"}
+-- flow thumbnails from flows/per_step.yaml; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 -- an existing flow must already have exactly this shape (a changed shape needs a new slug)

@@ -80,3 +80,37 @@ def flow_documents(draw: st.DrawFn, slug: str | None = None) -> dict[str, Any]:
     elif routing != "default":
         document["queues"] = routing
     return document
+
+
+# Candidate names for the name-rule parity tests: near misses of every rule (case variants,
+# boundary lengths, digits and underscores in every position, the reserved word, unicode
+# look-alikes, a final newline) as well as arbitrary text.
+# letters that are not ASCII but look like it or change under case mapping, and other traps
+LOOK_ALIKES = ("\u00e9\u00df\u0131\u0130\u017f\u212a\u212b\uff41\u0661\u0662\U0001d7d8"
+               "\u01c5")  # é ß dotless-i İ long-s Kelvin Ångström fullwidth-a digits ǅ
+ALPHABET = "aAbzZrRuUnN09_.-" + LOOK_ALIKES + " \t\n"
+BOUNDARIES = (0, 1, 2, 46, 47, 48, 127, 128, 129)
+FIXED = ("", "a", "A", "run", "RUN", "Run", "rUn", "run_", "runs", "_run", "run\n", "a_", "_a",
+         "a__b", "a_b", "1abc", "a1", "a.b", "a-b", ".a", "-a", "q_9lives", "abc\n", "\nabc",
+         "a b", "ab\t", "é", "aé", "\u212aelvin", "\u017ftep", "\uff41bc", "a\u0301")
+
+
+@st.composite
+def _at_length(draw: st.DrawFn) -> str:
+    """A name of a boundary length, with one character somewhere replaced."""
+    length = draw(st.sampled_from(BOUNDARIES))
+    base = draw(st.sampled_from(["a", "A", "q", "1"])) + "b" * max(length - 1, 0)
+    text = base[:length]
+    if text and draw(st.booleans()):
+        index = draw(st.integers(0, len(text) - 1))
+        text = text[:index] + draw(st.sampled_from(ALPHABET)) + text[index + 1:]
+    return text
+
+
+NAMES = st.one_of(
+    st.sampled_from(FIXED),
+    _at_length(),
+    st.text(st.sampled_from(ALPHABET), max_size=12),
+    st.from_regex(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,20}", fullmatch=True),
+    st.text(STORABLE_CHARACTERS, max_size=8),
+)

@@ -136,7 +136,7 @@ def test_check_fails_on_stale_and_hand_edited_sql(project: Path,
     sql.write_text(sql.read_text().replace("max_attempts => 3", "max_attempts => 4"))
     code, out, _ = run(capsys, "check")
     assert code == 1
-    # the diagnostics format of SPEC 4: headline, the diff, a help line
+    # the diagnostics format (docs/diagnostics.md): headline, the diff, a help line
     assert out.startswith("sql/flows/hello.sql:")
     assert ": error[FL090]: stale or hand-edited\n--- a/sql/flows/hello.sql (working tree)\n" in out
     assert "\nhelp: run `flowlane compile` and commit the SQL\n\n1 error in 1 file(s)\n" in out

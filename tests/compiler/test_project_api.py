@@ -22,7 +22,7 @@ def test_project_load_exposes_flows_aliases_workers_and_handlers() -> None:
     assert project.resolve("community_threads").slug == "community_threads_v2"
     assert [f.slug for f in project.versions("community_threads")] == [
         "community_threads_v2", "community_threads_v1"]
-    worker = project.worker("classify")
+    worker = next(w for w in project.workers if w.name == "classify")
     assert (worker.queue, worker.max_concurrent, worker.batch_size) == ("classify_threads", 4, 10)
     pairs = project.routed_pairs("classify_threads", worker.flows)
     assert pairs == {("community_threads_v2", "fetch"), ("community_threads_v2", "classify"),
@@ -34,8 +34,7 @@ def test_project_load_exposes_flows_aliases_workers_and_handlers() -> None:
         "flows/community_threads.yaml")
     hello = project.flow("hello_world")
     assert hello.owned_queues == ("hello_world",)
-    assert hello.steps[0].handler_module == "examples.handlers.hello"
-    assert hello.steps[0].handler_attribute == "greet"
+    assert hello.steps[0].handler == "examples.handlers.hello:greet"
 
 
 def test_project_load_raises_compile_error_with_diagnostics(tmp_path: Path) -> None:

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flowlane import errors
-from flowlane.compiler import api, graph_order, loader, names, schema, shape, sqltext
-from flowlane.compiler.analyze import next_version_slug, suggest_version
+from flowlane.compiler import api, loader, names, schema, shape, sqltext, toposort
 from flowlane.compiler.diagnostics import Diagnostic
+from flowlane.compiler.names import next_version_slug, suggest_version
 from tests.compiler.strategies import STORABLE_CHARACTERS
 
 
@@ -97,7 +97,7 @@ def test_shipped_schema_is_a_valid_draft_2020_12_schema() -> None:
 def test_stable_order_takes_the_earliest_declared_ready_step() -> None:
     declared = ["d", "c", "b", "a"]
     needs = {"d": ["a"], "c": [], "b": ["c"], "a": []}
-    assert graph_order.stable_order(declared, needs) == ["c", "b", "a", "d"]
+    assert toposort.stable_order(declared, needs) == ["c", "b", "a", "d"]
 
 
 def test_shape_differences_are_readable() -> None:
@@ -107,6 +107,7 @@ def test_shape_differences_are_readable() -> None:
         "queue_mode: flow in the database, per-step in the given shape",
         "step count: 1 in the database, 2 in the given shape",
         "step 0 (a): type is single in the database, map in the given shape",
+        "step 1 (b): only in the given shape",
     ]
 
 
@@ -146,9 +147,9 @@ def test_every_code_is_documented() -> None:
 def test_templates_refuse_values_that_skipped_the_quoting_filters() -> None:
     import pytest
 
-    from flowlane.compiler import render
+    from flowlane.compiler import compiled
 
-    env = render.environment()
+    env = compiled.environment()
     with pytest.raises(TypeError, match="was not passed through a SQL filter"):
         env.from_string("select {{ value }}").render(value="'; drop table x; --")
     assert env.from_string("select {{ value | lit }}").render(value="'; x") == "select '''; x'"

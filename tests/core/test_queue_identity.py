@@ -1,4 +1,4 @@
-"""Migration 0002 (seed 01): queue identity on steps and tasks, registry, routing modes."""
+"""Migration 0002: queue identity on steps and tasks, registry, routing modes."""
 
 from __future__ import annotations
 
@@ -360,7 +360,7 @@ def test_condition_fail_archives_on_every_queue(engine: Engine) -> None:
 
 
 def test_skip_cascade_archives_every_queue_group(engine: Engine) -> None:
-    """#686: a force-skip across several queues archives all of them."""
+    """A force-skip across several queues archives all of them."""
     engine.create_flow("f", queue_mode="explicit", max_attempts=1)
     engine.add_step("f", "root", queue_name="q1", when_exhausted="skip-cascade")
     engine.add_step("f", "m", queue_name="q2", step_type="map")
@@ -413,7 +413,7 @@ def test_late_callback_archives_on_task_queue(engine: Engine) -> None:
     assert engine.task(run_id, "a")["status"] == "queued"
 
 
-# -- stalled recovery with effective timeouts (#621) ---------------------------------
+# -- stalled recovery with effective timeouts ----------------------------------
 
 
 def stalled_setup(engine: Engine, step_timeout: int | None) -> tuple[Any, dict[str, Any]]:

@@ -54,7 +54,7 @@ def test_requeued_task_is_claimable_and_completes(engine: Engine) -> None:
 
 
 def test_repeated_stalls_fail_the_run_within_max_attempts(engine: Engine) -> None:
-    # issue 9 #5: a stall is a failed attempt; before 0006 the fourth stall archived the
+    # a stall is a failed attempt; before 0006 the fourth stall archived the
     # message and left the task started and the run started forever, with no error
     engine.define("f", [("a", [], {"timeout": 10}), ("b", ["a"], {})], max_attempts=3)
     run_id = engine.start("f", {})

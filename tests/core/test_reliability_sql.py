@@ -1,4 +1,4 @@
-"""0006 (issue 9): notifications without a hot row, leases, limits, stuck runs, small fixes."""
+"""0006: notifications without a hot row, leases, limits, stuck runs, small fixes."""
 
 from __future__ import annotations
 

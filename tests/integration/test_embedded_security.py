@@ -1,4 +1,4 @@
-"""The embedded database is private to the user who starts it (issue 9 #6)."""
+"""The embedded database is private to the user who starts it."""
 
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import rt_support
+
+from tests.runtime import rt_support
 
 
 @pytest.fixture

@@ -157,13 +157,9 @@ def tasks(state: dict[str, Any], slug: str) -> list[dict[str, Any]]:
 
 def apply_flows(dsn: str, project_dir: Path = PROJECT) -> None:
     """Compile the project's flows with the compiler and apply the SQL (options included)."""
-    import importlib
+    from flowlane.compiler import compile_project, load_project
 
-    from flowlane.compiler import load_project
-
-    compiled = load_project([project_dir / "flows"])
-    render = importlib.import_module("flowlane.compiler.render")
-    files: dict[str, str] = render.render_project(compiled)
+    files = compile_project(load_project([project_dir / "flows"]))
     with psycopg.connect(dsn, autocommit=True) as conn:
         for _name, text in sorted(files.items(), key=lambda item: "alias" in item[0]):
             conn.execute(text.encode())  # flows first, then aliases.sql

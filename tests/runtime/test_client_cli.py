@@ -10,10 +10,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from rt_support import WorkerProcess, flowlane, wait_run
 
 from flowlane import errors
 from flowlane.runtime.client import Client
+from tests.runtime.rt_support import WorkerProcess, flowlane, wait_run
 
 
 def test_start_runs_and_run_in_text_and_json(flows_dsn: str, spawn: Callable[..., WorkerProcess]) -> None:

@@ -31,11 +31,11 @@ from typing import Any
 
 import psycopg
 import pytest
-import rt_support
-from rt_support import WorkerProcess, wait_until
 
 from flowlane.core import db, migrator
 from tests.conftest import Cluster, reachable_tmp_dir
+from tests.runtime import rt_support
+from tests.runtime.rt_support import WorkerProcess, wait_until
 
 FAN_RUNS, WIDTH, CHAIN_RUNS, LONG_EVERY, LONG_WORK = 120, 8, 400, 20, 1.5
 TASKS = FAN_RUNS * (WIDTH + 2) + CHAIN_RUNS * 2  # 2,000

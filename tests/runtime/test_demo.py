@@ -44,7 +44,7 @@ def test_demo_in_a_fresh_copy(reachable_tmp_path: Path) -> None:
 def test_demo_exits_1_when_a_run_failed(
     tmp_path: Path, dsn: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from flowlane.runtime.demo import run_demo
+    from flowlane.app.demo import run_demo
 
     (tmp_path / "flows").mkdir()
     (tmp_path / "flows" / "f.yaml").write_text(

@@ -13,10 +13,10 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rt_support import WorkerProcess, start_run, wait_run
 
 from flowlane import errors
 from flowlane.runtime.client import Client
+from tests.runtime.rt_support import WorkerProcess, start_run, wait_run
 
 Spawn = Callable[..., WorkerProcess]
 SETTINGS = settings(max_examples=25, deadline=None,

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
-import rt_support
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
-from rt_support import WorkerProcess, start_run, wait_run
 
 from flowlane.core import migrator
+from tests.runtime import rt_support
+from tests.runtime.rt_support import WorkerProcess, start_run, wait_run
 
 
 @pytest.fixture

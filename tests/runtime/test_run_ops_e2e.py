@@ -10,7 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from rt_support import (
+
+from flowlane.runtime import client as client_module
+from flowlane.runtime.client import AsyncClient, Client
+from tests.runtime.rt_support import (
     WorkerProcess,
     flowlane,
     queue_depth,
@@ -20,9 +23,6 @@ from rt_support import (
     wait_run,
     wait_until,
 )
-
-from flowlane.runtime import client as client_module
-from flowlane.runtime.client import AsyncClient, Client
 
 Spawn = Callable[..., WorkerProcess]
 
@@ -186,7 +186,7 @@ def subprocess_with_stdin(dsn: str, text: str) -> object:
     import subprocess
     import sys
 
-    from rt_support import PROJECT, env
+    from tests.runtime.rt_support import PROJECT, env
 
     return subprocess.run(
         [sys.executable, "-m", "flowlane", "start", "rt_noop", "--input", "-", "--dsn", dsn],

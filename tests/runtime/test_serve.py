@@ -12,11 +12,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from rt_support import env, flowlane, wait_until
 
 from flowlane.compiler import api
 from flowlane.runtime.client import Client
 from flowlane.runtime.serve import EXIT_DISABLED, Supervisor, WorkerSpec, plan_workers
+from tests.runtime.rt_support import env, flowlane, wait_until
 
 FLOWS = """\
 kind: flow

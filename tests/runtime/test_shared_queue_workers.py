@@ -1,4 +1,4 @@
-"""Shared queues in production, with real worker processes (seed 02's acceptance criteria).
+"""Shared queues in production, with real worker processes.
 
 Older checkouts are simulated with a copy of the test project that lacks the
 newer flows: its workers serve fewer (flow, step) pairs than the database
@@ -16,10 +16,10 @@ from typing import Any
 
 import psycopg
 import pytest
-import rt_support
-from rt_support import PROJECT, WorkerProcess, flowlane, start_run, tasks, wait_run, wait_until
 
 from tests.core.engine import Engine
+from tests.runtime import rt_support
+from tests.runtime.rt_support import PROJECT, WorkerProcess, flowlane, start_run, tasks, wait_run, wait_until
 
 Spawn = Callable[..., WorkerProcess]
 

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
-from rt_support import (
+
+from tests.runtime.rt_support import (
     WorkerProcess,
     backdate_started,
     requeue_stalled,
@@ -140,7 +141,7 @@ def test_worker_survives_killed_database_backends(flows_dsn: str, spawn: Spawn) 
 
 
 def _state(dsn: str, run_id: str) -> dict:  # type: ignore[type-arg]
-    from rt_support import run_state
+    from tests.runtime.rt_support import run_state
 
     return run_state(dsn, run_id)
 

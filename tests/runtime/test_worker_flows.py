@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rt_support import WorkerProcess, queue_depth, start_run, step, tasks, wait_run
+from tests.runtime.rt_support import WorkerProcess, queue_depth, start_run, step, tasks, wait_run
 
 Spawn = Callable[..., WorkerProcess]
 

@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
-from rt_support import PROJECT, WorkerProcess, start_run, step, wait_run, wait_until
 
 from flowlane import Project
 from flowlane.runtime.worker import Worker
+from tests.runtime.rt_support import PROJECT, WorkerProcess, start_run, step, wait_run, wait_until
 
 
 @pytest.fixture

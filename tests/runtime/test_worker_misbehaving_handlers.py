@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from rt_support import WorkerProcess, start_run, step, tasks, wait_run
+
+from tests.runtime.rt_support import WorkerProcess, start_run, step, tasks, wait_run
 
 Spawn = Callable[..., WorkerProcess]
 

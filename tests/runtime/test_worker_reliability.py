@@ -1,4 +1,4 @@
-"""Issue 9 with real worker processes: poison input, refused results, stalls, backpressure,
+"""Reliability with real worker processes: poison input, refused results, stalls, backpressure,
 leases, and queued load without deadlocks or duplicate executions."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from typing import Any
 
 import psycopg
 import pytest
-import rt_support
-from rt_support import WorkerProcess, start_run, wait_run, wait_until
+
+from tests.runtime import rt_support
+from tests.runtime.rt_support import WorkerProcess, start_run, wait_run, wait_until
 
 Spawn = Callable[..., WorkerProcess]
 DEEP = "[" * 1000 + "1" + "]" * 1000  # 2 KB, past Python's json recursion limit
@@ -101,7 +102,7 @@ def test_a_result_the_database_refuses_fails_only_its_task(flows_dsn: str, spawn
 def test_a_map_output_past_jsonb_limit_fails_its_run_and_the_rest_commits(
     flows_dsn: str, spawn: Spawn
 ) -> None:
-    # issue 9 #4: 90 x 3 MB; the aggregate is refused with 54000, which was retried as an
+    # 90 x 3 MB; the aggregate is refused with 54000, which was retried as an
     # OperationalError for minutes while nothing else committed and the run never failed
     big = start_run(flows_dsn, "rt_big_map", [3] * 90)
     small = start_run(flows_dsn, "rt_big_map", [1, 1])

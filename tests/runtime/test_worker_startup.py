@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from rt_support import flowlane
+
+from tests.runtime.rt_support import flowlane
 
 
 def _project(tmp_path: Path, yaml: str, handlers: str = "") -> Path:

@@ -10,11 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
-import rt_support
-from rt_support import WorkerProcess, start_run, step, wait_run, wait_until
 
 from flowlane.core import db, migrator
 from tests.conftest import reachable_tmp_dir
+from tests.runtime import rt_support
+from tests.runtime.rt_support import WorkerProcess, start_run, step, wait_run, wait_until
 
 Spawn = Callable[..., WorkerProcess]
 
@@ -28,7 +28,7 @@ def test_insert_notification_wakes_an_idle_worker(flows_dsn: str, spawn: Spawn) 
     assert state["run"]["status"] == "completed"
     assert time.monotonic() - began < 60  # far below the 600 s fallback poll: woken by NOTIFY
     with psycopg.connect(flows_dsn, autocommit=True) as conn:
-        # flowlane's statement trigger, not PGMQ's throttled row trigger (issue 9 #1)
+        # flowlane's statement trigger, not PGMQ's throttled row trigger
         throttles = conn.execute(
             "select queue_name from pgmq.list_notify_insert_throttles()"
         ).fetchall()

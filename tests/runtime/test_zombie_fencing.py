@@ -10,8 +10,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
-import rt_support
-from rt_support import WorkerProcess, start_run, wait_run, wait_until
+
+from tests.runtime import rt_support
+from tests.runtime.rt_support import WorkerProcess, start_run, wait_run, wait_until
 
 Spawn = Callable[..., WorkerProcess]
 

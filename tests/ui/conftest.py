@@ -7,7 +7,8 @@ from typing import Any
 
 import psycopg
 import pytest
-import ui_support
+
+from tests.ui import ui_support
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,13 @@ from typing import Any
 
 import psycopg
 import pytest
-import ui_support
 from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.core.engine import Engine
+from tests.ui import ui_support
 
 WAIT = 20.0  # seconds a condition may take to appear; polling, never a fixed sleep
 
@@ -210,8 +210,7 @@ def _follow_live(driver: Any, element_id: str) -> None:
     page = driver.find_element(By.TAG_NAME, "html")
     WebDriverWait(driver, WAIT, ignored_exceptions=(WebDriverException,)).until(
         lambda d: d.find_element(By.ID, element_id).click() or True)
-    WebDriverWait(driver, WAIT).until(expected_conditions.staleness_of(page))
-    WebDriverWait(driver, WAIT).until(lambda d: d.execute_script("return document.readyState") == "complete")
+    _wait_for_next_page(driver, page)
 
 
 def _follow(driver: Any, element: Any) -> None:
@@ -219,7 +218,27 @@ def _follow(driver: Any, element: Any) -> None:
     before the navigation it starts has finished)."""
     page = driver.find_element(By.TAG_NAME, "html")
     element.click()
-    WebDriverWait(driver, WAIT).until(expected_conditions.staleness_of(page))
+    _wait_for_next_page(driver, page)
+
+
+def _left(page: Any) -> Any:
+    """True once ``page`` (the old document's root) is gone. While the browser swaps documents,
+    chromedriver may answer "does not belong to the document" instead of "stale element"."""
+    stale = expected_conditions.staleness_of(page)
+
+    def check(driver: Any) -> bool:
+        try:
+            return bool(stale(driver))
+        except WebDriverException as exc:
+            if "does not belong to the document" in str(exc):
+                return True
+            raise
+
+    return check
+
+
+def _wait_for_next_page(driver: Any, page: Any) -> None:
+    WebDriverWait(driver, WAIT).until(_left(page))
     WebDriverWait(driver, WAIT).until(lambda d: d.execute_script("return document.readyState") == "complete")
 
 

@@ -10,11 +10,11 @@ from urllib.parse import urlencode
 
 import psycopg
 import pytest
-import ui_support
 from psycopg.types.json import Jsonb
 
 from tests.cli_support import run_flowlane
 from tests.core.engine import Engine
+from tests.ui import ui_support
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,11 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-import ui_support
 
 from flowlane.core import migrator
 from flowlane.core.queries import query
 from tests.core.engine import Engine
+from tests.ui import ui_support
 
 NO_FILTER = {"status": None, "since": None, "until": None,
              "after_started_at": None, "after_run_id": None, "limit": 51}

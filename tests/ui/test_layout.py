@@ -6,11 +6,11 @@ import re
 from pathlib import Path
 
 import pytest
-import ui_support
 
-from flowlane.compiler import graph, load_project
+from flowlane.compiler import diagram, load_project
 from flowlane.compiler.model import Flow
 from flowlane.ui import layout
+from tests.ui import ui_support
 
 REPO = Path(__file__).resolve().parents[2]
 FLOWS = [*load_project([REPO / "flows"]).flows, *load_project([ui_support.PROJECT / "flows"]).flows]
@@ -19,7 +19,7 @@ FLOWS = [*load_project([REPO / "flows"]).flows, *load_project([ui_support.PROJEC
 @pytest.mark.parametrize("flow", FLOWS, ids=lambda f: f.slug)
 def test_one_node_per_step_one_lane_per_queue_in_the_order_of_flowlane_graph(flow: Flow) -> None:
     drawn = layout.layout(flow)
-    mermaid_lanes = re.findall(r'subgraph q\d+\["queue: ([a-z0-9_]+)"\]', graph.mermaid(flow))
+    mermaid_lanes = re.findall(r'subgraph q\d+\["queue: ([a-z0-9_]+)"\]', diagram.mermaid(flow))
     assert [lane.queue for lane in drawn.lanes] == mermaid_lanes
     assert sorted(n.slug for n in drawn.nodes) == sorted(s.slug for s in flow.steps)
     assert len(drawn.edges) == sum(len(s.needs) for s in flow.steps)
@@ -29,7 +29,7 @@ def test_one_node_per_step_one_lane_per_queue_in_the_order_of_flowlane_graph(flo
         step = flow.step(node.slug)
         lane = lanes[step.queue]
         assert lane.y <= node.y - layout.STACK and node.y + layout.NODE_H <= lane.y + lane.height
-        assert node.label == graph.label(step)
+        assert node.label == diagram.label(step)
         assert all(column[need] < column[step.slug] for need in step.needs)  # edges point right
     boxes = [(n.x, n.y) for n in drawn.nodes]
     assert len(set(boxes)) == len(boxes)  # no two steps drawn on top of each other

@@ -22,7 +22,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from flowlane.compiler import load_project
-from flowlane.compiler.render import render_project
+from flowlane.compiler.compiled import render_project
 from flowlane.runtime.tasks import bounded_traceback, describe, error_type
 from tests.core.engine import Engine  # the SQL Core driven as a worker drives it
 

@@ -1,4 +1,4 @@
--- Read queries of the console (`flowlane ui`, flowlane/core/console.py). Every list is bounded.
+-- Read queries of the console (`flowlane ui`, flowlane/app/console.py). Every list is bounded.
 
 -- name: console_flows
 select f.flow_slug, f.queue_mode, f.opt_max_attempts, f.opt_base_delay, f.opt_timeout, f.created_at,

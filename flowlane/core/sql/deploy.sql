@@ -1,12 +1,17 @@
 -- name: deploy_schema_ready
 select to_regclass('flowlane.aliases') is not null
-   and to_regprocedure('flowlane.get_flow_shape(text)') is not null
+   and to_regprocedure('flowlane.verify_flow(text, jsonb)') is not null
 
 -- name: deploy_flows
-select f.flow_slug, f.opt_max_attempts, f.opt_base_delay, f.opt_timeout,
-       flowlane.get_flow_shape(f.flow_slug) as shape
+select f.flow_slug, f.opt_max_attempts, f.opt_base_delay, f.opt_timeout
 from flowlane.flows f
 order by f.flow_slug collate "C"
+
+-- name: deploy_shape_differences
+-- the words of the worker's startup check (verify_flow) for every given {slug: shape}
+select given.key as flow_slug,
+       flowlane.verify_flow(given.key, given.value) -> 'differences' as differences
+from jsonb_each(%(shapes)s::jsonb) given
 
 -- name: deploy_steps
 select s.flow_slug, s.step_slug, s.opt_max_attempts, s.opt_base_delay, s.opt_timeout,

@@ -1,4 +1,4 @@
--- Queries of worker deployments, queues and rollouts (flowlane/core/fleet.py).
+-- Queries of worker deployments, queues and rollouts (flowlane/app/fleet.py).
 
 -- name: fleet_deployments
 select d.deployment_name, d.queue_name, d.enabled, d.reason, d.changed_at,

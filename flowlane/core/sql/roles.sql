@@ -29,7 +29,7 @@ declare
     'create_flow', 'add_step', 'ensure_flow_shape', 'ensure_flow_compiled', 'set_alias',
     'delete_flow_and_data', 'adopt_queue', 'begin_rollout', 'finish_rollout',
     'start_flow', 'start_flows', 'start_ready_steps', 'cancel_run', 'retry_run'];
-  -- claim_tasks, fail_tasks and start_flows: issue 10's set-based engine (0009)
+  -- claim_tasks, fail_tasks and start_flows: the set-based engine (0009)
   v_unclassified text;
   v_fn record;
   v_queue text;

@@ -1,11 +1,12 @@
 -- ==> aliases.sql <==
--- flowlane compiled aliases; do not edit: change the YAML and run `flowlane compile`
+-- flowlane-compiled: {"format":2,"kind":"aliases"}
+-- aliases; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 commit;
 -- ==> flows/anchors.sql <==
--- flowlane compiled flow anchors from anchors_for_repeated_conditions.yaml; do not edit: change the YAML and run `flowlane compile`
--- shape sha256: f7fc11b90d04c2cb37e526f851887dbe12309b90eb81a8d52e648d9f8165d50c
+-- flowlane-compiled: {"format":2,"kind":"flow","shape_sha256":"f7fc11b90d04c2cb37e526f851887dbe12309b90eb81a8d52e648d9f8165d50c","slug":"anchors"}
+-- flow anchors from anchors_for_repeated_conditions.yaml; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 -- an existing flow must already have exactly this shape (a changed shape needs a new slug)

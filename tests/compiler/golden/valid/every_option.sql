@@ -1,11 +1,12 @@
 -- ==> aliases.sql <==
--- flowlane compiled aliases; do not edit: change the YAML and run `flowlane compile`
+-- flowlane-compiled: {"format":2,"kind":"aliases"}
+-- aliases; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 commit;
 -- ==> flows/options.sql <==
--- flowlane compiled flow options from every_option.yaml; do not edit: change the YAML and run `flowlane compile`
--- shape sha256: 26f89e2314c79372d31f30de741d56df958b21f1867262c970de50db15bcfdaf
+-- flowlane-compiled: {"format":2,"kind":"flow","shape_sha256":"26f89e2314c79372d31f30de741d56df958b21f1867262c970de50db15bcfdaf","slug":"options"}
+-- flow options from every_option.yaml; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 -- an existing flow must already have exactly this shape (a changed shape needs a new slug)

@@ -1,11 +1,12 @@
 -- ==> aliases.sql <==
--- flowlane compiled aliases; do not edit: change the YAML and run `flowlane compile`
+-- flowlane-compiled: {"format":2,"kind":"aliases"}
+-- aliases; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 commit;
 -- ==> flows/mapper.sql <==
--- flowlane compiled flow mapper from map_over_run_input.yaml; do not edit: change the YAML and run `flowlane compile`
--- shape sha256: 66554045f3b3db83b54f85f98b970b2eb10927ee2bdd15ae74a4a55858449875
+-- flowlane-compiled: {"format":2,"kind":"flow","shape_sha256":"66554045f3b3db83b54f85f98b970b2eb10927ee2bdd15ae74a4a55858449875","slug":"mapper"}
+-- flow mapper from map_over_run_input.yaml; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 -- an existing flow must already have exactly this shape (a changed shape needs a new slug)

@@ -1,11 +1,12 @@
 -- ==> aliases.sql <==
--- flowlane compiled aliases; do not edit: change the YAML and run `flowlane compile`
+-- flowlane-compiled: {"format":2,"kind":"aliases"}
+-- aliases; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 commit;
 -- ==> flows/hello.sql <==
--- flowlane compiled flow hello from minimal.yaml; do not edit: change the YAML and run `flowlane compile`
--- shape sha256: edaf426bc7099e7ad3c1c53759cb32c2a9a34468504833d989263ba67f9a09d7
+-- flowlane-compiled: {"format":2,"kind":"flow","shape_sha256":"edaf426bc7099e7ad3c1c53759cb32c2a9a34468504833d989263ba67f9a09d7","slug":"hello"}
+-- flow hello from minimal.yaml; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 -- an existing flow must already have exactly this shape (a changed shape needs a new slug)

@@ -1,11 +1,12 @@
 -- ==> aliases.sql <==
--- flowlane compiled aliases; do not edit: change the YAML and run `flowlane compile`
+-- flowlane-compiled: {"format":2,"kind":"aliases"}
+-- aliases; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 commit;
 -- ==> flows/BillingFlow.sql <==
--- flowlane compiled flow BillingFlow from mixed_case_slug.yaml; do not edit: change the YAML and run `flowlane compile`
--- shape sha256: 84b6c500c7e585843a2272d87c4d2a291f7eefe3f874ed7daad128936a7aec44
+-- flowlane-compiled: {"format":2,"kind":"flow","shape_sha256":"84b6c500c7e585843a2272d87c4d2a291f7eefe3f874ed7daad128936a7aec44","slug":"BillingFlow"}
+-- flow BillingFlow from mixed_case_slug.yaml; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 -- an existing flow must already have exactly this shape (a changed shape needs a new slug)

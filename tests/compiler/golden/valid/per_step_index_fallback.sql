@@ -1,11 +1,12 @@
 -- ==> aliases.sql <==
--- flowlane compiled aliases; do not edit: change the YAML and run `flowlane compile`
+-- flowlane-compiled: {"format":2,"kind":"aliases"}
+-- aliases; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 commit;
 -- ==> flows/a_rather_long_flow_slug_for_queues_x.sql <==
--- flowlane compiled flow a_rather_long_flow_slug_for_queues_x from per_step_index_fallback.yaml; do not edit: change the YAML and run `flowlane compile`
--- shape sha256: 16e90469261b5974d16f38dd8c905e8148068ba5fe86a186c1063ab4beb2b5d9
+-- flowlane-compiled: {"format":2,"kind":"flow","shape_sha256":"16e90469261b5974d16f38dd8c905e8148068ba5fe86a186c1063ab4beb2b5d9","slug":"a_rather_long_flow_slug_for_queues_x"}
+-- flow a_rather_long_flow_slug_for_queues_x from per_step_index_fallback.yaml; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 -- an existing flow must already have exactly this shape (a changed shape needs a new slug)

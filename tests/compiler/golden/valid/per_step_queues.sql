@@ -1,11 +1,12 @@
 -- ==> aliases.sql <==
--- flowlane compiled aliases; do not edit: change the YAML and run `flowlane compile`
+-- flowlane-compiled: {"format":2,"kind":"aliases"}
+-- aliases; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 commit;
 -- ==> flows/media.sql <==
--- flowlane compiled flow media from per_step_queues.yaml; do not edit: change the YAML and run `flowlane compile`
--- shape sha256: 4aa15ec09336f10cf0462d86d18445cc85080d58acefad2b1cd2cf17fed027f4
+-- flowlane-compiled: {"format":2,"kind":"flow","shape_sha256":"4aa15ec09336f10cf0462d86d18445cc85080d58acefad2b1cd2cf17fed027f4","slug":"media"}
+-- flow media from per_step_queues.yaml; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 -- an existing flow must already have exactly this shape (a changed shape needs a new slug)

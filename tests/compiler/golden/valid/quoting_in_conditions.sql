@@ -1,11 +1,12 @@
 -- ==> aliases.sql <==
--- flowlane compiled aliases; do not edit: change the YAML and run `flowlane compile`
+-- flowlane-compiled: {"format":2,"kind":"aliases"}
+-- aliases; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 commit;
 -- ==> flows/quoting.sql <==
--- flowlane compiled flow quoting from quoting_in_conditions.yaml; do not edit: change the YAML and run `flowlane compile`
--- shape sha256: be216b12118fbc51f2d324f415e1977e477df5048b62dc1802b95d331c5b4320
+-- flowlane-compiled: {"format":2,"kind":"flow","shape_sha256":"be216b12118fbc51f2d324f415e1977e477df5048b62dc1802b95d331c5b4320","slug":"quoting"}
+-- flow quoting from quoting_in_conditions.yaml; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 -- an existing flow must already have exactly this shape (a changed shape needs a new slug)

@@ -1,11 +1,12 @@
 -- ==> aliases.sql <==
--- flowlane compiled aliases; do not edit: change the YAML and run `flowlane compile`
+-- flowlane-compiled: {"format":2,"kind":"aliases"}
+-- aliases; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 commit;
 -- ==> flows/out_of_order.sql <==
--- flowlane compiled flow out_of_order from steps_declared_out_of_order.yaml; do not edit: change the YAML and run `flowlane compile`
--- shape sha256: 043fd0b386ee0b42181f92bf3e9528caa8e6614647204a8c992d31045243942b
+-- flowlane-compiled: {"format":2,"kind":"flow","shape_sha256":"043fd0b386ee0b42181f92bf3e9528caa8e6614647204a8c992d31045243942b","slug":"out_of_order"}
+-- flow out_of_order from steps_declared_out_of_order.yaml; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 -- an existing flow must already have exactly this shape (a changed shape needs a new slug)

@@ -1,5 +1,6 @@
 -- ==> aliases.sql <==
--- flowlane compiled aliases; do not edit: change the YAML and run `flowlane compile`
+-- flowlane-compiled: {"format":2,"kind":"aliases"}
+-- aliases; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 -- alias threads from versions_alias_workers.yaml
@@ -11,8 +12,8 @@ select flowlane.set_alias(
 
 commit;
 -- ==> flows/threads_v1.sql <==
--- flowlane compiled flow threads_v1 from versions_alias_workers.yaml; do not edit: change the YAML and run `flowlane compile`
--- shape sha256: 67efe34b2fbe07f8be5b5e3d778fc679c16fc7925efb8c20702f8d86e28cb053
+-- flowlane-compiled: {"format":2,"kind":"flow","shape_sha256":"67efe34b2fbe07f8be5b5e3d778fc679c16fc7925efb8c20702f8d86e28cb053","slug":"threads_v1"}
+-- flow threads_v1 from versions_alias_workers.yaml; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 -- an existing flow must already have exactly this shape (a changed shape needs a new slug)
@@ -71,8 +72,8 @@ select flowlane.ensure_flow_shape(
 
 commit;
 -- ==> flows/threads_v2.sql <==
--- flowlane compiled flow threads_v2 from versions_alias_workers.yaml; do not edit: change the YAML and run `flowlane compile`
--- shape sha256: 753f0667d396414d14b4137a7cdfdb6aa10a4e5ee06fb957f6d20f0b2f6aa228
+-- flowlane-compiled: {"format":2,"kind":"flow","shape_sha256":"753f0667d396414d14b4137a7cdfdb6aa10a4e5ee06fb957f6d20f0b2f6aa228","slug":"threads_v2"}
+-- flow threads_v2 from versions_alias_workers.yaml; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 -- an existing flow must already have exactly this shape (a changed shape needs a new slug)

@@ -1,11 +1,12 @@
 -- ==> aliases.sql <==
--- flowlane compiled aliases; do not edit: change the YAML and run `flowlane compile`
+-- flowlane-compiled: {"format":2,"kind":"aliases"}
+-- aliases; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 commit;
 -- ==> flows/words.sql <==
--- flowlane compiled flow words from yaml11_words_are_strings.yaml; do not edit: change the YAML and run `flowlane compile`
--- shape sha256: f90c76478219bf308bf0a4d7814af0741446dad486faa14108884b898205b347
+-- flowlane-compiled: {"format":2,"kind":"flow","shape_sha256":"f90c76478219bf308bf0a4d7814af0741446dad486faa14108884b898205b347","slug":"words"}
+-- flow words from yaml11_words_are_strings.yaml; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 -- an existing flow must already have exactly this shape (a changed shape needs a new slug)

@@ -1,4 +1,4 @@
-"""Stable topological order (SPEC 2.2) and cycle extraction."""
+"""Stable topological order (each step after its needs, ties in declaration order) and cycle extraction."""
 
 from __future__ import annotations
 

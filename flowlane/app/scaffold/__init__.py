@@ -38,7 +38,7 @@ def init(root: Path) -> InitResult:
     result = InitResult()
     try:
         root.mkdir(parents=True, exist_ok=True)
-        templates = resources.files("flowlane.scaffold") / "files"
+        templates = resources.files("flowlane.app.scaffold") / "files"
         for target, template in FILES.items():
             _write(root, target, (templates / template).read_text("utf-8"), result)
         _write(root, SCHEMA_FILE, schema.schema_text(), result)

@@ -16,8 +16,8 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from flowlane import errors
+from flowlane.app.fleet import STALE_AFTER
 from flowlane.core import db, migrator
-from flowlane.core.fleet import STALE_AFTER
 from flowlane.core.queries import query
 
 RUN_STATUSES = ("started", "completed", "failed", "cancelled")

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from flowlane import compiler, errors, project_root
+from flowlane.app import deploy
 from flowlane.compiler import diagnostics
 from flowlane.compiler.model import Project
-from flowlane.core import db, deploy, migrator
+from flowlane.core import db, migrator
 from flowlane.runtime.client import TERMINAL, Client
 from flowlane.runtime.config import WorkerConfig
 from flowlane.runtime.worker import Worker

@@ -22,8 +22,9 @@ import psycopg
 from psycopg.rows import dict_row
 
 from flowlane import errors
+from flowlane.app import deploy
 from flowlane.compiler import api
-from flowlane.core import db, deploy
+from flowlane.core import db
 from flowlane.core.queries import query
 
 Row = dict[str, Any]

