@@ -26,6 +26,7 @@ from flowlane.compiler import diagnostics
 from flowlane.compiler.model import Project
 from flowlane.core import db, migrator
 from flowlane.runtime.client import TERMINAL, Client
+from flowlane.runtime.config import WorkerConfig
 from flowlane.runtime.worker import Worker
 
 # sample inputs for the example flows shipped in flows/; any other flow gets {}
@@ -92,11 +93,13 @@ def run_demo(
     workers = [
         Worker(
             project,
-            queue=q,
-            dsn=target.dsn,
-            handle_signals=False,
-            poll_interval=1.0,
-            shutdown_timeout=5.0,
+            WorkerConfig(
+                queue=q,
+                dsn=target.dsn,
+                handle_signals=False,
+                poll_interval=1.0,
+                shutdown_timeout=5.0,
+            ),
         )
         for q in queues
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import sys
@@ -14,7 +15,16 @@ from flowlane import errors, project_root
 from flowlane.cli.db import add_dsn_argument
 from flowlane.cli.fleet import WORKER_ACTIONS, add_worker_admin_arguments, run_worker_admin
 from flowlane.runtime.client import MAX_INPUT_BYTES, STATUSES
+from flowlane.runtime.config import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_CONCURRENT,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    WorkerConfig,
+)
 from flowlane.runtime.serve import EXIT_DISABLED
+
+DEFAULTS = WorkerConfig()  # for help texts only: the parsers pass what the user gave
 
 
 def configure(subparsers: Any) -> None:
@@ -28,59 +38,69 @@ def configure(subparsers: Any) -> None:
         "Exit status 3: the worker's deployment is disabled (do not restart it automatically).",
     )
     worker.add_argument("paths", nargs="*", metavar="PATHS", help="flow YAML (default: flows/)")
+    # every worker option defaults to "not given" (SUPPRESS): WorkerConfig holds the defaults
+    given = argparse.SUPPRESS
     selector = worker.add_argument_group("queue selection")
-    selector.add_argument("--flow", help="flow slug or alias")
-    selector.add_argument("--step", help="step slug (flows with per-step queues)")
-    selector.add_argument("--queue", help="queue name")
+    selector.add_argument("--flow", default=given, help="flow slug or alias")
+    selector.add_argument("--step", default=given, help="step slug (flows with per-step queues)")
+    selector.add_argument("--queue", default=given, help="queue name")
     selector.add_argument(
         "--flows",
+        default=given,
+        type=_flow_list,
         help="with --queue: comma-separated flows/aliases to serve "
         "(default: the queue's `kind: worker` document, else every flow routed to it)",
     )
     add_dsn_argument(worker)
     worker.add_argument(
         "--name",
+        default=given,
         help="deployment name (default: the worker document's name, else the queue); "
         "alone, it selects the `kind: worker` document of that name",
     )
     worker.add_argument(
         "--compile",
         action="store_true",
+        default=given,
         help="development databases only: create flows missing from the database with the "
         "same SQL `flowlane apply` runs (never changes existing flows or aliases)",
     )
-    worker.add_argument("--max-concurrent", type=int, help="handlers running at once (default 100)")
-    worker.add_argument("--batch-size", type=int, help="messages claimed per poll (default 50)")
+    worker.add_argument(
+        "--max-concurrent",
+        type=int,
+        default=given,
+        help="handlers running at once (default: the worker document's max_concurrent, "
+        f"else {DEFAULT_MAX_CONCURRENT})",
+    )
+    worker.add_argument(
+        "--batch-size",
+        type=int,
+        default=given,
+        help="messages claimed per poll (default: the worker document's batch_size, "
+        f"else {DEFAULT_BATCH_SIZE})",
+    )
     worker.add_argument(
         "--no-notify",
-        action="store_true",
+        dest="notify",
+        action="store_false",
+        default=given,
         help="do not LISTEN for PGMQ insert notifications; poll with read_with_poll only",
     )
-    worker.add_argument("--poll-interval", type=float, default=2.0, help="fallback poll, seconds")
+    _add_worker_options(worker)
     worker.add_argument(
-        "--shutdown-timeout",
+        "--poll-interval",
         type=float,
-        default=30.0,
-        help="on SIGTERM/SIGINT, seconds to let in-flight handlers finish (default 30)",
+        default=given,
+        help=f"fallback poll, seconds (default {DEFAULTS.poll_interval:g})",
     )
     worker.add_argument(
         "--requeue-interval",
         type=float,
-        default=15.0,
-        help="seconds between calls to requeue_stalled_tasks (default 15)",
+        default=given,
+        help="seconds between calls to requeue_stalled_tasks "
+        f"(default {DEFAULTS.requeue_interval:g})",
     )
-    worker.add_argument("--heartbeat-interval", type=float, default=5.0, help=argparse.SUPPRESS)
-    worker.add_argument(
-        "--import-path",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="extra directory to import handler modules from (repeatable; "
-        "the current directory is always searched)",
-    )
-    levels = ["DEBUG", "INFO", "WARNING", "ERROR"]
-    worker.add_argument("--log-level", default="INFO", choices=levels)
-    worker.add_argument("--log-format", default="text", choices=["text", "json"])
+    worker.add_argument("--heartbeat-interval", type=float, default=given, help=argparse.SUPPRESS)
     add_worker_admin_arguments(worker)
     worker.set_defaults(func=cmd_worker)
 
@@ -170,19 +190,8 @@ def configure(subparsers: Any) -> None:
     )
     serve.add_argument("paths", nargs="*", metavar="PATHS", help="flow YAML (default: flows/)")
     add_dsn_argument(serve)
-    serve.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=30.0,
-        help="on SIGTERM/SIGINT, seconds each worker gets to finish in-flight handlers (default 30)",
-    )
     serve.add_argument("--log-dir", metavar="DIR", help="worker logs (default: .flowlane/logs/)")
-    serve.add_argument(
-        "--import-path", action="append", default=[], metavar="DIR",
-        help="passed to every worker (repeatable)",
-    )
-    serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    serve.add_argument("--log-format", default="text", choices=["text", "json"])
+    _add_worker_options(serve, every=" (passed to every worker)")
     serve.set_defaults(func=cmd_serve)
 
     demo = subparsers.add_parser(
@@ -192,6 +201,66 @@ def configure(subparsers: Any) -> None:
     demo.add_argument("paths", nargs="*", metavar="PATHS", help="flow YAML (default: flows/)")
     demo.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the runs")
     demo.set_defaults(func=cmd_demo)
+
+
+def _add_worker_options(parser: argparse.ArgumentParser, every: str = "") -> None:
+    """The options `flowlane serve` hands to every worker, on both commands; not given, a
+    worker takes WorkerConfig's defaults."""
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=argparse.SUPPRESS,
+        help="on SIGTERM/SIGINT, seconds to let in-flight handlers finish "
+        f"(default {DEFAULTS.shutdown_timeout:g}){every}",
+    )
+    parser.add_argument(
+        "--import-path",
+        dest="import_paths",
+        action="append",
+        default=argparse.SUPPRESS,
+        metavar="DIR",
+        help="extra directory to import handler modules from (repeatable; "
+        f"the current directory is always searched){every}",
+    )
+    parser.add_argument(
+        "--log-level",
+        default=argparse.SUPPRESS,
+        metavar="LEVEL",
+        help=f"{', '.join(LOG_LEVELS)} (default {DEFAULTS.log_level}){every}",
+    )
+    parser.add_argument(
+        "--log-format",
+        default=argparse.SUPPRESS,
+        metavar="FORMAT",
+        help=f"{' or '.join(LOG_FORMATS)} (default {DEFAULTS.log_format}){every}",
+    )
+
+
+def _flow_list(text: str) -> tuple[str, ...] | None:
+    """``--flows a,b``: the names; blank means not given."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    return names or None
+
+
+def worker_config(args: argparse.Namespace) -> WorkerConfig:
+    """The options the user gave (the parsers leave the others out), validated."""
+    return WorkerConfig.from_options(
+        **{f.name: getattr(args, f.name) for f in dataclasses.fields(WorkerConfig)
+           if hasattr(args, f.name)}
+    )
+
+
+def _worker_arguments(config: WorkerConfig) -> list[str]:
+    """The `flowlane worker` options that reproduce ``config``'s non-default
+    shutdown timeout, import paths and logging (what `serve` hands to every worker)."""
+    changed = config.changed()
+    arguments = [f"--import-path={directory}" for directory in changed.get("import_paths", ())]
+    if "shutdown_timeout" in changed:
+        arguments.append(f"--shutdown-timeout={config.shutdown_timeout:g}")
+    for option in ("log_level", "log_format"):
+        if option in changed:
+            arguments.append(f"--{option.replace('_', '-')}={changed[option]}")
+    return arguments
 
 
 def _add_format(parser: argparse.ArgumentParser) -> None:
@@ -226,26 +295,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     if args.paths and args.paths[0] in WORKER_ACTIONS:
         return run_worker_admin(args)
-    log.configure(args.log_level, args.log_format)
-    worker = Worker(
-        Project.load(*_paths(args)),
-        queue=args.queue,
-        flow=args.flow,
-        step=args.step,
-        flows=[f.strip() for f in args.flows.split(",") if f.strip()] if args.flows else None,
-        dsn=args.dsn,
-        name=args.name,
-        max_concurrent=args.max_concurrent,
-        batch_size=args.batch_size,
-        notify=not args.no_notify,
-        poll_interval=args.poll_interval,
-        shutdown_timeout=args.shutdown_timeout,
-        requeue_interval=args.requeue_interval,
-        heartbeat_interval=args.heartbeat_interval,
-        import_paths=args.import_path,
-        compile=args.compile,
-    )
-    worker.run()
+    config = worker_config(args)  # bad options fail here, before the project or a database
+    log.configure(config.log_level, config.log_format)
+    Worker(Project.load(*_paths(args)), config).run()
     return 0
 
 
@@ -469,8 +521,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from flowlane.core import db
     from flowlane.runtime import serve
 
-    if args.shutdown_timeout < 0:
-        raise errors.UsageError(f"--shutdown-timeout must be 0 or more, not {args.shutdown_timeout:g}")
+    if hasattr(args, "import_paths"):
+        args.import_paths = [os.path.abspath(d) for d in args.import_paths]
+    options = worker_config(args)  # what every worker gets, validated before any starts
     paths = _paths(args)
     specs = serve.plan_workers(Project.load(*paths))
     if not specs:
@@ -479,21 +532,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     target = db.resolve(args.dsn)
     root = project_root.find_root()
     log_dir = Path(args.log_dir).resolve() if args.log_dir else root / project_root.STATE_DIRNAME / "logs"
-    extra = ["--shutdown-timeout", f"{args.shutdown_timeout:g}", "--log-level", args.log_level,
-             "--log-format", args.log_format]
-    for directory in args.import_path:
-        extra += ["--import-path", os.path.abspath(directory)]
     env = {**os.environ, "FLOWLANE_DSN": target.dsn, "PYTHONUNBUFFERED": "1"}
     print(f"serving {len(specs)} queue(s) on {db.redact(target.dsn)} ({target.source}); "
           f"worker logs in {project_root.relative(log_dir)}/; stop with Ctrl-C or SIGTERM",
           flush=True)
     return serve.serve(
         specs,
-        serve.worker_command(paths, extra),
+        serve.worker_command(paths, _worker_arguments(options)),
         env=env,
         cwd=root,
         log_dir=log_dir,
-        shutdown_timeout=args.shutdown_timeout + 10,
+        shutdown_timeout=options.shutdown_timeout + 10,
     )
 
 

@@ -11,17 +11,29 @@ from typing import Any
 from flowlane.runtime import log
 from flowlane.runtime.tasks import describe
 
+JITTER = (0.75, 1.25)  # each delay is multiplied by a random factor in this range
+
 
 class Backoff:
-    def __init__(self, first: float = 0.1, maximum: float = 5.0) -> None:
+    """Delays from ``first`` doubling up to ``maximum``, each jittered so that workers that
+    lost the database together do not retry in step; ``uniform`` draws the jitter factor."""
+
+    def __init__(
+        self,
+        first: float = 0.1,
+        maximum: float = 5.0,
+        *,
+        uniform: Callable[[float, float], float] = random.uniform,
+    ) -> None:
         self.first = first
         self.maximum = maximum
+        self._uniform = uniform
         self._current = first
 
     def next(self) -> float:
         delay = self._current
         self._current = min(self.maximum, self._current * 2)
-        return delay * random.uniform(0.75, 1.25)
+        return delay * self._uniform(*JITTER)
 
     def reset(self) -> None:
         self._current = self.first

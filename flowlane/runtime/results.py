@@ -14,41 +14,83 @@ task with the database's message; the other results of the batch commit.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import psycopg
 
 from flowlane.runtime import log
 from flowlane.runtime.backoff import Backoff
-from flowlane.runtime.store import TRANSIENT, Row, Store, is_transient
+from flowlane.runtime.store import TRANSIENT, Row, is_transient
 from flowlane.runtime.tasks import TaskResult, describe, first_line, short_text
 
 DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
 
 
+@dataclass
+class Counters:
+    """A worker's task counts (``worker_progress``, ``worker_stopped``): the poller counts
+    claims; :meth:`ResultSender.send` returns the outcomes of the results it sent."""
+
+    claimed: int = 0
+    completed: int = 0
+    failed: int = 0
+    rejected: int = 0
+
+    def add(self, other: Counters) -> None:
+        for key, value in other.as_dict().items():
+            setattr(self, key, getattr(self, key) + value)
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+class ResultStore(Protocol):
+    """The two calls of :class:`flowlane.runtime.store.Store` that send results."""
+
+    async def complete_tasks(self, completions: list[dict[str, Any]]) -> list[Row]: ...
+
+    async def fail_tasks(self, failures: list[dict[str, Any]]) -> list[Row]: ...
+
+
 class ResultSender:
-    def __init__(self, store: Store, worker_id: str, stats: dict[str, int]) -> None:
+    def __init__(
+        self,
+        store: ResultStore,
+        worker_id: str,
+        *,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+    ) -> None:
         self.store = store
         self.worker_id = worker_id
-        self.stats = stats
+        self._sleep = sleep  # between retries of a call a retry can fix
 
-    async def send(self, results: list[TaskResult]) -> None:
+    async def send(self, results: list[TaskResult]) -> Counters:
+        """Send every result (retrying what a retry can fix); return how they ended."""
+        tally = Counters()
         completions = [r for r in results if r.ok]
         failures = [r for r in results if not r.ok]
         backoff = Backoff()
         while completions or failures:
             try:
                 if completions:
-                    failures.extend(await self._send_completions(completions))
+                    failures.extend(await self._send_completions(completions, tally))
                     completions = []
                 if failures:
-                    await self._send_failures(failures)
+                    await self._send_failures(failures, tally)
                     failures = []
             except TRANSIENT as exc:  # the two calls above raise only what a retry can fix
                 pending = len(completions) + len(failures)
-                await backoff.retry_later("flusher", exc, pending=pending)
+                await backoff.retry_later("flusher", exc, self._sleep, pending=pending)
+        return tally
 
-    async def _send_completions(self, results: list[TaskResult]) -> list[TaskResult]:
+    async def _send_completions(
+        self, results: list[TaskResult], tally: Counters
+    ) -> list[TaskResult]:
         """Complete a batch; return the results the database refused to store (to fail instead)."""
         refused: list[TaskResult] = []
         try:
@@ -65,12 +107,12 @@ class ResultSender:
                     )
                 ]
             for result in results:  # find the one(s) the database refuses
-                refused.extend(await self._send_completions([result]))
+                refused.extend(await self._send_completions([result], tally))
             return refused
-        self._check_rows(rows, results, "completed")
+        self._check_rows(rows, results, "completed", tally)
         return refused
 
-    async def _send_failures(self, results: list[TaskResult]) -> None:
+    async def _send_failures(self, results: list[TaskResult], tally: Counters) -> None:
         try:
             rows = await self.store.fail_tasks([r.failure(self.worker_id) for r in results])
         except psycopg.Error as exc:  # never expected; do not let one task stop the worker
@@ -78,7 +120,7 @@ class ResultSender:
                 raise
             if len(results) > 1:  # find the one(s) the database refuses
                 for result in results:
-                    await self._send_failures([result])
+                    await self._send_failures([result], tally)
                 return
             log.event(
                 ERROR,
@@ -88,9 +130,11 @@ class ResultSender:
                 note="left for stalled recovery",
             )
             return
-        self._check_rows(rows, results, "failed")
+        self._check_rows(rows, results, "failed", tally)
 
-    def _check_rows(self, rows: list[Row], results: list[TaskResult], outcome: str) -> None:
+    def _check_rows(
+        self, rows: list[Row], results: list[TaskResult], outcome: str, tally: Counters
+    ) -> None:
         by_key = {(str(r["run_id"]), r["step_slug"], int(r["task_index"])): r for r in rows}
         for result in results:
             task = result.task
@@ -102,7 +146,7 @@ class ResultSender:
             )
             if outcome == "completed" and owned and row is not None and row["status"] == "failed":
                 # the engine refused the output (e.g. a map's parent must output an array)
-                self.stats["failed"] += 1
+                tally.failed += 1
                 log.event(WARNING, "task_output_refused", **task.fields, error=row["error_message"])
                 continue
             if outcome == "completed":
@@ -110,7 +154,7 @@ class ResultSender:
             else:
                 accepted = owned and row is not None and row["status"] in ("failed", "queued")
             if not accepted:
-                self.stats["rejected"] += 1
+                tally.rejected += 1
                 log.event(
                     WARNING,
                     "result_rejected",
@@ -120,11 +164,12 @@ class ResultSender:
                     note="the task was requeued or finished elsewhere; result discarded",
                 )
                 continue
-            self.stats[outcome] += 1
             if outcome == "completed":
+                tally.completed += 1
                 log.event(DEBUG, "task_completed", **task.fields, duration_ms=result.duration_ms)
             else:
                 assert row is not None
+                tally.failed += 1
                 log.event(
                     INFO if row["status"] == "queued" else WARNING,
                     "task_retry_scheduled" if row["status"] == "queued" else "task_exhausted",

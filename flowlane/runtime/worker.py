@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +59,10 @@ from flowlane.compiler.shape import flow_shape
 from flowlane.core import db, definitions
 from flowlane.runtime import hints, log
 from flowlane.runtime.backoff import Backoff
+from flowlane.runtime.config import WorkerConfig
 from flowlane.runtime.context import TaskContext
 from flowlane.runtime.registry import HandlerRegistry, source_line
-from flowlane.runtime.results import ResultSender
+from flowlane.runtime.results import Counters, ResultSender
 from flowlane.runtime.selection import Selection, select
 from flowlane.runtime.store import (
     DATABASE_ERRORS,
@@ -84,10 +86,6 @@ MAX_POLL_WINDOW = 2  # seconds
 # leases of tasks held this long are extended, every LEASE_INTERVAL: far inside the stall
 # threshold (timeout + 30 s, timeout >= 3 s)
 LEASE_INTERVAL = 2.0  # seconds
-# defaults measured with benchmarks/worker_throughput.py (benchmarks/RESULTS.md): 10/10 left
-# the database idle between small claims; 50/50 drains about 1.5x faster
-DEFAULT_MAX_CONCURRENT = 100  # two claims of 50 in flight: one overlaps the other's result commit
-DEFAULT_BATCH_SIZE = 50
 PROGRESS_INTERVAL = 5.0  # seconds between INFO counter lines (per-task lines are DEBUG)
 
 
@@ -109,90 +107,103 @@ class Held:
         }
 
 
+Pending = tuple[TaskResult, asyncio.Future[None]]  # a result and its commit signal
+
+
+@dataclass
+class Session:
+    """The state of one ``run()`` while it serves: created once the worker is registered,
+    read by its four loops; ``counters`` outlives it (``Worker.stats``)."""
+
+    store: Store
+    registry: HandlerRegistry
+    sender: ResultSender
+    threads: HandlerThreads
+    counters: Counters = field(default_factory=Counters)
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    force: asyncio.Event = field(default_factory=asyncio.Event)  # abandon in-flight handlers
+    wake: asyncio.Event = field(default_factory=asyncio.Event)  # something may be claimable
+    capacity: asyncio.Event = field(default_factory=asyncio.Event)  # a handler slot freed
+    results: asyncio.Queue[Pending | None] = field(default_factory=asyncio.Queue)
+    held: dict[asyncio.Task[None], Held] = field(default_factory=dict)  # the in-flight tasks
+    notify_live: bool = False
+    gaps: set[str] = field(default_factory=set)  # the coverage gaps last logged
+    crash: str | None = None  # the component that crashed, and why
+    fatal: errors.WorkerDisabled | None = None
+
+    async def pause(self, seconds: float, event: asyncio.Event | None = None) -> None:
+        """Sleep ``seconds``, returning early when stopping (or when ``event`` is set)."""
+        waiters = {asyncio.ensure_future(self.stopping.wait())}
+        if event is not None:
+            waiters.add(asyncio.ensure_future(event.wait()))
+        try:
+            await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    def finished(self, handle: asyncio.Task[None]) -> None:
+        """A task's slot is free: its result is committed (or it was abandoned)."""
+        self.held.pop(handle, None)
+        self.capacity.set()
+
+
 class Worker:
-    """Serve the handlers routed to one queue. ``run()`` blocks; ``stop()`` is thread-safe."""
+    """Serve the handlers routed to one queue. ``run()`` blocks; ``stop()`` is thread-safe.
+
+    ``Worker(project, config)`` or ``Worker(project, queue=..., **options)``: the
+    options are :class:`WorkerConfig`'s fields (given both, the options replace the
+    config's values)."""
 
     def __init__(
-        self,
-        project: Project | str | Path,
-        *,
-        queue: str | None = None,
-        flow: str | None = None,
-        step: str | None = None,
-        flows: list[str] | None = None,
-        dsn: str | None = None,
-        name: str | None = None,
-        max_concurrent: int | None = None,
-        batch_size: int | None = None,
-        notify: bool = True,
-        poll_interval: float = 2.0,
-        read_vt: int = 5,
-        shutdown_timeout: float = 30.0,
-        heartbeat_interval: float = 5.0,
-        requeue_interval: float = 15.0,
-        import_paths: Sequence[str] = (),
-        handle_signals: bool = True,
-        compile: bool = False,
+        self, project: Project | str | Path, config: WorkerConfig | None = None, **options: Any
     ) -> None:
         self.project = _as_project(project)
+        config = WorkerConfig.from_options(config, **options)
         self.selection: Selection = select(
-            self.project, queue=queue, flow=flow, step=step, flows=flows, name=name
+            self.project,
+            queue=config.queue,
+            flow=config.flow,
+            step=config.step,
+            flows=None if config.flows is None else list(config.flows),
+            name=config.name,
         )
-        deployment = self.selection.deployment
         self.queue = self.selection.queue
-        self.name = name or self.selection.default_name  # also the deployment name
+        self.name = config.name or self.selection.default_name  # also the deployment name
         self.pairs = sorted({(h.flow_slug, h.step_slug) for h in self.selection.handlers})
-        self.compile = compile
-        # None = the deployment's value; 0 is refused below, never taken for "unset"
-        if max_concurrent is None:
-            max_concurrent = deployment.max_concurrent if deployment else DEFAULT_MAX_CONCURRENT
-        if batch_size is None:
-            batch_size = deployment.batch_size if deployment else DEFAULT_BATCH_SIZE
-        self.max_concurrent = max_concurrent
-        self.batch_size = batch_size
-        if self.max_concurrent < 1 or self.batch_size < 1:
-            raise errors.UsageError(
-                "max_concurrent and batch_size must be at least 1",
-                hint="--max-concurrent N and --batch-size N take a positive number",
-            )
-        for option, seconds in (
-            ("poll_interval", poll_interval),
-            ("heartbeat_interval", heartbeat_interval),
-            ("requeue_interval", requeue_interval),
-        ):
-            if not seconds > 0:  # also NaN; 0 would make the worker spin on the database
-                raise errors.UsageError(
-                    f"{option} must be a positive number of seconds, not {seconds:g}",
-                    hint=f"--{option.replace('_', '-')} takes seconds greater than 0",
-                )
-        if not shutdown_timeout >= 0:
-            raise errors.UsageError(
-                f"shutdown_timeout must be 0 or more seconds, not {shutdown_timeout:g}",
-                hint="--shutdown-timeout 0 abandons in-flight handlers at once",
-            )
-        self.dsn = dsn
-        self.notify = notify
-        self.poll_interval = poll_interval
-        self.read_vt = read_vt
-        self.shutdown_timeout = shutdown_timeout
-        self.heartbeat_interval = heartbeat_interval
-        # read_with_poll's window while notifications are off or down: short, so a stop or a
-        # recovered notification connection is noticed quickly
+        self.max_concurrent, self.batch_size = config.limits(self.selection.deployment)
+        # the settings as served: the deployment's name and limits filled in
+        self.config = dataclasses.replace(
+            config, name=self.name, max_concurrent=self.max_concurrent, batch_size=self.batch_size
+        )
         # while handlers run, read only once at least half a batch of slots is free
         self._min_read = max(1, min(self.batch_size, self.max_concurrent) // 2)
-        self._poll_window = max(1, min(int(poll_interval), MAX_POLL_WINDOW))
-        self.requeue_interval = requeue_interval
+        # read_with_poll's window while notifications are off or down: short, so a stop or a
+        # recovered notification connection is noticed quickly
+        self._poll_window = max(1, min(int(config.poll_interval), MAX_POLL_WINDOW))
         # handlers import from the current directory and the project root
         self.import_paths = list(
-            dict.fromkeys([str(Path.cwd().resolve()), str(project_root.find_root()), *import_paths])
+            dict.fromkeys(
+                [str(Path.cwd().resolve()), str(project_root.find_root()), *config.import_paths]
+            )
         )
-        self.handle_signals = handle_signals
         self.worker_id = str(uuid.uuid4())
         self.ready = threading.Event()  # set once registered and serving
-        self.stats = {"claimed": 0, "completed": 0, "failed": 0, "rejected": 0}
         self._stop_requested = threading.Event()
+        self._forced = threading.Event()  # stop(force=True) or a second signal: abandon handlers
+        self._abandon = threading.Event()  # stop(force=True) only: the shutdown timeout is 0
         self._shutdown = threading.Event()  # ctx.shutdown of every task
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._session: Session | None = None
+
+    @property
+    def compile(self) -> bool:
+        return self.config.compile
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Tasks claimed, completed, failed and rejected by the last (or current) ``run()``."""
+        return (self._session.counters if self._session else Counters()).as_dict()
 
     # -- public -----------------------------------------------------------
 
@@ -204,7 +215,8 @@ class Worker:
         """Begin a graceful stop (``force``: abandon in-flight handlers at once)."""
         self._stop_requested.set()
         if force:
-            self.shutdown_timeout = 0
+            self._forced.set()
+            self._abandon.set()
         loop = self._loop
         if loop is not None:
             with contextlib.suppress(RuntimeError):  # loop already closed
@@ -214,24 +226,9 @@ class Worker:
 
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._stopping = asyncio.Event()
-        self._force = asyncio.Event()
-        self._wake = asyncio.Event()
-        self._capacity = asyncio.Event()
-        self._results: asyncio.Queue[tuple[TaskResult, asyncio.Future[None]] | None] = (
-            asyncio.Queue()
-        )
-        self._in_flight: set[asyncio.Task[None]] = set()
-        self._notify_live = False
-        self._held: dict[asyncio.Task[None], Held] = {}
-        self._crash: str | None = None
-        self._fatal: errors.WorkerDisabled | None = None
-        self._gaps: set[str] = set()
-        if self._stop_requested.is_set():
-            self._stopping.set()
         self._install_signal_handlers()
         registry = HandlerRegistry.load(self.selection.handlers, self.import_paths)
-        target = db.resolve(self.dsn)
+        target = db.resolve(self.config.dsn)
         dsn = target.dsn
         store = Store(dsn, application_name=f"flowlane-worker-{self.worker_id[:8]}")
         try:
@@ -250,28 +247,42 @@ class Worker:
             raise
         try:
             await self._startup(store)
+            session = self._session = self._open_session(store, registry)
             self.ready.set()
-            await self._serve(store, registry)
+            await self._serve(session)
         finally:
             await store.close()
-        if self._fatal:
-            raise self._fatal
-        if self._crash:
+        if session.fatal:
+            raise session.fatal
+        if session.crash:
             raise errors.WorkerError(
-                f"the worker stopped after an internal error in its {self._crash}",
+                f"the worker stopped after an internal error in its {session.crash}",
                 hint="in-flight tasks were finished or left for stalled recovery; "
                 "see the worker_crashed log line and restart the worker",
             )
 
+    def _open_session(self, store: Store, registry: HandlerRegistry) -> Session:
+        session = Session(
+            store,
+            registry,
+            ResultSender(store, self.worker_id),
+            HandlerThreads(self.max_concurrent),
+        )
+        if self._stop_requested.is_set():  # stop() or a signal during startup
+            session.stopping.set()
+        if self._forced.is_set():
+            session.force.set()
+        return session
+
     def _install_signal_handlers(self) -> None:
-        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+        if not self.config.handle_signals or threading.current_thread() is not threading.main_thread():
             return
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
 
     def _on_signal(self, sig: signal.Signals) -> None:
-        again = self._stopping.is_set()
+        again = self._stop_requested.is_set()
         log.event(
             WARNING if again else INFO,
             "signal_received",
@@ -281,19 +292,29 @@ class Worker:
         self._request_stop(again)
 
     def _request_stop(self, force: bool = False) -> None:
-        self._stopping.set()
+        """On the loop: stop (signal, ``stop()``, deprecation, unsupported work, a crash)."""
+        self._stop_requested.set()
         self._shutdown.set()
-        self._wake.set()
-        self._capacity.set()
         if force:
-            self._force.set()
+            self._forced.set()
+        session = self._session
+        if session is None:  # still starting: the session starts stopped
+            return
+        session.stopping.set()
+        session.wake.set()
+        session.capacity.set()
+        if force:
+            session.force.set()
+
+    def _shutdown_timeout(self) -> float:
+        return 0.0 if self._abandon.is_set() else self.config.shutdown_timeout
 
     async def _startup(self, store: Store) -> None:
         with hints.migrate_hint(), db.wrap_errors("worker startup"):
             await self._refuse_if_disabled(store)  # first: a supervisor must see exit status 3
             await self._verify_flows(store)
             await self._check_coverage(store)
-            if self.notify:
+            if self.config.notify:
                 await store.enable_notify(self.queue)
             await self._register(store)
         log.event(
@@ -306,7 +327,7 @@ class Worker:
             pairs=len(self.pairs),
             max_concurrent=self.max_concurrent,
             batch_size=self.batch_size,
-            notify=self.notify,
+            notify=self.config.notify,
         )
 
     async def _verify_flows(self, store: Store) -> None:
@@ -375,66 +396,66 @@ class Worker:
             hint=f"after fixing the cause, run `flowlane worker enable {self.name}`",
         )
 
-    async def _serve(self, store: Store, registry: HandlerRegistry) -> None:
-        self._store = store
-        self._registry = registry
-        self._sender = ResultSender(store, self.worker_id, self.stats)
-        self._threads = HandlerThreads(self.max_concurrent)
+    async def _serve(self, session: Session) -> None:
+        notify = self.config.notify
         # LISTEN before the first read, so that nothing inserted after that read goes unnoticed
-        listening = await self._listen() if self.notify else None
-        self._notify_live = listening is not None
-        poller = self._background(self._poll_loop(), "poller")
-        flusher = self._background(self._flush_loop(), "flusher")
-        helpers = [self._background(self._maintenance_loop(), "maintenance")]
-        if self.notify:
-            helpers.append(self._background(self._listen_loop(listening), "listener"))
-        await self._stopping.wait()
-        log.event(INFO, "worker_stopping", worker_id=self.worker_id, in_flight=len(self._in_flight))
+        listening = await self._listen(session) if notify else None
+        session.notify_live = listening is not None
+        poller = self._background(session, self._poll_loop(session), "poller")
+        flusher = self._background(session, self._flush_loop(session), "flusher")
+        helpers = [self._background(session, self._maintenance_loop(session), "maintenance")]
+        if notify:
+            helpers.append(
+                self._background(session, self._listen_loop(session, listening), "listener")
+            )
+        await session.stopping.wait()
+        log.event(INFO, "worker_stopping", worker_id=self.worker_id, in_flight=len(session.held))
         self._shutdown.set()
-        await asyncio.wait({poller}, timeout=self.poll_interval + 5)
+        await asyncio.wait({poller}, timeout=self.config.poll_interval + 5)
         poller.cancel()
-        await self._drain_in_flight()
-        self._results.put_nowait(None)
-        done, _ = await asyncio.wait({flusher}, timeout=max(5.0, self.shutdown_timeout / 2))
+        await self._drain_in_flight(session)
+        session.results.put_nowait(None)
+        done, _ = await asyncio.wait({flusher}, timeout=max(5.0, self._shutdown_timeout() / 2))
         if not done:
             log.event(
                 WARNING,
                 "results_abandoned",
-                pending=self._results.qsize(),
+                pending=session.results.qsize(),
                 note="left for stalled recovery",
             )
             flusher.cancel()
         for helper in helpers:
             helper.cancel()
         await asyncio.gather(poller, flusher, *helpers, return_exceptions=True)
-        self._threads.close()
+        session.threads.close()
         try:
             with contextlib.suppress(*TRANSIENT):
-                await asyncio.wait_for(store.mark_stopped(self.worker_id), timeout=5)
+                await asyncio.wait_for(session.store.mark_stopped(self.worker_id), timeout=5)
         except TimeoutError:
             pass
-        log.event(INFO, "worker_stopped", worker_id=self.worker_id, **self.stats)
+        log.event(INFO, "worker_stopped", worker_id=self.worker_id, **session.counters.as_dict())
 
-    async def _drain_in_flight(self) -> None:
-        deadline = time.monotonic() + self.shutdown_timeout
-        while self._in_flight and not self._force.is_set():
+    async def _drain_in_flight(self, session: Session) -> None:
+        deadline = time.monotonic() + self._shutdown_timeout()
+        while session.held and not session.force.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            force = asyncio.ensure_future(self._force.wait())
+            force = asyncio.ensure_future(session.force.wait())
             await asyncio.wait(
-                {*self._in_flight, force}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                {*session.held, force}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
             )
             force.cancel()
-        for handle in list(self._in_flight):
-            held = self._held.get(handle)
-            if held is not None and held.running:  # a finished handler's result is still sent
+        for handle, held in list(session.held.items()):
+            if held.running:  # a finished handler's result is still sent
                 log.event(
                     WARNING, "task_abandoned", **held.task.fields, note="left for stalled recovery"
                 )
             handle.cancel()
 
-    def _background(self, coro: Awaitable[None], name: str) -> asyncio.Task[None]:
+    def _background(
+        self, session: Session, coro: Awaitable[None], name: str
+    ) -> asyncio.Task[None]:
         async def guarded() -> None:
             try:
                 await coro
@@ -444,66 +465,57 @@ class Worker:
                 log.event(
                     ERROR, "worker_crashed", component=name, error=describe(exc), exc_info=exc
                 )
-                self._crash = self._crash or f"{name}: {describe(exc)}"
+                session.crash = session.crash or f"{name}: {describe(exc)}"
                 self._request_stop()
 
         return asyncio.create_task(guarded(), name=f"flowlane-{name}")
 
-    async def _pause(self, seconds: float, event: asyncio.Event | None = None) -> None:
-        """Sleep ``seconds``, returning early when stopping (or when ``event`` is set)."""
-        waiters = {asyncio.ensure_future(self._stopping.wait())}
-        if event is not None:
-            waiters.add(asyncio.ensure_future(event.wait()))
-        try:
-            await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
-
     # -- poller -----------------------------------------------------------
 
-    async def _poll_loop(self) -> None:
+    async def _poll_loop(self, session: Session) -> None:
         backoff = Backoff()
-        while not self._stopping.is_set():
-            self._capacity.clear()  # before counting: a handler finishing now sets it again
-            free = self.max_concurrent - len(self._in_flight)
+        while not session.stopping.is_set():
+            session.capacity.clear()  # before counting: a handler finishing now sets it again
+            free = self.max_concurrent - len(session.held)
             if free < self._min_read:  # busy: wait for a worthwhile batch instead of a trickle
                 # slots free when results commit: a slow database throttles the claims
-                log.event(DEBUG, "poller_full", held=len(self._in_flight))
-                await self._pause(60.0, self._capacity)
+                log.event(DEBUG, "poller_full", held=len(session.held))
+                await session.pause(60.0, session.capacity)
                 continue
-            notified = self._notify_live
-            self._wake.clear()
+            notified = session.notify_live
+            session.wake.clear()
             try:
-                claim = await self._claim(min(free, self.batch_size), notified)
+                claim = await self._claim(session.store, min(free, self.batch_size), notified)
             except TRANSIENT as exc:
                 if not is_transient(exc):  # e.g. a dropped queue: stop loudly, not spin
                     raise
-                await backoff.retry_later("poller", exc, self._pause)
+                await backoff.retry_later("poller", exc, session.pause)
                 continue
             backoff.reset()
             if claim.unsupported:
-                await self._refuse_unsupported(claim.batch, claim.unsupported)
+                await self._refuse_unsupported(session, claim.batch, claim.unsupported)
                 return
             for task in claim.tasks:
-                self._spawn(task)
-            if not claim.batch and notified and not self._stopping.is_set():
-                log.event(DEBUG, "poller_idle", wait=f"{self.poll_interval:g}s")
-                await self._pause(self.poll_interval, self._wake)
+                self._spawn(session, task)
+            if not claim.batch and notified and not session.stopping.is_set():
+                log.event(DEBUG, "poller_idle", wait=f"{self.config.poll_interval:g}s")
+                await session.pause(self.config.poll_interval, session.wake)
 
-    async def _claim(self, qty: int, notified: bool) -> Claim:
+    async def _claim(self, store: Store, qty: int, notified: bool) -> Claim:
         """One round trip (``claim_tasks``) while notifications wake the poller; without
         them, ``read_with_poll`` waits in the database for messages, then ``start_tasks``."""
         if notified:
-            return await self._store.claim_tasks(self.queue, qty, self.worker_id, self.pairs)
-        msg_ids = await self._store.read(
-            self.queue, vt=self.read_vt, qty=qty, poll_seconds=self._poll_window
+            return await store.claim_tasks(self.queue, qty, self.worker_id, self.pairs)
+        msg_ids = await store.read(
+            self.queue, vt=self.config.read_vt, qty=qty, poll_seconds=self._poll_window
         )
         if not msg_ids:
             return Claim()
-        return await self._store.start_tasks(self.queue, msg_ids, self.worker_id, self.pairs)
+        return await store.start_tasks(self.queue, msg_ids, self.worker_id, self.pairs)
 
-    async def _refuse_unsupported(self, batch: list[int], unsupported: list[Unsupported]) -> None:
+    async def _refuse_unsupported(
+        self, session: Session, batch: list[int], unsupported: list[Unsupported]
+    ) -> None:
         """``start_tasks`` claimed nothing and made the whole batch visible again: stop, and
         disable the deployment so that a supervisor's restarts refuse until it is enabled."""
         pairs = sorted({u.pair for u in unsupported})
@@ -524,20 +536,20 @@ class Worker:
         backoff = Backoff()
         for _ in range(5):  # the stop matters more than the flag: give up after a few tries
             try:
-                await self._store.disable_deployment(self.name, reason)
+                await session.store.disable_deployment(self.name, reason)
                 break
             except TRANSIENT as exc:
-                await backoff.retry_later("poller", exc, self._pause)
-        self._fatal = errors.WorkerDisabled(
+                await backoff.retry_later("poller", exc, session.pause)
+        session.fatal = errors.WorkerDisabled(
             f"stopped: {reason}; deployment {self.name} is disabled",
             hint="deploy a worker that serves these pairs (or fix the routing), then "
             f"`flowlane worker enable {self.name}`",
         )
         self._request_stop()
 
-    def _spawn(self, task: ClaimedTask) -> None:
-        self.stats["claimed"] += 1
-        registered = self._registry.get(task.flow_slug, task.step_slug)
+    def _spawn(self, session: Session, task: ClaimedTask) -> None:
+        session.counters.claimed += 1
+        registered = session.registry.get(task.flow_slug, task.step_slug)
         if registered is None:  # start_tasks claims only the pairs this registry serves
             raise RuntimeError(f"claimed {task.flow_slug}.{task.step_slug} without its handler")
         ctx = TaskContext(
@@ -557,58 +569,53 @@ class Worker:
         )
 
         async def run_one(held: Held) -> None:
-            result = await execute(task, registered, ctx, self._threads)
+            result = await execute(task, registered, ctx, session.threads)
             held.running = False
             committed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._results.put_nowait((result, committed))
+            session.results.put_nowait((result, committed))
             await committed  # the slot stays taken until the result is in the database
 
         held = Held(task, time.monotonic())
         handle = asyncio.create_task(run_one(held))
-        self._in_flight.add(handle)
-        self._held[handle] = held
-        handle.add_done_callback(self._finished)
-
-    def _finished(self, handle: asyncio.Task[None]) -> None:
-        self._in_flight.discard(handle)
-        self._held.pop(handle, None)
-        self._capacity.set()
+        session.held[handle] = held
+        handle.add_done_callback(session.finished)
 
     # -- flusher ----------------------------------------------------------
 
-    async def _flush_loop(self) -> None:
+    async def _flush_loop(self, session: Session) -> None:
         while True:
-            first = await self._results.get()
+            first = await session.results.get()
             batch = [first]
-            while not self._results.empty():
-                batch.append(self._results.get_nowait())
+            while not session.results.empty():
+                batch.append(session.results.get_nowait())
             items = [item for item in batch if item is not None]
             if items:
-                await self._sender.send([result for result, _ in items])
+                session.counters.add(await session.sender.send([result for result, _ in items]))
                 for _, committed in items:
                     if not committed.done():
                         committed.set_result(None)
-                self._wake.set()  # a retry with no delay or a new dependent may be ready
+                session.wake.set()  # a retry with no delay or a new dependent may be ready
             if None in batch:
                 return
 
     # -- maintenance and notifications ------------------------------------
 
-    async def _maintenance_loop(self) -> None:
+    async def _maintenance_loop(self, session: Session) -> None:
+        store = session.store
         next_heartbeat = next_requeue = next_lease = next_progress = time.monotonic()
-        reported = dict(self.stats)
-        while not self._stopping.is_set():
+        reported = dataclasses.replace(session.counters)
+        while not session.stopping.is_set():
             now = time.monotonic()
             if now >= next_progress:
                 next_progress = now + PROGRESS_INTERVAL
-                reported = self._report_progress(reported)
+                reported = _report_progress(session, reported)
             try:
                 if now >= next_lease:
                     next_lease = now + LEASE_INTERVAL
-                    await self._extend_leases(now)
+                    await self._extend_leases(session, now)
                 if now >= next_heartbeat:
-                    next_heartbeat = now + self.heartbeat_interval
-                    if await self._store.heartbeat(self.worker_id):
+                    next_heartbeat = now + self.config.heartbeat_interval
+                    if await store.heartbeat(self.worker_id):
                         log.event(
                             WARNING,
                             "worker_deprecated",
@@ -617,11 +624,11 @@ class Worker:
                         )
                         self._request_stop()
                 if now >= next_requeue:
-                    next_requeue = now + self.requeue_interval
-                    requeued = await self._store.requeue_stalled()
+                    next_requeue = now + self.config.requeue_interval
+                    requeued = await store.requeue_stalled()
                     if requeued:
                         log.event(WARNING, "stalled_tasks_requeued", count=requeued)
-                    await self._recheck_coverage()
+                    await self._recheck_coverage(session)
             except DATABASE_ERRORS as exc:
                 if is_transient(exc):
                     log.event(
@@ -633,33 +640,22 @@ class Worker:
                 else:
                     log.event(ERROR, "maintenance_failed", error=describe(exc))
             wake_at = min(next_heartbeat, next_requeue, next_lease, next_progress)
-            await self._pause(max(0.05, wake_at - time.monotonic()))
+            await session.pause(max(0.05, wake_at - time.monotonic()))
 
-    def _report_progress(self, reported: dict[str, int]) -> dict[str, int]:
-        """Per-task lines are DEBUG; INFO gets the counters every few seconds, when they moved."""
-        if self.stats != reported:
-            delta = {key: value - reported.get(key, 0) for key, value in self.stats.items()}
-            log.event(
-                INFO,
-                "worker_progress",
-                **{f"{key}_total": value for key, value in self.stats.items()},
-                **{key: value for key, value in delta.items()},
-                held=len(self._in_flight),
-            )
-        return dict(self.stats)
-
-    async def _extend_leases(self, now: float) -> None:
+    async def _extend_leases(self, session: Session, now: float) -> None:
         """Keep the leases of tasks held for a while (handler running or result pending)."""
-        items = [h.lease_item() for h in self._held.values() if now - h.claimed_at >= LEASE_INTERVAL]
+        items = [
+            h.lease_item() for h in session.held.values() if now - h.claimed_at >= LEASE_INTERVAL
+        ]
         if items:
-            extended = await self._store.extend_leases(self.worker_id, items)
+            extended = await session.store.extend_leases(self.worker_id, items)
             log.event(DEBUG, "leases_extended", held=len(items), extended=extended)
 
-    async def _recheck_coverage(self) -> None:
+    async def _recheck_coverage(self, session: Session) -> None:
         """Routing state changes (an alias moves, a run of another version starts): say
         so once per change; unsupported work itself is refused by ``start_tasks``."""
-        gaps = {_gap_line(g) for g in await self._store.coverage(self.queue, self.pairs)}
-        if gaps and gaps != self._gaps:
+        gaps = {_gap_line(g) for g in await session.store.coverage(self.queue, self.pairs)}
+        if gaps and gaps != session.gaps:
             log.event(
                 WARNING,
                 "coverage_gap",
@@ -667,39 +663,56 @@ class Worker:
                 missing="; ".join(sorted(gaps)),
                 note="tasks of these pairs will stop this worker; deploy a worker that serves them",
             )
-        self._gaps = gaps
+        session.gaps = gaps
 
-    async def _listen(self) -> psycopg.AsyncConnection[Any] | None:
+    async def _listen(self, session: Session) -> psycopg.AsyncConnection[Any] | None:
         try:
-            return await self._store.listen_connection(self.queue)
+            return await session.store.listen_connection(self.queue)
         except TRANSIENT as exc:
             log.event(WARNING, "database_unavailable", component="listener", error=describe(exc))
             return None
 
-    async def _listen_loop(self, first: psycopg.AsyncConnection[Any] | None) -> None:
+    async def _listen_loop(
+        self, session: Session, first: psycopg.AsyncConnection[Any] | None
+    ) -> None:
         backoff = Backoff()
-        while not self._stopping.is_set():
+        while not session.stopping.is_set():
             try:
-                conn = first or await self._store.listen_connection(self.queue)
+                conn = first or await session.store.listen_connection(self.queue)
                 first = None
             except TRANSIENT as exc:
-                await backoff.retry_later("listener", exc, self._pause)
+                await backoff.retry_later("listener", exc, session.pause)
                 continue
             try:
-                self._notify_live = True
-                self._wake.set()  # something may have arrived while we were not listening
+                session.notify_live = True
+                session.wake.set()  # something may have arrived while we were not listening
                 backoff.reset()
-                while not self._stopping.is_set():
+                while not session.stopping.is_set():
                     async for _ in conn.notifies(timeout=1.0):
-                        self._wake.set()
+                        session.wake.set()
             except TRANSIENT as exc:
                 log.event(
                     WARNING, "notifications_lost", error=describe(exc), fallback="read_with_poll"
                 )
             finally:
-                self._notify_live = False
+                session.notify_live = False
                 with contextlib.suppress(Exception):
                     await conn.close()
+
+
+def _report_progress(session: Session, reported: Counters) -> Counters:
+    """Per-task lines are DEBUG; INFO gets the counters every few seconds, when they moved."""
+    now = session.counters.as_dict()
+    if now != reported.as_dict():
+        before = reported.as_dict()
+        log.event(
+            INFO,
+            "worker_progress",
+            **{f"{key}_total": value for key, value in now.items()},
+            **{key: value - before[key] for key, value in now.items()},
+            held=len(session.held),
+        )
+    return dataclasses.replace(session.counters)
 
 
 def _gap_line(gap: dict[str, Any]) -> str:
