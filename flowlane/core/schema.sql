@@ -45,7 +45,7 @@ CREATE TABLE flowlane.step_tasks (
     CONSTRAINT step_tasks_status_valid CHECK ((status = ANY (ARRAY['queued'::text, 'started'::text, 'completed'::text, 'failed'::text, 'skipped'::text, 'cancelled'::text]))),
     CONSTRAINT step_tasks_task_index_nonnegative CHECK ((task_index >= 0))
 )
-WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02');
+WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', fillfactor='50');
 
 -- TYPE _claim_item
 
@@ -370,22 +370,25 @@ begin
   perform flowlane._archive_tasks(v_done);
 
   -- step states: remaining tasks and, for the last task, completion with the step output (one update)
+  -- (the step's type joins the batch's counts, not step_states: joined to step_states on
+  -- flow_slug, a generic plan read every state of the flow through step_states_flow_idx)
   with counts as (
-    select d.run_id, d.step_slug, count(*)::int as n, (array_agg(d.output))[1] as output
-    from unnest(v_done) d group by 1, 2
+    select d.run_id, d.step_slug, st.step_type, count(*)::int as n, (array_agg(d.output))[1] as output
+    from unnest(v_done) d
+    join flowlane.steps st on st.flow_slug = d.flow_slug and st.step_slug = d.step_slug
+    group by 1, 2, 3
   ), updated as (
     update flowlane.step_states ss
        set remaining_tasks = ss.remaining_tasks - c.n,
            status = case when ss.remaining_tasks = c.n then 'completed' else ss.status end,
            completed_at = case when ss.remaining_tasks = c.n then now() end,
            output = case when ss.remaining_tasks <> c.n then null
-                         when st.step_type = 'single' then c.output
+                         when c.step_type = 'single' then c.output
                          else (select coalesce(jsonb_agg(t.output order by t.task_index), '[]'::jsonb)
                                from flowlane.step_tasks t
                                where t.run_id = ss.run_id and t.step_slug = ss.step_slug) end
-      from counts c, flowlane.steps st
+      from counts c
      where ss.run_id = c.run_id and ss.step_slug = c.step_slug and ss.run_id = any (v_runs)
-       and st.flow_slug = ss.flow_slug and st.step_slug = ss.step_slug
     returning ss
   ) select coalesce(array_agg(u.ss) filter (where (u.ss).status = 'completed'), '{}') into v_steps from updated u;
   if cardinality(v_steps) > 0 then
@@ -765,6 +768,7 @@ CREATE FUNCTION flowlane._lock_and_classify(p_items flowlane._result_item[]) RET
     LANGUAGE plpgsql
     SET search_path TO ''
     SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 declare
   v_classes flowlane._result_class[];
@@ -1397,6 +1401,125 @@ begin
 end;
 $$;
 
+-- FUNCTION _start_tasks(text, bigint[], uuid, jsonb, integer)
+
+CREATE FUNCTION flowlane._start_tasks(p_queue text, p_msg_ids bigint[], p_worker_id uuid, p_pairs jsonb, p_read_vt integer) RETURNS SETOF flowlane.claim_record
+    LANGUAGE plpgsql
+    SET search_path TO ''
+    SET enable_seqscan TO 'off'
+    AS $$
+declare
+  v_ids bigint[];
+  v_batch flowlane._claim_item[];
+  v_duplicates flowlane.step_tasks[];
+  v_claimed flowlane.step_tasks[];
+  v_hide flowlane.step_tasks[];
+  v_offsets int[];
+  v_updated int;
+begin
+  perform flowlane._check_queue_argument('start_tasks', p_queue);
+  if p_worker_id is null then
+    raise exception 'start_tasks: worker_id is required (it fences the results of the claimed tasks)'
+      using errcode = '22023';
+  end if;
+  if p_msg_ids is null or array_position(p_msg_ids, null) is not null then
+    raise exception 'start_tasks: msg_ids must be an array of message ids without nulls' using errcode = '22023';
+  end if;
+  perform flowlane._pairs(p_pairs);  -- validates before anything is locked
+  v_ids := array(select distinct m from unnest(p_msg_ids) m order by m);
+  if cardinality(v_ids) = 0 then
+    return;
+  end if;
+
+  -- lock order: runs (shared: claims do not block each other), then the batch's tasks
+  perform 1 from flowlane.runs r
+  where r.run_id in (select t.run_id from flowlane.step_tasks t
+                     where t.queue_name = p_queue and t.message_id = any (v_ids))
+  order by r.run_id
+  for share;
+  perform 1 from flowlane.step_tasks t
+  where t.queue_name = p_queue and t.message_id = any (v_ids)
+  order by t.run_id, t.step_slug, t.task_index
+  for update;
+
+  -- classify every message before any change
+  select array_agg(row(b.msg_id, t, t.run_id is not null and p.flow_slug is not null,
+                       t.status = 'queued' and r.status = 'started' and ss.status = 'started'
+                   )::flowlane._claim_item order by b.msg_id)
+    into v_batch
+  from unnest(v_ids) as b (msg_id)
+  left join flowlane.step_tasks t
+    on t.queue_name = p_queue and t.message_id = b.msg_id and t.message_id = any (v_ids)
+  left join flowlane._pairs(p_pairs) p on p.flow_slug = t.flow_slug and p.step_slug = t.step_slug
+  left join flowlane.runs r on r.run_id = t.run_id
+  left join flowlane.step_states ss on ss.run_id = t.run_id and ss.step_slug = t.step_slug;
+
+  if exists (select 1 from unnest(v_batch) c where not c.supported) then
+    perform pgmq.set_vt(p_queue, v_ids, 0);
+    return query
+      select 'unsupported', (c.task).flow_slug, (c.task).step_slug, p_queue, (c.task).run_id,
+             (c.task).task_index, null::jsonb, null::jsonb, null::int, c.msg_id
+      from unnest(v_batch) c where not c.supported order by c.msg_id;
+    return;
+  end if;
+
+  -- terminal tasks: their message is archived (idempotent)
+  if exists (select 1 from unnest(v_batch) c
+             where (c.task).status in ('completed', 'failed', 'skipped', 'cancelled')) then
+    perform pgmq.archive(p_queue, array(
+      select c.msg_id from unnest(v_batch) c
+      where (c.task).status in ('completed', 'failed', 'skipped', 'cancelled') order by c.msg_id));
+  end if;
+  -- still started (a visible duplicate): no attempt; hidden until stalled recovery may take it
+  if exists (select 1 from unnest(v_batch) c where (c.task).status = 'started') then
+    select array_agg(c.task order by c.msg_id),
+           array_agg(greatest(1, ceil(extract(epoch from
+                       flowlane._stall_deadline(c.task, flowlane._effective_timeout((c.task).flow_slug, (c.task).step_slug))
+                       - clock_timestamp()))::int) order by c.msg_id)
+      into v_duplicates, v_offsets
+    from unnest(v_batch) c where (c.task).status = 'started';
+    perform flowlane._set_tasks_vt(v_duplicates, v_offsets);
+  end if;
+
+  with claimed as (
+    update flowlane.step_tasks t
+       set status = 'started', attempts_count = t.attempts_count + 1, started_at = now(),
+           last_worker_id = p_worker_id
+      from unnest(v_batch) c
+     where c.claimable and t.run_id = (c.task).run_id and t.step_slug = (c.task).step_slug
+       and t.task_index = (c.task).task_index
+    returning t
+  ) select coalesce(array_agg(c.t order by (c.t).message_id), '{}') into v_claimed from claimed c;
+
+  if cardinality(v_claimed) = 0 then
+    return;
+  end if;
+  select coalesce(array_agg(h.task order by h.i), '{}'), coalesce(array_agg(h.lease order by h.i), '{}')
+    into v_hide, v_offsets
+  from (select i, v_claimed[i] as task,
+               flowlane._effective_timeout((v_claimed[i]).flow_slug, (v_claimed[i]).step_slug) + 2 as lease
+        from generate_subscripts(v_claimed, 1) as i) h
+  where p_read_vt is null or h.lease > p_read_vt;
+  if cardinality(v_hide) > 0 then
+    v_updated := flowlane._set_tasks_vt(v_hide, v_offsets);
+    if v_updated <> cardinality(v_hide) then
+      raise exception 'claim aborted: % tasks claimed but % queue messages got their visibility extended',
+        cardinality(v_hide), v_updated
+        using errcode = '40001', hint = 'a task''s message is missing from its queue; the claim was rolled back';
+    end if;
+  end if;
+
+  return query
+    select 'claimed', (v_claimed[i]).flow_slug, (v_claimed[i]).step_slug, (v_claimed[i]).queue_name,
+           (v_claimed[i]).run_id, (v_claimed[i]).task_index,
+           flowlane._task_input((v_claimed[i]).run_id, (v_claimed[i]).step_slug, (v_claimed[i]).task_index),
+           r.input, (v_claimed[i]).attempts_count, (v_claimed[i]).message_id
+    from generate_subscripts(v_claimed, 1) as i
+    join flowlane.runs r on r.run_id = (v_claimed[i]).run_id
+    order by i;
+end;
+$$;
+
 -- TABLE step_states
 
 CREATE TABLE flowlane.step_states (
@@ -1454,13 +1577,13 @@ begin
            when cs.status <> 'created' or cs.initial_tasks is not null or cst.step_type <> 'map' then cs.initial_tasks
            when jsonb_typeof(x.output) = 'array' then jsonb_array_length(x.output)
            else cs.initial_tasks end
-    from (select p.run_id, d.step_slug, count(*)::int as n, (array_agg(p.output))[1] as output
+    from (select p.run_id, d.step_slug, p.flow_slug, count(*)::int as n, (array_agg(p.output))[1] as output
           from unnest(p_steps) p
           join flowlane.deps d on d.flow_slug = p.flow_slug and d.dep_slug = p.step_slug
-          group by 1, 2) x,
+          group by 1, 2, 3) x,
          flowlane.steps cst
    where cs.run_id = x.run_id and cs.step_slug = x.step_slug and cs.run_id = any (v_runs)
-     and cst.flow_slug = cs.flow_slug and cst.step_slug = cs.step_slug;
+     and cst.flow_slug = x.flow_slug and cst.step_slug = x.step_slug;
   perform flowlane._progress_runs(v_runs);
 end;
 $$;
@@ -1492,6 +1615,25 @@ CREATE FUNCTION flowlane._task_queue(task flowlane.step_tasks) RETURNS text
     LANGUAGE sql STABLE
     SET search_path TO ''
     AS $_$ select ($1).queue_name $_$;
+
+-- FUNCTION _track_lease()
+
+CREATE FUNCTION flowlane._track_lease() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO ''
+    AS $$
+begin
+  if tg_op <> 'INSERT' and old.status = 'started' then
+    delete from flowlane.task_leases l
+     where l.run_id = old.run_id and l.step_slug = old.step_slug and l.task_index = old.task_index;
+  end if;
+  if tg_op <> 'DELETE' and new.status = 'started' then
+    insert into flowlane.task_leases (run_id, step_slug, task_index, started_at)
+    values (new.run_id, new.step_slug, new.task_index, new.started_at);
+  end if;
+  return null;
+end;
+$$;
 
 -- FUNCTION _tune_queue_table(text)
 
@@ -1916,7 +2058,6 @@ begin
   if qty is null or qty < 1 then
     raise exception 'claim_tasks: qty must be at least 1' using errcode = '22023';
   end if;
-  perform flowlane._pairs(supported_pairs);
   select coalesce(max(coalesce(s.opt_timeout, f.opt_timeout)), 0) + 2 into v_lease
   from flowlane._pairs(supported_pairs) p
   join flowlane.steps s on s.flow_slug = p.flow_slug and s.step_slug = p.step_slug
@@ -1936,7 +2077,8 @@ begin
   end if;
   return query
     with c as (
-      select * from flowlane.start_tasks(claim_tasks.queue_name, v_ids, claim_tasks.worker_id, supported_pairs)
+      select * from flowlane._start_tasks(claim_tasks.queue_name, v_ids, claim_tasks.worker_id, supported_pairs,
+                                          v_lease)
     )
     select c.outcome, c.flow_slug, c.step_slug, c.queue_name, c.run_id, c.task_index, c.input,
            case when row_number() over (partition by c.run_id order by c.msg_id) = 1 then c.flow_input end,
@@ -2520,11 +2662,12 @@ begin
   for v_cand in
     select t.run_id, t.step_slug, t.task_index, coalesce(s.opt_timeout, f.opt_timeout) as timeout,
            coalesce(s.opt_max_attempts, f.opt_max_attempts) as max_attempts
-    from flowlane.step_tasks t
+    from flowlane.task_leases l
+    join flowlane.step_tasks t on t.run_id = l.run_id and t.step_slug = l.step_slug and t.task_index = l.task_index
     join flowlane.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
     join flowlane.flows f on f.flow_slug = t.flow_slug
-    where t.status = 'started'
-      and t.started_at < now() - make_interval(secs => coalesce(s.opt_timeout, f.opt_timeout) + 30)
+    where l.started_at < now() - make_interval(secs => coalesce(s.opt_timeout, f.opt_timeout) + 30)
+      and t.status = 'started'
       and flowlane._stall_deadline(t, coalesce(s.opt_timeout, f.opt_timeout)) < now()
     order by t.run_id, t.step_slug, t.task_index
   loop
@@ -2834,108 +2977,10 @@ $$;
 -- FUNCTION start_tasks(text, bigint[], uuid, jsonb)
 
 CREATE FUNCTION flowlane.start_tasks(queue_name text, msg_ids bigint[], worker_id uuid, supported_pairs jsonb) RETURNS SETOF flowlane.claim_record
-    LANGUAGE plpgsql
+    LANGUAGE sql
     SET search_path TO ''
     AS $$
-declare
-  v_queue text := start_tasks.queue_name;
-  v_ids bigint[];
-  v_batch flowlane._claim_item[];
-  v_duplicates flowlane.step_tasks[];
-  v_claimed flowlane.step_tasks[];
-  v_offsets int[];
-  v_updated int;
-begin
-  perform flowlane._check_queue_argument('start_tasks', v_queue);
-  if start_tasks.worker_id is null then
-    raise exception 'start_tasks: worker_id is required (it fences the results of the claimed tasks)'
-      using errcode = '22023';
-  end if;
-  if msg_ids is null or array_position(msg_ids, null) is not null then
-    raise exception 'start_tasks: msg_ids must be an array of message ids without nulls' using errcode = '22023';
-  end if;
-  perform flowlane._pairs(supported_pairs);  -- validates before anything is locked
-  v_ids := array(select distinct m from unnest(msg_ids) m order by m);
-  if cardinality(v_ids) = 0 then
-    return;
-  end if;
-
-  -- lock order: runs (shared: claims do not block each other), then the batch's tasks
-  perform 1 from flowlane.runs r
-  where r.run_id in (select t.run_id from flowlane.step_tasks t
-                     where t.queue_name = v_queue and t.message_id = any (v_ids))
-  order by r.run_id
-  for share;
-  perform 1 from flowlane.step_tasks t
-  where t.queue_name = v_queue and t.message_id = any (v_ids)
-  order by t.run_id, t.step_slug, t.task_index
-  for update;
-
-  -- classify every message before any change
-  select array_agg(row(b.msg_id, t, t.run_id is not null and p.flow_slug is not null,
-                       t.status = 'queued' and r.status = 'started' and ss.status = 'started'
-                   )::flowlane._claim_item order by b.msg_id)
-    into v_batch
-  from unnest(v_ids) as b (msg_id)
-  left join flowlane.step_tasks t on t.queue_name = v_queue and t.message_id = b.msg_id
-  left join flowlane._pairs(supported_pairs) p on p.flow_slug = t.flow_slug and p.step_slug = t.step_slug
-  left join flowlane.runs r on r.run_id = t.run_id
-  left join flowlane.step_states ss on ss.run_id = t.run_id and ss.step_slug = t.step_slug;
-
-  if exists (select 1 from unnest(v_batch) c where not c.supported) then
-    perform pgmq.set_vt(v_queue, v_ids, 0);
-    return query
-      select 'unsupported', (c.task).flow_slug, (c.task).step_slug, v_queue, (c.task).run_id,
-             (c.task).task_index, null::jsonb, null::jsonb, null::int, c.msg_id
-      from unnest(v_batch) c where not c.supported order by c.msg_id;
-    return;
-  end if;
-
-  -- terminal tasks: their message is archived (idempotent)
-  perform pgmq.archive(v_queue, array(
-    select c.msg_id from unnest(v_batch) c
-    where (c.task).status in ('completed', 'failed', 'skipped', 'cancelled') order by c.msg_id));
-  -- still started (a visible duplicate): no attempt; hidden until stalled recovery may take it
-  select coalesce(array_agg(c.task order by c.msg_id), '{}'),
-         coalesce(array_agg(greatest(1, ceil(extract(epoch from
-                              flowlane._stall_deadline(c.task, flowlane._effective_timeout((c.task).flow_slug, (c.task).step_slug))
-                              - clock_timestamp()))::int)
-                            order by c.msg_id), '{}')
-    into v_duplicates, v_offsets
-  from unnest(v_batch) c where (c.task).status = 'started';
-  perform flowlane._set_tasks_vt(v_duplicates, v_offsets);
-
-  with claimed as (
-    update flowlane.step_tasks t
-       set status = 'started', attempts_count = t.attempts_count + 1, started_at = now(),
-           last_worker_id = start_tasks.worker_id
-      from unnest(v_batch) c
-     where c.claimable and t.run_id = (c.task).run_id and t.step_slug = (c.task).step_slug
-       and t.task_index = (c.task).task_index
-    returning t
-  ) select coalesce(array_agg(c.t order by (c.t).message_id), '{}') into v_claimed from claimed c;
-
-  if cardinality(v_claimed) = 0 then
-    return;
-  end if;
-  select array_agg(flowlane._effective_timeout((v_claimed[i]).flow_slug, (v_claimed[i]).step_slug) + 2 order by i)
-    into v_offsets from generate_subscripts(v_claimed, 1) as i;
-  v_updated := flowlane._set_tasks_vt(v_claimed, v_offsets);
-  if v_updated <> cardinality(v_claimed) then
-    raise exception 'claim aborted: % tasks claimed but % queue messages got their visibility extended',
-      cardinality(v_claimed), v_updated
-      using errcode = '40001', hint = 'a task''s message is missing from its queue; the claim was rolled back';
-  end if;
-
-  return query
-    select 'claimed', (v_claimed[i]).flow_slug, (v_claimed[i]).step_slug, (v_claimed[i]).queue_name,
-           (v_claimed[i]).run_id, (v_claimed[i]).task_index,
-           flowlane._task_input((v_claimed[i]).run_id, (v_claimed[i]).step_slug, (v_claimed[i]).task_index),
-           r.input, (v_claimed[i]).attempts_count, (v_claimed[i]).message_id
-    from generate_subscripts(v_claimed, 1) as i
-    join flowlane.runs r on r.run_id = (v_claimed[i]).run_id
-    order by i;
-end;
+  select * from flowlane._start_tasks(queue_name, msg_ids, worker_id, supported_pairs, null)
 $$;
 
 -- FUNCTION stuck_runs()
@@ -3082,6 +3127,20 @@ ALTER TABLE flowlane.task_attempts ALTER COLUMN id ADD GENERATED ALWAYS AS IDENT
     CACHE 1
 );
 
+-- TABLE task_leases
+
+CREATE TABLE flowlane.task_leases (
+    run_id uuid NOT NULL,
+    step_slug text NOT NULL,
+    task_index integer NOT NULL,
+    started_at timestamp with time zone NOT NULL
+)
+WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_cost_delay='0');
+
+-- COMMENT TABLE task_leases
+
+COMMENT ON TABLE flowlane.task_leases IS 'the started tasks (kept by trigger from step_tasks.status): what stalled recovery scans';
+
 -- CONSTRAINT alias_history alias_history_pkey
 
 ALTER TABLE ONLY flowlane.alias_history
@@ -3152,6 +3211,11 @@ ALTER TABLE ONLY flowlane.steps
 ALTER TABLE ONLY flowlane.task_attempts
     ADD CONSTRAINT task_attempts_pkey PRIMARY KEY (id);
 
+-- CONSTRAINT task_leases task_leases_pkey
+
+ALTER TABLE ONLY flowlane.task_leases
+    ADD CONSTRAINT task_leases_pkey PRIMARY KEY (run_id, step_slug, task_index);
+
 -- CONSTRAINT worker_deployments worker_deployments_pkey
 
 ALTER TABLE ONLY flowlane.worker_deployments
@@ -3206,17 +3270,9 @@ CREATE INDEX step_states_flow_idx ON flowlane.step_states USING btree (flow_slug
 
 CREATE INDEX step_states_ready_idx ON flowlane.step_states USING btree (run_id, status, remaining_deps) WHERE ((status = 'created'::text) AND (remaining_deps = 0));
 
--- INDEX step_tasks_active_idx
-
-CREATE INDEX step_tasks_active_idx ON flowlane.step_tasks USING btree (run_id, step_slug) WHERE (status = ANY (ARRAY['queued'::text, 'started'::text]));
-
 -- INDEX step_tasks_completed_idx
 
 CREATE INDEX step_tasks_completed_idx ON flowlane.step_tasks USING btree (completed_at, queue_name) WHERE (completed_at IS NOT NULL);
-
--- INDEX step_tasks_started_idx
-
-CREATE INDEX step_tasks_started_idx ON flowlane.step_tasks USING btree (started_at) WHERE (status = 'started'::text);
 
 -- INDEX steps_slug_ci_unique
 
@@ -3261,6 +3317,18 @@ CREATE TRIGGER step_states_keep_skip_error BEFORE UPDATE OF status ON flowlane.s
 -- TRIGGER step_tasks step_tasks_attempt_history
 
 CREATE TRIGGER step_tasks_attempt_history AFTER UPDATE OF status ON flowlane.step_tasks FOR EACH ROW WHEN (((old.status = 'started'::text) AND (new.status = ANY (ARRAY['queued'::text, 'failed'::text])))) EXECUTE FUNCTION flowlane._record_attempt();
+
+-- TRIGGER step_tasks step_tasks_lease_on_delete
+
+CREATE TRIGGER step_tasks_lease_on_delete AFTER DELETE ON flowlane.step_tasks FOR EACH ROW WHEN ((old.status = 'started'::text)) EXECUTE FUNCTION flowlane._track_lease();
+
+-- TRIGGER step_tasks step_tasks_lease_on_insert
+
+CREATE TRIGGER step_tasks_lease_on_insert AFTER INSERT ON flowlane.step_tasks FOR EACH ROW WHEN ((new.status = 'started'::text)) EXECUTE FUNCTION flowlane._track_lease();
+
+-- TRIGGER step_tasks step_tasks_lease_on_update
+
+CREATE TRIGGER step_tasks_lease_on_update AFTER UPDATE OF status, started_at ON flowlane.step_tasks FOR EACH ROW WHEN ((((old.status = 'started'::text) OR (new.status = 'started'::text)) AND ((old.status IS DISTINCT FROM new.status) OR (old.started_at IS DISTINCT FROM new.started_at)))) EXECUTE FUNCTION flowlane._track_lease();
 
 -- TRIGGER step_tasks step_tasks_queue_identity_immutable
 
