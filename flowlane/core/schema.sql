@@ -1153,10 +1153,20 @@ CREATE FUNCTION flowlane._sequential_runs(p_classes flowlane._result_class[], p_
     LANGUAGE sql STABLE
     SET search_path TO ''
     AS $$
-  select coalesce(array_agg(distinct (e.task).run_id), '{}')
-  from unnest(p_enders) e
+  select coalesce(array_agg(distinct e.run_id), '{}')
+  from (
+    select (x.task).run_id from unnest(p_enders) x
+    union all
+    select (c.task).run_id from unnest(p_classes) c
+    where c.actionable and exists (
+      select 1 from flowlane.deps d
+      join flowlane.steps ch on ch.flow_slug = d.flow_slug and ch.step_slug = d.step_slug
+      where d.flow_slug = (c.task).flow_slug and d.dep_slug = (c.task).step_slug
+        and ch.when_unmet = 'fail'
+        and (ch.required_input_pattern is not null or ch.forbidden_input_pattern is not null))
+  ) e
   where (select count(*) from unnest(p_classes) c
-         where c.actionable and (c.task).run_id = (e.task).run_id) > 1
+         where c.actionable and (c.task).run_id = e.run_id) > 1
 $$;
 
 -- FUNCTION _set_tasks_vt(flowlane.step_tasks[], integer[])

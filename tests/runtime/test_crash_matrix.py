@@ -379,7 +379,7 @@ def test_sigterm_during_long_handlers_with_a_short_shutdown_timeout(
             select t.last_worker_id::text from flowlane.step_tasks t
             join flowlane.runs r using (run_id)
             where t.status = 'started' and (r.input ->> 'work')::numeric > 0
-            limit 1""")
+            order by t.started_at desc limit 1""")  # the newest: its handler most likely still runs
 
     def sigterm_a_worker_running_a_long_handler() -> None:
         if not points or load.progress() < points[0]:
@@ -395,6 +395,9 @@ def test_sigterm_during_long_handlers_with_a_short_shutdown_timeout(
     load.stop()
     extra = load.verify()
     assert len(left_behind) == 3 and sum(left_behind) > 0, left_behind
-    assert all("task_abandoned" in w.text() for w in load.retired)
+    # a handler may return between the choice of the victim and the signal: that worker then
+    # leaves nothing behind; one that does leave tasks says which
+    for worker, left in zip(load.retired, left_behind, strict=True):
+        assert left == 0 or "task_abandoned" in worker.text(), (left, worker.text()[-3000:])
     report("SIGTERM x3 (0.2 s)", rate, baseline,
            f"{sum(left_behind)} tasks abandoned, {extra} extra executions")

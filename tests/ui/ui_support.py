@@ -146,16 +146,11 @@ class UiServer:
         assert self.process.stdout is not None
         line = self.process.stdout.readline()  # blocks until the socket is bound (or it exits)
         if not line.startswith("flowlane ui: serving "):
-            self.stop()
-            raise AssertionError(f"flowlane ui did not start: {line!r} {self.stderr()}")
+            self.process.kill()
+            _, stderr = self.process.communicate(timeout=10)
+            raise AssertionError(f"flowlane ui did not start: {line!r} {stderr}")
         self.banner = line.strip()
         self.url = line.split()[3].rstrip("/")
-
-    def stderr(self) -> str:
-        if self.process.poll() is None:
-            return ""
-        assert self.process.stderr is not None
-        return self.process.stderr.read()
 
     def stop(self) -> None:
         if self.process.poll() is None:
