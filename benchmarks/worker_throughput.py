@@ -10,14 +10,18 @@ migrated by DIR's migrations, and workers from this checkout on one migrated
 to head, interleaved with the raw PGMQ figures in the same run. Measured:
 
 1. end to end: one producer sends N messages (raw PGMQ, one pgmq.send per
-   transaction) or starts N one-step runs (flowlane.start_flow per
-   transaction) while 1 / 4 consumer processes drain them: raw consumers
-   read batches of 1 ("raw single") or --raw-batch (polling every 5 ms when
-   idle) and archive them; flowlane consumers are real worker processes
-   (`flowlane worker`, no-op handler) that claim, run and complete;
-2. drain only: the same with the backlog enqueued before the consumers start
-   (and start_flow's own rate with no worker running), and the database
-   server's CPU time per task (all its processes, from /proc; embedded only);
+   transaction) or starts N one-step runs while 1 / 4 consumer processes
+   drain them: raw consumers read batches of 1 ("raw single") or --raw-batch
+   (polling every 5 ms when idle) and archive them; flowlane consumers are
+   real worker processes (`flowlane worker`, no-op handler) that claim, run
+   and complete. flowlane's producer starts one run per transaction
+   (start_flow), then, in a second measurement, --raw-batch runs per
+   transaction (start_flows, the batched start);
+2. drain only: the consumers start and wait on an empty queue; the backlog
+   is then committed in one transaction and the drain is timed in the
+   database, from that commit to the last completion (so starting 4
+   processes costs nothing of it); the database server's CPU time per task
+   during the drain (all its processes, from /proc; embedded only);
 3. latency from start_flow's commit to the handler starting, one run at a
    time on an idle worker, with PGMQ insert notifications on and off
    (polling fallback: read_with_poll, 100 ms interval): p50 / p95.
@@ -100,12 +104,12 @@ class ServerCpu:
 # -- raw PGMQ -----------------------------------------------------------------
 
 
-def _raw_consumer(dsn: str, stop_at: int, done: Any, qty: int) -> None:
+def _raw_consumer(dsn: str, stop_at: int, done: Any, ready: Any, qty: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
+        with ready.get_lock():
+            ready.value += 1
         while done.value < stop_at:
-            rows = conn.execute(
-                b"select msg_id from pgmq.read(%s, 30, %s)", (RAW_QUEUE, qty)
-            ).fetchall()
+            rows = conn.execute(b"select msg_id from pgmq.read(%s, 30, %s)", (RAW_QUEUE, qty)).fetchall()
             if not rows:
                 time.sleep(0.005)  # an idle consumer polls every 5 ms (no 1 s read_with_poll tail)
                 continue
@@ -115,25 +119,31 @@ def _raw_consumer(dsn: str, stop_at: int, done: Any, qty: int) -> None:
                 done.value += len(ids)
 
 
-def raw_pgmq(dsn: str, n: int, consumers: int, qty: int, *, preload: bool = False) -> float:
-    """Messages/s: one send per transaction while consumers drain; or (preload) drain only."""
+def raw_pgmq(dsn: str, n: int, consumers: int, qty: int, *, backlog: bool = False) -> float:
+    """Messages/s: one send per transaction while the consumers drain; or (backlog) all n
+    committed in one transaction once every consumer is polling, timed from the commit."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(b"select pgmq.create(%s)", (RAW_QUEUE,))
         conn.execute(b"select pgmq.purge_queue(%s)", (RAW_QUEUE,))
-        if preload:
-            for offset in range(0, n, 500):
-                batch = [json.dumps({"n": i}) for i in range(offset, min(n, offset + 500))]
-                conn.execute(b"select pgmq.send_batch(%s, %s::jsonb[])", (RAW_QUEUE, batch))
     done = multiprocessing.Value("i", 0)
+    ready = multiprocessing.Value("i", 0)
     procs = [
-        multiprocessing.Process(target=_raw_consumer, args=(dsn, n, done, qty))
+        multiprocessing.Process(target=_raw_consumer, args=(dsn, n, done, ready, qty))
         for _ in range(consumers)
     ]
-    started = time.perf_counter()
     for p in procs:
         p.start()
-    if not preload:
-        with psycopg.connect(dsn, autocommit=True) as conn:
+    while ready.value < consumers:
+        time.sleep(0.01)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        started = time.perf_counter()
+        if backlog:
+            with conn.transaction():
+                for offset in range(0, n, 500):
+                    batch = [json.dumps({"n": i}) for i in range(offset, min(n, offset + 500))]
+                    conn.execute(b"select pgmq.send_batch(%s, %s::jsonb[])", (RAW_QUEUE, batch))
+            started = time.perf_counter()
+        else:
             for i in range(n):
                 conn.execute(b"select pgmq.send(%s, %s::jsonb)", (RAW_QUEUE, json.dumps({"n": i})))
     for p in procs:
@@ -202,11 +212,16 @@ def completed_count(conn: psycopg.Connection[Any]) -> int:
     return int(row[0]) if row else 0
 
 
-def start_runs(conn: psycopg.Connection[Any], n: int) -> None:
+def start_runs(conn: psycopg.Connection[Any], n: int, per_call: int = 1) -> None:
+    """n runs: one start_flow per call, or start_flows of ``per_call`` inputs per call."""
+    inputs = [json.dumps({"i": i}) for i in range(n)]
     with conn.cursor() as cur:
+        if per_call == 1:
+            cur.executemany(b"select flowlane.start_flow('bench_noop', %s::jsonb)", [(i,) for i in inputs])
+            return
         cur.executemany(
-            b"select flowlane.start_flow('bench_noop', %s::jsonb)",
-            [(json.dumps({"i": i}),) for i in range(n)],
+            b"select count(*) from flowlane.start_flows('bench_noop', %s::jsonb[])",
+            [(inputs[at : at + per_call],) for at in range(0, n, per_call)],
         )
 
 
@@ -223,45 +238,45 @@ class Engine:
         self.extra = extra
         self.dsn = fresh_database(admin, repo)
 
-    def end_to_end(self, n: int, workers: int) -> float:
-        """Tasks/s end to end: start_flow one run per transaction while the workers drain."""
+    def end_to_end(self, n: int, workers: int, per_call: int = 1) -> float:
+        """Tasks/s end to end: ``per_call`` runs started per transaction while the workers
+        drain."""
         pool = Workers(self.dsn, workers, *self.extra, repo=self.repo)
         try:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
                 before = completed_count(conn)
                 started = time.perf_counter()
-                start_runs(conn, n)
+                start_runs(conn, n, per_call)
                 wait_completed(conn, before + n)
                 return n / (time.perf_counter() - started)
         finally:
             pool.stop()
 
-    def drain(self, n: int, workers: int, cpu: ServerCpu) -> tuple[float, float, float | None]:
-        """(start_flow runs/s with no worker running, tasks/s of the workers draining the
-        backlog, server CPU ms per task during the drain). The drain is timed in the
-        database: from the first worker's registration to the last run's completion."""
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            before = completed_count(conn)
-            started = time.perf_counter()
-            start_runs(conn, n)
-            produce = n / (time.perf_counter() - started)
-            mark = conn.execute(b"select clock_timestamp()").fetchone()
-            assert mark is not None
-            pool = Workers(self.dsn, workers, *self.extra, repo=self.repo)
-            try:
+    def drain(self, n: int, workers: int, cpu: ServerCpu) -> tuple[float, float | None]:
+        """(tasks/s of the workers draining a backlog, server CPU ms per task during the
+        drain). The workers start on an empty queue; the backlog is committed in one
+        transaction once all of them are registered, and the drain is timed in the
+        database, from that commit to the last run's completion."""
+        pool = Workers(self.dsn, workers, *self.extra, repo=self.repo)
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                before = completed_count(conn)
+                with conn.transaction():
+                    start_runs(conn, n, 500)
+                mark = conn.execute(b"select clock_timestamp()").fetchone()
+                assert mark is not None
                 cpu0 = cpu.seconds()
                 wait_completed(conn, before + n)
                 cpu1 = cpu.seconds()
-            finally:
-                pool.stop()
-            row = conn.execute(
-                b"select extract(epoch from (select max(completed_at) from flowlane.runs)"
-                b" - (select min(started_at) from flowlane.workers where started_at > %s))",
-                (mark[0],),
-            ).fetchone()
-            assert row is not None
-            per_task = None if cpu0 is None or cpu1 is None else 1000 * (cpu1 - cpu0) / n
-            return produce, n / float(row[0]), per_task
+                row = conn.execute(
+                    b"select extract(epoch from max(completed_at) - %s) from flowlane.runs",
+                    (mark[0],),
+                ).fetchone()
+                assert row is not None
+        finally:
+            pool.stop()
+        per_task = None if cpu0 is None or cpu1 is None else 1000 * (cpu1 - cpu0) / n
+        return n / float(row[0]), per_task
 
 
 def latency(dsn: str, samples: int, notify: bool) -> tuple[float, float]:
@@ -271,15 +286,12 @@ def latency(dsn: str, samples: int, notify: bool) -> tuple[float, float]:
         with psycopg.connect(dsn, autocommit=True) as conn:
             time.sleep(0.5)  # let the idle worker settle into its wait
             for _ in range(samples):
-                row = conn.execute(
-                    b"select run_id from flowlane.start_flow('bench_noop', '{}')"
-                ).fetchone()
+                row = conn.execute(b"select run_id from flowlane.start_flow('bench_noop', '{}')").fetchone()
                 committed = time.time()
                 assert row is not None
                 while True:
                     out = conn.execute(
-                        b"select output from flowlane.runs"
-                        b" where run_id = %s and status = 'completed'",
+                        b"select output from flowlane.runs where run_id = %s and status = 'completed'",
                         (row[0],),
                     ).fetchone()
                     if out:
@@ -301,9 +313,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--dsn", help="admin DSN (may CREATE DATABASE); default: a temporary embedded server"
-    )
+    parser.add_argument("--dsn", help="admin DSN (may CREATE DATABASE); default: a temporary embedded server")
     parser.add_argument("--tasks", type=int, default=2000)
     parser.add_argument("--samples", type=int, default=40)
     parser.add_argument("--raw-batch", type=int, default=50, help="raw PGMQ batched read size")
@@ -326,33 +336,44 @@ def main() -> None:
             engines = {"before": Engine(admin, args.before.resolve(), []), **engines}
         raw_dsn = engines["after"].dsn
         q = args.raw_batch
-        print(f"tasks per measurement: {args.tasks}; cpus: {os.cpu_count()}; "
-              f"after's worker arguments: {args.worker_args or '(defaults)'}")
+        print(
+            f"tasks per measurement: {args.tasks}; cpus: {os.cpu_count()}; "
+            f"after's worker arguments: {args.worker_args or '(defaults)'}"
+        )
         names = list(engines)
         cols = "".join(f"  {name + ' tasks/s':>15}" for name in names)
         ratios = "".join(f"  {name + '/raw1':>12}  {name + f'/raw{q}':>12}" for name in names)
-        print("end to end: one producer, one transaction per message/run, consumers draining")
-        print(f"{'consumers':>9}  {'raw1 msg/s':>10}  {f'raw{q} msg/s':>11}{cols}{ratios}")
+        print("end to end: one producer while the consumers drain; raw PGMQ sends one message")
+        print(f"per transaction; flowlane starts one run per transaction, then (batched) {q} per")
+        print("transaction with start_flows")
+        batched = "".join(f"  {name + ' batched':>15}" for name in names)
+        batched_ratio = "".join(f"  {name + ' b/raw1':>12}" for name in names)
+        print(
+            f"{'consumers':>9}  {'raw1 msg/s':>10}  {f'raw{q} msg/s':>11}{cols}{batched}"
+            f"{ratios}{batched_ratio}"
+        )
         for consumers in (1, 4):
             raw1 = raw_pgmq(raw_dsn, args.tasks, consumers, 1)
             rawq = raw_pgmq(raw_dsn, args.tasks, consumers, q)
             rates = {name: e.end_to_end(args.tasks, consumers) for name, e in engines.items()}
+            fast = {name: e.end_to_end(args.tasks, consumers, q) for name, e in engines.items()}
             line = "".join(f"  {rates[n]:>15.0f}" for n in names)
+            line += "".join(f"  {fast[n]:>15.0f}" for n in names)
             line += "".join(f"  {rates[n] / raw1:>12.2f}  {rates[n] / rawq:>12.2f}" for n in names)
+            line += "".join(f"  {fast[n] / raw1:>12.2f}" for n in names)
             print(f"{consumers:>9}  {raw1:>10.0f}  {rawq:>11.0f}{line}")
         print()
-        print("drain only: the backlog is enqueued first (send_batch / start_flow per run)")
+        print("drain only: consumers idle on an empty queue, then the backlog committed in one")
+        print("transaction; timed from that commit")
         cpu_cols = "".join(f"  {name + ' cpu ms/task':>19}" for name in names)
         print(f"{'consumers':>9}  {'raw1 msg/s':>10}  {f'raw{q} msg/s':>11}{cols}{ratios}{cpu_cols}")
         for consumers in (1, 4):
-            raw1 = raw_pgmq(raw_dsn, args.tasks, consumers, 1, preload=True)
-            rawq = raw_pgmq(raw_dsn, args.tasks, consumers, q, preload=True)
+            raw1 = raw_pgmq(raw_dsn, args.tasks, consumers, 1, backlog=True)
+            rawq = raw_pgmq(raw_dsn, args.tasks, consumers, q, backlog=True)
             drained = {name: e.drain(args.tasks, consumers, cpu) for name, e in engines.items()}
-            line = "".join(f"  {drained[n][1]:>15.0f}" for n in names)
-            line += "".join(
-                f"  {drained[n][1] / raw1:>12.2f}  {drained[n][1] / rawq:>12.2f}" for n in names
-            )
-            line += "".join(f"  {_cpu(drained[n][2]):>19}" for n in names)
+            line = "".join(f"  {drained[n][0]:>15.0f}" for n in names)
+            line += "".join(f"  {drained[n][0] / raw1:>12.2f}  {drained[n][0] / rawq:>12.2f}" for n in names)
+            line += "".join(f"  {_cpu(drained[n][1]):>19}" for n in names)
             print(f"{consumers:>9}  {raw1:>10.0f}  {rawq:>11.0f}{line}")
         if args.skip_latency:
             return
