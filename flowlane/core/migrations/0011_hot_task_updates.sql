@@ -1,5 +1,5 @@
--- flowlane SQL Core 0011: HOT updates of step_tasks on the hot path (issue 10; docs/runtime.md,
--- "Throughput"; figures in benchmarks/RESULTS.md, "Issue 10, HOT task updates").
+-- flowlane SQL Core 0011: HOT updates of step_tasks on the hot path (docs/runtime.md,
+-- "Throughput"; figures in benchmarks/RESULTS.md, "HOT task updates").
 --
 -- PostgreSQL updates a row in place on its page (HOT: no new index entries) only when no
 -- indexed column changes, partial-index predicates included. A claim set status and
