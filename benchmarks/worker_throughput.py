@@ -320,6 +320,7 @@ def main() -> None:
     parser.add_argument("--before", type=Path, help="a checkout of an older flowlane to compare")
     parser.add_argument("--worker-args", default="", help="extra arguments for this checkout's workers")
     parser.add_argument("--skip-latency", action="store_true")
+    parser.add_argument("--skip-end-to-end", action="store_true")
     args = parser.parse_args()
     tmp = None
     admin = args.dsn
@@ -352,7 +353,7 @@ def main() -> None:
             f"{'consumers':>9}  {'raw1 msg/s':>10}  {f'raw{q} msg/s':>11}{cols}{batched}"
             f"{ratios}{batched_ratio}"
         )
-        for consumers in (1, 4):
+        for consumers in () if args.skip_end_to_end else (1, 4):
             raw1 = raw_pgmq(raw_dsn, args.tasks, consumers, 1)
             rawq = raw_pgmq(raw_dsn, args.tasks, consumers, q)
             rates = {name: e.end_to_end(args.tasks, consumers) for name, e in engines.items()}
