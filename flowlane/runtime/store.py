@@ -250,9 +250,10 @@ def _claim(rows: list[Row]) -> Claim:
         claim.batch.append(int(r["msg_id"]))
         if r["outcome"] == "claimed":
             run_id = str(r["run_id"])
-            if r["flow_input"] is None:
+            if run_id in run_inputs:  # by position: a run's input may itself be JSON null
                 r["flow_input"] = run_inputs[run_id]
-            run_inputs.setdefault(run_id, r["flow_input"])
+            else:
+                run_inputs[run_id] = r["flow_input"]
             claim.tasks.append(_claimed(r))
         elif r["outcome"] == "unsupported":
             claim.unsupported.append(Unsupported(int(r["msg_id"]), r["flow_slug"], r["step_slug"]))
