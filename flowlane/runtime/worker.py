@@ -18,10 +18,11 @@ asyncio tasks on one loop:
   the notification connection is down it uses ``pgmq.read_with_poll``;
 - flusher: sends results, completions batched through ``complete_tasks``,
   failures through ``fail_tasks``, both fenced by worker id and attempt;
-- maintenance: heartbeat (a deprecated worker stops), lease extension
-  (``extend_leases``) for the tasks held longer than ``LEASE_INTERVAL``, and
-  every ``requeue_interval`` seconds ``requeue_stalled_tasks`` (cheap and SKIP
+- maintenance: heartbeat (a deprecated worker stops), and every
+  ``requeue_interval`` seconds ``requeue_stalled_tasks`` (cheap and SKIP
   LOCKED, so every worker does it) and a coverage re-check;
+- leases: every ``LEASE_INTERVAL``, ``extend_leases`` for the tasks held longer
+  than that, until the last results are committed (shutdown included);
 - listener: LISTEN on the queue's insert channel.
 
 Backpressure: a handler slot is held from the claim until the task's result
@@ -353,10 +354,10 @@ class Worker:
                 hint="a structural change needs a new flow slug (e.g. _v2) and an alias move; "
                 "`flowlane plan` shows every difference",
             )
-        if missing:
-            await self._create_missing(store, missing)
+        if missing and len(await self._create_missing(store, missing)) < len(missing):
+            await self._verify_flows(store)  # created meanwhile by another writer: check as found
 
-    async def _create_missing(self, store: Store, missing: list[str]) -> None:
+    async def _create_missing(self, store: Store, missing: list[str]) -> tuple[str, ...]:
         if not self.compile:
             raise errors.WorkerError(
                 "flows missing from the database: " + ", ".join(missing),
@@ -365,6 +366,7 @@ class Worker:
             )
         created = await asyncio.to_thread(definitions.create_flows, self.project, missing, store.dsn)
         log.event(INFO, "flows_compiled", flows=",".join(created))
+        return created
 
     async def _check_coverage(self, store: Store) -> None:
         gaps = await store.coverage(self.queue, self.pairs)
@@ -403,7 +405,10 @@ class Worker:
         session.notify_live = listening is not None
         poller = self._background(session, self._poll_loop(session), "poller")
         flusher = self._background(session, self._flush_loop(session), "flusher")
-        helpers = [self._background(session, self._maintenance_loop(session), "maintenance")]
+        helpers = [
+            self._background(session, self._maintenance_loop(session), "maintenance"),
+            self._background(session, self._lease_loop(session), "leases"),
+        ]
         if notify:
             helpers.append(
                 self._background(session, self._listen_loop(session, listening), "listener")
@@ -602,7 +607,7 @@ class Worker:
 
     async def _maintenance_loop(self, session: Session) -> None:
         store = session.store
-        next_heartbeat = next_requeue = next_lease = next_progress = time.monotonic()
+        next_heartbeat = next_requeue = next_progress = time.monotonic()
         reported = dataclasses.replace(session.counters)
         while not session.stopping.is_set():
             now = time.monotonic()
@@ -610,9 +615,6 @@ class Worker:
                 next_progress = now + PROGRESS_INTERVAL
                 reported = _report_progress(session, reported)
             try:
-                if now >= next_lease:
-                    next_lease = now + LEASE_INTERVAL
-                    await self._extend_leases(session, now)
                 if now >= next_heartbeat:
                     next_heartbeat = now + self.config.heartbeat_interval
                     if await store.heartbeat(self.worker_id):
@@ -630,17 +632,20 @@ class Worker:
                         log.event(WARNING, "stalled_tasks_requeued", count=requeued)
                     await self._recheck_coverage(session)
             except DATABASE_ERRORS as exc:
-                if is_transient(exc):
-                    log.event(
-                        WARNING,
-                        "database_unavailable",
-                        component="maintenance",
-                        error=describe(exc),
-                    )
-                else:
-                    log.event(ERROR, "maintenance_failed", error=describe(exc))
-            wake_at = min(next_heartbeat, next_requeue, next_lease, next_progress)
+                _maintenance_error(exc)
+            wake_at = min(next_heartbeat, next_requeue, next_progress)
             await session.pause(max(0.05, wake_at - time.monotonic()))
+
+    async def _lease_loop(self, session: Session) -> None:
+        """Renew the leases of held tasks until ``_serve`` cancels this loop, after the last
+        results are committed: through a shutdown's drain and final flush as well, so that
+        no claim outlives its lease while its result is still on the way."""
+        while True:
+            await asyncio.sleep(LEASE_INTERVAL)
+            try:
+                await self._extend_leases(session, time.monotonic())
+            except DATABASE_ERRORS as exc:
+                _maintenance_error(exc)
 
     async def _extend_leases(self, session: Session, now: float) -> None:
         """Keep the leases of tasks held for a while (handler running or result pending)."""
@@ -713,6 +718,13 @@ def _report_progress(session: Session, reported: Counters) -> Counters:
             held=len(session.held),
         )
     return dataclasses.replace(session.counters)
+
+
+def _maintenance_error(exc: BaseException) -> None:
+    if is_transient(exc):
+        log.event(WARNING, "database_unavailable", component="maintenance", error=describe(exc))
+    else:
+        log.event(ERROR, "maintenance_failed", error=describe(exc))
 
 
 def _gap_line(gap: dict[str, Any]) -> str:
