@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 from flowlane import errors, project_root
 from flowlane.compiler import api, check, compiled, names, shape
 from flowlane.compiler.model import Flow, Project
-from flowlane.core import db
+from flowlane.core import db, definitions
 from flowlane.core.queries import query
 
 NEW_FLOW = "NEW_FLOW"
@@ -252,9 +252,7 @@ def apply(paths: Sequence[str | os.PathLike[str]] | None,
 def _apply_files(conn: psycopg.Connection[Any], project: Project,
                  files: Iterable[Path]) -> ApplyResult:
     with conn.transaction():
-        with db.wrap_errors("apply"):
-            conn.execute(query("deploy_lock_timeout"))  # never queue behind long locks
-            conn.execute(query("deploy_lock"))
+        definitions.lock(conn, "apply")
         current = plan_with(project, conn)
         if current.refused:
             raise errors.DeployRefused(
@@ -263,9 +261,7 @@ def _apply_files(conn: psycopg.Connection[Any], project: Project,
                 + " changed shape in the database", hint="run `flowlane plan` for details")
         applied = []
         for file in files:
-            body = compiled.statements(_read(file))  # apply wraps them all
-            with db.wrap_errors(f"apply {file.as_posix()}"):
-                conn.execute(body)  # a reviewed, compiled file (package-independent text)
+            definitions.run_compiled(conn, _read(file), f"apply {file.as_posix()}")
             applied.append(file.as_posix())
     return ApplyResult(current, tuple(applied))
 

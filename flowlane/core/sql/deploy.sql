@@ -7,6 +7,9 @@ select f.flow_slug, f.opt_max_attempts, f.opt_base_delay, f.opt_timeout
 from flowlane.flows f
 order by f.flow_slug collate "C"
 
+-- name: deploy_existing_flows
+select f.flow_slug from flowlane.flows f where f.flow_slug = any (%(slugs)s::text[])
+
 -- name: deploy_shape_differences
 -- the words of the worker's startup check (verify_flow) for every given {slug: shape}
 select given.key as flow_slug,
