@@ -1159,11 +1159,10 @@ CREATE FUNCTION flowlane._sequential_runs(p_classes flowlane._result_class[], p_
     union all
     select (c.task).run_id from unnest(p_classes) c
     where c.actionable and exists (
-      select 1 from flowlane.deps d
-      join flowlane.steps ch on ch.flow_slug = d.flow_slug and ch.step_slug = d.step_slug
-      where d.flow_slug = (c.task).flow_slug and d.dep_slug = (c.task).step_slug
-        and ch.when_unmet = 'fail'
-        and (ch.required_input_pattern is not null or ch.forbidden_input_pattern is not null))
+      select 1 from flowlane.steps s
+      where s.flow_slug = (c.task).flow_slug
+        and s.when_unmet = 'fail'
+        and (s.required_input_pattern is not null or s.forbidden_input_pattern is not null))
   ) e
   where (select count(*) from unnest(p_classes) c
          where c.actionable and (c.task).run_id = e.run_id) > 1
@@ -2149,8 +2148,9 @@ begin
     where r.status = 'started' and s.queue_name = coverage.queue_name
     union all
     select distinct t.flow_slug, t.step_slug, 'task on the queue'
-    from flowlane.step_tasks t
-    where t.queue_name = coverage.queue_name and t.status in ('queued', 'started')
+    from flowlane.runs r
+    join flowlane.step_tasks t on t.run_id = r.run_id
+    where r.status = 'started' and t.queue_name = coverage.queue_name and t.status in ('queued', 'started')
   )
   select r.flow_slug, r.step_slug, array_agg(distinct r.source order by r.source)
   from required r
@@ -2259,8 +2259,10 @@ CREATE FUNCTION flowlane.drain_status() RETURNS TABLE(alias text, flow_slug text
   cross join lateral unnest(a.draining) as v (flow_slug)
   cross join lateral (
     select (select count(*) from flowlane.runs r where r.flow_slug = v.flow_slug and r.status = 'started') as runs,
-           (select count(*) from flowlane.step_tasks t
-             where t.flow_slug = v.flow_slug and t.status in ('queued', 'started')) as tasks
+           (select count(*) from flowlane.runs r
+              join flowlane.step_tasks t on t.run_id = r.run_id
+             where r.flow_slug = v.flow_slug and r.status = 'started'
+               and t.status in ('queued', 'started')) as tasks
   ) x
   order by a.alias, v.flow_slug
 $$;

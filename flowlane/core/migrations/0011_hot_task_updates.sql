@@ -13,7 +13,9 @@
 --     changes the status). requeue_stalled_tasks follows this table: its cost follows the work
 --     in flight, not the history, as the partial index did.
 --   * the two partial indexes go. Every remaining reader of active tasks filters on a run
---     (the primary key's prefix (run_id, step_slug) serves it) or reads a run's tasks anyway.
+--     (the primary key's prefix (run_id, step_slug) serves it) or reads a run's tasks anyway;
+--     coverage and drain_status, which counted by queue or flow, now start from the started
+--     runs (end of this file).
 --   * what a claim changes (status, started_at, attempts_count, last_worker_id) and a lease
 --     renewal or a retry (lease_renewed_at, status, error_message) is then in no index: these
 --     updates are HOT. A completion still sets completed_at, which the console's throughput
@@ -505,3 +507,65 @@ begin
 end;
 $$;
 
+
+-- ---------------------------------------------------------------------------
+-- readers of active tasks reach them through their runs
+-- ---------------------------------------------------------------------------
+
+-- 0005's coverage and drain_status counted a queue's or a flow's queued and started tasks,
+-- which step_tasks_active_idx served. A task is queued or started only while its run is
+-- started (failing or cancelling a run cancels them; a run completes once every task is
+-- done), so both now start from the started runs (runs_status_idx) and reach the tasks by
+-- the primary key's run_id: their cost follows the runs in flight, not the history.
+
+create or replace function flowlane.coverage(queue_name text, supported_pairs jsonb)
+returns table (flow_slug text, step_slug text, sources text[])
+language plpgsql stable
+set search_path = ''
+as $$
+begin
+  perform flowlane._check_queue_argument('coverage', coverage.queue_name);
+  return query
+  with supported as (
+    select * from flowlane._pairs(supported_pairs)
+  ), required as (
+    select s.flow_slug, s.step_slug, 'active version' as source
+    from flowlane.steps s
+    where s.queue_name = coverage.queue_name and s.flow_slug in (select flowlane._active_targets())
+    union all
+    select distinct ss.flow_slug, ss.step_slug, 'started run'
+    from flowlane.runs r
+    join flowlane.step_states ss on ss.run_id = r.run_id and ss.status in ('created', 'started')
+    join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+    where r.status = 'started' and s.queue_name = coverage.queue_name
+    union all
+    select distinct t.flow_slug, t.step_slug, 'task on the queue'
+    from flowlane.runs r
+    join flowlane.step_tasks t on t.run_id = r.run_id
+    where r.status = 'started' and t.queue_name = coverage.queue_name and t.status in ('queued', 'started')
+  )
+  select r.flow_slug, r.step_slug, array_agg(distinct r.source order by r.source)
+  from required r
+  where not exists (select 1 from supported p where p.flow_slug = r.flow_slug and p.step_slug = r.step_slug)
+  group by r.flow_slug, r.step_slug
+  order by r.flow_slug, r.step_slug;
+end;
+$$;
+
+create or replace function flowlane.drain_status()
+returns table (alias text, flow_slug text, started_runs bigint, active_tasks bigint, drained boolean)
+language sql stable
+set search_path = ''
+as $$
+  select a.alias, v.flow_slug, x.runs, x.tasks, x.runs = 0 and x.tasks = 0
+  from flowlane.aliases a
+  cross join lateral unnest(a.draining) as v (flow_slug)
+  cross join lateral (
+    select (select count(*) from flowlane.runs r where r.flow_slug = v.flow_slug and r.status = 'started') as runs,
+           (select count(*) from flowlane.runs r
+              join flowlane.step_tasks t on t.run_id = r.run_id
+             where r.flow_slug = v.flow_slug and r.status = 'started'
+               and t.status in ('queued', 'started')) as tasks
+  ) x
+  order by a.alias, v.flow_slug
+$$;
