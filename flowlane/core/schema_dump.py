@@ -86,7 +86,6 @@ def _server(dsn: str | None) -> Iterator[str]:
         yield dsn
         return
     workdir = Path(tempfile.mkdtemp(prefix="flowlane-schema-"))
-    workdir.chmod(0o711)  # run as root, the server's own account must reach its data directory
     pgdata = workdir / "data"
     try:
         yield db.EmbeddedDatabase.start_at(pgdata)
