@@ -20,7 +20,6 @@ from flowlane.app.fleet import STALE_AFTER
 from flowlane.core import db, migrator
 from flowlane.core.queries import query
 
-RUN_STATUSES = ("started", "completed", "failed", "cancelled")
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 TASKS_PER_STEP = 20
@@ -28,27 +27,13 @@ PAYLOAD_LIMIT = 64 * 1024  # characters of a JSON value shown on demand
 THROUGHPUT_MINUTES = 15
 
 
-@dataclass(frozen=True)
-class Action:
-    """An operator action: the SQL function it calls, and where that function comes from."""
-
-    name: str
-    function: str
-    query: str
-    provided_by: str
-
-
-# One table of actions: the console offers an action only where its SQL function exists (a
-# database not yet migrated shows it greyed out and refuses it with a hint to migrate).
+# The operator actions and their named queries: the same as `flowlane cancel|retry` and
+# `flowlane worker enable|disable`. Their SQL functions exist wherever the console runs
+# (open() refuses a database with pending migrations).
 ACTIONS = {
-    action.name: action
-    for action in (
-        # the same named queries as `flowlane cancel|retry` and `flowlane worker enable|disable`
-        Action("cancel", "flowlane.cancel_run", "client_cancel_run", "run operations (migration 0007)"),
-        Action("retry", "flowlane.retry_run", "client_retry_run", "run operations (migration 0007)"),
-        Action("set_deployment_enabled", "flowlane.set_deployment_enabled", "fleet_set_enabled",
-               "worker deployments (migration 0005)"),
-    )
+    "cancel": "client_cancel_run",
+    "retry": "client_retry_run",
+    "set_deployment_enabled": "fleet_set_enabled",
 }
 
 
@@ -208,20 +193,7 @@ class Console:
 
     # actions
 
-    def available_actions(self) -> set[str]:
-        """The actions whose SQL function exists in this database."""
-        return {
-            name for name, action in ACTIONS.items()
-            if (row := self._row("console_function_exists", function=action.function)) and row["exists"]
-        }
-
     def perform(self, name: str, **params: Any) -> None:
-        action = ACTIONS.get(name)
-        if action is None:
+        if name not in ACTIONS:
             raise errors.UsageError(f"unknown action {name!r}")
-        if name not in self.available_actions():
-            raise errors.FlowlaneError(
-                f"this database has no {action.function}: the {name} action needs {action.provided_by}",
-                hint="migrate the database (`flowlane db migrate`) with a flowlane that ships it",
-            )
-        self._rows(action.query, **params)
+        self._rows(ACTIONS[name], **params)

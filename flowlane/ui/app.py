@@ -24,8 +24,15 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from flowlane import errors
-from flowlane.app import console as core
+from flowlane.app.console import (
+    MAX_PAGE_SIZE,
+    PAGE_SIZE,
+    THROUGHPUT_MINUTES,
+    Console,
+    parse_run_id,
+)
 from flowlane.app.fleet import STALE_AFTER
+from flowlane.runtime.client import STATUSES, TERMINAL
 from flowlane.ui import layout, pages, security
 
 
@@ -50,7 +57,7 @@ def _templates() -> Jinja2Templates:
 TEMPLATES = _templates()
 
 
-def create_app(console: core.Console, settings: Settings) -> Starlette:
+def create_app(console: Console, settings: Settings) -> Starlette:
     """The ASGI application over an opened ``console``, closed on shutdown."""
 
     @contextlib.asynccontextmanager
@@ -88,7 +95,7 @@ def create_app(console: core.Console, settings: Settings) -> Starlette:
         try:
             since = pages.parse_time(params.get("since"))
             until = pages.parse_time(params.get("until"))
-            limit = min(max(int(params.get("limit") or core.PAGE_SIZE), 1), core.MAX_PAGE_SIZE)
+            limit = min(max(int(params.get("limit") or PAGE_SIZE), 1), MAX_PAGE_SIZE)
             page = console.runs(flow=flow, status=status, since=since, until=until,
                                 cursor=params.get("after") or None, limit=limit)
         except (ValueError, errors.UsageError) as exc:
@@ -105,7 +112,7 @@ def create_app(console: core.Console, settings: Settings) -> Starlette:
         if request.url.path == "/runs/rows":  # the live refresh of the first page's rows
             return render(request, "runs_rows.html", **context)
         names = {f["flow_slug"] for f in console.flows()} | {a["alias"] for a in console.aliases()}
-        return render(request, "runs.html", names=sorted(names), statuses=core.RUN_STATUSES, **context)
+        return render(request, "runs.html", names=sorted(names), statuses=STATUSES, **context)
 
     def run_context(run_id: str) -> dict[str, Any] | None:
         run = console.run(run_id)
@@ -124,12 +131,11 @@ def create_app(console: core.Console, settings: Settings) -> Starlette:
         return {
             "run": run, "steps": steps, "tasks": tasks, "attempts": attempts,
             "graph": layout.layout(model, {s["step_slug"]: s["status"] for s in steps}),
-            "terminal": run["status"] in pages.TERMINAL_RUN_STATUSES,
-            "actions": console.available_actions() if settings.allow_actions else set(),
+            "terminal": run["status"] in TERMINAL,
         }
 
     def run_page(request: Request) -> Response:
-        run_id = core.parse_run_id(request.path_params["run_id"])
+        run_id = parse_run_id(request.path_params["run_id"])
         context = run_context(run_id) if run_id else None
         if context is None:
             return not_found(request, f"no run {request.path_params['run_id']}")
@@ -137,7 +143,7 @@ def create_app(console: core.Console, settings: Settings) -> Starlette:
         return render(request, name, **context)
 
     def payload(request: Request) -> Response:
-        run_id = core.parse_run_id(request.path_params["run_id"])
+        run_id = parse_run_id(request.path_params["run_id"])
         params = request.query_params
         try:
             task = int(params["task"]) if params.get("task") else None
@@ -160,18 +166,17 @@ def create_app(console: core.Console, settings: Settings) -> Starlette:
         queues = console.queues()
         return render(request, "queues.html", queues=queues, routes=console.queue_routes(),
                       charts={q["queue_name"]: pages.sparkline(series.get(q["queue_name"],
-                                                                          [0] * core.THROUGHPUT_MINUTES))
+                                                                          [0] * THROUGHPUT_MINUTES))
                               for q in queues},
-                      minutes=core.THROUGHPUT_MINUTES)
+                      minutes=THROUGHPUT_MINUTES)
 
     def workers_page(request: Request) -> Response:
         workers = console.workers()
         deployments = console.deployments()
-        actions = console.available_actions() if settings.allow_actions else set()
         for worker in workers:
             worker["state"] = pages.worker_state(worker, STALE_AFTER)
         return render(request, "workers.html", workers=workers, deployments=deployments,
-                      actions=actions, stale_after=STALE_AFTER)
+                      stale_after=STALE_AFTER)
 
     routes = [
         Route("/", lambda request: RedirectResponse("/runs", status_code=303)),
@@ -207,7 +212,7 @@ ACTION_FORMS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
-def _action_routes(console: core.Console, render: Callable[..., Response]) -> list[Route]:
+def _action_routes(console: Console, render: Callable[..., Response]) -> list[Route]:
     def fields(name: str, source: dict[str, str]) -> dict[str, str]:
         return {key: source.get(key, "") for key in ACTION_FORMS[name][1]}
 

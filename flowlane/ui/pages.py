@@ -8,8 +8,6 @@ from typing import Any
 
 from flowlane.compiler.model import Flow, Step
 
-TERMINAL_RUN_STATUSES = ("completed", "failed", "cancelled")
-
 
 def flow_model(flow: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]) -> Flow:
     """The compiled model of a flow as the database holds it (handlers are not stored there)."""

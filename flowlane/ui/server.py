@@ -7,7 +7,7 @@ import socket
 import uvicorn
 
 from flowlane import errors
-from flowlane.app import console as core
+from flowlane.app.console import Console
 from flowlane.core import db
 from flowlane.ui import app, security
 
@@ -37,7 +37,7 @@ def serve(target: db.Target, host: str, port: int, settings: app.Settings) -> No
     """Check the bind rule, open the database, print the address, serve until SIGINT/SIGTERM."""
     security.check_bind(host, settings.token)
     sock = bind(host, port)
-    console = core.Console(target)
+    console = Console(target)
     try:
         console.open()
     except BaseException:

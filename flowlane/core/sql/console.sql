@@ -189,9 +189,6 @@ from flowlane.workers w
 order by w.stopped_at is not null, w.last_heartbeat_at desc
 limit %(limit)s
 
--- name: console_function_exists
-select to_regproc(%(function)s) is not null as exists
-
 -- name: console_deployments
 select d.deployment_name, d.queue_name, d.enabled, d.reason, d.created_at, d.changed_at,
        count(w.worker_id) filter (where w.stopped_at is null
