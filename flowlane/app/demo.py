@@ -22,7 +22,7 @@ from typing import Any
 
 from flowlane import compiler, errors, project_root
 from flowlane.app import deploy
-from flowlane.compiler import diagnostics
+from flowlane.compiler import compiled, diagnostics
 from flowlane.compiler.model import Project
 from flowlane.core import db, migrator
 from flowlane.runtime.client import TERMINAL, Client
@@ -122,8 +122,8 @@ def run_demo(
             print("  error: " + state["run"]["error_message"])
     print()
     print(
-        f"compiled SQL: {(Path(out).resolve() / 'flows').as_posix()}/*.sql"
-        f" and {(Path(out).resolve() / 'aliases.sql').as_posix()}"
+        f"compiled SQL: {(Path(out).resolve() / compiled.FLOWS_DIR).as_posix()}/*.sql"
+        f" and {(Path(out).resolve() / compiled.ALIASES_FILE).as_posix()}"
     )
     print("inspect: `flowlane runs`, `flowlane run RUN_ID`; stop the database: `flowlane db down`")
     return 0 if ok else 1
