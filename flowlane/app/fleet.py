@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from flowlane import errors
+from flowlane import errors, project_root
 from flowlane.app import deploy
 from flowlane.compiler import api
 from flowlane.core import db
@@ -82,7 +82,7 @@ Progress = Callable[[str], None]
 
 def rollout(
     paths: Sequence[str | os.PathLike[str]] | None,
-    out: str | os.PathLike[str] = "sql",
+    out: str | os.PathLike[str] | None = None,
     dsn: str | None = None,
     *,
     deployments: Sequence[str] | None = None,
@@ -92,6 +92,7 @@ def rollout(
 ) -> RolloutResult:
     """Disable the affected deployments, wait for their workers to stop, apply the
     reviewed SQL, re-enable the deployments that were enabled before."""
+    out = out or project_root.sql_dir()  # as `apply`
     project = api.load_project(paths)
     deploy.refuse_stale(project, out)  # before anything is disabled
     target = db.resolve(dsn)

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from flowlane import errors, project_root
+from flowlane import errors
 from flowlane.cli.db import add_dsn_argument
 
 WORKER_ACTIONS = ("enable", "disable", "list")
@@ -125,8 +125,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
     names = ([n.strip() for n in args.deployments.split(",") if n.strip()]
              if args.deployments is not None else None)
-    result = fleet.rollout(list(args.paths) or [project_root.flows_dir()],
-                           args.out or project_root.sql_dir(), args.dsn,
+    result = fleet.rollout(args.paths, args.out, args.dsn,
                            deployments=names, timeout=args.timeout, progress=print)
     print(result.applied.render(), end="")
     return 0
