@@ -140,8 +140,7 @@ def _namespace(flows: list[_Entry], aliases: list[_Entry], state: Analysis) -> N
         code = "FL051" if both == {"flow", "alias"} else "FL021"
         help = "flow and alias slugs share one namespace (case-insensitive); rename one of them"
         if entry.data["kind"] == "flow" == other.data["kind"]:
-            limit = names.QUEUE_MAX if other.data.get("queues", "flow") == "flow" \
-                else names.SLUG_MAX
+            limit = names.version_slug_limit(other.data.get("queues", "flow"))
             suggestion = names.next_version_slug(other.slug, max_length=limit)
             help += f" (a new flow version gets a new slug such as `{suggestion}`)"
         state.findings.append(entry.doc.diagnostic(

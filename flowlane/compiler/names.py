@@ -129,10 +129,14 @@ def next_version_slug(slug: str, taken: Iterable[str] = (), max_length: int = SL
     return candidate()
 
 
+def version_slug_limit(queue_mode: str) -> int:
+    """How long a flow's version slug may be: with ``queues: flow`` it is also the queue name."""
+    return QUEUE_MAX if queue_mode == "flow" else SLUG_MAX
+
+
 def suggest_version(flow: Flow, taken: Iterable[str] = ()) -> str:
     """The next version slug for ``flow``, short enough to be its own default queue name."""
-    limit = QUEUE_MAX if flow.queue_mode == "flow" else SLUG_MAX
-    return next_version_slug(flow.slug, taken, limit)
+    return next_version_slug(flow.slug, taken, version_slug_limit(flow.queue_mode))
 
 
 def per_step_queue(flow_slug: str, step_slug: str, index: int) -> str | None:
