@@ -17,6 +17,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from flowlane.compiler import load_project
+from flowlane.core.definitions import create_flows
 from tests.core.engine import Engine
 from tests.runtime import rt_support
 from tests.runtime.rt_support import PROJECT, WorkerProcess, flowlane, start_run, tasks, wait_run, wait_until
@@ -332,6 +334,19 @@ def test_missing_flow_refuses_the_start_and_compile_equals_apply(
 
 
 # -- fenced rollout ---------------------------------------------------------------------
+
+
+def test_compile_leaves_a_flow_created_meanwhile_by_another_writer_alone(
+    db_factory: Callable[..., str], tmp_path: Path
+) -> None:
+    project = load_project([_checkout(tmp_path / "project", adhoc=ADHOC) / "flows"])
+    dsn = db_factory()
+    assert create_flows(project, ["adhoc"], dsn) == ("adhoc",)
+    with psycopg.connect(dsn, autocommit=True) as conn:  # another writer's options
+        conn.execute("update flowlane.flows set opt_max_attempts = 2 where flow_slug = 'adhoc'")
+    # a worker that found the flow missing before that writer committed
+    assert create_flows(project, ["adhoc"], dsn) == ()
+    assert _rows(dsn, "select opt_max_attempts from flowlane.flows") == [(2,)]
 
 
 def _compiled(tmp_path: Path) -> Path:

@@ -568,3 +568,19 @@ def test_serve_hands_only_the_given_options_to_every_worker(
                                   import_paths=("/lib",))
     assert main(["serve", "--shutdown-timeout", "-1"]) == 2
     assert "error: shutdown_timeout must be 0 or more seconds" in capsys.readouterr().err
+
+
+def test_a_claim_shares_each_runs_input_by_position_even_when_it_is_json_null() -> None:
+    from flowlane.runtime.store import _claim
+
+    def row(msg_id: int, run: str, flow_input: Any) -> Row:
+        return {"outcome": "claimed", "flow_slug": "f", "step_slug": "s", "queue_name": "f",
+                "run_id": run, "task_index": msg_id, "input": None, "flow_input": flow_input,
+                "attempt": 1, "msg_id": msg_id}
+
+    # claim_tasks sends a run's input on its first row only; a JSON null input reads as None
+    claim = _claim([row(1, "a", None), row(2, "b", {"x": 1}), row(3, "a", None), row(4, "b", None)])
+    assert [(t.run_id, t.flow_input) for t in claim.tasks] == [
+        ("a", None), ("b", {"x": 1}), ("a", None), ("b", {"x": 1})]
+    assert claim.tasks[1].flow_input is claim.tasks[3].flow_input
+    assert claim.batch == [1, 2, 3, 4]
