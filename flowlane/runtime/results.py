@@ -78,7 +78,7 @@ class ResultSender:
         while completions or failures:
             try:
                 if completions:
-                    failures.extend(await self._send_completions(completions, tally))
+                    await self._send_completions(completions, tally, refused=failures)
                     completions = []
                 if failures:
                     await self._send_failures(failures, tally)
@@ -89,28 +89,30 @@ class ResultSender:
         return tally
 
     async def _send_completions(
-        self, results: list[TaskResult], tally: Counters
-    ) -> list[TaskResult]:
-        """Complete a batch; return the results the database refused to store (to fail instead)."""
-        refused: list[TaskResult] = []
+        self, results: list[TaskResult], tally: Counters, *, refused: list[TaskResult]
+    ) -> None:
+        """Complete a batch; the results the database refuses to store go to ``refused``
+        (to fail instead). Split into single sends, each leaves ``results`` once settled, so
+        that a retry after a transient error resends only what is still pending."""
         try:
             rows = await self.store.complete_tasks([r.completion(self.worker_id) for r in results])
         except psycopg.Error as exc:
             if is_transient(exc):
                 raise
             if len(results) == 1:
-                return [
+                refused.append(
                     TaskResult(
                         results[0].task,
                         ok=False,
                         error=f"the database refused the handler output: {first_line(exc)}",
                     )
-                ]
-            for result in results:  # find the one(s) the database refuses
-                refused.extend(await self._send_completions([result], tally))
-            return refused
+                )
+                return
+            for result in list(results):  # find the one(s) the database refuses
+                await self._send_completions([result], tally, refused=refused)
+                results.remove(result)
+            return
         self._check_rows(rows, results, "completed", tally)
-        return refused
 
     async def _send_failures(self, results: list[TaskResult], tally: Counters) -> None:
         try:
@@ -118,9 +120,10 @@ class ResultSender:
         except psycopg.Error as exc:  # never expected; do not let one task stop the worker
             if is_transient(exc):
                 raise
-            if len(results) > 1:  # find the one(s) the database refuses
-                for result in results:
+            if len(results) > 1:  # find the one(s) the database refuses; settled ones leave
+                for result in list(results):
                     await self._send_failures([result], tally)
+                    results.remove(result)
                 return
             log.event(
                 ERROR,

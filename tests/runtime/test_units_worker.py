@@ -224,6 +224,24 @@ def test_a_completion_the_database_refuses_fails_only_its_own_task() -> None:
     )
 
 
+def test_a_transient_error_while_sending_one_by_one_resends_only_what_is_pending() -> None:
+    store = FakeStore()
+    good, bad, also_good = _ok(1), _ok(FakeStore.REFUSED), _ok(2)
+    real_complete = store.complete_tasks
+    lost_once = [also_good.task.run_id]
+
+    async def flaky_complete(completions: list[dict[str, Any]]) -> list[Row]:
+        if [item["run_id"] for item in completions] == lost_once:
+            lost_once.clear()
+            raise psycopg.OperationalError("connection lost")
+        return await real_complete(completions)
+
+    store.complete_tasks = flaky_complete  # type: ignore[method-assign]
+    assert _send(store, [good, bad, also_good], []) == Counters(completed=2, failed=1)
+    sent = [[item["run_id"] for item in items] for kind, items in store.calls]
+    assert sent.count([good.task.run_id]) == 1 and sent.count([bad.task.run_id]) == 2  # bad: complete, fail
+
+
 def test_a_failure_the_database_refuses_is_logged_and_the_others_are_sent(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
