@@ -115,5 +115,5 @@ where k.completed_at > now() - interval '15 minutes'
 group by 1
 
 -- name: drop_console_indexes
-drop index flowlane.step_tasks_completed_idx;
+drop index flowlane.step_tasks_completed_brin;
 analyze flowlane.step_tasks

@@ -872,16 +872,15 @@ CREATE FUNCTION flowlane._maybe_complete_runs(p_run_ids uuid[]) RETURNS void
     SET search_path TO ''
     SET enable_seqscan TO 'off'
     AS $$
+  with done as (
+    select r.run_id from flowlane.runs r
+    where r.run_id = any (p_run_ids) and r.status = 'started' and r.remaining_steps = 0
+  )
   update flowlane.runs r
-     set status = 'completed', completed_at = now(),
-         output = coalesce((
-           select jsonb_object_agg(ss.step_slug, ss.output)
-           from flowlane.step_states ss
-           where ss.run_id = r.run_id and ss.status = 'completed'
-             and not exists (select 1 from flowlane.deps d
-                             where d.flow_slug = ss.flow_slug and d.dep_slug = ss.step_slug)
-         ), '{}'::jsonb)
-   where r.run_id = any (p_run_ids) and r.status = 'started' and r.remaining_steps = 0
+     set status = 'completed', completed_at = now(), output = coalesce(o.output, '{}'::jsonb)
+    from done d
+    left join flowlane._run_outputs(array(select k.run_id from done k)) o on o.run_id = d.run_id
+   where r.run_id = d.run_id and r.run_id = any (p_run_ids)
 $$;
 
 -- FUNCTION _notify_queue_insert()
@@ -903,7 +902,10 @@ CREATE FUNCTION flowlane._notify_run_finished() RETURNS trigger
     SET search_path TO ''
     AS $$
 begin
-  perform pg_notify('flowlane_run_finished', new.run_id::text);
+  perform pg_notify('flowlane_run_finished', n.run_id::text)
+  from new_runs n join old_runs o on o.run_id = n.run_id
+  where o.status = 'started' and n.status <> 'started'
+  order by n.run_id;
   return null;
 end;
 $$;
@@ -1146,6 +1148,21 @@ begin
   return v_items;
 end;
 $_$;
+
+-- FUNCTION _run_outputs(uuid[])
+
+CREATE FUNCTION flowlane._run_outputs(p_run_ids uuid[]) RETURNS TABLE(run_id uuid, output jsonb)
+    LANGUAGE sql STABLE
+    SET search_path TO ''
+    SET enable_seqscan TO 'off'
+    AS $$
+  select ss.run_id, jsonb_object_agg(ss.step_slug, ss.output)
+  from flowlane.step_states ss
+  where ss.run_id = any (p_run_ids) and ss.status = 'completed'
+    and not exists (select 1 from flowlane.deps d
+                    where d.flow_slug = ss.flow_slug and d.dep_slug = ss.step_slug)
+  group by ss.run_id
+$$;
 
 -- FUNCTION _sequential_runs(flowlane._result_class[], flowlane._result_class[])
 
@@ -1503,11 +1520,11 @@ begin
   if cardinality(v_claimed) = 0 then
     return;
   end if;
-  select coalesce(array_agg(h.task order by h.i), '{}'), coalesce(array_agg(h.lease order by h.i), '{}')
+  select coalesce(array_agg(h.task order by (h.task).message_id), '{}'),
+         coalesce(array_agg(h.lease order by (h.task).message_id), '{}')
     into v_hide, v_offsets
-  from (select i, v_claimed[i] as task,
-               flowlane._effective_timeout((v_claimed[i]).flow_slug, (v_claimed[i]).step_slug) + 2 as lease
-        from generate_subscripts(v_claimed, 1) as i) h
+  from (select c as task, flowlane._effective_timeout(c.flow_slug, c.step_slug) + 2 as lease
+        from unnest(v_claimed) c) h
   where p_read_vt is null or h.lease > p_read_vt;
   if cardinality(v_hide) > 0 then
     v_updated := flowlane._set_tasks_vt(v_hide, v_offsets);
@@ -1519,13 +1536,12 @@ begin
   end if;
 
   return query
-    select 'claimed', (v_claimed[i]).flow_slug, (v_claimed[i]).step_slug, (v_claimed[i]).queue_name,
-           (v_claimed[i]).run_id, (v_claimed[i]).task_index,
-           flowlane._task_input((v_claimed[i]).run_id, (v_claimed[i]).step_slug, (v_claimed[i]).task_index),
-           r.input, (v_claimed[i]).attempts_count, (v_claimed[i]).message_id
-    from generate_subscripts(v_claimed, 1) as i
-    join flowlane.runs r on r.run_id = (v_claimed[i]).run_id
-    order by i;
+    select 'claimed', c.flow_slug, c.step_slug, c.queue_name, c.run_id, c.task_index,
+           flowlane._task_input(c.run_id, c.step_slug, c.task_index), r.input, c.attempts_count, c.message_id
+    from unnest(v_claimed) c
+    join flowlane.runs r
+      on r.run_id = c.run_id and r.run_id = any (array(select x.run_id from unnest(v_claimed) x))
+    order by c.message_id;
 end;
 $$;
 
@@ -1565,7 +1581,7 @@ CREATE TABLE flowlane.step_states (
     CONSTRAINT step_states_status_valid CHECK ((status = ANY (ARRAY['created'::text, 'started'::text, 'completed'::text, 'failed'::text, 'skipped'::text]))),
     CONSTRAINT step_states_unstarted_no_remaining CHECK (((status <> ALL (ARRAY['created'::text, 'skipped'::text])) OR (remaining_tasks IS NULL)))
 )
-WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02');
+WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', fillfactor='50');
 
 -- FUNCTION _steps_done(flowlane.step_states[])
 
@@ -1577,8 +1593,20 @@ CREATE FUNCTION flowlane._steps_done(p_steps flowlane.step_states[]) RETURNS voi
 declare
   v_runs uuid[] := array(select distinct s.run_id from unnest(p_steps) s order by 1);
 begin
-  update flowlane.runs r set remaining_steps = r.remaining_steps - c.n
-    from (select s.run_id, count(*)::int as n from unnest(p_steps) s group by 1) c
+  -- a run with no step left completes here (_maybe_complete_runs would update it again)
+  with counts as (
+    select s.run_id, count(*)::int as n, rr.status = 'started' and rr.remaining_steps = count(*) as last
+    from unnest(p_steps) s
+    join flowlane.runs rr on rr.run_id = s.run_id and rr.run_id = any (v_runs)
+    group by s.run_id, rr.status, rr.remaining_steps
+  )
+  update flowlane.runs r
+     set remaining_steps = r.remaining_steps - c.n,
+         status = case when c.last then 'completed' else r.status end,
+         completed_at = case when c.last then now() else r.completed_at end,
+         output = case when c.last then coalesce(o.output, '{}'::jsonb) else r.output end
+    from counts c
+    left join flowlane._run_outputs(array(select k.run_id from counts k where k.last)) o on o.run_id = c.run_id
    where r.run_id = c.run_id and r.run_id = any (v_runs);
   update flowlane.step_states cs
      set remaining_deps = cs.remaining_deps - x.n,
@@ -1625,20 +1653,37 @@ CREATE FUNCTION flowlane._task_queue(task flowlane.step_tasks) RETURNS text
     SET search_path TO ''
     AS $_$ select ($1).queue_name $_$;
 
--- FUNCTION _track_lease()
+-- FUNCTION _track_leases()
 
-CREATE FUNCTION flowlane._track_lease() RETURNS trigger
+CREATE FUNCTION flowlane._track_leases() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path TO ''
     AS $$
 begin
-  if tg_op <> 'INSERT' and old.status = 'started' then
-    delete from flowlane.task_leases l
-     where l.run_id = old.run_id and l.step_slug = old.step_slug and l.task_index = old.task_index;
-  end if;
-  if tg_op <> 'DELETE' and new.status = 'started' then
+  -- (each statement names only the transition tables its event has)
+  if tg_op = 'INSERT' then
     insert into flowlane.task_leases (run_id, step_slug, task_index, started_at)
-    values (new.run_id, new.step_slug, new.task_index, new.started_at);
+    select n.run_id, n.step_slug, n.task_index, n.started_at
+    from new_tasks n where n.status = 'started' order by 1, 2, 3;
+  elsif tg_op = 'DELETE' then
+    delete from flowlane.task_leases l
+     using old_tasks o
+     where o.status = 'started'
+       and l.run_id = o.run_id and l.step_slug = o.step_slug and l.task_index = o.task_index;
+  else
+    delete from flowlane.task_leases l
+     using old_tasks o join new_tasks n
+           on n.run_id = o.run_id and n.step_slug = o.step_slug and n.task_index = o.task_index
+     where o.status = 'started'
+       and (n.status <> 'started' or n.started_at is distinct from o.started_at)
+       and l.run_id = o.run_id and l.step_slug = o.step_slug and l.task_index = o.task_index;
+    insert into flowlane.task_leases (run_id, step_slug, task_index, started_at)
+    select n.run_id, n.step_slug, n.task_index, n.started_at
+    from new_tasks n join old_tasks o
+         on o.run_id = n.run_id and o.step_slug = n.step_slug and o.task_index = n.task_index
+    where n.status = 'started'
+      and (o.status <> 'started' or o.started_at is distinct from n.started_at)
+    order by 1, 2, 3;
   end if;
   return null;
 end;
@@ -3262,29 +3307,29 @@ CREATE INDEX queues_owner_idx ON flowlane.queues USING btree (owner_flow_slug);
 
 CREATE UNIQUE INDEX rollouts_one_unfinished ON flowlane.rollouts USING btree ((true)) WHERE (finished_at IS NULL);
 
+-- INDEX runs_ended_idx
+
+CREATE INDEX runs_ended_idx ON flowlane.runs USING btree (status, started_at DESC, run_id) WHERE (status <> 'started'::text);
+
 -- INDEX runs_flow_idx
 
 CREATE INDEX runs_flow_idx ON flowlane.runs USING btree (flow_slug);
+
+-- INDEX runs_in_flight_idx
+
+CREATE INDEX runs_in_flight_idx ON flowlane.runs USING btree (run_id) WHERE (status = 'started'::text);
 
 -- INDEX runs_started_idx
 
 CREATE INDEX runs_started_idx ON flowlane.runs USING btree (started_at DESC, run_id);
 
--- INDEX runs_status_idx
-
-CREATE INDEX runs_status_idx ON flowlane.runs USING btree (status);
-
 -- INDEX step_states_flow_idx
 
 CREATE INDEX step_states_flow_idx ON flowlane.step_states USING btree (flow_slug);
 
--- INDEX step_states_ready_idx
+-- INDEX step_tasks_completed_brin
 
-CREATE INDEX step_states_ready_idx ON flowlane.step_states USING btree (run_id, status, remaining_deps) WHERE ((status = 'created'::text) AND (remaining_deps = 0));
-
--- INDEX step_tasks_completed_idx
-
-CREATE INDEX step_tasks_completed_idx ON flowlane.step_tasks USING btree (completed_at, queue_name) WHERE (completed_at IS NOT NULL);
+CREATE INDEX step_tasks_completed_brin ON flowlane.step_tasks USING brin (completed_at);
 
 -- INDEX steps_slug_ci_unique
 
@@ -3320,7 +3365,7 @@ CREATE TRIGGER runs_input_limits BEFORE INSERT ON flowlane.runs FOR EACH ROW EXE
 
 -- TRIGGER runs runs_notify_finished
 
-CREATE TRIGGER runs_notify_finished AFTER UPDATE OF status ON flowlane.runs FOR EACH ROW WHEN (((old.status = 'started'::text) AND (new.status <> 'started'::text))) EXECUTE FUNCTION flowlane._notify_run_finished();
+CREATE TRIGGER runs_notify_finished AFTER UPDATE ON flowlane.runs REFERENCING OLD TABLE AS old_runs NEW TABLE AS new_runs FOR EACH STATEMENT EXECUTE FUNCTION flowlane._notify_run_finished();
 
 -- TRIGGER step_states step_states_keep_skip_error
 
@@ -3330,17 +3375,17 @@ CREATE TRIGGER step_states_keep_skip_error BEFORE UPDATE OF status ON flowlane.s
 
 CREATE TRIGGER step_tasks_attempt_history AFTER UPDATE OF status ON flowlane.step_tasks FOR EACH ROW WHEN (((old.status = 'started'::text) AND (new.status = ANY (ARRAY['queued'::text, 'failed'::text])))) EXECUTE FUNCTION flowlane._record_attempt();
 
--- TRIGGER step_tasks step_tasks_lease_on_delete
+-- TRIGGER step_tasks step_tasks_leases_on_delete
 
-CREATE TRIGGER step_tasks_lease_on_delete AFTER DELETE ON flowlane.step_tasks FOR EACH ROW WHEN ((old.status = 'started'::text)) EXECUTE FUNCTION flowlane._track_lease();
+CREATE TRIGGER step_tasks_leases_on_delete AFTER DELETE ON flowlane.step_tasks REFERENCING OLD TABLE AS old_tasks FOR EACH STATEMENT EXECUTE FUNCTION flowlane._track_leases();
 
--- TRIGGER step_tasks step_tasks_lease_on_insert
+-- TRIGGER step_tasks step_tasks_leases_on_insert
 
-CREATE TRIGGER step_tasks_lease_on_insert AFTER INSERT ON flowlane.step_tasks FOR EACH ROW WHEN ((new.status = 'started'::text)) EXECUTE FUNCTION flowlane._track_lease();
+CREATE TRIGGER step_tasks_leases_on_insert AFTER INSERT ON flowlane.step_tasks REFERENCING NEW TABLE AS new_tasks FOR EACH STATEMENT EXECUTE FUNCTION flowlane._track_leases();
 
--- TRIGGER step_tasks step_tasks_lease_on_update
+-- TRIGGER step_tasks step_tasks_leases_on_update
 
-CREATE TRIGGER step_tasks_lease_on_update AFTER UPDATE OF status, started_at ON flowlane.step_tasks FOR EACH ROW WHEN ((((old.status = 'started'::text) OR (new.status = 'started'::text)) AND ((old.status IS DISTINCT FROM new.status) OR (old.started_at IS DISTINCT FROM new.started_at)))) EXECUTE FUNCTION flowlane._track_lease();
+CREATE TRIGGER step_tasks_leases_on_update AFTER UPDATE ON flowlane.step_tasks REFERENCING OLD TABLE AS old_tasks NEW TABLE AS new_tasks FOR EACH STATEMENT EXECUTE FUNCTION flowlane._track_leases();
 
 -- TRIGGER step_tasks step_tasks_queue_identity_immutable
 

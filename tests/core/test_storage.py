@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from flowlane.core import migrator
 from tests.core.engine import Engine
@@ -36,6 +37,11 @@ def test_queues_from_before_0010_are_tuned_by_the_upgrade(db_factory: Callable[.
         assert QUEUE_OPTIONS <= reloptions(conn, "pgmq.q_older")
 
 
+def _xact_updates(engine: Engine, table: str) -> dict[str, int]:
+    return engine.row(
+        "select pg_stat_get_xact_tuples_updated(%(t)s::regclass) as updated, "
+        "pg_stat_get_xact_tuples_hot_updated(%(t)s::regclass) as hot", {"t": table})
+
 
 def test_a_claim_updates_step_tasks_in_place_and_leases_the_tasks(engine: Engine) -> None:
     # 0011: no index covers what a claim changes, and fillfactor 50 leaves each row about
@@ -46,13 +52,34 @@ def test_a_claim_updates_step_tasks_in_place_and_leases_the_tasks(engine: Engine
     runs = {engine.start("hot", {"n": n}) for n in range(40)}
     with engine.conn.transaction():
         claimed = engine.claim("hot")
-        counts = engine.row(
-            "select pg_stat_get_xact_tuples_updated(%(t)s::regclass) as updated, "
-            "pg_stat_get_xact_tuples_hot_updated(%(t)s::regclass) as hot", {"t": "flowlane.step_tasks"})
+        counts = _xact_updates(engine, "flowlane.step_tasks")
     assert {t["run_id"] for t in claimed} == runs
     assert counts["updated"] == 40 and counts["hot"] >= 30, counts  # before 0011: 0
     leased = engine.rows("select run_id from flowlane.task_leases")
     assert {r["run_id"] for r in leased} == runs
     for task in claimed:
         engine.complete(task, {})
+    assert engine.scalar("select count(*) from flowlane.task_leases") == 0
+
+
+def test_a_completion_updates_the_task_and_its_step_in_place(engine: Engine) -> None:
+    # 0013: completed_at is BRIN-indexed (a summarizing index allows HOT) and no index
+    # predicate reads step_states.status: a completion writes no new index entries into
+    # step_tasks or step_states, unless a page ran out of room (before 0013: none HOT)
+    engine.define("hot_done", [("one", [], {})])
+    runs = {engine.start("hot_done", {"n": n}) for n in range(40)}
+    claimed = engine.claim("hot_done")
+    items = [{"run_id": str(t["run_id"]), "step_slug": t["step_slug"], "task_index": t["task_index"],
+              "output": {"n": 1}, "worker_id": str(engine.worker_id), "attempt": t["attempt"]}
+             for t in claimed]
+    engine.scalar("select pg_stat_force_next_flush()")  # the claim's counts leave the pending ones
+    with engine.conn.transaction():
+        done = engine.rows("select status from flowlane.complete_tasks(%s)", (Jsonb(items),))
+        tasks = _xact_updates(engine, "flowlane.step_tasks")
+        steps = _xact_updates(engine, "flowlane.step_states")
+    assert [r["status"] for r in done] == ["completed"] * 40
+    assert tasks["updated"] == 40 and tasks["hot"] >= 30, tasks
+    assert steps["updated"] == 40 and steps["hot"] >= 30, steps
+    assert {r["run_id"] for r in engine.rows(
+        "select run_id from flowlane.runs where status = 'completed'")} == runs
     assert engine.scalar("select count(*) from flowlane.task_leases") == 0
