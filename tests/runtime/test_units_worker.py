@@ -338,6 +338,40 @@ def test_a_sync_handler_returning_a_coroutine_is_awaited_in_its_thread() -> None
     assert name == "flowlane-handler-0"
 
 
+def test_outcomes_queued_before_the_loop_runs_are_settled_by_one_call() -> None:
+    threads = HandlerThreads(1)
+
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in range(4)]
+        for i, future in enumerate(futures[:3]):  # a burst: one _settle_done scheduled
+            threads._queue_outcome(loop, (future, i, None))
+        assert [len(waiting) for waiting in threads._settling.values()] == [3]
+        await asyncio.sleep(0)
+        assert [f.result() for f in futures[:3]] == [0, 1, 2] and not threads._settling
+        threads._queue_outcome(loop, (futures[3], None, ValueError("later")))  # schedules anew
+        with pytest.raises(ValueError, match="later"):
+            await futures[3]
+
+    try:
+        _in_loop(body)
+    finally:
+        threads.close()
+
+
+def test_an_outcome_for_a_closed_loop_is_dropped() -> None:
+    threads = HandlerThreads(1)
+    loop = asyncio.new_event_loop()
+    future = loop.create_future()
+    loop.close()
+    try:
+        threads._queue_outcome(loop, (future, "late", None))
+        assert threads._settling == {} and not future.done()
+        assert _call(threads, lambda: "next") == "next"
+    finally:
+        threads.close()
+
+
 def test_an_abandoned_handler_keeps_its_thread_and_close_lets_idle_threads_exit() -> None:
     threads = HandlerThreads(1)
     started, release = threading.Event(), threading.Event()
