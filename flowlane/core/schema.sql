@@ -3329,7 +3329,7 @@ CREATE INDEX step_states_flow_idx ON flowlane.step_states USING btree (flow_slug
 
 -- INDEX step_tasks_completed_brin
 
-CREATE INDEX step_tasks_completed_brin ON flowlane.step_tasks USING brin (completed_at);
+CREATE INDEX step_tasks_completed_brin ON flowlane.step_tasks USING brin (completed_at) WITH (autosummarize='on');
 
 -- INDEX steps_slug_ci_unique
 

@@ -93,7 +93,10 @@ create trigger step_tasks_leases_on_delete
 -- ---------------------------------------------------------------------------
 
 drop index flowlane.step_tasks_completed_idx;
-create index step_tasks_completed_brin on flowlane.step_tasks using brin (completed_at);
+-- a range is summarized by vacuum or, with autosummarize, once the next range starts filling;
+-- the chart reads unsummarized ranges whole (the newest pages, where recent completions are)
+create index step_tasks_completed_brin on flowlane.step_tasks using brin (completed_at)
+  with (autosummarize = on);
 
 drop index flowlane.step_states_ready_idx;
 -- a step state is updated twice after its insert (started, then done): room on its page for
