@@ -285,6 +285,31 @@ begin
 end;
 $$;
 
+-- FUNCTION _claimed_inputs(flowlane.step_tasks[])
+
+CREATE FUNCTION flowlane._claimed_inputs(p_tasks flowlane.step_tasks[]) RETURNS TABLE(run_id uuid, step_slug text, task_index integer, input jsonb, flow_input jsonb)
+    LANGUAGE sql STABLE
+    SET search_path TO ''
+    SET enable_seqscan TO 'off'
+    AS $$
+  select t.run_id, t.step_slug, t.task_index,
+         case
+           when s.step_type = 'map' and s.deps_count = 0 then r.input -> t.task_index
+           when s.step_type = 'map' then
+             (select ps.output -> t.task_index
+              from flowlane.deps d
+              join flowlane.step_states ps on ps.run_id = t.run_id and ps.step_slug = d.dep_slug
+              where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug)
+           when s.deps_count = 0 then r.input
+           else flowlane._condition_subject(t.run_id, t.step_slug)
+         end,
+         r.input
+  from unnest(p_tasks) t
+  join flowlane.runs r
+    on r.run_id = t.run_id and r.run_id = any (array(select x.run_id from unnest(p_tasks) x))
+  join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = t.step_slug
+$$;
+
 -- FUNCTION _complete_batch(flowlane._result_item[])
 
 CREATE FUNCTION flowlane._complete_batch(p_items flowlane._result_item[]) RETURNS SETOF flowlane.step_tasks
@@ -1520,12 +1545,13 @@ begin
   if cardinality(v_claimed) = 0 then
     return;
   end if;
-  select coalesce(array_agg(h.task order by (h.task).message_id), '{}'),
-         coalesce(array_agg(h.lease order by (h.task).message_id), '{}')
+  select coalesce(array_agg(c order by c.message_id), '{}'), coalesce(array_agg(l.lease order by c.message_id), '{}')
     into v_hide, v_offsets
-  from (select c as task, flowlane._effective_timeout(c.flow_slug, c.step_slug) + 2 as lease
-        from unnest(v_claimed) c) h
-  where p_read_vt is null or h.lease > p_read_vt;
+  from unnest(v_claimed) c
+  join (select p.flow_slug, p.step_slug, flowlane._effective_timeout(p.flow_slug, p.step_slug) + 2 as lease
+        from (select distinct x.flow_slug, x.step_slug from unnest(v_claimed) x) p) l
+    on l.flow_slug = c.flow_slug and l.step_slug = c.step_slug
+  where p_read_vt is null or l.lease > p_read_vt;
   if cardinality(v_hide) > 0 then
     v_updated := flowlane._set_tasks_vt(v_hide, v_offsets);
     if v_updated <> cardinality(v_hide) then
@@ -1537,10 +1563,10 @@ begin
 
   return query
     select 'claimed', c.flow_slug, c.step_slug, c.queue_name, c.run_id, c.task_index,
-           flowlane._task_input(c.run_id, c.step_slug, c.task_index), r.input, c.attempts_count, c.message_id
+           i.input, i.flow_input, c.attempts_count, c.message_id
     from unnest(v_claimed) c
-    join flowlane.runs r
-      on r.run_id = c.run_id and r.run_id = any (array(select x.run_id from unnest(v_claimed) x))
+    join flowlane._claimed_inputs(v_claimed) i
+      on i.run_id = c.run_id and i.step_slug = c.step_slug and i.task_index = c.task_index
     order by c.message_id;
 end;
 $$;
@@ -1623,27 +1649,6 @@ begin
      and cst.flow_slug = x.flow_slug and cst.step_slug = x.step_slug;
   perform flowlane._progress_runs(v_runs);
 end;
-$$;
-
--- FUNCTION _task_input(uuid, text, integer)
-
-CREATE FUNCTION flowlane._task_input(p_run_id uuid, p_step_slug text, p_task_index integer) RETURNS jsonb
-    LANGUAGE sql STABLE
-    SET search_path TO ''
-    AS $$
-  select case
-    when s.step_type = 'map' and s.deps_count = 0 then r.input -> p_task_index
-    when s.step_type = 'map' then
-      (select ps.output -> p_task_index
-       from flowlane.deps d
-       join flowlane.step_states ps on ps.run_id = p_run_id and ps.step_slug = d.dep_slug
-       where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug)
-    when s.deps_count = 0 then r.input
-    else flowlane._condition_subject(p_run_id, p_step_slug)
-  end
-  from flowlane.runs r
-  join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = p_step_slug
-  where r.run_id = p_run_id
 $$;
 
 -- FUNCTION _task_queue(flowlane.step_tasks)

@@ -6,7 +6,9 @@
 --
 --   * a claim returned its tasks by joining runs to each task's subscript of the claimed
 --     array: the planner could not use the key and hashed every run of the table, once per
---     claim. It now joins the unnested array with run_id = any (the batch's runs).
+--     claim. It now joins the unnested array with run_id = any (the batch's runs), reads the
+--     claimed tasks' inputs in one statement (_claimed_inputs, 0001's _task_input per task
+--     before) and looks the leases up once per (flow, step).
 --   * a run's completion scanned runs_status_idx over every started run (the planner's
 --     pick for status = 'started' and run_id = any (...)), and updated each run a second
 --     time in the transaction, which also re-ran the foreign-key check on its flow. The
@@ -208,7 +210,37 @@ create trigger runs_notify_finished
 -- claims: the claimed tasks and their runs joined by key
 -- ---------------------------------------------------------------------------
 
--- 0011's _start_tasks; the tasks to hide and to return are read from the unnested claim
+-- what claimed tasks are handed, for a batch in one statement: 0001's _task_input (the element
+-- of the run input for a root map, of the parent's output for a dependent map; the run input
+-- for a root single step; otherwise {dep: output} of the completed deps), and the run input
+create function flowlane._claimed_inputs(p_tasks flowlane.step_tasks[])
+returns table (run_id uuid, step_slug text, task_index int, input jsonb, flow_input jsonb)
+language sql stable
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in 0009's header
+as $$
+  select t.run_id, t.step_slug, t.task_index,
+         case
+           when s.step_type = 'map' and s.deps_count = 0 then r.input -> t.task_index
+           when s.step_type = 'map' then
+             (select ps.output -> t.task_index
+              from flowlane.deps d
+              join flowlane.step_states ps on ps.run_id = t.run_id and ps.step_slug = d.dep_slug
+              where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug)
+           when s.deps_count = 0 then r.input
+           else flowlane._condition_subject(t.run_id, t.step_slug)
+         end,
+         r.input
+  from unnest(p_tasks) t
+  join flowlane.runs r
+    on r.run_id = t.run_id and r.run_id = any (array(select x.run_id from unnest(p_tasks) x))
+  join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = t.step_slug
+$$;
+
+drop function flowlane._task_input(uuid, text, int);
+
+-- 0011's _start_tasks; the tasks to hide and to return are read from the unnested claim, the
+-- leases looked up once per (flow, step), the inputs from _claimed_inputs
 create or replace function flowlane._start_tasks(p_queue text, p_msg_ids bigint[], p_worker_id uuid, p_pairs jsonb,
                                       p_read_vt int)
 returns setof flowlane.claim_record
@@ -302,12 +334,13 @@ begin
   if cardinality(v_claimed) = 0 then
     return;
   end if;
-  select coalesce(array_agg(h.task order by (h.task).message_id), '{}'),
-         coalesce(array_agg(h.lease order by (h.task).message_id), '{}')
+  select coalesce(array_agg(c order by c.message_id), '{}'), coalesce(array_agg(l.lease order by c.message_id), '{}')
     into v_hide, v_offsets
-  from (select c as task, flowlane._effective_timeout(c.flow_slug, c.step_slug) + 2 as lease
-        from unnest(v_claimed) c) h
-  where p_read_vt is null or h.lease > p_read_vt;
+  from unnest(v_claimed) c
+  join (select p.flow_slug, p.step_slug, flowlane._effective_timeout(p.flow_slug, p.step_slug) + 2 as lease
+        from (select distinct x.flow_slug, x.step_slug from unnest(v_claimed) x) p) l
+    on l.flow_slug = c.flow_slug and l.step_slug = c.step_slug
+  where p_read_vt is null or l.lease > p_read_vt;
   if cardinality(v_hide) > 0 then
     v_updated := flowlane._set_tasks_vt(v_hide, v_offsets);
     if v_updated <> cardinality(v_hide) then
@@ -319,10 +352,10 @@ begin
 
   return query
     select 'claimed', c.flow_slug, c.step_slug, c.queue_name, c.run_id, c.task_index,
-           flowlane._task_input(c.run_id, c.step_slug, c.task_index), r.input, c.attempts_count, c.message_id
+           i.input, i.flow_input, c.attempts_count, c.message_id
     from unnest(v_claimed) c
-    join flowlane.runs r
-      on r.run_id = c.run_id and r.run_id = any (array(select x.run_id from unnest(v_claimed) x))
+    join flowlane._claimed_inputs(v_claimed) i
+      on i.run_id = c.run_id and i.step_slug = c.step_slug and i.task_index = c.task_index
     order by c.message_id;
 end;
 $$;
