@@ -143,6 +143,8 @@ as $$
     from done d
     left join flowlane._run_outputs(array(select k.run_id from done k)) o on o.run_id = d.run_id
    where r.run_id = d.run_id and r.run_id = any (p_run_ids)
+     and r.status = 'started' and r.remaining_steps = 0  -- again on the row updated (a caller
+                                                         -- may not hold the run's lock)
 $$;
 
 create or replace function flowlane._steps_done(p_steps flowlane.step_states[]) returns void
@@ -153,7 +155,8 @@ as $$
 declare
   v_runs uuid[] := array(select distinct s.run_id from unnest(p_steps) s order by 1);
 begin
-  -- a run with no step left completes here (_maybe_complete_runs would update it again)
+  -- a run with no step left completes here (_maybe_complete_runs would update it again);
+  -- the batch holds its runs' locks (_lock_and_classify), so counts reads what it updates
   with counts as (
     select s.run_id, count(*)::int as n, rr.status = 'started' and rr.remaining_steps = count(*) as last
     from unnest(p_steps) s
