@@ -320,6 +320,26 @@ def report(
         )
 
 
+def start_server_with_statements(pgdata: Path) -> str:
+    """An embedded server at ``pgdata`` with pg_stat_statements preloaded; its admin DSN."""
+    admin = db.EmbeddedDatabase.start_at(pgdata)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute("alter system set shared_preload_libraries = 'pg_stat_statements'")
+    db.EmbeddedDatabase.stop_at(pgdata)
+    return db.EmbeddedDatabase.start_at(pgdata)
+
+
+def migrated_database(admin: str, name: str, to: str | None) -> Conn:
+    """A new database ``name`` with pg_stat_statements and PGMQ, migrated up to ``to`` (None: head)."""
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"create database {name}".encode())
+    conn = psycopg.connect(psycopg.conninfo.make_conninfo(admin, dbname=name), autocommit=True)
+    conn.execute("create extension pg_stat_statements")
+    migrator.ensure_pgmq(conn)
+    migrator.migrate(conn, to=to)
+    return conn
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=600, help="runs per chain workload and cell")
@@ -332,23 +352,11 @@ def main() -> int:
     tmp.chmod(0o711)  # run as root, the server account must reach its data directory
     pgdata = tmp / "data"
     try:
-        admin = db.EmbeddedDatabase.start_at(pgdata)
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute("alter system set shared_preload_libraries = 'pg_stat_statements'")
-        db.EmbeddedDatabase.stop_at(pgdata)
-        admin = db.EmbeddedDatabase.start_at(pgdata)
+        admin = start_server_with_statements(pgdata)
         conns: dict[str, Conn] = {}
         for version, to in (("before", args.before), ("after", None)):
-            with psycopg.connect(admin, autocommit=True) as conn:
-                conn.execute(f"create database bench_{version}".encode())
-            conn = psycopg.connect(
-                psycopg.conninfo.make_conninfo(admin, dbname=f"bench_{version}"), autocommit=True
-            )
-            conn.execute("create extension pg_stat_statements")
-            migrator.ensure_pgmq(conn)
-            migrator.migrate(conn, to=to)
+            conn = conns[version] = migrated_database(admin, f"bench_{version}", to)
             print(f"{version}: migrations {scalar(conn, 'migration_versions')}")
-            conns[version] = conn
         print(
             f"cpus: {os.cpu_count()}, batch {args.batch}, {args.runs} runs per chain cell, "
             f"map fan-out of {args.map_items} items, {args.rounds} rounds\n"

@@ -21,12 +21,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.engine_throughput import Conn, Driver, Q, backend_cpu, define, scalar
-from flowlane.core import db, migrator
+from benchmarks.engine_throughput import (
+    Conn,
+    Driver,
+    Q,
+    backend_cpu,
+    define,
+    migrated_database,
+    scalar,
+    start_server_with_statements,
+)
+from flowlane.core import db
 
 TOP_STATEMENTS = """
 select calls, total_exec_time, query from pg_stat_statements
@@ -69,19 +76,9 @@ def main() -> int:
     tmp.chmod(0o711)  # run as root, the server account must reach its data directory
     pgdata = tmp / "data"
     try:
-        admin = db.EmbeddedDatabase.start_at(pgdata)
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute("alter system set shared_preload_libraries = 'pg_stat_statements'")
-        db.EmbeddedDatabase.stop_at(pgdata)
-        admin = db.EmbeddedDatabase.start_at(pgdata)
+        admin = start_server_with_statements(pgdata)
         for version, to in (("before", args.before), ("after", None)):
-            with psycopg.connect(admin, autocommit=True) as conn:
-                conn.execute(f"create database profile_{version}".encode())
-            dsn = psycopg.conninfo.make_conninfo(admin, dbname=f"profile_{version}")
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute("create extension pg_stat_statements")
-                migrator.ensure_pgmq(conn)
-                migrator.migrate(conn, to=to)
+            with migrated_database(admin, f"profile_{version}", to) as conn:
                 define(conn)
                 print(
                     f"{version} (migrations {scalar(conn, 'migration_versions')}), {args.runs} queued runs:"
