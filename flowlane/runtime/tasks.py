@@ -193,8 +193,8 @@ class HandlerThreads:
 
     Finished handlers wake the loop once per burst, not once per task: a
     thread queues its outcome and schedules ``_settle_done`` only when none is
-    pending (a claimed batch of no-op handlers: 6.4-6.8k instead of 5k tasks/s
-    for one worker, benchmarks/RESULTS.md, "0013").
+    pending (one worker draining no-op handlers: about 5k -> 6.9-7.7k tasks/s,
+    benchmarks/RESULTS.md, "0013").
     """
 
     def __init__(self, size: int) -> None:
