@@ -31,6 +31,10 @@
 --     (PostgreSQL 16+ updates rows in place when only summarizing indexes' columns change);
 --     the ready-steps index goes, since every reader of ready steps filters on run_id, the
 --     primary key's prefix; step_states gets step_tasks' fillfactor (50).
+--
+-- The three new indexes are built plainly (a migration runs in one transaction): on a large
+-- database the upgrade blocks writes to runs and step_tasks while they build, as 0008 did.
+-- The new fillfactor applies to pages written from now on.
 
 -- ---------------------------------------------------------------------------
 -- leases: one statement per statement
