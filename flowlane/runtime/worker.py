@@ -429,9 +429,10 @@ class Worker:
                 note="left for stalled recovery",
             )
             flusher.cancel()
-        for helper in helpers:
-            helper.cancel()
-        await asyncio.gather(poller, flusher, *helpers, return_exceptions=True)
+        unsent = list(session.held)  # results not committed (the flusher gave up): stalled recovery's
+        for handle in [*unsent, *helpers]:
+            handle.cancel()
+        await asyncio.gather(poller, flusher, *helpers, *unsent, return_exceptions=True)
         session.threads.close()
         try:
             with contextlib.suppress(*TRANSIENT):
@@ -452,11 +453,11 @@ class Worker:
             )
             force.cancel()
         for handle, held in list(session.held.items()):
-            if held.running:  # a finished handler's result is still sent
+            if held.running:  # a finished handler's task stays held (leased) until its result commits
                 log.event(
                     WARNING, "task_abandoned", **held.task.fields, note="left for stalled recovery"
                 )
-            handle.cancel()
+                handle.cancel()
 
     def _background(
         self, session: Session, coro: Awaitable[None], name: str

@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -22,12 +23,13 @@ import pytest
 from flowlane import errors
 from flowlane.cli import build_parser, main
 from flowlane.cli.runtime import _worker_arguments, worker_config
-from flowlane.compiler import WorkerDoc
+from flowlane.compiler import WorkerDoc, project_from_text
 from flowlane.runtime.backoff import JITTER, Backoff
 from flowlane.runtime.config import DEFAULT_BATCH_SIZE, DEFAULT_MAX_CONCURRENT, WorkerConfig
 from flowlane.runtime.results import Counters, ResultSender
 from flowlane.runtime.store import Row
 from flowlane.runtime.tasks import ClaimedTask, HandlerCrashed, HandlerThreads, TaskResult
+from flowlane.runtime.worker import Held, Session, Worker
 
 WORKER = "11111111-1111-1111-1111-111111111111"
 OTHER_WORKER = "22222222-2222-2222-2222-222222222222"
@@ -636,3 +638,50 @@ def test_a_claim_shares_each_runs_input_by_position_even_when_it_is_json_null() 
         ("a", None), ("b", {"x": 1}), ("a", None), ("b", {"x": 1})]
     assert claim.tasks[1].flow_input is claim.tasks[3].flow_input
     assert claim.batch == [1, 2, 3, 4]
+
+
+# -- shutdown ---------------------------------------------------------------------
+
+SHUTDOWN_FLOW = """\
+kind: flow
+slug: f
+steps:
+  s: {handler: json:dumps}
+"""
+
+
+class LeaseStore:
+    def __init__(self) -> None:
+        self.extended: list[dict[str, Any]] = []
+
+    async def extend_leases(self, worker_id: str, held: list[dict[str, Any]]) -> int:
+        self.extended.extend(held)
+        return len(held)
+
+
+def test_shutdown_abandons_running_handlers_and_keeps_leasing_results_not_yet_committed() -> None:
+    worker = Worker(project_from_text(SHUTDOWN_FLOW), queue="f", handle_signals=False, shutdown_timeout=0)
+    store = LeaseStore()
+
+    async def body() -> None:
+        session = Session(store, None, None, None)  # type: ignore[arg-type]
+        never = asyncio.Event()
+
+        async def held_until_cancelled() -> None:
+            await never.wait()
+
+        running = asyncio.create_task(held_until_cancelled())
+        queued = asyncio.create_task(held_until_cancelled())
+        session.held[running] = Held(_task(0), 0.0)  # its handler still runs
+        session.held[queued] = Held(_task(1), 0.0, running=False)  # its result waits for the flusher
+        for handle in (running, queued):
+            handle.add_done_callback(session.finished)
+        await worker._drain_in_flight(session)
+        await asyncio.wait([running])
+        # the running handler is abandoned; the finished one waits for the flusher, still held
+        assert [held.task.task_index for held in session.held.values()] == [1]
+        await worker._extend_leases(session, time.monotonic())
+        assert [item["task_index"] for item in store.extended] == [1]  # its lease is renewed
+        queued.cancel()
+
+    _in_loop(body)
