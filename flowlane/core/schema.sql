@@ -844,52 +844,6 @@ begin
 end;
 $$;
 
--- FUNCTION _lock_task(uuid, text, integer, uuid, integer)
-
-CREATE FUNCTION flowlane._lock_task(p_run_id uuid, p_step_slug text, p_task_index integer, p_worker_id uuid, p_attempt integer, OUT task flowlane.step_tasks, OUT actionable boolean) RETURNS record
-    LANGUAGE plpgsql
-    SET search_path TO ''
-    AS $$
-declare
-  v_run_status text;
-  v_step_status text;
-begin
-  actionable := false;
-  select r.status into v_run_status from flowlane.runs r where r.run_id = p_run_id for update;
-  if not found then
-    return;
-  end if;
-  select ss.status into v_step_status from flowlane.step_states ss
-  where ss.run_id = p_run_id and ss.step_slug = p_step_slug for update;
-  select * into task from flowlane.step_tasks t
-  where t.run_id = p_run_id and t.step_slug = p_step_slug and t.task_index = p_task_index for update;
-  if not found then
-    task := null;
-    return;
-  end if;
-  if task.status in ('completed', 'failed', 'skipped', 'cancelled') then
-    -- late or duplicate callback: make sure the message is gone, change nothing
-    perform flowlane._archive_tasks(array[task]);
-    return;
-  end if;
-  if task.status <> 'started' or v_run_status <> 'started' or v_step_status <> 'started' then
-    return;
-  end if;
-  if (p_worker_id is not null and task.last_worker_id is distinct from p_worker_id)
-     or (p_attempt is not null and task.attempts_count <> p_attempt) then
-    return;  -- fenced: this worker/attempt no longer owns the task
-  end if;
-  actionable := true;
-end;
-$$;
-
--- FUNCTION _maybe_complete_run(uuid)
-
-CREATE FUNCTION flowlane._maybe_complete_run(p_run_id uuid) RETURNS void
-    LANGUAGE sql
-    SET search_path TO ''
-    AS $$ select flowlane._maybe_complete_runs(array[p_run_id]) $$;
-
 -- FUNCTION _maybe_complete_runs(uuid[])
 
 CREATE FUNCTION flowlane._maybe_complete_runs(p_run_ids uuid[]) RETURNS void
@@ -1620,6 +1574,7 @@ CREATE FUNCTION flowlane._steps_done(p_steps flowlane.step_states[]) RETURNS voi
     AS $$
 declare
   v_runs uuid[] := array(select distinct s.run_id from unnest(p_steps) s order by 1);
+  v_started uuid[];
 begin
   -- a run with no step left completes here (_maybe_complete_runs would update it again);
   -- the batch holds its runs' locks (_lock_and_classify), so counts reads what it updates
@@ -1628,7 +1583,7 @@ begin
     from unnest(p_steps) s
     join flowlane.runs rr on rr.run_id = s.run_id and rr.run_id = any (v_runs)
     group by s.run_id, rr.status, rr.remaining_steps
-  )
+  ), updated as (
   update flowlane.runs r
      set remaining_steps = r.remaining_steps - c.n,
          status = case when c.last then 'completed' else r.status end,
@@ -1636,7 +1591,10 @@ begin
          output = case when c.last then coalesce(o.output, '{}'::jsonb) else r.output end
     from counts c
     left join flowlane._run_outputs(array(select k.run_id from counts k where k.last)) o on o.run_id = c.run_id
-   where r.run_id = c.run_id and r.run_id = any (v_runs);
+   where r.run_id = c.run_id and r.run_id = any (v_runs)
+  returning r.run_id, r.status
+  ) select coalesce(array_agg(u.run_id order by u.run_id) filter (where u.status = 'started'), '{}')
+      into v_started from updated u;
   update flowlane.step_states cs
      set remaining_deps = cs.remaining_deps - x.n,
          initial_tasks = case
@@ -1650,7 +1608,9 @@ begin
          flowlane.steps cst
    where cs.run_id = x.run_id and cs.step_slug = x.step_slug and cs.run_id = any (v_runs)
      and cst.flow_slug = x.flow_slug and cst.step_slug = x.step_slug;
-  perform flowlane._progress_runs(v_runs);
+  if cardinality(v_started) > 0 then  -- a completed run has nothing left to start or skip
+    perform flowlane._progress_runs(v_started);
+  end if;
 end;
 $$;
 

@@ -133,6 +133,7 @@ as $$
   group by ss.run_id
 $$;
 
+-- (_steps_done completes a run the same way when its last step completes)
 create or replace function flowlane._maybe_complete_runs(p_run_ids uuid[]) returns void
 language sql volatile
 set search_path = ''
@@ -158,6 +159,7 @@ set enable_seqscan = off  -- see "Plans" in 0009's header
 as $$
 declare
   v_runs uuid[] := array(select distinct s.run_id from unnest(p_steps) s order by 1);
+  v_started uuid[];
 begin
   -- a run with no step left completes here (_maybe_complete_runs would update it again);
   -- the batch holds its runs' locks (_lock_and_classify), so counts reads what it updates
@@ -166,7 +168,7 @@ begin
     from unnest(p_steps) s
     join flowlane.runs rr on rr.run_id = s.run_id and rr.run_id = any (v_runs)
     group by s.run_id, rr.status, rr.remaining_steps
-  )
+  ), updated as (
   update flowlane.runs r
      set remaining_steps = r.remaining_steps - c.n,
          status = case when c.last then 'completed' else r.status end,
@@ -174,7 +176,10 @@ begin
          output = case when c.last then coalesce(o.output, '{}'::jsonb) else r.output end
     from counts c
     left join flowlane._run_outputs(array(select k.run_id from counts k where k.last)) o on o.run_id = c.run_id
-   where r.run_id = c.run_id and r.run_id = any (v_runs);
+   where r.run_id = c.run_id and r.run_id = any (v_runs)
+  returning r.run_id, r.status
+  ) select coalesce(array_agg(u.run_id order by u.run_id) filter (where u.status = 'started'), '{}')
+      into v_started from updated u;
   update flowlane.step_states cs
      set remaining_deps = cs.remaining_deps - x.n,
          initial_tasks = case
@@ -188,7 +193,9 @@ begin
          flowlane.steps cst
    where cs.run_id = x.run_id and cs.step_slug = x.step_slug and cs.run_id = any (v_runs)
      and cst.flow_slug = x.flow_slug and cst.step_slug = x.step_slug;
-  perform flowlane._progress_runs(v_runs);
+  if cardinality(v_started) > 0 then  -- a completed run has nothing left to start or skip
+    perform flowlane._progress_runs(v_started);
+  end if;
 end;
 $$;
 
@@ -245,6 +252,9 @@ as $$
 $$;
 
 drop function flowlane._task_input(uuid, text, int);
+-- callers gone since 0009 (complete_task/fail_task became one-item batches)
+drop function flowlane._lock_task(uuid, text, int, uuid, int);
+drop function flowlane._maybe_complete_run(uuid);
 
 -- 0011's _start_tasks; the tasks to hide and to return are read from the unnested claim, the
 -- leases looked up once per (flow, step), the inputs from _claimed_inputs
