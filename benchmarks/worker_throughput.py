@@ -21,15 +21,23 @@ to head, interleaved with the raw PGMQ figures in the same run. Measured:
    is then committed in one transaction and the drain is timed in the
    database, from that commit to the last completion (so starting 4
    processes costs nothing of it); the database server's CPU time per task
-   during the drain (all its processes, from /proc; embedded only);
+   during the drain (all its processes, from /proc; embedded only). --rounds
+   rounds, one and four consumers in alternating order; each figure is the
+   median of its rounds;
 3. latency from start_flow's commit to the handler starting, one run at a
    time on an idle worker, with PGMQ insert notifications on and off
    (polling fallback: read_with_poll, 100 ms interval): p50 / p95.
+
+Every measurement runs on a new database cloned from its version's template
+(migrated, benchmark flows applied) and dropped afterwards: the tables a
+measurement leaves behind (runs, archives, dead rows for autovacuum) would
+slow the next one down by up to a third.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -40,6 +48,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +69,7 @@ MIGRATE = (
 )
 
 
-def fresh_database(admin_dsn: str, repo: Path) -> str:
+def template_database(admin_dsn: str, repo: Path) -> str:
     """A database migrated by ``repo``'s migrations, with the benchmark flows applied."""
     name = f"flowlane_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
@@ -73,6 +82,20 @@ def fresh_database(admin_dsn: str, repo: Path) -> str:
             if path.startswith("flows/"):
                 conn.execute(text.encode())
     return dsn
+
+
+@contextlib.contextmanager
+def fresh_database(admin_dsn: str, template_dsn: str) -> Iterator[str]:
+    """A new database cloned from ``template_dsn``'s, dropped on exit."""
+    template = psycopg.conninfo.conninfo_to_dict(template_dsn)["dbname"]
+    name = f"flowlane_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'create database "{name}" template "{template}"'.encode())
+    try:
+        yield psycopg.conninfo.make_conninfo(admin_dsn, dbname=name)
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(f'drop database "{name}" with (force)'.encode())
 
 
 def _env(repo: Path) -> dict[str, str]:
@@ -236,16 +259,21 @@ class Engine:
     """One flowlane version: its code (workers) and a database migrated by it."""
 
     def __init__(self, admin: str, repo: Path, extra: list[str]) -> None:
+        self.admin = admin
         self.repo = repo
         self.extra = extra
-        self.dsn = fresh_database(admin, repo)
+        self.template = template_database(admin, repo)
 
     def end_to_end(self, n: int, workers: int, per_call: int = 1) -> float:
         """Tasks/s end to end: ``per_call`` runs started per transaction while the workers
         drain."""
-        pool = Workers(self.dsn, workers, *self.extra, repo=self.repo)
+        with fresh_database(self.admin, self.template) as dsn:
+            return self._end_to_end(dsn, n, workers, per_call)
+
+    def _end_to_end(self, dsn: str, n: int, workers: int, per_call: int) -> float:
+        pool = Workers(dsn, workers, *self.extra, repo=self.repo)
         try:
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
+            with psycopg.connect(dsn, autocommit=True) as conn:
                 started = time.perf_counter()
                 start_runs(conn, n, per_call)
                 wait_drained(conn)
@@ -258,9 +286,13 @@ class Engine:
         drain). The workers start on an empty queue; the backlog is committed in one
         transaction once all of them are registered, and the drain is timed in the
         database, from that commit to the last run's completion."""
-        pool = Workers(self.dsn, workers, *self.extra, repo=self.repo)
+        with fresh_database(self.admin, self.template) as dsn:
+            return self._drain(dsn, n, workers, cpu)
+
+    def _drain(self, dsn: str, n: int, workers: int, cpu: ServerCpu) -> tuple[float, float | None]:
+        pool = Workers(dsn, workers, *self.extra, repo=self.repo)
         try:
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
+            with psycopg.connect(dsn, autocommit=True) as conn:
                 with conn.transaction():
                     start_runs(conn, n, 500)
                 mark = conn.execute(b"select clock_timestamp()").fetchone()
@@ -309,41 +341,31 @@ def _cpu(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--dsn", help="admin DSN (may CREATE DATABASE); default: a temporary embedded server")
-    parser.add_argument("--tasks", type=int, default=2000)
-    parser.add_argument("--samples", type=int, default=40)
-    parser.add_argument("--raw-batch", type=int, default=50, help="raw PGMQ batched read size")
-    parser.add_argument("--before", type=Path, help="a checkout of an older flowlane to compare")
-    parser.add_argument("--worker-args", default="", help="extra arguments for this checkout's workers")
-    parser.add_argument("--skip-latency", action="store_true")
-    parser.add_argument("--skip-end-to-end", action="store_true")
-    args = parser.parse_args()
-    tmp = None
-    admin = args.dsn
-    pgdata = None
-    if admin is None:
-        tmp = tempfile.mkdtemp(prefix="flowlane-bench-")
-        os.chmod(tmp, 0o711)  # run as root, the server account must reach its data directory
-        pgdata = Path(tmp) / "pgdata"
-        admin = db.EmbeddedDatabase.start_at(pgdata)
-    try:
-        cpu = ServerCpu(pgdata)
-        engines = {"after": Engine(admin, REPO, shlex.split(args.worker_args))}
+class Bench:
+    """One run of the script: its engines, the raw PGMQ baseline and the printed tables."""
+
+    def __init__(self, args: argparse.Namespace, admin: str, cpu: ServerCpu) -> None:
+        self.args = args
+        self.admin = admin
+        self.cpu = cpu
+        self.engines = {"after": Engine(admin, REPO, shlex.split(args.worker_args))}
         if args.before:
-            engines = {"before": Engine(admin, args.before.resolve(), []), **engines}
-        raw_dsn = engines["after"].dsn
-        q = args.raw_batch
-        print(
-            f"tasks per measurement: {args.tasks}; cpus: {os.cpu_count()}; "
-            f"after's worker arguments: {args.worker_args or '(defaults)'}"
-        )
-        names = list(engines)
-        cols = "".join(f"  {name + ' tasks/s':>15}" for name in names)
-        ratios = "".join(f"  {name + '/raw1':>12}  {name + f'/raw{q}':>12}" for name in names)
+            self.engines = {"before": Engine(admin, args.before.resolve(), []), **self.engines}
+        self.names = list(self.engines)
+        self.q = args.raw_batch
+
+    def raw(self, consumers: int, qty: int, *, backlog: bool = False) -> float:
+        with fresh_database(self.admin, self.engines["after"].template) as dsn:
+            return raw_pgmq(dsn, self.args.tasks, consumers, qty, backlog=backlog)
+
+    def _columns(self) -> tuple[str, str]:
+        cols = "".join(f"  {name + ' tasks/s':>15}" for name in self.names)
+        ratios = "".join(f"  {name + '/raw1':>12}  {name + f'/raw{self.q}':>12}" for name in self.names)
+        return cols, ratios
+
+    def end_to_end(self) -> None:
+        q, names, n = self.q, self.names, self.args.tasks
+        cols, ratios = self._columns()
         print("end to end: one producer while the consumers drain; raw PGMQ sends one message")
         print(f"per transaction; flowlane starts one run per transaction, then (batched) {q} per")
         print("transaction with start_flows")
@@ -353,40 +375,102 @@ def main() -> None:
             f"{'consumers':>9}  {'raw1 msg/s':>10}  {f'raw{q} msg/s':>11}{cols}{batched}"
             f"{ratios}{batched_ratio}"
         )
-        for consumers in () if args.skip_end_to_end else (1, 4):
-            raw1 = raw_pgmq(raw_dsn, args.tasks, consumers, 1)
-            rawq = raw_pgmq(raw_dsn, args.tasks, consumers, q)
-            rates = {name: e.end_to_end(args.tasks, consumers) for name, e in engines.items()}
-            fast = {name: e.end_to_end(args.tasks, consumers, q) for name, e in engines.items()}
+        for consumers in (1, 4):
+            raw1, rawq = self.raw(consumers, 1), self.raw(consumers, q)
+            rates = {name: e.end_to_end(n, consumers) for name, e in self.engines.items()}
+            fast = {name: e.end_to_end(n, consumers, q) for name, e in self.engines.items()}
             line = "".join(f"  {rates[n]:>15.0f}" for n in names)
             line += "".join(f"  {fast[n]:>15.0f}" for n in names)
             line += "".join(f"  {rates[n] / raw1:>12.2f}  {rates[n] / rawq:>12.2f}" for n in names)
             line += "".join(f"  {fast[n] / raw1:>12.2f}" for n in names)
             print(f"{consumers:>9}  {raw1:>10.0f}  {rawq:>11.0f}{line}")
-        print()
+
+    def drains(self) -> None:
+        """The drain table: medians over --rounds rounds of 1 and 4 consumers (alternating
+        which goes first), then four consumers against one per column."""
+        q, names, rounds = self.q, self.names, self.args.rounds
+        cells: dict[tuple[int, str], list[float]] = {}
+        for r in range(rounds):
+            for consumers in (1, 4) if r % 2 == 0 else (4, 1):
+                for key, value in self._drain_round(consumers).items():
+                    cells.setdefault((consumers, key), []).append(value)
+        med = {key: statistics.median(values) for key, values in cells.items()}
+        cols, ratios = self._columns()
         print("drain only: consumers idle on an empty queue, then the backlog committed in one")
-        print("transaction; timed from that commit")
+        print(f"transaction; timed from that commit; medians of {rounds} round(s)")
         cpu_cols = "".join(f"  {name + ' cpu ms/task':>19}" for name in names)
         print(f"{'consumers':>9}  {'raw1 msg/s':>10}  {f'raw{q} msg/s':>11}{cols}{ratios}{cpu_cols}")
-        for consumers in (1, 4):
-            raw1 = raw_pgmq(raw_dsn, args.tasks, consumers, 1, backlog=True)
-            rawq = raw_pgmq(raw_dsn, args.tasks, consumers, q, backlog=True)
-            drained = {name: e.drain(args.tasks, consumers, cpu) for name, e in engines.items()}
-            line = "".join(f"  {drained[n][0]:>15.0f}" for n in names)
-            line += "".join(f"  {drained[n][0] / raw1:>12.2f}  {drained[n][0] / rawq:>12.2f}" for n in names)
-            line += "".join(f"  {_cpu(drained[n][1]):>19}" for n in names)
-            print(f"{consumers:>9}  {raw1:>10.0f}  {rawq:>11.0f}{line}")
-        if args.skip_latency:
-            return
-        print()
+        for c in (1, 4):
+            line = "".join(f"  {med[c, n]:>15.0f}" for n in names)
+            line += "".join(
+                f"  {med[c, n] / med[c, 'raw1']:>12.2f}  {med[c, n] / med[c, 'rawq']:>12.2f}" for n in names
+            )
+            line += "".join(f"  {_cpu(med.get((c, n + ' cpu'))):>19}" for n in names)
+            print(f"{c:>9}  {med[c, 'raw1']:>10.0f}  {med[c, 'rawq']:>11.0f}{line}")
+        four = "".join(f"  {med[4, n] / med[1, n]:>15.2f}" for n in names)
+        raw = f"{med[4, 'raw1'] / med[1, 'raw1']:>10.2f}  {med[4, 'rawq'] / med[1, 'rawq']:>11.2f}"
+        print(f"{'4 / 1':>9}  {raw}{four}   (four consumers against one)")
+
+    def _drain_round(self, consumers: int) -> dict[str, float]:
+        values = {
+            "raw1": self.raw(consumers, 1, backlog=True),
+            "rawq": self.raw(consumers, self.q, backlog=True),
+        }
+        for name, engine in self.engines.items():
+            rate, cpu_ms = engine.drain(self.args.tasks, consumers, self.cpu)
+            values[name] = rate
+            if cpu_ms is not None:
+                values[name + " cpu"] = cpu_ms
+        return values
+
+    def latency(self) -> None:
         print(
             "pickup latency, start_flow commit -> handler start, idle worker "
-            f"({args.samples} samples, this checkout)"
+            f"({self.args.samples} samples, this checkout)"
         )
         for notify in (True, False):
-            p50, p95 = latency(raw_dsn, args.samples, notify)
+            with fresh_database(self.admin, self.engines["after"].template) as dsn:
+                p50, p95 = latency(dsn, self.args.samples, notify)
             label = "notifications on " if notify else "notifications off"
             print(f"  {label}: p50 {p50:7.1f} ms   p95 {p95:7.1f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--dsn", help="admin DSN (may CREATE DATABASE); default: a temporary embedded server")
+    parser.add_argument("--tasks", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the drain measurement (medians)")
+    parser.add_argument("--samples", type=int, default=40)
+    parser.add_argument("--raw-batch", type=int, default=50, help="raw PGMQ batched read size")
+    parser.add_argument("--before", type=Path, help="a checkout of an older flowlane to compare")
+    parser.add_argument("--worker-args", default="", help="extra arguments for this checkout's workers")
+    parser.add_argument("--skip-latency", action="store_true")
+    parser.add_argument("--skip-end-to-end", action="store_true")
+    args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    admin = args.dsn
+    pgdata = None
+    if admin is None:
+        tmp = tempfile.mkdtemp(prefix="flowlane-bench-")
+        os.chmod(tmp, 0o711)  # run as root, the server account must reach its data directory
+        pgdata = Path(tmp) / "pgdata"
+        admin = db.EmbeddedDatabase.start_at(pgdata)
+    try:
+        bench = Bench(args, admin, ServerCpu(pgdata))
+        print(
+            f"tasks per measurement: {args.tasks}; cpus: {os.cpu_count()}; "
+            f"after's worker arguments: {args.worker_args or '(defaults)'}"
+        )
+        if not args.skip_end_to_end:
+            bench.end_to_end()
+            print()
+        bench.drains()
+        if not args.skip_latency:
+            print()
+            bench.latency()
     finally:
         if pgdata is not None:
             db.EmbeddedDatabase.stop_at(pgdata)
