@@ -22,11 +22,13 @@ from flowlane import errors
 if TYPE_CHECKING:
     from flowlane.compiler.model import WorkerDoc
 
-# measured with benchmarks/worker_throughput.py (benchmarks/RESULTS.md): 10/10 left the
-# database idle between small claims; 50/50 drains about 1.5x faster; 100 slots keep two
-# claims of 50 in flight, so one overlaps the other's result commit
-DEFAULT_MAX_CONCURRENT = 100
-DEFAULT_BATCH_SIZE = 50
+# measured with benchmarks/worker_throughput.py (benchmarks/RESULTS.md, "Worker defaults"):
+# 10/10 left the database idle between small claims; twice as many slots as the batch keep
+# two claims in flight, so one overlaps the other's result commit; batches of 100 rather
+# than 50 mean fewer, larger transactions, which four workers sharing two cores need to
+# drain as fast as one; 300 slots slowed one worker (its reads skip more leased messages)
+DEFAULT_MAX_CONCURRENT = 200
+DEFAULT_BATCH_SIZE = 100
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("text", "json")
 
