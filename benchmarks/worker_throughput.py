@@ -364,7 +364,7 @@ class Bench:
         return cols, ratios
 
     def end_to_end(self) -> None:
-        q, names, n = self.q, self.names, self.args.tasks
+        q, names, tasks = self.q, self.names, self.args.tasks
         cols, ratios = self._columns()
         print("end to end: one producer while the consumers drain; raw PGMQ sends one message")
         print(f"per transaction; flowlane starts one run per transaction, then (batched) {q} per")
@@ -377,8 +377,8 @@ class Bench:
         )
         for consumers in (1, 4):
             raw1, rawq = self.raw(consumers, 1), self.raw(consumers, q)
-            rates = {name: e.end_to_end(n, consumers) for name, e in self.engines.items()}
-            fast = {name: e.end_to_end(n, consumers, q) for name, e in self.engines.items()}
+            rates = {name: e.end_to_end(tasks, consumers) for name, e in self.engines.items()}
+            fast = {name: e.end_to_end(tasks, consumers, q) for name, e in self.engines.items()}
             line = "".join(f"  {rates[n]:>15.0f}" for n in names)
             line += "".join(f"  {fast[n]:>15.0f}" for n in names)
             line += "".join(f"  {rates[n] / raw1:>12.2f}  {rates[n] / rawq:>12.2f}" for n in names)
