@@ -16,7 +16,8 @@ to head, interleaved with the raw PGMQ figures in the same run. Measured:
    real worker processes (`flowlane worker`, no-op handler) that claim, run
    and complete. flowlane's producer starts one run per transaction
    (start_flow), then, in a second measurement, --raw-batch runs per
-   transaction (start_flows, the batched start);
+   transaction (start_flows, the batched start; "nan" for a version older
+   than start_flows, 0009, whose drain backlog is one start_flow per run);
 2. drain only: the consumers start and wait on an empty queue; the backlog
    is then committed in one transaction and the drain is timed in the
    database, from that commit to the last completion (so starting 4
@@ -39,6 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import multiprocessing
 import os
 import shlex
@@ -232,16 +234,23 @@ def live_workers(conn: psycopg.Connection[Any]) -> int:
 
 
 def start_runs(conn: psycopg.Connection[Any], n: int, per_call: int = 1) -> None:
-    """n runs: one start_flow per call, or start_flows of ``per_call`` inputs per call."""
+    """n runs: one start_flow per call, or start_flows of ``per_call`` inputs per call
+    (one start_flow per run on a version older than start_flows, 0009)."""
     inputs = [json.dumps({"i": i}) for i in range(n)]
     with conn.cursor() as cur:
-        if per_call == 1:
+        if per_call == 1 or not has_start_flows(conn):
             cur.executemany(b"select flowlane.start_flow('bench_noop', %s::jsonb)", [(i,) for i in inputs])
             return
         cur.executemany(
             b"select count(*) from flowlane.start_flows('bench_noop', %s::jsonb[])",
             [(inputs[at : at + per_call],) for at in range(0, n, per_call)],
         )
+
+
+def has_start_flows(conn: psycopg.Connection[Any]) -> bool:
+    query = b"select to_regprocedure('flowlane.start_flows(text, jsonb[])') is not null"
+    row = conn.execute(query).fetchone()
+    return bool(row and row[0])
 
 
 def wait_drained(conn: psycopg.Connection[Any]) -> None:
@@ -263,10 +272,14 @@ class Engine:
         self.repo = repo
         self.extra = extra
         self.template = template_database(admin, repo)
+        with psycopg.connect(self.template) as conn:
+            self.batched_starts = has_start_flows(conn)
 
     def end_to_end(self, n: int, workers: int, per_call: int = 1) -> float:
         """Tasks/s end to end: ``per_call`` runs started per transaction while the workers
-        drain."""
+        drain (NaN for a batched start on a version without start_flows)."""
+        if per_call > 1 and not self.batched_starts:
+            return math.nan
         with fresh_database(self.admin, self.template) as dsn:
             return self._end_to_end(dsn, n, workers, per_call)
 
