@@ -234,11 +234,10 @@ def live_workers(conn: psycopg.Connection[Any]) -> int:
 
 
 def start_runs(conn: psycopg.Connection[Any], n: int, per_call: int = 1) -> None:
-    """n runs: one start_flow per call, or start_flows of ``per_call`` inputs per call
-    (one start_flow per run on a version older than start_flows, 0009)."""
+    """n runs: one start_flow per call, or start_flows of ``per_call`` inputs per call."""
     inputs = [json.dumps({"i": i}) for i in range(n)]
     with conn.cursor() as cur:
-        if per_call == 1 or not has_start_flows(conn):
+        if per_call == 1:
             cur.executemany(b"select flowlane.start_flow('bench_noop', %s::jsonb)", [(i,) for i in inputs])
             return
         cur.executemany(
@@ -306,8 +305,8 @@ class Engine:
         pool = Workers(dsn, workers, *self.extra, repo=self.repo)
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
-                with conn.transaction():
-                    start_runs(conn, n, 500)
+                with conn.transaction():  # a version older than start_flows: one run per call
+                    start_runs(conn, n, 500 if self.batched_starts else 1)
                 mark = conn.execute(b"select clock_timestamp()").fetchone()
                 assert mark is not None
                 cpu0 = cpu.seconds()
