@@ -17,9 +17,10 @@ to head, interleaved with the raw PGMQ figures in the same run. Measured:
    and complete. flowlane's producer starts one run per transaction
    (start_flow), then, in a second measurement, --raw-batch runs per
    transaction (start_flows, the batched start; "nan" for a version older
-   than start_flows, 0009, whose drain backlog is one start_flow per run);
+   than start_flows, 0009);
 2. drain only: the consumers start and wait on an empty queue; the backlog
-   is then committed in one transaction and the drain is timed in the
+   is then committed in one transaction (one start_flow per run on a
+   version older than start_flows) and the drain is timed in the
    database, from that commit to the last completion (so starting 4
    processes costs nothing of it); the database server's CPU time per task
    during the drain (all its processes, from /proc; embedded only). --rounds
