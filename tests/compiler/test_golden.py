@@ -1,8 +1,9 @@
 """Golden files: valid YAML -> expected SQL; invalid YAML -> expected diagnostics text.
 
 Each case is ``golden/valid/<case>.yaml`` + ``<case>.sql`` or
-``golden/invalid/<case>.yaml`` + ``<case>.txt``. Run with ``--update-golden``
-to regenerate the expected files, then review the diff.
+``golden/invalid/<case>.yaml`` + ``<case>.txt``. A case without its expected file
+fails; ``python -m pytest tests/compiler/test_golden.py --update-golden`` writes
+(or rewrites) the expected files, then read them and review the diff.
 """
 
 from __future__ import annotations
@@ -33,9 +34,18 @@ def diagnose_case(case: Path) -> str:
     return diagnostics.format_text(diagnostics.sort([*findings, *more]))
 
 
+UPDATE_COMMAND = "python -m pytest tests/compiler/test_golden.py --update-golden"
+
+
 def _compare(actual: str, expected_file: Path, update: bool) -> None:
-    if update or not expected_file.exists():
+    if update:
         expected_file.write_text(actual, encoding="utf-8")
+    if not expected_file.exists():
+        pytest.fail(
+            f"{expected_file.parent.name}/{expected_file.name} is missing: write it with "
+            f"`{UPDATE_COMMAND}`, read it, and commit it",
+            pytrace=False,
+        )
     assert actual == expected_file.read_text(encoding="utf-8")
 
 
@@ -59,3 +69,11 @@ def test_invalid_cases_cover_every_code() -> None:
         seen.update(d.code for d in [*findings, *more])
     assert len(INVALID) >= 40
     assert seen == set(codes.CODES) - codes.CHECK_CODES - codes.HANDLER_CODES
+
+
+def test_a_missing_expected_file_fails_and_says_how_to_write_it(tmp_path: Path) -> None:
+    missing = tmp_path / "new_case.sql"
+    with pytest.raises(pytest.fail.Exception, match="--update-golden") as failure:
+        _compare("select 1;\n", missing, update=False)
+    assert "new_case.sql is missing" in str(failure.value)
+    assert not missing.exists()
