@@ -289,7 +289,7 @@ def _paths(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from flowlane.compiler.model import Project
+    from flowlane.compiler.api import load_project
     from flowlane.runtime import log
     from flowlane.runtime.worker import Worker
 
@@ -297,7 +297,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return run_worker_admin(args)
     config = worker_config(args)  # bad options fail here, before the project or a database
     log.configure(config.log_level, config.log_format)
-    Worker(Project.load(*_paths(args)), config).run()
+    Worker(load_project(_paths(args)), config).run()
     return 0
 
 
@@ -517,7 +517,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
 
-    from flowlane.compiler.model import Project
+    from flowlane.compiler.api import load_project
     from flowlane.core import db
     from flowlane.runtime import serve
 
@@ -525,7 +525,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.import_paths = [os.path.abspath(d) for d in args.import_paths]
     options = worker_config(args)  # what every worker gets, validated before any starts
     paths = _paths(args)
-    specs = serve.plan_workers(Project.load(*paths))
+    specs = serve.plan_workers(load_project(paths))
     if not specs:
         raise errors.UsageError("the project routes no step to any queue: nothing to serve",
                                 hint="add a flow under flows/")

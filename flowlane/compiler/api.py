@@ -15,11 +15,12 @@ from flowlane.compiler.diagnostics import Diagnostic
 from flowlane.compiler.model import Project
 
 PathLike = str | os.PathLike[str]
+Paths = PathLike | Iterable[PathLike] | None  # one path, several, or None: the project's flows/
 MAX_LISTED = 20
 
 
-def _paths(paths: Iterable[PathLike] | None) -> list[PathLike]:
-    chosen = list(paths or ())
+def _paths(paths: Paths) -> list[PathLike]:
+    chosen = [paths] if isinstance(paths, str | os.PathLike) else list(paths or ())
     return chosen or [project_root.flows_dir()]
 
 
@@ -40,8 +41,7 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def analyze_paths(paths: Iterable[PathLike] | None = None
-                  ) -> tuple[Project | None, list[Diagnostic]]:
+def analyze_paths(paths: Paths = None) -> tuple[Project | None, list[Diagnostic]]:
     """Load, validate and check every document; the project only when there is no finding."""
     with _gc_paused():
         documents, findings = loader.load_paths(_paths(paths))
@@ -50,7 +50,7 @@ def analyze_paths(paths: Iterable[PathLike] | None = None
     return (project if not found else None), found
 
 
-def validate(paths: Iterable[PathLike] | None = None) -> list[Diagnostic]:
+def validate(paths: Paths = None) -> list[Diagnostic]:
     """Every finding of the YAML under ``paths`` (default ``flows/``), sorted; empty = valid."""
     return analyze_paths(paths)[1]
 
@@ -69,8 +69,9 @@ def project_from_text(text: str, path: str = "<string>") -> Project:
     return _require(project, diagnostics.sort([*findings, *more]))
 
 
-def load_project(paths: Iterable[PathLike] | None = None) -> Project:
-    """The validated project; raises :class:`flowlane.errors.CompileError` on any finding."""
+def load_project(paths: Paths = None) -> Project:
+    """The validated project of the YAML under ``paths`` (one path or several; default the
+    project's ``flows/``); raises :class:`flowlane.errors.CompileError` on any finding."""
     project, found = analyze_paths(paths)
     return _require(project, found)
 
@@ -169,8 +170,7 @@ class CompileResult:
     summary: WriteSummary = field(default_factory=WriteSummary)
 
 
-def compile_paths(paths: Iterable[PathLike] | None = None, out: PathLike | None = None
-                  ) -> CompileResult:
+def compile_paths(paths: Paths = None, out: PathLike | None = None) -> CompileResult:
     """Validate and, when there is no finding, write the SQL (default: the project's sql/);
     files untouched otherwise."""
     out = out or project_root.sql_dir()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -133,19 +132,14 @@ class HandlerRef:
 class Project:
     """Every flow, alias and worker document of a project, validated.
 
-    ``Project.load("flows/")`` raises :class:`flowlane.errors.CompileError`
-    (with ``.diagnostics``) unless every document is valid.
+    Built only by the compiler: ``flowlane.load_project("flows/")`` returns one or raises
+    :class:`flowlane.errors.CompileError` (with ``.diagnostics``) unless every document
+    is valid.
     """
 
     flows: tuple[Flow, ...] = ()
     aliases: tuple[Alias, ...] = ()
     workers: tuple[WorkerDoc, ...] = ()
-
-    @classmethod
-    def load(cls, *paths: str | os.PathLike[str]) -> Project:
-        from flowlane.compiler import api
-
-        return api.load_project(paths or None)
 
     def flow(self, slug: str) -> Flow:
         """The concrete flow named ``slug`` (exact match)."""

@@ -55,6 +55,7 @@ from typing import Any
 import psycopg
 
 from flowlane import errors, project_root
+from flowlane.compiler import api
 from flowlane.compiler.model import Project
 from flowlane.compiler.shape import flow_shape
 from flowlane.core import db, definitions
@@ -745,5 +746,5 @@ def _as_project(project: Project | str | Path) -> Project:
     if isinstance(project, Project):
         return project
     if isinstance(project, str | Path):
-        return Project.load(project)
+        return api.load_project(project)
     raise errors.ProjectError(f"cannot use {type(project).__name__} as a flowlane project")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flowlane import Project, compiler
+from flowlane import compiler, load_project
 from flowlane.compiler import check
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ def test_committed_example_sql_is_up_to_date(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_every_example_handler_is_importable() -> None:
-    project = Project.load(ROOT / "flows")
+    project = load_project(ROOT / "flows")
     for ref in project.handlers():
         module = importlib.import_module(ref.handler.partition(":")[0])
         assert callable(getattr(module, ref.handler.partition(":")[2])), ref

@@ -1,4 +1,4 @@
-"""The public API the worker runtime uses: Project.load and the model."""
+"""The public API the worker runtime uses: load_project and the model."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from flowlane import Project, errors
+from flowlane import errors, load_project
 from flowlane.compiler import api
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_project_load_exposes_flows_aliases_workers_and_handlers() -> None:
-    project = Project.load(ROOT / "flows")
+    project = load_project(ROOT / "flows")
     v2 = project.flow("community_threads_v2")
     assert [s.slug for s in v2.steps] == ["fetch", "classify", "deliver_slack"]
     assert v2.queue_mode == "explicit" and v2.owned_queues == ()
@@ -37,10 +37,16 @@ def test_project_load_exposes_flows_aliases_workers_and_handlers() -> None:
     assert hello.steps[0].handler == "examples.handlers.hello:greet"
 
 
+def test_project_load_takes_one_path_as_text_or_several() -> None:
+    one = load_project(str(ROOT / "flows"))
+    assert one == load_project([ROOT / "flows"]) == load_project(ROOT / "flows")
+    assert load_project([ROOT / "flows" / "hello_world.yaml"]).flows == (one.flow("hello_world"),)
+
+
 def test_project_load_raises_compile_error_with_diagnostics(tmp_path: Path) -> None:
     (tmp_path / "f.yaml").write_text("kind: flow\nslug: x\nsteps:\n  a: {handler: m}\n")
     with pytest.raises(errors.CompileError) as exc:
-        Project.load(tmp_path)
+        load_project(tmp_path)
     assert [d.code for d in exc.value.diagnostics] == ["FL070"]
     assert "error[FL070]" in str(exc.value)
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import psycopg
 import pytest
 
-from flowlane import Project
+from flowlane import load_project
 from flowlane.runtime.worker import Worker
 from tests.runtime.rt_support import PROJECT, WorkerProcess, start_run, step, wait_run, wait_until
 
@@ -26,7 +26,7 @@ def handlers() -> Iterator[object]:
 
 def test_at_most_max_concurrent_handlers_run(flows_dsn: str, handlers: object) -> None:
     worker = Worker(
-        Project.load(PROJECT / "flows"),
+        load_project(PROJECT / "flows"),
         flow="rt_gauge",
         dsn=flows_dsn,
         max_concurrent=3,
@@ -83,7 +83,7 @@ def test_info_logs_counters_not_a_line_per_task(
 
 def test_heartbeats_and_deprecation_stop_the_worker(flows_dsn: str) -> None:
     worker = Worker(
-        Project.load(PROJECT / "flows"),
+        load_project(PROJECT / "flows"),
         flow="rt_diamond",
         dsn=flows_dsn,
         heartbeat_interval=0.05,
