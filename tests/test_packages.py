@@ -7,6 +7,9 @@ import importlib
 import json
 import subprocess
 import sys
+import tomllib
+from fnmatch import fnmatch
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +54,16 @@ def test_every_exported_name_resolves(package: str) -> None:
         assert getattr(value, "__name__", name) == name
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
         module.nothing_here  # noqa: B018
+
+
+def test_every_data_file_of_the_package_is_shipped() -> None:
+    """Each file under flowlane/ that is not Python source matches a package-data pattern,
+    so the wheel holds it (the compiler's templates and JSON Schema included)."""
+    root = Path(__file__).resolve().parents[1]
+    config = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    patterns = config["tool"]["setuptools"]["package-data"]["flowlane"]
+    package = root / "flowlane"
+    data = [p.relative_to(package).as_posix() for p in package.rglob("*")
+            if p.is_file() and p.suffix not in {".py", ".pyc"} and "__pycache__" not in p.parts]
+    assert "compiler/templates/flow.sql.j2" in data and "compiler/schemas/flowlane.v1.schema.json" in data
+    assert [f for f in data if not any(fnmatch(f, pattern) for pattern in patterns)] == []

@@ -74,7 +74,7 @@ def _only_sql(value: Any) -> Any:
 @functools.cache
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.PackageLoader("flowlane", "templates"),
+        loader=jinja2.PackageLoader("flowlane.compiler", "templates"),
         undefined=jinja2.StrictUndefined,
         autoescape=False,  # SQL, not HTML: quoting is explicit through the filters
         keep_trailing_newline=True,

@@ -24,7 +24,7 @@ _TYPE_NAMES = {
 
 def schema_text() -> str:
     """The published JSON Schema, exactly as shipped."""
-    return resources.files("flowlane").joinpath("schemas", SCHEMA_FILE).read_text(encoding="utf-8")
+    return resources.files("flowlane.compiler").joinpath("schemas", SCHEMA_FILE).read_text(encoding="utf-8")
 
 
 @functools.cache
