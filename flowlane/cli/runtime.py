@@ -11,17 +11,11 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
-from flowlane import errors, project_root
+from flowlane import defaults, errors, project_root
 from flowlane.cli.db import add_dsn_argument
 from flowlane.cli.fleet import WORKER_ACTIONS, add_worker_admin_arguments, run_worker_admin
 from flowlane.runtime.client import MAX_INPUT_BYTES, STATUSES
-from flowlane.runtime.config import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_MAX_CONCURRENT,
-    LOG_FORMATS,
-    LOG_LEVELS,
-    WorkerConfig,
-)
+from flowlane.runtime.config import LOG_FORMATS, LOG_LEVELS, WorkerConfig
 from flowlane.runtime.serve import EXIT_DISABLED
 
 DEFAULTS = WorkerConfig()  # for help texts only: the parsers pass what the user gave
@@ -70,14 +64,14 @@ def configure(subparsers: Any) -> None:
         type=int,
         default=given,
         help="handlers running at once (default: the worker document's max_concurrent, "
-        f"else {DEFAULT_MAX_CONCURRENT})",
+        f"else {defaults.MAX_CONCURRENT})",
     )
     worker.add_argument(
         "--batch-size",
         type=int,
         default=given,
         help="messages claimed per poll (default: the worker document's batch_size, "
-        f"else {DEFAULT_BATCH_SIZE})",
+        f"else {defaults.BATCH_SIZE})",
     )
     worker.add_argument(
         "--no-notify",

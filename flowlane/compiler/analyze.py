@@ -8,15 +8,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from flowlane import defaults
 from flowlane.compiler import names, schema, toposort
 from flowlane.compiler.diagnostics import Diagnostic
 from flowlane.compiler.loader import Document
 from flowlane.compiler.model import (
-    DEFAULT_BASE_DELAY,
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_MAX_CONCURRENT,
-    DEFAULT_TIMEOUT,
     Alias,
     Flow,
     Location,
@@ -331,14 +327,14 @@ class _FlowChecker:
                       for i, slug in enumerate(order))
         routing = self.entry.data.get("queues", "flow")
         mode = cast(QueueMode, routing if isinstance(routing, str) else "explicit")
-        defaults = self.entry.data.get("defaults", {})
+        options = self.entry.data.get("defaults", {})
         return Flow(
             slug=self.slug,
             queue_mode=mode,
             steps=steps,
-            max_attempts=int(defaults.get("max_attempts", DEFAULT_MAX_ATTEMPTS)),
-            base_delay=int(defaults.get("base_delay", DEFAULT_BASE_DELAY)),
-            timeout=int(defaults.get("timeout", DEFAULT_TIMEOUT)),
+            max_attempts=int(options.get("max_attempts", defaults.MAX_ATTEMPTS)),
+            base_delay=int(options.get("base_delay", defaults.BASE_DELAY)),
+            timeout=int(options.get("timeout", defaults.TIMEOUT)),
             description=self.entry.data.get("description"),
             location=self.entry.loc(),
         )
@@ -513,8 +509,8 @@ def _build_worker(entry: _Entry, state: Analysis) -> WorkerDoc | None:
         return None
     return WorkerDoc(
         name=str(data.get("name") or queue), queue=queue, flows=tuple(data["flows"]),
-        max_concurrent=int(data.get("max_concurrent", DEFAULT_MAX_CONCURRENT)),
-        batch_size=int(data.get("batch_size", DEFAULT_BATCH_SIZE)),
+        max_concurrent=int(data.get("max_concurrent", defaults.MAX_CONCURRENT)),
+        batch_size=int(data.get("batch_size", defaults.BATCH_SIZE)),
         description=data.get("description"), location=entry.loc(("queue",)),
     )
 

@@ -6,15 +6,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from flowlane import defaults
+
 StepType = Literal["single", "map"]
 QueueMode = Literal["flow", "per-step", "explicit"]
 Mode = Literal["skip", "skip-cascade", "fail"]
-
-DEFAULT_MAX_ATTEMPTS = 3
-DEFAULT_BASE_DELAY = 5
-DEFAULT_TIMEOUT = 60
-DEFAULT_MAX_CONCURRENT = 10
-DEFAULT_BATCH_SIZE = 10
 
 
 @dataclass(frozen=True)
@@ -59,9 +55,9 @@ class Flow:
     slug: str
     queue_mode: QueueMode
     steps: tuple[Step, ...]
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    base_delay: int = DEFAULT_BASE_DELAY
-    timeout: int = DEFAULT_TIMEOUT
+    max_attempts: int = defaults.MAX_ATTEMPTS
+    base_delay: int = defaults.BASE_DELAY
+    timeout: int = defaults.TIMEOUT
     description: str | None = None
     location: Location | None = field(default=None, compare=False)
 
@@ -106,13 +102,14 @@ class Alias:
 
 @dataclass(frozen=True)
 class WorkerDoc:
-    """A worker deployment polling one queue for the listed flows and aliases."""
+    """A worker deployment polling one queue for the listed flows and aliases; limits it
+    leaves out are the defaults every worker gets (``flowlane.defaults``)."""
 
     name: str
     queue: str
     flows: tuple[str, ...]
-    max_concurrent: int = DEFAULT_MAX_CONCURRENT
-    batch_size: int = DEFAULT_BATCH_SIZE
+    max_concurrent: int = defaults.MAX_CONCURRENT
+    batch_size: int = defaults.BATCH_SIZE
     description: str | None = None
     location: Location | None = field(default=None, compare=False)
 

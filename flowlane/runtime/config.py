@@ -17,18 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from flowlane import errors
+from flowlane import defaults, errors
 
 if TYPE_CHECKING:
     from flowlane.compiler.model import WorkerDoc
 
-# measured with benchmarks/worker_throughput.py (benchmarks/RESULTS.md, "Worker defaults"):
-# 10/10 left the database idle between small claims; twice as many slots as the batch keep
-# two claims in flight, so one overlaps the other's result commit; batches of 100 rather
-# than 50 mean fewer, larger transactions, which four workers sharing two cores need to
-# drain as fast as one; 300 slots slowed one worker (its reads skip more leased messages)
-DEFAULT_MAX_CONCURRENT = 200
-DEFAULT_BATCH_SIZE = 100
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("text", "json")
 
@@ -44,8 +37,9 @@ class WorkerConfig:
     """How one worker selects its queue, connects, claims, stops and logs.
 
     ``max_concurrent`` and ``batch_size`` left at None take the ``kind: worker``
-    document's values, else :data:`DEFAULT_MAX_CONCURRENT` / :data:`DEFAULT_BATCH_SIZE`
-    (:meth:`limits`). ``log_level`` and ``log_format`` configure the logs of
+    document's values (the same defaults where it leaves them out), else
+    ``flowlane.defaults`` (:meth:`limits`). Every default here comes from
+    ``flowlane.defaults``. ``log_level`` and ``log_format`` configure the logs of
     ``flowlane worker``; a program that embeds a ``Worker`` configures its own.
     """
 
@@ -59,11 +53,11 @@ class WorkerConfig:
     max_concurrent: int | None = None
     batch_size: int | None = None
     notify: bool = True
-    poll_interval: float = 2.0
-    read_vt: int = 5  # seconds a message read without notifications stays invisible
-    shutdown_timeout: float = 30.0
-    heartbeat_interval: float = 5.0
-    requeue_interval: float = 15.0
+    poll_interval: float = defaults.POLL_INTERVAL
+    read_vt: int = defaults.READ_VT
+    shutdown_timeout: float = defaults.SHUTDOWN_TIMEOUT
+    heartbeat_interval: float = defaults.HEARTBEAT_INTERVAL
+    requeue_interval: float = defaults.REQUEUE_INTERVAL
     import_paths: Sequence[str] = ()
     handle_signals: bool = True
     log_level: str = "INFO"
@@ -107,8 +101,8 @@ class WorkerConfig:
         if document is not None:
             return (_first(self.max_concurrent, document.max_concurrent),
                     _first(self.batch_size, document.batch_size))
-        return (_first(self.max_concurrent, DEFAULT_MAX_CONCURRENT),
-                _first(self.batch_size, DEFAULT_BATCH_SIZE))
+        return (_first(self.max_concurrent, defaults.MAX_CONCURRENT),
+                _first(self.batch_size, defaults.BATCH_SIZE))
 
     def changed(self) -> dict[str, Any]:
         """The options that differ from their defaults (what a user would have to type)."""

@@ -54,7 +54,7 @@ from typing import Any
 
 import psycopg
 
-from flowlane import errors, project_root
+from flowlane import defaults, errors, project_root
 from flowlane.compiler import api
 from flowlane.compiler.model import Project
 from flowlane.compiler.shape import flow_shape
@@ -178,11 +178,7 @@ class Worker:
         self.config = dataclasses.replace(
             config, name=self.name, max_concurrent=self.max_concurrent, batch_size=self.batch_size
         )
-        # while handlers run, read only once at least a quarter of a batch of slots is free:
-        # claims stay worth a round trip, and the next one starts before the previous
-        # batch's results have all committed (half a batch left one worker idle between
-        # claims: benchmarks/RESULTS.md, "Worker defaults")
-        self._min_read = max(1, min(self.batch_size, self.max_concurrent) // 4)
+        self._min_read = defaults.claim_threshold(self.max_concurrent, self.batch_size)
         # read_with_poll's window while notifications are off or down: short, so a stop or a
         # recovered notification connection is noticed quickly
         self._poll_window = max(1, min(int(config.poll_interval), MAX_POLL_WINDOW))

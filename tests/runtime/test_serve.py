@@ -13,6 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from flowlane import defaults
 from flowlane.compiler import api
 from flowlane.runtime.client import Client
 from flowlane.runtime.serve import EXIT_DISABLED, Supervisor, WorkerSpec, plan_workers
@@ -224,3 +225,35 @@ def test_serve_never_restarts_a_disabled_deployment(
         if proc.poll() is None:
             proc.kill()
     assert _DISABLED.search(_last_block(out.read_text()))
+
+
+def test_every_served_worker_gets_the_measured_default_limits(
+    project: Path, dsn: str, tmp_path: Path
+) -> None:
+    """A worker document without limits (sv_shared_worker) and the queues without one get
+    the limits of `flowlane worker`, `Worker(...)` and the document's model alike."""
+    out = tmp_path / "serve.out"
+    proc = _serve(project, dsn, out)
+    try:
+        pids = _all_running(proc, out)
+        logs = project / ".flowlane" / "logs"
+
+        def started() -> dict[str, tuple[int, int]] | None:
+            found = {}
+            for name in pids:
+                line = re.search(r"worker_started .*max_concurrent=(\d+) batch_size=(\d+)",
+                                 (logs / f"{name}.log").read_text())
+                if line is None:
+                    return None
+                found[name] = (int(line[1]), int(line[2]))
+            return found
+
+        limits = wait_until(started, timeout=60, message="workers started")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, out.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    measured = (defaults.MAX_CONCURRENT, defaults.BATCH_SIZE)
+    assert limits == dict.fromkeys(
+        ["sv_shared_worker", "sv_plain", "sv_split__one", "sv_split__two"], measured)

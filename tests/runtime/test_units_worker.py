@@ -20,12 +20,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from flowlane import errors
+from flowlane import defaults, errors
 from flowlane.cli import build_parser, main
 from flowlane.cli.runtime import _worker_arguments, worker_config
 from flowlane.compiler import WorkerDoc, project_from_text
 from flowlane.runtime.backoff import JITTER, Backoff
-from flowlane.runtime.config import DEFAULT_BATCH_SIZE, DEFAULT_MAX_CONCURRENT, WorkerConfig
+from flowlane.runtime.config import WorkerConfig
 from flowlane.runtime.results import Counters, ResultSender
 from flowlane.runtime.store import Row
 from flowlane.runtime.tasks import ClaimedTask, HandlerCrashed, HandlerThreads, TaskResult
@@ -451,11 +451,11 @@ def test_worker_config_defaults_and_limits() -> None:
     assert (config.notify, config.compile, config.log_level, config.log_format) == (
         True, False, "INFO", "text")
     assert config.changed() == {}
-    assert config.limits(None) == (DEFAULT_MAX_CONCURRENT, DEFAULT_BATCH_SIZE)
+    assert config.limits(None) == (defaults.MAX_CONCURRENT, defaults.BATCH_SIZE)
     document = WorkerDoc("jobs_worker", "jobs", ("shared",), max_concurrent=3, batch_size=7)
     assert config.limits(document) == (3, 7)
     assert WorkerConfig(max_concurrent=9).limits(document) == (9, 7)
-    assert WorkerConfig(batch_size=2).limits(None) == (DEFAULT_MAX_CONCURRENT, 2)
+    assert WorkerConfig(batch_size=2).limits(None) == (defaults.MAX_CONCURRENT, 2)
 
 
 def test_worker_config_is_frozen_and_stores_tuples() -> None:

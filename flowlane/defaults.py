@@ -1,0 +1,48 @@
+"""Every default of a flow and of a worker, defined once.
+
+The compiler's model and analysis, the JSON Schema's ``default`` values and the
+descriptions that quote them (held equal by tests/test_defaults.py), ``WorkerConfig``
+and docs/runtime.md take their numbers from here; the SQL Core's ``create_flow``
+fills the same flow defaults (a parity test compares them). A worker gets the same
+limits whichever way it starts: a ``kind: worker`` document that leaves them out,
+``flowlane worker`` without the flags, ``flowlane serve``, ``Worker(...)`` in Python.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# -- flow options: a step without its own takes its flow's -----------------------
+MAX_ATTEMPTS: Final = 3  # attempts in all, the first included
+BASE_DELAY: Final = 5  # seconds; the retry delay is floor(base_delay * 2^attempts)
+TIMEOUT: Final = 60  # seconds a task may run before it counts as stalled (+ 30 s grace)
+
+FLOW: Final = {"max_attempts": MAX_ATTEMPTS, "base_delay": BASE_DELAY, "timeout": TIMEOUT}
+
+# -- worker limits ----------------------------------------------------------------
+# measured with benchmarks/worker_throughput.py (benchmarks/RESULTS.md, "Worker defaults"):
+# 10/10 left the database idle between small claims; twice as many slots as the batch keep
+# two claims in flight, so one overlaps the other's result commit; batches of 100 rather
+# than 50 mean fewer, larger transactions, which four workers sharing two cores need to
+# drain as fast as one; 300 slots slowed one worker (its reads skip more leased messages)
+MAX_CONCURRENT: Final = 200  # handlers running at once
+BATCH_SIZE: Final = 100  # messages claimed per poll
+# while handlers run, a worker reads again only once this share of a batch of slots is
+# free: claims stay worth a round trip, and the next one starts before the previous
+# batch's results have all committed (half a batch left one worker idle between claims)
+CLAIM_SHARE: Final = 4  # a quarter
+
+
+def claim_threshold(max_concurrent: int, batch_size: int) -> int:
+    """Free handler slots a busy worker waits for before it claims again (at least 1)."""
+    return max(1, min(batch_size, max_concurrent) // CLAIM_SHARE)
+
+
+WORKER_LIMITS: Final = {"max_concurrent": MAX_CONCURRENT, "batch_size": BATCH_SIZE}
+
+# -- worker timing ----------------------------------------------------------------
+POLL_INTERVAL: Final = 2.0  # seconds between polls when no notification wakes the worker
+READ_VT: Final = 5  # seconds a message read without notifications stays invisible
+SHUTDOWN_TIMEOUT: Final = 30.0  # seconds in-flight handlers get after SIGTERM
+HEARTBEAT_INTERVAL: Final = 5.0  # seconds
+REQUEUE_INTERVAL: Final = 15.0  # seconds between stalled-task recoveries
