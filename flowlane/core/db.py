@@ -104,10 +104,28 @@ def redact(dsn: str) -> str:
 
 def connect(target: Target | str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.Connection[Any]:
     """Open a connection; an unreachable database becomes one clear error."""
-    if isinstance(target, str):
-        target = Target(target, "dsn")
-    try:
+    target = _as_target(target)
+    with _connect_errors(target):
         return psycopg.connect(target.dsn, autocommit=autocommit, **kwargs)
+
+
+async def connect_async(
+    target: Target | str, *, autocommit: bool = False, **kwargs: Any
+) -> psycopg.AsyncConnection[Any]:
+    """:func:`connect` for asyncio, with the same errors."""
+    target = _as_target(target)
+    with _connect_errors(target):
+        return await psycopg.AsyncConnection.connect(target.dsn, autocommit=autocommit, **kwargs)
+
+
+def _as_target(target: Target | str) -> Target:
+    return Target(target, "dsn") if isinstance(target, str) else target
+
+
+@contextlib.contextmanager
+def _connect_errors(target: Target) -> Iterator[None]:
+    try:
+        yield
     except psycopg.ProgrammingError as exc:  # the DSN itself cannot be parsed
         raise invalid_dsn(target, exc) from exc
     except psycopg.OperationalError as exc:

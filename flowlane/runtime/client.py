@@ -1,6 +1,14 @@
 """Start runs, operate on them (cancel, retry, wait) and inspect them.
 
-:class:`Client` is synchronous, :class:`AsyncClient` the same API for asyncio.
+:class:`Client` is synchronous, :class:`AsyncClient` the same API for asyncio, and both
+come from one definition: each operation is written once, in :class:`Operations`, as a
+*plan*: a generator that validates its arguments, yields what it needs from the database
+(:class:`Fetch` a named query, :class:`Atomic` one transaction for the rest of the
+operation, :class:`Listen` and :class:`Notified` for run-end notifications) and shapes
+the answers into results and errors. The two clients only carry those requests out, one
+blocking, one awaiting, and take every public method (name, signature, docstring) from
+its plan (tests/runtime/test_client_parity.py holds them equal).
+
 ``wait`` LISTENs on ``flowlane_run_finished`` (notified by the SQL Core when a
 run ends) and re-reads the run only when woken, with a slow fallback poll in
 case a notification cannot arrive (e.g. behind a transaction-pooling proxy).
@@ -10,15 +18,16 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import inspect
 import json
 import time
 import uuid
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterable, Iterator
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -137,8 +146,6 @@ START_CHUNK = 500  # runs per start_flows call
 
 def _chunks(inputs: Iterable[Any], size: int) -> Iterator[tuple[int, list[str]]]:
     """(offset of the chunk's first input, the chunk's inputs as JSON text)."""
-    if size < 1:
-        raise errors.UsageError(f"chunk_size must be at least 1, not {size}")
     chunk: list[str] = []
     offset = 0
     for position, item in enumerate(inputs):
@@ -153,15 +160,14 @@ def _chunks(inputs: Iterable[Any], size: int) -> Iterator[tuple[int, list[str]]]
         yield offset, chunk
 
 
-def _chunk_error(exc: psycopg.Error, flow: str, offset: int) -> errors.FlowlaneError:
+def _chunk_error(exc: errors.DatabaseError, offset: int) -> errors.FlowlaneError:
     """start_flows names a position within its chunk: say where the chunk starts."""
-    text = exc.diag.message_primary or str(exc).strip().splitlines()[0]
     where = f" (positions count from input {offset}, the first of its chunk)" if offset else ""
     return _start_error(
-        errors.DatabaseError(
-            f"cannot start {flow}: {text}{where}; no run was started",
-            hint=exc.diag.message_hint,
-            detail=exc.diag.message_detail,
+        type(exc)(
+            f"{exc}{where}; no run was started",
+            hint=exc.hint,
+            detail=exc.detail,
             sqlstate=exc.sqlstate,
         )
     )
@@ -230,6 +236,224 @@ def _timed_out(run_id: str, status: str, timeout: float) -> RunTimeout:
     )
 
 
+
+# -- what a plan asks of its client ------------------------------------------------
+
+T = TypeVar("T")
+P = ParamSpec("P")
+WAITING = "cannot wait for the run"
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """Run the named query (``flowlane/core/sql/runtime.sql``); the plan receives its rows.
+    An error says ``action`` first, e.g. "cannot cancel: ..."."""
+
+    name: str
+    action: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Atomic:
+    """The rest of the operation runs in one transaction: all of it or nothing."""
+
+    action: str
+
+
+@dataclass(frozen=True)
+class Listen:
+    """Listen for ended runs for the rest of the operation; the plan receives a listener."""
+
+
+@dataclass(frozen=True)
+class Notified:
+    """Wait up to ``timeout`` seconds for ``listener`` to hear that ``run_id`` ended."""
+
+    listener: Any
+    run_id: str
+    timeout: float
+
+
+Request = Fetch | Atomic | Listen | Notified
+Plan = Generator[Request, Any, T]  # yields requests, receives their answers, returns T
+
+
+@dataclass(frozen=True)
+class _Done(Generic[T]):
+    value: T
+
+
+def _advance(plan: Plan[T], answer: Any, failure: Exception | None) -> Request | _Done[T]:
+    """The plan's next request after ``answer`` (or after ``failure`` raised where it
+    waits, for it to turn into its own error), or its result."""
+    try:
+        return plan.throw(failure) if failure is not None else plan.send(answer)
+    except StopIteration as done:
+        return _Done(done.value)
+
+
+# -- every operation, once ---------------------------------------------------------
+
+
+class Operations:
+    """The plans of the clients' public methods (``Client.cancel`` carries out ``cancel``)."""
+
+    @staticmethod
+    def start(flow: str, input: Any = None, *, run_id: str | None = None) -> Plan[tuple[str, str]]:
+        """Start a run; return ``(run_id, concrete flow slug)`` (an alias: its active version)."""
+        payload = encode_input(input)
+        run_id = _run_id(run_id) if run_id is not None else None
+        try:
+            rows = yield Fetch("client_start_flow", f"cannot start {flow}",
+                               {"flow": flow, "input": payload, "run_id": run_id})
+        except errors.DatabaseError as exc:
+            raise _start_error(exc) from exc
+        if not rows:
+            raise errors.DatabaseError(f"start_flow({flow!r}) returned no run")
+        return str(rows[0]["run_id"]), str(rows[0]["flow_slug"])
+
+    @staticmethod
+    def start_run(flow: str, input: Any = None, *, run_id: str | None = None) -> Plan[str]:
+        """Start a run of a concrete flow or an alias; return its id."""
+        started = yield from Operations.start(flow, input, run_id=run_id)
+        return started[0]
+
+    @staticmethod
+    def start_runs(flow: str, inputs: Iterable[Any], *, chunk_size: int = START_CHUNK
+                   ) -> Plan[list[str]]:
+        """Start one run per input (any iterable, consumed in chunks of ``chunk_size``
+        through ``flowlane.start_flows``); return the run ids in input order. All or
+        nothing: the chunks share one transaction, so a bad input starts no run."""
+        if chunk_size < 1:
+            raise errors.UsageError(f"chunk_size must be at least 1, not {chunk_size}")
+        yield Atomic(f"cannot start {flow}")
+        run_ids: list[str] = []
+        for offset, chunk in _chunks(inputs, chunk_size):
+            try:
+                rows = yield Fetch("client_start_flows", f"cannot start {flow}",
+                                   {"flow": flow, "inputs": chunk})
+            except errors.DatabaseError as exc:
+                raise _chunk_error(exc, offset) from exc
+            run_ids.extend(str(r["run_id"]) for r in rows)
+        return run_ids
+
+    @staticmethod
+    def cancel(run_id: str, *, reason: str | None = None) -> Plan[dict[str, Any]]:
+        """Cancel a started run (idempotent for a cancelled one); return its row."""
+        run_id = _run_id(run_id)
+        try:
+            rows = yield Fetch("client_cancel_run", "cannot cancel",
+                               {"run_id": run_id, "reason": reason})
+        except errors.DatabaseError as exc:
+            raise _operation_error(exc, run_id) from exc
+        row: dict[str, Any] = rows[0]
+        return row
+
+    @staticmethod
+    def retry(run_id: str) -> Plan[dict[str, Any]]:
+        """Resume a failed run from its failed steps with a fresh attempt budget."""
+        run_id = _run_id(run_id)
+        try:
+            rows = yield Fetch("client_retry_run", "cannot retry", {"run_id": run_id})
+        except errors.DatabaseError as exc:
+            raise _operation_error(exc, run_id) from exc
+        row: dict[str, Any] = rows[0]
+        return row
+
+    @staticmethod
+    def flows_named(flow: str) -> Plan[list[str]]:
+        """The concrete slugs of a flow or alias (an alias: every version it ever pointed at)."""
+        rows = yield Fetch("client_flow_filter", "cannot list flows", {"flow": flow})
+        return _flow_filter(rows, flow)
+
+    @staticmethod
+    def list_runs(
+        *,
+        limit: int = 20,
+        flow: str | None = None,
+        status: str | None = None,
+        before: str | None = None,
+        since: datetime | None = None,
+    ) -> Plan[list[RunSummary]]:
+        """Runs newest first; ``before`` = a run id (the next page), ``since`` = a time."""
+        flows = (yield from Operations.flows_named(flow)) if flow else None
+        params = _list_params(limit, flows, status, before, since)
+        if params["before"]:
+            found = yield Fetch("client_run_exists", "cannot list runs",
+                                {"run_id": params["before"]})
+            _check_page(found, params["before"])
+        rows = yield Fetch("client_list_runs", "cannot list runs", params)
+        return [RunSummary.from_row(r) for r in rows]
+
+    @staticmethod
+    def stuck_runs() -> Plan[list[StuckRun]]:
+        """Started runs without a queued, leased or retry-delayed task: nothing will move them."""
+        rows = yield Fetch("client_stuck_runs", "cannot check for stuck runs")
+        return [StuckRun(str(r["run_id"]), r["flow_slug"], r["started_at"], r["reason"])
+                for r in rows]
+
+    @staticmethod
+    def get_run(run_id: str) -> Plan[dict[str, Any]]:
+        """``{"run", "steps", "tasks", "attempts"}``; raises when there is no such run."""
+        run_id = _run_id(run_id)
+        rows = yield Fetch("client_get_run", "cannot read the run", {"run_id": run_id})
+        return _run_state(rows, run_id)
+
+    @staticmethod
+    def wait(run_id: str, *, timeout: float = 60.0) -> Plan[dict[str, Any]]:
+        """Wait until the run ends (completed, failed or cancelled); return its state.
+
+        Woken by the run's notification; raises :class:`RunTimeout` after ``timeout`` s."""
+        run_id = _run_id(run_id)
+        deadline = time.monotonic() + timeout
+        listener = yield Listen()  # before the first read: an end in between still wakes us
+        while True:
+            state = yield from Operations.get_run(run_id)
+            if state["run"]["status"] in TERMINAL:
+                return state
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _timed_out(run_id, state["run"]["status"], timeout)
+            yield Notified(listener, run_id, min(remaining, FALLBACK_POLL_SECONDS))
+
+
+# -- the two clients: each carries plans out -----------------------------------------
+
+
+def _method(plan: Callable[..., Any], owner: str, method: Callable[..., Any]) -> None:
+    """Give ``method`` the plan's name and docstring, and its signature after ``self``
+    with the plan's result as the return annotation."""
+    method.__name__ = plan.__name__
+    method.__qualname__ = f"{owner}.{plan.__name__}"
+    method.__doc__ = plan.__doc__
+    own = inspect.signature(plan, eval_str=True)
+    this = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    result = own.return_annotation.__args__[2]  # Plan[T] = Generator[Request, Any, T]
+    method.__signature__ = own.replace(  # type: ignore[attr-defined]
+        parameters=[this, *own.parameters.values()], return_annotation=result)
+
+
+def _blocking(plan: Callable[P, Plan[T]]) -> Callable[Concatenate[Client, P], T]:
+    """``Client``'s method for an operation: carry its plan out, return its result."""
+
+    def method(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._run(plan(*args, **kwargs))
+
+    _method(plan, "Client", method)
+    return method
+
+
+def _awaitable(plan: Callable[P, Plan[T]]) -> Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, T]]:
+    """``AsyncClient``'s method for an operation: the same plan, its requests awaited."""
+
+    async def method(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self._run(plan(*args, **kwargs))
+
+    _method(plan, "AsyncClient", method)
+    return method
+
+
 class Client:
     """``Client(dsn)``: one connection; also a context manager.
 
@@ -247,6 +471,7 @@ class Client:
         return self._conn
 
     def close(self) -> None:
+        """Close the connection (the next call opens a new one)."""
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -262,119 +487,56 @@ class Client:
     ) -> None:
         self.close()
 
-    def _rows(self, name: str, action: str, **params: Any) -> list[dict[str, Any]]:
-        with hints.migrate_hint(), db.wrap_errors(action):
-            return self._connection().execute(query(name), params).fetchall()
+    start = _blocking(Operations.start)
+    start_run = _blocking(Operations.start_run)
+    start_runs = _blocking(Operations.start_runs)
+    cancel = _blocking(Operations.cancel)
+    retry = _blocking(Operations.retry)
+    flows_named = _blocking(Operations.flows_named)
+    list_runs = _blocking(Operations.list_runs)
+    stuck_runs = _blocking(Operations.stuck_runs)
+    get_run = _blocking(Operations.get_run)
+    wait = _blocking(Operations.wait)
 
-    def start_run(self, flow: str, input: Any = None, *, run_id: str | None = None) -> str:
-        """Start a run of a concrete flow or an alias; return its id."""
-        return self.start(flow, input, run_id=run_id)[0]
-
-    def start(self, flow: str, input: Any = None, *, run_id: str | None = None) -> tuple[str, str]:
-        """Start a run; return ``(run_id, concrete flow slug)`` (an alias: its active version)."""
-        payload = encode_input(input)
-        run_id = _run_id(run_id) if run_id is not None else None
-        try:
-            rows = self._rows(
-                "client_start_flow", f"cannot start {flow}", flow=flow, input=payload, run_id=run_id
-            )
-        except errors.DatabaseError as exc:
-            raise _start_error(exc) from exc
-        if not rows:
-            raise errors.DatabaseError(f"start_flow({flow!r}) returned no run")
-        return str(rows[0]["run_id"]), str(rows[0]["flow_slug"])
-
-    def start_runs(self, flow: str, inputs: Iterable[Any], *, chunk_size: int = START_CHUNK) -> list[str]:
-        """Start one run per input (any iterable, consumed in chunks of ``chunk_size``
-        through ``flowlane.start_flows``); return the run ids in input order. All or
-        nothing: the chunks share one transaction, so a bad input starts no run."""
-        conn = self._connection()
-        run_ids: list[str] = []
-        with hints.migrate_hint(), db.wrap_errors(f"cannot start {flow}"), conn.transaction():
-            for offset, chunk in _chunks(inputs, chunk_size):
+    def _run(self, plan: Plan[T]) -> T:
+        """Carry out the plan's requests in turn; a transaction or a LISTEN it asked for
+        ends with it."""
+        with contextlib.ExitStack() as scope:
+            answer: Any = None
+            failure: Exception | None = None
+            while not isinstance(step := _advance(plan, answer, failure), _Done):
+                answer, failure = None, None
                 try:
-                    rows = conn.execute(
-                        query("client_start_flows"), {"flow": flow, "inputs": chunk}
-                    ).fetchall()
-                except psycopg.Error as exc:
-                    raise _chunk_error(exc, flow, offset) from exc
-                run_ids.extend(str(r["run_id"]) for r in rows)
-        return run_ids
+                    answer = self._carry_out(step, scope)
+                except Exception as exc:  # noqa: BLE001 - handed to the plan, which may own it
+                    failure = exc
+            return step.value
 
-    def cancel(self, run_id: str, *, reason: str | None = None) -> dict[str, Any]:
-        """Cancel a started run (idempotent for a cancelled one); return its row."""
-        run_id = _run_id(run_id)
-        try:
-            rows = self._rows("client_cancel_run", "cannot cancel", run_id=run_id, reason=reason)
-        except errors.DatabaseError as exc:
-            raise _operation_error(exc, run_id) from exc
-        return rows[0]
+    def _carry_out(self, request: Request, scope: contextlib.ExitStack) -> Any:
+        if isinstance(request, Fetch):
+            with hints.migrate_hint(), db.wrap_errors(request.action):
+                return self._connection().execute(query(request.name), request.params).fetchall()
+        if isinstance(request, Atomic):
+            scope.enter_context(hints.migrate_hint())
+            scope.enter_context(db.wrap_errors(request.action))  # the commit's errors too
+            return scope.enter_context(self._connection().transaction())
+        if isinstance(request, Listen):
+            return scope.enter_context(self._listening())
+        with db.wrap_errors(WAITING):
+            for note in request.listener.notifies(timeout=request.timeout):
+                if note.payload == request.run_id:
+                    break
+        return None
 
-    def retry(self, run_id: str) -> dict[str, Any]:
-        """Resume a failed run from its failed steps with a fresh attempt budget."""
-        run_id = _run_id(run_id)
-        try:
-            rows = self._rows("client_retry_run", "cannot retry", run_id=run_id)
-        except errors.DatabaseError as exc:
-            raise _operation_error(exc, run_id) from exc
-        return rows[0]
-
-    def flows_named(self, flow: str) -> list[str]:
-        """The concrete slugs of a flow or alias (an alias: every version it ever pointed at)."""
-        return _flow_filter(self._rows("client_flow_filter", "cannot list flows", flow=flow), flow)
-
-    def list_runs(
-        self,
-        *,
-        limit: int = 20,
-        flow: str | None = None,
-        status: str | None = None,
-        before: str | None = None,
-        since: datetime | None = None,
-    ) -> list[RunSummary]:
-        """Runs newest first; ``before`` = a run id (the next page), ``since`` = a time."""
-        flows = self.flows_named(flow) if flow else None
-        params = _list_params(limit, flows, status, before, since)
-        if params["before"]:
-            found = self._rows("client_run_exists", "cannot list runs", run_id=params["before"])
-            _check_page(found, params["before"])
-        rows = self._rows("client_list_runs", "cannot list runs", **params)
-        return [RunSummary.from_row(r) for r in rows]
-
-    def stuck_runs(self) -> list[StuckRun]:
-        """Started runs without a queued, leased or retry-delayed task: nothing will move them."""
-        rows = self._rows("client_stuck_runs", "cannot check for stuck runs")
-        return [StuckRun(str(r["run_id"]), r["flow_slug"], r["started_at"], r["reason"])
-                for r in rows]
-
-    def get_run(self, run_id: str) -> dict[str, Any]:
-        """``{"run", "steps", "tasks", "attempts"}``; raises when there is no such run."""
-        run_id = _run_id(run_id)
-        return _run_state(self._rows("client_get_run", "cannot read the run", run_id=run_id), run_id)
-
-    def wait(self, run_id: str, *, timeout: float = 60.0) -> dict[str, Any]:
-        """Block until the run ends (completed, failed or cancelled); return its state.
-
-        Woken by the run's notification; raises :class:`RunTimeout` after ``timeout`` s."""
-        run_id = _run_id(run_id)
-        deadline = time.monotonic() + timeout
-        conn = self._connection()
-        with db.wrap_errors("cannot wait for the run"):
+    @contextlib.contextmanager
+    def _listening(self) -> Iterator[psycopg.Connection[Any]]:
+        conn = self._connection()  # notifications arrive between this client's calls
+        with db.wrap_errors(WAITING):
             conn.execute(query("client_listen_finished"))
         try:
-            while True:
-                state = self.get_run(run_id)
-                if state["run"]["status"] in TERMINAL:
-                    return state
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise _timed_out(run_id, state["run"]["status"], timeout)
-                with db.wrap_errors("cannot wait for the run"):
-                    for note in conn.notifies(timeout=min(remaining, FALLBACK_POLL_SECONDS)):
-                        if note.payload == run_id:
-                            break
+            yield conn
         finally:
-            with contextlib.suppress(psycopg.Error):  # a broken connection: the error above says why
+            with contextlib.suppress(psycopg.Error):  # a broken connection: the error says why
                 conn.execute(query("client_unlisten_finished"))
 
 
@@ -387,13 +549,11 @@ class AsyncClient:
 
     async def _connection(self) -> psycopg.AsyncConnection[dict[str, Any]]:
         if self._conn is None or self._conn.closed:
-            with db.wrap_errors(f"cannot connect to {db.redact(self.target.dsn)}"):
-                self._conn = await psycopg.AsyncConnection.connect(
-                    self.target.dsn, autocommit=True, row_factory=dict_row
-                )
+            self._conn = await db.connect_async(self.target, autocommit=True, row_factory=dict_row)
         return self._conn
 
     async def close(self) -> None:
+        """Close the connection (the next call opens a new one)."""
         if self._conn is not None:
             await self._conn.close()
             self._conn = None
@@ -409,112 +569,56 @@ class AsyncClient:
     ) -> None:
         await self.close()
 
-    async def _rows(self, name: str, action: str, **params: Any) -> list[dict[str, Any]]:
-        conn = await self._connection()
-        with hints.migrate_hint(), db.wrap_errors(action):
-            cursor = await conn.execute(query(name), params)
-            return await cursor.fetchall()
+    start = _awaitable(Operations.start)
+    start_run = _awaitable(Operations.start_run)
+    start_runs = _awaitable(Operations.start_runs)
+    cancel = _awaitable(Operations.cancel)
+    retry = _awaitable(Operations.retry)
+    flows_named = _awaitable(Operations.flows_named)
+    list_runs = _awaitable(Operations.list_runs)
+    stuck_runs = _awaitable(Operations.stuck_runs)
+    get_run = _awaitable(Operations.get_run)
+    wait = _awaitable(Operations.wait)
 
-    async def start(
-        self, flow: str, input: Any = None, *, run_id: str | None = None
-    ) -> tuple[str, str]:
-        payload = encode_input(input)
-        run_id = _run_id(run_id) if run_id is not None else None
-        try:
-            rows = await self._rows(
-                "client_start_flow", f"cannot start {flow}", flow=flow, input=payload, run_id=run_id
-            )
-        except errors.DatabaseError as exc:
-            raise _start_error(exc) from exc
-        return str(rows[0]["run_id"]), str(rows[0]["flow_slug"])
+    async def _run(self, plan: Plan[T]) -> T:
+        """:meth:`Client._run`, awaiting each request."""
+        async with contextlib.AsyncExitStack() as scope:
+            answer: Any = None
+            failure: Exception | None = None
+            while not isinstance(step := _advance(plan, answer, failure), _Done):
+                answer, failure = None, None
+                try:
+                    answer = await self._carry_out(step, scope)
+                except Exception as exc:  # noqa: BLE001 - handed to the plan, which may own it
+                    failure = exc
+            return step.value
 
-    async def start_run(self, flow: str, input: Any = None, *, run_id: str | None = None) -> str:
-        return (await self.start(flow, input, run_id=run_id))[0]
+    async def _carry_out(self, request: Request, scope: contextlib.AsyncExitStack) -> Any:
+        if isinstance(request, Fetch):
+            conn = await self._connection()
+            with hints.migrate_hint(), db.wrap_errors(request.action):
+                cursor = await conn.execute(query(request.name), request.params)
+                return await cursor.fetchall()
+        if isinstance(request, Atomic):
+            conn = await self._connection()
+            scope.enter_context(hints.migrate_hint())
+            scope.enter_context(db.wrap_errors(request.action))  # the commit's errors too
+            return await scope.enter_async_context(conn.transaction())
+        if isinstance(request, Listen):
+            return await scope.enter_async_context(self._listening())
+        with db.wrap_errors(WAITING):
+            async for note in request.listener.notifies(timeout=request.timeout):
+                if note.payload == request.run_id:
+                    break
+        return None
 
-    async def start_runs(
-        self, flow: str, inputs: Iterable[Any], *, chunk_size: int = START_CHUNK
-    ) -> list[str]:
-        """See ``Client.start_runs``."""
-        conn = await self._connection()
-        run_ids: list[str] = []
-        with hints.migrate_hint(), db.wrap_errors(f"cannot start {flow}"):
-            async with conn.transaction():
-                for offset, chunk in _chunks(inputs, chunk_size):
-                    try:
-                        cursor = await conn.execute(
-                            query("client_start_flows"), {"flow": flow, "inputs": chunk}
-                        )
-                    except psycopg.Error as exc:
-                        raise _chunk_error(exc, flow, offset) from exc
-                    run_ids.extend(str(r["run_id"]) for r in await cursor.fetchall())
-        return run_ids
-
-    async def cancel(self, run_id: str, *, reason: str | None = None) -> dict[str, Any]:
-        run_id = _run_id(run_id)
-        try:
-            rows = await self._rows("client_cancel_run", "cannot cancel", run_id=run_id, reason=reason)
-        except errors.DatabaseError as exc:
-            raise _operation_error(exc, run_id) from exc
-        return rows[0]
-
-    async def retry(self, run_id: str) -> dict[str, Any]:
-        run_id = _run_id(run_id)
-        try:
-            rows = await self._rows("client_retry_run", "cannot retry", run_id=run_id)
-        except errors.DatabaseError as exc:
-            raise _operation_error(exc, run_id) from exc
-        return rows[0]
-
-    async def list_runs(
-        self,
-        *,
-        limit: int = 20,
-        flow: str | None = None,
-        status: str | None = None,
-        before: str | None = None,
-        since: datetime | None = None,
-    ) -> list[RunSummary]:
-        flows = None
-        if flow:
-            found = await self._rows("client_flow_filter", "cannot list flows", flow=flow)
-            flows = _flow_filter(found, flow)
-        params = _list_params(limit, flows, status, before, since)
-        if params["before"]:
-            found = await self._rows("client_run_exists", "cannot list runs", run_id=params["before"])
-            _check_page(found, params["before"])
-        rows = await self._rows("client_list_runs", "cannot list runs", **params)
-        return [RunSummary.from_row(r) for r in rows]
-
-    async def get_run(self, run_id: str) -> dict[str, Any]:
-        run_id = _run_id(run_id)
-        rows = await self._rows("client_get_run", "cannot read the run", run_id=run_id)
-        return _run_state(rows, run_id)
-
-    async def wait(self, run_id: str, *, timeout: float = 60.0) -> dict[str, Any]:
-        """Like :meth:`Client.wait`, without blocking the event loop."""
-        run_id = _run_id(run_id)
-        deadline = time.monotonic() + timeout
+    @contextlib.asynccontextmanager
+    async def _listening(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         # a connection of its own: notifications arrive while other calls use the main one
-        with db.wrap_errors("cannot wait for the run"):
-            listener = await psycopg.AsyncConnection.connect(self.target.dsn, autocommit=True)
+        listener = await db.connect_async(self.target, autocommit=True)
         try:
-            await listener.execute(query("client_listen_finished"))
-            while True:
-                state = await self.get_run(run_id)
-                if state["run"]["status"] in TERMINAL:
-                    return state
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise _timed_out(run_id, state["run"]["status"], timeout)
-                await _next_notification(listener, run_id, min(remaining, FALLBACK_POLL_SECONDS))
+            with db.wrap_errors(WAITING):
+                await listener.execute(query("client_listen_finished"))
+            yield listener
         finally:
             await listener.close()
-
-
-async def _next_notification(
-    conn: psycopg.AsyncConnection[Any], run_id: str, timeout: float
-) -> None:
-    with db.wrap_errors("cannot wait for the run"):
-        async for note in conn.notifies(timeout=timeout):
-            if note.payload == run_id:
-                return
