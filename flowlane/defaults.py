@@ -1,9 +1,9 @@
 """Every default of a flow and of a worker, defined once.
 
 The compiler's model and analysis, the JSON Schema's ``default`` values and the
-descriptions that quote them (held equal by tests/test_defaults.py), ``WorkerConfig``
-and docs/runtime.md take their numbers from here; the SQL Core's ``create_flow``
-fills the same flow defaults (a parity test compares them). A worker gets the same
+descriptions that quote them, ``WorkerConfig`` and docs/runtime.md take their numbers
+from here (tests/test_defaults.py holds the copies in text equal); the SQL Core's
+``create_flow`` fills the same flow defaults when called without them. A worker gets the same
 limits whichever way it starts: a ``kind: worker`` document that leaves them out,
 ``flowlane worker`` without the flags, ``flowlane serve``, ``Worker(...)`` in Python.
 """

@@ -236,7 +236,6 @@ def _timed_out(run_id: str, status: str, timeout: float) -> RunTimeout:
     )
 
 
-
 # -- what a plan asks of its client ------------------------------------------------
 
 T = TypeVar("T")

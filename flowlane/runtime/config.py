@@ -37,9 +37,9 @@ class WorkerConfig:
     """How one worker selects its queue, connects, claims, stops and logs.
 
     ``max_concurrent`` and ``batch_size`` left at None take the ``kind: worker``
-    document's values (the same defaults where it leaves them out), else
-    ``flowlane.defaults`` (:meth:`limits`). Every default here comes from
-    ``flowlane.defaults``. ``log_level`` and ``log_format`` configure the logs of
+    document's values, else the defaults (:meth:`limits`); a document that leaves them
+    out has the same defaults. Every default here comes from ``flowlane.defaults``.
+    ``log_level`` and ``log_format`` configure the logs of
     ``flowlane worker``; a program that embeds a ``Worker`` configures its own.
     """
 
