@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -30,10 +31,12 @@ class SourceFile:
     sql: str
 
 
-def files() -> list[SourceFile]:
-    """The engine's source files, in the order they are applied (their numeric prefix)."""
+def files(directory: Path | None = None) -> list[SourceFile]:
+    """The engine's source files (the package's, or a copy in ``directory``), in the order
+    they are applied (their numeric prefix)."""
     found = []
-    for entry in resources.files("flowlane.core.engine").iterdir():
+    entries = directory.iterdir() if directory else resources.files("flowlane.core.engine").iterdir()
+    for entry in entries:
         if _FILENAME.match(entry.name):
             found.append(SourceFile(entry.name, entry.read_text("utf-8")))
         elif entry.name.endswith(".sql"):
@@ -46,7 +49,7 @@ def files() -> list[SourceFile]:
     return found
 
 
-def build(conn: psycopg.Connection[Any]) -> None:
+def build(conn: psycopg.Connection[Any], directory: Path | None = None) -> None:
     """Build schema ``flowlane`` from the source in an empty database (PGMQ first, as the
     migrator does), in one transaction.
 
@@ -62,8 +65,68 @@ def build(conn: psycopg.Connection[Any]) -> None:
         with conn.transaction():
             # bodies may name functions defined in a later file, as pg_dump's output does
             conn.execute("set local check_function_bodies = off")
-            for source in files():
+            for source in files(directory):
                 _apply(conn, source)
+
+
+def functions(directory: Path | None = None) -> dict[str, str]:
+    """Each function's ``create function`` statement in the source, by function name."""
+    found: dict[str, str] = {}
+    for source in files(directory):
+        for statement in statements(source.sql):
+            match = _CREATE_FUNCTION.match(_without_comments(statement))
+            if not match:
+                continue
+            name = match["name"].lower()
+            if name in found:
+                raise errors.MigrationError(f"function flowlane.{name} is defined twice in the engine source",
+                                            hint="define each function once, where it is used")
+            found[name] = statement.strip()
+    return found
+
+
+_CREATE_FUNCTION = re.compile(r"create\s+(?:or\s+replace\s+)?function\s+flowlane\.(?P<name>[a-z_0-9]+)\s*\(",
+                              re.IGNORECASE)
+_DOLLAR_TAG = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*)?\$")
+
+
+def statements(text: str) -> list[str]:
+    """``text`` split after each top-level semicolon, each statement with its comment lines above
+    it (quotes, dollar quotes and comments respected)."""
+    found, start, i = [], 0, 0
+    while i < len(text):
+        i = _skip_literal(text, i)
+        if i < len(text) and text[i] == ";":
+            found.append(text[start : i + 1].strip("\n"))
+            start = i + 1
+        i += 1
+    if text[start:].strip():
+        found.append(text[start:].strip("\n"))
+    return found
+
+
+def _skip_literal(text: str, i: int) -> int:
+    """The index of the last character of the comment or quoted text starting at ``i`` (or ``i``)."""
+    if text.startswith("--", i):
+        end = text.find("\n", i)
+        return len(text) if end < 0 else end
+    if text.startswith("/*", i):
+        return text.index("*/", i) + 1
+    if text[i] in "'\"":
+        end = i + 1
+        while True:
+            end = text.index(text[i], end)
+            if not text.startswith(text[i] * 2, end):
+                return end
+            end += 2
+    tag = _DOLLAR_TAG.match(text, i)
+    if tag and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_")):
+        return text.index(tag[0], tag.end()) + len(tag[0]) - 1
+    return i
+
+
+def _without_comments(statement: str) -> str:
+    return "\n".join(line for line in statement.splitlines() if not line.lstrip().startswith("--")).strip()
 
 
 def _apply(conn: psycopg.Connection[Any], source: SourceFile) -> None:

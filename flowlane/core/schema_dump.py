@@ -74,14 +74,14 @@ def dump(dsn: str) -> str:
 def build(dsn: str | None = None) -> str:
     """The schema a fresh database gets from the migrations (on ``dsn``'s server, or on a
     throwaway embedded one)."""
-    with _server(dsn) as admin_dsn, _scratch_database(admin_dsn) as scratch:
+    with server(dsn) as admin_dsn, scratch_database(admin_dsn) as scratch:
         with db.connect(scratch, autocommit=True) as conn:
             migrator.migrate(conn)
         return dump(scratch)
 
 
 @contextlib.contextmanager
-def _server(dsn: str | None) -> Iterator[str]:
+def server(dsn: str | None) -> Iterator[str]:
     if dsn:
         yield dsn
         return
@@ -95,7 +95,7 @@ def _server(dsn: str | None) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def _scratch_database(admin_dsn: str) -> Iterator[str]:
+def scratch_database(admin_dsn: str) -> Iterator[str]:
     name = f"flowlane_schema_{uuid.uuid4().hex[:12]}"
     with db.connect(admin_dsn, autocommit=True) as conn, db.wrap_errors("creating a scratch database"):
         conn.execute(sql.SQL("create database {}").format(sql.Identifier(name)))
