@@ -96,9 +96,9 @@ def draft(difference: Difference, name: str, version: str, source_dir: Path | No
     """The text of migration ``version``_``name`` that applies ``difference``."""
     sources = engine_source.functions(source_dir)
     order = list(sources)
-    parts = [f"-- flowlane SQL Core {version}: {name.replace('_', ' ')}.\n"
-             "-- Drafted by `python -m flowlane.core.draft_migration` from the engine source; "
-             "reviewed by a person.\n-- (Say here what changes and why.)"]
+    parts = [(f"-- flowlane SQL Core {version}: {name.replace('_', ' ')}.\n"
+              "-- Drafted by `python -m flowlane.core.draft_migration` from the engine source; "
+              "reviewed by a person.\n-- (Say here what changes and why.)")]
     parts += [f"drop function {identity};" for identity in difference.dropped]
     for function in sorted(difference.created, key=order.index):
         parts.append(_create_or_replace(sources[function]))
