@@ -6,7 +6,7 @@
 Two scratch databases are built, one by the migrations and one from the engine source
 (``flowlane/core/engine``), and compared. Functions are drafted: a changed or new one as
 its source text (``create or replace function``), a removed one as ``drop function``, one
-whose arguments or result changed as a drop and a create. Every other difference (tables,
+whose arguments (types, names or defaults) or result changed as a drop and a create. Every other difference (tables,
 columns, constraints, indexes, types, triggers, comments) is flagged in the draft as a
 comment with the two ``pg_dump`` texts, for a person to write: the tool never writes
 ``alter table``. Review the draft, run ``--check`` (it passes once the draft brings the
@@ -42,6 +42,7 @@ FLAG = "-- TO WRITE BY HAND:"
 class Function:
     identity: str  # flowlane.name(argument types)
     name: str
+    arguments: str  # with their names and defaults, which create or replace cannot change
     result: str
     definition: str  # pg_get_functiondef
 
@@ -82,7 +83,7 @@ def difference(migrated_dsn: str, source_dsn: str) -> Difference:
     result = Difference()
     for identity, function in old.items():
         replaced = new.get(identity)
-        if replaced is None or replaced.result != function.result:
+        if replaced is None or (replaced.arguments, replaced.result) != (function.arguments, function.result):
             result.dropped.append(identity)
     for identity, function in new.items():
         before = old.get(identity)

@@ -81,8 +81,17 @@ def functions(directory: Path | None = None) -> dict[str, str]:
             if name in found:
                 raise errors.MigrationError(f"function flowlane.{name} is defined twice in the engine source",
                                             hint="define each function once, where it is used")
-            found[name] = statement.strip()
+            found[name] = _with_own_comment(statement)
     return found
+
+
+def _with_own_comment(statement: str) -> str:
+    """The statement with the comment block right above it, not a file's or section's heading
+    (separated from it by a blank line)."""
+    lines = statement.strip("\n").splitlines()
+    head = next(i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("--"))
+    blanks = [i for i in range(head) if not lines[i].strip()]
+    return "\n".join(lines[blanks[-1] + 1 if blanks else 0:]).strip("\n")
 
 
 _CREATE_FUNCTION = re.compile(r"create\s+(?:or\s+replace\s+)?function\s+flowlane\.(?P<name>[a-z_0-9]+)\s*\(",

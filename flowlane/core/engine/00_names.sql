@@ -1,6 +1,17 @@
--- Names and value limits: the rules the tables' constraints and every public function's argument checks use.
+-- Names, value limits and option defaults: the rules the tables' constraints and defaults and every
+-- public function's argument checks use.
 
 create schema if not exists flowlane;
+
+-- a flow option's value when the flow's definition leaves it out: the column defaults of
+-- flowlane.flows and create_flow take it from here, and a test holds it equal to the
+-- compiler's defaults
+create function flowlane._flow_option_default(option text) returns int
+language sql immutable parallel safe
+set search_path = ''
+as $$
+  select case option when 'max_attempts' then 3 when 'base_delay' then 5 when 'timeout' then 60 end
+$$;
 
 create function flowlane.is_valid_slug(slug text) returns boolean
 language sql immutable parallel safe

@@ -18,9 +18,9 @@ create index queues_owner_idx on flowlane.queues (owner_flow_slug);
 
 create table flowlane.flows (
   flow_slug text not null,
-  opt_max_attempts int default 3 not null,
-  opt_base_delay int default 5 not null,
-  opt_timeout int default 60 not null,
+  opt_max_attempts int default flowlane._flow_option_default('max_attempts') not null,
+  opt_base_delay int default flowlane._flow_option_default('base_delay') not null,
+  opt_timeout int default flowlane._flow_option_default('timeout') not null,
   created_at timestamptz default now() not null,
   queue_mode text default 'flow' not null,
   shape_sealed_at timestamptz,

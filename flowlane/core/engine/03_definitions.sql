@@ -42,7 +42,9 @@ begin
             hint = 'the queue mode is part of the flow''s shape; create a new flow version (a new slug)';
   end if;
   insert into flowlane.flows as f (flow_slug, opt_max_attempts, opt_base_delay, opt_timeout, queue_mode)
-  values (create_flow.flow_slug, coalesce(max_attempts, 3), coalesce(base_delay, 5), coalesce(timeout, 60), v_mode)
+  values (create_flow.flow_slug, coalesce(max_attempts, flowlane._flow_option_default('max_attempts')),
+          coalesce(base_delay, flowlane._flow_option_default('base_delay')),
+          coalesce(timeout, flowlane._flow_option_default('timeout')), v_mode)
   on conflict on constraint flows_pkey do update
     set opt_max_attempts = excluded.opt_max_attempts,
         opt_base_delay = excluded.opt_base_delay,

@@ -76,7 +76,7 @@ create function flowlane._create_runs(p_flow text, p_inputs jsonb[], p_run_ids u
 returns setof flowlane.runs
 language plpgsql volatile
 set search_path = ''
-set enable_seqscan = off  -- see "Plans" in README.md
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_ids uuid[];
@@ -134,7 +134,7 @@ as $$ select flowlane._progress_runs(array[p_run_id]) $$;
 create function flowlane._progress_runs(p_run_ids uuid[]) returns void
 language plpgsql volatile
 set search_path = ''
-set enable_seqscan = off  -- see "Plans" in README.md
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_run uuid;
@@ -267,7 +267,7 @@ $$;
 create function flowlane._start_ready_steps(p_run_ids uuid[]) returns void
 language plpgsql volatile
 set search_path = ''
-set enable_seqscan = off  -- see "Plans" in README.md
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_started flowlane.step_states[];
@@ -464,7 +464,7 @@ $$;
 create function flowlane._maybe_complete_runs(p_run_ids uuid[]) returns void
 language sql volatile
 set search_path = ''
-set enable_seqscan = off  -- see "Plans" in README.md
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
   with done as (
     select r.run_id from flowlane.runs r
@@ -484,7 +484,7 @@ $$;
 create function flowlane._run_outputs(p_run_ids uuid[]) returns table (run_id uuid, output jsonb)
 language sql stable
 set search_path = ''
-set enable_seqscan = off  -- see "Plans" in README.md
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
   select ss.run_id, jsonb_object_agg(ss.step_slug, ss.output)
   from flowlane.step_states ss

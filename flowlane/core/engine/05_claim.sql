@@ -21,11 +21,27 @@ create type flowlane._claim_item as (
 );
 
 -- 0009's claim_tasks; the claim keeps the visibility the read gave (see _start_tasks)
+-- A step's options: its own where its definition sets them, else its flow's. A claimed task's
+-- message stays hidden for its timeout and 2 s (claim_visibility: the handler's result has
+-- time to arrive); stalled recovery may take a started task stall_after seconds (its timeout
+-- and 30 s) after its claim or its last lease extension (_stall_deadline). A view, so that
+-- the planner expands it into each statement that joins it: set-based statements keep their
+-- plans, and the rules are written here only.
+create view flowlane.step_options as
+select o.flow_slug, o.step_slug, o.timeout, o.max_attempts, o.base_delay,
+       o.timeout + 2 as claim_visibility,
+       o.timeout + 30 as stall_after
+from (select s.flow_slug, s.step_slug,
+             coalesce(s.opt_timeout, f.opt_timeout) as timeout,
+             coalesce(s.opt_max_attempts, f.opt_max_attempts) as max_attempts,
+             coalesce(s.opt_base_delay, f.opt_base_delay) as base_delay
+      from flowlane.steps s join flowlane.flows f on f.flow_slug = s.flow_slug) o;
+
 create function flowlane.claim_tasks(queue_name text, qty int, worker_id uuid, supported_pairs jsonb)
 returns setof flowlane.claim_record
 language plpgsql volatile
 set search_path = ''
-set enable_seqscan = off  -- see "Plans" in README.md
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_lease int;
@@ -36,10 +52,9 @@ begin
   if qty is null or qty < 1 then
     raise exception 'claim_tasks: qty must be at least 1' using errcode = '22023';
   end if;
-  select coalesce(max(coalesce(s.opt_timeout, f.opt_timeout)), 0) + 2 into v_lease
+  select coalesce(max(o.claim_visibility), 0) into v_lease
   from flowlane._pairs(supported_pairs) p
-  join flowlane.steps s on s.flow_slug = p.flow_slug and s.step_slug = p.step_slug
-  join flowlane.flows f on f.flow_slug = s.flow_slug;
+  join flowlane.step_options o on o.flow_slug = p.flow_slug and o.step_slug = p.step_slug;
   select coalesce(array_agg(m.msg_id) filter (where m.enqueued_at <= now()), '{}'),
          coalesce(array_agg(m.msg_id) filter (where m.enqueued_at > now()), '{}')
     into v_ids, v_later
@@ -87,7 +102,7 @@ create function flowlane._start_tasks(p_queue text, p_msg_ids bigint[], p_worker
 returns setof flowlane.claim_record
 language plpgsql volatile
 set search_path = ''
-set enable_seqscan = off  -- see "Plans" in README.md
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_ids bigint[];
@@ -155,10 +170,11 @@ begin
   if exists (select 1 from unnest(v_batch) c where (c.task).status = 'started') then
     select array_agg(c.task order by c.msg_id),
            array_agg(greatest(1, ceil(extract(epoch from
-                       flowlane._stall_deadline(c.task, flowlane._effective_timeout((c.task).flow_slug, (c.task).step_slug))
-                       - clock_timestamp()))::int) order by c.msg_id)
+                       flowlane._stall_deadline(c.task, o.stall_after) - clock_timestamp()))::int) order by c.msg_id)
       into v_duplicates, v_offsets
-    from unnest(v_batch) c where (c.task).status = 'started';
+    from unnest(v_batch) c
+    join flowlane.step_options o on o.flow_slug = (c.task).flow_slug and o.step_slug = (c.task).step_slug
+    where (c.task).status = 'started';
     perform flowlane._set_tasks_vt(v_duplicates, v_offsets);
   end if;
 
@@ -178,8 +194,9 @@ begin
   select coalesce(array_agg(c order by c.message_id), '{}'), coalesce(array_agg(l.lease order by c.message_id), '{}')
     into v_hide, v_offsets
   from unnest(v_claimed) c
-  join (select p.flow_slug, p.step_slug, flowlane._effective_timeout(p.flow_slug, p.step_slug) + 2 as lease
-        from (select distinct x.flow_slug, x.step_slug from unnest(v_claimed) x) p) l
+  join (select o.flow_slug, o.step_slug, o.claim_visibility as lease
+        from (select distinct x.flow_slug, x.step_slug from unnest(v_claimed) x) p
+        join flowlane.step_options o on o.flow_slug = p.flow_slug and o.step_slug = p.step_slug) l
     on l.flow_slug = c.flow_slug and l.step_slug = c.step_slug
   where p_read_vt is null or l.lease > p_read_vt;
   if cardinality(v_hide) > 0 then
@@ -201,22 +218,13 @@ begin
 end;
 $$;
 
-create function flowlane._effective_timeout(p_flow_slug text, p_step_slug text) returns int
-language sql stable
-set search_path = ''
-as $$
-  select coalesce(s.opt_timeout, f.opt_timeout)
-  from flowlane.steps s join flowlane.flows f on f.flow_slug = s.flow_slug
-  where s.flow_slug = p_flow_slug and s.step_slug = p_step_slug
-$$;
-
--- the stall deadline of a started task (0005: after its claim): effective
--- timeout + 30 s after the later of its claim and its last lease extension
-create function flowlane._stall_deadline(p_task flowlane.step_tasks, p_timeout int) returns timestamptz
+-- the stall deadline of a started task: its step's stall_after seconds (step_options) after
+-- the later of its claim and its last lease extension
+create function flowlane._stall_deadline(p_task flowlane.step_tasks, p_stall_after int) returns timestamptz
 language sql immutable
 set search_path = ''
 as $$
-  select greatest(p_task.started_at, p_task.lease_renewed_at) + make_interval(secs => p_timeout + 30)
+  select greatest(p_task.started_at, p_task.lease_renewed_at) + make_interval(secs => p_stall_after)
 $$;
 
 -- what claimed tasks are handed, for a batch in one statement: 0001's _task_input (the element
@@ -226,7 +234,7 @@ create function flowlane._claimed_inputs(p_tasks flowlane.step_tasks[])
 returns table (run_id uuid, step_slug text, task_index int, input jsonb, flow_input jsonb)
 language sql stable
 set search_path = ''
-set enable_seqscan = off  -- see "Plans" in README.md
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
   select t.run_id, t.step_slug, t.task_index,
          case
@@ -321,23 +329,22 @@ begin
            coalesce((e ->> 'running')::boolean, false) as running
     from jsonb_array_elements(tasks) e
   ), locked as (
-    select t.run_id, t.step_slug, t.task_index, coalesce(s.opt_timeout, f.opt_timeout) as timeout
+    select t.run_id, t.step_slug, t.task_index, o.stall_after
     from flowlane.step_tasks t
     join items i on i.run_id = t.run_id and i.step_slug = t.step_slug and i.task_index = t.task_index
-    join flowlane.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
-    join flowlane.flows f on f.flow_slug = t.flow_slug
+    join flowlane.step_options o on o.flow_slug = t.flow_slug and o.step_slug = t.step_slug
     where t.status = 'started' and t.last_worker_id = extend_leases.worker_id
       and t.attempts_count = i.attempt
-      and (not i.running or now() < t.started_at + make_interval(secs => coalesce(s.opt_timeout, f.opt_timeout)))
+      and (not i.running or now() < t.started_at + make_interval(secs => o.timeout))
     order by t.run_id, t.step_slug, t.task_index
     for update of t skip locked
   ), renewed as (
     update flowlane.step_tasks t set lease_renewed_at = now()
       from locked l
      where t.run_id = l.run_id and t.step_slug = l.step_slug and t.task_index = l.task_index
-    returning t, l.timeout
+    returning t, l.stall_after
   )
-  select coalesce(array_agg(r.t), '{}'), coalesce(array_agg(r.timeout + 30), '{}')
+  select coalesce(array_agg(r.t), '{}'), coalesce(array_agg(r.stall_after), '{}')
     into v_tasks, v_offsets from renewed r;
   perform flowlane._set_tasks_vt(v_tasks, v_offsets);
   return cardinality(v_tasks);

@@ -107,7 +107,7 @@ create function flowlane._lock_and_classify(p_items flowlane._result_item[])
 returns flowlane._result_class[]
 language plpgsql volatile
 set search_path = ''
-set enable_seqscan = off  -- see "Plans" in README.md
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 set plan_cache_mode = force_generic_plan
 as $$
 declare
@@ -183,7 +183,7 @@ create function flowlane._complete_batch(p_items flowlane._result_item[])
 returns setof flowlane.step_tasks
 language plpgsql volatile
 set search_path = ''
-set enable_seqscan = off  -- see "Plans" in README.md
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_classes flowlane._result_class[];
@@ -296,7 +296,7 @@ create function flowlane._batch_rows(p_items flowlane._result_item[])
 returns setof flowlane.step_tasks
 language sql stable
 set search_path = ''
-set enable_seqscan = off  -- see "Plans" in README.md
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
   select t.* from unnest(p_items) i
   join flowlane.step_tasks t on t.run_id = i.run_id and t.step_slug = i.step_slug and t.task_index = i.task_index
@@ -307,7 +307,7 @@ $$;
 create function flowlane._steps_done(p_steps flowlane.step_states[]) returns void
 language plpgsql volatile
 set search_path = ''
-set enable_seqscan = off  -- see "Plans" in README.md
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_runs uuid[] := array(select distinct s.run_id from unnest(p_steps) s order by 1);

@@ -36,7 +36,7 @@ create function flowlane._fail_batch(p_items flowlane._result_item[])
 returns setof flowlane.step_tasks
 language plpgsql volatile
 set search_path = ''
-set enable_seqscan = off  -- see "Plans" in README.md
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_classes flowlane._result_class[];
@@ -57,9 +57,8 @@ begin
   select coalesce(array_agg(c order by (c.task).run_id, (c.task).step_slug, (c.task).task_index), '{}')
     into v_exhausted
   from unnest(v_classes) c
-  join flowlane.steps s on s.flow_slug = (c.task).flow_slug and s.step_slug = (c.task).step_slug
-  join flowlane.flows f on f.flow_slug = (c.task).flow_slug
-  where c.actionable and (c.task).attempts_count >= coalesce(s.opt_max_attempts, f.opt_max_attempts);
+  join flowlane.step_options o on o.flow_slug = (c.task).flow_slug and o.step_slug = (c.task).step_slug
+  where c.actionable and (c.task).attempts_count >= o.max_attempts;
 
   v_sequential := flowlane._sequential_runs(v_classes, v_exhausted);
   for v_class in
@@ -81,12 +80,10 @@ begin
        and t.run_id = any (v_runs)
     returning t
   ) select coalesce(array_agg(r.t), '{}'),
-           coalesce(array_agg(flowlane.calculate_retry_delay(coalesce(s.opt_base_delay, f.opt_base_delay),
-                                                             (r.t).attempts_count)), '{}')
+           coalesce(array_agg(flowlane.calculate_retry_delay(o.base_delay, (r.t).attempts_count)), '{}')
       into v_retried, v_delays
     from retried r
-    join flowlane.steps s on s.flow_slug = (r.t).flow_slug and s.step_slug = (r.t).step_slug
-    join flowlane.flows f on f.flow_slug = (r.t).flow_slug;
+    join flowlane.step_options o on o.flow_slug = (r.t).flow_slug and o.step_slug = (r.t).step_slug;
   perform flowlane._set_tasks_vt(v_retried, v_delays);
 
   -- out of attempts: at most one per run here, and it is the run's only actionable item
@@ -163,7 +160,8 @@ declare
 begin
   if v_stalled and new.error_message is not distinct from old.error_message then
     v_message := format('no result within %s s: the task was requeued by stalled recovery',
-                        flowlane._effective_timeout(new.flow_slug, new.step_slug) + 30);
+                        (select o.stall_after from flowlane.step_options o
+                         where o.flow_slug = new.flow_slug and o.step_slug = new.step_slug));
   end if;
   insert into flowlane.task_attempts
     (run_id, step_slug, task_index, attempt, retry_round, outcome, worker_id, error_type, error_message, traceback)

@@ -12,15 +12,13 @@ declare
   v_handled int := 0;
 begin
   for v_cand in
-    select t.run_id, t.step_slug, t.task_index, coalesce(s.opt_timeout, f.opt_timeout) as timeout,
-           coalesce(s.opt_max_attempts, f.opt_max_attempts) as max_attempts
+    select t.run_id, t.step_slug, t.task_index, o.timeout, o.max_attempts, o.stall_after
     from flowlane.task_leases l
     join flowlane.step_tasks t on t.run_id = l.run_id and t.step_slug = l.step_slug and t.task_index = l.task_index
-    join flowlane.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
-    join flowlane.flows f on f.flow_slug = t.flow_slug
-    where l.started_at < now() - make_interval(secs => coalesce(s.opt_timeout, f.opt_timeout) + 30)
+    join flowlane.step_options o on o.flow_slug = t.flow_slug and o.step_slug = t.step_slug
+    where l.started_at < now() - make_interval(secs => o.stall_after)  -- the leases' index
       and t.status = 'started'
-      and flowlane._stall_deadline(t, coalesce(s.opt_timeout, f.opt_timeout)) < now()
+      and flowlane._stall_deadline(t, o.stall_after) < now()
     order by t.run_id, t.step_slug, t.task_index
   loop
     -- lock order run -> step state -> task; skip what another transaction holds
@@ -33,7 +31,7 @@ begin
     continue when not found;
     select * into v_task from flowlane.step_tasks t
      where t.run_id = v_cand.run_id and t.step_slug = v_cand.step_slug and t.task_index = v_cand.task_index
-       and t.status = 'started' and flowlane._stall_deadline(t, v_cand.timeout) < now()
+       and t.status = 'started' and flowlane._stall_deadline(t, v_cand.stall_after) < now()
        for update skip locked;
     continue when not found;
     v_handled := v_handled + 1;

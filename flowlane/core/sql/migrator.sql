@@ -40,6 +40,7 @@ values (%(version)s, %(name)s, %(checksum)s)
 
 -- name: engine_functions
 select p.oid::regprocedure::text as identity, p.proname::text as name,
+       pg_get_function_arguments(p.oid) as arguments,
        pg_get_function_result(p.oid) as result, pg_get_functiondef(p.oid) as definition
 from pg_proc p
 where p.pronamespace = 'flowlane'::regnamespace
