@@ -6,11 +6,11 @@
 Two scratch databases are built, one by the migrations and one from the engine source
 (``flowlane/core/engine``), and compared. Functions are drafted: a changed or new one as
 its source text (``create or replace function``), a removed one as ``drop function``, one
-whose arguments (types, names or defaults) or result changed as a drop and a create. Every other difference (tables,
-columns, constraints, indexes, types, triggers, comments) is flagged in the draft as a
-comment with the two ``pg_dump`` texts, for a person to write: the tool never writes
-``alter table``. Review the draft, run ``--check`` (it passes once the draft brings the
-migrations to the source) and commit both.
+whose arguments (types, names or defaults) or result changed as a drop and a create.
+Every other difference (tables, columns, constraints, indexes, views, types, triggers,
+comments) is flagged in the draft as a comment with the two ``pg_dump`` texts, for a
+person to write: the tool never writes ``alter table``. Review the draft, run ``--check``
+(it passes once the draft brings the migrations to the source) and commit both.
 
 Without ``--dsn`` a throwaway embedded server is started in a temporary directory; with
 it, scratch databases are created (and dropped) on that server.
