@@ -479,7 +479,7 @@ as $$
                                                          -- may not hold the run's lock)
 $$;
 
--- the outputs of completed runs: each run's completed leaf steps (0001's rule, in one place),
+-- the outputs of completed runs: each run's completed leaf steps (the rule, in one place),
 -- for a batch of runs in one statement
 create function flowlane._run_outputs(p_run_ids uuid[]) returns table (run_id uuid, output jsonb)
 language sql stable
@@ -494,7 +494,7 @@ as $$
   group by ss.run_id
 $$;
 
--- 0007's notification per finished run, from one trigger call per statement (same channel,
+-- flowlane_run_finished: a notification per finished run, from one trigger call per statement (same channel,
 -- same payload: the run's id)
 create function flowlane._notify_run_finished() returns trigger
 language plpgsql volatile

@@ -20,7 +20,6 @@ create type flowlane._claim_item as (
   claimable boolean
 );
 
--- 0009's claim_tasks; the claim keeps the visibility the read gave (see _start_tasks)
 -- A step's options: its own where its definition sets them, else its flow's. A claimed task's
 -- message stays hidden for its timeout and 2 s (claim_visibility: the handler's result has
 -- time to arrive); stalled recovery may take a started task stall_after seconds (its timeout
@@ -37,6 +36,8 @@ from (select s.flow_slug, s.step_slug,
              coalesce(s.opt_base_delay, f.opt_base_delay) as base_delay
       from flowlane.steps s join flowlane.flows f on f.flow_slug = s.flow_slug) o;
 
+-- a worker's claim: read up to qty messages of its queue and start their tasks, in one round
+-- trip; the claim keeps the visibility the read gave (see _start_tasks)
 create function flowlane.claim_tasks(queue_name text, qty int, worker_id uuid, supported_pairs jsonb)
 returns setof flowlane.claim_record
 language plpgsql volatile
@@ -95,8 +96,10 @@ as $$
   select * from flowlane._start_tasks(queue_name, msg_ids, worker_id, supported_pairs, null)
 $$;
 
--- 0011's _start_tasks; the tasks to hide and to return are read from the unnested claim, the
--- leases looked up once per (flow, step), the inputs from _claimed_inputs
+-- the claim of a batch of read messages, classified as a whole before anything changes (a
+-- batch with a message this worker cannot handle claims nothing); the tasks to hide and to
+-- return are read from the unnested claim, the leases looked up once per (flow, step), the
+-- inputs from _claimed_inputs
 create function flowlane._start_tasks(p_queue text, p_msg_ids bigint[], p_worker_id uuid, p_pairs jsonb,
                                       p_read_vt int)
 returns setof flowlane.claim_record
@@ -227,7 +230,7 @@ as $$
   select greatest(p_task.started_at, p_task.lease_renewed_at) + make_interval(secs => p_stall_after)
 $$;
 
--- what claimed tasks are handed, for a batch in one statement: 0001's _task_input (the element
+-- what claimed tasks are handed, for a batch in one statement: a task's input (the element
 -- of the run input for a root map, of the parent's output for a dependent map; the run input
 -- for a root single step; otherwise {dep: output} of the completed deps), and the run input
 create function flowlane._claimed_inputs(p_tasks flowlane.step_tasks[])
@@ -254,8 +257,7 @@ as $$
   join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = t.step_slug
 $$;
 
--- 0011's _track_lease per row; the same rule per statement: a task has a lease while it is
--- started, renewed (deleted and inserted again) when a started task gets a new started_at
+-- the leases, kept per statement: a task has a lease while it is started, renewed (deleted and inserted again) when a started task gets a new started_at
 create function flowlane._track_leases() returns trigger
 language plpgsql volatile
 set search_path = ''

@@ -102,7 +102,7 @@ begin
 end;
 $$;
 
--- lock the batch's runs, step states and tasks (0006's order; keys sorted) and classify every item
+-- lock the batch's runs, step states and tasks (the lock order of docs/reliability.md; keys sorted) and classify every item
 create function flowlane._lock_and_classify(p_items flowlane._result_item[])
 returns flowlane._result_class[]
 language plpgsql volatile

@@ -145,9 +145,10 @@ begin
 end;
 $$;
 
--- the attempt history (0007) takes an attempt's error type and traceback from
+-- the attempt history takes an attempt's error type and traceback from
 -- flowlane.attempt_details, {"<run_id>/<step_slug>/<task_index>": {type, traceback}}
--- (one setting for a whole batch), else from 0007's single-task settings
+-- (one setting for a whole batch), else from the single-task settings
+-- (flowlane.attempt_error_type, flowlane.attempt_traceback)
 create function flowlane._record_attempt() returns trigger
 language plpgsql volatile
 set search_path = ''

@@ -1,6 +1,7 @@
 -- Recovery and run operations: stalled tasks, runs that nothing can move, cancelling and retrying a run.
 
--- 0006's recovery, the candidates taken from the leases
+-- stalled recovery: the candidates are taken from the leases (task_leases), then each is
+-- locked run -> step state -> task, skipping what another transaction holds, and checked again
 create function flowlane.requeue_stalled_tasks() returns int
 language plpgsql volatile
 set search_path = ''
