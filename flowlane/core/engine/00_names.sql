@@ -1,5 +1,5 @@
--- Names, value limits and option defaults: the rules the tables' constraints and defaults and every
--- public function's argument checks use.
+-- Names, value limits and option defaults: the rules the tables' constraints and defaults and
+-- every public function's argument checks use.
 
 create schema if not exists flowlane;
 

@@ -1,4 +1,5 @@
--- Tables and their indexes, in the order their foreign keys need. A table changes only through a migration a person writes (ALTER TABLE): the drafting tool flags the difference.
+-- Tables and their indexes, in the order their foreign keys need. A table changes only through
+-- a migration a person writes (ALTER TABLE): the drafting tool flags the difference.
 
 create table flowlane.queues (
   queue_name text not null,

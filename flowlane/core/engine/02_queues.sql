@@ -1,4 +1,5 @@
--- Queues: the registry of PGMQ queues the engine sends to, and the grouped PGMQ operations on a batch of tasks.
+-- Queues: the registry of PGMQ queues the engine sends to, and the grouped PGMQ operations on
+-- a batch of tasks.
 
 -- the PGMQ queue whose table a flowlane queue name maps to (PGMQ folds case)
 create function flowlane._pgmq_queue(p_queue text) returns text

@@ -1,4 +1,5 @@
--- Runs: starting a run, starting the steps that are ready, a step's conditions, skips and failures, and a run's end.
+-- Runs: starting a run, starting the steps that are ready, a step's conditions, skips and
+-- failures, and a run's end.
 
 create function flowlane.start_flow(flow_slug text, input jsonb, run_id uuid = null)
 returns flowlane.runs

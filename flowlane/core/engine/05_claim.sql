@@ -1,4 +1,5 @@
--- Claiming tasks: a worker reads messages from its queue and starts the tasks they name; a started task holds a lease until its stall deadline.
+-- Claiming tasks: a worker reads messages from its queue and starts the tasks they name; a
+-- started task holds a lease until its stall deadline.
 
 create type flowlane.claim_record as (
   outcome text,         -- 'claimed' | 'unsupported'

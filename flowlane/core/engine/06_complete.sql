@@ -1,4 +1,20 @@
--- Completing tasks: a batch of results, fenced by worker and attempt, in one round trip; a step completes with its last task, a run with its last step.
+-- Completing tasks: a batch of results, fenced by worker and attempt, in one round trip; a
+-- step completes with its last task, a run with its last step.
+--
+-- A batch of results is applied with one statement per table:
+--
+--   lock runs, step states, tasks of the batch (each in key order: the lock order)
+--   classify every item (late, fenced, actionable), item by item
+--   one update of step_tasks, one pgmq.archive per queue
+--   one update of step_states (remaining_tasks, and completion with the step output, merged)
+--   one update of runs (remaining_steps; the last step's completion completes its run)
+--   ready steps of every affected run started together: one send_batch per (queue, delay)
+--
+-- complete_task, fail_task and fail_task_detailed are the one-item case of the same code. A
+-- batch means the same as its items applied one by one in key order (run_id, step_slug,
+-- task_index): runs are independent, and a run with an item that ends it (a type violation,
+-- an exhausted task, a run-failing condition) among several actionable items of the batch
+-- applies them one by one (_sequential_runs, the rare path).
 
 create type flowlane._result_item as (
   pos int,              -- 0-based position in the caller's array (for errors)

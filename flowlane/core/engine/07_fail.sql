@@ -1,4 +1,5 @@
--- Failing tasks: retry with backoff on the task's queue, or exhaust the task and apply when_exhausted; every attempt is recorded.
+-- Failing tasks: retry with backoff on the task's queue, or exhaust the task and apply
+-- when_exhausted; every attempt is recorded.
 
 -- a batch of failures in one round trip: items {run_id, step_slug, task_index,
 -- error_message, worker_id, attempt, error_type, traceback}

@@ -1,4 +1,5 @@
--- Recovery and run operations: stalled tasks, runs that nothing can move, cancelling and retrying a run.
+-- Recovery and run operations: stalled tasks, runs that nothing can move, cancelling and
+-- retrying a run.
 
 -- stalled recovery: the candidates are taken from the leases (task_leases), then each is
 -- locked run -> step state -> task, skipping what another transaction holds, and checked again
