@@ -167,17 +167,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give a migration NAME to draft, or --check")
     if args.name and not _NAME.match(args.name):
         parser.error(f"bad migration name {args.name!r}: use lower_snake_case")
-    found = compare(args.dsn, args.source)
-    if args.check:
-        return _report(found)
+    try:
+        found = compare(args.dsn, args.source)
+        return _report(found) if args.check else _write(found, args.name, args.source)
+    except errors.FlowlaneError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr)
+        return exc.exit_code
+
+
+def _write(found: Difference, name: str, source_dir: Path | None) -> int:
     if found.empty:
         print("the engine source and the migrations agree: nothing to draft")
         return 0
     version = next_version()
-    target = MIGRATIONS_DIR / f"{version}_{args.name}.sql"
+    target = MIGRATIONS_DIR / f"{version}_{name}.sql"
     if target.exists():
         raise errors.UsageError(f"{target} exists", hint="choose another name or remove the draft")
-    target.write_text(draft(found, args.name, version, args.source), encoding="utf-8")
+    target.write_text(draft(found, name, version, source_dir), encoding="utf-8")
     for line in found.summary():
         print(f"  {line}")
     print(f"wrote {target}: review it, write what is marked '{FLAG}', then run --check")

@@ -11,6 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from flowlane import errors
 from flowlane.core import draft_migration, engine_source, schema_dump
 from tests.conftest import Cluster
 
@@ -90,3 +91,17 @@ def test_a_table_change_is_flagged_for_a_person_and_check_fails_until_it_is_writ
     assert draft_migration.main(["--check", "--dsn", cluster.admin_dsn, "--source", str(source_copy)]) == 1
     assert "by hand: TABLE rollouts" in capsys.readouterr().err
     assert draft_migration.main(["--check", "--dsn", cluster.admin_dsn]) == 0
+
+
+def test_a_source_that_does_not_build_is_reported_by_file_and_leaves_nothing_half_built(
+    cluster: Cluster, db_factory: Callable[..., str], source_copy: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    with (source_copy / "10_console.sql").open("a", encoding="utf-8") as file:
+        file.write("\ncreate function flowlane.unfinished( returns int;\n")
+    assert draft_migration.main(["--check", "--dsn", cluster.admin_dsn, "--source", str(source_copy)]) == 1
+    assert "engine source 10_console.sql failed: syntax error" in capsys.readouterr().err
+    dsn = db_factory("none")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with pytest.raises(errors.MigrationError, match=r"10_console\.sql"):
+            engine_source.build(conn, source_copy)
+        assert conn.execute("select to_regclass('flowlane.runs')").fetchone() == (None,)
