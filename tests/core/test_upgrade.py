@@ -317,3 +317,42 @@ def test_upgrade_to_0011_keeps_started_tasks_leased_fenced_and_recoverable(
         assert [engine.run(r)["status"] for r in (renewed_run, stalled_run, fresh_run)] == ["completed"] * 3
         assert engine.scalar("select count(*) from flowlane.task_leases") == 0
         assert_invariants(engine)
+
+
+def test_upgrade_to_0014_keeps_each_steps_timeout_and_the_flow_defaults(
+    db_factory: Callable[..., str],
+) -> None:
+    # 0014 reads a step's timeout, claim visibility and stall threshold from flowlane.step_options
+    # and the flow option defaults from _flow_option_default: tasks claimed before the upgrade
+    # stall by their own step's timeout, and flows keep their options
+    with psycopg.connect(db_factory("0013"), autocommit=True) as conn:
+        engine = Engine(conn)
+        engine.define("quick", [("a", [], {"timeout": 10})])
+        engine.define("slow", [("a", [], {})])  # the flow's default timeout, 60 s
+        quick_run, slow_run = engine.start("quick", {}), engine.start("slow", {})
+        [quick] = engine.claim("quick")
+        [slow] = engine.claim("slow")
+        engine.backdate(quick_run, "a", 41)  # past 10 + 30 s
+        engine.backdate(slow_run, "a", 41)  # within 60 + 30 s
+
+        migrator.migrate(conn)
+
+        assert engine.scalar("select flowlane.requeue_stalled_tasks()") == 1
+        assert engine.task(quick_run, "a")["status"] == "queued"
+        assert engine.task(slow_run, "a")["status"] == "started"
+        assert engine.scalar(
+            "select error_message from flowlane.task_attempts where run_id = %s", (quick_run,)
+        ) == "no result within 10 s (attempt 1)"
+        results = [engine.complete(slow, "done"), engine.complete(quick, "late")]
+        # the late result of the stalled attempt is fenced off
+        assert [r and r["status"] for r in results] == ["completed", "queued"]
+        [again] = engine.claim("quick")
+        done = engine.complete(again, "ok")
+        assert again["attempt"] == 2 and done is not None and done["status"] == "completed"
+        options = ("select opt_max_attempts, opt_base_delay, opt_timeout from flowlane.flows "
+                   "where flow_slug = %s")
+        assert engine.row(options, ("slow",)) == {"opt_max_attempts": 3, "opt_base_delay": 5,
+                                                  "opt_timeout": 60}
+        engine.create_flow("after_upgrade")
+        assert engine.row(options, ("after_upgrade",)) == engine.row(options, ("slow",))
+        assert_invariants(engine)

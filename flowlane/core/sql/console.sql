@@ -79,16 +79,15 @@ where r.run_id = %(run_id)s::uuid
 
 -- name: console_run_steps
 select s.step_slug, s.step_index, s.step_type, s.queue_name,
-       coalesce(s.opt_max_attempts, f.opt_max_attempts) as max_attempts,
-       coalesce(s.opt_timeout, f.opt_timeout) as timeout,
+       o.max_attempts, o.timeout,
        st.status, st.initial_tasks, st.remaining_tasks, st.remaining_deps, st.error_message, st.skip_reason,
        st.created_at, st.started_at, coalesce(st.completed_at, st.failed_at, st.skipped_at) as ended_at,
        octet_length(st.output::text) as output_bytes,
        t.tasks, t.queued, t.started, t.completed, t.failed, t.skipped, t.cancelled, t.attempts,
        t.requeued
 from flowlane.runs r
-join flowlane.flows f on f.flow_slug = r.flow_slug
 join flowlane.steps s on s.flow_slug = r.flow_slug
+join flowlane.step_options o on o.flow_slug = s.flow_slug and o.step_slug = s.step_slug
 left join flowlane.step_states st on st.run_id = r.run_id and st.step_slug = s.step_slug
 left join lateral (
   select count(*) as tasks,

@@ -37,3 +37,11 @@ order by version
 -- name: record_migration
 insert into flowlane.schema_migrations (version, name, checksum)
 values (%(version)s, %(name)s, %(checksum)s)
+
+-- name: engine_functions
+select p.oid::regprocedure::text as identity, p.proname::text as name,
+       pg_get_function_arguments(p.oid) as arguments,
+       pg_get_function_result(p.oid) as result, pg_get_functiondef(p.oid) as definition
+from pg_proc p
+where p.pronamespace = 'flowlane'::regnamespace
+order by 1

@@ -1,0 +1,122 @@
+-- Names, value limits and option defaults: the rules the tables' constraints and defaults and
+-- every public function's argument checks use.
+
+create schema if not exists flowlane;
+
+-- a flow option's value when the flow's definition leaves it out: the column defaults of
+-- flowlane.flows and create_flow take it from here, and a test holds it equal to the
+-- compiler's defaults
+create function flowlane._flow_option_default(option text) returns int
+language sql immutable parallel safe
+set search_path = ''
+as $$
+  select case option when 'max_attempts' then 3 when 'base_delay' then 5 when 'timeout' then 60 end
+$$;
+
+create function flowlane.is_valid_slug(slug text) returns boolean
+language sql immutable parallel safe
+set search_path = ''
+as $$
+  select slug is not null
+     and length(slug) between 1 and 128
+     and slug ~ '^[a-zA-Z][a-zA-Z0-9_]*$'
+     and position('__' in slug) = 0
+     and right(slug, 1) <> '_'
+     and lower(slug) <> 'run'
+$$;
+
+create function flowlane._check_slug(kind text, slug text) returns void
+language plpgsql stable
+set search_path = ''
+as $$
+begin
+  if not flowlane.is_valid_slug(slug) then
+    raise exception 'invalid % slug %: a slug matches ^[a-zA-Z][a-zA-Z0-9_]*$, has 1..128 characters, no "__", no trailing "_", and is not "run"',
+      kind, coalesce(quote_literal(slug), 'NULL')
+      using errcode = '22023';
+  end if;
+end;
+$$;
+
+create function flowlane.is_valid_queue_name(queue_name text) returns boolean
+language sql immutable parallel safe
+set search_path = ''
+as $$
+  select queue_name is not null
+     and length(queue_name) between 1 and 47
+     and queue_name ~ '^[a-z][a-z0-9_]*$'
+     and right(queue_name, 1) <> '_'
+$$;
+
+create function flowlane._check_queue_argument(p_function text, p_queue text) returns void
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  if not flowlane.is_valid_queue_name(p_queue) then
+    raise exception '%: invalid queue name %', p_function, coalesce(quote_literal(p_queue), 'NULL')
+      using errcode = '22023',
+            hint = 'a queue name matches ^[a-z][a-z0-9_]*$ and has at most 47 characters';
+  end if;
+end;
+$$;
+
+create function flowlane.is_valid_deployment_name(deployment_name text) returns boolean
+language sql immutable parallel safe
+set search_path = ''
+as $$
+  select deployment_name is not null
+     and length(deployment_name) between 1 and 128
+     and deployment_name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]*$'
+$$;
+
+create function flowlane._pairs(supported_pairs jsonb)
+returns table (flow_slug text, step_slug text)
+language plpgsql immutable
+set search_path = ''
+as $$
+declare
+  v_item jsonb;
+  v_pos int;
+begin
+  if supported_pairs is null or jsonb_typeof(supported_pairs) <> 'array' then
+    raise exception 'supported_pairs must be a JSON array of [flow_slug, step_slug] pairs, got %',
+      coalesce(jsonb_typeof(supported_pairs), 'null') using errcode = '22023';
+  end if;
+  for v_item, v_pos in select e, o - 1 from jsonb_array_elements(supported_pairs) with ordinality as a (e, o) loop
+    if jsonb_typeof(v_item) <> 'array' or jsonb_array_length(v_item) <> 2
+       or jsonb_typeof(v_item -> 0) <> 'string' or jsonb_typeof(v_item -> 1) <> 'string'
+       or not flowlane.is_valid_slug(v_item ->> 0) or not flowlane.is_valid_slug(v_item ->> 1) then
+      raise exception 'supported_pairs item % must be a pair of slugs [flow_slug, step_slug], got %',
+        v_pos, left(v_item::text, 200) using errcode = '22023';
+    end if;
+  end loop;
+  return query
+    select distinct e ->> 0, e ->> 1 from jsonb_array_elements(supported_pairs) e order by 1, 2;
+end;
+$$;
+
+create function flowlane.json_limits() returns jsonb
+language sql immutable parallel safe
+set search_path = ''
+as $$ select '{"max_depth": 100, "max_bytes": 67108864}'::jsonb $$;
+
+-- depth: a scalar is 0, [] and {} are 1, [[1]] is 2
+create function flowlane.json_depth_exceeds(value jsonb, max_depth int) returns boolean
+language sql immutable parallel safe
+set search_path = ''
+as $$
+  with recursive walk(v, depth) as (
+    select value, 1 where jsonb_typeof(value) in ('array', 'object')
+    union all
+    select c.v, w.depth + 1
+    from walk w
+    cross join lateral (
+      select e as v from jsonb_array_elements(case when jsonb_typeof(w.v) = 'array' then w.v else '[]' end) e
+      union all
+      select o.value from jsonb_each(case when jsonb_typeof(w.v) = 'object' then w.v else '{}' end) o
+    ) c
+    where jsonb_typeof(c.v) in ('array', 'object') and w.depth <= max_depth
+  )
+  select exists (select 1 from walk where depth > max_depth)
+$$;

@@ -1,0 +1,319 @@
+-- Tables and their indexes, in the order their foreign keys need. A table changes only through
+-- a migration a person writes (ALTER TABLE): the drafting tool flags the difference.
+
+create table flowlane.queues (
+  queue_name text not null,
+  ownership text default 'owned' not null,
+  owner_flow_slug text,
+  created_at timestamptz default now() not null,
+  pgmq_queue_name text not null,
+  adopted_at timestamptz,
+  constraint queues_pkey primary key (queue_name),
+  constraint queues_name_canonical check (flowlane.is_valid_queue_name(queue_name)),
+  constraint queues_owner_iff_owned check ((ownership = 'owned') = (owner_flow_slug is not null)),
+  constraint queues_ownership_valid check (ownership in ('owned', 'shared')),
+  constraint queues_pgmq_spelling check (lower(pgmq_queue_name) = queue_name)
+);
+
+create index queues_owner_idx on flowlane.queues (owner_flow_slug);
+
+create table flowlane.flows (
+  flow_slug text not null,
+  opt_max_attempts int default flowlane._flow_option_default('max_attempts') not null,
+  opt_base_delay int default flowlane._flow_option_default('base_delay') not null,
+  opt_timeout int default flowlane._flow_option_default('timeout') not null,
+  created_at timestamptz default now() not null,
+  queue_mode text default 'flow' not null,
+  shape_sealed_at timestamptz,
+  constraint flows_pkey primary key (flow_slug),
+  constraint flows_base_delay_nonnegative check (opt_base_delay >= 0),
+  constraint flows_max_attempts_positive check (opt_max_attempts >= 1),
+  constraint flows_queue_mode_valid check (queue_mode in ('flow', 'per-step', 'explicit')),
+  constraint flows_slug_valid check (flowlane.is_valid_slug(flow_slug)),
+  constraint flows_timeout_at_most_2147483617 check (opt_timeout <= 2147483617),
+  constraint flows_timeout_positive check (opt_timeout >= 1)
+);
+
+create unique index flows_slug_ci_unique on flowlane.flows (lower(flow_slug));
+
+create table flowlane.steps (
+  flow_slug text not null,
+  step_slug text not null,
+  step_type text default 'single' not null,
+  step_index int not null,
+  deps_count int default 0 not null,
+  opt_max_attempts int,
+  opt_base_delay int,
+  opt_timeout int,
+  opt_start_delay int,
+  required_input_pattern jsonb,
+  forbidden_input_pattern jsonb,
+  when_unmet text default 'skip' not null,
+  when_exhausted text default 'fail' not null,
+  created_at timestamptz default now() not null,
+  queue_name text not null,
+  constraint steps_index_unique unique (flow_slug, step_index),
+  constraint steps_pkey primary key (flow_slug, step_slug),
+  constraint steps_base_delay_nonnegative check ((opt_base_delay is null) or (opt_base_delay >= 0)),
+  constraint steps_deps_count_nonnegative check (deps_count >= 0),
+  constraint steps_forbidden_pattern_object check ((forbidden_input_pattern is null) or (jsonb_typeof(forbidden_input_pattern) = 'object')),
+  constraint steps_index_nonnegative check (step_index >= 0),
+  constraint steps_map_deps check ((step_type <> 'map') or (deps_count <= 1)),
+  constraint steps_max_attempts_positive check ((opt_max_attempts is null) or (opt_max_attempts >= 1)),
+  constraint steps_required_pattern_object check ((required_input_pattern is null) or (jsonb_typeof(required_input_pattern) = 'object')),
+  constraint steps_slug_valid check (flowlane.is_valid_slug(step_slug)),
+  constraint steps_start_delay_nonnegative check ((opt_start_delay is null) or (opt_start_delay >= 0)),
+  constraint steps_timeout_at_most_2147483617 check ((opt_timeout is null) or (opt_timeout <= 2147483617)),
+  constraint steps_timeout_positive check ((opt_timeout is null) or (opt_timeout >= 1)),
+  constraint steps_type_valid check (step_type in ('single', 'map')),
+  constraint steps_when_exhausted_valid check (when_exhausted in ('fail', 'skip', 'skip-cascade')),
+  constraint steps_when_unmet_needs_pattern check ((when_unmet = 'skip') or (required_input_pattern is not null) or (forbidden_input_pattern is not null)),
+  constraint steps_when_unmet_valid check (when_unmet in ('skip', 'skip-cascade', 'fail')),
+  constraint steps_flow_slug_fkey foreign key (flow_slug) references flowlane.flows(flow_slug),
+  constraint steps_queue_registered foreign key (queue_name) references flowlane.queues(queue_name)
+);
+
+create unique index steps_slug_ci_unique on flowlane.steps (flow_slug, lower(step_slug));
+
+create table flowlane.deps (
+  flow_slug text not null,
+  dep_slug text not null,
+  step_slug text not null,
+  created_at timestamptz default now() not null,
+  constraint deps_pkey primary key (flow_slug, dep_slug, step_slug),
+  constraint deps_not_self check (dep_slug <> step_slug),
+  constraint deps_flow_slug_dep_slug_fkey foreign key (flow_slug, dep_slug) references flowlane.steps(flow_slug, step_slug),
+  constraint deps_flow_slug_step_slug_fkey foreign key (flow_slug, step_slug) references flowlane.steps(flow_slug, step_slug)
+);
+
+create index deps_child_idx on flowlane.deps (flow_slug, step_slug);
+
+create table flowlane.aliases (
+  alias text not null,
+  flow_slug text not null,
+  draining text[] default '{}'::text[] not null,
+  updated_at timestamptz default clock_timestamp() not null,
+  constraint aliases_pkey primary key (alias),
+  constraint aliases_active_not_draining check (not (flow_slug = any (draining))),
+  constraint aliases_draining_no_nulls check (array_position(draining, null) is null),
+  constraint aliases_slug_valid check (flowlane.is_valid_slug(alias)),
+  constraint aliases_flow_slug_fkey foreign key (flow_slug) references flowlane.flows(flow_slug)
+);
+
+create unique index aliases_slug_ci_unique on flowlane.aliases (lower(alias));
+
+create table flowlane.alias_history (
+  id bigint not null generated always as identity,
+  alias text not null,
+  flow_slug text not null,
+  draining text[] not null,
+  changed_at timestamptz default clock_timestamp() not null,
+  constraint alias_history_pkey primary key (id)
+);
+
+create index alias_history_alias_idx on flowlane.alias_history (alias, id);
+
+create table flowlane.runs (
+  run_id uuid default gen_random_uuid() not null,
+  flow_slug text not null,
+  status text default 'started' not null,
+  input jsonb not null,
+  output jsonb,
+  error_message text,
+  remaining_steps int default 0 not null,
+  started_at timestamptz default now() not null,
+  completed_at timestamptz,
+  failed_at timestamptz,
+  cancelled_at timestamptz,
+  cancel_reason text,
+  retry_count int default 0 not null,
+  retried_at timestamptz,
+  constraint runs_pkey primary key (run_id),
+  constraint runs_cancel_reason_only_cancelled check ((cancel_reason is null) or (status = 'cancelled')),
+  constraint runs_cancelled_after_start check ((cancelled_at is null) or (cancelled_at >= started_at)),
+  constraint runs_cancelled_at check ((status = 'cancelled') = (cancelled_at is not null)),
+  constraint runs_completed_after_start check ((completed_at is null) or (completed_at >= started_at)),
+  constraint runs_completed_at check ((status = 'completed') = (completed_at is not null)),
+  constraint runs_failed_after_start check ((failed_at is null) or (failed_at >= started_at)),
+  constraint runs_failed_at check ((status = 'failed') = (failed_at is not null)),
+  constraint runs_output_only_completed check ((output is null) or (status = 'completed')),
+  constraint runs_remaining_steps_nonnegative check (remaining_steps >= 0),
+  constraint runs_retry_count_nonnegative check (retry_count >= 0),
+  constraint runs_status_valid check (status in ('started', 'completed', 'failed', 'cancelled')),
+  constraint runs_flow_slug_fkey foreign key (flow_slug) references flowlane.flows(flow_slug)
+)
+with (fillfactor='85', autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02');
+
+create index runs_ended_idx on flowlane.runs (status, started_at desc, run_id) where (status <> 'started');
+
+create index runs_flow_idx on flowlane.runs (flow_slug);
+
+create index runs_in_flight_idx on flowlane.runs (run_id) where (status = 'started');
+
+create index runs_started_idx on flowlane.runs (started_at desc, run_id);
+
+create table flowlane.step_states (
+  flow_slug text not null,
+  run_id uuid not null,
+  step_slug text not null,
+  status text default 'created' not null,
+  remaining_deps int default 0 not null,
+  initial_tasks int,
+  remaining_tasks int,
+  output jsonb,
+  error_message text,
+  skip_reason text,
+  created_at timestamptz default now() not null,
+  started_at timestamptz,
+  completed_at timestamptz,
+  failed_at timestamptz,
+  skipped_at timestamptz,
+  constraint step_states_pkey primary key (run_id, step_slug),
+  constraint step_states_completed_after_started check ((completed_at is null) or (completed_at >= coalesce(started_at, created_at))),
+  constraint step_states_completed_at check ((status = 'completed') = (completed_at is not null)),
+  constraint step_states_completed_no_remaining check ((status <> 'completed') or (remaining_tasks = 0)),
+  constraint step_states_failed_after_created check ((failed_at is null) or (failed_at >= coalesce(started_at, created_at))),
+  constraint step_states_failed_at check ((status = 'failed') = (failed_at is not null)),
+  constraint step_states_initial_tasks_nonnegative check ((initial_tasks is null) or (initial_tasks >= 0)),
+  constraint step_states_output_only_completed check ((output is null) or (status = 'completed')),
+  constraint step_states_remaining_deps_nonnegative check (remaining_deps >= 0),
+  constraint step_states_remaining_tasks_nonnegative check ((remaining_tasks is null) or (remaining_tasks >= 0)),
+  constraint step_states_skip_reason check ((status = 'skipped') = (skip_reason is not null)),
+  constraint step_states_skip_reason_valid check ((skip_reason is null) or (skip_reason in ('condition_unmet', 'handler_failed', 'dependency_skipped'))),
+  constraint step_states_skipped_after_created check ((skipped_at is null) or (skipped_at >= created_at)),
+  constraint step_states_skipped_at check ((status = 'skipped') = (skipped_at is not null)),
+  constraint step_states_started_after_created check ((started_at is null) or (started_at >= created_at)),
+  constraint step_states_started_sized check ((status <> 'started') or ((initial_tasks is not null) and (remaining_tasks is not null))),
+  constraint step_states_status_valid check (status in ('created', 'started', 'completed', 'failed', 'skipped')),
+  constraint step_states_unstarted_no_remaining check ((status <> all (array['created', 'skipped'])) or (remaining_tasks is null)),
+  constraint step_states_flow_slug_fkey foreign key (flow_slug) references flowlane.flows(flow_slug),
+  constraint step_states_flow_slug_step_slug_fkey foreign key (flow_slug, step_slug) references flowlane.steps(flow_slug, step_slug),
+  constraint step_states_run_id_fkey foreign key (run_id) references flowlane.runs(run_id)
+)
+with (autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', fillfactor='50');
+
+create index step_states_flow_idx on flowlane.step_states (flow_slug);
+
+create table flowlane.step_tasks (
+  flow_slug text not null,
+  run_id uuid not null,
+  step_slug text not null,
+  task_index int default 0 not null,
+  message_id bigint not null,
+  status text default 'queued' not null,
+  attempts_count int default 0 not null,
+  error_message text,
+  output jsonb,
+  last_worker_id uuid,
+  requeued_count int default 0 not null,
+  queued_at timestamptz default now() not null,
+  started_at timestamptz,
+  completed_at timestamptz,
+  failed_at timestamptz,
+  skipped_at timestamptz,
+  cancelled_at timestamptz,
+  last_requeued_at timestamptz,
+  permanently_stalled_at timestamptz,
+  queue_name text not null,
+  lease_renewed_at timestamptz,
+  constraint step_tasks_pkey primary key (run_id, step_slug, task_index),
+  constraint step_tasks_queue_message_unique unique (queue_name, message_id),
+  constraint step_tasks_attempts_nonnegative check (attempts_count >= 0),
+  constraint step_tasks_cancelled_after_queued check ((cancelled_at is null) or (cancelled_at >= queued_at)),
+  constraint step_tasks_cancelled_at check ((status = 'cancelled') = (cancelled_at is not null)),
+  constraint step_tasks_completed_after_started check ((completed_at is null) or (completed_at >= coalesce(started_at, queued_at))),
+  constraint step_tasks_completed_at check ((status = 'completed') = (completed_at is not null)),
+  constraint step_tasks_failed_after_queued check ((failed_at is null) or (failed_at >= queued_at)),
+  constraint step_tasks_failed_at check ((status = 'failed') = (failed_at is not null)),
+  constraint step_tasks_output_only_done check ((output is null) or (status in ('completed', 'failed'))),
+  constraint step_tasks_requeued_nonnegative check (requeued_count >= 0),
+  constraint step_tasks_skipped_after_queued check ((skipped_at is null) or (skipped_at >= queued_at)),
+  constraint step_tasks_skipped_at check ((status = 'skipped') = (skipped_at is not null)),
+  constraint step_tasks_started_after_queued check ((started_at is null) or (started_at >= queued_at)),
+  constraint step_tasks_started_at check ((status <> 'started') or (started_at is not null)),
+  constraint step_tasks_status_valid check (status in ('queued', 'started', 'completed', 'failed', 'skipped', 'cancelled')),
+  constraint step_tasks_task_index_nonnegative check (task_index >= 0),
+  constraint step_tasks_run_id_fkey foreign key (run_id) references flowlane.runs(run_id),
+  constraint step_tasks_run_id_step_slug_fkey foreign key (run_id, step_slug) references flowlane.step_states(run_id, step_slug)
+)
+with (autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', fillfactor='50');
+
+create index step_tasks_completed_brin on flowlane.step_tasks using brin (completed_at) with (autosummarize='on');
+
+create table flowlane.task_leases (
+  run_id uuid not null,
+  step_slug text not null,
+  task_index int not null,
+  started_at timestamptz not null,
+  constraint task_leases_pkey primary key (run_id, step_slug, task_index)
+)
+with (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_cost_delay='0');
+
+comment on table flowlane.task_leases is 'the started tasks (kept by trigger from step_tasks.status): what stalled recovery scans';
+
+create table flowlane.task_attempts (
+  id bigint not null generated always as identity,
+  run_id uuid not null,
+  step_slug text not null,
+  task_index int not null,
+  attempt int not null,
+  retry_round int default 0 not null,
+  outcome text not null,
+  worker_id uuid,
+  error_type text,
+  error_message text,
+  traceback text,
+  failed_at timestamptz default now() not null,
+  constraint task_attempts_pkey primary key (id),
+  constraint task_attempts_attempt_positive check (attempt >= 1),
+  constraint task_attempts_bounded check ((length(error_message) <= 4000) and (length(traceback) <= 16000) and (length(error_type) <= 200)),
+  constraint task_attempts_outcome_valid check (outcome in ('retry', 'failed', 'stalled')),
+  constraint task_attempts_run_id_fkey foreign key (run_id) references flowlane.runs(run_id) on delete cascade
+);
+
+create index task_attempts_task_idx on flowlane.task_attempts (run_id, step_slug, task_index, id);
+
+create table flowlane.worker_deployments (
+  deployment_name text not null,
+  queue_name text not null,
+  enabled boolean default true not null,
+  reason text,
+  created_at timestamptz default now() not null,
+  changed_at timestamptz default now() not null,
+  constraint worker_deployments_pkey primary key (deployment_name),
+  constraint worker_deployments_name_valid check (flowlane.is_valid_deployment_name(deployment_name)),
+  constraint worker_deployments_queue_name_fkey foreign key (queue_name) references flowlane.queues(queue_name)
+);
+
+create index worker_deployments_queue_idx on flowlane.worker_deployments (queue_name);
+
+create table flowlane.workers (
+  worker_id uuid not null,
+  queue_name text not null,
+  worker_name text not null,
+  started_at timestamptz default now() not null,
+  last_heartbeat_at timestamptz default now() not null,
+  deprecated_at timestamptz,
+  stopped_at timestamptz,
+  deployment_name text,
+  supported_pairs jsonb default '[]'::jsonb not null,
+  constraint workers_pkey primary key (worker_id),
+  constraint workers_heartbeat_after_start check (last_heartbeat_at >= started_at),
+  constraint workers_stopped_after_start check ((stopped_at is null) or (stopped_at >= started_at)),
+  constraint workers_deployment_name_fkey foreign key (deployment_name) references flowlane.worker_deployments(deployment_name)
+);
+
+create index workers_deployment_idx on flowlane.workers (deployment_name) where (stopped_at is null);
+
+create index workers_queue_idx on flowlane.workers (queue_name);
+
+create table flowlane.rollouts (
+  rollout_id bigint not null generated always as identity,
+  deployments text[] not null,
+  previously_enabled text[] not null,
+  started_at timestamptz default now() not null,
+  finished_at timestamptz,
+  constraint rollouts_pkey primary key (rollout_id)
+);
+
+create unique index rollouts_one_unfinished on flowlane.rollouts ((true)) where (finished_at is null);

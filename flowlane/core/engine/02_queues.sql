@@ -1,0 +1,292 @@
+-- Queues: the registry of PGMQ queues the engine sends to, and the grouped PGMQ operations on
+-- a batch of tasks.
+
+-- the PGMQ queue whose table a flowlane queue name maps to (PGMQ folds case)
+create function flowlane._pgmq_queue(p_queue text) returns text
+language sql stable
+set search_path = ''
+as $$
+  select l.queue_name from pgmq.list_queues() l
+  where lower(l.queue_name) = lower(p_queue)
+  order by l.queue_name = p_queue desc, l.queue_name
+  limit 1
+$$;
+
+-- the queue of a step of a flow in the given mode (explicit: the given name)
+create function flowlane._resolve_queue(
+  p_flow_slug text, p_step_slug text, p_step_index int, p_mode text, p_given text
+) returns text
+language plpgsql stable
+set search_path = ''
+as $$
+declare
+  v_queue text;
+begin
+  if p_mode = 'flow' then
+    v_queue := lower(p_flow_slug);
+  elsif p_mode = 'per-step' then
+    v_queue := lower(p_flow_slug || '__' || p_step_slug);
+    if length(v_queue) > 47 then
+      v_queue := lower(p_flow_slug || '__' || p_step_index);
+    end if;
+    if length(v_queue) > 47 then
+      raise exception 'step "%" of flow "%": the per-step queue name % is longer than 47 characters (the PGMQ limit)',
+        p_step_slug, p_flow_slug, v_queue
+        using errcode = '22023', hint = 'use a shorter flow slug, or explicit queue names';
+    end if;
+  else
+    if p_given is null then
+      raise exception 'step "%" of flow "%": the flow routes steps explicitly (queue_mode explicit), so queue_name is required',
+        p_step_slug, p_flow_slug using errcode = '22023';
+    end if;
+    if p_given <> lower(p_given) and flowlane.is_valid_queue_name(lower(p_given))
+       and position('__' in p_given) = 0 then
+      raise exception 'step "%" of flow "%": queue name "%" is not canonical', p_step_slug, p_flow_slug, p_given
+        using errcode = '22023', hint = format('queue names are lowercase: write "%s"', lower(p_given));
+    end if;
+    if not flowlane.is_valid_queue_name(p_given) or position('__' in p_given) > 0 then
+      raise exception 'step "%" of flow "%": invalid queue name "%"', p_step_slug, p_flow_slug, p_given
+        using errcode = '22023',
+              hint = 'a queue name matches ^[a-z][a-z0-9_]*$, has at most 47 characters, no trailing "_", and no "__" (reserved for generated per-step queues)';
+    end if;
+    return p_given;
+  end if;
+  if p_given is not null and p_given <> v_queue then
+    raise exception 'step "%" of flow "%": queue_mode % routes this step to queue "%", not "%"',
+      p_step_slug, p_flow_slug, p_mode, v_queue, p_given using errcode = '22023';
+  end if;
+  return v_queue;
+end;
+$$;
+
+create function flowlane._ensure_queue(p_queue text, p_flow_slug text, p_mode text) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_row flowlane.queues;
+  v_ownership text := case when p_mode = 'explicit' then 'shared' else 'owned' end;
+  v_pgmq text;
+begin
+  perform pg_advisory_xact_lock(hashtext('flowlane.queue:' || p_queue));
+  select * into v_row from flowlane.queues q where q.queue_name = p_queue;
+  v_pgmq := flowlane._pgmq_queue(p_queue);
+  if found then
+    if v_row.ownership = 'owned' and v_row.owner_flow_slug <> p_flow_slug then
+      raise exception 'queue "%" is owned by flow "%" and cannot be used by flow "%"',
+        p_queue, v_row.owner_flow_slug, p_flow_slug
+        using errcode = '42501', hint = 'route this flow''s steps to another queue';
+    end if;
+    if v_row.ownership <> v_ownership then
+      raise exception 'queue "%" is % but flow "%" (queue_mode %) needs it %',
+        p_queue, v_row.ownership, p_flow_slug, p_mode, v_ownership
+        using errcode = '42501',
+              hint = 'a queue owned by one flow is never shared, and a shared queue is never owned';
+    end if;
+  else
+    if v_pgmq is not null then
+      raise exception 'PGMQ queue "%" already exists but is not registered with flowlane', v_pgmq
+        using errcode = '42501',
+              hint = format('flowlane never takes over a queue silently: adopt it with `flowlane queue adopt %s` '
+                            '(flowlane.adopt_queue) or choose another queue name', p_queue);
+    end if;
+    insert into flowlane.queues (queue_name, ownership, owner_flow_slug, pgmq_queue_name)
+    values (p_queue, v_ownership, case when v_ownership = 'owned' then p_flow_slug end, p_queue);
+  end if;
+  if v_pgmq is null then
+    perform pgmq.create(p_queue);
+  end if;
+end;
+$$;
+
+create function flowlane._tune_queue_table(p_queue text)
+returns void
+language plpgsql
+security definer
+set search_path = ''
+as $$
+begin
+  if to_regclass(format('pgmq.%I', 'q_' || p_queue)) is not null then
+    execute format('alter table pgmq.%I set (autovacuum_vacuum_scale_factor = 0, '
+                   'autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_cost_delay = 0)',
+                   'q_' || p_queue);
+  end if;
+exception when insufficient_privilege then
+  null;  -- an adopted queue owned by another role keeps its owner's settings
+end;
+$$;
+
+create function flowlane._tune_registered_queue()
+returns trigger
+language plpgsql
+security definer
+set search_path = ''
+as $$
+begin
+  perform flowlane._tune_queue_table(coalesce(new.pgmq_queue_name, new.queue_name));
+  return null;
+end;
+$$;
+
+-- deferred: add_step registers the queue before pgmq.create makes its table
+create constraint trigger tune_registered_queue
+after insert on flowlane.queues
+deferrable initially deferred
+for each row execute function flowlane._tune_registered_queue();
+
+-- pgmq.enable_notify_insert installs a row trigger that updates one row of
+-- pgmq.notify_insert_throttle per queue on every insert: every enqueue
+-- (start_flow, complete_task starting dependents) serialised on that row
+-- while holding run locks, which deadlocked under load. This trigger is per
+-- statement and writes nothing; PostgreSQL folds identical notifications of
+-- one transaction into one. Same channel as PGMQ's: pgmq.q_<queue>.INSERT.
+create function flowlane._notify_queue_insert() returns trigger
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  perform pg_notify('pgmq.' || tg_table_name || '.INSERT', null);
+  return null;
+end;
+$$;
+
+-- idempotent; true when it installed the trigger. Drops PGMQ's throttled
+-- trigger on the queue if present.
+create function flowlane.enable_queue_notify(queue_name text) returns boolean
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_pgmq text;  -- PGMQ's spelling (PGMQ folds case in table names; an adopted queue may differ)
+  v_table text;
+begin
+  select m.queue_name into v_pgmq from pgmq.meta m
+  where lower(m.queue_name) = lower(enable_queue_notify.queue_name)
+  order by m.queue_name = enable_queue_notify.queue_name desc, m.queue_name limit 1;
+  if not found then
+    raise exception 'enable_queue_notify: queue % does not exist', coalesce(quote_literal(queue_name), 'NULL')
+      using errcode = '22023';
+  end if;
+  v_table := pgmq.format_table_name(v_pgmq, 'q');
+  -- replicas starting together: one installs the trigger, the others then see it
+  perform pg_advisory_xact_lock(hashtext('flowlane.notify_insert'), hashtext(v_table));
+  if exists (select 1 from pgmq.list_notify_insert_throttles() t where t.queue_name = v_pgmq) then
+    perform pgmq.disable_notify_insert(v_pgmq);
+  end if;
+  if exists (select 1 from pg_catalog.pg_trigger tg
+             where tg.tgrelid = format('pgmq.%I', v_table)::regclass
+               and tg.tgname = 'flowlane_notify_insert') then
+    return false;
+  end if;
+  execute format('create trigger flowlane_notify_insert after insert on pgmq.%I '
+                 'for each statement execute function flowlane._notify_queue_insert()', v_table);
+  return true;
+end;
+$$;
+
+create function flowlane.adopt_queue(queue_name text) returns flowlane.queues
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_name text := lower(adopt_queue.queue_name);
+  v_pgmq text;
+  v_row flowlane.queues;
+  v_foreign bigint;
+  v_sample bigint[];
+begin
+  perform flowlane._check_queue_argument('adopt_queue', v_name);
+  perform pg_advisory_xact_lock(hashtext('flowlane.queue:' || v_name));
+  v_pgmq := flowlane._pgmq_queue(v_name);
+  if v_pgmq is null then
+    raise exception 'adopt_queue: there is no PGMQ queue named "%"', adopt_queue.queue_name
+      using errcode = 'P0002',
+            hint = 'adoption is for queues that exist already; flowlane creates the queues its flows route to when their SQL is applied';
+  end if;
+  select * into v_row from flowlane.queues q where q.queue_name = v_name for update;
+  if found and v_row.ownership = 'owned' then
+    raise exception 'adopt_queue: queue "%" is owned by flow "%"; an owned queue is never shared',
+      v_name, v_row.owner_flow_slug using errcode = '42501';
+  end if;
+  if found then
+    return v_row;  -- already shared: nothing to do
+  end if;
+  -- hold off senders while the messages are checked
+  execute format('lock table pgmq.%I in share row exclusive mode', pgmq.format_table_name(v_pgmq, 'q'));
+  execute format(
+    'select count(*), (array_agg(m.msg_id order by m.msg_id))[1:5] from pgmq.%I m '
+    'where not exists (select 1 from flowlane.step_tasks t where t.queue_name = $1 and t.message_id = m.msg_id)',
+    pgmq.format_table_name(v_pgmq, 'q'))
+    into v_foreign, v_sample using v_name;
+  if v_foreign > 0 then
+    raise exception 'adopt_queue: PGMQ queue "%" holds % message(s) that no flowlane task tracks (message ids %)',
+      v_pgmq, v_foreign, array_to_string(v_sample, ', ')
+      using errcode = '55000',
+            hint = 'flowlane adopts only an empty queue or one whose every message belongs to a flowlane task; drain or move the other messages, then adopt again';
+  end if;
+  insert into flowlane.queues (queue_name, ownership, owner_flow_slug, pgmq_queue_name, adopted_at)
+  values (v_name, 'shared', null, v_pgmq, now())
+  returning * into v_row;
+  return v_row;
+end;
+$$;
+
+-- the queue a task's message lives on: its immutable snapshot
+create function flowlane._task_queue(task flowlane.step_tasks) returns text
+language sql stable
+set search_path = ''
+as $$ select ($1).queue_name $$;
+
+-- archive the messages of the given tasks, one pgmq.archive call per queue
+create function flowlane._archive_tasks(tasks flowlane.step_tasks[]) returns int
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_group record;
+  v_total int := 0;
+  v_n int;
+begin
+  for v_group in
+    select flowlane._task_queue(t) as queue_name, array_agg(t.message_id order by t.message_id) as ids
+    from unnest(tasks) as t
+    where t.message_id is not null
+    group by 1
+    order by 1
+  loop
+    select count(*) into v_n from pgmq.archive(v_group.queue_name, v_group.ids);
+    v_total := v_total + v_n;
+  end loop;
+  return v_total;
+end;
+$$;
+
+-- set the visibility of the given tasks' messages to now + offsets[i] seconds;
+-- grouped by (queue, offset); returns the number of messages updated
+create function flowlane._set_tasks_vt(tasks flowlane.step_tasks[], offsets int[]) returns int
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_group record;
+  v_total int := 0;
+  v_n int;
+begin
+  if coalesce(cardinality(tasks), 0) <> coalesce(cardinality(offsets), 0) then
+    raise exception 'internal error: % tasks but % visibility offsets',
+      coalesce(cardinality(tasks), 0), coalesce(cardinality(offsets), 0);
+  end if;
+  for v_group in
+    select flowlane._task_queue(tasks[i]) as queue_name, offsets[i] as vt_offset,
+           array_agg((tasks[i]).message_id order by (tasks[i]).message_id) as ids
+    from generate_subscripts(tasks, 1) as i
+    where (tasks[i]).message_id is not null
+    group by 1, 2
+    order by 1, 2
+  loop
+    select count(*) into v_n from pgmq.set_vt(v_group.queue_name, v_group.ids, v_group.vt_offset);
+    v_total := v_total + v_n;
+  end loop;
+  return v_total;
+end;
+$$;

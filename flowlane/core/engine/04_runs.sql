@@ -1,0 +1,516 @@
+-- Runs: starting a run, starting the steps that are ready, a step's conditions, skips and
+-- failures, and a run's end.
+
+create function flowlane.start_flow(flow_slug text, input jsonb, run_id uuid = null)
+returns flowlane.runs
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_flow text := flowlane.resolve_flow(start_flow.flow_slug);
+  v_run flowlane.runs;
+begin
+  perform flowlane._check_start_input(v_flow, input, format('start_flow(%s)', v_flow));
+  if start_flow.run_id is not null then
+    -- a retried start with the same run id returns the existing run
+    select * into v_run from flowlane.runs r where r.run_id = start_flow.run_id;
+    if found then
+      if v_run.flow_slug <> v_flow or v_run.input <> input then
+        raise exception 'run % already exists for flow "%" with another flow or input', start_flow.run_id,
+          v_run.flow_slug using errcode = '23505';
+      end if;
+      return v_run;
+    end if;
+  end if;
+  select * into v_run from flowlane._create_runs(v_flow, array[input], array[start_flow.run_id]);
+  return v_run;
+end;
+$$;
+
+-- many runs of one flow or alias in one call; returns the runs in input order.
+-- All or nothing: a bad input raises naming its position and starts no run.
+create function flowlane.start_flows(flow_slug text, inputs jsonb[]) returns setof flowlane.runs
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_flow text := flowlane.resolve_flow(start_flows.flow_slug);
+  v_i int;
+begin
+  if inputs is null then
+    raise exception 'start_flows(%): inputs must be an array of JSON values', v_flow using errcode = '22004';
+  end if;
+  if cardinality(inputs) = 0 then
+    return;
+  end if;
+  for v_i in select i from generate_subscripts(inputs, 1) i
+             where inputs[i] is null or jsonb_typeof(inputs[i]) <> 'array' order by i loop
+    perform flowlane._check_start_input(v_flow, inputs[v_i], format('start_flows(%s): input %s', v_flow, v_i - 1));
+  end loop;
+  return query select * from flowlane._create_runs(v_flow, inputs, '{}');
+end;
+$$;
+
+-- the checks of a run input that need the flow (null, root map needs an array); p_what names the input
+create function flowlane._check_start_input(p_flow text, p_input jsonb, p_what text) returns void
+language plpgsql stable
+set search_path = ''
+as $$
+declare
+  v_root_map text;
+begin
+  if p_input is null then
+    raise exception '%: input must not be null (use {} for no input)', p_what using errcode = '22004';
+  end if;
+  select s.step_slug into v_root_map from flowlane.steps s
+  where s.flow_slug = p_flow and s.step_type = 'map' and s.deps_count = 0
+  order by s.step_index limit 1;
+  if found and jsonb_typeof(p_input) <> 'array' then
+    raise exception '%: root map step "%" maps the run input, which must be a JSON array, got %',
+      p_what, v_root_map, jsonb_typeof(p_input) using errcode = '22023';
+  end if;
+end;
+$$;
+
+-- new runs of one concrete flow (inputs checked by the caller); returns them in input order
+create function flowlane._create_runs(p_flow text, p_inputs jsonb[], p_run_ids uuid[])
+returns setof flowlane.runs
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_ids uuid[];
+begin
+  v_ids := array(select coalesce(p_run_ids[i], gen_random_uuid()) from generate_subscripts(p_inputs, 1) i order by i);
+  insert into flowlane.runs (run_id, flow_slug, input, remaining_steps)
+  select v_ids[i], p_flow, p_inputs[i], (select count(*) from flowlane.steps s where s.flow_slug = p_flow)
+  from generate_subscripts(p_inputs, 1) i order by i;
+  insert into flowlane.step_states (flow_slug, run_id, step_slug, remaining_deps, initial_tasks)
+  select p_flow, v_ids[i], s.step_slug, s.deps_count,
+         case when s.step_type = 'single' then 1
+              when s.deps_count = 0 and jsonb_typeof(p_inputs[i]) = 'array' then jsonb_array_length(p_inputs[i])
+              else null end
+  from generate_subscripts(p_inputs, 1) i, flowlane.steps s
+  where s.flow_slug = p_flow
+  order by v_ids[i], s.step_slug;
+  perform flowlane._progress_runs(v_ids);
+  return query select r.* from unnest(v_ids) with ordinality as u (run_id, ord)
+               join flowlane.runs r on r.run_id = u.run_id and r.run_id = any (v_ids) order by u.ord;
+end;
+$$;
+
+create function flowlane._check_run_input() returns trigger
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_max_depth int := (flowlane.json_limits() ->> 'max_depth')::int;
+  v_max_bytes int := (flowlane.json_limits() ->> 'max_bytes')::int;
+  v_bytes int := octet_length(new.input::text);
+begin
+  if v_bytes > v_max_bytes then
+    raise exception 'start_flow(%): the run input is % bytes of JSON, more than the limit of % bytes',
+      new.flow_slug, v_bytes, v_max_bytes
+      using errcode = '22023', hint = 'pass a reference (a URL, a storage key) instead of the data itself';
+  end if;
+  if flowlane.json_depth_exceeds(new.input, v_max_depth) then
+    raise exception 'start_flow(%): the run input is nested deeper than % levels', new.flow_slug, v_max_depth
+      using errcode = '22023', hint = 'flatten the input; workers refuse JSON nested deeper than the limit';
+  end if;
+  return new;
+end;
+$$;
+
+create trigger runs_input_limits before insert on flowlane.runs
+for each row execute function flowlane._check_run_input();
+
+create function flowlane._progress(p_run_id uuid) returns void
+language sql volatile
+set search_path = ''
+as $$ select flowlane._progress_runs(array[p_run_id]) $$;
+
+-- _progress for many runs: conditions and empty maps are resolved run by run
+-- (_advance) only where a ready step has one; then ready steps start together
+create function flowlane._progress_runs(p_run_ids uuid[]) returns void
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_run uuid;
+begin
+  for v_run in
+    select distinct ss.run_id
+    from flowlane.step_states ss
+    join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+    where ss.run_id = any (p_run_ids) and ss.status = 'created' and ss.remaining_deps = 0
+      and (ss.initial_tasks = 0 or s.required_input_pattern is not null or s.forbidden_input_pattern is not null)
+    order by 1
+  loop
+    perform flowlane._advance(v_run);
+  end loop;
+  perform flowlane._start_ready_steps(p_run_ids);
+  perform flowlane._maybe_complete_runs(p_run_ids);
+end;
+$$;
+
+-- resolve conditions and complete task-less steps until nothing changes;
+-- false when the run failed (a when_unmet=fail condition)
+create function flowlane._advance(p_run_id uuid) returns boolean
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_run flowlane.runs;
+  v_step flowlane.steps;
+  v_cap int;
+  v_i int := 0;
+begin
+  select * into v_run from flowlane.runs r where r.run_id = p_run_id;
+  if v_run.status <> 'started' then
+    return v_run.status <> 'failed';
+  end if;
+  select 2 * count(*) + 10 into v_cap from flowlane.steps s where s.flow_slug = v_run.flow_slug;
+  loop
+    v_i := v_i + 1;
+    if v_i > v_cap then
+      raise exception 'internal error: condition/empty-step resolution of run % did not converge after % iterations',
+        p_run_id, v_cap;
+    end if;
+    -- first ready step whose condition is not met
+    select s.* into v_step
+    from flowlane.step_states ss
+    join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+    where ss.run_id = p_run_id and ss.status = 'created' and ss.remaining_deps = 0
+      and (s.required_input_pattern is not null or s.forbidden_input_pattern is not null)
+      and not flowlane._condition_met(p_run_id, s.step_slug)
+    order by s.step_index
+    limit 1;
+    if found then
+      if v_step.when_unmet = 'fail' then
+        update flowlane.step_states ss
+           set status = 'failed', failed_at = now(), error_message = 'condition not met'
+         where ss.run_id = p_run_id and ss.step_slug = v_step.step_slug;
+        perform flowlane._fail_run(p_run_id,
+          format('step %s: condition not met (when_unmet = fail)', v_step.step_slug));
+        return false;
+      elsif v_step.when_unmet = 'skip-cascade' then
+        perform flowlane._skip_cascade(p_run_id, v_step.step_slug, 'condition_unmet');
+      else
+        perform flowlane._skip_step(p_run_id, v_step.step_slug, 'condition_unmet');
+      end if;
+      continue;
+    end if;
+    -- first ready step without tasks (an empty map): completes at once with []
+    select s.* into v_step
+    from flowlane.step_states ss
+    join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+    where ss.run_id = p_run_id and ss.status = 'created' and ss.remaining_deps = 0 and ss.initial_tasks = 0
+    order by s.step_index
+    limit 1;
+    if found then
+      perform flowlane._complete_step(p_run_id, v_step.step_slug, '[]'::jsonb);
+      continue;
+    end if;
+    return true;
+  end loop;
+end;
+$$;
+
+-- the value a step's condition is tested against: the run input for a root
+-- step, {dep: output} of its completed deps otherwise
+create function flowlane._condition_subject(p_run_id uuid, p_step_slug text) returns jsonb
+language sql stable
+set search_path = ''
+as $$
+  select case when s.deps_count = 0 then r.input else
+    coalesce((select jsonb_object_agg(d.dep_slug, ps.output)
+              from flowlane.deps d
+              join flowlane.step_states ps on ps.run_id = p_run_id and ps.step_slug = d.dep_slug
+              where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug and ps.status = 'completed'),
+             '{}'::jsonb) end
+  from flowlane.runs r
+  join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = p_step_slug
+  where r.run_id = p_run_id
+$$;
+
+create function flowlane._condition_met(p_run_id uuid, p_step_slug text) returns boolean
+language sql stable
+set search_path = ''
+as $$
+  -- the subject (which may hold large outputs) is built only for a step with a condition
+  select case
+    when s.required_input_pattern is null and s.forbidden_input_pattern is null then true
+    else (select (s.required_input_pattern is null or x.subj @> s.required_input_pattern)
+             and (s.forbidden_input_pattern is null or not x.subj @> s.forbidden_input_pattern)
+          from (select flowlane._condition_subject(p_run_id, p_step_slug) as subj) x)
+  end
+  from flowlane.runs r
+  join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = p_step_slug
+  where r.run_id = p_run_id
+$$;
+
+-- public, unchanged contract: locks the run, starts its ready steps
+create function flowlane.start_ready_steps(run_id uuid) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  perform 1 from flowlane.runs r where r.run_id = start_ready_steps.run_id for update;
+  perform flowlane._start_ready_steps(array[start_ready_steps.run_id]);
+end;
+$$;
+
+-- the ready steps of the given started runs (callers hold the run locks, or
+-- the runs are new): one step_states update, one send_batch per (queue, start
+-- delay) for all runs, one step_tasks insert per queue
+create function flowlane._start_ready_steps(p_run_ids uuid[]) returns void
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_started flowlane.step_states[];
+  v_group record;
+  v_n int;
+begin
+  with ready as (
+    select ss.run_id, ss.step_slug
+    from flowlane.step_states ss
+    join flowlane.runs r on r.run_id = ss.run_id and r.status = 'started' and r.run_id = any (p_run_ids)
+    where ss.run_id = any (p_run_ids) and ss.status = 'created' and ss.remaining_deps = 0
+      and ss.initial_tasks > 0 and flowlane._condition_met(ss.run_id, ss.step_slug)
+    order by ss.run_id, ss.step_slug
+    for update of ss
+  ), started as (
+    update flowlane.step_states ss
+       set status = 'started', started_at = now(), remaining_tasks = ss.initial_tasks
+      from ready
+     where ss.run_id = ready.run_id and ss.step_slug = ready.step_slug and ss.run_id = any (p_run_ids)
+    returning ss
+  ) select coalesce(array_agg(st.ss), '{}') into v_started from started st;
+  if cardinality(v_started) = 0 then
+    return;
+  end if;
+  for v_group in
+    select s.queue_name, coalesce(s.opt_start_delay, 0) as start_delay,
+           array_agg(jsonb_build_object('flow_slug', st.flow_slug, 'run_id', st.run_id,
+                                        'step_slug', st.step_slug, 'task_index', k)
+                     order by st.run_id, s.step_index, k) as bodies
+    from unnest(v_started) st
+    join flowlane.steps s on s.flow_slug = st.flow_slug and s.step_slug = st.step_slug
+    cross join lateral generate_series(0, st.initial_tasks - 1) as k
+    group by 1, 2
+    order by 1, 2
+  loop
+    insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)
+    select b.body ->> 'flow_slug', (b.body ->> 'run_id')::uuid, b.body ->> 'step_slug',
+           (b.body ->> 'task_index')::int, v_group.queue_name, m.id
+    from pgmq.send_batch(v_group.queue_name, v_group.bodies, v_group.start_delay) with ordinality as m (id, ord)
+    join unnest(v_group.bodies) with ordinality as b (body, ord) on b.ord = m.ord;
+    get diagnostics v_n = row_count;
+    if v_n <> cardinality(v_group.bodies) then
+      raise exception 'internal error: sent % messages to queue % for % tasks',
+        v_n, v_group.queue_name, cardinality(v_group.bodies);
+    end if;
+  end loop;
+end;
+$$;
+
+create function flowlane._complete_step(p_run_id uuid, p_step_slug text, p_output jsonb) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  update flowlane.step_states s
+     set status = 'completed', output = p_output, remaining_tasks = 0,
+         started_at = coalesce(s.started_at, now()), completed_at = now()
+   where s.run_id = p_run_id and s.step_slug = p_step_slug and s.status in ('created', 'started');
+  if not found then
+    return;
+  end if;
+  update flowlane.runs r set remaining_steps = r.remaining_steps - 1 where r.run_id = p_run_id;
+  perform flowlane._release_children(p_run_id, p_step_slug, p_output, false);
+end;
+$$;
+
+-- release the children of a step that just became terminal (completed or skipped)
+create function flowlane._release_children(p_run_id uuid, p_step_slug text, p_output jsonb, p_skipped boolean)
+returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  perform 1 from flowlane.step_states cs
+  where cs.run_id = p_run_id and cs.step_slug in (
+    select d.step_slug from flowlane.deps d join flowlane.runs r on r.flow_slug = d.flow_slug
+    where r.run_id = p_run_id and d.dep_slug = p_step_slug)
+  order by cs.step_slug
+  for update;
+
+  update flowlane.step_states cs
+     set remaining_deps = cs.remaining_deps - 1,
+         initial_tasks = case
+           when cs.status <> 'created' or cs.initial_tasks is not null or cst.step_type <> 'map' then cs.initial_tasks
+           when p_skipped then 0
+           when jsonb_typeof(p_output) = 'array' then jsonb_array_length(p_output)
+           else cs.initial_tasks end
+    from flowlane.deps d, flowlane.steps cst
+   where cs.run_id = p_run_id
+     and d.flow_slug = cs.flow_slug and d.dep_slug = p_step_slug and d.step_slug = cs.step_slug
+     and cst.flow_slug = cs.flow_slug and cst.step_slug = cs.step_slug;
+end;
+$$;
+
+-- skip one step (created or started): its unfinished tasks become skipped and
+-- their messages are archived; children are released (a map child of a
+-- skipped parent gets 0 tasks)
+create function flowlane._skip_step(p_run_id uuid, p_step_slug text, p_reason text) returns boolean
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_tasks flowlane.step_tasks[];
+begin
+  update flowlane.step_states s
+     set status = 'skipped', skip_reason = p_reason, skipped_at = now(), remaining_tasks = null
+   where s.run_id = p_run_id and s.step_slug = p_step_slug and s.status in ('created', 'started');
+  if not found then
+    return false;
+  end if;
+  with skipped as (
+    update flowlane.step_tasks t set status = 'skipped', skipped_at = now()
+     where t.run_id = p_run_id and t.step_slug = p_step_slug and t.status in ('queued', 'started')
+    returning t
+  ) select coalesce(array_agg(k.t), '{}') into v_tasks from skipped k;
+  perform flowlane._archive_tasks(v_tasks);
+  update flowlane.runs r set remaining_steps = r.remaining_steps - 1 where r.run_id = p_run_id;
+  perform flowlane._release_children(p_run_id, p_step_slug, null, true);
+  return true;
+end;
+$$;
+
+-- skip a step and every transitive dependent (reason dependency_skipped)
+create function flowlane._skip_cascade(p_run_id uuid, p_step_slug text, p_reason text) returns int
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_flow text;
+  v_step record;
+  v_count int := 0;
+begin
+  select r.flow_slug into v_flow from flowlane.runs r where r.run_id = p_run_id;
+  for v_step in
+    with recursive down(step_slug) as (
+      select p_step_slug
+      union
+      select d.step_slug from flowlane.deps d join down on d.dep_slug = down.step_slug
+      where d.flow_slug = v_flow
+    )
+    select s.step_slug from down join flowlane.steps s on s.flow_slug = v_flow and s.step_slug = down.step_slug
+    order by s.step_index
+  loop
+    if flowlane._skip_step(p_run_id, v_step.step_slug,
+         case when v_step.step_slug = p_step_slug then p_reason else 'dependency_skipped' end) then
+      v_count := v_count + 1;
+    end if;
+  end loop;
+  return v_count;
+end;
+$$;
+
+-- a step skipped because its handler failed keeps that failure's message
+create function flowlane._keep_skip_error() returns trigger
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  select t.error_message into new.error_message
+  from flowlane.step_tasks t
+  where t.run_id = new.run_id and t.step_slug = new.step_slug and t.status = 'failed'
+  order by t.failed_at desc, t.task_index
+  limit 1;
+  return new;
+end;
+$$;
+
+create trigger step_states_keep_skip_error
+  before update of status on flowlane.step_states
+  for each row
+  when (new.status = 'skipped' and new.skip_reason = 'handler_failed')
+  execute function flowlane._keep_skip_error();
+
+-- run failed: cancel its unfinished tasks and archive their messages
+create function flowlane._fail_run(p_run_id uuid, p_error text) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_tasks flowlane.step_tasks[];
+begin
+  update flowlane.runs r set status = 'failed', failed_at = now(), error_message = p_error
+   where r.run_id = p_run_id and r.status = 'started';
+  with cancelled as (
+    update flowlane.step_tasks t set status = 'cancelled', cancelled_at = now()
+     where t.run_id = p_run_id and t.status in ('queued', 'started')
+    returning t
+  ) select coalesce(array_agg(c.t), '{}') into v_tasks from cancelled c;
+  perform flowlane._archive_tasks(v_tasks);
+end;
+$$;
+
+-- (_steps_done completes a run the same way when its last step completes)
+create function flowlane._maybe_complete_runs(p_run_ids uuid[]) returns void
+language sql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+  with done as (
+    select r.run_id from flowlane.runs r
+    where r.run_id = any (p_run_ids) and r.status = 'started' and r.remaining_steps = 0
+  )
+  update flowlane.runs r
+     set status = 'completed', completed_at = now(), output = coalesce(o.output, '{}'::jsonb)
+    from done d
+    left join flowlane._run_outputs(array(select k.run_id from done k)) o on o.run_id = d.run_id
+   where r.run_id = d.run_id and r.run_id = any (p_run_ids)
+     and r.status = 'started' and r.remaining_steps = 0  -- again on the row updated (a caller
+                                                         -- may not hold the run's lock)
+$$;
+
+-- the outputs of completed runs: each run's completed leaf steps (the rule, in one place),
+-- for a batch of runs in one statement
+create function flowlane._run_outputs(p_run_ids uuid[]) returns table (run_id uuid, output jsonb)
+language sql stable
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+  select ss.run_id, jsonb_object_agg(ss.step_slug, ss.output)
+  from flowlane.step_states ss
+  where ss.run_id = any (p_run_ids) and ss.status = 'completed'
+    and not exists (select 1 from flowlane.deps d
+                    where d.flow_slug = ss.flow_slug and d.dep_slug = ss.step_slug)
+  group by ss.run_id
+$$;
+
+-- flowlane_run_finished: a notification per finished run, from one trigger call per statement (same channel,
+-- same payload: the run's id)
+create function flowlane._notify_run_finished() returns trigger
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  perform pg_notify('flowlane_run_finished', n.run_id::text)
+  from new_runs n join old_runs o on o.run_id = n.run_id
+  where o.status = 'started' and n.status <> 'started'
+  order by n.run_id;
+  return null;
+end;
+$$;
+
+create trigger runs_notify_finished
+  after update on flowlane.runs
+  referencing old table as old_runs new table as new_runs
+  for each statement execute function flowlane._notify_run_finished();

@@ -1,0 +1,355 @@
+-- Claiming tasks: a worker reads messages from its queue and starts the tasks they name; a
+-- started task holds a lease until its stall deadline.
+
+create type flowlane.claim_record as (
+  outcome text,         -- 'claimed' | 'unsupported'
+  flow_slug text,       -- null for a foreign message (no task on this queue)
+  step_slug text,
+  queue_name text,
+  run_id uuid,
+  task_index int,
+  input jsonb,
+  flow_input jsonb,
+  attempt int,
+  msg_id bigint
+);
+
+create type flowlane._claim_item as (
+  msg_id bigint,
+  task flowlane.step_tasks,   -- null fields: no task on this queue has the message
+  supported boolean,
+  claimable boolean
+);
+
+-- A step's options: its own where its definition sets them, else its flow's. A claimed task's
+-- message stays hidden for its timeout and 2 s (claim_visibility: the handler's result has
+-- time to arrive); stalled recovery may take a started task stall_after seconds (its timeout
+-- and 30 s) after its claim or its last lease extension (_stall_deadline). A view, so that
+-- the planner expands it into each statement that joins it: set-based statements keep their
+-- plans, and the rules are written here only.
+create view flowlane.step_options as
+select o.flow_slug, o.step_slug, o.timeout, o.max_attempts, o.base_delay,
+       o.timeout + 2 as claim_visibility,
+       o.timeout + 30 as stall_after
+from (select s.flow_slug, s.step_slug,
+             coalesce(s.opt_timeout, f.opt_timeout) as timeout,
+             coalesce(s.opt_max_attempts, f.opt_max_attempts) as max_attempts,
+             coalesce(s.opt_base_delay, f.opt_base_delay) as base_delay
+      from flowlane.steps s join flowlane.flows f on f.flow_slug = s.flow_slug) o;
+
+-- a worker's claim: read up to qty messages of its queue and start their tasks, in one round
+-- trip; the claim keeps the visibility the read gave (see _start_tasks)
+create function flowlane.claim_tasks(queue_name text, qty int, worker_id uuid, supported_pairs jsonb)
+returns setof flowlane.claim_record
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_lease int;
+  v_ids bigint[];
+  v_later bigint[];
+begin
+  perform flowlane._check_queue_argument('claim_tasks', claim_tasks.queue_name);
+  if qty is null or qty < 1 then
+    raise exception 'claim_tasks: qty must be at least 1' using errcode = '22023';
+  end if;
+  select coalesce(max(o.claim_visibility), 0) into v_lease
+  from flowlane._pairs(supported_pairs) p
+  join flowlane.step_options o on o.flow_slug = p.flow_slug and o.step_slug = p.step_slug;
+  select coalesce(array_agg(m.msg_id) filter (where m.enqueued_at <= now()), '{}'),
+         coalesce(array_agg(m.msg_id) filter (where m.enqueued_at > now()), '{}')
+    into v_ids, v_later
+  from pgmq.read(claim_tasks.queue_name, v_lease, qty) m;
+  if cardinality(v_later) > 0 then
+    -- enqueued by a transaction that committed after this one began (the read takes a
+    -- new snapshot): a claim now would start the task before it was queued. Visible
+    -- again at once; the next poll, a new transaction, claims it.
+    perform pgmq.set_vt(claim_tasks.queue_name, v_later, 0);
+  end if;
+  if cardinality(v_ids) = 0 then
+    return;
+  end if;
+  return query
+    with c as (
+      select * from flowlane._start_tasks(claim_tasks.queue_name, v_ids, claim_tasks.worker_id, supported_pairs,
+                                          v_lease)
+    )
+    select c.outcome, c.flow_slug, c.step_slug, c.queue_name, c.run_id, c.task_index, c.input,
+           case when row_number() over (partition by c.run_id order by c.msg_id) = 1 then c.flow_input end,
+           c.attempt, c.msg_id
+    from c
+    union all
+    -- a refused batch: the other messages read, handed back visible with it (ids only)
+    select 'handed_back', null, null, claim_tasks.queue_name, null, null, null, null, null, m.id
+    from unnest(v_ids) as m (id)
+    where exists (select 1 from c where c.outcome = 'unsupported')
+      and not exists (select 1 from c where c.msg_id = m.id)
+    order by 10;
+end;
+$$;
+
+create function flowlane.start_tasks(queue_name text, msg_ids bigint[], worker_id uuid, supported_pairs jsonb)
+returns setof flowlane.claim_record
+language sql volatile
+set search_path = ''
+as $$
+  select * from flowlane._start_tasks(queue_name, msg_ids, worker_id, supported_pairs, null)
+$$;
+
+-- the claim of a batch of read messages, classified as a whole before anything changes (a
+-- batch with a message this worker cannot handle claims nothing); the tasks to hide and to
+-- return are read from the unnested claim, the leases looked up once per (flow, step), the
+-- inputs from _claimed_inputs
+create function flowlane._start_tasks(p_queue text, p_msg_ids bigint[], p_worker_id uuid, p_pairs jsonb,
+                                      p_read_vt int)
+returns setof flowlane.claim_record
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_ids bigint[];
+  v_batch flowlane._claim_item[];
+  v_duplicates flowlane.step_tasks[];
+  v_claimed flowlane.step_tasks[];
+  v_hide flowlane.step_tasks[];
+  v_offsets int[];
+  v_updated int;
+begin
+  perform flowlane._check_queue_argument('start_tasks', p_queue);
+  if p_worker_id is null then
+    raise exception 'start_tasks: worker_id is required (it fences the results of the claimed tasks)'
+      using errcode = '22023';
+  end if;
+  if p_msg_ids is null or array_position(p_msg_ids, null) is not null then
+    raise exception 'start_tasks: msg_ids must be an array of message ids without nulls' using errcode = '22023';
+  end if;
+  perform flowlane._pairs(p_pairs);  -- validates before anything is locked
+  v_ids := array(select distinct m from unnest(p_msg_ids) m order by m);
+  if cardinality(v_ids) = 0 then
+    return;
+  end if;
+
+  -- lock order: runs (shared: claims do not block each other), then the batch's tasks
+  perform 1 from flowlane.runs r
+  where r.run_id in (select t.run_id from flowlane.step_tasks t
+                     where t.queue_name = p_queue and t.message_id = any (v_ids))
+  order by r.run_id
+  for share;
+  perform 1 from flowlane.step_tasks t
+  where t.queue_name = p_queue and t.message_id = any (v_ids)
+  order by t.run_id, t.step_slug, t.task_index
+  for update;
+
+  -- classify every message before any change
+  select array_agg(row(b.msg_id, t, t.run_id is not null and p.flow_slug is not null,
+                       t.status = 'queued' and r.status = 'started' and ss.status = 'started'
+                   )::flowlane._claim_item order by b.msg_id)
+    into v_batch
+  from unnest(v_ids) as b (msg_id)
+  left join flowlane.step_tasks t
+    on t.queue_name = p_queue and t.message_id = b.msg_id and t.message_id = any (v_ids)
+  left join flowlane._pairs(p_pairs) p on p.flow_slug = t.flow_slug and p.step_slug = t.step_slug
+  left join flowlane.runs r on r.run_id = t.run_id
+  left join flowlane.step_states ss on ss.run_id = t.run_id and ss.step_slug = t.step_slug;
+
+  if exists (select 1 from unnest(v_batch) c where not c.supported) then
+    perform pgmq.set_vt(p_queue, v_ids, 0);
+    return query
+      select 'unsupported', (c.task).flow_slug, (c.task).step_slug, p_queue, (c.task).run_id,
+             (c.task).task_index, null::jsonb, null::jsonb, null::int, c.msg_id
+      from unnest(v_batch) c where not c.supported order by c.msg_id;
+    return;
+  end if;
+
+  -- terminal tasks: their message is archived (idempotent)
+  if exists (select 1 from unnest(v_batch) c
+             where (c.task).status in ('completed', 'failed', 'skipped', 'cancelled')) then
+    perform pgmq.archive(p_queue, array(
+      select c.msg_id from unnest(v_batch) c
+      where (c.task).status in ('completed', 'failed', 'skipped', 'cancelled') order by c.msg_id));
+  end if;
+  -- still started (a visible duplicate): no attempt; hidden until stalled recovery may take it
+  if exists (select 1 from unnest(v_batch) c where (c.task).status = 'started') then
+    select array_agg(c.task order by c.msg_id),
+           array_agg(greatest(1, ceil(extract(epoch from
+                       flowlane._stall_deadline(c.task, o.stall_after) - clock_timestamp()))::int) order by c.msg_id)
+      into v_duplicates, v_offsets
+    from unnest(v_batch) c
+    join flowlane.step_options o on o.flow_slug = (c.task).flow_slug and o.step_slug = (c.task).step_slug
+    where (c.task).status = 'started';
+    perform flowlane._set_tasks_vt(v_duplicates, v_offsets);
+  end if;
+
+  with claimed as (
+    update flowlane.step_tasks t
+       set status = 'started', attempts_count = t.attempts_count + 1, started_at = now(),
+           last_worker_id = p_worker_id
+      from unnest(v_batch) c
+     where c.claimable and t.run_id = (c.task).run_id and t.step_slug = (c.task).step_slug
+       and t.task_index = (c.task).task_index
+    returning t
+  ) select coalesce(array_agg(c.t order by (c.t).message_id), '{}') into v_claimed from claimed c;
+
+  if cardinality(v_claimed) = 0 then
+    return;
+  end if;
+  select coalesce(array_agg(c order by c.message_id), '{}'), coalesce(array_agg(l.lease order by c.message_id), '{}')
+    into v_hide, v_offsets
+  from unnest(v_claimed) c
+  join (select o.flow_slug, o.step_slug, o.claim_visibility as lease
+        from (select distinct x.flow_slug, x.step_slug from unnest(v_claimed) x) p
+        join flowlane.step_options o on o.flow_slug = p.flow_slug and o.step_slug = p.step_slug) l
+    on l.flow_slug = c.flow_slug and l.step_slug = c.step_slug
+  where p_read_vt is null or l.lease > p_read_vt;
+  if cardinality(v_hide) > 0 then
+    v_updated := flowlane._set_tasks_vt(v_hide, v_offsets);
+    if v_updated <> cardinality(v_hide) then
+      raise exception 'claim aborted: % tasks claimed but % queue messages got their visibility extended',
+        cardinality(v_hide), v_updated
+        using errcode = '40001', hint = 'a task''s message is missing from its queue; the claim was rolled back';
+    end if;
+  end if;
+
+  return query
+    select 'claimed', c.flow_slug, c.step_slug, c.queue_name, c.run_id, c.task_index,
+           i.input, i.flow_input, c.attempts_count, c.message_id
+    from unnest(v_claimed) c
+    join flowlane._claimed_inputs(v_claimed) i
+      on i.run_id = c.run_id and i.step_slug = c.step_slug and i.task_index = c.task_index
+    order by c.message_id;
+end;
+$$;
+
+-- the stall deadline of a started task: its step's stall_after seconds (step_options) after
+-- the later of its claim and its last lease extension
+create function flowlane._stall_deadline(p_task flowlane.step_tasks, p_stall_after int) returns timestamptz
+language sql immutable
+set search_path = ''
+as $$
+  select greatest(p_task.started_at, p_task.lease_renewed_at) + make_interval(secs => p_stall_after)
+$$;
+
+-- what claimed tasks are handed, for a batch in one statement: a task's input (the element
+-- of the run input for a root map, of the parent's output for a dependent map; the run input
+-- for a root single step; otherwise {dep: output} of the completed deps), and the run input
+create function flowlane._claimed_inputs(p_tasks flowlane.step_tasks[])
+returns table (run_id uuid, step_slug text, task_index int, input jsonb, flow_input jsonb)
+language sql stable
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+  select t.run_id, t.step_slug, t.task_index,
+         case
+           when s.step_type = 'map' and s.deps_count = 0 then r.input -> t.task_index
+           when s.step_type = 'map' then
+             (select ps.output -> t.task_index
+              from flowlane.deps d
+              join flowlane.step_states ps on ps.run_id = t.run_id and ps.step_slug = d.dep_slug
+              where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug)
+           when s.deps_count = 0 then r.input
+           else flowlane._condition_subject(t.run_id, t.step_slug)
+         end,
+         r.input
+  from unnest(p_tasks) t
+  join flowlane.runs r
+    on r.run_id = t.run_id and r.run_id = any (array(select x.run_id from unnest(p_tasks) x))
+  join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = t.step_slug
+$$;
+
+-- the leases, kept per statement: a task has a lease while it is started, renewed (deleted and inserted again) when a started task gets a new started_at
+create function flowlane._track_leases() returns trigger
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  -- (each statement names only the transition tables its event has)
+  if tg_op = 'INSERT' then
+    insert into flowlane.task_leases (run_id, step_slug, task_index, started_at)
+    select n.run_id, n.step_slug, n.task_index, n.started_at
+    from new_tasks n where n.status = 'started' order by 1, 2, 3;
+  elsif tg_op = 'DELETE' then
+    delete from flowlane.task_leases l
+     using old_tasks o
+     where o.status = 'started'
+       and l.run_id = o.run_id and l.step_slug = o.step_slug and l.task_index = o.task_index;
+  else
+    delete from flowlane.task_leases l
+     using old_tasks o join new_tasks n
+           on n.run_id = o.run_id and n.step_slug = o.step_slug and n.task_index = o.task_index
+     where o.status = 'started'
+       and (n.status <> 'started' or n.started_at is distinct from o.started_at)
+       and l.run_id = o.run_id and l.step_slug = o.step_slug and l.task_index = o.task_index;
+    insert into flowlane.task_leases (run_id, step_slug, task_index, started_at)
+    select n.run_id, n.step_slug, n.task_index, n.started_at
+    from new_tasks n join old_tasks o
+         on o.run_id = n.run_id and o.step_slug = n.step_slug and o.task_index = n.task_index
+    where n.status = 'started'
+      and (o.status <> 'started' or o.started_at is distinct from n.started_at)
+    order by 1, 2, 3;
+  end if;
+  return null;
+end;
+$$;
+
+create trigger step_tasks_leases_on_insert
+  after insert on flowlane.step_tasks
+  referencing new table as new_tasks
+  for each statement execute function flowlane._track_leases();
+
+create trigger step_tasks_leases_on_update
+  after update on flowlane.step_tasks
+  referencing old table as old_tasks new table as new_tasks
+  for each statement execute function flowlane._track_leases();
+
+create trigger step_tasks_leases_on_delete
+  after delete on flowlane.step_tasks
+  referencing old table as old_tasks
+  for each statement execute function flowlane._track_leases();
+
+-- called by a worker for the tasks it holds: items {run_id, step_slug,
+-- task_index, attempt, running}. A task still owned by this worker and
+-- attempt gets lease_renewed_at = now() and its message hidden until the new
+-- stall deadline. A running handler's lease is extended only within its
+-- timeout (a hung handler is still recovered); a finished handler whose
+-- result is not yet committed is always extended. Returns the tasks extended.
+create function flowlane.extend_leases(worker_id uuid, tasks jsonb) returns int
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_tasks flowlane.step_tasks[];
+  v_offsets int[];
+begin
+  if tasks is null or jsonb_typeof(tasks) <> 'array' then
+    raise exception 'extend_leases: tasks must be a JSON array of {run_id, step_slug, task_index, attempt, running}'
+      using errcode = '22023';
+  end if;
+  with items as (
+    select (e ->> 'run_id')::uuid as run_id, e ->> 'step_slug' as step_slug,
+           (e ->> 'task_index')::int as task_index, (e ->> 'attempt')::int as attempt,
+           coalesce((e ->> 'running')::boolean, false) as running
+    from jsonb_array_elements(tasks) e
+  ), locked as (
+    select t.run_id, t.step_slug, t.task_index, o.stall_after
+    from flowlane.step_tasks t
+    join items i on i.run_id = t.run_id and i.step_slug = t.step_slug and i.task_index = t.task_index
+    join flowlane.step_options o on o.flow_slug = t.flow_slug and o.step_slug = t.step_slug
+    where t.status = 'started' and t.last_worker_id = extend_leases.worker_id
+      and t.attempts_count = i.attempt
+      and (not i.running or now() < t.started_at + make_interval(secs => o.timeout))
+    order by t.run_id, t.step_slug, t.task_index
+    for update of t skip locked
+  ), renewed as (
+    update flowlane.step_tasks t set lease_renewed_at = now()
+      from locked l
+     where t.run_id = l.run_id and t.step_slug = l.step_slug and t.task_index = l.task_index
+    returning t, l.stall_after
+  )
+  select coalesce(array_agg(r.t), '{}'), coalesce(array_agg(r.stall_after), '{}')
+    into v_tasks, v_offsets from renewed r;
+  perform flowlane._set_tasks_vt(v_tasks, v_offsets);
+  return cardinality(v_tasks);
+end;
+$$;

@@ -1,0 +1,368 @@
+-- Completing tasks: a batch of results, fenced by worker and attempt, in one round trip; a
+-- step completes with its last task, a run with its last step.
+--
+-- A batch of results is applied with one statement per table:
+--
+--   lock runs, step states, tasks of the batch (each in key order: the lock order)
+--   classify every item (late, fenced, actionable), item by item
+--   one update of step_tasks, one pgmq.archive per queue
+--   one update of step_states (remaining_tasks, and completion with the step output, merged)
+--   one update of runs (remaining_steps; the last step's completion completes its run)
+--   ready steps of every affected run started together: one send_batch per (queue, delay)
+--
+-- complete_task, fail_task and fail_task_detailed are the one-item case of the same code. A
+-- batch means the same as its items applied one by one in key order (run_id, step_slug,
+-- task_index): runs are independent, and a run with an item that ends it (a type violation,
+-- an exhausted task, a run-failing condition) among several actionable items of the batch
+-- applies them one by one (_sequential_runs, the rare path).
+
+create type flowlane._result_item as (
+  pos int,              -- 0-based position in the caller's array (for errors)
+  run_id uuid,
+  step_slug text,
+  task_index int,
+  output jsonb,         -- completions
+  worker_id uuid,
+  attempt int,
+  error_message text,   -- failures
+  error_type text,
+  traceback text
+);
+
+create type flowlane._result_class as (
+  item flowlane._result_item,
+  task flowlane.step_tasks,     -- null fields: no such task
+  run_status text,
+  actionable boolean            -- started, owned by this worker/attempt, first such item of its task
+);
+
+create function flowlane.complete_tasks(results jsonb) returns setof flowlane.step_tasks
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  return query select * from flowlane._complete_batch(flowlane._result_items('complete_tasks', results,
+    '{run_id, step_slug, task_index, output, worker_id, attempt}'));
+end;
+$$;
+
+create function flowlane.complete_task(
+  run_id uuid, step_slug text, task_index int, output jsonb, worker_id uuid = null, attempt int = null
+) returns setof flowlane.step_tasks
+language sql volatile
+set search_path = ''
+as $$
+  select * from flowlane._complete_batch(array[row(0, run_id, step_slug, task_index, output, worker_id, attempt,
+                                                   null, null, null)::flowlane._result_item])
+$$;
+
+-- the items of a complete_tasks/fail_tasks argument, validated together before
+-- anything is locked; the first bad item raises with its position
+create function flowlane._result_items(p_function text, p_results jsonb, p_shape text)
+returns flowlane._result_item[]
+language plpgsql stable
+set search_path = ''
+as $$
+declare
+  v_bad record;
+  v_key text;
+  v_items flowlane._result_item[];
+begin
+  if p_results is null or jsonb_typeof(p_results) <> 'array' then
+    raise exception '%: results must be a JSON array of %', p_function, p_shape using errcode = '22023';
+  end if;
+  -- fast check of every item in one pass; only a suspicious item gets the exact (slow) check
+  for v_bad in
+    select e, o - 1 as pos from jsonb_array_elements(p_results) with ordinality as a (e, o)
+    where jsonb_typeof(e) <> 'object'
+       or coalesce(jsonb_typeof(e -> 'run_id'), 'null') = 'null'
+       or coalesce(jsonb_typeof(e -> 'step_slug'), 'null') = 'null'
+       or coalesce(jsonb_typeof(e -> 'task_index'), 'null') = 'null'
+       or (e ->> 'run_id') !~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+       or coalesce(e ->> 'worker_id', '00000000-0000-0000-0000-000000000000')
+            !~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+       or (e ->> 'task_index') !~ '^-?[0-9]{1,9}$'
+       or coalesce(e ->> 'attempt', '0') !~ '^-?[0-9]{1,9}$'
+    order by o
+  loop
+    if jsonb_typeof(v_bad.e) <> 'object' then
+      raise exception '%: item % must be an object %, got %', p_function, v_bad.pos, p_shape,
+        jsonb_typeof(v_bad.e) using errcode = '22023';
+    end if;
+    foreach v_key in array array['run_id', 'step_slug', 'task_index'] loop
+      if coalesce(jsonb_typeof(v_bad.e -> v_key), 'null') = 'null' then
+        raise exception '%: item % has no %', p_function, v_bad.pos, v_key using errcode = '22023';
+      end if;
+    end loop;
+    foreach v_key in array array['run_id', 'worker_id', 'task_index', 'attempt'] loop
+      begin
+        if v_key in ('run_id', 'worker_id') then
+          perform (v_bad.e ->> v_key)::uuid;
+        else
+          perform (v_bad.e ->> v_key)::int;
+        end if;
+      exception when invalid_text_representation or numeric_value_out_of_range then
+        raise exception '%: item %: % must be %, got %', p_function, v_bad.pos, v_key,
+          case when v_key in ('run_id', 'worker_id') then 'a uuid' else 'an integer' end,
+          v_bad.e -> v_key using errcode = '22023';
+      end;
+    end loop;
+  end loop;
+  select coalesce(array_agg(row(o - 1, (e ->> 'run_id')::uuid, e ->> 'step_slug', (e ->> 'task_index')::int,
+                                e -> 'output', (e ->> 'worker_id')::uuid, (e ->> 'attempt')::int,
+                                e ->> 'error_message', e ->> 'error_type', e ->> 'traceback'
+                               )::flowlane._result_item order by o), '{}')
+    into v_items
+  from jsonb_array_elements(p_results) with ordinality as a (e, o);
+  return v_items;
+end;
+$$;
+
+-- lock the batch's runs, step states and tasks (the lock order of docs/reliability.md; keys sorted) and classify every item
+create function flowlane._lock_and_classify(p_items flowlane._result_item[])
+returns flowlane._result_class[]
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+  v_classes flowlane._result_class[];
+  -- every lookup below also filters on run_id = any (v_runs): an index path whose cost
+  -- follows the batch, whatever the planner thinks of unnest()'s row count
+  v_runs uuid[] := array(select distinct i.run_id from unnest(p_items) i);
+begin
+  perform 1 from flowlane.runs r
+  where r.run_id = any (v_runs)
+  order by r.run_id for update;
+  perform 1 from flowlane.step_states ss
+  where ss.run_id = any (v_runs)
+    and (ss.run_id, ss.step_slug) in (select i.run_id, i.step_slug from unnest(p_items) i)
+  order by ss.run_id, ss.step_slug for update;
+  perform 1 from flowlane.step_tasks t
+  where t.run_id = any (v_runs)
+    and (t.run_id, t.step_slug, t.task_index) in (select i.run_id, i.step_slug, i.task_index from unnest(p_items) i)
+  order by t.run_id, t.step_slug, t.task_index for update;
+
+  with classified as (
+    select i, t, r.status as run_status,
+           t.status = 'started' and r.status = 'started' and ss.status = 'started'
+             and (i.worker_id is null or t.last_worker_id is not distinct from i.worker_id)
+             and (i.attempt is null or t.attempts_count = i.attempt) as owns
+    from unnest(p_items) i
+    left join flowlane.runs r on r.run_id = i.run_id and r.run_id = any (v_runs)
+    left join flowlane.step_states ss
+      on ss.run_id = i.run_id and ss.step_slug = i.step_slug and ss.run_id = any (v_runs)
+    left join flowlane.step_tasks t
+      on t.run_id = i.run_id and t.step_slug = i.step_slug and t.task_index = i.task_index
+     and t.run_id = any (v_runs)
+  ), ranked as (
+    -- the same task twice in a batch: the first item that owns it acts, the next ones are late
+    select c.*, c.owns and row_number() over (
+             partition by (c.i).run_id, (c.i).step_slug, (c.i).task_index, c.owns order by (c.i).pos) = 1 as acts
+    from classified c
+  )
+  select coalesce(array_agg(row(k.i, k.t, k.run_status, coalesce(k.acts, false))::flowlane._result_class
+                            order by (k.i).run_id, (k.i).step_slug, (k.i).task_index, (k.i).pos), '{}')
+    into v_classes
+  from ranked k;
+
+  -- late or duplicate callbacks: make sure the messages of terminal tasks are gone, change nothing
+  perform flowlane._archive_tasks(array(
+    select distinct on ((c.task).queue_name, (c.task).message_id) c.task from unnest(v_classes) c
+    where (c.task).status in ('completed', 'failed', 'skipped', 'cancelled')));
+  return v_classes;
+end;
+$$;
+
+create function flowlane._sequential_runs(p_classes flowlane._result_class[], p_enders flowlane._result_class[])
+returns uuid[]
+language sql stable
+set search_path = ''
+as $$
+  select coalesce(array_agg(distinct e.run_id), '{}')
+  from (
+    select (x.task).run_id from unnest(p_enders) x
+    union all
+    select (c.task).run_id from unnest(p_classes) c
+    where c.actionable and exists (
+      select 1 from flowlane.steps s
+      where s.flow_slug = (c.task).flow_slug
+        and s.when_unmet = 'fail'
+        and (s.required_input_pattern is not null or s.forbidden_input_pattern is not null))
+  ) e
+  where (select count(*) from unnest(p_classes) c
+         where c.actionable and (c.task).run_id = e.run_id) > 1
+$$;
+
+create function flowlane._complete_batch(p_items flowlane._result_item[])
+returns setof flowlane.step_tasks
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_classes flowlane._result_class[];
+  v_violations flowlane._result_class[];
+  v_sequential uuid[];
+  v_class flowlane._result_class;
+  v_task flowlane.step_tasks;
+  v_done flowlane.step_tasks[];
+  v_steps flowlane.step_states[];
+  v_runs uuid[] := array(select distinct i.run_id from unnest(p_items) i);
+begin
+  v_classes := flowlane._lock_and_classify(p_items);
+
+  -- a single step feeding a map must output an array: such an item fails its run
+  select coalesce(array_agg(c order by (c.task).run_id, (c.task).step_slug, (c.task).task_index), '{}')
+    into v_violations
+  from unnest(v_classes) c
+  join flowlane.steps s on s.flow_slug = (c.task).flow_slug and s.step_slug = (c.task).step_slug
+  where c.actionable and s.step_type = 'single'
+    and jsonb_typeof(coalesce((c.item).output, 'null'::jsonb)) <> 'array'
+    and exists (select 1 from flowlane.deps d
+                join flowlane.steps ch on ch.flow_slug = d.flow_slug and ch.step_slug = d.step_slug
+                                       and ch.step_type = 'map'
+                join flowlane.step_states cs on cs.run_id = (c.task).run_id and cs.step_slug = d.step_slug
+                where d.flow_slug = s.flow_slug and d.dep_slug = s.step_slug
+                  and cs.status = 'created' and cs.initial_tasks is null);
+
+  v_sequential := flowlane._sequential_runs(v_classes, v_violations);
+  for v_class in
+    select c.* from unnest(v_classes) c
+    where c.actionable and (c.task).run_id = any (v_sequential)
+    order by (c.task).run_id, (c.task).step_slug, (c.task).task_index
+  loop
+    perform flowlane._complete_batch(array[v_class.item]);
+  end loop;
+
+  -- the rest: at most one violation per run, and it is the run's only actionable item
+  for v_class in
+    select c.* from unnest(v_violations) c where not (c.task).run_id = any (v_sequential)
+  loop
+    update flowlane.step_tasks t
+       set status = 'failed', failed_at = now(), output = (v_class.item).output,
+           error_message = format('[TYPE_VIOLATION] step %s feeds map step %s and must output a JSON array, got %s',
+             (v_class.task).step_slug,
+             (select d.step_slug from flowlane.deps d
+              join flowlane.steps ch on ch.flow_slug = d.flow_slug and ch.step_slug = d.step_slug and ch.step_type = 'map'
+              join flowlane.step_states cs on cs.run_id = (v_class.task).run_id and cs.step_slug = d.step_slug
+              where d.flow_slug = (v_class.task).flow_slug and d.dep_slug = (v_class.task).step_slug
+                and cs.status = 'created' and cs.initial_tasks is null
+              order by d.step_slug limit 1),
+             jsonb_typeof(coalesce((v_class.item).output, 'null'::jsonb)))
+     where t.run_id = (v_class.task).run_id and t.step_slug = (v_class.task).step_slug
+       and t.task_index = (v_class.task).task_index
+    returning * into v_task;
+    perform flowlane._archive_tasks(array[v_task]);
+    update flowlane.step_states ss
+       set status = 'failed', failed_at = now(), remaining_tasks = null, error_message = v_task.error_message
+     where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug;
+    perform flowlane._fail_run(v_task.run_id, v_task.error_message);
+  end loop;
+
+  -- completions: one statement per table
+  with done as (
+    update flowlane.step_tasks t
+       set status = 'completed', completed_at = now(), output = (c.item).output
+      from unnest(v_classes) c
+     where c.actionable and not (c.task).run_id = any (v_sequential)
+       and not exists (select 1 from unnest(v_violations) v where (v.task).run_id = (c.task).run_id)
+       and t.run_id = (c.task).run_id and t.step_slug = (c.task).step_slug and t.task_index = (c.task).task_index
+       and t.run_id = any (v_runs)
+    returning t
+  ) select coalesce(array_agg(d.t), '{}') into v_done from done d;
+  if cardinality(v_done) = 0 then
+    return query select * from flowlane._batch_rows(p_items);
+    return;
+  end if;
+  perform flowlane._archive_tasks(v_done);
+
+  -- step states: remaining tasks and, for the last task, completion with the step output (one update)
+  -- (the step's type joins the batch's counts, not step_states: joined to step_states on
+  -- flow_slug, a generic plan read every state of the flow through step_states_flow_idx)
+  with counts as (
+    select d.run_id, d.step_slug, st.step_type, count(*)::int as n, (array_agg(d.output))[1] as output
+    from unnest(v_done) d
+    join flowlane.steps st on st.flow_slug = d.flow_slug and st.step_slug = d.step_slug
+    group by 1, 2, 3
+  ), updated as (
+    update flowlane.step_states ss
+       set remaining_tasks = ss.remaining_tasks - c.n,
+           status = case when ss.remaining_tasks = c.n then 'completed' else ss.status end,
+           completed_at = case when ss.remaining_tasks = c.n then now() end,
+           output = case when ss.remaining_tasks <> c.n then null
+                         when c.step_type = 'single' then c.output
+                         else (select coalesce(jsonb_agg(t.output order by t.task_index), '[]'::jsonb)
+                               from flowlane.step_tasks t
+                               where t.run_id = ss.run_id and t.step_slug = ss.step_slug) end
+      from counts c
+     where ss.run_id = c.run_id and ss.step_slug = c.step_slug and ss.run_id = any (v_runs)
+    returning ss
+  ) select coalesce(array_agg(u.ss) filter (where (u.ss).status = 'completed'), '{}') into v_steps from updated u;
+  if cardinality(v_steps) > 0 then
+    perform flowlane._steps_done(v_steps);
+  end if;
+  return query select * from flowlane._batch_rows(p_items);
+end;
+$$;
+
+-- what a batch call returns: the task of every item (in key order), as it is now
+create function flowlane._batch_rows(p_items flowlane._result_item[])
+returns setof flowlane.step_tasks
+language sql stable
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+  select t.* from unnest(p_items) i
+  join flowlane.step_tasks t on t.run_id = i.run_id and t.step_slug = i.step_slug and t.task_index = i.task_index
+   and t.run_id = any (array(select j.run_id from unnest(p_items) j))
+  order by i.run_id, i.step_slug, i.task_index, i.pos
+$$;
+
+create function flowlane._steps_done(p_steps flowlane.step_states[]) returns void
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_runs uuid[] := array(select distinct s.run_id from unnest(p_steps) s order by 1);
+  v_started uuid[];
+begin
+  -- a run with no step left completes here (_maybe_complete_runs would update it again);
+  -- the batch holds its runs' locks (_lock_and_classify), so counts reads what it updates
+  with counts as (
+    select s.run_id, count(*)::int as n, rr.status = 'started' and rr.remaining_steps = count(*) as last
+    from unnest(p_steps) s
+    join flowlane.runs rr on rr.run_id = s.run_id and rr.run_id = any (v_runs)
+    group by s.run_id, rr.status, rr.remaining_steps
+  ), updated as (
+  update flowlane.runs r
+     set remaining_steps = r.remaining_steps - c.n,
+         status = case when c.last then 'completed' else r.status end,
+         completed_at = case when c.last then now() else r.completed_at end,
+         output = case when c.last then coalesce(o.output, '{}'::jsonb) else r.output end
+    from counts c
+    left join flowlane._run_outputs(array(select k.run_id from counts k where k.last)) o on o.run_id = c.run_id
+   where r.run_id = c.run_id and r.run_id = any (v_runs)
+  returning r.run_id, r.status
+  ) select coalesce(array_agg(u.run_id order by u.run_id) filter (where u.status = 'started'), '{}')
+      into v_started from updated u;
+  update flowlane.step_states cs
+     set remaining_deps = cs.remaining_deps - x.n,
+         initial_tasks = case
+           when cs.status <> 'created' or cs.initial_tasks is not null or cst.step_type <> 'map' then cs.initial_tasks
+           when jsonb_typeof(x.output) = 'array' then jsonb_array_length(x.output)
+           else cs.initial_tasks end
+    from (select p.run_id, d.step_slug, p.flow_slug, count(*)::int as n, (array_agg(p.output))[1] as output
+          from unnest(p_steps) p
+          join flowlane.deps d on d.flow_slug = p.flow_slug and d.dep_slug = p.step_slug
+          group by 1, 2, 3) x,
+         flowlane.steps cst
+   where cs.run_id = x.run_id and cs.step_slug = x.step_slug and cs.run_id = any (v_runs)
+     and cst.flow_slug = x.flow_slug and cst.step_slug = x.step_slug;
+  if cardinality(v_started) > 0 then  -- a completed run has nothing left to start or skip
+    perform flowlane._progress_runs(v_started);
+  end if;
+end;
+$$;

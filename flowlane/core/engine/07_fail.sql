@@ -1,0 +1,189 @@
+-- Failing tasks: retry with backoff on the task's queue, or exhaust the task and apply
+-- when_exhausted; every attempt is recorded.
+
+-- a batch of failures in one round trip: items {run_id, step_slug, task_index,
+-- error_message, worker_id, attempt, error_type, traceback}
+create function flowlane.fail_tasks(results jsonb) returns setof flowlane.step_tasks
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  return query select * from flowlane._fail_batch(flowlane._result_items('fail_tasks', results,
+    '{run_id, step_slug, task_index, error_message, worker_id, attempt, error_type, traceback}'));
+end;
+$$;
+
+create function flowlane.fail_task(
+  run_id uuid, step_slug text, task_index int, error_message text, worker_id uuid = null, attempt int = null
+) returns setof flowlane.step_tasks
+language sql volatile
+set search_path = ''
+as $$
+  select * from flowlane.fail_task_detailed(run_id, step_slug, task_index, error_message, worker_id, attempt)
+$$;
+
+create function flowlane.fail_task_detailed(
+  run_id uuid, step_slug text, task_index int, error_message text, worker_id uuid = null, attempt int = null,
+  error_type text = null, traceback text = null
+) returns setof flowlane.step_tasks
+language sql volatile
+set search_path = ''
+as $$
+  select * from flowlane._fail_batch(array[row(0, run_id, step_slug, task_index, null, worker_id, attempt,
+                                               error_message, error_type, traceback)::flowlane._result_item])
+$$;
+
+create function flowlane._fail_batch(p_items flowlane._result_item[])
+returns setof flowlane.step_tasks
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_classes flowlane._result_class[];
+  v_exhausted flowlane._result_class[];
+  v_sequential uuid[];
+  v_class flowlane._result_class;
+  v_task flowlane.step_tasks;
+  v_retried flowlane.step_tasks[];
+  v_delays int[];
+  v_runs uuid[] := array(select distinct i.run_id from unnest(p_items) i);
+begin
+  v_classes := flowlane._lock_and_classify(p_items);
+  perform set_config('flowlane.attempt_details', coalesce((
+    select jsonb_object_agg(format('%s/%s/%s', (c.task).run_id, (c.task).step_slug, (c.task).task_index),
+                            jsonb_build_object('type', (c.item).error_type, 'traceback', (c.item).traceback))
+    from unnest(v_classes) c where c.actionable), '{}')::text, true);
+
+  select coalesce(array_agg(c order by (c.task).run_id, (c.task).step_slug, (c.task).task_index), '{}')
+    into v_exhausted
+  from unnest(v_classes) c
+  join flowlane.step_options o on o.flow_slug = (c.task).flow_slug and o.step_slug = (c.task).step_slug
+  where c.actionable and (c.task).attempts_count >= o.max_attempts;
+
+  v_sequential := flowlane._sequential_runs(v_classes, v_exhausted);
+  for v_class in
+    select c.* from unnest(v_classes) c
+    where c.actionable and (c.task).run_id = any (v_sequential)
+    order by (c.task).run_id, (c.task).step_slug, (c.task).task_index
+  loop
+    perform flowlane._fail_batch(array[v_class.item]);
+  end loop;
+
+  -- retries: one update; the same message visible again after the backoff (one set_vt per queue and delay)
+  with retried as (
+    update flowlane.step_tasks t
+       set status = 'queued', started_at = null, error_message = (c.item).error_message
+      from unnest(v_classes) c
+     where c.actionable and not (c.task).run_id = any (v_sequential)
+       and not exists (select 1 from unnest(v_exhausted) e where (e.task).run_id = (c.task).run_id)
+       and t.run_id = (c.task).run_id and t.step_slug = (c.task).step_slug and t.task_index = (c.task).task_index
+       and t.run_id = any (v_runs)
+    returning t
+  ) select coalesce(array_agg(r.t), '{}'),
+           coalesce(array_agg(flowlane.calculate_retry_delay(o.base_delay, (r.t).attempts_count)), '{}')
+      into v_retried, v_delays
+    from retried r
+    join flowlane.step_options o on o.flow_slug = (r.t).flow_slug and o.step_slug = (r.t).step_slug;
+  perform flowlane._set_tasks_vt(v_retried, v_delays);
+
+  -- out of attempts: at most one per run here, and it is the run's only actionable item
+  for v_class in
+    select c.* from unnest(v_exhausted) c where not (c.task).run_id = any (v_sequential)
+  loop
+    perform flowlane._exhaust_task(v_class.task, (v_class.item).error_message);
+  end loop;
+
+  perform set_config('flowlane.attempt_details', '', true);
+  return query select * from flowlane._batch_rows(p_items);
+end;
+$$;
+
+-- 2^attempts overflowed numeric for attempts near 2^31; the delay is capped
+-- at 2147483647 s, reached from attempts = 31 on for any base_delay >= 1
+create function flowlane.calculate_retry_delay(base_delay int, attempts int) returns int
+language sql immutable parallel safe
+set search_path = ''
+as $$
+  select case
+    when coalesce(base_delay, 0) <= 0 then 0
+    when attempts >= 31 then 2147483647
+    else least(floor(base_delay * power(2::numeric, greatest(attempts, 0))), 2147483647)::int
+  end
+$$;
+
+-- a task out of attempts (fail_tasks or stalled recovery): failed, message
+-- archived, when_exhausted applied. Caller holds the run, step state and task locks.
+create function flowlane._exhaust_task(p_task flowlane.step_tasks, p_error text) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_task flowlane.step_tasks;
+  v_mode text;
+begin
+  update flowlane.step_tasks t
+     set status = 'failed', failed_at = now(), error_message = p_error
+   where t.run_id = p_task.run_id and t.step_slug = p_task.step_slug and t.task_index = p_task.task_index
+  returning * into v_task;
+  perform flowlane._archive_tasks(array[v_task]);
+  select s.when_exhausted into v_mode from flowlane.steps s
+  where s.flow_slug = v_task.flow_slug and s.step_slug = v_task.step_slug;
+  if v_mode = 'fail' then
+    update flowlane.step_states ss
+       set status = 'failed', failed_at = now(), remaining_tasks = null, error_message = p_error
+     where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug;
+    perform flowlane._fail_run(v_task.run_id,
+      format('step %s task %s failed after %s %s: %s', v_task.step_slug, v_task.task_index,
+             v_task.attempts_count, case when v_task.attempts_count = 1 then 'attempt' else 'attempts' end, p_error));
+  elsif v_mode = 'skip-cascade' then
+    perform flowlane._skip_cascade(v_task.run_id, v_task.step_slug, 'handler_failed');
+    perform flowlane._progress(v_task.run_id);
+  else
+    perform flowlane._skip_step(v_task.run_id, v_task.step_slug, 'handler_failed');
+    perform flowlane._progress(v_task.run_id);
+  end if;
+end;
+$$;
+
+-- the attempt history takes an attempt's error type and traceback from
+-- flowlane.attempt_details, {"<run_id>/<step_slug>/<task_index>": {type, traceback}}
+-- (one setting for a whole batch), else from the single-task settings
+-- (flowlane.attempt_error_type, flowlane.attempt_traceback)
+create function flowlane._record_attempt() returns trigger
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_stalled boolean := new.requeued_count > old.requeued_count;
+  v_message text := new.error_message;
+  v_details jsonb := nullif(current_setting('flowlane.attempt_details', true), '')::jsonb
+                     -> format('%s/%s/%s', new.run_id, new.step_slug, new.task_index);
+begin
+  if v_stalled and new.error_message is not distinct from old.error_message then
+    v_message := format('no result within %s s: the task was requeued by stalled recovery',
+                        (select o.stall_after from flowlane.step_options o
+                         where o.flow_slug = new.flow_slug and o.step_slug = new.step_slug));
+  end if;
+  insert into flowlane.task_attempts
+    (run_id, step_slug, task_index, attempt, retry_round, outcome, worker_id, error_type, error_message, traceback)
+  select new.run_id, new.step_slug, new.task_index, greatest(old.attempts_count, 1), r.retry_count,
+         case when v_stalled then 'stalled' when new.status = 'failed' then 'failed' else 'retry' end,
+         old.last_worker_id,
+         case when v_stalled then 'Stalled'
+              else left(nullif(coalesce(v_details ->> 'type',
+                                        current_setting('flowlane.attempt_error_type', true)), ''), 200) end,
+         left(v_message, 4000),
+         case when v_stalled then null
+              else left(nullif(coalesce(v_details ->> 'traceback',
+                                        current_setting('flowlane.attempt_traceback', true)), ''), 16000) end
+  from flowlane.runs r where r.run_id = new.run_id;
+  return null;
+end;
+$$;
+
+create trigger step_tasks_attempt_history
+  after update of status on flowlane.step_tasks
+  for each row
+  when (old.status = 'started' and new.status in ('queued', 'failed'))
+  execute function flowlane._record_attempt();

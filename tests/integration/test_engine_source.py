@@ -1,0 +1,107 @@
+"""The engine source (flowlane/core/engine) and the migrations build the same database, and
+the drafting tool turns a change of the source into the migration that catches up."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from flowlane import errors
+from flowlane.core import draft_migration, engine_source, schema_dump
+from tests.conftest import Cluster
+
+ENGINE_DIR = Path(engine_source.__file__).with_name("engine")
+
+
+def _built_from_source(db_factory: Callable[..., str], source_dir: Path | None = None) -> str:
+    dsn = db_factory("none")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        engine_source.build(conn, source_dir)
+    return dsn
+
+
+def test_a_database_built_from_the_source_equals_one_built_from_the_migrations(
+    db_factory: Callable[..., str],
+) -> None:
+    migrated, built = db_factory(), _built_from_source(db_factory)
+    assert schema_dump.dump(built) == schema_dump.dump(migrated), (
+        "the engine source and the migrations differ: "
+        "draft a migration with `python -m flowlane.core.draft_migration NAME`")
+    assert draft_migration.difference(migrated, built).empty
+
+
+def test_each_function_is_defined_once_in_the_source() -> None:
+    functions = engine_source.functions()
+    assert "claim_tasks" in functions and "_complete_batch" in functions
+    text = "\n".join(f.sql for f in engine_source.files())
+    created = re.findall(r"^create (?:or replace )?function ", text, re.MULTILINE | re.IGNORECASE)
+    assert len(created) == len(functions)
+
+
+@pytest.fixture
+def source_copy(tmp_path: Path) -> Path:
+    copy = tmp_path / "engine"
+    shutil.copytree(ENGINE_DIR, copy)
+    return copy
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text(encoding="utf-8")
+    assert old in text
+    path.write_text(text.replace(old, new, 1), encoding="utf-8")
+
+
+def test_a_changed_function_is_drafted_and_the_draft_brings_the_migrations_to_the_source(
+    db_factory: Callable[..., str], source_copy: Path,
+) -> None:
+    fleet = source_copy / "09_fleet.sql"
+    _edit(fleet, "greatest(now(), w.last_heartbeat_at)\n     where w.worker_id = heartbeat.worker_id",
+          "greatest(clock_timestamp(), w.last_heartbeat_at)\n     where w.worker_id = heartbeat.worker_id")
+    _edit(fleet, "function flowlane.mark_worker_stopped(worker_id uuid)",
+          "function flowlane.mark_worker_stopped(worker_id uuid, reason text = null)")
+    migrated, built = db_factory(), _built_from_source(db_factory, source_copy)
+    found = draft_migration.difference(migrated, built)
+    assert sorted(found.created) == ["heartbeat", "mark_worker_stopped"]
+    assert found.dropped == ["flowlane.mark_worker_stopped(uuid)"]
+    assert not found.flagged
+    text = draft_migration.draft(found, "worker_clock", "0099", source_copy)
+    assert "create or replace function flowlane.heartbeat(" in text
+    assert "drop function flowlane.mark_worker_stopped(uuid);" in text
+    with psycopg.connect(migrated, autocommit=True) as conn, conn.transaction():
+        conn.execute(text)
+    assert schema_dump.dump(migrated) == schema_dump.dump(built)
+
+
+def test_a_table_change_is_flagged_for_a_person_and_check_fails_until_it_is_written(
+    cluster: Cluster, db_factory: Callable[..., str], source_copy: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    _edit(source_copy / "01_tables.sql", "  rollout_id bigint not null generated always as identity,\n",
+          "  rollout_id bigint not null generated always as identity,\n  note text,\n")
+    found = draft_migration.difference(db_factory(), _built_from_source(db_factory, source_copy))
+    assert list(found.flagged) == ["TABLE rollouts"] and not found.created and not found.dropped
+    text = draft_migration.draft(found, "rollout_note", "0099", source_copy)
+    assert f"{draft_migration.FLAG} TABLE rollouts (changed)" in text
+    assert "--   +    note text," in text
+    assert "alter table" not in text.lower()
+    assert draft_migration.main(["--check", "--dsn", cluster.admin_dsn, "--source", str(source_copy)]) == 1
+    assert "by hand: TABLE rollouts" in capsys.readouterr().err
+    assert draft_migration.main(["--check", "--dsn", cluster.admin_dsn]) == 0
+
+
+def test_a_source_that_does_not_build_is_reported_by_file_and_leaves_nothing_half_built(
+    cluster: Cluster, db_factory: Callable[..., str], source_copy: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    with (source_copy / "10_console.sql").open("a", encoding="utf-8") as file:
+        file.write("\ncreate function flowlane.unfinished( returns int;\n")
+    assert draft_migration.main(["--check", "--dsn", cluster.admin_dsn, "--source", str(source_copy)]) == 1
+    assert "engine source 10_console.sql failed: syntax error" in capsys.readouterr().err
+    dsn = db_factory("none")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with pytest.raises(errors.MigrationError, match=r"10_console\.sql"):
+            engine_source.build(conn, source_copy)
+        assert conn.execute("select to_regclass('flowlane.runs')").fetchone() == (None,)
