@@ -1,5 +1,5 @@
-"""A flow option left out of a definition gets the same value from the compiler (the model's
-defaults) and from the SQL Core (``_flow_option_default``: create_flow and the column defaults
+"""A flow option left out of a definition gets the same value from the compiler (``flowlane.defaults``)
+and from the SQL Core (``_flow_option_default``: create_flow and the column defaults
 of ``flowlane.flows``)."""
 
 from __future__ import annotations
