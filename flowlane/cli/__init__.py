@@ -3,7 +3,8 @@
 Each command group lives in its own module and registers its sub-commands in
 ``configure(subparsers)``. Commands return an exit code: 0 ok, 1 findings or
 failure, 2 usage error, 3 a worker whose deployment is disabled (do not
-restart it automatically). Every :class:`flowlane.errors.FlowlaneError` becomes
+restart it automatically), 4 a worker whose queue is now routed work its registry
+does not serve (restart it with the current YAML). Every :class:`flowlane.errors.FlowlaneError` becomes
 one ``error:`` line (plus ``hint:``) on stderr; ``--debug`` shows tracebacks.
 """
 
@@ -14,23 +15,11 @@ import sys
 from collections.abc import Sequence
 
 from flowlane import errors
-from flowlane.cli import db as db_commands
+from flowlane.cli import compiler, db, fleet, runs, serve, ui, worker
+from flowlane.cli.common import report_error
 
-COMMAND_GROUPS = [db_commands]
-
-
-def _optional_groups() -> list[object]:
-    # groups whose modules may not exist yet in a partial checkout are imported lazily
-    import importlib
-
-    groups: list[object] = []
-    for name in ("compiler", "runtime", "fleet", "ui"):
-        try:
-            groups.append(importlib.import_module(f"flowlane.cli.{name}"))
-        except ModuleNotFoundError as exc:
-            if exc.name != f"flowlane.cli.{name}":
-                raise
-    return groups
+# in the order `flowlane --help` lists them
+COMMAND_GROUPS = (db, compiler, worker, runs, serve, fleet, ui)
 
 
 def _version() -> str:
@@ -51,8 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"flowlane {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
-    for group in [*COMMAND_GROUPS, *_optional_groups()]:
-        group.configure(subparsers)  # type: ignore[attr-defined]
+    for group in COMMAND_GROUPS:
+        group.configure(subparsers)
     return parser
 
 
@@ -75,15 +64,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-
-
-def report_error(exc: errors.FlowlaneError) -> None:
-    print(f"error: {exc}", file=sys.stderr)
-    detail = getattr(exc, "detail", None)
-    if detail:
-        print(f"detail: {detail}", file=sys.stderr)
-    if exc.hint:
-        print(f"hint: {exc.hint}", file=sys.stderr)
 
 
 def entry() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from flowlane import errors, project_root
-from flowlane.cli.db import add_dsn_argument
+from flowlane.cli.common import add_dsn_argument, report_error
 from flowlane.compiler import api, diagnostics, diagram, pytypes, schema
 from flowlane.compiler import check as checks
 
@@ -223,7 +223,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if not args.exit_code:
             raise
         # with --exit-code, 2 means "changes": every error exits 1
-        from flowlane.cli import report_error
 
         report_error(exc)
         return 1

@@ -6,15 +6,8 @@ import argparse
 from typing import Any
 
 from flowlane import project_root
+from flowlane.cli.common import add_dsn_argument
 from flowlane.core import db, migrator
-
-
-def add_dsn_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--dsn",
-        help="PostgreSQL connection string (default: $FLOWLANE_DSN, then $DATABASE_URL, "
-        "then the embedded database in .flowlane/, started on demand)",
-    )
 
 
 def configure(subparsers: Any) -> None:

@@ -864,6 +864,18 @@ CREATE FUNCTION flowlane._maybe_complete_runs(p_run_ids uuid[]) RETURNS void
                                                          -- may not hold the run's lock)
 $$;
 
+-- FUNCTION _notify_definitions_changed()
+
+CREATE FUNCTION flowlane._notify_definitions_changed() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO ''
+    AS $$
+begin
+  perform pg_notify('flowlane_definitions', tg_table_name);
+  return null;
+end;
+$$;
+
 -- FUNCTION _notify_queue_insert()
 
 CREATE FUNCTION flowlane._notify_queue_insert() RETURNS trigger
@@ -3319,6 +3331,14 @@ CREATE INDEX workers_deployment_idx ON flowlane.workers USING btree (deployment_
 
 CREATE INDEX workers_queue_idx ON flowlane.workers USING btree (queue_name);
 
+-- TRIGGER aliases aliases_notify_changed
+
+CREATE TRIGGER aliases_notify_changed AFTER INSERT OR DELETE OR UPDATE ON flowlane.aliases FOR EACH ROW EXECUTE FUNCTION flowlane._notify_definitions_changed();
+
+-- TRIGGER deps deps_notify_changed
+
+CREATE TRIGGER deps_notify_changed AFTER INSERT OR DELETE OR UPDATE ON flowlane.deps FOR EACH ROW EXECUTE FUNCTION flowlane._notify_definitions_changed();
+
 -- TRIGGER flows flows_delete_keeps_aliases_sound
 
 CREATE TRIGGER flows_delete_keeps_aliases_sound BEFORE DELETE ON flowlane.flows FOR EACH ROW EXECUTE FUNCTION flowlane._flow_delete_keeps_aliases_sound();
@@ -3326,6 +3346,14 @@ CREATE TRIGGER flows_delete_keeps_aliases_sound BEFORE DELETE ON flowlane.flows 
 -- TRIGGER flows flows_not_named_like_alias
 
 CREATE TRIGGER flows_not_named_like_alias BEFORE INSERT ON flowlane.flows FOR EACH ROW EXECUTE FUNCTION flowlane._forbid_flow_named_like_alias();
+
+-- TRIGGER flows flows_notify_changed
+
+CREATE TRIGGER flows_notify_changed AFTER INSERT OR DELETE OR UPDATE ON flowlane.flows FOR EACH ROW EXECUTE FUNCTION flowlane._notify_definitions_changed();
+
+-- TRIGGER queues queues_notify_changed
+
+CREATE TRIGGER queues_notify_changed AFTER INSERT OR DELETE OR UPDATE ON flowlane.queues FOR EACH ROW EXECUTE FUNCTION flowlane._notify_definitions_changed();
 
 -- TRIGGER runs runs_input_limits
 
@@ -3359,6 +3387,10 @@ CREATE TRIGGER step_tasks_leases_on_update AFTER UPDATE ON flowlane.step_tasks R
 
 CREATE TRIGGER step_tasks_queue_identity_immutable BEFORE UPDATE OF queue_name, message_id ON flowlane.step_tasks FOR EACH ROW WHEN (((old.queue_name IS DISTINCT FROM new.queue_name) OR (old.message_id IS DISTINCT FROM new.message_id))) EXECUTE FUNCTION flowlane._forbid_identity_change('queue_name/message_id');
 
+-- TRIGGER steps steps_notify_changed
+
+CREATE TRIGGER steps_notify_changed AFTER INSERT OR DELETE OR UPDATE ON flowlane.steps FOR EACH ROW EXECUTE FUNCTION flowlane._notify_definitions_changed();
+
 -- TRIGGER steps steps_queue_immutable
 
 CREATE TRIGGER steps_queue_immutable BEFORE UPDATE OF queue_name ON flowlane.steps FOR EACH ROW WHEN ((old.queue_name IS DISTINCT FROM new.queue_name)) EXECUTE FUNCTION flowlane._forbid_identity_change('queue_name');
@@ -3366,6 +3398,14 @@ CREATE TRIGGER steps_queue_immutable BEFORE UPDATE OF queue_name ON flowlane.ste
 -- TRIGGER queues tune_registered_queue
 
 CREATE CONSTRAINT TRIGGER tune_registered_queue AFTER INSERT ON flowlane.queues DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION flowlane._tune_registered_queue();
+
+-- TRIGGER worker_deployments worker_deployments_notify_added
+
+CREATE TRIGGER worker_deployments_notify_added AFTER INSERT OR DELETE ON flowlane.worker_deployments FOR EACH ROW EXECUTE FUNCTION flowlane._notify_definitions_changed();
+
+-- TRIGGER worker_deployments worker_deployments_notify_enabled
+
+CREATE TRIGGER worker_deployments_notify_enabled AFTER UPDATE OF enabled ON flowlane.worker_deployments FOR EACH ROW WHEN ((old.enabled IS DISTINCT FROM new.enabled)) EXECUTE FUNCTION flowlane._notify_definitions_changed();
 
 -- FK CONSTRAINT aliases aliases_flow_slug_fkey
 

@@ -27,11 +27,10 @@ from flowlane import errors
 from flowlane.core import db
 from flowlane.core.queries import query
 from flowlane.runtime import hints, limits
+from flowlane.runtime.limits import MAX_INPUT_BYTES, STATUSES, TERMINAL
 
-TERMINAL = ("completed", "failed", "cancelled")
-STATUSES = ("started", *TERMINAL)
-MAX_INPUT_BYTES = 1024 * 1024  # the run input as JSON text; documented in README
 FALLBACK_POLL_SECONDS = 5.0
+
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 # drain as fast as one; 300 slots slowed one worker (its reads skip more leased messages)
 DEFAULT_MAX_CONCURRENT = 200
 DEFAULT_BATCH_SIZE = 100
+# a worker's exit statuses that a supervisor acts on (`flowlane serve` does)
+EXIT_DISABLED = errors.WorkerDisabled.exit_code  # 3: never restart until enabled
+EXIT_RESTART = errors.WorkerOutdated.exit_code  # 4: restart now, with the current YAML
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("text", "json")
 

@@ -32,7 +32,7 @@ from flowlane.app.console import (
     parse_run_id,
 )
 from flowlane.app.fleet import STALE_AFTER
-from flowlane.runtime.client import STATUSES, TERMINAL
+from flowlane.runtime.limits import STATUSES, TERMINAL
 from flowlane.ui import layout, pages, security
 
 

@@ -74,11 +74,11 @@ def project(tmp_path: Path, dsn: str) -> Path:
 
 def test_plan_one_worker_per_queue(project: Path) -> None:
     specs = plan_workers(api.load_project([project / "flows"]))
-    assert [(s.name, s.args) for s in specs] == [
-        ("sv_shared_worker", ("--name", "sv_shared_worker")),
-        ("sv_plain", ("--queue", "sv_plain")),
-        ("sv_split__one", ("--queue", "sv_split__one")),
-        ("sv_split__two", ("--queue", "sv_split__two")),
+    assert [(s.name, s.config.changed()) for s in specs] == [
+        ("sv_shared_worker", {"name": "sv_shared_worker"}),
+        ("sv_plain", {"queue": "sv_plain"}),
+        ("sv_split__one", {"queue": "sv_split__one"}),
+        ("sv_split__two", {"queue": "sv_split__two"}),
     ]
 
 
@@ -168,7 +168,7 @@ def _command(code: int) -> list[str]:
 
 
 def test_exit_status_3_is_never_restarted_other_exits_are() -> None:
-    specs = [WorkerSpec("disabled", "q1", ()), WorkerSpec("crashing", "q2", ())]
+    specs = [WorkerSpec("disabled", "q1"), WorkerSpec("crashing", "q2")]
     codes = {"disabled": EXIT_DISABLED, "crashing": 1}
     supervisor = Supervisor(
         specs, lambda s: _command(codes[s.name]), base_delay=0.01, max_delay=0.04,
