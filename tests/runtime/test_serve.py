@@ -224,3 +224,113 @@ def test_serve_never_restarts_a_disabled_deployment(
         if proc.poll() is None:
             proc.kill()
     assert _DISABLED.search(_last_block(out.read_text()))
+
+
+# -- serve follows the database ----------------------------------------------------
+
+DIGEST_V1 = """\
+kind: flow
+slug: digest_v1
+queues: {summarize: digest}
+defaults: {base_delay: 0, timeout: 5}
+steps:
+  summarize:
+    handler: sv_handlers:hello
+---
+kind: alias
+slug: digest
+active: digest_v1
+"""
+
+DIGEST_V2 = """\
+kind: flow
+slug: digest_v1
+queues: {summarize: digest}
+defaults: {base_delay: 0, timeout: 5}
+steps:
+  summarize:
+    handler: sv_handlers:hello
+---
+kind: flow
+slug: digest_v2
+queues: {summarize: digest, publish: digest}
+defaults: {base_delay: 0, timeout: 5}
+steps:
+  summarize:
+    handler: sv_handlers:hello
+  publish:
+    needs: [summarize]
+    handler: sv_handlers:hello
+---
+kind: alias
+slug: digest
+active: digest_v2
+draining: [digest_v1]
+---
+kind: flow
+slug: fresh
+defaults: {base_delay: 0, timeout: 5}
+steps:
+  greet:
+    handler: sv_handlers:hello
+"""
+
+
+def _compile_and_apply(root: Path, dsn: str) -> None:
+    for command in (("compile",), ("apply", "--dsn", dsn)):
+        result = flowlane(*command, cwd=root)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_serve_follows_apply_of_a_new_flow_and_a_new_version_on_a_shared_queue(
+    tmp_path: Path, dsn: str
+) -> None:
+    root = tmp_path / "digest"
+    (root / "flows").mkdir(parents=True)
+    (root / "flows" / "digest.yaml").write_text(DIGEST_V1)
+    (root / "sv_handlers.py").write_text(HANDLERS)
+    _compile_and_apply(root, dsn)
+    out = tmp_path / "serve.out"
+    proc = _serve(root, dsn, out)
+    logs = root / ".flowlane" / "logs"
+    try:
+        def digest_serving() -> int | None:
+            assert proc.poll() is None, out.read_text()
+            log = logs / "digest.log"
+            started = log.exists() and "worker_started" in log.read_text()
+            return _pids(_last_block(out.read_text())).get("digest") if started else None
+
+        first_pid = wait_until(digest_serving, timeout=60, message="the digest worker")
+        with Client(dsn) as client:
+            before = client.start_run("digest", {})
+            assert client.wait(before, timeout=60)["run"]["status"] == "completed"
+
+        # a new version on the same queue, the alias moved, and a new flow on a new queue:
+        # reviewed SQL applied while serve runs, runs started at once
+        (root / "flows" / "digest.yaml").write_text(DIGEST_V2)
+        _compile_and_apply(root, dsn)
+        with Client(dsn) as client:
+            runs = {flow: client.start_run(flow, {}) for flow in ("digest", "fresh")}
+            states = {flow: client.wait(run, timeout=90) for flow, run in runs.items()}
+        assert {f: s["run"]["status"] for f, s in states.items()} == {
+            "digest": "completed", "fresh": "completed"}
+        assert states["digest"]["run"]["flow_slug"] == "digest_v2"
+        assert set(states["digest"]["run"]["output"]) == {"publish"}
+
+        block = _last_block(out.read_text())
+        pids = _pids(block)
+        assert set(pids) == {"digest", "fresh"}, block
+        # the digest worker was replaced (it asked for a restart with the new registry)
+        assert pids["digest"] != first_pid
+        assert "definitions_changed" in (logs / "digest.log").read_text()
+        assert "unsupported_work" not in (logs / "digest.log").read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, out.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    with psycopg.connect(dsn) as conn:
+        disabled = conn.execute(
+            "select deployment_name from flowlane.worker_deployments where not enabled"
+        ).fetchall()
+    assert disabled == []
