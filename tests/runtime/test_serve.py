@@ -334,3 +334,32 @@ def test_serve_follows_apply_of_a_new_flow_and_a_new_version_on_a_shared_queue(
             "select deployment_name from flowlane.worker_deployments where not enabled"
         ).fetchall()
     assert disabled == []
+
+
+def test_serve_shows_why_a_worker_waits_and_starts_it_when_the_flows_are_applied(
+    tmp_path: Path, dsn: str
+) -> None:
+    root = tmp_path / "early"
+    (root / "flows").mkdir(parents=True)
+    (root / "flows" / "digest.yaml").write_text(DIGEST_V1)
+    (root / "sv_handlers.py").write_text(HANDLERS)
+    out = tmp_path / "serve.out"
+    proc = _serve(root, dsn, out)  # before anything is applied
+    try:
+        def waiting() -> str | None:
+            assert proc.poll() is None, out.read_text()
+            block = _last_block(out.read_text())
+            return block if re.search(r"^digest\s+backoff\s", block, re.MULTILINE) else None
+
+        block = wait_until(waiting, timeout=60, message="the digest worker in backoff")
+        # the reason is in serve's own status, not only in the worker's log
+        assert "error: flows missing from the database: digest_v1" in block
+        _compile_and_apply(root, dsn)  # the definition-change notification restarts it
+        with Client(dsn) as client:
+            run_id = client.start_run("digest", {})
+            assert client.wait(run_id, timeout=60)["run"]["status"] == "completed"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, out.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
