@@ -209,6 +209,24 @@ CREATE FUNCTION flowlane._batch_rows(p_items flowlane._result_item[]) RETURNS SE
   order by i.run_id, i.step_slug, i.task_index, i.pos
 $$;
 
+-- FUNCTION _cancel_unfinished_steps()
+
+CREATE FUNCTION flowlane._cancel_unfinished_steps() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO ''
+    AS $$
+begin
+  update flowlane.step_states ss
+     set status = 'cancelled',
+         cancelled_at = greatest(n.cancelled_at, coalesce(ss.started_at, ss.created_at))
+    from new_runs n
+    join old_runs o on o.run_id = n.run_id
+   where ss.run_id = n.run_id and o.status = 'started' and n.status = 'cancelled'
+     and ss.status in ('created', 'started');
+  return null;
+end;
+$$;
+
 -- FUNCTION _check_queue_argument(text, text)
 
 CREATE FUNCTION flowlane._check_queue_argument(p_function text, p_queue text) RETURNS void
@@ -1557,6 +1575,9 @@ CREATE TABLE flowlane.step_states (
     completed_at timestamp with time zone,
     failed_at timestamp with time zone,
     skipped_at timestamp with time zone,
+    cancelled_at timestamp with time zone,
+    CONSTRAINT step_states_cancelled_after_created CHECK (((cancelled_at IS NULL) OR (cancelled_at >= COALESCE(started_at, created_at)))),
+    CONSTRAINT step_states_cancelled_at CHECK (((status = 'cancelled'::text) = (cancelled_at IS NOT NULL))),
     CONSTRAINT step_states_completed_after_started CHECK (((completed_at IS NULL) OR (completed_at >= COALESCE(started_at, created_at)))),
     CONSTRAINT step_states_completed_at CHECK (((status = 'completed'::text) = (completed_at IS NOT NULL))),
     CONSTRAINT step_states_completed_no_remaining CHECK (((status <> 'completed'::text) OR (remaining_tasks = 0))),
@@ -1572,7 +1593,7 @@ CREATE TABLE flowlane.step_states (
     CONSTRAINT step_states_skipped_at CHECK (((status = 'skipped'::text) = (skipped_at IS NOT NULL))),
     CONSTRAINT step_states_started_after_created CHECK (((started_at IS NULL) OR (started_at >= created_at))),
     CONSTRAINT step_states_started_sized CHECK (((status <> 'started'::text) OR ((initial_tasks IS NOT NULL) AND (remaining_tasks IS NOT NULL)))),
-    CONSTRAINT step_states_status_valid CHECK ((status = ANY (ARRAY['created'::text, 'started'::text, 'completed'::text, 'failed'::text, 'skipped'::text]))),
+    CONSTRAINT step_states_status_valid CHECK ((status = ANY (ARRAY['created'::text, 'started'::text, 'completed'::text, 'failed'::text, 'skipped'::text, 'cancelled'::text]))),
     CONSTRAINT step_states_unstarted_no_remaining CHECK (((status <> ALL (ARRAY['created'::text, 'skipped'::text])) OR (remaining_tasks IS NULL)))
 )
 WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', fillfactor='50');
@@ -3354,6 +3375,10 @@ CREATE TRIGGER flows_notify_changed AFTER INSERT OR DELETE OR UPDATE ON flowlane
 -- TRIGGER queues queues_notify_changed
 
 CREATE TRIGGER queues_notify_changed AFTER INSERT OR DELETE OR UPDATE ON flowlane.queues FOR EACH ROW EXECUTE FUNCTION flowlane._notify_definitions_changed();
+
+-- TRIGGER runs runs_cancel_unfinished_steps
+
+CREATE TRIGGER runs_cancel_unfinished_steps AFTER UPDATE ON flowlane.runs REFERENCING OLD TABLE AS old_runs NEW TABLE AS new_runs FOR EACH STATEMENT EXECUTE FUNCTION flowlane._cancel_unfinished_steps();
 
 -- TRIGGER runs runs_input_limits
 

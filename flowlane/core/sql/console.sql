@@ -82,7 +82,7 @@ select s.step_slug, s.step_index, s.step_type, s.queue_name,
        coalesce(s.opt_max_attempts, f.opt_max_attempts) as max_attempts,
        coalesce(s.opt_timeout, f.opt_timeout) as timeout,
        st.status, st.initial_tasks, st.remaining_tasks, st.remaining_deps, st.error_message, st.skip_reason,
-       st.created_at, st.started_at, coalesce(st.completed_at, st.failed_at, st.skipped_at) as ended_at,
+       st.created_at, st.started_at, coalesce(st.completed_at, st.failed_at, st.skipped_at, st.cancelled_at) as ended_at,
        octet_length(st.output::text) as output_bytes,
        t.tasks, t.queued, t.started, t.completed, t.failed, t.skipped, t.cancelled, t.attempts,
        t.requeued
