@@ -11,8 +11,11 @@ one ``error:`` line (plus ``hint:``) on stderr; ``--debug`` shows tracebacks.
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from flowlane import errors
 from flowlane.cli import compiler, db, fleet, runs, serve, ui, worker
@@ -31,8 +34,30 @@ def _version() -> str:
         return "(not installed)"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class Parser(argparse.ArgumentParser):
+    """argparse that suggests the closest command or option for a misspelled one."""
+
+    def error(self, message: str) -> NoReturn:
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:
+            message += _did_you_mean(choice[1], re.findall(r"'([^']*)'", choice[2]))
+        super().error(message)
+
+    def refuse_unknown(self, extra: list[str]) -> NoReturn:
+        """Unknown arguments: this command's usage, and the closest of its options."""
+        options = [o for action in self._actions for o in action.option_strings]
+        hints = "".join(_did_you_mean(arg.partition("=")[0], options) for arg in extra
+                        if arg.startswith("-"))
+        self.error(f"unrecognized arguments: {' '.join(extra)}{hints}")
+
+
+def _did_you_mean(given: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(given, choices, n=3)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
+
+
+def build_parser() -> Parser:
+    parser = Parser(
         prog="flowlane",
         description="Declarative YAML workflows compiled to SQL, run on PostgreSQL + PGMQ.",
     )
@@ -47,7 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        commands = _commands(parser)
+        command = commands.get(getattr(args, "command", None) or "", parser)
+        nested = _commands(command).get(_nested_command(args) or "")
+        (nested or command).refuse_unknown(extra)
     try:
         return int(args.func(args))
     except errors.FlowlaneError as exc:
@@ -68,3 +98,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def entry() -> None:
     sys.exit(main())
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, Parser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):  # sub-parsers are Parsers too
+            return {name: sub for name, sub in action.choices.items() if isinstance(sub, Parser)}
+    return {}
+
+
+def _nested_command(args: argparse.Namespace) -> str | None:
+    """The sub-command of a command group (``db migrate``, ``queue adopt``), if any."""
+    return next((value for key, value in vars(args).items()
+                 if key.endswith("_command") and isinstance(value, str)), None)

@@ -10,8 +10,9 @@ from typing import Any
 
 from flowlane import errors, project_root
 from flowlane.cli.common import add_dsn_argument, report_error
-from flowlane.compiler import api, diagnostics, diagram, pytypes, schema
-from flowlane.compiler import check as checks
+
+# only what the parser needs: each command imports the rest (`--help` stays fast)
+from flowlane.compiler import diagnostics, diagram
 
 
 def _add_paths(parser: argparse.ArgumentParser) -> None:
@@ -114,6 +115,8 @@ def _report(found: list[diagnostics.Diagnostic] | tuple[diagnostics.Diagnostic, 
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from flowlane.compiler import api
+
     project, found = api.analyze_paths(args.paths)
     if project is not None and args.handlers:
         from flowlane.runtime.registry import check_handlers
@@ -130,6 +133,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    from flowlane.compiler import api
+
     args.out = args.out or project_root.sql_dir()
     result = api.compile_paths(args.paths, args.out)
     _report(result.diagnostics, args.format)
@@ -142,6 +147,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from flowlane.compiler import check as checks
+
     result = checks.check(args.paths, args.out, args.base)
     for note in result.notes:
         print(note, file=sys.stderr)
@@ -156,6 +163,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _project(paths: list[str]) -> Any:
+    from flowlane.compiler import api
+
     return api.load_project(paths)
 
 
@@ -178,6 +187,8 @@ def cmd_graph(args: argparse.Namespace) -> int:
 
 
 def cmd_types(args: argparse.Namespace) -> int:
+    from flowlane.compiler import pytypes
+
     text = pytypes.render(_project(args.paths))
     if args.out:
         target = Path(args.out)
@@ -210,6 +221,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
+    from flowlane.compiler import schema
+
     sys.stdout.write(schema.schema_text())
     return 0
 

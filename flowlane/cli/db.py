@@ -7,7 +7,6 @@ from typing import Any
 
 from flowlane import project_root
 from flowlane.cli.common import add_dsn_argument
-from flowlane.core import db, migrator
 
 
 def configure(subparsers: Any) -> None:
@@ -40,6 +39,8 @@ def configure(subparsers: Any) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from flowlane.core import db, migrator
+
     embedded = db.EmbeddedDatabase(project_root.find_root())
     was_running = embedded.running()
     url = embedded.up()
@@ -54,6 +55,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
+    from flowlane.core import db
+
     embedded = db.EmbeddedDatabase(project_root.find_root())
     stopped = embedded.down()
     print("embedded PostgreSQL stopped" if stopped else "embedded PostgreSQL was not running")
@@ -61,11 +64,15 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_url(args: argparse.Namespace) -> int:
+    from flowlane.core import db
+
     print(db.resolve(args.dsn, start=False).dsn)
     return 0
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    from flowlane.core import db, migrator
+
     target = db.resolve(args.dsn)
     with db.connect(target, autocommit=True) as conn:
         applied = migrator.migrate(conn, to=args.to, roles=args.roles)
@@ -86,6 +93,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from flowlane.core import db, migrator
+
     target = db.resolve(args.dsn)
     with db.connect(target, autocommit=True) as conn:
         states = migrator.status(conn)

@@ -134,10 +134,14 @@ def read_jsonl(lines: Iterable[bytes], source: str) -> Iterator[Any]:
                 hint="pass a reference (a URL, a table key, a file path) instead of the data itself",
             )
         try:
-            yield json.loads(raw.decode("utf-8"))
+            yield json.loads(raw.rstrip(b"\r\n").decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            # one position: the file's line, the column within it (not the decoder's own line)
+            where = (f"{source}:{number}:{exc.colno}: not valid JSON: {exc.msg}"
+                     if isinstance(exc, json.JSONDecodeError)
+                     else f"{source}:{number}: not valid UTF-8: {exc.reason}")
             raise errors.UsageError(
-                f"{source}:{number}: not valid JSON: {exc}; no run was started",
+                f"{where}; no run was started",
                 hint="--input-file takes JSON Lines: one JSON document per line",
             ) from exc
 

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 from typing import Any
 
+from flowlane import errors
 from flowlane.cli.common import add_dsn_argument, flow_paths
 from flowlane.cli.fleet import WORKER_ACTIONS, add_worker_admin_arguments, run_worker_admin
 from flowlane.runtime.config import (
@@ -150,6 +151,20 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     if args.paths and args.paths[0] in WORKER_ACTIONS:
         return run_worker_admin(args)
+    _refuse_misspelled_action(args.paths)
     config = worker_config(args)  # bad options fail here, before the project or a database
     run_worker(flow_paths(args), config)
     return 0
+
+
+def _refuse_misspelled_action(paths: list[str]) -> None:
+    """``worker lst``: a path that does not exist but reads like an action."""
+    import difflib
+    import os
+
+    if paths and not os.path.exists(paths[0]):
+        close = difflib.get_close_matches(paths[0], WORKER_ACTIONS, n=1, cutoff=0.5)
+        if close:
+            raise errors.UsageError(
+                f"no such flow path or worker action: {paths[0]}",
+                hint=f"did you mean `flowlane worker {close[0]}`?")

@@ -196,7 +196,8 @@ def _flow_filter(rows: list[dict[str, Any]], flow: str) -> list[str]:
         return list(row["flows"])
     known: list[str] = list(row["known"] or [])
     close = difflib.get_close_matches(flow, known, n=3)
-    hint = f"did you mean {', '.join(close)}?" if close else "`flowlane plan` lists the flows"
+    hint = (f"did you mean {', '.join(close)}?" if close
+            else "`flowlane plan` lists the flows; a new flow needs `flowlane apply` first")
     raise errors.UsageError(f"no flow or alias `{flow}` in the database", hint=hint)
 
 
@@ -278,6 +279,8 @@ class Client:
                 "client_start_flow", f"cannot start {flow}", flow=flow, input=payload, run_id=run_id
             )
         except errors.DatabaseError as exc:
+            if exc.sqlstate == _NO_RUN:  # no flow or alias of that name: name the close ones
+                self.flows_named(flow)
             raise _start_error(exc) from exc
         if not rows:
             raise errors.DatabaseError(f"start_flow({flow!r}) returned no run")
