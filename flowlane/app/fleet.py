@@ -64,6 +64,23 @@ def queues(dsn: str | None = None, stale_after: float = STALE_AFTER) -> list[Row
     return _rows(dsn, "fleet_queues", "queue list", stale_after=stale_after)
 
 
+def waiting(dsn: str | None = None, run_id: str | None = None) -> list[str]:
+    """Why queued work of started runs (of ``run_id``, or of every run) is not being done:
+    one line per queue that has no live worker or a disabled deployment, saying what to do."""
+    reasons = []
+    for row in _rows(dsn, "fleet_waiting_queues", "why runs wait",
+                     stale_after=STALE_AFTER, run_id=run_id):
+        queue, tasks = row["queue_name"], f"{row['queued_tasks']} queued task(s)"
+        for disabled in row["disabled"]:
+            name, _, why = disabled.partition(": ")
+            reasons.append(f"queue {queue}: {tasks}; worker deployment {name} is disabled "
+                           f"({why}); `flowlane worker enable {name}` once its cause is fixed")
+        if not row["live_workers"] and not row["disabled"]:
+            reasons.append(f"queue {queue}: {tasks}; no live worker serves queue {queue}; "
+                           f"`flowlane serve` or `flowlane worker --queue {queue}`")
+    return reasons
+
+
 def adopt_queue(name: str, dsn: str | None = None) -> Row:
     [row] = _rows(dsn, "fleet_adopt_queue", f"queue adopt {name}", queue_name=name)
     return row

@@ -11,6 +11,7 @@ from typing import Any
 
 from flowlane import errors
 from flowlane.cli.common import add_dsn_argument, add_format, json_errors
+from flowlane.cli.fleet import print_waiting
 from flowlane.runtime.limits import MAX_INPUT_BYTES, STATUSES
 
 
@@ -172,7 +173,7 @@ def _start_many(args: argparse.Namespace) -> int:
 
 @json_errors
 def cmd_start(args: argparse.Namespace) -> int:
-    from flowlane.runtime.client import Client
+    from flowlane.runtime.client import Client, RunTimeout
 
     if args.input_file is not None:
         return _start_many(args)
@@ -188,8 +189,18 @@ def cmd_start(args: argparse.Namespace) -> int:
                 print(run_id)
             return 0
         print(f"started run {run_id} ({flow_slug}); waiting", file=sys.stderr)
-        state = client.wait(run_id, timeout=args.timeout)
+        try:
+            state = client.wait(run_id, timeout=args.timeout)
+        except RunTimeout:
+            _explain_wait(args.dsn, run_id)
+            raise
     return _report_end(state, args.format)
+
+
+def _explain_wait(dsn: str | None, run_id: str | None = None) -> None:
+    from flowlane.app import fleet
+
+    print_waiting(fleet.waiting(dsn, run_id))
 
 
 def _report_end(state: dict[str, Any], fmt: str) -> int:
@@ -245,6 +256,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
             print(f"{r.run_id:<36}  {r.flow_slug:<28}  {r.status:<9}  {r.started_at:%Y-%m-%d %H:%M:%S}")
     if runs and len(runs) == args.limit:
         print(f"next page: flowlane runs --before {runs[-1].run_id}", file=sys.stderr)
+    if any(r.status == "started" for r in runs):
+        _explain_wait(args.dsn)
     return 0
 
 
@@ -286,6 +299,7 @@ def _stuck_runs(args: argparse.Namespace) -> int:
         return 1 if stuck else 0
     if not stuck:
         print("no stuck runs")
+        _explain_wait(args.dsn)
         return 0
     print(f"{'RUN ID':<36}  {'FLOW':<28}  {'STARTED':<19}  WHY")
     for r in stuck:
@@ -305,4 +319,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(json.dumps(state, indent=2, default=str))
     else:
         print(render_run(state))
+    if state["run"]["status"] == "started":
+        _explain_wait(args.dsn, args.run_id)
     return 0
