@@ -24,6 +24,7 @@ from psycopg.rows import dict_row
 from flowlane import errors, project_root
 from flowlane.app import deploy
 from flowlane.compiler import api
+from flowlane.compiler.model import Project
 from flowlane.core import db
 from flowlane.core.queries import query
 
@@ -79,6 +80,26 @@ def waiting(dsn: str | None = None, run_id: str | None = None) -> list[str]:
             reasons.append(f"queue {queue}: {tasks}; no live worker serves queue {queue}; "
                            f"`flowlane serve` or `flowlane worker --queue {queue}`")
     return reasons
+
+
+def uncovered(project: Project, dsn: str | None = None) -> list[str]:
+    """Per queue, the (flow, step) pairs the project routes there that its live workers do
+    not serve (a new version, a new flow on a shared queue), and what will happen."""
+    routed: dict[str, set[str]] = {}
+    for flow in project.flows:
+        for step in flow.steps:
+            routed.setdefault(step.queue, set()).add(f"{flow.slug}.{step.slug}")
+    notes = []
+    for row in _rows(dsn, "fleet_live_worker_pairs", "live workers", stale_after=STALE_AFTER):
+        served = {f"{flow}.{step}" for flow, step in row["pairs"]}
+        missing = sorted(routed.get(row["queue_name"], set()) - served)
+        if missing:
+            notes.append(
+                f"queue {row['queue_name']}: the live workers of deployment {row['deployment']} "
+                f"do not serve {', '.join(missing)}; under `flowlane serve` they restart with the "
+                "current YAML when the change is applied; other supervisors must restart them "
+                "from it (or use `flowlane rollout`)")
+    return notes
 
 
 def adopt_queue(name: str, dsn: str | None = None) -> Row:

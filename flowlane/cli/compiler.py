@@ -240,6 +240,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         report_error(exc)
         return 1
     sys.stdout.write(plan.markdown() if args.format == "markdown" else plan.render())
+    _note_uncovered(args)
     if plan.refused:
         return 1
     return 2 if args.exit_code and plan.drift else 0
@@ -250,7 +251,16 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
     result = deploy.apply(args.paths, args.out, args.dsn)
     sys.stdout.write(result.render())
+    _note_uncovered(args)
     return 0
+
+
+def _note_uncovered(args: argparse.Namespace) -> None:
+    """Queues whose live workers a change leaves without some of its pairs (on stderr)."""
+    from flowlane.app import fleet
+
+    for note in fleet.uncovered(_project(args.paths), args.dsn):
+        print(f"note: {note}", file=sys.stderr)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

@@ -308,6 +308,11 @@ def test_serve_follows_apply_of_a_new_flow_and_a_new_version_on_a_shared_queue(
         # a new version on the same queue, the alias moved, and a new flow on a new queue:
         # reviewed SQL applied while serve runs, runs started at once
         (root / "flows" / "digest.yaml").write_text(DIGEST_V2)
+        assert flowlane("compile", cwd=root).returncode == 0
+        planned = flowlane("plan", "--dsn", dsn, cwd=root)
+        assert ("note: queue digest: the live workers of deployment digest do not serve "
+                "digest_v2.publish, digest_v2.summarize; under `flowlane serve` they restart"
+                in planned.stderr), planned.stdout + planned.stderr
         _compile_and_apply(root, dsn)
         with Client(dsn) as client:
             runs = {flow: client.start_run(flow, {}) for flow in ("digest", "fresh")}

@@ -79,3 +79,14 @@ where r.status = 'started' and t.status = 'queued'
   and (%(run_id)s::uuid is null or t.run_id = %(run_id)s::uuid)
 group by t.queue_name
 order by t.queue_name collate "C"
+
+-- name: fleet_live_worker_pairs
+-- the (flow, step) pairs the live workers of each queue serve, by deployment
+select w.queue_name, coalesce(w.deployment_name, w.worker_name) as deployment,
+       jsonb_agg(distinct p) as pairs
+from flowlane.workers w
+cross join lateral jsonb_array_elements(w.supported_pairs) p
+where w.stopped_at is null and w.deprecated_at is null
+  and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s)
+group by w.queue_name, coalesce(w.deployment_name, w.worker_name)
+order by 1, 2
