@@ -28,6 +28,10 @@ def configure(subparsers: Any) -> None:
     serve.add_argument("paths", nargs="*", metavar="PATHS", help="flow YAML (default: flows/)")
     add_dsn_argument(serve)
     serve.add_argument("--log-dir", metavar="DIR", help="worker logs (default: .flowlane/logs/)")
+    serve.add_argument(
+        "--reload", action=argparse.BooleanOptionalAction, default=None,
+        help="restart the workers when a Python file of the project changes (default: on with "
+        "the embedded development database, off with --dsn / FLOWLANE_DSN / DATABASE_URL)")
     add_worker_options(serve, every=" (passed to every worker)")
     serve.set_defaults(func=cmd_serve)
 
@@ -71,6 +75,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         cwd=root,
         log_dir=log_dir,
         shutdown_timeout=options.shutdown_timeout + 10,
+        reload=target.embedded if args.reload is None else args.reload,
     )
 
 

@@ -27,6 +27,7 @@ killed (their tasks are recovered by stalled recovery). Worker output goes to
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import signal
 import subprocess
@@ -45,6 +46,7 @@ from flowlane.runtime.config import EXIT_DISABLED, EXIT_RESTART, WorkerConfig
 
 STABLE_AFTER = 60.0  # seconds a worker must run for its backoff to start over
 TICK = 0.2  # seconds between checks of the worker processes
+RELOAD_SCAN = 1.0  # seconds between scans of the project's Python files (serve --reload)
 ERROR_TAIL = 16 * 1024  # bytes at the end of a worker's log searched for its last error line
 
 
@@ -239,6 +241,12 @@ class Supervisor:
             worker.restarts += 1
             self._spawn(worker)
 
+    def restart_all(self) -> None:
+        """Restart every worker gracefully (its in-flight work finished first)."""
+        for worker in self.workers:
+            self._terminate(worker, "restarting")
+        self.render()
+
     def alive(self) -> list[Supervised]:
         return [w for w in self.workers if w.state in ("running", "restarting", "retiring")]
 
@@ -317,6 +325,31 @@ class DefinitionWatcher(threading.Thread):
                 delay = min(delay * 2, 30.0)
 
 
+class SourceWatcher:
+    """The modification times of the project's Python files (handler modules), for
+    ``serve --reload``: a change restarts every worker gracefully, like a development server."""
+
+    SKIPPED = frozenset({".venv", "venv", ".flowlane", "node_modules", "__pycache__", ".git"})
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.seen = self._scan()
+
+    def _scan(self) -> dict[Path, int]:
+        found: dict[Path, int] = {}
+        for path in self.root.rglob("*.py"):
+            if self.SKIPPED.isdisjoint(path.relative_to(self.root).parts):
+                with contextlib.suppress(OSError):  # deleted while scanning
+                    found[path] = path.stat().st_mtime_ns
+        return found
+
+    def changed(self) -> list[Path]:
+        now = self._scan()
+        different = sorted(p for p in now.keys() | self.seen.keys() if now.get(p) != self.seen.get(p))
+        self.seen = now
+        return different
+
+
 @dataclass(frozen=True)
 class Plan:
     """How serve derives its workers: the flow paths and what every worker gets."""
@@ -339,10 +372,14 @@ def serve(
     cwd: Path,
     log_dir: Path,
     shutdown_timeout: float,
+    reload: bool = False,
 ) -> int:
-    """Run until SIGTERM/SIGINT; 0 after a clean stop."""
+    """Run until SIGTERM/SIGINT; 0 after a clean stop. ``reload``: restart every worker
+    when a Python file of the project (under ``cwd``) changes."""
     supervisor = Supervisor(plan.specs(), plan.command, env=env, cwd=cwd, log_dir=log_dir)
     changed = threading.Event()
+    sources = SourceWatcher(cwd) if reload else None
+    next_scan = time.monotonic() + RELOAD_SCAN
 
     def request_stop(signum: int, frame: object) -> None:
         supervisor.stopping.set()
@@ -356,6 +393,13 @@ def serve(
             if changed.is_set():
                 changed.clear()
                 _follow(supervisor, plan)
+            if sources is not None and time.monotonic() >= next_scan:
+                next_scan = time.monotonic() + RELOAD_SCAN
+                edited = sources.changed()
+                if edited:
+                    print(f"serve: {project_relative(edited[0], cwd)} changed; restarting the "
+                          "workers", file=sys.stderr, flush=True)
+                    supervisor.restart_all()
         supervisor.tick()
         supervisor.stop(shutdown_timeout)
         return 0
@@ -373,3 +417,7 @@ def _follow(supervisor: Supervisor, plan: Plan) -> None:
               "keeping the workers as they are", file=sys.stderr, flush=True)
         return
     supervisor.follow(specs)
+
+
+def project_relative(path: Path, root: Path) -> str:
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)

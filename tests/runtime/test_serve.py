@@ -368,3 +368,36 @@ def test_serve_shows_why_a_worker_waits_and_starts_it_when_the_flows_are_applied
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_serve_reload_restarts_the_workers_when_a_handler_module_changes(
+    project: Path, dsn: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "serve.out"
+    with out.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flowlane", "serve", "--dsn", dsn, "--reload",
+             "--shutdown-timeout", "5"],
+            cwd=project, env=env(), stdout=sink, stderr=subprocess.STDOUT,
+        )
+    try:
+        before = _all_running(proc, out)
+        (project / "sv_handlers.py").write_text(
+            HANDLERS.replace('"step": ctx.step_slug', '"step": ctx.step_slug, "edited": True'))
+
+        def restarted() -> dict[str, int] | None:
+            assert proc.poll() is None, out.read_text()
+            pids = _pids(_last_block(out.read_text()))
+            fresh = len(pids) == 4 and all(pids[n] != before[n] for n in before)
+            return pids if fresh else None
+
+        wait_until(restarted, timeout=60, message="every worker restarted")
+        assert "sv_handlers.py changed; restarting the workers" in out.read_text()
+        with Client(dsn) as client:
+            state = client.wait(client.start_run("sv_plain", {}), timeout=60)
+        assert state["run"]["output"]["hello"]["edited"] is True
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, out.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
