@@ -228,7 +228,7 @@ def test_serve_never_restarts_a_disabled_deployment(
 
 # -- serve follows the database ----------------------------------------------------
 
-DIGEST_V1 = """\
+DIGEST_FLOW_V1 = """\
 kind: flow
 slug: digest_v1
 queues: {summarize: digest}
@@ -236,20 +236,16 @@ defaults: {base_delay: 0, timeout: 5}
 steps:
   summarize:
     handler: sv_handlers:hello
+"""
+
+DIGEST_V1 = DIGEST_FLOW_V1 + """\
 ---
 kind: alias
 slug: digest
 active: digest_v1
 """
 
-DIGEST_V2 = """\
-kind: flow
-slug: digest_v1
-queues: {summarize: digest}
-defaults: {base_delay: 0, timeout: 5}
-steps:
-  summarize:
-    handler: sv_handlers:hello
+DIGEST_V2 = DIGEST_FLOW_V1 + """\
 ---
 kind: flow
 slug: digest_v2
