@@ -12,8 +12,9 @@ asyncio tasks on one loop:
 - poller: read and claim a batch (at most the free handler slots) in one
   round trip, ``claim_tasks`` with the exact (flow, step) pairs served, start
   one handler per claimed task. A batch with unsupported work is handed back
-  whole; the worker then disables its deployment and stops (exit
-  status 3). It wakes on PGMQ's
+  whole; when the definitions route those pairs to the queue, the worker
+  stops for a restart with the current YAML (exit status 4), otherwise it
+  disables its deployment and stops (exit status 3). It wakes on PGMQ's
   insert notification and polls every ``poll_interval`` as a fallback; while
   the notification connection is down it uses ``pgmq.read_with_poll``;
 - flusher: sends results, completions batched through ``complete_tasks``,
@@ -23,7 +24,10 @@ asyncio tasks on one loop:
   LOCKED, so every worker does it) and a coverage re-check;
 - leases: every ``LEASE_INTERVAL``, ``extend_leases`` for the tasks held longer
   than that, until the last results are committed (shutdown included);
-- listener: LISTEN on the queue's insert channel.
+- listener: LISTEN on the queue's insert channel and on definition changes
+  (``flowlane_definitions``): the poller re-checks coverage before its next
+  claim and, when the queue is now routed pairs this registry does not serve,
+  stops claiming and exits with status 4.
 
 Backpressure: a handler slot is held from the claim until the task's result
 is committed (not until the handler returns), so the result backlog never
@@ -470,8 +474,13 @@ class Worker:
         """The batch was handed back whole. Work of pairs that the definitions route to this
         queue means they changed since this registry was loaded: exit for a restart. Work
         that no definition explains disables the deployment."""
-        routed = {(g["flow_slug"], g["step_slug"]): g
-                  for g in await session.store.coverage(self.queue, self.pairs)}
+        try:
+            gaps = await session.store.coverage(self.queue, self.pairs)
+        except TRANSIENT as exc:  # cannot tell: a restart is harmless, a disable is not
+            log.event(WARNING, "database_unavailable", component="poller", error=describe(exc))
+            self._outdated(session, [u.pair for u in unsupported])
+            return
+        routed = {(g["flow_slug"], g["step_slug"]): g for g in gaps}
         if all((u.flow_slug, u.step_slug) in routed for u in unsupported):
             self._outdated(session, [gap_line(g) for g in routed.values()])
         else:
