@@ -12,7 +12,11 @@ from flowlane import errors, project_root
 from flowlane.cli.common import add_dsn_argument, report_error
 
 # only what the parser needs: each command imports the rest (`--help` stays fast)
-from flowlane.compiler import diagnostics, diagram
+from flowlane.compiler import diagnostics
+
+# `flowlane.compiler.diagram.FORMATS`, without importing the model for `--help`
+# (tests/cli/test_fast_cli.py proves the two agree)
+GRAPH_FORMATS = ("mermaid", "dot")
 
 
 def _add_paths(parser: argparse.ArgumentParser) -> None:
@@ -61,7 +65,7 @@ def configure(subparsers: Any) -> None:
     graph_ = subparsers.add_parser("graph", help="draw a flow (queues as lanes)")
     graph_.add_argument("flow", metavar="FLOW", help="flow slug or alias")
     _add_paths(graph_)
-    graph_.add_argument("--format", choices=diagram.FORMATS, default="mermaid")
+    graph_.add_argument("--format", choices=GRAPH_FORMATS, default="mermaid")
     graph_.set_defaults(func=cmd_graph)
 
     types = subparsers.add_parser("types", help="a Python module of Literal types for names")
@@ -182,6 +186,8 @@ def cmd_graph(args: argparse.Namespace) -> int:
         alias = project.alias(args.flow)
         draining = f", draining {', '.join(alias.draining)}" if alias.draining else ""
         title = f"{flow.slug} (active version of alias {alias.slug}{draining})"
+    from flowlane.compiler import diagram
+
     sys.stdout.write(diagram.render(flow, args.format, title))
     return 0
 

@@ -70,3 +70,10 @@ def test_a_bad_input_file_line_has_one_position() -> None:
     message = str(caught.value)
     assert message.startswith("runs.jsonl:2:7: not valid JSON: Expecting value")
     assert "line 1" not in message and "char" not in message
+
+
+def test_the_parsers_copy_of_the_graph_formats_agrees_with_the_renderer() -> None:
+    from flowlane.cli.compiler import GRAPH_FORMATS
+    from flowlane.compiler.diagram import FORMATS
+
+    assert GRAPH_FORMATS == FORMATS
