@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import signal
 import subprocess
 import sys
@@ -337,10 +338,15 @@ class SourceWatcher:
 
     def _scan(self) -> dict[Path, int]:
         found: dict[Path, int] = {}
-        for path in self.root.rglob("*.py"):
-            if self.SKIPPED.isdisjoint(path.relative_to(self.root).parts):
-                with contextlib.suppress(OSError):  # deleted while scanning
-                    found[path] = path.stat().st_mtime_ns
+        for directory, subdirectories, files in os.walk(self.root):
+            # never walk into environments, caches or the database (pruned in place)
+            subdirectories[:] = [d for d in subdirectories
+                                 if d not in self.SKIPPED and not d.startswith(".")]
+            for name in files:
+                if name.endswith(".py"):
+                    path = Path(directory, name)
+                    with contextlib.suppress(OSError):  # deleted while scanning
+                        found[path] = path.stat().st_mtime_ns
         return found
 
     def changed(self) -> list[Path]:
