@@ -66,11 +66,16 @@ def queues(dsn: str | None = None, stale_after: float = STALE_AFTER) -> list[Row
 
 
 def waiting(dsn: str | None = None, run_id: str | None = None) -> list[str]:
-    """Why queued work of started runs (of ``run_id``, or of every run) is not being done:
-    one line per queue that has no live worker or a disabled deployment, saying what to do."""
+    """Why queued work of started runs (of ``run_id``, or of every run) is not being done."""
+    return waiting_reasons(_rows(dsn, "fleet_waiting_queues", "why runs wait",
+                                 stale_after=STALE_AFTER, run_id=run_id))
+
+
+def waiting_reasons(rows: list[Row]) -> list[str]:
+    """One line per queue (``fleet_waiting_queues`` rows) that has no live worker or a
+    disabled deployment, saying what to do."""
     reasons = []
-    for row in _rows(dsn, "fleet_waiting_queues", "why runs wait",
-                     stale_after=STALE_AFTER, run_id=run_id):
+    for row in rows:
         queue, tasks = row["queue_name"], f"{row['queued_tasks']} queued task(s)"
         for disabled in row["disabled"]:
             name, _, why = disabled.partition(": ")

@@ -132,6 +132,7 @@ def create_app(console: Console, settings: Settings) -> Starlette:
             "run": run, "steps": steps, "tasks": tasks, "attempts": attempts,
             "graph": layout.layout(model, {s["step_slug"]: s["status"] for s in steps}),
             "terminal": run["status"] in TERMINAL,
+            "waiting": console.waiting(run_id) if run["status"] == "started" else [],
         }
 
     def run_page(request: Request) -> Response:

@@ -197,7 +197,7 @@ def test_start_input_file_starts_one_run_per_line_in_one_transaction(
     _one_error(
         flowlane("start", "rt_retry", "--input-file", str(bad), "--dsn", flows_dsn),
         2,
-        f"{bad}:2: not valid JSON",
+        f"{bad}:2:7: not valid JSON: Expecting value",  # one position: line 2, column 7
         "no run was started",
     )
     mixed = flowlane("start", "rt_retry", "--input-file", str(good), "--wait", "--dsn", flows_dsn)
@@ -237,3 +237,10 @@ def test_every_wait_says_why_no_worker_and_a_disabled_deployment(
     again = flowlane("start", "rt_noop", "--wait", "--timeout", "1", "--dsn", flows_dsn)
     assert ("worker deployment rt_noop is disabled (bad release); "
             "`flowlane worker enable rt_noop` once its cause is fixed") in again.stderr
+
+
+def test_start_of_a_misspelled_flow_suggests_the_close_names(flows_dsn: str) -> None:
+    result = flowlane("start", "rt_retri", "--dsn", flows_dsn)
+    assert result.returncode == 1
+    assert "unknown flow \"rt_retri\"" in result.stderr
+    assert "hint: did you mean rt_retry" in result.stderr, result.stderr
