@@ -1,5 +1,5 @@
 """Run one worker in a process of its own from a :class:`WorkerConfig`: how ``flowlane
-serve`` starts its workers (``python -m flowlane.runtime.launch SPEC``, SPEC the JSON of
+serve`` starts its workers (``python -m flowlane.runtime.launch JSON``, the JSON of
 the flow paths and the settings that differ from the defaults; no command line to parse
 again). The DSN travels in the environment (``FLOWLANE_DSN``), never in the arguments,
 where any user of the machine could read it.
