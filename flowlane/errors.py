@@ -86,3 +86,11 @@ class WorkerDisabled(WorkerError):
     it cannot handle): a supervisor must not restart it until an operator enables it."""
 
     exit_code = 3
+
+
+class WorkerOutdated(WorkerError):
+    """The database now routes to the worker's queue a (flow, step) its registry does not
+    serve (a new version, an alias move): it stopped before claiming that work and wants
+    to be restarted with the project's current YAML."""
+
+    exit_code = 4

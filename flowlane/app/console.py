@@ -16,7 +16,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from flowlane import errors
-from flowlane.app.fleet import STALE_AFTER
+from flowlane.app.fleet import STALE_AFTER, waiting_reasons
 from flowlane.core import db, migrator
 from flowlane.core.queries import query
 
@@ -141,6 +141,11 @@ class Console:
 
     def run(self, run_id: str) -> dict[str, Any] | None:
         return self._row("console_run", run_id=run_id)
+
+    def waiting(self, run_id: str) -> list[str]:
+        """Why the run's queued work waits (no live worker, a disabled deployment)."""
+        return waiting_reasons(
+            self._rows("fleet_waiting_queues", run_id=run_id, stale_after=STALE_AFTER))
 
     def run_steps(self, run_id: str) -> list[dict[str, Any]]:
         return self._rows("console_run_steps", run_id=run_id)

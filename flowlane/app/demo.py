@@ -25,8 +25,9 @@ from flowlane.app import deploy
 from flowlane.compiler import compiled, diagnostics
 from flowlane.compiler.model import Project
 from flowlane.core import db, migrator
-from flowlane.runtime.client import TERMINAL, Client
+from flowlane.runtime.client import Client
 from flowlane.runtime.config import WorkerConfig
+from flowlane.runtime.limits import TERMINAL
 from flowlane.runtime.worker import Worker
 
 # sample inputs for the example flows shipped in flows/; any other flow gets {}

@@ -24,6 +24,7 @@ from psycopg.rows import dict_row
 from flowlane import errors, project_root
 from flowlane.app import deploy
 from flowlane.compiler import api
+from flowlane.compiler.model import Project
 from flowlane.core import db
 from flowlane.core.queries import query
 
@@ -62,6 +63,48 @@ def set_enabled(name: str, enabled: bool, reason: str | None = None, dsn: str | 
 
 def queues(dsn: str | None = None, stale_after: float = STALE_AFTER) -> list[Row]:
     return _rows(dsn, "fleet_queues", "queue list", stale_after=stale_after)
+
+
+def waiting(dsn: str | None = None, run_id: str | None = None) -> list[str]:
+    """Why queued work of started runs (of ``run_id``, or of every run) is not being done."""
+    return waiting_reasons(_rows(dsn, "fleet_waiting_queues", "why runs wait",
+                                 stale_after=STALE_AFTER, run_id=run_id))
+
+
+def waiting_reasons(rows: list[Row]) -> list[str]:
+    """One line per queue (``fleet_waiting_queues`` rows) that has no live worker or a
+    disabled deployment, saying what to do."""
+    reasons = []
+    for row in rows:
+        queue, tasks = row["queue_name"], f"{row['queued_tasks']} queued task(s)"
+        for disabled in row["disabled"]:
+            name, _, why = disabled.partition(": ")
+            reasons.append(f"queue {queue}: {tasks}; worker deployment {name} is disabled "
+                           f"({why}); `flowlane worker enable {name}` once its cause is fixed")
+        if not row["live_workers"] and not row["disabled"]:
+            reasons.append(f"queue {queue}: {tasks}; no live worker serves queue {queue}; "
+                           f"`flowlane serve` or `flowlane worker --queue {queue}`")
+    return reasons
+
+
+def uncovered(project: Project, dsn: str | None = None) -> list[str]:
+    """Per queue, the (flow, step) pairs the project routes there that its live workers do
+    not serve (a new version, a new flow on a shared queue), and what will happen."""
+    routed: dict[str, set[str]] = {}
+    for flow in project.flows:
+        for step in flow.steps:
+            routed.setdefault(step.queue, set()).add(f"{flow.slug}.{step.slug}")
+    notes = []
+    for row in _rows(dsn, "fleet_live_worker_pairs", "live workers", stale_after=STALE_AFTER):
+        served = {f"{flow}.{step}" for flow, step in row["pairs"]}
+        missing = sorted(routed.get(row["queue_name"], set()) - served)
+        if missing:
+            notes.append(
+                f"queue {row['queue_name']}: the live workers of deployment {row['deployment']} "
+                f"do not serve {', '.join(missing)}; under `flowlane serve` they restart with the "
+                "current YAML when the change is applied; other supervisors must restart them "
+                "from it (or use `flowlane rollout`)")
+    return notes
 
 
 def adopt_queue(name: str, dsn: str | None = None) -> Row:

@@ -3,34 +3,26 @@
 Each command group lives in its own module and registers its sub-commands in
 ``configure(subparsers)``. Commands return an exit code: 0 ok, 1 findings or
 failure, 2 usage error, 3 a worker whose deployment is disabled (do not
-restart it automatically). Every :class:`flowlane.errors.FlowlaneError` becomes
+restart it automatically), 4 a worker whose queue is now routed work its registry
+does not serve (restart it with the current YAML). Every :class:`flowlane.errors.FlowlaneError` becomes
 one ``error:`` line (plus ``hint:``) on stderr; ``--debug`` shows tracebacks.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from flowlane import errors
-from flowlane.cli import db as db_commands
+from flowlane.cli import compiler, db, fleet, runs, serve, ui, worker
+from flowlane.cli.common import report_error
 
-COMMAND_GROUPS = [db_commands]
-
-
-def _optional_groups() -> list[object]:
-    # groups whose modules may not exist yet in a partial checkout are imported lazily
-    import importlib
-
-    groups: list[object] = []
-    for name in ("compiler", "runtime", "fleet", "ui"):
-        try:
-            groups.append(importlib.import_module(f"flowlane.cli.{name}"))
-        except ModuleNotFoundError as exc:
-            if exc.name != f"flowlane.cli.{name}":
-                raise
-    return groups
+# in the order `flowlane --help` lists them
+COMMAND_GROUPS = (db, compiler, worker, runs, serve, fleet, ui)
 
 
 def _version() -> str:
@@ -42,8 +34,30 @@ def _version() -> str:
         return "(not installed)"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class Parser(argparse.ArgumentParser):
+    """argparse that suggests the closest command or option for a misspelled one."""
+
+    def error(self, message: str) -> NoReturn:
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:
+            message += _did_you_mean(choice[1], re.findall(r"'([^']*)'", choice[2]))
+        super().error(message)
+
+    def refuse_unknown(self, extra: list[str]) -> NoReturn:
+        """Unknown arguments: this command's usage, and the closest of its options."""
+        options = [o for action in self._actions for o in action.option_strings]
+        hints = "".join(_did_you_mean(arg.partition("=")[0], options) for arg in extra
+                        if arg.startswith("-"))
+        self.error(f"unrecognized arguments: {' '.join(extra)}{hints}")
+
+
+def _did_you_mean(given: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(given, choices, n=3)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
+
+
+def build_parser() -> Parser:
+    parser = Parser(
         prog="flowlane",
         description="Declarative YAML workflows compiled to SQL, run on PostgreSQL + PGMQ.",
     )
@@ -51,14 +65,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"flowlane {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
-    for group in [*COMMAND_GROUPS, *_optional_groups()]:
-        group.configure(subparsers)  # type: ignore[attr-defined]
+    for group in COMMAND_GROUPS:
+        group.configure(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        commands = _commands(parser)
+        command = commands.get(getattr(args, "command", None) or "", parser)
+        nested = _commands(command).get(_nested_command(args) or "")
+        (nested or command).refuse_unknown(extra)
     try:
         return int(args.func(args))
     except errors.FlowlaneError as exc:
@@ -77,14 +96,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def report_error(exc: errors.FlowlaneError) -> None:
-    print(f"error: {exc}", file=sys.stderr)
-    detail = getattr(exc, "detail", None)
-    if detail:
-        print(f"detail: {detail}", file=sys.stderr)
-    if exc.hint:
-        print(f"hint: {exc.hint}", file=sys.stderr)
-
-
 def entry() -> None:
     sys.exit(main())
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, Parser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):  # sub-parsers are Parsers too
+            return {name: sub for name, sub in action.choices.items() if isinstance(sub, Parser)}
+    return {}
+
+
+def _nested_command(args: argparse.Namespace) -> str | None:
+    """The sub-command of a command group (``db migrate``, ``queue adopt``), if any."""
+    return next((value for key, value in vars(args).items()
+                 if key.endswith("_command") and isinstance(value, str)), None)

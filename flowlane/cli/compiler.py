@@ -9,9 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from flowlane import errors, project_root
-from flowlane.cli.db import add_dsn_argument
-from flowlane.compiler import api, diagnostics, diagram, pytypes, schema
-from flowlane.compiler import check as checks
+from flowlane.cli.common import add_dsn_argument, report_error
+
+# only what the parser needs: each command imports the rest (`--help` stays fast)
+from flowlane.compiler import diagnostics
+
+# `flowlane.compiler.diagram.FORMATS`, without importing the model for `--help`
+# (tests/cli/test_fast_cli.py proves the two agree)
+GRAPH_FORMATS = ("mermaid", "dot")
 
 
 def _add_paths(parser: argparse.ArgumentParser) -> None:
@@ -60,7 +65,7 @@ def configure(subparsers: Any) -> None:
     graph_ = subparsers.add_parser("graph", help="draw a flow (queues as lanes)")
     graph_.add_argument("flow", metavar="FLOW", help="flow slug or alias")
     _add_paths(graph_)
-    graph_.add_argument("--format", choices=diagram.FORMATS, default="mermaid")
+    graph_.add_argument("--format", choices=GRAPH_FORMATS, default="mermaid")
     graph_.set_defaults(func=cmd_graph)
 
     types = subparsers.add_parser("types", help="a Python module of Literal types for names")
@@ -114,6 +119,8 @@ def _report(found: list[diagnostics.Diagnostic] | tuple[diagnostics.Diagnostic, 
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from flowlane.compiler import api
+
     project, found = api.analyze_paths(args.paths)
     if project is not None and args.handlers:
         from flowlane.runtime.registry import check_handlers
@@ -130,6 +137,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    from flowlane.compiler import api
+
     args.out = args.out or project_root.sql_dir()
     result = api.compile_paths(args.paths, args.out)
     _report(result.diagnostics, args.format)
@@ -142,6 +151,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from flowlane.compiler import check as checks
+
     result = checks.check(args.paths, args.out, args.base)
     for note in result.notes:
         print(note, file=sys.stderr)
@@ -156,6 +167,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _project(paths: list[str]) -> Any:
+    from flowlane.compiler import api
+
     return api.load_project(paths)
 
 
@@ -173,11 +186,15 @@ def cmd_graph(args: argparse.Namespace) -> int:
         alias = project.alias(args.flow)
         draining = f", draining {', '.join(alias.draining)}" if alias.draining else ""
         title = f"{flow.slug} (active version of alias {alias.slug}{draining})"
+    from flowlane.compiler import diagram
+
     sys.stdout.write(diagram.render(flow, args.format, title))
     return 0
 
 
 def cmd_types(args: argparse.Namespace) -> int:
+    from flowlane.compiler import pytypes
+
     text = pytypes.render(_project(args.paths))
     if args.out:
         target = Path(args.out)
@@ -210,6 +227,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
+    from flowlane.compiler import schema
+
     sys.stdout.write(schema.schema_text())
     return 0
 
@@ -223,11 +242,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if not args.exit_code:
             raise
         # with --exit-code, 2 means "changes": every error exits 1
-        from flowlane.cli import report_error
 
         report_error(exc)
         return 1
     sys.stdout.write(plan.markdown() if args.format == "markdown" else plan.render())
+    _note_uncovered(args)
     if plan.refused:
         return 1
     return 2 if args.exit_code and plan.drift else 0
@@ -238,7 +257,16 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
     result = deploy.apply(args.paths, args.out, args.dsn)
     sys.stdout.write(result.render())
+    _note_uncovered(args)
     return 0
+
+
+def _note_uncovered(args: argparse.Namespace) -> None:
+    """Queues whose live workers a change leaves without some of its pairs (on stderr)."""
+    from flowlane.app import fleet
+
+    for note in fleet.uncovered(_project(args.paths), args.dsn):
+        print(f"note: {note}", file=sys.stderr)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

@@ -6,15 +6,7 @@ import argparse
 from typing import Any
 
 from flowlane import project_root
-from flowlane.core import db, migrator
-
-
-def add_dsn_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--dsn",
-        help="PostgreSQL connection string (default: $FLOWLANE_DSN, then $DATABASE_URL, "
-        "then the embedded database in .flowlane/, started on demand)",
-    )
+from flowlane.cli.common import add_dsn_argument
 
 
 def configure(subparsers: Any) -> None:
@@ -47,6 +39,8 @@ def configure(subparsers: Any) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from flowlane.core import db, migrator
+
     embedded = db.EmbeddedDatabase(project_root.find_root())
     was_running = embedded.running()
     url = embedded.up()
@@ -61,6 +55,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
+    from flowlane.core import db
+
     embedded = db.EmbeddedDatabase(project_root.find_root())
     stopped = embedded.down()
     print("embedded PostgreSQL stopped" if stopped else "embedded PostgreSQL was not running")
@@ -68,11 +64,15 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_url(args: argparse.Namespace) -> int:
+    from flowlane.core import db
+
     print(db.resolve(args.dsn, start=False).dsn)
     return 0
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    from flowlane.core import db, migrator
+
     target = db.resolve(args.dsn)
     with db.connect(target, autocommit=True) as conn:
         applied = migrator.migrate(conn, to=args.to, roles=args.roles)
@@ -93,6 +93,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from flowlane.core import db, migrator
+
     target = db.resolve(args.dsn)
     with db.connect(target, autocommit=True) as conn:
         states = migrator.status(conn)

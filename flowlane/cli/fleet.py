@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from flowlane import errors
-from flowlane.cli.db import add_dsn_argument
+from flowlane.cli.common import add_dsn_argument
 
 WORKER_ACTIONS = ("enable", "disable", "list")
 
@@ -117,7 +118,14 @@ def cmd_queue(args: argparse.Namespace) -> int:
         oldest = "-" if r["oldest_age"] is None else f"{r['oldest_age']}s"
         print(f"{r['queue_name']:<32}  {owner:<22}  {r['depth']:>6}  {oldest:>8}  "
               f"{r['live_workers']}")
+    print_waiting(fleet.waiting(args.dsn))
     return 0
+
+
+def print_waiting(reasons: list[str]) -> None:
+    """Why queued work waits, on stderr (stdout keeps the table or JSON a script reads)."""
+    for reason in reasons:
+        print(f"waiting: {reason}", file=sys.stderr)
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from flowlane import errors
-from flowlane.cli.db import add_dsn_argument
+from flowlane.cli.common import add_dsn_argument
 
 
 def configure(subparsers: Any) -> None:

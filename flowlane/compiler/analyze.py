@@ -135,6 +135,11 @@ def _namespace(flows: list[_Entry], aliases: list[_Entry], state: Analysis) -> N
         both = {entry.data["kind"], other.data["kind"]}
         code = "FL051" if both == {"flow", "alias"} else "FL021"
         help = "flow and alias slugs share one namespace (case-insensitive); rename one of them"
+        if both == {"flow", "alias"}:
+            help += ("; callers should name an alias over versions (`hello` over `hello_v1`): "
+                     "a flow that started under the bare name keeps it, and its next version "
+                     "gets an alias of a new name that callers move to once (README, "
+                     "\"Versions behind an alias from the start\")")
         if entry.data["kind"] == "flow" == other.data["kind"]:
             limit = names.version_slug_limit(other.data.get("queues", "flow"))
             suggestion = names.next_version_slug(other.slug, max_length=limit)

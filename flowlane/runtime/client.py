@@ -36,10 +36,8 @@ from flowlane import errors
 from flowlane.core import db
 from flowlane.core.queries import query
 from flowlane.runtime import hints, limits
+from flowlane.runtime.limits import MAX_INPUT_BYTES, STATUSES, TERMINAL
 
-TERMINAL = ("completed", "failed", "cancelled")
-STATUSES = ("started", *TERMINAL)
-MAX_INPUT_BYTES = 1024 * 1024  # the run input as JSON text; documented in README
 FALLBACK_POLL_SECONDS = 5.0
 
 
@@ -201,10 +199,16 @@ def _flow_filter(rows: list[dict[str, Any]], flow: str) -> list[str]:
     row = rows[0]
     if row["flows"]:
         return list(row["flows"])
-    known: list[str] = list(row["known"] or [])
+    raise errors.UsageError(f"no flow or alias `{flow}` in the database",
+                            hint=_unknown_flow_hint(flow, rows))
+
+
+def _unknown_flow_hint(flow: str, rows: list[dict[str, Any]]) -> str:
+    """The close names (``client_flow_filter``'s ``known``), else how a flow gets there."""
+    known: list[str] = list(rows[0]["known"] or []) if rows else []
     close = difflib.get_close_matches(flow, known, n=3)
-    hint = f"did you mean {', '.join(close)}?" if close else "`flowlane plan` lists the flows"
-    raise errors.UsageError(f"no flow or alias `{flow}` in the database", hint=hint)
+    return (f"did you mean {', '.join(close)}?" if close
+            else "`flowlane plan` lists the flows; a new flow needs `flowlane apply` first")
 
 
 def _check_page(rows: list[dict[str, Any]], before: str) -> None:
@@ -307,6 +311,9 @@ class Operations:
             rows = yield Fetch("client_start_flow", f"cannot start {flow}",
                                {"flow": flow, "input": payload, "run_id": run_id})
         except errors.DatabaseError as exc:
+            if exc.sqlstate == _NO_RUN:  # no flow or alias of that name: name the close ones
+                known = yield Fetch("client_flow_filter", "cannot list flows", {"flow": flow})
+                raise errors.FlowlaneError(str(exc), hint=_unknown_flow_hint(flow, known)) from exc
             raise _start_error(exc) from exc
         if not rows:
             raise errors.DatabaseError(f"start_flow({flow!r}) returned no run")

@@ -43,11 +43,9 @@ def render_run(state: dict[str, Any]) -> str:
         lines.append("failed attempts")
         for item in failed:
             where = f"{item['step_slug']}[{item['task_index']}]"
-            retry = f", before retry {item['retry_round'] + 1}" if item.get("retry_round") else ""
-            kind = item.get("error_type") or item["outcome"]
             lines.append(
-                f"  {where:<24} attempt {item['attempt']}{retry}  {kind}: "
-                f"{_one_line(item.get('error_message'))}"
+                f"  {where:<24} attempt {item['attempt']}{_round(item, run)}  "
+                f"{_one_line(_typed_error(item))}"
             )
         lines.append("  (`flowlane run RUN_ID --format json` includes the tracebacks)")
     if run.get("output") is not None:
@@ -57,6 +55,22 @@ def render_run(state: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _round(item: dict[str, Any], run: dict[str, Any]) -> str:
+    """Which round of the run an attempt belongs to: the first one, or retry N (as the
+    console says it); nothing to say for a run never retried."""
+    round_ = item.get("retry_round") or 0
+    if round_:
+        return f", retry {round_}"
+    return ", first run" if run.get("retry_count") else ""
+
+
+def _typed_error(item: dict[str, Any]) -> str:
+    """``Type: message`` once, whether or not the message already starts with its type."""
+    kind = item.get("error_type") or item["outcome"]
+    message = item.get("error_message") or ""
+    return message if message.startswith(f"{kind}:") else f"{kind}: {message}"
+
+
 def _step_table(state: dict[str, Any]) -> list[str]:
     tasks_by_step: dict[str, Counter[str]] = {}
     attempts: dict[str, int] = {}
@@ -64,17 +78,24 @@ def _step_table(state: dict[str, Any]) -> list[str]:
     for task in state.get("tasks", []):
         slug = task["step_slug"]
         tasks_by_step.setdefault(slug, Counter())[task["status"]] += 1
-        attempts[slug] = max(attempts.get(slug, 0), task["attempts_count"])
+        attempts[slug] = attempts.get(slug, 0) + task["attempts_count"]
+    retries = state["run"].get("retry_count") or 0
+    for item in state.get("attempts") or []:  # attempts of tasks an earlier round replaced
+        if (item.get("retry_round") or 0) < retries:
+            attempts[item["step_slug"]] = attempts.get(item["step_slug"], 0) + 1
         if task.get("error_message"):
             errors[slug] = task["error_message"]
-    rows = [f"{'STEP':<24} {'STATUS':<10} {'TASKS':<26} {'ATTEMPTS':<11} LAST ERROR / NOTE"]
+    ended = state["run"]["status"] != "started"
+    rows = [f"{'STEP':<24} {'STATUS':<10} {'TASKS':<26} {'EXECUTIONS':<11} LAST ERROR / NOTE"]
     for step in state.get("steps", []):
         slug = step["step_slug"]
         counts = tasks_by_step.get(slug, Counter())
         tasks = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "-"
-        tried = plural(attempts[slug], "attempt") if attempts.get(slug) else "-"
+        tried = str(attempts[slug]) if attempts.get(slug) else "-"
         error = step.get("error_message") or errors.get(slug)
         note = _one_line(error) if error else ""
+        if ended and step["status"] in ("created", "cancelled") and not counts:
+            note = f"not started: the run {state['run']['status']} first"
         if step.get("skip_reason"):
             note = f"skipped: {step['skip_reason']}" + (f" ({note})" if note else "")
         rows.append(f"{slug:<24} {step['status']:<10} {tasks:<26} {tried:<11} {note}".rstrip())

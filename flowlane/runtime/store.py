@@ -236,6 +236,7 @@ class Store:
                 channel=sql.Identifier(channel(queue_name))
             )
             await conn.execute(stmt)
+            await conn.execute(query("listen_definitions"))
         except BaseException:
             await conn.close()
             raise

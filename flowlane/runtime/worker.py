@@ -12,8 +12,9 @@ asyncio tasks on one loop:
 - poller: read and claim a batch (at most the free handler slots) in one
   round trip, ``claim_tasks`` with the exact (flow, step) pairs served, start
   one handler per claimed task. A batch with unsupported work is handed back
-  whole; the worker then disables its deployment and stops (exit
-  status 3). It wakes on PGMQ's
+  whole; when the definitions route those pairs to the queue, the worker
+  stops for a restart with the current YAML (exit status 4), otherwise it
+  disables its deployment and stops (exit status 3). It wakes on PGMQ's
   insert notification and polls every ``poll_interval`` as a fallback; while
   the notification connection is down it uses ``pgmq.read_with_poll``;
 - flusher: sends results, completions batched through ``complete_tasks``,
@@ -23,7 +24,10 @@ asyncio tasks on one loop:
   LOCKED, so every worker does it) and a coverage re-check;
 - leases: every ``LEASE_INTERVAL``, ``extend_leases`` for the tasks held longer
   than that, until the last results are committed (shutdown included);
-- listener: LISTEN on the queue's insert channel.
+- listener: LISTEN on the queue's insert channel and on definition changes
+  (``flowlane_definitions``): the poller re-checks coverage before its next
+  claim and, when the queue is now routed pairs this registry does not serve,
+  stops claiming and exits with status 4.
 
 Backpressure: a handler slot is held from the claim until the task's result
 is committed (not until the handler returns), so the result backlog never
@@ -57,21 +61,22 @@ import psycopg
 from flowlane import defaults, errors, project_root
 from flowlane.compiler import api
 from flowlane.compiler.model import Project
-from flowlane.compiler.shape import flow_shape
-from flowlane.core import db, definitions
-from flowlane.runtime import hints, log
+from flowlane.core import db
+from flowlane.runtime import log
 from flowlane.runtime.backoff import Backoff
 from flowlane.runtime.config import WorkerConfig
 from flowlane.runtime.context import TaskContext
-from flowlane.runtime.registry import HandlerRegistry, source_line
+from flowlane.runtime.registry import HandlerRegistry
 from flowlane.runtime.results import Counters, ResultSender
 from flowlane.runtime.selection import Selection, select
+from flowlane.runtime.startup import StartupChecks, gap_line
 from flowlane.runtime.store import (
     DATABASE_ERRORS,
     TRANSIENT,
     Claim,
     Store,
     Unsupported,
+    channel,
     is_transient,
 )
 from flowlane.runtime.tasks import (
@@ -129,9 +134,9 @@ class Session:
     results: asyncio.Queue[Pending | None] = field(default_factory=asyncio.Queue)
     held: dict[asyncio.Task[None], Held] = field(default_factory=dict)  # the in-flight tasks
     notify_live: bool = False
-    gaps: set[str] = field(default_factory=set)  # the coverage gaps last logged
+    definitions: asyncio.Event = field(default_factory=asyncio.Event)  # notified: re-check coverage
     crash: str | None = None  # the component that crashed, and why
-    fatal: errors.WorkerDisabled | None = None
+    fatal: errors.WorkerError | None = None  # disabled (exit 3) or outdated (exit 4)
 
     async def pause(self, seconds: float, event: asyncio.Event | None = None) -> None:
         """Sleep ``seconds``, returning early when stopping (or when ``event`` is set)."""
@@ -311,13 +316,16 @@ class Worker:
         return 0.0 if self._abandon.is_set() else self.config.shutdown_timeout
 
     async def _startup(self, store: Store) -> None:
-        with hints.migrate_hint(), db.wrap_errors("worker startup"):
-            await self._refuse_if_disabled(store)  # first: a supervisor must see exit status 3
-            await self._verify_flows(store)
-            await self._check_coverage(store)
-            if self.config.notify:
-                await store.enable_notify(self.queue)
-            await self._register(store)
+        await StartupChecks(
+            project=self.project,
+            flows=self.selection.flows,
+            queue=self.queue,
+            name=self.name,
+            pairs=self.pairs,
+            worker_id=self.worker_id,
+            compile=self.compile,
+            notify=self.config.notify,
+        ).run(store)
         log.event(
             INFO,
             "worker_started",
@@ -329,73 +337,6 @@ class Worker:
             max_concurrent=self.max_concurrent,
             batch_size=self.batch_size,
             notify=self.config.notify,
-        )
-
-    async def _verify_flows(self, store: Store) -> None:
-        """Every flow served must be in the database with the YAML's shape. Workers never
-        write definitions; ``compile=True`` creates missing flows through ``apply``'s SQL."""
-        missing, problems = [], []
-        for slug in self.selection.flows:
-            flow = self.project.flow(slug)
-            result = await store.verify_flow(slug, flow_shape(flow))
-            status = result.get("status")
-            if status == "missing":
-                missing.append(slug)
-            elif status == "mismatch":
-                differences = result.get("differences") or ["(no details)"]
-                problems.append(f"flow {slug} ({source_line(flow.location, slug)}):\n    "
-                                + "\n    ".join(map(str, differences)))
-            else:
-                log.event(INFO, "flow_checked", flow=slug, status=status)
-        if problems:
-            raise errors.WorkerError(
-                "the database holds flows whose shape differs from the YAML:\n  "
-                + "\n  ".join(problems),
-                hint="a structural change needs a new flow slug (e.g. _v2) and an alias move; "
-                "`flowlane plan` shows every difference",
-            )
-        if missing and len(await self._create_missing(store, missing)) < len(missing):
-            await self._verify_flows(store)  # created meanwhile by another writer: check as found
-
-    async def _create_missing(self, store: Store, missing: list[str]) -> tuple[str, ...]:
-        if not self.compile:
-            raise errors.WorkerError(
-                "flows missing from the database: " + ", ".join(missing),
-                hint="apply the reviewed SQL first: `flowlane compile`, review, `flowlane apply` "
-                "(on a development database, `flowlane worker --compile` creates them)",
-            )
-        created = await asyncio.to_thread(definitions.create_flows, self.project, missing, store.dsn)
-        log.event(INFO, "flows_compiled", flows=",".join(created))
-        return created
-
-    async def _check_coverage(self, store: Store) -> None:
-        gaps = await store.coverage(self.queue, self.pairs)
-        if gaps:
-            raise errors.WorkerError(
-                f"this worker does not serve every (flow, step) routed to queue {self.queue}:\n  "
-                + "\n  ".join(_gap_line(g) for g in gaps),
-                hint="serve them too (list the flows in the queue's `kind: worker` document or "
-                "--flows), or start another deployment for them before this one",
-            )
-
-    async def _refuse_if_disabled(self, store: Store) -> None:
-        found = await store.deployment(self.name)
-        if found is not None and not found["enabled"]:
-            raise self._disabled(found["reason"] or "no reason given")
-
-    async def _register(self, store: Store) -> None:
-        """Registration checks the flag again, atomically (it may change during startup)."""
-        try:
-            await store.register(self.worker_id, self.queue, self.name, self.name, self.pairs)
-        except psycopg.errors.ObjectNotInPrerequisiteState as exc:
-            if "FLOWLANE_DEPLOYMENT_DISABLED" not in str(exc):
-                raise
-            raise self._disabled(_disabled_reason(exc)) from exc
-
-    def _disabled(self, reason: str) -> errors.WorkerDisabled:
-        return errors.WorkerDisabled(
-            f"worker deployment {self.name} is disabled: {reason}",
-            hint=f"after fixing the cause, run `flowlane worker enable {self.name}`",
         )
 
     async def _serve(self, session: Session) -> None:
@@ -491,6 +432,11 @@ class Worker:
             notified = session.notify_live
             session.wake.clear()
             try:
+                if session.definitions.is_set():  # before the next claim can meet new work
+                    session.definitions.clear()
+                    await self._recheck_coverage(session)
+                    if session.fatal is not None:
+                        return
                 claim = await self._claim(session.store, min(free, self.batch_size), notified)
             except TRANSIENT as exc:
                 if not is_transient(exc):  # e.g. a dropped queue: stop loudly, not spin
@@ -499,7 +445,7 @@ class Worker:
                 continue
             backoff.reset()
             if claim.unsupported:
-                await self._refuse_unsupported(session, claim.batch, claim.unsupported)
+                await self._unsupported(session, claim.batch, claim.unsupported)
                 return
             for task in claim.tasks:
                 self._spawn(session, task)
@@ -518,6 +464,24 @@ class Worker:
         if not msg_ids:
             return Claim()
         return await store.start_tasks(self.queue, msg_ids, self.worker_id, self.pairs)
+
+    async def _unsupported(
+        self, session: Session, batch: list[int], unsupported: list[Unsupported]
+    ) -> None:
+        """The batch was handed back whole. Work of pairs that the definitions route to this
+        queue means they changed since this registry was loaded: exit for a restart. Work
+        that no definition explains disables the deployment."""
+        try:
+            gaps = await session.store.coverage(self.queue, self.pairs)
+        except TRANSIENT as exc:  # cannot tell: a restart is harmless, a disable is not
+            log.event(WARNING, "database_unavailable", component="poller", error=describe(exc))
+            self._outdated(session, [u.pair for u in unsupported])
+            return
+        routed = {(g["flow_slug"], g["step_slug"]): g for g in gaps}
+        if all((u.flow_slug, u.step_slug) in routed for u in unsupported):
+            self._outdated(session, [gap_line(g) for g in routed.values()])
+        else:
+            await self._refuse_unsupported(session, batch, unsupported)
 
     async def _refuse_unsupported(
         self, session: Session, batch: list[int], unsupported: list[Unsupported]
@@ -658,18 +622,28 @@ class Worker:
             log.event(DEBUG, "leases_extended", held=len(items), extended=extended)
 
     async def _recheck_coverage(self, session: Session) -> None:
-        """Routing state changes (an alias moves, a run of another version starts): say
-        so once per change; unsupported work itself is refused by ``start_tasks``."""
-        gaps = {_gap_line(g) for g in await session.store.coverage(self.queue, self.pairs)}
-        if gaps and gaps != session.gaps:
-            log.event(
-                WARNING,
-                "coverage_gap",
-                queue=self.queue,
-                missing="; ".join(sorted(gaps)),
-                note="tasks of these pairs will stop this worker; deploy a worker that serves them",
-            )
-        session.gaps = gaps
+        """Routing state changed (an alias moved, a new version was applied, a run of another
+        version started): when the database now routes pairs here that this registry does
+        not serve, stop claiming and ask to be restarted with the current YAML."""
+        gaps = await session.store.coverage(self.queue, self.pairs)
+        if gaps and session.fatal is None:
+            self._outdated(session, [gap_line(g) for g in gaps])
+
+    def _outdated(self, session: Session, missing: list[str]) -> None:
+        log.event(
+            WARNING,
+            "definitions_changed",
+            queue=self.queue,
+            missing="; ".join(missing),
+            action="stop claiming and exit for a restart with the current registry",
+        )
+        session.fatal = errors.WorkerOutdated(
+            f"queue {self.queue} is now routed pairs this worker does not serve: "
+            + "; ".join(missing),
+            hint="restart the worker from the project's current YAML (`flowlane serve` does); "
+            "a separate deployment for them needs `flowlane rollout`",
+        )
+        self._request_stop()
 
     async def _listen(self, session: Session) -> psycopg.AsyncConnection[Any] | None:
         try:
@@ -682,6 +656,7 @@ class Worker:
         self, session: Session, first: psycopg.AsyncConnection[Any] | None
     ) -> None:
         backoff = Backoff()
+        insert_channel = channel(self.queue)
         while not session.stopping.is_set():
             try:
                 conn = first or await session.store.listen_connection(self.queue)
@@ -694,8 +669,12 @@ class Worker:
                 session.wake.set()  # something may have arrived while we were not listening
                 backoff.reset()
                 while not session.stopping.is_set():
-                    async for _ in conn.notifies(timeout=1.0):
-                        session.wake.set()
+                    async for note in conn.notifies(timeout=1.0):
+                        if note.channel == insert_channel:
+                            session.wake.set()
+                        else:  # a definition changed: re-check coverage before claiming more
+                            session.definitions.set()
+                            session.wake.set()
             except TRANSIENT as exc:
                 log.event(
                     WARNING, "notifications_lost", error=describe(exc), fallback="read_with_poll"
@@ -726,15 +705,6 @@ def _maintenance_error(exc: BaseException) -> None:
         log.event(WARNING, "database_unavailable", component="maintenance", error=describe(exc))
     else:
         log.event(ERROR, "maintenance_failed", error=describe(exc))
-
-
-def _gap_line(gap: dict[str, Any]) -> str:
-    return f"{gap['flow_slug']}.{gap['step_slug']} (needed by: {', '.join(gap['sources'])})"
-
-
-def _disabled_reason(exc: psycopg.Error) -> str:
-    message = exc.diag.message_primary or str(exc)
-    return message.partition(" is disabled: ")[2] or message
 
 
 def _as_project(project: Project | str | Path) -> Project:

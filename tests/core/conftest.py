@@ -6,13 +6,39 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.core.engine import Engine, assert_invariants
+from tests.core.engine import Engine, assert_invariants, run_state_violations
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "no_invariants: the test breaks engine state on purpose; skip the final check"
     )
+
+
+def _passed(request: pytest.FixtureRequest) -> bool:
+    report = getattr(request.node, "rep_call", None)
+    return request.node.get_closest_marker("no_invariants") is None and (
+        report is None or report.passed)
+
+
+@pytest.fixture
+def db_factory(
+    db_factory: Callable[..., str], request: pytest.FixtureRequest
+) -> Iterator[Callable[..., str]]:
+    """Every database a core test makes is checked for run-state consistency after the test
+    (whatever the fixture it came through: engine, conn, dsn, a migration version)."""
+    made: list[str] = []
+
+    def make(version: str | None = None) -> str:
+        made.append(db_factory(version))
+        return made[-1]
+
+    yield make
+    if _passed(request):
+        for dsn in made:
+            with psycopg.connect(dsn, autocommit=True) as connection:
+                violations = run_state_violations(connection)
+            assert violations == {}, f"run-state invariant violated: {violations}"
 
 
 @pytest.fixture

@@ -309,13 +309,45 @@ class Engine:
         )
 
 
+RUN_STATE: dict[str, str] = {
+    # an ended run leaves no task waiting or running
+    "finished run with unfinished task": """
+        select t.run_id, t.step_slug, t.task_index from flowlane.step_tasks t
+        join flowlane.runs r on r.run_id = t.run_id
+        where r.status <> 'started' and t.status in ('queued', 'started')""",
+}
+# 0015+: an ended run ends every step: terminal with an end time, or 'cancelled' (which
+# says, with its time, that the run ended before the step could finish or start)
+ENDED_STEPS = """
+    select s.run_id, s.step_slug, s.status from flowlane.step_states s
+    join flowlane.runs r on r.run_id = s.run_id
+    where r.status <> 'started' and s.status in ('created', 'started')"""
+
+
+def _run_state_queries(conn: psycopg.Connection[Any]) -> dict[str, str]:
+    """The run-state invariant's queries that the database's migration version knows."""
+    queries = dict(RUN_STATE)
+    has_cancelled_steps = conn.execute(
+        "select exists (select 1 from information_schema.columns where table_schema = 'flowlane' "
+        "and table_name = 'step_states' and column_name = 'cancelled_at')").fetchone()
+    if has_cancelled_steps == (True,):
+        queries["ended run with a step still created or started"] = ENDED_STEPS
+    return queries
+
+
+def run_state_violations(conn: psycopg.Connection[Any]) -> dict[str, list[Any]]:
+    """The run-state consistency invariant, on a database of any migration version."""
+    if conn.execute("select to_regclass('flowlane.runs')").fetchone() == (None,):
+        return {}
+    queries = _run_state_queries(conn)
+    found = {name: conn.execute(query).fetchall() for name, query in queries.items()}
+    return {name: rows for name, rows in found.items() if rows}
+
+
 def assert_invariants(engine: Engine) -> None:
     """Global state-machine invariants of a head (0002+) database; raise AssertionError."""
     violations: dict[str, str] = {
-        "finished run with unfinished task": """
-            select t.run_id, t.step_slug, t.task_index from flowlane.step_tasks t
-            join flowlane.runs r on r.run_id = t.run_id
-            where r.status <> 'started' and t.status in ('queued', 'started')""",
+        **_run_state_queries(engine.conn),
         "completed run with unfinished step or counter": """
             select r.run_id from flowlane.runs r
             where r.status = 'completed' and (r.remaining_steps <> 0 or exists (

@@ -74,7 +74,11 @@ def test_exhausted_fail_fails_step_and_run_and_cancels_others(engine: Engine) ->
         "m": "cancelled",
     }
     assert engine.queue_messages("f") == []
-    assert engine.statuses(run_id)["c"] == "created"
+    # the run's end ends every unfinished step; started_at tells which had begun
+    ended = {slug: (s["status"], s["started_at"] is not None, s["cancelled_at"] is not None)
+             for slug, s in engine.states(run_id).items() if slug != "a"}
+    assert ended == {"b": ("cancelled", True, True), "m": ("cancelled", True, True),
+                     "c": ("cancelled", False, True)}
 
 
 def test_max_attempts_one_fails_at_once(engine: Engine) -> None:

@@ -105,10 +105,30 @@ def test_cancel_archives_messages_rejects_late_completion_and_starts_nothing(
     assert {t["status"] for t in engine.tasks(run_id)} == {"cancelled"}
     late = engine.complete(claimed["a"], {"x": 1})
     assert late is not None and late["status"] == "cancelled" and late["output"] is None
-    assert engine.statuses(run_id)["c"] == "created"
+    # every step ends: the one that was running and the ones that never started
+    assert engine.statuses(run_id) == {"a": "cancelled", "b": "cancelled", "c": "cancelled"}
     assert engine.tasks(run_id, "c") == []
     again = engine.row("select * from flowlane.cancel_run(%s)", (run_id,))
     assert again is not None and again["cancelled_at"] == run["cancelled_at"]
+
+
+def test_cancel_ends_a_started_map_step_with_its_tasks(engine: Engine) -> None:
+    engine.define("f", [("a", [], {}), ("m", ["a"], {"step_type": "map"}), ("z", ["m"], {})])
+    run_id = engine.start("f", {})
+    [a] = engine.claim("f", qty=1)
+    engine.complete(a, [1, 2, 3])
+    [first, *_] = engine.claim("f", qty=1)
+    engine.complete(first, "done")
+    run = engine.row("select * from flowlane.cancel_run(%s)", (run_id,))
+    assert run is not None
+    steps = {s["step_slug"]: s for s in engine.rows(
+        "select * from flowlane.step_states where run_id = %s", (run_id,))}
+    assert {slug: s["status"] for slug, s in steps.items()} == {
+        "a": "completed", "m": "cancelled", "z": "cancelled"}
+    assert steps["m"]["cancelled_at"] == run["cancelled_at"]  # an end time: durations stop
+    assert steps["z"]["started_at"] is None  # it never started: the run ended first
+    assert {t["task_index"]: t["status"] for t in engine.tasks(run_id, "m")} == {
+        0: "completed", 1: "cancelled", 2: "cancelled"}
 
 
 def test_cancel_refuses_finished_and_unknown_runs(engine: Engine) -> None:

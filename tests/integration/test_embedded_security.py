@@ -67,19 +67,63 @@ def test_the_server_runs_without_group_0(reachable_tmp_path: Path) -> None:
         embedded.down()
 
 
-def test_an_unreachable_project_is_refused_not_opened_up(reachable_tmp_path: Path) -> None:
-    # started by root, the server runs as another account; the wheel added o+rx to every
-    # ancestor of the data directory, flowlane refuses with a hint instead
+def test_an_unreachable_data_directory_given_explicitly_is_refused_not_opened_up(
+    reachable_tmp_path: Path,
+) -> None:
+    # the wheel added o+rx to every ancestor of the data directory; flowlane never does
     closed = reachable_tmp_path / "closed"
     closed.mkdir()
     closed.chmod(0o700)
-    server = EmbeddedServer(closed / "project" / ".flowlane")
+    root = closed / "project" / ".flowlane"
+    server = EmbeddedServer(root, root / "pgdata")
     server.account = Account(uid=65534, gid=65534)  # as for root: a server account, not us
     with pytest.raises(errors.DatabaseUnavailable, match="is not searchable by it") as caught:
         server.start()
     assert "chmod o+x" in str(caught.value.hint)
     assert stat.S_IMODE(closed.stat().st_mode) == 0o700
     assert not (server.pgdata).exists()
+
+
+@pytest.mark.slow
+def test_root_in_a_private_directory_runs_the_quick_start() -> None:
+    """Root's 0700 home, any `mktemp -d`: the server's files go to a directory of the server
+    account's own, recorded in .flowlane/; nothing outside .flowlane/ changes its mode."""
+    import os
+    import shutil
+    import tempfile
+
+    from tests.cli_support import run_flowlane
+
+    private_dir = Path(tempfile.mkdtemp(prefix="flowlane-private-"))  # 0700, like root's home
+    project = private_dir / "proj"
+    project.mkdir()
+    before = {p: p.stat().st_mode for p in (private_dir, *private_dir.parents)}
+    home: Path | None = None
+    try:
+        for command in (("init",), ("demo",)):
+            result = run_flowlane(*command, cwd=project, timeout=300)
+            assert result.returncode == 0, result.stdout + result.stderr
+        state = project / ".flowlane"
+        if os.geteuid() == 0:  # the server runs as its own account, which cannot enter here
+            home = Path((state / "server_dir").read_text().strip())
+            owner = home.stat()
+            assert owner.st_uid != 0 and stat.S_IMODE(owner.st_mode) == 0o700
+            assert (home / "pgdata" / "PG_VERSION").exists()
+            assert not (state / "pgdata").exists()
+        assert {p: p.stat().st_mode for p in (private_dir, *private_dir.parents)} == before
+        assert stat.S_IMODE((state / "pgpass").stat().st_mode) == 0o600
+        dsn = db.EmbeddedDatabase(project).url()
+        params = conninfo_to_dict(dsn)
+        with psycopg.connect(dsn) as conn:  # no TCP listener
+            assert conn.execute("show listen_addresses").fetchone() == ("",)
+        without_password = {k: v for k, v in params.items() if k != "passfile"}
+        with pytest.raises(psycopg.OperationalError, match="password"):
+            psycopg.connect(**without_password).close()
+    finally:
+        db.EmbeddedDatabase(project).down()
+        shutil.rmtree(private_dir, ignore_errors=True)
+        if home is not None:
+            shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.mark.parametrize(

@@ -197,7 +197,7 @@ def test_start_input_file_starts_one_run_per_line_in_one_transaction(
     _one_error(
         flowlane("start", "rt_retry", "--input-file", str(bad), "--dsn", flows_dsn),
         2,
-        f"{bad}:2: not valid JSON",
+        f"{bad}:2:7: not valid JSON: Expecting value",  # one position: line 2, column 7
         "no run was started",
     )
     mixed = flowlane("start", "rt_retry", "--input-file", str(good), "--wait", "--dsn", flows_dsn)
@@ -213,3 +213,34 @@ def test_start_runs_with_a_refused_input_starts_none(flows_dsn: str) -> None:
         with pytest.raises(errors.UsageError, match="input 2: the run input is not JSON-serialisable"):
             client.start_runs("rt_retry", [{"ok": 1}, {"ok": 2}, {"bad": float("nan")}], chunk_size=2)
         assert conn.execute("select count(*) from flowlane.runs").fetchone() == before
+
+
+def test_every_wait_says_why_no_worker_and_a_disabled_deployment(
+    flows_dsn: str, spawn: Callable[..., Any]
+) -> None:
+    started = flowlane("start", "rt_noop", "--wait", "--timeout", "1", "--dsn", flows_dsn)
+    assert started.returncode == 1 and "still started after 1s" in started.stderr
+    reason = ("no live worker serves queue rt_noop; "
+              "`flowlane serve` or `flowlane worker --queue rt_noop`")
+    assert reason in started.stderr
+    run_id = started.stderr.split("started run ")[1].split()[0]
+    for command in (("runs",), ("runs", "--stuck"), ("run", run_id), ("queue", "list")):
+        shown = flowlane(*command, "--dsn", flows_dsn)
+        assert f"waiting: queue rt_noop: 1 queued task(s); {reason}" in shown.stderr, command
+
+    worker = spawn("--flow", "rt_noop")  # registers the deployment rt_noop, then stops
+    state = wait_run(flows_dsn, run_id, workers=[worker])
+    assert state["run"]["status"] == "completed"
+    worker.stop()
+    disabled = flowlane("worker", "disable", "rt_noop", "--reason", "bad release", "--dsn", flows_dsn)
+    assert disabled.returncode == 0, disabled.stderr
+    again = flowlane("start", "rt_noop", "--wait", "--timeout", "1", "--dsn", flows_dsn)
+    assert ("worker deployment rt_noop is disabled (bad release); "
+            "`flowlane worker enable rt_noop` once its cause is fixed") in again.stderr
+
+
+def test_start_of_a_misspelled_flow_suggests_the_close_names(flows_dsn: str) -> None:
+    result = flowlane("start", "rt_retri", "--dsn", flows_dsn)
+    assert result.returncode == 1
+    assert "unknown flow \"rt_retri\"" in result.stderr
+    assert "hint: did you mean rt_retry" in result.stderr, result.stderr

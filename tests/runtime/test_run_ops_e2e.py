@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,12 +54,13 @@ def test_every_failed_attempt_is_visible(flows_dsn: str, spawn: Spawn) -> None:
     shown = flowlane("run", run_id, "--dsn", flows_dsn)
     assert shown.returncode == 0, shown.stderr
     boom_line = next(line for line in shown.stdout.splitlines() if line.startswith("boom "))
-    assert "1 failed" in boom_line and "2 attempts" in boom_line
+    assert re.search(r"1 failed\s+2\s", boom_line), boom_line  # one task, executed twice
     assert "skipped: handler_failed (ValueError: boom on attempt 2)" in boom_line
     after_line = next(line for line in shown.stdout.splitlines() if line.startswith("after "))
-    assert "1 attempt " in after_line + " "
-    assert "boom[0]" in shown.stdout and "attempt 1  ValueError: ValueError: boom on attempt 1" in (
+    assert re.search(r"1 completed\s+1$", after_line), after_line
+    assert "boom[0]" in shown.stdout and "attempt 1  ValueError: boom on attempt 1" in (
         shown.stdout)
+    assert "ValueError: ValueError" not in shown.stdout  # the type once
 
 
 def test_run_shows_map_task_summary(flows_dsn: str, spawn: Spawn) -> None:
@@ -67,7 +69,7 @@ def test_run_shows_map_task_summary(flows_dsn: str, spawn: Spawn) -> None:
     wait_run(flows_dsn, run_id, workers=[worker])
     shown = flowlane("run", run_id, "--dsn", flows_dsn)
     square = next(line for line in shown.stdout.splitlines() if line.startswith("square "))
-    assert "3 completed" in square and "1 attempt" in square
+    assert re.search(r"3 completed\s+3$", square), square  # three tasks, one execution each
 
 
 def test_cancel_during_a_running_handler(flows_dsn: str, spawn: Spawn, tmp_path: Path) -> None:
@@ -88,7 +90,8 @@ def test_cancel_during_a_running_handler(flows_dsn: str, spawn: Spawn, tmp_path:
     assert state["run"]["cancel_reason"] == "wrong input"
     assert [t["status"] for t in tasks(state, "hold")] == ["cancelled"]
     assert tasks(state, "hold")[0]["output"] is None
-    assert step(state, "record")["status"] == "created" and tasks(state, "record") == []
+    assert step(state, "hold")["status"] == "cancelled"  # not left started: the run ended it
+    assert step(state, "record")["status"] == "cancelled" and tasks(state, "record") == []
     assert not (tmp_path / "record.log").exists()
 
     again = flowlane("cancel", run_id, "--dsn", flows_dsn)

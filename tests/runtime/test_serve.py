@@ -75,11 +75,11 @@ def project(tmp_path: Path, dsn: str) -> Path:
 
 def test_plan_one_worker_per_queue(project: Path) -> None:
     specs = plan_workers(api.load_project([project / "flows"]))
-    assert [(s.name, s.args) for s in specs] == [
-        ("sv_shared_worker", ("--name", "sv_shared_worker")),
-        ("sv_plain", ("--queue", "sv_plain")),
-        ("sv_split__one", ("--queue", "sv_split__one")),
-        ("sv_split__two", ("--queue", "sv_split__two")),
+    assert [(s.name, s.config.changed()) for s in specs] == [
+        ("sv_shared_worker", {"name": "sv_shared_worker"}),
+        ("sv_plain", {"queue": "sv_plain"}),
+        ("sv_split__one", {"queue": "sv_split__one"}),
+        ("sv_split__two", {"queue": "sv_split__two"}),
     ]
 
 
@@ -169,7 +169,7 @@ def _command(code: int) -> list[str]:
 
 
 def test_exit_status_3_is_never_restarted_other_exits_are() -> None:
-    specs = [WorkerSpec("disabled", "q1", ()), WorkerSpec("crashing", "q2", ())]
+    specs = [WorkerSpec("disabled", "q1"), WorkerSpec("crashing", "q2")]
     codes = {"disabled": EXIT_DISABLED, "crashing": 1}
     supervisor = Supervisor(
         specs, lambda s: _command(codes[s.name]), base_delay=0.01, max_delay=0.04,
@@ -225,6 +225,179 @@ def test_serve_never_restarts_a_disabled_deployment(
         if proc.poll() is None:
             proc.kill()
     assert _DISABLED.search(_last_block(out.read_text()))
+
+
+# -- serve follows the database ----------------------------------------------------
+
+DIGEST_FLOW_V1 = """\
+kind: flow
+slug: digest_v1
+queues: {summarize: digest}
+defaults: {base_delay: 0, timeout: 5}
+steps:
+  summarize:
+    handler: sv_handlers:hello
+"""
+
+DIGEST_V1 = DIGEST_FLOW_V1 + """\
+---
+kind: alias
+slug: digest
+active: digest_v1
+"""
+
+DIGEST_V2 = DIGEST_FLOW_V1 + """\
+---
+kind: flow
+slug: digest_v2
+queues: {summarize: digest, publish: digest}
+defaults: {base_delay: 0, timeout: 5}
+steps:
+  summarize:
+    handler: sv_handlers:hello
+  publish:
+    needs: [summarize]
+    handler: sv_handlers:hello
+---
+kind: alias
+slug: digest
+active: digest_v2
+draining: [digest_v1]
+---
+kind: flow
+slug: fresh
+defaults: {base_delay: 0, timeout: 5}
+steps:
+  greet:
+    handler: sv_handlers:hello
+"""
+
+
+def _compile_and_apply(root: Path, dsn: str) -> None:
+    for command in (("compile",), ("apply", "--dsn", dsn)):
+        result = flowlane(*command, cwd=root)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_serve_follows_apply_of_a_new_flow_and_a_new_version_on_a_shared_queue(
+    tmp_path: Path, dsn: str
+) -> None:
+    root = tmp_path / "digest"
+    (root / "flows").mkdir(parents=True)
+    (root / "flows" / "digest.yaml").write_text(DIGEST_V1)
+    (root / "sv_handlers.py").write_text(HANDLERS)
+    _compile_and_apply(root, dsn)
+    out = tmp_path / "serve.out"
+    proc = _serve(root, dsn, out)
+    logs = root / ".flowlane" / "logs"
+    try:
+        def digest_serving() -> int | None:
+            assert proc.poll() is None, out.read_text()
+            log = logs / "digest.log"
+            started = log.exists() and "worker_started" in log.read_text()
+            return _pids(_last_block(out.read_text())).get("digest") if started else None
+
+        first_pid = wait_until(digest_serving, timeout=60, message="the digest worker")
+        with Client(dsn) as client:
+            before = client.start_run("digest", {})
+            assert client.wait(before, timeout=60)["run"]["status"] == "completed"
+
+        # a new version on the same queue, the alias moved, and a new flow on a new queue:
+        # reviewed SQL applied while serve runs, runs started at once
+        (root / "flows" / "digest.yaml").write_text(DIGEST_V2)
+        assert flowlane("compile", cwd=root).returncode == 0
+        planned = flowlane("plan", "--dsn", dsn, cwd=root)
+        assert ("note: queue digest: the live workers of deployment digest do not serve "
+                "digest_v2.publish, digest_v2.summarize; under `flowlane serve` they restart"
+                in planned.stderr), planned.stdout + planned.stderr
+        _compile_and_apply(root, dsn)
+        with Client(dsn) as client:
+            runs = {flow: client.start_run(flow, {}) for flow in ("digest", "fresh")}
+            states = {flow: client.wait(run, timeout=90) for flow, run in runs.items()}
+        assert {f: s["run"]["status"] for f, s in states.items()} == {
+            "digest": "completed", "fresh": "completed"}
+        assert states["digest"]["run"]["flow_slug"] == "digest_v2"
+        assert set(states["digest"]["run"]["output"]) == {"publish"}
+
+        block = _last_block(out.read_text())
+        pids = _pids(block)
+        assert set(pids) == {"digest", "fresh"}, block
+        # the digest worker was replaced (it asked for a restart with the new registry)
+        assert pids["digest"] != first_pid
+        assert "definitions_changed" in (logs / "digest.log").read_text()
+        assert "unsupported_work" not in (logs / "digest.log").read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, out.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    with psycopg.connect(dsn) as conn:
+        disabled = conn.execute(
+            "select deployment_name from flowlane.worker_deployments where not enabled"
+        ).fetchall()
+    assert disabled == []
+
+
+def test_serve_shows_why_a_worker_waits_and_starts_it_when_the_flows_are_applied(
+    tmp_path: Path, dsn: str
+) -> None:
+    root = tmp_path / "early"
+    (root / "flows").mkdir(parents=True)
+    (root / "flows" / "digest.yaml").write_text(DIGEST_V1)
+    (root / "sv_handlers.py").write_text(HANDLERS)
+    out = tmp_path / "serve.out"
+    proc = _serve(root, dsn, out)  # before anything is applied
+    try:
+        def waiting() -> str | None:
+            assert proc.poll() is None, out.read_text()
+            block = _last_block(out.read_text())
+            return block if re.search(r"^digest\s+backoff\s", block, re.MULTILINE) else None
+
+        block = wait_until(waiting, timeout=60, message="the digest worker in backoff")
+        # the reason is in serve's own status, not only in the worker's log
+        assert "error: flows missing from the database: digest_v1" in block
+        _compile_and_apply(root, dsn)  # the definition-change notification restarts it
+        with Client(dsn) as client:
+            run_id = client.start_run("digest", {})
+            assert client.wait(run_id, timeout=60)["run"]["status"] == "completed"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, out.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_serve_reload_restarts_the_workers_when_a_handler_module_changes(
+    project: Path, dsn: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "serve.out"
+    with out.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flowlane", "serve", "--dsn", dsn, "--reload",
+             "--shutdown-timeout", "5"],
+            cwd=project, env=env(), stdout=sink, stderr=subprocess.STDOUT,
+        )
+    try:
+        before = _all_running(proc, out)
+        (project / "sv_handlers.py").write_text(
+            HANDLERS.replace('"step": ctx.step_slug', '"step": ctx.step_slug, "edited": True'))
+
+        def restarted() -> dict[str, int] | None:
+            assert proc.poll() is None, out.read_text()
+            pids = _pids(_last_block(out.read_text()))
+            fresh = len(pids) == 4 and all(pids[n] != before[n] for n in before)
+            return pids if fresh else None
+
+        wait_until(restarted, timeout=60, message="every worker restarted")
+        assert "sv_handlers.py changed; restarting the workers" in out.read_text()
+        with Client(dsn) as client:
+            state = client.wait(client.start_run("sv_plain", {}), timeout=60)
+        assert state["run"]["output"]["hello"]["edited"] is True
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, out.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def test_every_served_worker_gets_the_measured_default_limits(

@@ -102,45 +102,77 @@ def definitions(dsn: str) -> dict[str, list[Any]]:
 # -- unsupported work -------------------------------------------------------------
 
 
-def test_unsupported_pair_in_a_mixed_batch_hands_it_back_and_disables_the_deployment(
+def test_a_new_route_to_its_queue_stops_the_worker_for_a_restart_and_disables_nothing(
     dsn: str, tmp_path: Path, workers: Callable[..., WorkerProcess]
 ) -> None:
     old = _checkout(tmp_path / "old", shared=SHARED_B_ONLY)
     rt_support.apply_flows(dsn, old)
     stale = workers(dsn, "--name", "rt_jobs_worker", "--batch-size", "10", cwd=old)
-    stale.signal(signal.SIGSTOP)  # both messages must be waiting when it reads next
+    stale.signal(signal.SIGSTOP)  # both messages wait while the definitions change
     try:
         rt_support.apply_flows(dsn)  # a newer checkout routes rt_shared_a.one to rt_jobs too
         supported = start_run(dsn, "rt_shared_b", {"value": 1})
-        intruder = start_run(dsn, "rt_shared_a", {"value": 2})
+        newcomer = start_run(dsn, "rt_shared_a", {"value": 2})
     finally:
         stale.signal(signal.SIGCONT)
-    assert stale.wait(60) == 3
+    # notified (or meeting the new pair in a claim), the worker stops: exit status 4,
+    # "restart me with the current registry", not 3
+    assert stale.wait(60) == 4
     log = stale.text()
-    assert "unsupported_work" in log and "pairs=rt_shared_a.one" in log
-    assert 'action="disable deployment and stop"' in log and "msg_ids=1,2" in log
-    assert '"value"' not in log  # identities only, never message bodies
-    # nothing claimed, no attempt consumed, the whole batch visible again
+    assert "definitions_changed" in log and "rt_shared_a.one" in log
+    assert "unsupported_work" not in log and '"value"' not in log
+    # nothing claimed, no attempt consumed, every message visible
     assert _rows(dsn, "select step_slug, status, attempts_count from flowlane.step_tasks "
-                      "where run_id in (%s, %s) order by step_slug", supported, intruder) == [
+                      "where run_id in (%s, %s) order by step_slug", supported, newcomer) == [
         ("one", "queued", 0), ("only", "queued", 0)]
     assert [visible for _, visible in _messages(dsn, "rt_jobs")] == [True, True]
+    assert _deployment(dsn, "rt_jobs_worker") == (True, None)
+
+    # restarted with the old registry, it refuses to start (and says why); with the
+    # current one it serves both
+    again = workers(dsn, "--name", "rt_jobs_worker", cwd=old, ready=False)
+    assert again.wait(60) == 1
+    assert "does not serve every (flow, step) routed to queue rt_jobs" in again.text()
+    fixed = [workers(dsn, "--name", "rt_jobs_worker"), workers(dsn, "--name", "rt_side_worker")]
+    for run_id in (supported, newcomer):
+        assert wait_run(dsn, run_id, workers=fixed)["run"]["status"] == "completed"
+
+
+def test_a_foreign_message_hands_the_batch_back_and_disables_the_deployment(
+    dsn: str, tmp_path: Path, workers: Callable[..., WorkerProcess]
+) -> None:
+    rt_support.apply_flows(dsn)
+    worker = workers(dsn, "--name", "rt_jobs_worker", "--batch-size", "10")
+    worker.signal(signal.SIGSTOP)  # both messages must be waiting when it reads next
+    try:
+        supported = start_run(dsn, "rt_shared_b", {"value": 1})
+        [(foreign,)] = _rows(dsn, """select pgmq.send('rt_jobs', '{"value": 3}')""")
+    finally:
+        worker.signal(signal.SIGCONT)
+    assert worker.wait(60) == 3
+    log = worker.text()
+    assert "unsupported_work" in log and 'pairs="(no flowlane task)"' in log
+    assert 'action="disable deployment and stop"' in log and f"unsupported={foreign}" in log
+    assert '"value"' not in log  # identities only, never message bodies
+    assert _rows(dsn, "select status, attempts_count from flowlane.step_tasks "
+                      "where run_id = %s", supported) == [("queued", 0)]
+    assert [visible for _, visible in _messages(dsn, "rt_jobs")] == [True, True]
     enabled, reason = _deployment(dsn, "rt_jobs_worker")
-    assert not enabled and "rt_shared_a.one" in reason
+    assert not enabled and "(no flowlane task)" in reason
 
     # a supervisor's restart is refused until an operator enables the deployment
-    again = workers(dsn, "--name", "rt_jobs_worker", cwd=old, ready=False)
+    again = workers(dsn, "--name", "rt_jobs_worker", ready=False)
     assert again.wait(60) == 3
     assert "worker deployment rt_jobs_worker is disabled" in again.text()
     assert "flowlane worker enable rt_jobs_worker" in again.text()
     listed = flowlane("worker", "list", "--dsn", dsn)
     assert "rt_jobs_worker  queue rt_jobs  DISABLED: unsupported work" in listed.stdout
 
+    _rows(dsn, "select pgmq.archive('rt_jobs', %s::bigint)", foreign)  # the operator's fix
     enable = flowlane("worker", "enable", "rt_jobs_worker", "--dsn", dsn)
     assert enable.returncode == 0 and "enabled" in enable.stdout
     fixed = [workers(dsn, "--name", "rt_jobs_worker"), workers(dsn, "--name", "rt_side_worker")]
-    for run_id in (supported, intruder):
-        assert wait_run(dsn, run_id, workers=fixed)["run"]["status"] == "completed"
+    assert wait_run(dsn, supported, workers=fixed)["run"]["status"] == "completed"
 
 
 def test_visible_started_task_costs_no_attempt_and_the_worker_keeps_serving(

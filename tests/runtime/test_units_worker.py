@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import re
 import threading
 import time
@@ -22,7 +23,7 @@ import pytest
 
 from flowlane import defaults, errors
 from flowlane.cli import build_parser, main
-from flowlane.cli.runtime import _worker_arguments, worker_config
+from flowlane.cli.worker import worker_config
 from flowlane.compiler import WorkerDoc, project_from_text
 from flowlane.runtime.backoff import JITTER, Backoff
 from flowlane.runtime.config import WorkerConfig
@@ -606,20 +607,29 @@ def test_worker_command_refuses_a_missing_or_contradictory_selection(
     assert f"error: {message}" in capsys.readouterr().err
 
 
-def test_serve_hands_only_the_given_options_to_every_worker(
+def test_serve_starts_each_worker_from_its_config_not_from_a_command_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert _worker_arguments(WorkerConfig()) == []
-    config = WorkerConfig(shutdown_timeout=2.5, log_level="debug", import_paths=("/lib",),
-                          poll_interval=9)  # not a serve option: never handed on
-    assert _worker_arguments(config) == [
-        "--import-path=/lib", "--shutdown-timeout=2.5", "--log-level=DEBUG"]
-    served = worker_config(build_parser().parse_args(["serve", "--log-format", "json"]))
-    assert _worker_arguments(served) == ["--log-format=json"]
-    # the worker command reads back what serve hands on
-    handed = _worker_args("--queue", "q", *_worker_arguments(config))
-    assert handed == WorkerConfig(queue="q", shutdown_timeout=2.5, log_level="DEBUG",
-                                  import_paths=("/lib",))
+    import json
+
+    from flowlane.runtime import launch
+    from flowlane.runtime.serve import plan_workers
+
+    served = worker_config(build_parser().parse_args(
+        ["serve", "--log-format", "json", "--shutdown-timeout", "2.5", "--import-path", "/lib"]))
+    project = project_from_text(SHUTDOWN_FLOW + "---\nkind: worker\nname: w\nqueue: f\nflows: [f]\n")
+    [spec] = plan_workers(project, served)
+    assert spec.config == WorkerConfig(name="w", shutdown_timeout=2.5, log_format="json",
+                                       import_paths=("/lib",))
+    command = launch.worker_command(["flows"], spec.config)
+    assert command[1:3] == ["-m", "flowlane.runtime.launch"]
+    handed = json.loads(command[3])
+    assert handed["paths"] == [os.path.abspath("flows")]
+    # the launched worker reads back exactly the settings serve planned, none of its defaults
+    assert WorkerConfig.from_options(**handed["config"]) == spec.config
+    assert set(handed["config"]) == {"name", "shutdown_timeout", "log_format", "import_paths"}
+    with pytest.raises(ValueError, match="FLOWLANE_DSN"):  # a password never goes in argv
+        launch.worker_command(["flows"], WorkerConfig(queue="q", dsn="postgresql://u:pw@h/db"))
     assert main(["serve", "--shutdown-timeout", "-1"]) == 2
     assert "error: shutdown_timeout must be 0 or more seconds" in capsys.readouterr().err
 

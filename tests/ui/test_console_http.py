@@ -53,6 +53,11 @@ def test_every_page_renders(console: ui_support.UiServer, seeded_db: tuple[str, 
     assert "orders_v2.price" in workers  # the pairs a worker recorded
     for run in (seeded.completed, seeded.failed, seeded.queued, seeded.running):
         assert ui_support.fetch(f"{console.url}/runs/{run}").status == 200
+    # a wait has a reason on the page: the queue ping has no live worker
+    queued = ui_support.fetch(f"{console.url}/runs/{seeded.queued}").body
+    assert ("waiting: queue ping: 1 queued task(s); no live worker serves queue ping; "
+            "`flowlane serve` or `flowlane worker --queue ping`") in queued
+    assert 'data-waiting="1"' not in ui_support.fetch(f"{console.url}/runs/{seeded.completed}").body
     assert ui_support.fetch(console.url + "/").headers["location"] == "/runs"
     for missing in ("/flows/nope", "/runs/00000000-0000-0000-0000-000000000000", "/runs/not-a-uuid"):
         assert ui_support.fetch(console.url + missing).status == 404

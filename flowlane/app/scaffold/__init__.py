@@ -2,13 +2,15 @@
 
 Writes ``flows/hello.yaml`` (with the editor modeline), ``handlers.py``, the
 JSON Schema the modeline points at, a ``.gitignore`` entry for ``.flowlane/``,
-a CI workflow (``.github/workflows/flowlane.yml``) and the compiled SQL.
+a CI workflow (``.github/workflows/flowlane.yml``) that installs ``requirements.txt``
+(written with flowlane as it is installed here, PEP 610), and the compiled SQL.
 Existing files are never overwritten.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -42,6 +44,7 @@ def init(root: Path) -> InitResult:
         for target, template in FILES.items():
             _write(root, target, (templates / template).read_text("utf-8"), result)
         _write(root, SCHEMA_FILE, schema.schema_text(), result)
+        _write(root, "requirements.txt", flowlane_requirement(), result)
         _ignore(root, result)
     except OSError as exc:
         raise errors.FlowlaneError(f"cannot scaffold {root}: {exc.strerror or exc}") from exc
@@ -73,3 +76,27 @@ def _ignore(root: Path, result: InitResult) -> None:
     separator = "" if not text or text.endswith("\n") else "\n"
     gitignore.write_text(f"{text}{separator}{IGNORED}\n", encoding="utf-8")
     result.written.append(".gitignore")
+
+
+def flowlane_requirement() -> str:
+    """requirements.txt for flowlane as it is installed here: the wheel or repository URL it
+    came from (``direct_url.json``), else the version from an index."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution("flowlane")
+    except metadata.PackageNotFoundError:
+        return "# add flowlane as you install it (a wheel URL, a git URL, a version)\n"
+    recorded = dist.read_text("direct_url.json")
+    if not recorded:
+        return f"flowlane=={dist.version}\n"
+    source = json.loads(recorded)
+    url = source["url"]
+    vcs = source.get("vcs_info")
+    if vcs:
+        return f"flowlane @ {vcs['vcs']}+{url}@{vcs.get('commit_id', '')}\n".replace("@\n", "\n")
+    if url.startswith("file:"):
+        return (f"# flowlane was installed from {url}, which CI cannot reach: replace the next\n"
+                "# line with a requirement it can install (a wheel URL, a git URL, a version)\n"
+                f"flowlane @ {url}\n")
+    return f"flowlane @ {url}\n"

@@ -580,3 +580,40 @@ begin
   delete from flowlane.flows f where f.flow_slug = delete_flow_and_data.flow_slug;
 end;
 $$;
+
+-- Definition changes are announced: every row change of flows, steps,
+-- dependencies, aliases or queues (and a worker deployment's existence or enabled
+-- flag, 09_fleet.sql) notifies the channel flowlane_definitions with the table's
+-- name, delivered when its transaction commits, once per table and transaction
+-- (PostgreSQL folds repeats). Workers re-check their coverage when notified and
+-- `flowlane serve` derives its set of workers again. Nothing here changes a definition.
+create function flowlane._notify_definitions_changed()
+returns trigger
+language plpgsql
+set search_path = ''
+as $$
+begin
+  perform pg_notify('flowlane_definitions', tg_table_name);
+  return null;
+end;
+$$;
+
+create trigger flows_notify_changed
+after insert or update or delete on flowlane.flows
+for each row execute function flowlane._notify_definitions_changed();
+
+create trigger steps_notify_changed
+after insert or update or delete on flowlane.steps
+for each row execute function flowlane._notify_definitions_changed();
+
+create trigger deps_notify_changed
+after insert or update or delete on flowlane.deps
+for each row execute function flowlane._notify_definitions_changed();
+
+create trigger aliases_notify_changed
+after insert or update or delete on flowlane.aliases
+for each row execute function flowlane._notify_definitions_changed();
+
+create trigger queues_notify_changed
+after insert or update or delete on flowlane.queues
+for each row execute function flowlane._notify_definitions_changed();

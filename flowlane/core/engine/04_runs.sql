@@ -442,7 +442,8 @@ create trigger step_states_keep_skip_error
   when (new.status = 'skipped' and new.skip_reason = 'handler_failed')
   execute function flowlane._keep_skip_error();
 
--- run failed: cancel its unfinished tasks and archive their messages
+-- run failed: cancel its unfinished tasks and archive their messages; its
+-- unfinished steps end with it
 create function flowlane._fail_run(p_run_id uuid, p_error text) returns void
 language plpgsql volatile
 set search_path = ''
@@ -458,7 +459,20 @@ begin
     returning t
   ) select coalesce(array_agg(c.t), '{}') into v_tasks from cancelled c;
   perform flowlane._archive_tasks(v_tasks);
+  perform flowlane._end_unfinished_steps(p_run_id);
 end;
+$$;
+
+-- a run that ends before its steps do leaves no step waiting or running: each
+-- becomes 'cancelled' with an end time, and started_at says whether it had
+-- begun (a step that never started never will, unless retry_run reopens it)
+create function flowlane._end_unfinished_steps(p_run_id uuid) returns void
+language sql volatile
+set search_path = ''
+as $$
+  update flowlane.step_states ss
+     set status = 'cancelled', cancelled_at = greatest(now(), coalesce(ss.started_at, ss.created_at))
+   where ss.run_id = p_run_id and ss.status in ('created', 'started');
 $$;
 
 -- (_steps_done completes a run the same way when its last step completes)

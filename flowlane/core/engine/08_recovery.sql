@@ -98,8 +98,8 @@ begin
 end;
 $$;
 
--- cancel a started run: its unfinished tasks are cancelled and their messages
--- archived; later completions of those tasks are rejected (they are
+-- cancel a started run: its unfinished tasks and steps are cancelled and the
+-- tasks' messages archived; later completions of those tasks are rejected (they are
 -- terminal) and no further step starts. Cancelling a cancelled run returns it.
 create function flowlane.cancel_run(run_id uuid, reason text = null) returns flowlane.runs
 language plpgsql volatile
@@ -131,14 +131,16 @@ begin
     returning t
   ) select coalesce(array_agg(c.t), '{}') into v_tasks from cancelled c;
   perform flowlane._archive_tasks(v_tasks);
+  perform flowlane._end_unfinished_steps(v_run.run_id);
   return v_run;
 end;
 $$;
 
--- resume a failed run: failed steps (and steps whose tasks were cancelled
--- when the run failed) start over with a fresh attempt budget; completed
+-- resume a failed run: failed steps (and steps the failure ended after they
+-- started) start over with a fresh attempt budget; completed
 -- steps and completed map tasks keep their outputs. A failed step that never
--- had tasks (a when_unmet = fail condition) is evaluated again.
+-- had tasks (a when_unmet = fail condition) is evaluated again, and steps the
+-- failure ended before they began wait for their needs again.
 create function flowlane.retry_run(run_id uuid) returns flowlane.runs
 language plpgsql volatile
 set search_path = ''
@@ -158,6 +160,11 @@ begin
   end if;
   perform 1 from flowlane.step_states ss where ss.run_id = v_run.run_id order by ss.step_slug for update;
 
+  -- steps the failure ended before they began wait for their needs again
+  update flowlane.step_states ss
+     set status = 'created', cancelled_at = null
+   where ss.run_id = v_run.run_id and ss.status = 'cancelled' and ss.started_at is null;
+
   update flowlane.step_states ss
      set status = 'created', failed_at = null, error_message = null, remaining_tasks = null
    where ss.run_id = v_run.run_id and ss.status = 'failed'
@@ -168,14 +175,14 @@ begin
   delete from flowlane.step_tasks t
    using flowlane.step_states ss
    where t.run_id = v_run.run_id and ss.run_id = t.run_id and ss.step_slug = t.step_slug
-     and ss.status in ('failed', 'started') and t.status in ('failed', 'cancelled');
+     and ss.status in ('failed', 'started', 'cancelled') and t.status in ('failed', 'cancelled');
   update flowlane.step_states ss
-     set status = 'started', failed_at = null, error_message = null,
+     set status = 'started', failed_at = null, cancelled_at = null, error_message = null,
          started_at = coalesce(ss.started_at, now()),
          remaining_tasks = ss.initial_tasks - (select count(*) from flowlane.step_tasks t
                                                where t.run_id = ss.run_id and t.step_slug = ss.step_slug
                                                  and t.status = 'completed')
-   where ss.run_id = v_run.run_id and ss.status in ('failed', 'started');
+   where ss.run_id = v_run.run_id and ss.status in ('failed', 'started', 'cancelled');
   update flowlane.runs r
      set status = 'started', failed_at = null, error_message = null,
          retry_count = r.retry_count + 1, retried_at = now()

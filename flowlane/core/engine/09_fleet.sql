@@ -243,3 +243,15 @@ begin
   return v_row;
 end;
 $$;
+
+-- a deployment added, removed, enabled or disabled is a definition change for the
+-- workers and serve (03_definitions.sql); a worker's registration inserts nothing
+-- once its deployment exists, so it notifies no one
+create trigger worker_deployments_notify_added
+after insert or delete on flowlane.worker_deployments
+for each row execute function flowlane._notify_definitions_changed();
+
+create trigger worker_deployments_notify_enabled
+after update of enabled on flowlane.worker_deployments
+for each row when (old.enabled is distinct from new.enabled)
+execute function flowlane._notify_definitions_changed();

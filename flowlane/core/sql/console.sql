@@ -81,7 +81,7 @@ where r.run_id = %(run_id)s::uuid
 select s.step_slug, s.step_index, s.step_type, s.queue_name,
        o.max_attempts, o.timeout,
        st.status, st.initial_tasks, st.remaining_tasks, st.remaining_deps, st.error_message, st.skip_reason,
-       st.created_at, st.started_at, coalesce(st.completed_at, st.failed_at, st.skipped_at) as ended_at,
+       st.created_at, st.started_at, coalesce(st.completed_at, st.failed_at, st.skipped_at, st.cancelled_at) as ended_at,
        octet_length(st.output::text) as output_bytes,
        t.tasks, t.queued, t.started, t.completed, t.failed, t.skipped, t.cancelled, t.attempts,
        t.requeued

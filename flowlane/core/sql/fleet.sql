@@ -61,3 +61,32 @@ from flowlane.workers w
 where w.deployment_name = any (%(deployments)s::text[]) and w.stopped_at is null
   and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s)
 order by w.deployment_name collate "C", w.worker_id
+
+-- name: fleet_waiting_queues
+-- the queues holding queued tasks of started runs (one run's, or every run's), with their
+-- live workers and disabled deployments: why the work waits
+select t.queue_name, count(*) as queued_tasks,
+       (select count(*) from flowlane.workers w
+         where w.queue_name = t.queue_name and w.stopped_at is null and w.deprecated_at is null
+           and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s)) as live_workers,
+       array(select d.deployment_name || ': ' || coalesce(d.reason, 'no reason given')
+             from flowlane.worker_deployments d
+             where d.queue_name = t.queue_name and not d.enabled
+             order by d.deployment_name collate "C") as disabled
+from flowlane.step_tasks t
+join flowlane.runs r on r.run_id = t.run_id
+where r.status = 'started' and t.status = 'queued'
+  and (%(run_id)s::uuid is null or t.run_id = %(run_id)s::uuid)
+group by t.queue_name
+order by t.queue_name collate "C"
+
+-- name: fleet_live_worker_pairs
+-- the (flow, step) pairs the live workers of each queue serve, by deployment
+select w.queue_name, coalesce(w.deployment_name, w.worker_name) as deployment,
+       jsonb_agg(distinct p) as pairs
+from flowlane.workers w
+cross join lateral jsonb_array_elements(w.supported_pairs) p
+where w.stopped_at is null and w.deprecated_at is null
+  and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s)
+group by w.queue_name, coalesce(w.deployment_name, w.worker_name)
+order by 1, 2

@@ -115,3 +115,7 @@ select run_id, flow_slug, started_at, reason from flowlane.stuck_runs()
 -- name: client_get_run
 select flowlane.get_run_with_states(%(run_id)s::uuid)
        || jsonb_build_object('attempts', flowlane.get_run_attempts(%(run_id)s::uuid)) as run
+
+-- name: listen_definitions
+-- every change of flows, steps, aliases, queues or deployments (migration 0015)
+listen flowlane_definitions

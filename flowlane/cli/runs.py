@@ -1,103 +1,21 @@
-"""``flowlane worker|start|runs|run|demo``: the runtime commands."""
+"""``flowlane start|runs|run|cancel|retry``: start runs and look at them."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import functools
 import json
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
-from flowlane import defaults, errors, project_root
-from flowlane.cli.db import add_dsn_argument
-from flowlane.cli.fleet import WORKER_ACTIONS, add_worker_admin_arguments, run_worker_admin
-from flowlane.runtime.client import MAX_INPUT_BYTES, STATUSES
-from flowlane.runtime.config import LOG_FORMATS, LOG_LEVELS, WorkerConfig
-from flowlane.runtime.serve import EXIT_DISABLED
-
-DEFAULTS = WorkerConfig()  # for help texts only: the parsers pass what the user gave
+from flowlane import errors
+from flowlane.cli.common import add_dsn_argument, add_format, json_errors
+from flowlane.cli.fleet import print_waiting
+from flowlane.runtime.limits import MAX_INPUT_BYTES, STATUSES
 
 
 def configure(subparsers: Any) -> None:
-    worker = subparsers.add_parser(
-        "worker",
-        help="run the handlers of one queue",
-        description="Poll one queue and run its handlers: --flow F (one queue per flow), "
-        "--flow F --step S (per-step queues), --queue Q (any routing), or --name D "
-        "(the `kind: worker` document D). Deployments: `flowlane worker list`, "
-        "`flowlane worker enable NAME`, `flowlane worker disable NAME --reason TEXT`. "
-        "Exit status 3: the worker's deployment is disabled (do not restart it automatically).",
-    )
-    worker.add_argument("paths", nargs="*", metavar="PATHS", help="flow YAML (default: flows/)")
-    # every worker option defaults to "not given" (SUPPRESS): WorkerConfig holds the defaults
-    given = argparse.SUPPRESS
-    selector = worker.add_argument_group("queue selection")
-    selector.add_argument("--flow", default=given, help="flow slug or alias")
-    selector.add_argument("--step", default=given, help="step slug (flows with per-step queues)")
-    selector.add_argument("--queue", default=given, help="queue name")
-    selector.add_argument(
-        "--flows",
-        default=given,
-        type=_flow_list,
-        help="with --queue: comma-separated flows/aliases to serve "
-        "(default: the queue's `kind: worker` document, else every flow routed to it)",
-    )
-    add_dsn_argument(worker)
-    worker.add_argument(
-        "--name",
-        default=given,
-        help="deployment name (default: the worker document's name, else the queue); "
-        "alone, it selects the `kind: worker` document of that name",
-    )
-    worker.add_argument(
-        "--compile",
-        action="store_true",
-        default=given,
-        help="development databases only: create flows missing from the database with the "
-        "same SQL `flowlane apply` runs (never changes existing flows or aliases)",
-    )
-    worker.add_argument(
-        "--max-concurrent",
-        type=int,
-        default=given,
-        help="handlers running at once (default: the worker document's max_concurrent, "
-        f"else {defaults.MAX_CONCURRENT})",
-    )
-    worker.add_argument(
-        "--batch-size",
-        type=int,
-        default=given,
-        help="messages claimed per poll (default: the worker document's batch_size, "
-        f"else {defaults.BATCH_SIZE})",
-    )
-    worker.add_argument(
-        "--no-notify",
-        dest="notify",
-        action="store_false",
-        default=given,
-        help="do not LISTEN for PGMQ insert notifications; poll with read_with_poll only",
-    )
-    _add_worker_options(worker)
-    worker.add_argument(
-        "--poll-interval",
-        type=float,
-        default=given,
-        help=f"fallback poll, seconds (default {DEFAULTS.poll_interval:g})",
-    )
-    worker.add_argument(
-        "--requeue-interval",
-        type=float,
-        default=given,
-        help="seconds between calls to requeue_stalled_tasks "
-        f"(default {DEFAULTS.requeue_interval:g})",
-    )
-    worker.add_argument("--heartbeat-interval", type=float, default=given, help=argparse.SUPPRESS)
-    add_worker_admin_arguments(worker)
-    worker.set_defaults(func=cmd_worker)
-
     start = subparsers.add_parser(
         "start",
         help="start a run, print its id",
@@ -123,7 +41,7 @@ def configure(subparsers: Any) -> None:
         "--timeout", type=float, default=300.0, help="with --wait: seconds (default 300)"
     )
     add_dsn_argument(start)
-    _add_format(start)
+    add_format(start)
     start.set_defaults(func=cmd_start)
 
     runs = subparsers.add_parser("runs", help="list recent runs, newest first")
@@ -142,7 +60,7 @@ def configure(subparsers: Any) -> None:
         help="list started runs that no task can move (exit 1 when there are any)",
     )
     add_dsn_argument(runs)
-    _add_format(runs)
+    add_format(runs)
     runs.set_defaults(func=cmd_runs)
 
     cancel = subparsers.add_parser(
@@ -154,7 +72,7 @@ def configure(subparsers: Any) -> None:
     cancel.add_argument("run_id", metavar="RUN_ID")
     cancel.add_argument("--reason", help="recorded with the run")
     add_dsn_argument(cancel)
-    _add_format(cancel)
+    add_format(cancel)
     cancel.set_defaults(func=cmd_cancel)
 
     retry = subparsers.add_parser(
@@ -165,134 +83,14 @@ def configure(subparsers: Any) -> None:
     )
     retry.add_argument("run_id", metavar="RUN_ID")
     add_dsn_argument(retry)
-    _add_format(retry)
+    add_format(retry)
     retry.set_defaults(func=cmd_retry)
 
     run = subparsers.add_parser("run", help="show a run: status, step states, output")
     run.add_argument("run_id", metavar="RUN_ID")
     add_dsn_argument(run)
-    _add_format(run)
+    add_format(run)
     run.set_defaults(func=cmd_run)
-
-    serve = subparsers.add_parser(
-        "serve",
-        help="run and supervise one worker per queue of the project",
-        description="Start one worker per `kind: worker` document and per other queue the "
-        "flows route to; restart a worker that exits, with backoff, except one that exits "
-        f"with status {EXIT_DISABLED} (deployment disabled or unsupported work); on SIGTERM or "
-        "SIGINT stop every worker gracefully. Worker logs: .flowlane/logs/NAME.log.",
-    )
-    serve.add_argument("paths", nargs="*", metavar="PATHS", help="flow YAML (default: flows/)")
-    add_dsn_argument(serve)
-    serve.add_argument("--log-dir", metavar="DIR", help="worker logs (default: .flowlane/logs/)")
-    _add_worker_options(serve, every=" (passed to every worker)")
-    serve.set_defaults(func=cmd_serve)
-
-    demo = subparsers.add_parser(
-        "demo",
-        help="end to end on the embedded database: compile flows/, migrate, apply, run workers",
-    )
-    demo.add_argument("paths", nargs="*", metavar="PATHS", help="flow YAML (default: flows/)")
-    demo.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the runs")
-    demo.set_defaults(func=cmd_demo)
-
-
-def _add_worker_options(parser: argparse.ArgumentParser, every: str = "") -> None:
-    """The options `flowlane serve` hands to every worker, on both commands; not given, a
-    worker takes WorkerConfig's defaults."""
-    parser.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=argparse.SUPPRESS,
-        help="on SIGTERM/SIGINT, seconds to let in-flight handlers finish "
-        f"(default {DEFAULTS.shutdown_timeout:g}){every}",
-    )
-    parser.add_argument(
-        "--import-path",
-        dest="import_paths",
-        action="append",
-        default=argparse.SUPPRESS,
-        metavar="DIR",
-        help="extra directory to import handler modules from (repeatable; "
-        f"the current directory is always searched){every}",
-    )
-    parser.add_argument(
-        "--log-level",
-        default=argparse.SUPPRESS,
-        metavar="LEVEL",
-        help=f"{', '.join(LOG_LEVELS)} (default {DEFAULTS.log_level}){every}",
-    )
-    parser.add_argument(
-        "--log-format",
-        default=argparse.SUPPRESS,
-        metavar="FORMAT",
-        help=f"{' or '.join(LOG_FORMATS)} (default {DEFAULTS.log_format}){every}",
-    )
-
-
-def _flow_list(text: str) -> tuple[str, ...] | None:
-    """``--flows a,b``: the names; blank means not given."""
-    names = tuple(name.strip() for name in text.split(",") if name.strip())
-    return names or None
-
-
-def worker_config(args: argparse.Namespace) -> WorkerConfig:
-    """The options the user gave (the parsers leave the others out), validated."""
-    return WorkerConfig.from_options(
-        **{f.name: getattr(args, f.name) for f in dataclasses.fields(WorkerConfig)
-           if hasattr(args, f.name)}
-    )
-
-
-def _worker_arguments(config: WorkerConfig) -> list[str]:
-    """The `flowlane worker` options that reproduce ``config``'s non-default
-    shutdown timeout, import paths and logging (what `serve` hands to every worker)."""
-    changed = config.changed()
-    arguments = [f"--import-path={directory}" for directory in changed.get("import_paths", ())]
-    if "shutdown_timeout" in changed:
-        arguments.append(f"--shutdown-timeout={config.shutdown_timeout:g}")
-    for option in ("log_level", "log_format"):
-        if option in changed:
-            arguments.append(f"--{option.replace('_', '-')}={changed[option]}")
-    return arguments
-
-
-def _add_format(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--format", choices=["text", "json"], default="text")
-
-
-def _json_errors(command: Callable[[argparse.Namespace], int]) -> Callable[..., int]:
-    """With ``--format json``, an error is also printed to stdout as one JSON object
-    (``{"error": ..., "hint": ...}``), so that a caller parsing stdout always gets JSON;
-    the ``error:`` line on stderr and the exit code stay as for text."""
-
-    @functools.wraps(command)
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return command(args)
-        except errors.FlowlaneError as exc:
-            if args.format == "json":
-                print(json.dumps({"error": str(exc), "hint": exc.hint}))
-            raise
-
-    return run
-
-
-def _paths(args: argparse.Namespace) -> list[str]:
-    return list(args.paths) or [project_root.flows_dir()]
-
-
-def cmd_worker(args: argparse.Namespace) -> int:
-    from flowlane.compiler.api import load_project
-    from flowlane.runtime import log
-    from flowlane.runtime.worker import Worker
-
-    if args.paths and args.paths[0] in WORKER_ACTIONS:
-        return run_worker_admin(args)
-    config = worker_config(args)  # bad options fail here, before the project or a database
-    log.configure(config.log_level, config.log_format)
-    Worker(load_project(_paths(args)), config).run()
-    return 0
 
 
 def read_input(text: str) -> Any:
@@ -337,10 +135,14 @@ def read_jsonl(lines: Iterable[bytes], source: str) -> Iterator[Any]:
                 hint="pass a reference (a URL, a table key, a file path) instead of the data itself",
             )
         try:
-            yield json.loads(raw.decode("utf-8"))
+            yield json.loads(raw.rstrip(b"\r\n").decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            # one position: the file's line, the column within it (not the decoder's own line)
+            where = (f"{source}:{number}:{exc.colno}: not valid JSON: {exc.msg}"
+                     if isinstance(exc, json.JSONDecodeError)
+                     else f"{source}:{number}: not valid UTF-8: {exc.reason}")
             raise errors.UsageError(
-                f"{source}:{number}: not valid JSON: {exc}; no run was started",
+                f"{where}; no run was started",
                 hint="--input-file takes JSON Lines: one JSON document per line",
             ) from exc
 
@@ -369,9 +171,9 @@ def _start_many(args: argparse.Namespace) -> int:
     return 0
 
 
-@_json_errors
+@json_errors
 def cmd_start(args: argparse.Namespace) -> int:
-    from flowlane.runtime.client import Client
+    from flowlane.runtime.client import Client, RunTimeout
 
     if args.input_file is not None:
         return _start_many(args)
@@ -387,8 +189,18 @@ def cmd_start(args: argparse.Namespace) -> int:
                 print(run_id)
             return 0
         print(f"started run {run_id} ({flow_slug}); waiting", file=sys.stderr)
-        state = client.wait(run_id, timeout=args.timeout)
+        try:
+            state = client.wait(run_id, timeout=args.timeout)
+        except RunTimeout:
+            _explain_wait(args.dsn, run_id)
+            raise
     return _report_end(state, args.format)
+
+
+def _explain_wait(dsn: str | None, run_id: str | None = None) -> None:
+    from flowlane.app import fleet
+
+    print_waiting(fleet.waiting(dsn, run_id))
 
 
 def _report_end(state: dict[str, Any], fmt: str) -> int:
@@ -420,7 +232,7 @@ def _since(text: str | None) -> datetime | None:
     return moment if moment.tzinfo else moment.astimezone()
 
 
-@_json_errors
+@json_errors
 def cmd_runs(args: argparse.Namespace) -> int:
     from flowlane.runtime.client import Client
 
@@ -444,10 +256,12 @@ def cmd_runs(args: argparse.Namespace) -> int:
             print(f"{r.run_id:<36}  {r.flow_slug:<28}  {r.status:<9}  {r.started_at:%Y-%m-%d %H:%M:%S}")
     if runs and len(runs) == args.limit:
         print(f"next page: flowlane runs --before {runs[-1].run_id}", file=sys.stderr)
+    if any(r.status == "started" for r in runs):
+        _explain_wait(args.dsn)
     return 0
 
 
-@_json_errors
+@json_errors
 def cmd_cancel(args: argparse.Namespace) -> int:
     from flowlane.runtime.client import Client
 
@@ -461,7 +275,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-@_json_errors
+@json_errors
 def cmd_retry(args: argparse.Namespace) -> int:
     from flowlane.runtime.client import Client
 
@@ -485,6 +299,7 @@ def _stuck_runs(args: argparse.Namespace) -> int:
         return 1 if stuck else 0
     if not stuck:
         print("no stuck runs")
+        _explain_wait(args.dsn)
         return 0
     print(f"{'RUN ID':<36}  {'FLOW':<28}  {'STARTED':<19}  WHY")
     for r in stuck:
@@ -493,7 +308,7 @@ def _stuck_runs(args: argparse.Namespace) -> int:
     return 1
 
 
-@_json_errors
+@json_errors
 def cmd_run(args: argparse.Namespace) -> int:
     from flowlane.runtime.client import Client
     from flowlane.runtime.report import render_run
@@ -504,43 +319,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(json.dumps(state, indent=2, default=str))
     else:
         print(render_run(state))
+    if state["run"]["status"] == "started":
+        _explain_wait(args.dsn, args.run_id)
     return 0
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    import os
-    from pathlib import Path
-
-    from flowlane.compiler.api import load_project
-    from flowlane.core import db
-    from flowlane.runtime import serve
-
-    if hasattr(args, "import_paths"):
-        args.import_paths = [os.path.abspath(d) for d in args.import_paths]
-    options = worker_config(args)  # what every worker gets, validated before any starts
-    paths = _paths(args)
-    specs = serve.plan_workers(load_project(paths))
-    if not specs:
-        raise errors.UsageError("the project routes no step to any queue: nothing to serve",
-                                hint="add a flow under flows/")
-    target = db.resolve(args.dsn)
-    root = project_root.find_root()
-    log_dir = Path(args.log_dir).resolve() if args.log_dir else root / project_root.STATE_DIRNAME / "logs"
-    env = {**os.environ, "FLOWLANE_DSN": target.dsn, "PYTHONUNBUFFERED": "1"}
-    print(f"serving {len(specs)} queue(s) on {db.redact(target.dsn)} ({target.source}); "
-          f"worker logs in {project_root.relative(log_dir)}/; stop with Ctrl-C or SIGTERM",
-          flush=True)
-    return serve.serve(
-        specs,
-        serve.worker_command(paths, _worker_arguments(options)),
-        env=env,
-        cwd=root,
-        log_dir=log_dir,
-        shutdown_timeout=options.shutdown_timeout + 10,
-    )
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from flowlane.app.demo import run_demo
-
-    return run_demo(_paths(args), timeout=args.timeout)

@@ -1,0 +1,79 @@
+"""A fast, forgiving command line: `--help` and `validate` import only what they use;
+misspelled commands, actions and options get a suggestion and the right usage."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flowlane import errors
+from flowlane.cli.runs import read_jsonl
+from tests.cli_support import REPO, cli_env, run_flowlane
+
+HEAVY = {"psycopg", "psycopg_pool", "jsonschema", "jinja2"}
+
+
+def _imported(*args: str, cwd: Path) -> set[str]:
+    """The top-level packages `python -X importtime -m flowlane ARGS` imports."""
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "flowlane", *args],
+                            cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=60,
+                            check=False)
+    assert result.returncode in (0, 1), result.stderr[-2000:]
+    lines = [line.split("|")[-1] for line in result.stderr.splitlines()
+             if line.startswith("import time:") and "|" in line]
+    return {line.strip().split(".")[0] for line in lines}
+
+
+def test_help_imports_no_database_driver_compiler_or_templates(tmp_path: Path) -> None:
+    imported = _imported("--help", cwd=tmp_path)
+    assert "flowlane" in imported  # the measurement sees flowlane's own imports
+    assert imported & HEAVY == set()
+
+
+def test_validate_imports_no_database_driver() -> None:
+    imported = _imported("validate", str(REPO / "flows"), cwd=REPO)
+    assert "jsonschema" in imported  # it does import what it uses
+    assert "psycopg" not in imported and "psycopg_pool" not in imported
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage", "suggestion"),
+    [
+        (["db", "migrat"], "usage: flowlane db ", "did you mean migrate?"),
+        (["valdate"], "usage: flowlane ", "did you mean validate?"),
+        (["start", "hello", "--inptu", "{}"], "usage: flowlane start ", "did you mean --input"),
+        (["runs", "--limt", "3"], "usage: flowlane runs ", "did you mean --limit"),
+    ],
+)
+def test_a_misspelling_gets_a_suggestion_and_its_commands_usage(
+    tmp_path: Path, argv: list[str], usage: str, suggestion: str
+) -> None:
+    result = run_flowlane(*argv, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith(usage), result.stderr
+    assert suggestion in result.stderr, result.stderr
+
+
+def test_a_misspelled_worker_action_is_not_taken_for_a_path(tmp_path: Path) -> None:
+    result = run_flowlane("worker", "lst", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "did you mean `flowlane worker list`?" in result.stderr
+    assert "no such file" not in result.stderr
+
+
+def test_a_bad_input_file_line_has_one_position() -> None:
+    with pytest.raises(errors.UsageError) as caught:
+        list(read_jsonl([b"{}\n", b'{"a": \n'], "runs.jsonl"))
+    message = str(caught.value)
+    assert message.startswith("runs.jsonl:2:7: not valid JSON: Expecting value")
+    assert "line 1" not in message and "char" not in message
+
+
+def test_the_parsers_copy_of_the_graph_formats_agrees_with_the_renderer() -> None:
+    from flowlane.cli.compiler import GRAPH_FORMATS
+    from flowlane.compiler.diagram import FORMATS
+
+    assert GRAPH_FORMATS == FORMATS
