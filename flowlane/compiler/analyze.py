@@ -10,7 +10,7 @@ from typing import Any, cast
 
 from flowlane.compiler import names, schema, toposort
 from flowlane.compiler.diagnostics import Diagnostic
-from flowlane.compiler.loader import Document
+from flowlane.compiler.loader import MAX_INT_DIGITS, Document, OutOfRange
 from flowlane.compiler.model import (
     DEFAULT_BASE_DELAY,
     DEFAULT_BATCH_SIZE,
@@ -248,8 +248,7 @@ class _FlowChecker:
     def _condition(self, path: tuple[str | int, ...], value: Any) -> None:
         bad = _unstorable(value)
         if bad is not None:
-            self.error(path, "FL071", f"condition contains {bad}",
-                       "PostgreSQL jsonb cannot store NUL characters; remove them")
+            self.error(path, "FL071", f"condition contains {bad[0]}", bad[1])
 
     def _order(self, needs: dict[str, list[str]]) -> list[str] | None:
         declared = list(self.steps)
@@ -371,6 +370,10 @@ def _opt_int(spec: dict[str, Any], key: str) -> int | None:
     return None if value is None else int(value)
 
 
+def _short(text: str) -> str:
+    return f"`{text}`" if len(text) <= 40 else f"`{text[:20]}...` ({len(text)} characters)"
+
+
 def _rotate(cycle: list[str], declared: list[str]) -> list[str]:
     ring = cycle[:-1]
     start = min(range(len(ring)), key=lambda i: declared.index(ring[i]))
@@ -378,9 +381,16 @@ def _rotate(cycle: list[str], declared: list[str]) -> list[str]:
     return [*ring, ring[0]]
 
 
-def _unstorable(value: Any) -> str | None:
+def _unstorable(value: Any) -> tuple[str, str] | None:
+    """(what, what to do) for the first value of a condition the database cannot hold."""
+    if isinstance(value, OutOfRange):
+        return (f"the number {_short(value)}, which no JSON number flowlane stores can hold",
+                f"use a finite number with at most {MAX_INT_DIGITS} digits, or quote it to compare "
+                "text")
     if isinstance(value, str):
-        return "a NUL character" if "\x00" in value else None
+        if "\x00" in value:
+            return ("a NUL character", "PostgreSQL jsonb cannot store NUL characters; remove them")
+        return None
     if isinstance(value, dict):
         for key, item in value.items():
             found = _unstorable(key) or _unstorable(item)

@@ -13,7 +13,7 @@ from jsonschema.exceptions import ValidationError
 
 from flowlane.compiler import fastcheck, names
 from flowlane.compiler.diagnostics import Diagnostic
-from flowlane.compiler.loader import Document
+from flowlane.compiler.loader import Document, OutOfRange
 
 SCHEMA_FILE = "flowlane.v1.schema.json"
 _TYPE_NAMES = {
@@ -99,6 +99,8 @@ def _field(path: tuple[Any, ...]) -> str:
 
 
 def _kind_of(value: Any) -> str:
+    if isinstance(value, OutOfRange):
+        return f"{_show(value)}, a number out of range"
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, int):
@@ -213,7 +215,26 @@ def _type(doc: Document, error: ValidationError, path: tuple[Any, ...],
     text = " or ".join(_TYPE_NAMES.get(t, t) for t in wanted)
     return [doc.diagnostic(path, "FL012",
                            f"{_field(path)} must be {text}, not {_kind_of(error.instance)}",
-                           _empty_step_help(doc, path, error.instance) or _example_help(sub))]
+                           _empty_step_help(doc, path, error.instance)
+                           or _quote_help(doc, path, error.instance, wanted)
+                           or _range_help(sub, error.instance) or _example_help(sub))]
+
+
+def _quote_help(doc: Document, path: tuple[Any, ...], value: Any,
+                wanted: list[str]) -> str | None:
+    """``needs: [true]``: YAML read a word as a boolean, null or number; quoting keeps it text."""
+    if "string" not in wanted or isinstance(value, str | dict | list):
+        return None
+    written = doc.written(path)
+    if not written:
+        return None
+    return f"YAML reads `{written}` as {_kind_of(value)}; write `\"{written}\"` for the text"
+
+
+def _range_help(sub: dict[str, Any], value: Any) -> str | None:
+    if not isinstance(value, OutOfRange) or "minimum" not in sub:
+        return None
+    return f"use a whole number from {sub['minimum']} to {sub.get('maximum', 'any')}"
 
 
 def _empty_step_help(doc: Document, path: tuple[Any, ...], value: Any) -> str | None:
@@ -265,6 +286,8 @@ def _enum(doc: Document, error: ValidationError, path: tuple[Any, ...],
 
 
 def _show(value: Any) -> str:
+    if isinstance(value, OutOfRange) and len(value) > 60:
+        return f"`{value[:40]}...` ({len(value)} characters)"
     text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else f"`{value}`"
     return text if len(text) <= 60 else text[:57] + "..."
 
