@@ -398,7 +398,8 @@ class Suggester:
         candidates = self.known
         if len(candidates) > COMPARED:
             first = name[:1].lower()
-            candidates = [k for size in range(len(name) - 2, len(name) + 3)
+            sizes = [len(name) + delta for delta in (0, -1, 1, -2, 2)]  # nearest first
+            candidates = [k for size in sizes
                           for k in self.index.get((first, size), ())[:COMPARED]][:COMPARED]
         close = difflib.get_close_matches(name, candidates, n=1)
         return close[0] if close else None
