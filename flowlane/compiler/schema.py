@@ -28,9 +28,33 @@ def schema_text() -> str:
 
 
 @functools.cache
-def schema() -> dict[str, Any]:
+def published() -> dict[str, Any]:
+    """The JSON Schema as editors read it."""
     loaded: dict[str, Any] = json.loads(schema_text())
     return loaded
+
+
+@functools.cache
+def schema() -> dict[str, Any]:
+    """The schema the compiler validates with: the published one without the rules marked
+    ``x-flowlane-analyzed`` (stated there for editors; the analyzer reports them under their
+    own codes, with the names and lines involved)."""
+    stripped: dict[str, Any] = _without_analyzed(published())
+    return stripped
+
+
+ANALYZED = "x-flowlane-analyzed"
+
+
+def _without_analyzed(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_without_analyzed(item) for item in node
+                if not (isinstance(item, dict) and ANALYZED in item)]
+    if isinstance(node, dict):
+        kept = {key: _without_analyzed(value) for key, value in node.items()
+                if not (isinstance(value, dict) and ANALYZED in value)}
+        return {key: value for key, value in kept.items() if value != [] or key != "allOf"}
+    return node
 
 
 @functools.cache
@@ -318,7 +342,8 @@ def _detail(error: ValidationError) -> str:
 
 
 def _example_help(sub: dict[str, Any]) -> str | None:
-    examples = sub.get("examples")
+    # objects live under x-flowlane-examples: editors would offer them as "[object Object]"
+    examples = sub.get("examples") or sub.get("x-flowlane-examples")
     if examples:
         return f"for example: {json.dumps(examples[0], ensure_ascii=False)}"
     return None
@@ -347,7 +372,9 @@ def _what(path: tuple[Any, ...]) -> str:
 
 def _not(doc: Document, error: ValidationError, path: tuple[Any, ...],
          sub: dict[str, Any]) -> list[Diagnostic]:
-    if "x-flowlane-name" in sub and isinstance(error.instance, str):
+    if "x-flowlane-name" in sub:  # a name that is not a string has a type error already
+        if not isinstance(error.instance, str):
+            return []
         key = "propertyNames" in error.relative_schema_path
         return [_name_problem(doc, path, sub, error.instance, key)]
     return [_invalid(doc, error, path, sub)]

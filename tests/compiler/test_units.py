@@ -92,7 +92,7 @@ def test_shipped_schema_is_a_valid_draft_2020_12_schema() -> None:
         if name not in ("mode",):
             assert "description" in definition, name
     for name in ("flow", "alias", "worker"):
-        for example in loaded["$defs"][name]["examples"]:
+        for example in loaded["$defs"][name]["x-flowlane-examples"]:
             assert not list(jsonschema.Draft202012Validator(loaded).iter_errors(example))
 
 
