@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
@@ -23,6 +24,10 @@ def test_init_scaffolds_a_project_that_validates_and_checks(tmp_path: Path) -> N
     assert (root / "flowlane.schema.json").read_text() == run_flowlane("schema", cwd=root).stdout
     assert (root / ".gitignore").read_text() == ".flowlane/\n"
     assert (root / "sql" / "flows" / "hello.sql").is_file()
+    editor = json.loads((root / ".vscode" / "settings.json").read_text())
+    assert editor["yaml.schemas"] == {"./flowlane.schema.json": ["flows/**/*.yaml", "flows/**/*.yml"]}
+    assert '"./flowlane.schema.json" = ["flows/**/*.yaml"' in (
+        root / ".helix" / "languages.toml").read_text()
 
     validated = run_flowlane("validate", "--handlers", cwd=root)
     assert validated.returncode == 0, validated.stdout + validated.stderr
