@@ -18,7 +18,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -101,52 +101,56 @@ class Source:
         )
 
 
+# Where each value of a document was written, kept instead of the composed nodes (whose
+# marks cost far more memory than the data): a mapping's places map each key to
+# (key position, value position, the value's places); a sequence's list each item's
+# (position, places); a scalar has none. Positions are packed ints (see _pack).
+Places = dict[str, tuple[int, int, Any]] | list[tuple[int, Any]] | None
+
+
 @dataclass
 class Document:
-    """One YAML document: its data, its composed nodes (for positions) and its source.
-
-    Positions are looked up on demand by walking the nodes, so loading does not pay
-    for a position table of every node.
-    """
+    """One YAML document: its data, where each value was written, and its source."""
 
     source: Source
     index: int
     data: Any
-    root: Node | None = None
-    _keys: dict[int, dict[str, tuple[Node, Node]]] = field(default_factory=dict, repr=False)
+    start: int = 0  # the packed position of the document's root value
+    places: Places = None
 
     @property
     def path(self) -> str:
         return self.source.path
 
-    def _locate(self, path: Sequence[str | int]) -> tuple[Node | None, Node | None, bool]:
-        """(deepest value node on ``path``, its key node, whether all of ``path`` exists)."""
-        node, key_node = self.root, None
+    def _locate(self, path: Sequence[str | int]) -> tuple[int, int | None, bool]:
+        """(position of the deepest value on ``path``, of its key, whether all of it exists)."""
+        at, key_at, places = self.start, None, self.places
         for part in path:
-            child = self._child(node, part)
-            if child is None:
-                return node, None, False
-            key_node, node = child
-        return node, key_node, True
+            if isinstance(places, dict) and isinstance(part, str) and part in places:
+                key_at, at, places = places[part]
+            elif isinstance(places, list) and isinstance(part, int) and 0 <= part < len(places):
+                key_at = None
+                at, places = places[part]
+            else:
+                return at, None, False
+        return at, key_at, True
 
     def at(self, path: Sequence[str | int]) -> Position:
         """Position of the value at ``path`` (or its nearest existing ancestor)."""
-        node, _key, _found = self._locate(path)
-        return _position(node) if node is not None else Position(1, 1)
+        return _unpack(self._locate(path)[0])
 
     def key_at(self, path: Sequence[str | int]) -> Position:
         """Position of the mapping key that holds ``path`` (else of the value)."""
-        node, key_node, found = self._locate(path)
-        if found and key_node is not None:
-            return _position(key_node)
-        return _position(node) if node is not None else Position(1, 1)
+        at, key_at, found = self._locate(path)
+        return _unpack(key_at if found and key_at is not None else at)
 
     def written(self, path: Sequence[str | int]) -> str | None:
-        """The text of the plain scalar at ``path`` as written (``true``, ``~``), else None."""
-        node, _key, found = self._locate(path)
-        if found and isinstance(node, ScalarNode) and not node.style and node.value:
-            return str(node.value)
-        return None
+        """The plain word at ``path`` as written (``true``, ``~``, ``12``), else None."""
+        at, _key, found = self._locate(path)
+        position = _unpack(at)
+        line = self.source.line(position.line) if found else None
+        word = _PLAIN_WORD.match(line, position.col - 1) if line is not None else None
+        return word.group() if word else None
 
     def diagnostic(
         self,
@@ -161,23 +165,16 @@ class Document:
         return self.source.diagnostic(pos, code, message, help)
 
 
-    def _child(self, node: Node | None, part: str | int) -> tuple[Node | None, Node] | None:
-        """The (key node, value node) of ``part`` in ``node``, as the builder kept it."""
-        if isinstance(node, MappingNode) and isinstance(part, str):
-            return self._mapping_index(node).get(part)
-        if isinstance(node, SequenceNode) and isinstance(part, int):
-            return (None, node.value[part]) if 0 <= part < len(node.value) else None
-        return None
+_PLAIN_WORD = re.compile(r"[^\s,\[\]{}#\"']+")
 
-    def _mapping_index(self, node: MappingNode) -> dict[str, tuple[Node, Node]]:
-        index = self._keys.get(id(node))
-        if index is None:
-            index = {}
-            for key_node, value_node in node.value:
-                if isinstance(key_node, ScalarNode) and not _is_merge_key(key_node):
-                    index.setdefault(key_node.value, (key_node, value_node))
-            self._keys[id(node)] = index
-        return index
+
+def _pack(node: Node) -> int:
+    mark = node.start_mark
+    return int(mark.line) << 32 | int(mark.column)
+
+
+def _unpack(packed: int) -> Position:
+    return Position((packed >> 32) + 1, (packed & 0xFFFFFFFF) + 1)
 
 
 def _is_merge_key(node: Node) -> bool:
@@ -231,22 +228,28 @@ class _Builder:
         self._exploded = False
 
     def build(self, root: Node) -> Document:
-        self.doc.root = root
-        self.doc.data = self._value(root)
+        self.doc.start = _pack(root)
+        self.doc.data, self.doc.places = self._value(root)
         return self.doc
 
     def _error(self, node: Node, code: str, message: str, help: str | None = None) -> None:
         self.findings.append(self.doc.source.diagnostic(_position(node), code, message, help))
 
-    def _value(self, node: Node) -> Any:
+    def _value(self, node: Node) -> tuple[Any, Places]:
+        """The node's data and where its parts were written."""
         if not self._enter(node):
-            return None
+            return None, None
         try:
             if isinstance(node, ScalarNode):
-                return self._scalar(node)
+                return self._scalar(node), None
             if isinstance(node, SequenceNode):
                 self._check_tag(node, SEQ_TAG)
-                return [self._value(item) for item in node.value]
+                items, places = [], []
+                for item in node.value:
+                    value, inner = self._value(item)
+                    items.append(value)
+                    places.append((_pack(item), inner))
+                return items, places
             assert isinstance(node, MappingNode)
             return self._mapping(node)
         finally:
@@ -298,16 +301,18 @@ class _Builder:
             "surrogate pair"))
         return None
 
-    def _mapping(self, node: MappingNode) -> dict[str, Any]:
+    def _mapping(self, node: MappingNode) -> tuple[dict[str, Any], Places]:
         self._check_tag(node, MAP_TAG)
         result: dict[str, Any] = {}
+        places: dict[str, tuple[int, int, Any]] = {}
         first: dict[str, Node] = {}
         for key_node, value_node in node.value:
             key = self._key(key_node, first, value_node)
             if key is not None:
                 first[key] = key_node
-                result[key] = self._value(value_node)
-        return result
+                result[key], inner = self._value(value_node)
+                places[key] = (_pack(key_node), _pack(value_node), inner)
+        return result, places
 
     def _key(self, node: Node, first: dict[str, Node], value_node: Node) -> str | None:
         if not isinstance(node, ScalarNode):
@@ -411,6 +416,7 @@ def load_text(text: str, path: str) -> tuple[list[Document], list[Diagnostic]]:
         for index, root in enumerate(yaml.compose_all(stand.hide(text), Loader=COMPOSER)):
             builder = _Builder(source, index, stand)
             document = builder.build(root)
+            del root  # its nodes go; the document keeps the positions it needs
             if not any(f.code == "FL001" for f in builder.findings):
                 documents.append(document)  # a syntax error leaves no document to check
             findings.extend(builder.findings)
