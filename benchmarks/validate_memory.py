@@ -8,7 +8,7 @@ imports is measured the same way on a one-flow file and subtracted, so the multi
 the file itself costs.
 
 Usage: python benchmarks/validate_memory.py [SIZE_MB] [STEPS] [--before DIR]
-Target: validate stays within 25x the file's size.
+Target: validate stays within 30x the file's size (the interpreter and imports not counted).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def main(argv: list[str]) -> None:
             peak = peak_bytes(checkout, big)
             print(f"{name:<8}: peak {peak / 2**20:7.1f} MiB (interpreter and imports "
                   f"{base / 2**20:5.1f} MiB): {(peak - base) / size:5.1f}x the file's size "
-                  f"(target <= 25x)")
+                  f"(target <= 30x)")
 
 
 if __name__ == "__main__":
