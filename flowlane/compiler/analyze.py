@@ -430,9 +430,9 @@ def _rotate(cycle: list[str], declared: list[str]) -> list[str]:
 def _unstorable(value: Any) -> tuple[str, str] | None:
     """(what, what to do) for the first value of a condition the database cannot hold."""
     if isinstance(value, OutOfRange):
-        return (f"the number {_short(value)}, which no JSON number flowlane stores can hold",
-                f"use a finite number with at most {MAX_INT_DIGITS} digits, or quote it to compare "
-                "text")
+        what = f"the number {_short(value)}, which no JSON number flowlane stores can hold"
+        todo = f"use a finite number with at most {MAX_INT_DIGITS} digits, or quote it as text"
+        return what, todo
     if isinstance(value, str):
         if "\x00" in value:
             return ("a NUL character", "PostgreSQL jsonb cannot store NUL characters; remove them")

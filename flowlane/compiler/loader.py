@@ -203,7 +203,7 @@ class _Stand:
         present = [ch for ch in _OTHER_BREAKS if ch in text]
         free = (chr(code) for code in range(0xF8FF, 0xE000, -1) if chr(code) not in text)
         self.forward = {ord(ch): next(free) for ch in present}
-        self.back = {ord(stand): ch for ch, stand in zip(present, self.forward.values())}
+        self.back = {ord(stand): ch for ch, stand in zip(present, self.forward.values(), strict=True)}
 
     def hide(self, text: str) -> str:
         return text.translate(self.forward) if self.forward else text

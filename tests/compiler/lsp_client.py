@@ -10,7 +10,7 @@ import queue
 import subprocess
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from tests.cli_support import REPO
 
@@ -51,7 +51,7 @@ class LanguageServer:
                 self.process.kill()
                 self.process.wait()
 
-    def __enter__(self) -> LanguageServer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

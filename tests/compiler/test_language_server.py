@@ -141,9 +141,9 @@ def test_pattern_errors_read_as_sentences(server: LanguageServer, tmp_path: Path
     path = tmp_path / "f.yaml"
     path.write_text("kind: flow\nslug: 9lives\nsteps:\n  s:\n    handler: nope\n")
     messages = sorted(d["message"] for d in server.diagnose(path))
-    assert messages == ["A slug is letters, digits and `_`, starting with a letter, with no "
-                        "`__` and no trailing `_` (e.g. `fetch_threads`).",
-                        "Write the handler as `package.module:function`."]
+    slug = ("A slug is letters, digits and `_`, starting with a letter, with no `__` and no "
+            "trailing `_` (e.g. `fetch_threads`).")
+    assert messages == [slug, "Write the handler as `package.module:function`."]
 
 
 def test_completion_offers_step_keys_and_no_objects(server: LanguageServer,

@@ -65,7 +65,7 @@ def test_sarif_is_valid_and_relative_to_the_repository(tmp_path: Path) -> None:
     inside = [loc for loc in locations if loc.get("uriBaseId") == "%SRCROOT%"]
     assert sorted(unquote(loc["uri"]) for loc in inside) == sorted(
         f"services/billing/flows/{name}" for name in AWKWARD_NAMES)
-    assert "services/billing/flows/sub/my%20flow%20%231%25.yaml" in [l["uri"] for l in inside]
+    assert "services/billing/flows/sub/my%20flow%20%231%25.yaml" in [loc["uri"] for loc in inside]
     assert {"uri": outside.resolve().as_uri()} in locations
     for loc in inside:  # each names a file that exists under the repository root
         assert (repo / unquote(loc["uri"])).is_file()
