@@ -119,12 +119,16 @@ def best_of(repeat: int, fn: Callable[[], int]) -> float:
     return min(timings)
 
 
+def split_before(argv: list[str]) -> tuple[Path | None, list[str]]:
+    """``--before DIR`` (the checkout to compare with) and the other arguments."""
+    if "--before" not in argv:
+        return None, argv
+    at = argv.index("--before")
+    return Path(argv[at + 1]).resolve(), argv[:at] + argv[at + 2:]
+
+
 def main(argv: list[str]) -> None:
-    before = None
-    if "--before" in argv:
-        at = argv.index("--before")
-        before = Path(argv[at + 1]).resolve()
-        argv = argv[:at] + argv[at + 2:]
+    before, argv = split_before(argv)
     flows = int(argv[0]) if argv else 1000
     steps = int(argv[1]) if len(argv) > 1 else 20
     repeat = int(argv[2]) if len(argv) > 2 else 3

@@ -21,7 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE / "benchmarks"))
 
-from compile_throughput import flow_yaml  # noqa: E402  (the same generated flows)
+from compile_throughput import flow_yaml, split_before  # noqa: E402  (the same flows)
 
 PEAK = """
 import resource, subprocess, sys
@@ -51,11 +51,7 @@ def generate(path: Path, size_mb: float, steps: int) -> int:
 
 
 def main(argv: list[str]) -> None:
-    before = None
-    if "--before" in argv:
-        at = argv.index("--before")
-        before = Path(argv[at + 1]).resolve()
-        argv = argv[:at] + argv[at + 2:]
+    before, argv = split_before(argv)
     size_mb = float(argv[0]) if argv else 10.0
     steps = int(argv[1]) if len(argv) > 1 else 20
     with tempfile.TemporaryDirectory() as tmp:
