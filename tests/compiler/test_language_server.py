@@ -27,6 +27,10 @@ SCHEMA_CODES = {"FL003", "FL004", "FL010", "FL011", "FL012", "FL013", "FL014", "
 YAML_LEVEL = {"FL001", "FL002", "FL005", "FL006", "FL007", "FL008"}
 ERROR = 1  # LSP DiagnosticSeverity.Error
 
+# a Node.js server process per module and a round trip per file: the full suite's, not the
+# fast loop's (like the tests that start worker processes)
+pytestmark = pytest.mark.slow
+
 
 def settings(schema_uri: str) -> dict[str, object]:
     return {"yaml": {"validate": True, "completion": True, "hover": True,
