@@ -138,7 +138,7 @@ _DOCUMENTS = from_schema(copy.deepcopy(schema.published()))  # it rewrites what 
 
 
 @pytest.mark.parametrize("composer", COMPOSERS, ids=["libyaml", "pure-python"], indirect=True)
-@settings(max_examples=25, deadline=None,
+@settings(max_examples=15, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(document=_DOCUMENTS, style=st.sampled_from(["block", "flow", "json"]))
 def test_documents_from_the_schema_never_raise(composer: type, document: object,
