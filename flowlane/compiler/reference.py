@@ -16,7 +16,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "yaml-reference.md"
 HEADER = """# YAML reference
 
 Every key of a flowlane document, its type, its default and what it means. Generated from
-the JSON Schema (`flowlane schema`, `flowlane/schemas/flowlane.v1.schema.json`) by
+the JSON Schema that `flowlane schema` prints (the file editors check flows against) by
 `python -m flowlane.compiler.reference --write`; edit the schema, not this file.
 
 A file holds one or more documents separated by `---`; each document has a `kind`. Unknown

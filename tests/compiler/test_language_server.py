@@ -39,9 +39,10 @@ def settings(schema_uri: str) -> dict[str, object]:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[LanguageServer]:
-    uri = (REPO / "flowlane" / "schemas" / schema.SCHEMA_FILE).as_uri()
-    with LanguageServer(REPO, settings(uri)) as running:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LanguageServer]:
+    published = tmp_path_factory.mktemp("schema") / schema.SCHEMA_FILE
+    published.write_text(schema.schema_text())  # exactly what `flowlane schema` prints
+    with LanguageServer(REPO, settings(published.as_uri())) as running:
         yield running
 
 
