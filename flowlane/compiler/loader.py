@@ -9,7 +9,14 @@ values ourselves instead of using its constructor so that:
   ``true``/``false``, ``null``/``~``/empty, decimal integers and finite
   floats are not strings (``yes``, ``off``, ``2024-01-01`` stay strings);
 - duplicate keys, non-scalar keys, merge keys, recursive or exploding aliases
-  and explicit tags are diagnostics instead of silent surprises.
+  and explicit tags are diagnostics instead of silent surprises;
+- nothing a file can hold raises: numbers no value can hold stay text marked
+  :class:`OutOfRange` (the schema and the condition check report them), and an escape of
+  half a UTF-16 pair is the syntax error libyaml reports, also on pure-Python PyYAML;
+- lines are numbered as editors number them (NEL, U+2028 and U+2029 are text).
+
+A document keeps packed positions of its values, not the composed nodes, whose marks
+cost several times the data.
 """
 
 from __future__ import annotations
@@ -182,8 +189,7 @@ def _is_merge_key(node: Node) -> bool:
 
 
 def _position(node: Node) -> Position:
-    mark = node.start_mark
-    return Position(mark.line + 1, mark.column + 1)
+    return _mark_position(node.start_mark)
 
 
 def source_lines(text: str) -> tuple[str, ...]:
