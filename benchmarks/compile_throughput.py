@@ -9,13 +9,19 @@ conditions and options), then times, best of REPEAT runs:
 - compile: ``flowlane.compiler`` load + schema + semantic checks + SQL rendering
   (everything ``flowlane compile`` does except writing files).
 
-Usage: python benchmarks/compile_throughput.py [FLOWS] [STEPS] [REPEAT]
-Target: compile <= 3x bare parse.
+Each compile is timed in a child process of the checkout it measures (this one, and the
+one given with ``--before DIR``, e.g. ``git archive main | tar -x -C DIR``), on the same files
+in the same run, in REPEAT alternating rounds (best of two compiles per child), so the
+ratios compare.
+
+Usage: python benchmarks/compile_throughput.py [FLOWS] [STEPS] [REPEAT] [--before DIR]
+Target: compile <= 2x bare parse.
 """
 
 from __future__ import annotations
 
 import gc
+import subprocess
 import sys
 import tempfile
 import time
@@ -24,10 +30,7 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
-
-from flowlane import compiler
-
+HERE = Path(__file__).resolve().parent.parent
 LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
@@ -43,6 +46,7 @@ def flow_yaml(index: int, steps: int) -> str:
         "steps:",
     ]
     for step in range(steps):
+        needs: list[int] = []
         lines.append(f"  step_{step}:")
         lines.append(f"    handler: bench.handlers.module_{step % 5}:handle_{step}")
         if step:
@@ -51,8 +55,8 @@ def flow_yaml(index: int, steps: int) -> str:
                 needs = needs[:1]
                 lines.append("    type: map")
             lines.append("    needs: [" + ", ".join(f"step_{n}" for n in needs) + "]")
-        if step % 7 == 3:
-            lines.append(f"    if: {{step_{step - 1}: {{ok: true, label: \"it's {step}\"}}}}")
+        if step % 7 == 3:  # a condition tests a need's output
+            lines.append(f"    if: {{step_{needs[0]}: {{ok: true, label: \"it's {step}\"}}}}")
             lines.append("    when_unmet: skip-cascade")
         if step % 3 == 0:
             lines.append(f"    timeout: {30 + step}")
@@ -84,9 +88,27 @@ def bare_gc_paused(files: list[Path]) -> int:
         gc.enable()
 
 
-def compile_all(root: Path) -> int:
-    project = compiler.load_project([root])
-    return len(compiler.compile_project(project))
+# run in a child with the measured checkout first on sys.path: best of REPEAT, in seconds
+CHILD = """
+import sys, time
+from flowlane import compiler
+root, repeat = sys.argv[1], int(sys.argv[2])
+timings = []
+for _ in range(repeat):
+    started = time.perf_counter()
+    compiler.compile_project(compiler.load_project([root]))
+    timings.append(time.perf_counter() - started)
+print(min(timings))
+"""
+
+
+def compile_in(checkout: Path, root: Path, repeat: int) -> float:
+    done = subprocess.run([sys.executable, "-c", CHILD, str(root), str(repeat)],
+                          env={"PYTHONPATH": str(checkout), "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, check=False, cwd=root)
+    if done.returncode:
+        raise SystemExit(f"compile in {checkout} failed:\n{done.stderr}")
+    return float(done.stdout.split()[-1])
 
 
 def best_of(repeat: int, fn: Callable[[], int]) -> float:
@@ -98,7 +120,16 @@ def best_of(repeat: int, fn: Callable[[], int]) -> float:
     return min(timings)
 
 
+def split_before(argv: list[str]) -> tuple[Path | None, list[str]]:
+    """``--before DIR`` (the checkout to compare with) and the other arguments."""
+    if "--before" not in argv:
+        return None, argv
+    at = argv.index("--before")
+    return Path(argv[at + 1]).resolve(), argv[:at] + argv[at + 2:]
+
+
 def main(argv: list[str]) -> None:
+    before, argv = split_before(argv)
     flows = int(argv[0]) if argv else 1000
     steps = int(argv[1]) if len(argv) > 1 else 20
     repeat = int(argv[2]) if len(argv) > 2 else 3
@@ -108,14 +139,21 @@ def main(argv: list[str]) -> None:
         size = sum(f.stat().st_size for f in files)
         bare_s = best_of(repeat, lambda: bare(files))
         paused_s = best_of(repeat, lambda: bare_gc_paused(files))
-        compile_s = best_of(repeat, lambda: compile_all(root))
+        checkouts = [("before", before)] if before else []
+        checkouts.append(("after" if before else "compile", HERE))
+        best = {name: float("inf") for name, _ in checkouts}
+        for _ in range(repeat):  # rounds alternate the checkouts: the machine's load hits both
+            for name, checkout in checkouts:
+                best[name] = min(best[name], compile_in(checkout, root, 2))
+        compiles = list(best.items())
     print(f"input: {flows} flows x {steps} steps, {size / 1e6:.1f} MB of YAML "
           f"(C loader: {LOADER.__name__}), best of {repeat}")
-    print(f"bare yaml.load : {bare_s:7.3f} s  ({flows / bare_s:8.0f} flows/s)")
-    print(f"bare, GC paused: {paused_s:7.3f} s  ({flows / paused_s:8.0f} flows/s)")
-    print(f"flowlane compile: {compile_s:7.3f} s  ({flows / compile_s:8.0f} flows/s)")
-    print(f"ratio compile / bare parse: {compile_s / bare_s:.2f}x (target <= 3x); "
-          f"against the GC-paused parse: {compile_s / paused_s:.2f}x")
+    print(f"bare yaml.load       : {bare_s:7.3f} s  ({flows / bare_s:8.0f} flows/s)")
+    print(f"bare, GC paused      : {paused_s:7.3f} s  ({flows / paused_s:8.0f} flows/s)")
+    for name, seconds in compiles:
+        print(f"flowlane compile {name:<6}: {seconds:7.3f} s  ({flows / seconds:8.0f} flows/s)"
+              f"  {seconds / bare_s:.2f}x bare parse (target <= 2x), "
+              f"{seconds / paused_s:.2f}x the GC-paused parse")
 
 
 if __name__ == "__main__":

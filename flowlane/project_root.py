@@ -57,3 +57,13 @@ def flows_dir() -> str:
 def sql_dir() -> str:
     """The default ``--out``: the project's ``sql/``."""
     return relative(find_root() / SQL_DIRNAME)
+
+
+def repository_root(root: Path | None = None) -> Path:
+    """The version-control checkout holding the project (the nearest directory upward with
+    ``.git``), else the project root: what code scanning resolves file locations against."""
+    project = (root or find_root()).resolve()
+    for directory in (project, *project.parents):
+        if (directory / ".git").exists():
+            return directory
+    return project

@@ -11,7 +11,7 @@ from typing import Any, cast
 from flowlane import defaults
 from flowlane.compiler import names, schema, toposort
 from flowlane.compiler.diagnostics import Diagnostic
-from flowlane.compiler.loader import Document
+from flowlane.compiler.loader import MAX_INT_DIGITS, Document, OutOfRange
 from flowlane.compiler.model import (
     Alias,
     Flow,
@@ -158,6 +158,7 @@ class _FlowChecker:
         self.doc = entry.doc
         self.slug = entry.slug
         self.steps: dict[str, dict[str, Any]] = entry.data["steps"]
+        self.step_names = Suggester(list(self.steps))
         self.state = state
         self.errors = 0
 
@@ -197,9 +198,7 @@ class _FlowChecker:
                 self.error(path, "FL034", f"step `{slug}` lists `{need}` twice in `needs`",
                            "remove the duplicate")
             elif need not in self.steps:
-                close = difflib.get_close_matches(need, list(self.steps), n=1)
-                help = (f"did you mean `{close[0]}`?" if close else
-                        "steps of this flow: " + ", ".join(f"`{s}`" for s in self.steps))
+                help = _suggest(need, self.step_names, "steps of this flow")
                 self.error(path, "FL030", f"step `{slug}` needs unknown step `{need}`", help)
             else:
                 valid.append(need)
@@ -232,14 +231,14 @@ class _FlowChecker:
             for key in condition:
                 if key in needs or key in spec["needs"]:
                     continue
-                listed = ", ".join(f"`{n}`" for n in spec["needs"])
+                listed = _listing(spec["needs"])
                 if key in self.steps:
                     help = (f"add `{key}` to the needs of `{slug}` (it is not a direct need, so "
                             f"its output is not part of what `{keyword}` tests), or test a need: "
                             f"{listed}")
                 else:
-                    close = difflib.get_close_matches(str(key), spec["needs"], n=1)
-                    help = (f"did you mean `{close[0]}`?" if close else
+                    close = closest(str(key), spec["needs"])
+                    help = (f"did you mean `{close}`?" if close else
                             f"`{keyword}` tests the outputs of `{slug}`'s needs: {listed}")
                 outcome = "be met" if keyword == "if" else "hold"
                 self.error(("steps", slug, keyword, key), "FL035",
@@ -249,8 +248,7 @@ class _FlowChecker:
     def _condition(self, path: tuple[str | int, ...], value: Any) -> None:
         bad = _unstorable(value)
         if bad is not None:
-            self.error(path, "FL071", f"condition contains {bad}",
-                       "PostgreSQL jsonb cannot store NUL characters; remove them")
+            self.error(path, "FL071", f"condition contains {bad[0]}", bad[1])
 
     def _order(self, needs: dict[str, list[str]]) -> list[str] | None:
         declared = list(self.steps)
@@ -312,8 +310,8 @@ class _FlowChecker:
         before = self.errors
         for step in routing:
             if step not in self.steps:
-                close = difflib.get_close_matches(step, list(self.steps), n=1)
-                help = f"did you mean `{close[0]}`?" if close else "remove this entry"
+                close = self.step_names.closest(step)
+                help = f"did you mean `{close}`?" if close else "remove this entry"
                 self.error(("queues", step), "FL042",
                            f"`queues` routes unknown step `{step}`", help, key=True)
         queues_line = self.doc.key_at(("queues",)).line
@@ -372,6 +370,57 @@ def _opt_int(spec: dict[str, Any], key: str) -> int | None:
     return None if value is None else int(value)
 
 
+SUGGESTIONS = 5  # names a `help:` line lists at most, so output grows with the findings only
+
+
+def _suggest(name: str, known: Suggester, what: str) -> str:
+    """`did you mean` the closest known name, else the first few known names."""
+    close = known.closest(name)
+    if close:
+        return f"did you mean `{close}`?"
+    return f"{what}: {_listing(known.known)}"
+
+
+COMPARED = 100  # names a suggestion compares at most: finding N typos among N names stays linear
+
+
+class Suggester:
+    """Finds the known name closest to a misspelt one (difflib), comparing it only with a
+    few names of about its length that start with the same letter when there are many (a typo
+    rarely changes both); the names are indexed once, so N lookups cost N, not N squared."""
+
+    def __init__(self, known: list[str]) -> None:
+        self.known = known
+        self.index: dict[tuple[str, int], list[str]] = {}
+        for name in known:
+            self.index.setdefault((name[:1].lower(), len(name)), []).append(name)
+
+    def closest(self, name: str) -> str | None:
+        candidates = self.known
+        if len(candidates) > COMPARED:
+            first = name[:1].lower()
+            sizes = [len(name) + delta for delta in (0, -1, 1, -2, 2)]  # nearest first
+            candidates = [k for size in sizes
+                          for k in self.index.get((first, size), ())[:COMPARED]][:COMPARED]
+        close = difflib.get_close_matches(name, candidates, n=1)
+        return close[0] if close else None
+
+
+def closest(name: str, known: list[str]) -> str | None:
+    return Suggester(known).closest(name)
+
+
+def _listing(names: list[str]) -> str:
+    """The first few ``names``, quoted, and how many more there are."""
+    shown = ", ".join(f"`{n}`" for n in names[:SUGGESTIONS])
+    more = len(names) - SUGGESTIONS
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def _short(text: str) -> str:
+    return f"`{text}`" if len(text) <= 40 else f"`{text[:20]}...` ({len(text)} characters)"
+
+
 def _rotate(cycle: list[str], declared: list[str]) -> list[str]:
     ring = cycle[:-1]
     start = min(range(len(ring)), key=lambda i: declared.index(ring[i]))
@@ -379,9 +428,16 @@ def _rotate(cycle: list[str], declared: list[str]) -> list[str]:
     return [*ring, ring[0]]
 
 
-def _unstorable(value: Any) -> str | None:
+def _unstorable(value: Any) -> tuple[str, str] | None:
+    """(what, what to do) for the first value of a condition the database cannot hold."""
+    if isinstance(value, OutOfRange):
+        what = f"the number {_short(value)}, which no JSON number flowlane stores can hold"
+        todo = f"use a finite number with at most {MAX_INT_DIGITS} digits, or quote it as text"
+        return what, todo
     if isinstance(value, str):
-        return "a NUL character" if "\x00" in value else None
+        if "\x00" in value:
+            return ("a NUL character", "PostgreSQL jsonb cannot store NUL characters; remove them")
+        return None
     if isinstance(value, dict):
         for key, item in value.items():
             found = _unstorable(key) or _unstorable(item)
@@ -466,8 +522,8 @@ def _unknown_flow(entry: _Entry, path: tuple[str | int, ...], slug: str, state: 
         return entry.doc.diagnostic(path, code, f"`{slug}` is an alias, not a concrete flow",
                                     "an alias points at concrete flow slugs only")
     candidates = sorted(state.known_flows | (state.known_aliases if code == "FL060" else set()))
-    close = difflib.get_close_matches(slug, candidates, n=1)
-    help = f"did you mean `{close[0]}`?" if close else "declare the flow with `kind: flow`"
+    close = closest(slug, candidates)
+    help = f"did you mean `{close}`?" if close else "declare the flow with `kind: flow`"
     return entry.doc.diagnostic(path, code, f"`{slug}` is not a flow of this project", help)
 
 
@@ -508,7 +564,7 @@ def _build_worker(entry: _Entry, state: Analysis) -> WorkerDoc | None:
             routed = sorted({q for f in versions for q in f.queues})
             state.findings.append(entry.doc.diagnostic(
                 path, "FL061", f"`{name}` routes no step to queue `{queue}`",
-                "it routes to " + ", ".join(f"`{q}`" for q in routed) +
+                "it routes to " + _listing(routed) +
                 "; remove it from `flows` or route a step to this queue"))
     if problems:
         return None
@@ -538,7 +594,7 @@ def _coverage(state: Analysis) -> None:
             if routed is None or (flow.slug, step.slug) in routed:
                 continue
             path = ("queues", step.slug) if flow.queue_mode == "explicit" else ("steps", step.slug)
-            workers = ", ".join(f"`{w.name}`" for w in state.workers if w.queue == step.queue)
+            workers = _listing([w.name for w in state.workers if w.queue == step.queue])
             state.findings.append(entry.doc.diagnostic(
                 path, "FL062",
                 f"step `{step.slug}` of flow `{flow.slug}` is routed to queue `{step.queue}`, "

@@ -8,11 +8,17 @@ line. The same findings render as JSON and as SARIF 2.1.0 for code scanning.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
+
+from flowlane import project_root
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+SRCROOT = "%SRCROOT%"  # the base id code scanning resolves against the checked-out repository
 
 
 @dataclass(frozen=True, order=True)
@@ -95,32 +101,30 @@ def format_json(diagnostics: Sequence[Diagnostic]) -> str:
 
 
 def format_sarif(diagnostics: Sequence[Diagnostic]) -> str:
+    """SARIF 2.1.0: locations relative to the repository root (``%SRCROOT%``), so code
+    scanning annotates the right files when the project is a subdirectory of the repository."""
     from flowlane.compiler import codes
 
+    root = project_root.repository_root()
     rule_ids = sorted({d.code for d in diagnostics})
     rules = [
         {"id": code, "shortDescription": {"text": codes.describe(code)}} for code in rule_ids
     ]
-    results = [_sarif_result(d) for d in diagnostics]
     log = {
         "$schema": SARIF_SCHEMA,
         "version": "2.1.0",
         "runs": [
             {
-                "tool": {
-                    "driver": {
-                        "name": "flowlane",
-                        "rules": rules,
-                    }
-                },
-                "results": results,
+                "tool": {"driver": {"name": "flowlane", "rules": rules}},
+                "originalUriBaseIds": {SRCROOT: {"uri": root.as_uri() + "/"}},
+                "results": [_sarif_result(d, root) for d in diagnostics],
             }
         ],
     }
     return json.dumps(log, indent=2, ensure_ascii=False) + "\n"
 
 
-def _sarif_result(d: Diagnostic) -> dict[str, Any]:
+def _sarif_result(d: Diagnostic, root: Path) -> dict[str, Any]:
     text = d.message if not d.help else f"{d.message}\nhelp: {d.help}"
     return {
         "ruleId": d.code,
@@ -129,12 +133,34 @@ def _sarif_result(d: Diagnostic) -> dict[str, Any]:
         "locations": [
             {
                 "physicalLocation": {
-                    "artifactLocation": {"uri": d.path},
+                    "artifactLocation": artifact_location(d.path, root),
                     "region": {"startLine": d.line, "startColumn": d.col},
                 }
             }
         ],
     }
+
+
+def artifact_location(path: str, repository: Path) -> dict[str, str]:
+    """A diagnostic's file as a SARIF artifact location: a percent-encoded URI relative to
+    ``repository`` (``%SRCROOT%``), or an absolute ``file:`` URI for a file outside it."""
+    file = _absolute(path)
+    try:
+        relative = file.relative_to(repository)
+    except ValueError:
+        return {"uri": file.as_uri()}
+    return {"uri": quote(relative.as_posix(), safe="/"), "uriBaseId": SRCROOT}
+
+
+def _absolute(path: str) -> Path:
+    """Diagnostics name files relative to the project root, or as given when outside it."""
+    given = Path(path)
+    if given.is_absolute():
+        return Path(os.path.normpath(given))
+    in_project = project_root.find_root() / given
+    if in_project.exists() or not given.exists():
+        return Path(os.path.normpath(in_project))
+    return Path(os.path.normpath(Path.cwd() / given))
 
 
 FORMATTERS = {"text": format_text, "json": format_json, "sarif": format_sarif}

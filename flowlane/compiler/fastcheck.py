@@ -16,7 +16,8 @@ from typing import Any
 
 Check = Callable[[Any], bool]
 _ANNOTATIONS = frozenset({"description", "examples", "title", "$schema", "$id", "default",
-                          "x-flowlane-code", "x-flowlane-name"})
+                          "x-flowlane-code", "x-flowlane-name", "x-flowlane-examples",
+                          "patternErrorMessage", "errorMessage"})
 
 
 def _never(value: Any) -> bool:
@@ -160,7 +161,7 @@ def _any_of(options: list[Any], schema: dict[str, Any]) -> Check:
 def _not(inner: Any, schema: dict[str, Any]) -> Check:
     # "not" needs a certain *invalid* answer, which this checker cannot give: only
     # simple patterns on strings are supported.
-    if isinstance(inner, dict) and set(inner) == {"pattern"}:
+    if isinstance(inner, dict) and set(inner) - _ANNOTATIONS == {"pattern"}:
         compiled = re.compile(inner["pattern"])
         return lambda value: not isinstance(value, str) or compiled.search(value) is None
     return _never

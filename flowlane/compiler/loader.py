@@ -9,7 +9,14 @@ values ourselves instead of using its constructor so that:
   ``true``/``false``, ``null``/``~``/empty, decimal integers and finite
   floats are not strings (``yes``, ``off``, ``2024-01-01`` stay strings);
 - duplicate keys, non-scalar keys, merge keys, recursive or exploding aliases
-  and explicit tags are diagnostics instead of silent surprises.
+  and explicit tags are diagnostics instead of silent surprises;
+- nothing a file can hold raises: numbers no value can hold stay text marked
+  :class:`OutOfRange` (the schema and the condition check report them), and an escape of
+  half a UTF-16 pair is the syntax error libyaml reports, also on pure-Python PyYAML;
+- lines are numbered as editors number them (NEL, U+2028 and U+2029 are text).
+
+A document keeps packed positions of its values, not the composed nodes, whose marks
+cost several times the data.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -38,15 +45,40 @@ _FALSE = frozenset({"false", "False", "FALSE"})
 _INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*)\Z")  # leading zeros stay strings
 _FLOAT = re.compile(r"[-+]?(?:\.[0-9]+|(?:0|[1-9][0-9]*)(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?\Z")
 _ALIAS_BUDGET = 10_000  # nodes an alias may add beyond twice the document's own size
+# Python refuses to convert longer digit strings (int_max_str_digits); no value of a flow needs
+# one, and a longer literal could not be written back out as JSON either
+MAX_INT_DIGITS = 4300
+_INFINITIES = frozenset({f"{sign}{word}" for sign in ("", "+", "-")
+                         for word in (".inf", ".Inf", ".INF")} | {".nan", ".NaN", ".NAN"})
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")  # what editors (and YAML 1.2) count as line breaks
+# YAML 1.1 parsers (libyaml, PyYAML) also break lines at these; to them they are text
+_OTHER_BREAKS = "\x85\u2028\u2029"
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\(?:u[dD][89a-fA-F]|U0000[dD][89a-fA-F])")
 
-_BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class _ComposeLoader(_BaseLoader):  # type: ignore[misc]
+class PurePythonComposer(yaml.SafeLoader):
     """Composes nodes only; no implicit typing (we resolve plain scalars ourselves)."""
 
     yaml_implicit_resolvers: dict[Any, Any] = {}  # the class-level table PyYAML reads
 
+
+class LibyamlComposer(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """The same on libyaml's C parser (PyYAML built without it falls back to Python)."""
+
+    yaml_implicit_resolvers: dict[Any, Any] = {}
+
+
+# the composer every load uses: libyaml when PyYAML has it (tests swap in the other)
+COMPOSER: type[Any] = LibyamlComposer
+
+
+
+class OutOfRange(str):
+    """A plain scalar written as a number that no JSON value flowlane stores can hold
+    (``1e400``, ``.inf``, an integer of thousands of digits). It stays text so that nothing
+    converts it, and the schema and the condition checks report it by what it is."""
 
 
 class Position(NamedTuple):
@@ -76,45 +108,56 @@ class Source:
         )
 
 
+# Where each value of a document was written, kept instead of the composed nodes (whose
+# marks cost far more memory than the data): a mapping's places map each key to
+# (key position, value position, the value's places); a sequence's list each item's
+# (position, places); a scalar has none. Positions are packed ints (see _pack).
+Places = dict[str, tuple[int, int, Any]] | list[tuple[int, Any]] | None
+
+
 @dataclass
 class Document:
-    """One YAML document: its data, its composed nodes (for positions) and its source.
-
-    Positions are looked up on demand by walking the nodes, so loading does not pay
-    for a position table of every node.
-    """
+    """One YAML document: its data, where each value was written, and its source."""
 
     source: Source
     index: int
     data: Any
-    root: Node | None = None
-    _keys: dict[int, dict[str, tuple[Node, Node]]] = field(default_factory=dict, repr=False)
+    start: int = 0  # the packed position of the document's root value
+    places: Places = None
 
     @property
     def path(self) -> str:
         return self.source.path
 
-    def _locate(self, path: Sequence[str | int]) -> tuple[Node | None, Node | None, bool]:
-        """(deepest value node on ``path``, its key node, whether all of ``path`` exists)."""
-        node, key_node = self.root, None
+    def _locate(self, path: Sequence[str | int]) -> tuple[int, int | None, bool]:
+        """(position of the deepest value on ``path``, of its key, whether all of it exists)."""
+        at, key_at, places = self.start, None, self.places
         for part in path:
-            child = self._child(node, part)
-            if child is None:
-                return node, None, False
-            key_node, node = child
-        return node, key_node, True
+            if isinstance(places, dict) and isinstance(part, str) and part in places:
+                key_at, at, places = places[part]
+            elif isinstance(places, list) and isinstance(part, int) and 0 <= part < len(places):
+                key_at = None
+                at, places = places[part]
+            else:
+                return at, None, False
+        return at, key_at, True
 
     def at(self, path: Sequence[str | int]) -> Position:
         """Position of the value at ``path`` (or its nearest existing ancestor)."""
-        node, _key, _found = self._locate(path)
-        return _position(node) if node is not None else Position(1, 1)
+        return _unpack(self._locate(path)[0])
 
     def key_at(self, path: Sequence[str | int]) -> Position:
         """Position of the mapping key that holds ``path`` (else of the value)."""
-        node, key_node, found = self._locate(path)
-        if found and key_node is not None:
-            return _position(key_node)
-        return _position(node) if node is not None else Position(1, 1)
+        at, key_at, found = self._locate(path)
+        return _unpack(key_at if found and key_at is not None else at)
+
+    def written(self, path: Sequence[str | int]) -> str | None:
+        """The plain word at ``path`` as written (``true``, ``~``, ``12``), else None."""
+        at, _key, found = self._locate(path)
+        position = _unpack(at)
+        line = self.source.line(position.line) if found else None
+        word = _PLAIN_WORD.match(line, position.col - 1) if line is not None else None
+        return word.group() if word else None
 
     def diagnostic(
         self,
@@ -129,23 +172,16 @@ class Document:
         return self.source.diagnostic(pos, code, message, help)
 
 
-    def _child(self, node: Node | None, part: str | int) -> tuple[Node | None, Node] | None:
-        """The (key node, value node) of ``part`` in ``node``, as the builder kept it."""
-        if isinstance(node, MappingNode) and isinstance(part, str):
-            return self._mapping_index(node).get(part)
-        if isinstance(node, SequenceNode) and isinstance(part, int):
-            return (None, node.value[part]) if 0 <= part < len(node.value) else None
-        return None
+_PLAIN_WORD = re.compile(r"[^\s,\[\]{}#\"']+")
 
-    def _mapping_index(self, node: MappingNode) -> dict[str, tuple[Node, Node]]:
-        index = self._keys.get(id(node))
-        if index is None:
-            index = {}
-            for key_node, value_node in node.value:
-                if isinstance(key_node, ScalarNode) and not _is_merge_key(key_node):
-                    index.setdefault(key_node.value, (key_node, value_node))
-            self._keys[id(node)] = index
-        return index
+
+def _pack(node: Node) -> int:
+    mark = node.start_mark
+    return int(mark.line) << 32 | int(mark.column)
+
+
+def _unpack(packed: int) -> Position:
+    return Position((packed >> 32) + 1, (packed & 0xFFFFFFFF) + 1)
 
 
 def _is_merge_key(node: Node) -> bool:
@@ -153,14 +189,43 @@ def _is_merge_key(node: Node) -> bool:
 
 
 def _position(node: Node) -> Position:
-    mark = node.start_mark
-    return Position(mark.line + 1, mark.column + 1)
+    return _mark_position(node.start_mark)
+
+
+def source_lines(text: str) -> tuple[str, ...]:
+    """The lines of ``text`` as editors number them: split at ``\\n``, ``\\r\\n`` and
+    ``\\r`` only (``str.splitlines`` also splits at NEL, U+2028 and form feeds)."""
+    lines = _LINE_BREAK.split(text)
+    if lines and lines[-1] == "" and len(lines) > 1:
+        lines.pop()
+    return tuple(lines)
+
+
+class _Stand:
+    """Stand-ins for NEL, U+2028 and U+2029 while parsing, so that the YAML 1.1 parser keeps
+    them inside their line (as editors do) instead of starting a new line at each."""
+
+    def __init__(self, text: str) -> None:
+        present = [ch for ch in _OTHER_BREAKS if ch in text]
+        free = (chr(code) for code in range(0xF8FF, 0xE000, -1) if chr(code) not in text)
+        self.forward = {ord(ch): next(free) for ch in present}
+        self.back = {ord(stand): ch for ch, stand in zip(present, self.forward.values(), strict=True)}
+
+    def hide(self, text: str) -> str:
+        return text.translate(self.forward) if self.forward else text
+
+    def restore(self, value: str) -> str:
+        return value.translate(self.back) if self.back else value
+
+
+_NO_STAND = _Stand("")
 
 
 class _Builder:
     """Turns one composed document into data, collecting findings."""
 
-    def __init__(self, source: Source, index: int) -> None:
+    def __init__(self, source: Source, index: int, stand: _Stand = _NO_STAND) -> None:
+        self.stand = stand
         self.doc = Document(source, index, None)
         self.findings: list[Diagnostic] = []
         self._seen: set[int] = set()
@@ -169,22 +234,28 @@ class _Builder:
         self._exploded = False
 
     def build(self, root: Node) -> Document:
-        self.doc.root = root
-        self.doc.data = self._value(root)
+        self.doc.start = _pack(root)
+        self.doc.data, self.doc.places = self._value(root)
         return self.doc
 
     def _error(self, node: Node, code: str, message: str, help: str | None = None) -> None:
         self.findings.append(self.doc.source.diagnostic(_position(node), code, message, help))
 
-    def _value(self, node: Node) -> Any:
+    def _value(self, node: Node) -> tuple[Any, Places]:
+        """The node's data and where its parts were written."""
         if not self._enter(node):
-            return None
+            return None, None
         try:
             if isinstance(node, ScalarNode):
-                return self._scalar(node)
+                return self._scalar(node), None
             if isinstance(node, SequenceNode):
                 self._check_tag(node, SEQ_TAG)
-                return [self._value(item) for item in node.value]
+                items, places = [], []
+                for item in node.value:
+                    value, inner = self._value(item)
+                    items.append(value)
+                    places.append((_pack(item), inner))
+                return items, places
             assert isinstance(node, MappingNode)
             return self._mapping(node)
         finally:
@@ -219,23 +290,37 @@ class _Builder:
     def _scalar(self, node: ScalarNode) -> Any:
         if node.tag != STR_TAG:
             self._check_tag(node, STR_TAG)
-        value: str = node.value
         if node.style:  # quoted or block scalar (the C parser reports plain as '')
-            return value
-        return resolve_plain(value)
+            return self._text(node)
+        return resolve_plain(self.stand.restore(node.value))
 
-    def _mapping(self, node: MappingNode) -> dict[str, Any]:
+    def _text(self, node: ScalarNode) -> str | None:
+        """A quoted scalar's text; None (and a finding) for an escape of half a UTF-16 pair,
+        which libyaml refuses while parsing and pure-Python PyYAML lets through."""
+        if not _SURROGATE.search(node.value):
+            return self.stand.restore(node.value)
+        self.findings.append(self.doc.source.diagnostic(
+            _escape_position(self.doc.source, node), "FL001",
+            "YAML syntax error: while parsing a quoted scalar: found invalid Unicode "
+            "character escape code",
+            "write the character itself or one `\\U0001F600`-style escape, not a UTF-16 "
+            "surrogate pair"))
+        return None
+
+    def _mapping(self, node: MappingNode) -> tuple[dict[str, Any], Places]:
         self._check_tag(node, MAP_TAG)
         result: dict[str, Any] = {}
+        places: dict[str, tuple[int, int, Any]] = {}
         first: dict[str, Node] = {}
         for key_node, value_node in node.value:
-            key = self._key(key_node, first)
+            key = self._key(key_node, first, value_node)
             if key is not None:
                 first[key] = key_node
-                result[key] = self._value(value_node)
-        return result
+                result[key], inner = self._value(value_node)
+                places[key] = (_pack(key_node), _pack(value_node), inner)
+        return result, places
 
-    def _key(self, node: Node, first: dict[str, Node]) -> str | None:
+    def _key(self, node: Node, first: dict[str, Node], value_node: Node) -> str | None:
         if not isinstance(node, ScalarNode):
             self._error(
                 node, "FL004", "mapping keys must be plain strings, not a mapping or a list",
@@ -249,13 +334,26 @@ class _Builder:
             )
             return None
         self._check_tag(node, STR_TAG)
-        key: str = node.value
+        key = self._text(node) if node.style else self.stand.restore(node.value)
+        if key is None:
+            return None
         if key in first:
-            line = _position(first[key]).line
-            self._error(node, "FL003", f"duplicate key `{key}` (first defined at line {line})",
-                        "remove one of the two")
+            self._duplicate(node, first[key], value_node)
             return None
         return key
+
+    def _duplicate(self, node: Node, first: Node, value_node: Node) -> None:
+        line = _position(first).line
+        if node is not first:
+            self._error(node, "FL003", f"duplicate key `{node.value}` (first defined at line "
+                        f"{line})", "remove one of the two")
+            return
+        # written through an alias of the first key: the composer hands back the same node,
+        # so the duplicate's own position is where its value starts
+        self.findings.append(self.doc.source.diagnostic(
+            _position(value_node), "FL003",
+            f"duplicate key `{node.value}` through an alias of the key at line {line}",
+            "remove this entry or the first one"))
 
 
 def resolve_plain(value: str) -> Any:
@@ -267,30 +365,72 @@ def resolve_plain(value: str) -> Any:
     if value in _FALSE:
         return False
     if _INT.match(value):
-        return int(value)
+        digits = len(value.lstrip("+-"))
+        return int(value) if digits <= MAX_INT_DIGITS else OutOfRange(value)
     if _FLOAT.match(value):
         number = float(value)
-        return number if math.isfinite(number) else value
+        return number if math.isfinite(number) else OutOfRange(value)
+    if value in _INFINITIES:
+        return OutOfRange(value)
     return value
+
+
+_DEPTH_SHOWN = 100  # a nesting this deep is reported where it is entered
+
+
+def _deepest(text: str) -> Position:
+    """Where the nesting first gets deeper than any flow document needs (the parser walks
+    events without recursion, so this works where composing ran out of stack)."""
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=COMPOSER):
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > _DEPTH_SHOWN:
+                    return _mark_position(event.start_mark)
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    except yaml.YAMLError:
+        pass
+    return Position(1, 1)
+
+
+def _mark_position(mark: Any) -> Position:
+    return Position(mark.line + 1, mark.column + 1)
+
+
+def _escape_position(source: Source, node: ScalarNode) -> Position:
+    """Where the first surrogate escape of a quoted scalar is (as libyaml reports it: after
+    its ``\\u``), else the scalar's start."""
+    start, end = node.start_mark, node.end_mark
+    lines = source.lines[start.line:end.line + 1]
+    for offset, text in enumerate(lines):
+        skip = start.column if offset == 0 else 0
+        found = _SURROGATE_ESCAPE.search(text, skip)
+        if found:
+            return Position(start.line + offset + 1, found.start() + 3)
+    return _position(node)
 
 
 def load_text(text: str, path: str) -> tuple[list[Document], list[Diagnostic]]:
     """Parse every document of ``text`` (display name ``path``)."""
-    source = Source(path, tuple(text.splitlines()))
+    source = Source(path, source_lines(text))
+    stand = _Stand(text)
     documents: list[Document] = []
     findings: list[Diagnostic] = []
     try:
-        for index, root in enumerate(yaml.compose_all(text, Loader=_ComposeLoader)):
-            builder = _Builder(source, index)
-            documents.append(builder.build(root))
+        for index, root in enumerate(yaml.compose_all(stand.hide(text), Loader=COMPOSER)):
+            builder = _Builder(source, index, stand)
+            document = builder.build(root)
+            del root  # its nodes go; the document keeps the positions it needs
+            if not any(f.code == "FL001" for f in builder.findings):
+                documents.append(document)  # a syntax error leaves no document to check
             findings.extend(builder.findings)
     except yaml.YAMLError as exc:
         findings.append(_syntax_diagnostic(source, exc, text))
     except RecursionError:
-        findings.append(
-            source.diagnostic(Position(1, 1), "FL001", "YAML nesting is too deep",
-                              "flatten the document")
-        )
+        findings.append(source.diagnostic(_deepest(stand.hide(text)), "FL001",
+                                          "YAML nesting is too deep", "flatten the document"))
     if not documents and not findings:
         findings.append(
             source.diagnostic(Position(1, 1), "FL007", "file contains no YAML document",
@@ -305,8 +445,8 @@ def _syntax_diagnostic(source: Source, exc: yaml.YAMLError, text: str) -> Diagno
     line = mark.line + 1 if mark is not None else 1
     col = mark.column + 1 if mark is not None else 1
     if isinstance(exc, yaml.reader.ReaderError):  # no mark: a character offset in the text
-        before = text[: exc.position]
-        line, col = before.count("\n") + 1, exc.position - before.rfind("\n")
+        before = source_lines(text[: exc.position] + "\n")
+        line, col = len(before), len(before[-1]) + 1
     tab = _first_tab_indent(source, line)
     if tab is not None:
         return source.diagnostic(

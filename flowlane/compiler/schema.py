@@ -13,7 +13,7 @@ from jsonschema.exceptions import ValidationError
 
 from flowlane.compiler import fastcheck, names
 from flowlane.compiler.diagnostics import Diagnostic
-from flowlane.compiler.loader import Document
+from flowlane.compiler.loader import Document, OutOfRange
 
 SCHEMA_FILE = "flowlane.v1.schema.json"
 _TYPE_NAMES = {
@@ -28,9 +28,33 @@ def schema_text() -> str:
 
 
 @functools.cache
-def schema() -> dict[str, Any]:
+def published() -> dict[str, Any]:
+    """The JSON Schema as editors read it."""
     loaded: dict[str, Any] = json.loads(schema_text())
     return loaded
+
+
+@functools.cache
+def schema() -> dict[str, Any]:
+    """The schema the compiler validates with: the published one without the rules marked
+    ``x-flowlane-analyzed`` (stated there for editors; the analyzer reports them under their
+    own codes, with the names and lines involved)."""
+    stripped: dict[str, Any] = _without_analyzed(published())
+    return stripped
+
+
+ANALYZED = "x-flowlane-analyzed"
+
+
+def _without_analyzed(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_without_analyzed(item) for item in node
+                if not (isinstance(item, dict) and ANALYZED in item)]
+    if isinstance(node, dict):
+        kept = {key: _without_analyzed(value) for key, value in node.items()
+                if not (isinstance(value, dict) and ANALYZED in value)}
+        return {key: value for key, value in kept.items() if value != [] or key != "allOf"}
+    return node
 
 
 @functools.cache
@@ -99,6 +123,8 @@ def _field(path: tuple[Any, ...]) -> str:
 
 
 def _kind_of(value: Any) -> str:
+    if isinstance(value, OutOfRange):
+        return f"{_show(value)}, a number out of range"
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, int):
@@ -213,7 +239,26 @@ def _type(doc: Document, error: ValidationError, path: tuple[Any, ...],
     text = " or ".join(_TYPE_NAMES.get(t, t) for t in wanted)
     return [doc.diagnostic(path, "FL012",
                            f"{_field(path)} must be {text}, not {_kind_of(error.instance)}",
-                           _empty_step_help(doc, path, error.instance) or _example_help(sub))]
+                           _empty_step_help(doc, path, error.instance)
+                           or _quote_help(doc, path, error.instance, wanted)
+                           or _range_help(sub, error.instance) or _example_help(sub))]
+
+
+def _quote_help(doc: Document, path: tuple[Any, ...], value: Any,
+                wanted: list[str]) -> str | None:
+    """``needs: [true]``: YAML read a word as a boolean, null or number; quoting keeps it text."""
+    if "string" not in wanted or isinstance(value, str | dict | list):
+        return None
+    written = doc.written(path)
+    if not written:
+        return None
+    return f"YAML reads `{written}` as {_kind_of(value)}; write `\"{written}\"` for the text"
+
+
+def _range_help(sub: dict[str, Any], value: Any) -> str | None:
+    if not isinstance(value, OutOfRange) or "minimum" not in sub:
+        return None
+    return f"use a whole number from {sub['minimum']} to {sub.get('maximum', 'any')}"
 
 
 def _empty_step_help(doc: Document, path: tuple[Any, ...], value: Any) -> str | None:
@@ -265,6 +310,8 @@ def _enum(doc: Document, error: ValidationError, path: tuple[Any, ...],
 
 
 def _show(value: Any) -> str:
+    if isinstance(value, OutOfRange) and len(value) > 60:
+        return f"`{value[:40]}...` ({len(value)} characters)"
     text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else f"`{value}`"
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -295,7 +342,8 @@ def _detail(error: ValidationError) -> str:
 
 
 def _example_help(sub: dict[str, Any]) -> str | None:
-    examples = sub.get("examples")
+    # objects live under x-flowlane-examples: editors would offer them as "[object Object]"
+    examples = sub.get("examples") or sub.get("x-flowlane-examples")
     if examples:
         return f"for example: {json.dumps(examples[0], ensure_ascii=False)}"
     return None
@@ -324,7 +372,9 @@ def _what(path: tuple[Any, ...]) -> str:
 
 def _not(doc: Document, error: ValidationError, path: tuple[Any, ...],
          sub: dict[str, Any]) -> list[Diagnostic]:
-    if "x-flowlane-name" in sub and isinstance(error.instance, str):
+    if "x-flowlane-name" in sub:  # a name that is not a string has a type error already
+        if not isinstance(error.instance, str):
+            return []
         key = "propertyNames" in error.relative_schema_path
         return [_name_problem(doc, path, sub, error.instance, key)]
     return [_invalid(doc, error, path, sub)]

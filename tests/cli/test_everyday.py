@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 from pathlib import Path
@@ -28,6 +29,10 @@ def test_init_scaffolds_a_project_that_validates_and_checks(tmp_path: Path) -> N
     documents = list(yaml.safe_load_all(hello))
     assert [(d["kind"], d["slug"]) for d in documents] == [("flow", "hello_v1"), ("alias", "hello")]
     assert documents[1]["active"] == "hello_v1"
+    editor = json.loads((root / ".vscode" / "settings.json").read_text())
+    assert editor["yaml.schemas"] == {"./flowlane.schema.json": ["flows/**/*.yaml", "flows/**/*.yml"]}
+    assert '"./flowlane.schema.json" = ["flows/**/*.yaml"' in (
+        root / ".helix" / "languages.toml").read_text()
 
     validated = run_flowlane("validate", "--handlers", cwd=root)
     assert validated.returncode == 0, validated.stdout + validated.stderr

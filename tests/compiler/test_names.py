@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from flowlane.compiler import names, schema
 from tests.compiler.strategies import FIXED, NAMES
 
-ANNOTATIONS = {"description", "examples", "title", "x-flowlane-name", "x-flowlane-code"}
+ANNOTATIONS = {"description", "examples", "title", "x-flowlane-name", "x-flowlane-code",
+               "patternErrorMessage", "errorMessage"}
 
 
 def shipped_definitions() -> dict[str, dict[str, Any]]:
@@ -20,8 +21,12 @@ def shipped_definitions() -> dict[str, dict[str, Any]]:
     defs = schema.schema()["$defs"]
     found = {"slug": defs["slug"], "queue": defs["queue"],
              "deployment": defs["worker"]["properties"]["name"]}
-    return {key: {k: v for k, v in value.items() if k not in ANNOTATIONS}
-            for key, value in found.items()}
+    return {key: _plain(value) for key, value in found.items()}
+
+
+def _plain(definition: dict[str, Any]) -> dict[str, Any]:
+    return {k: _plain(v) if isinstance(v, dict) else v
+            for k, v in definition.items() if k not in ANNOTATIONS}
 
 
 def test_the_schema_file_states_the_rules_generated_from_names_py() -> None:

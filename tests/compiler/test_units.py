@@ -28,8 +28,10 @@ def test_positions_of_values_and_keys() -> None:
 
 def test_plain_scalars_resolve_conservatively() -> None:
     cases = {"yes": "yes", "on": "on", "~": None, "": None, "true": True, "False": False,
-             "12": 12, "-3": -3, "007": "007", "1.5": 1.5, "1e3": 1000.0, "1e999": "1e999",
-             "0x10": "0x10", "2024-01-01": "2024-01-01", ".inf": ".inf", "1_000": "1_000"}
+             "12": 12, "-3": -3, "007": "007", "1.5": 1.5, "1e3": 1000.0,
+             "1e999": loader.OutOfRange("1e999"), ".inf": loader.OutOfRange(".inf"),
+             "9" * 4301: loader.OutOfRange("9" * 4301), "9" * 4300: int("9" * 4300),
+             "0x10": "0x10", "2024-01-01": "2024-01-01", "1_000": "1_000"}
     for text, expected in cases.items():
         assert loader.resolve_plain(text) == expected, text
         assert type(loader.resolve_plain(text)) is type(expected)
@@ -90,7 +92,7 @@ def test_shipped_schema_is_a_valid_draft_2020_12_schema() -> None:
         if name not in ("mode",):
             assert "description" in definition, name
     for name in ("flow", "alias", "worker"):
-        for example in loaded["$defs"][name]["examples"]:
+        for example in loaded["$defs"][name]["x-flowlane-examples"]:
             assert not list(jsonschema.Draft202012Validator(loaded).iter_errors(example))
 
 

@@ -1,7 +1,8 @@
 """``flowlane init``: scaffold a project that validates, compiles and serves at once.
 
 Writes ``flows/hello.yaml`` (with the editor modeline), ``handlers.py``, the
-JSON Schema the modeline points at, a ``.gitignore`` entry for ``.flowlane/``,
+JSON Schema the modeline points at, editor settings mapping ``flows/**/*.yaml`` to it
+(VS Code, Helix), a ``.gitignore`` entry for ``.flowlane/``,
 a CI workflow (``.github/workflows/flowlane.yml``) that installs ``requirements.txt``
 (written with flowlane as it is installed here, PEP 610), and the compiled SQL.
 Existing files are never overwritten.
@@ -25,6 +26,9 @@ FILES = {
     "flows/hello.yaml": "hello.yaml",
     "handlers.py": "handlers.py",
     CI_WORKFLOW: "flowlane.yml",
+    # editors: the schema for every document of every flow file (a modeline covers one)
+    ".vscode/settings.json": "vscode-settings.json",
+    ".helix/languages.toml": "helix-languages.toml",
 }
 IGNORED = ".flowlane/"
 
