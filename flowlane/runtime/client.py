@@ -313,7 +313,8 @@ class Operations:
         except errors.DatabaseError as exc:
             if exc.sqlstate == _NO_RUN:  # no flow or alias of that name: name the close ones
                 known = yield Fetch("client_flow_filter", "cannot list flows", {"flow": flow})
-                raise errors.FlowlaneError(str(exc), hint=_unknown_flow_hint(flow, known)) from exc
+                raise type(exc)(str(exc), hint=_unknown_flow_hint(flow, known), detail=exc.detail,
+                                sqlstate=exc.sqlstate) from exc
             raise _start_error(exc) from exc
         if not rows:
             raise errors.DatabaseError(f"start_flow({flow!r}) returned no run")

@@ -72,7 +72,7 @@ def test_run_page_shows_the_failed_step_error_and_colours_the_graph(
     nodes = {n.get_attribute("data-step"): n.get_attribute("data-status")
              for n in driver.find_elements(By.CSS_SELECTOR, "svg.graph g.node")}
     assert nodes == {"fetch": "completed", "audit": "completed", "price": "failed",
-                     "notify": "skipped", "report": "created"}
+                     "notify": "skipped", "report": "cancelled"}  # ended with the run, never started
     failed_task = driver.find_element(By.CSS_SELECTOR, "tr[data-task='price/1']")
     assert failed_task.get_attribute("data-status") == "failed"
 
