@@ -19,6 +19,10 @@ select enabled, reason from flowlane.worker_deployments where deployment_name = 
 select enabled
 from flowlane.set_deployment_enabled(%(deployment)s, false, %(reason)s)
 
+-- name: worker_record_refusal
+select queue_name
+from flowlane.record_worker_refusal(%(queue_name)s, %(deployment)s, %(reason)s, %(hint)s)
+
 -- name: worker_heartbeat
 select flowlane.heartbeat(%(worker_id)s::uuid) as deprecated
 
