@@ -5,11 +5,13 @@ draining adopts the name. The CLI, real worker processes and a real database."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from tests.runtime.rt_support import WorkerProcess, flowlane, wait_run
+from tests.ui import ui_support
 
 HANDLERS = """\
 def greet_v1(input, ctx):
@@ -102,6 +104,10 @@ def test_an_alias_takes_over_a_bare_slug_and_callers_keep_their_name(
     listed = json.loads(run_ok(project, "runs", "--flow", "hello", "--format", "json", "--dsn", dsn))
     assert sorted((r["flow_slug"], r["status"]) for r in listed) == [
         ("hello", "completed"), ("hello", "completed"), ("hello_v2", "completed")]
+    with ui_support.ui_server(dsn) as console:  # the console's filter means the alias too
+        page = ui_support.fetch(f"{console.url}/runs?flow=hello").body
+    assert sorted(re.findall(r'<tr data-run="([0-9a-f-]{36})"', page)) == sorted(
+        r["run_id"] for r in listed)
     refused = flowlane("worker", "--flow", "hello", "--dsn", dsn, cwd=project)
     assert refused.returncode == 2
     assert "`flowlane worker --queue hello --flows hello`" in refused.stderr
