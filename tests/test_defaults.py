@@ -13,7 +13,7 @@ import pytest
 
 from flowlane import defaults
 from flowlane.cli import build_parser
-from flowlane.cli.runtime import worker_config
+from flowlane.cli.worker import worker_config
 from flowlane.compiler import api, schema
 from flowlane.compiler.model import Flow, WorkerDoc
 from flowlane.runtime.config import WorkerConfig
