@@ -17,11 +17,7 @@ begin
     raise exception 'register_worker: worker_id is required' using errcode = '22023';
   end if;
   perform flowlane._check_queue_argument('register_worker', register_worker.queue_name);
-  if not flowlane.is_valid_deployment_name(register_worker.deployment_name) then
-    raise exception 'register_worker: invalid deployment name %',
-      coalesce(quote_literal(register_worker.deployment_name), 'NULL')
-      using errcode = '22023', hint = 'a deployment name matches ^[A-Za-z0-9][A-Za-z0-9_.-]*$ (1..128 characters)';
-  end if;
+  perform flowlane._check_deployment_argument('register_worker', register_worker.deployment_name);
   select coalesce(jsonb_agg(jsonb_build_array(p.flow_slug, p.step_slug) order by p.flow_slug, p.step_slug), '[]')
     into v_pairs from flowlane._pairs(supported_pairs) p;
   if not exists (select 1 from flowlane.queues q where q.queue_name = register_worker.queue_name) then
@@ -70,11 +66,7 @@ declare
   v_row flowlane.worker_refusals;
 begin
   perform flowlane._check_queue_argument('record_worker_refusal', record_worker_refusal.queue_name);
-  if not flowlane.is_valid_deployment_name(record_worker_refusal.deployment_name) then
-    raise exception 'record_worker_refusal: invalid deployment name %',
-      coalesce(quote_literal(record_worker_refusal.deployment_name), 'NULL')
-      using errcode = '22023', hint = 'a deployment name matches ^[A-Za-z0-9][A-Za-z0-9_.-]*$ (1..128 characters)';
-  end if;
+  perform flowlane._check_deployment_argument('record_worker_refusal', record_worker_refusal.deployment_name);
   if coalesce(btrim(record_worker_refusal.reason), '') = '' then
     raise exception 'record_worker_refusal: a reason is required' using errcode = '22023';
   end if;
