@@ -132,11 +132,14 @@ def run_demo(
 
 def _entry_points(project: Project) -> list[str]:
     """Every alias, every draining version (a run started before its alias moved), and
-    every flow that no alias stands for."""
+    every flow that no alias stands for; a flow whose name an alias adopted is started by
+    that name no more."""
+    aliases = {a.slug for a in project.aliases}
     behind_alias = {slug for alias in project.aliases for slug in alias.versions}
     draining = {slug for alias in project.aliases for slug in alias.draining}
-    return sorted(a.slug for a in project.aliases) + sorted(
-        f.slug for f in project.flows if f.slug not in behind_alias or f.slug in draining
+    return sorted(aliases) + sorted(
+        f.slug for f in project.flows
+        if (f.slug not in behind_alias or f.slug in draining) and f.slug not in aliases
     )
 
 

@@ -164,13 +164,24 @@ def _alias_changes(project: Project, state: _State) -> list[Change]:
         row = state.aliases.get(alias.slug)
         target = f"{alias.active} (draining: {', '.join(alias.draining) or 'none'})"
         if row is None:
-            changes.append(Change(ALIAS_MOVE, subject, (f"new alias -> {target}",)))
+            changes.append(Change(ALIAS_MOVE, subject, (f"new alias -> {target}",
+                                                        *_adoption(project, alias.slug))))
         elif row["flow_slug"] != alias.active or list(row["draining"]) != list(alias.draining):
             was = f"{row['flow_slug']} (draining: {', '.join(row['draining']) or 'none'})"
             changes.append(Change(ALIAS_MOVE, subject, (f"{was} -> {target}",)))
         else:
             changes.append(Change(NO_CHANGE, subject))
     return changes
+
+
+def _adoption(project: Project, slug: str) -> tuple[str, ...]:
+    """What a new alias named like one of its versions changes for callers."""
+    if not project.has_flow(slug):
+        return ()
+    active = project.resolve(slug).slug
+    note = (f"takes over the name of flow {slug}: `flowlane start {slug}` and every caller "
+            f"of {slug} now start {active}; flow {slug} keeps its runs and drains")
+    return (note,)
 
 
 def _only_in_database(project: Project, state: _State) -> list[Change]:

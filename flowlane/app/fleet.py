@@ -73,7 +73,8 @@ def waiting(dsn: str | None = None, run_id: str | None = None) -> list[str]:
 
 def waiting_reasons(rows: list[Row]) -> list[str]:
     """One line per queue (``fleet_waiting_queues`` rows) that has no live worker or a
-    disabled deployment, saying what to do."""
+    disabled deployment, saying why (a worker that refused to start says its reason) and
+    what to do."""
     reasons = []
     for row in rows:
         queue, tasks = row["queue_name"], f"{row['queued_tasks']} queued task(s)"
@@ -81,10 +82,37 @@ def waiting_reasons(rows: list[Row]) -> list[str]:
             name, _, why = disabled.partition(": ")
             reasons.append(f"queue {queue}: {tasks}; worker deployment {name} is disabled "
                            f"({why}); `flowlane worker enable {name}` once its cause is fixed")
-        if not row["live_workers"] and not row["disabled"]:
+        if row["live_workers"] or row["disabled"]:
+            continue
+        refusals = refusal_lines(queue, row["refusals"])
+        reasons.extend(f"queue {queue}: {tasks}; {line}" for line in refusals)
+        if not refusals:
             reasons.append(f"queue {queue}: {tasks}; no live worker serves queue {queue}; "
                            f"`flowlane serve` or `flowlane worker --queue {queue}`")
     return reasons
+
+
+def refusal_lines(queue: str, refusals: list[Row]) -> list[str]:
+    """Each worker of ``queue`` that refused to start (``worker_refusals`` as the fleet
+    queries give them), with its reason, when, and what to do."""
+    lines = []
+    for refusal in refusals:
+        name = refusal["deployment"]
+        who = f"worker for queue {queue}" + (f" (deployment {name})" if name != queue else "")
+        hint = f"; {refusal['hint']}" if refusal["hint"] else ""
+        lines.append(f"{who} refused to start {ago(refusal['age'])}: {refusal['reason']}{hint}")
+    return lines
+
+
+def ago(seconds: float) -> str:
+    """``12 s ago``, ``2 min ago``, ``3 h ago``, ``2 days ago``."""
+    if seconds < 60:
+        return f"{max(seconds, 0):.0f} s ago"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f} min ago"
+    if seconds < 86400:
+        return f"{seconds // 3600:.0f} h ago"
+    return f"{seconds // 86400:.0f} days ago"
 
 
 def uncovered(project: Project, dsn: str | None = None) -> list[str]:

@@ -118,7 +118,13 @@ def cmd_queue(args: argparse.Namespace) -> int:
         oldest = "-" if r["oldest_age"] is None else f"{r['oldest_age']}s"
         print(f"{r['queue_name']:<32}  {owner:<22}  {r['depth']:>6}  {oldest:>8}  "
               f"{r['live_workers']}")
-    print_waiting(fleet.waiting(args.dsn))
+    waiting = fleet.waiting(args.dsn)
+    print_waiting(waiting)
+    for r in rows:  # a queue without queued work whose worker refused to start
+        if not r["live_workers"] and not any(w.startswith(f"queue {r['queue_name']}:")
+                                             for w in waiting):
+            for line in fleet.refusal_lines(r["queue_name"], r["refusals"]):
+                print(f"refused: {line}", file=sys.stderr)
     return 0
 
 

@@ -118,12 +118,13 @@ def _partial_findings(doc: Document, complete: bool) -> list[Diagnostic]:
 
 
 def _namespace(flows: list[_Entry], aliases: list[_Entry], state: Analysis) -> None:
-    """Flow and alias slugs share one case-insensitive namespace."""
+    """Flow and alias slugs share one case-insensitive namespace; an alias may adopt the
+    name of a flow it lists (``names.alias_may_take_flow_name``)."""
     first: dict[str, _Entry] = {}
-    for entry in [*flows, *aliases]:
+    for entry in [*flows, *aliases]:  # flows first: a clash of kinds meets the flow as `other`
         folded = entry.slug.lower()
         other = first.get(folded)
-        if other is None:
+        if other is None or _adopts(entry, other):
             first[folded] = entry
             if entry.data["kind"] == "flow":
                 state.flow_entries[entry.slug] = entry
@@ -136,10 +137,12 @@ def _namespace(flows: list[_Entry], aliases: list[_Entry], state: Analysis) -> N
         code = "FL051" if both == {"flow", "alias"} else "FL021"
         help = "flow and alias slugs share one namespace (case-insensitive); rename one of them"
         if both == {"flow", "alias"}:
-            help += ("; callers should name an alias over versions (`hello` over `hello_v1`): "
-                     "a flow that started under the bare name keeps it, and its next version "
-                     "gets an alias of a new name that callers move to once (README, "
-                     "\"Versions behind an alias from the start\")")
+            help = (f"an alias may take the name of a flow only when it lists that flow, "
+                    f"spelled the same, as its active or draining version: to give `{other.slug}` "
+                    f"a new version without renaming its callers, add a flow `{other.slug}_v2` "
+                    f"and an alias `{other.slug}` with `active: {other.slug}_v2` and "
+                    f"`draining: [{other.slug}]` (README, \"Versions behind an alias from the "
+                    "start\"); otherwise rename the alias")
         if entry.data["kind"] == "flow" == other.data["kind"]:
             limit = names.version_slug_limit(other.data.get("queues", "flow"))
             suggestion = names.next_version_slug(other.slug, max_length=limit)
@@ -148,6 +151,14 @@ def _namespace(flows: list[_Entry], aliases: list[_Entry], state: Analysis) -> N
             ("slug",), code,
             f"{entry.data['kind']} slug `{entry.slug}` is already used by "
             f"{other.data['kind']} `{other.slug}` at {where}", help))
+
+
+def _adopts(entry: _Entry, other: _Entry) -> bool:
+    """``entry`` is an alias taking the name of the flow ``other`` that it lists."""
+    if entry.data["kind"] != "alias" or other.data["kind"] != "flow":
+        return False
+    versions = [entry.data.get("active"), *entry.data.get("draining", [])]
+    return names.alias_may_take_flow_name(entry.slug, other.slug, versions)
 
 
 class _FlowChecker:

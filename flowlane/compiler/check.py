@@ -71,8 +71,10 @@ class CheckResult:
                    for s in self.stale]
         blocks += [Diagnostic(v.source, v.line, v.col, "FL091", v.message(base),
                               f"declare a new version `{v.suggestion}` (copy the flow, change "
-                              f"the copy) and move an alias to it; keep `{v.flow_slug}` "
-                              "unchanged", v.source_line).to_text([f"  {line}" for line in
+                              f"the copy) and move an alias to it (callers of a bare "
+                              f"`{v.flow_slug}` keep that name: an alias `{v.flow_slug}` with "
+                              f"`active: {v.suggestion}`, `draining: [{v.flow_slug}]`); keep "
+                              f"`{v.flow_slug}` unchanged", v.source_line).to_text([f"  {line}" for line in
                                                                    v.differences])
                    for v in self.versions]
         if not blocks:

@@ -110,6 +110,15 @@ def canonical_queue(value: str) -> str:
     return text
 
 
+def alias_may_take_flow_name(alias: str, flow_slug: str, versions: Iterable[str]) -> bool:
+    """Flow and alias slugs share one case-insensitive namespace, except that an alias may
+    take the name of a flow it lists as a version (active or draining), spelled the same:
+    the alias adopts the name, so a project that started with a bare concrete slug puts its
+    next version behind an alias of that name without renaming its callers. The SQL Core's
+    ``_alias_may_take_flow_name`` is the same rule (tests/core/test_name_parity.py)."""
+    return alias == flow_slug and flow_slug in tuple(versions)
+
+
 def next_version_slug(slug: str, taken: Iterable[str] = (), max_length: int = SLUG_MAX) -> str:
     """``foo_v2`` -> ``foo_v3``; ``foo`` -> ``foo_v2``; skipping slugs already taken; the
     stem is shortened when the suggestion would exceed ``max_length``."""

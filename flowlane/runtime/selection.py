@@ -80,7 +80,8 @@ def _by_flow(project: Project, name: str, step_slug: str | None) -> Selection:
                 f"flow {slug} runs every step on its queue {flow.queues[0]}; --step is not allowed",
                 hint=f"run `flowlane worker --flow {slug}`",
             )
-        return Selection(flow.queues[0], project.handlers(flows=[slug]))
+        # an alias: every version (all route to this queue), so draining runs finish
+        return Selection(flow.queues[0], project.handlers(flows=[name]))
     if flow.queue_mode == "per-step":
         if step_slug is None:
             raise errors.UsageError(

@@ -166,6 +166,13 @@ class Store:
     async def disable_deployment(self, deployment: str, reason: str) -> None:
         await self.fetch("worker_disable_deployment", deployment=deployment, reason=reason)
 
+    async def record_refusal(self, queue_name: str, deployment: str, reason: str,
+                             hint: str | None) -> None:
+        """Say in the database why this worker refuses to start (cleared by the next
+        worker registered on the queue)."""
+        await self.fetch("worker_record_refusal", queue_name=queue_name, deployment=deployment,
+                         reason=reason, hint=hint)
+
     async def heartbeat(self, worker_id: str) -> bool:
         rows = await self.fetch("worker_heartbeat", worker_id=worker_id)
         return bool(rows and rows[0]["deprecated"])

@@ -233,7 +233,12 @@ class Worker:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._install_signal_handlers()
-        registry = HandlerRegistry.load(self.selection.handlers, self.import_paths)
+        try:
+            registry = HandlerRegistry.load(self.selection.handlers, self.import_paths)
+        except errors.FlowlaneError as refused:
+            registry_error: errors.FlowlaneError | None = refused
+        else:
+            registry_error = None
         target = db.resolve(self.config.dsn)
         dsn = target.dsn
         store = Store(dsn, application_name=f"flowlane-worker-{self.worker_id[:8]}")
@@ -244,6 +249,8 @@ class Worker:
             raise db.invalid_dsn(target, exc) from exc
         except psycopg.Error as exc:
             await store.close()
+            if registry_error is not None:
+                raise registry_error from None
             raise errors.DatabaseUnavailable(
                 f"worker cannot connect to {db.redact(dsn)}: {first_line(exc)}",
                 hint="start the server or fix --dsn / FLOWLANE_DSN / DATABASE_URL",
@@ -252,7 +259,15 @@ class Worker:
             await store.close()
             raise
         try:
-            await self._startup(store)
+            try:
+                if registry_error is not None:
+                    raise registry_error
+                await self._startup(store)
+            except (errors.WorkerDisabled, errors.DatabaseUnavailable):
+                raise  # the deployment's flag says why already; or nowhere to record it
+            except errors.FlowlaneError as refused:
+                await self._record_refusal(store, refused)
+                raise
             session = self._session = self._open_session(store, registry)
             self.ready.set()
             await self._serve(session)
@@ -266,6 +281,16 @@ class Worker:
                 hint="in-flight tasks were finished or left for stalled recovery; "
                 "see the worker_crashed log line and restart the worker",
             )
+
+    async def _record_refusal(self, store: Store, refused: errors.FlowlaneError) -> None:
+        """Leave why this worker refuses to start where waits are explained (``run``,
+        ``queue list``, the console); the refusal itself is what the caller sees, so a
+        failure to record it is only logged."""
+        reason = " ".join(line.strip() for line in str(refused).splitlines() if line.strip())
+        try:
+            await store.record_refusal(self.queue, self.name, reason, refused.hint)
+        except (psycopg.Error, OSError) as exc:
+            log.event(WARNING, "refusal_not_recorded", error=first_line(exc))
 
     def _open_session(self, store: Store, registry: HandlerRegistry) -> Session:
         session = Session(

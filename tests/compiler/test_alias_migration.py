@@ -103,3 +103,42 @@ def test_deleting_an_alias_version(flows: psycopg.Connection[Any]) -> None:
         ("orders_v3", ["orders_v2"])]
     assert history(conn)[-1] == ("orders", "orders_v3", ["orders_v2"])
     assert one(conn, "select flowlane.resolve_flow('orders')") == "orders_v3"
+
+
+def test_an_alias_adopts_the_name_of_a_flow_it_lists(flows: psycopg.Connection[Any]) -> None:
+    # 0016: a project that started with the bare slug `orders_v1` puts its next version
+    # behind an alias of that name; the name then means the alias
+    conn = flows
+    run = one(conn, "select (flowlane.start_flow('orders_v1', '{}'::jsonb)).flow_slug")
+    assert run == "orders_v1"
+    conn.execute("select flowlane.set_alias('orders_v1', 'orders_v2', array['orders_v1'])")
+    assert one(conn, "select flowlane.resolve_flow('orders_v1')") == "orders_v2"
+    assert one(conn, "select (flowlane.start_flow('orders_v1', '{}'::jsonb)).flow_slug") == "orders_v2"
+    # the adopted flow's compiled SQL applies again (create_flow's upsert), options and all
+    conn.execute("select flowlane.create_flow('orders_v1', max_attempts => 5)")
+    assert one(conn, "select opt_max_attempts from flowlane.flows where flow_slug = 'orders_v1'") == 5
+    # it may drain and be active again, but the alias may not let go of the name's flow
+    conn.execute("select flowlane.set_alias('orders_v1', 'orders_v1', array['orders_v2'])")
+    with pytest.raises(psycopg.errors.UniqueViolation, match="conflicts with flow") as raised:
+        conn.execute("select flowlane.set_alias('orders_v1', 'orders_v3')")
+    assert "draining => array['orders_v1']" in (raised.value.diag.message_hint or "")
+    assert history(conn) == [("orders_v1", "orders_v2", ["orders_v1"]),
+                             ("orders_v1", "orders_v1", ["orders_v2"])]
+
+
+def test_only_the_flow_an_alias_lists_spelled_the_same_may_share_its_name(
+        flows: psycopg.Connection[Any]) -> None:
+    conn = flows
+    for call in ("select flowlane.set_alias('orders_v1', 'orders_v2')",  # does not list it
+                 "select flowlane.set_alias('ORDERS_V1', 'orders_v2', array['orders_v1'])"):
+        with pytest.raises(psycopg.Error, match="conflicts with flow"):
+            conn.execute(call)
+    conn.execute("select flowlane.set_alias('orders_v1', 'orders_v2', array['orders_v1'])")
+    with pytest.raises(psycopg.Error, match='conflicts with existing flow "orders_v1"'):
+        conn.execute("select flowlane.create_flow('Orders_V1')")
+    # deleting the adopted flow leaves the alias with the name to itself
+    conn.execute("select flowlane.delete_flow_and_data('orders_v1')")
+    assert conn.execute("select flow_slug, draining from flowlane.aliases").fetchall() == [
+        ("orders_v2", [])]
+    with pytest.raises(psycopg.Error, match='conflicts with alias "orders_v1"'):
+        conn.execute("select flowlane.create_flow('orders_v1')")

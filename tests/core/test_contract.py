@@ -95,6 +95,10 @@ EXPECTED = {
     ),
     "finish_rollout": ("rollout_id bigint", "flowlane.rollouts"),
     "is_valid_deployment_name": ("deployment_name text", "boolean"),
+    "record_worker_refusal": (
+        "queue_name text, deployment_name text, reason text, hint text DEFAULT NULL::text",
+        "flowlane.worker_refusals",
+    ),
     "set_deployment_enabled": (
         "deployment_name text, enabled boolean, reason text DEFAULT NULL::text",
         "flowlane.worker_deployments",

@@ -47,3 +47,17 @@ def test_fixed_near_misses_agree_in_sql(conn: psycopg.Connection[Any]) -> None:
 def test_sql_python_and_schema_accept_the_same_names(conn: psycopg.Connection[Any],
                                                      values: list[str]) -> None:
     assert_agreement(conn, values)
+
+
+ADOPTION = ["hello", "Hello", "hello_v2", "other"]
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(ADOPTION), st.sampled_from(ADOPTION),
+       st.lists(st.sampled_from(ADOPTION), max_size=3))
+def test_sql_and_python_let_an_alias_take_the_same_flow_names(
+        conn: psycopg.Connection[Any], alias: str, flow: str, versions: list[str]) -> None:
+    sql = conn.execute("select flowlane._alias_may_take_flow_name(%s, %s, %s::text[])",
+                       (alias, flow, versions)).fetchone()
+    assert sql == (names.alias_may_take_flow_name(alias, flow, versions),)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import psycopg
 import pytest
@@ -239,6 +240,38 @@ def test_deployment_serves_one_queue_and_unknown_names_are_errors(engine: Engine
     with pytest.raises(psycopg.errors.NoDataFound, match="unknown worker deployment 'nope'") as info:
         engine.rows("select * from flowlane.set_deployment_enabled('nope', false)")
     assert info.value.diag.message_hint is not None and "known: d1" in info.value.diag.message_hint
+
+
+def test_a_refusal_is_kept_per_deployment_until_a_worker_registers_on_the_queue(
+        engine: Engine) -> None:
+    _shared(engine)
+    refuse = "select * from flowlane.record_worker_refusal(%s, %s, %s, %s)"
+    engine.rows(refuse, (JOBS, "a", "flows missing from the database: x", "apply"))
+    engine.rows(refuse, (JOBS, "a", "a coverage gap", None))  # the latest one is kept
+    engine.rows(refuse, (JOBS, "b", "flows missing from the database: y", None))
+    engine.rows(refuse, ("not_registered_yet", "c", "flows missing from the database: z", None))
+    rows = engine.rows("select queue_name, deployment_name, reason, hint "
+                       "from flowlane.worker_refusals order by 1, 2")
+    assert [tuple(r.values()) for r in rows] == [
+        (JOBS, "a", "a coverage gap", None), (JOBS, "b", "flows missing from the database: y", None),
+        ("not_registered_yet", "c", "flows missing from the database: z", None)]
+    definitions = "select count(*) from flowlane.flows"  # a runtime record, not a definition
+    before = engine.scalar(definitions)
+    _register(engine, "a")
+    assert engine.scalar("select array_agg(queue_name) from flowlane.worker_refusals") == [
+        "not_registered_yet"]
+    assert engine.scalar(definitions) == before
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("Bad Queue", "a", "why"), "queue"),
+    ((JOBS, "-bad", "why"), "invalid deployment name"),
+    ((JOBS, "a", " "), "a reason is required"),
+    ((JOBS, "a", None), "a reason is required"),
+])
+def test_bad_refusals_are_clear_errors(engine: Engine, args: tuple[Any, ...], message: str) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
+        engine.rows("select * from flowlane.record_worker_refusal(%s, %s, %s)", args)
 
 
 # -- adoption --------------------------------------------------------------------

@@ -356,3 +356,35 @@ def test_upgrade_to_0014_keeps_each_steps_timeout_and_the_flow_defaults(
         engine.create_flow("after_upgrade")
         assert engine.row(options, ("after_upgrade",)) == engine.row(options, ("slow",))
         assert_invariants(engine)
+
+
+def test_upgrade_to_0016_lets_an_alias_adopt_a_flow_with_runs_in_flight(
+    db_factory: Callable[..., str],
+) -> None:
+    # 0016: a bare flow with a run in flight moves behind an alias of its own name; the
+    # run finishes on it, new runs by that name start the alias's active version; a worker
+    # refusal is recorded and cleared by the next registration on the queue
+    with psycopg.connect(db_factory("0015"), autocommit=True) as conn:
+        engine = Engine(conn)
+        engine.define("hello", [("a", [], {})])
+        engine.define("hello_v2", [("a", [], {}), ("b", ["a"], {})])
+        in_flight = engine.start("hello", {})
+        with pytest.raises(psycopg.errors.UniqueViolation, match="conflicts with flow"):
+            conn.execute("select flowlane.set_alias('hello', 'hello_v2', array['hello'])")
+
+        migrator.migrate(conn)
+
+        conn.execute("select flowlane.set_alias('hello', 'hello_v2', array['hello'])")
+        engine.create_flow("hello")  # its compiled SQL applies again
+        moved = engine.start("hello", {})
+        assert engine.run(moved)["flow_slug"] == "hello_v2"
+        [task] = engine.claim("hello")
+        done = engine.complete(task, 1)
+        assert task["run_id"] == in_flight and done is not None and done["status"] == "completed"
+        engine.drive("hello_v2", lambda task: 2)
+        assert [engine.run(r)["status"] for r in (in_flight, moved)] == ["completed"] * 2
+        conn.execute("select flowlane.record_worker_refusal('hello', 'hello', 'a coverage gap')")
+        conn.execute("select flowlane.register_worker(%s, 'hello', 'w', 'hello', '[]')",
+                     (uuid.uuid4(),))
+        assert engine.scalar("select count(*) from flowlane.worker_refusals") == 0
+        assert_invariants(engine)

@@ -234,3 +234,26 @@ def test_queues_page_tells_pgmq_only_queues_from_adopted_ones(
     assert found_before and "not adopted" in found_before[0] and "flowlane queue adopt" in found_before[0]
     assert found_after and "not adopted" not in found_after[0] and "shared" in found_after[0]
     assert "(adopted " in found_after[0]
+
+
+def test_a_failed_runs_unstarted_steps_say_the_run_failed_first_in_the_console_and_cli(
+        console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded],
+        tmp_path: Path) -> None:
+    dsn, seeded = seeded_db
+    with psycopg.connect(dsn) as conn:
+        unstarted = [slug for (slug,) in conn.execute(
+            "select step_slug from flowlane.step_states where run_id = %s and status = 'cancelled'"
+            " and started_at is null order by step_slug", (seeded.failed,))]
+    assert unstarted  # the steps after the failed one end with the run
+    page = ui_support.fetch(f"{console.url}/runs/{seeded.failed}").body
+    for slug in unstarted:
+        row = re.search(rf'<tr id="step-{slug}" data-step="{slug}" data-status="cancelled">.*?</tr>',
+                        page, re.DOTALL)
+        assert row is not None and "not started: the run failed first" in row.group(0), slug
+    assert "waiting for" not in page
+    shown = run_flowlane("run", str(seeded.failed), "--dsn", dsn, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    for slug in unstarted:
+        [line] = [x for x in shown.stdout.splitlines() if x.split()[:1] == [slug]]
+        assert "cancelled" in line and "not started: the run failed first" in line, shown.stdout
+    assert "waiting" not in shown.stdout + shown.stderr

@@ -70,6 +70,18 @@ as $$
      and deployment_name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]*$'
 $$;
 
+create function flowlane._check_deployment_argument(p_function text, p_deployment text) returns void
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  if not flowlane.is_valid_deployment_name(p_deployment) then
+    raise exception '%: invalid deployment name %', p_function, coalesce(quote_literal(p_deployment), 'NULL')
+      using errcode = '22023', hint = 'a deployment name matches ^[A-Za-z0-9][A-Za-z0-9_.-]*$ (1..128 characters)';
+  end if;
+end;
+$$;
+
 create function flowlane._pairs(supported_pairs jsonb)
 returns table (flow_slug text, step_slug text)
 language plpgsql immutable

@@ -310,6 +310,17 @@ create index workers_deployment_idx on flowlane.workers (deployment_name) where 
 
 create index workers_queue_idx on flowlane.workers (queue_name);
 
+-- why the last worker of a deployment refused to start (a runtime record, never a
+-- definition): no foreign key to the queue, which may not be registered yet
+create table flowlane.worker_refusals (
+  queue_name text not null,
+  deployment_name text not null,
+  reason text not null,
+  hint text,
+  refused_at timestamptz default now() not null,
+  constraint worker_refusals_pkey primary key (queue_name, deployment_name)
+);
+
 create table flowlane.rollouts (
   rollout_id bigint not null generated always as identity,
   deployments text[] not null,

@@ -451,6 +451,20 @@ begin
 end;
 $$;
 
+-- Flow and alias slugs share one case-insensitive namespace, with one exception: an alias
+-- may take the name of a flow it lists as a version (active or draining), spelled the
+-- same. The alias adopts the name: a project that started with a bare concrete slug
+-- (`hello`) puts its next version behind an alias `hello` (active hello_v2, draining
+-- hello) and callers keep their name, which now resolves to the alias (resolve_flow).
+create function flowlane._alias_may_take_flow_name(alias text, flow_slug text, versions text[])
+returns boolean
+language sql immutable
+set search_path = ''
+as $$
+  select _alias_may_take_flow_name.alias = _alias_may_take_flow_name.flow_slug
+     and _alias_may_take_flow_name.flow_slug = any (_alias_may_take_flow_name.versions)
+$$;
+
 create function flowlane.set_alias(alias text, flow_slug text, draining text[] = '{}')
 returns flowlane.aliases
 language plpgsql volatile
@@ -467,9 +481,11 @@ begin
   perform flowlane._check_slug('alias', v_alias);
   perform pg_advisory_xact_lock(hashtext('flowlane.alias:' || lower(v_alias)));
   select f.flow_slug into v_other from flowlane.flows f where lower(f.flow_slug) = lower(v_alias);
-  if found then
+  if found and not flowlane._alias_may_take_flow_name(v_alias, v_other, array[v_active] || v_draining) then
     raise exception 'alias "%" conflicts with flow "%" (flow and alias slugs share one namespace)',
-      v_alias, v_other using errcode = '23505';
+      v_alias, v_other
+      using errcode = '23505',
+            hint = format('an alias may take the name of a flow only while it lists that flow, spelled the same, as its active or draining version (draining => array[%L])', v_other);
   end if;
   select a.alias into v_other from flowlane.aliases a
   where lower(a.alias) = lower(v_alias) and a.alias <> v_alias;
@@ -503,7 +519,8 @@ begin
 end;
 $$;
 
--- a new flow may not take the name of an alias (case-insensitive)
+-- a new flow may not take the name of an alias (case-insensitive); the flow an alias
+-- adopted the name of is the one exception (create_flow's upsert when it is applied again)
 create function flowlane._forbid_flow_named_like_alias() returns trigger
 language plpgsql
 set search_path = ''
@@ -511,7 +528,9 @@ as $$
 declare
   v_alias text;
 begin
-  select a.alias into v_alias from flowlane.aliases a where lower(a.alias) = lower(new.flow_slug);
+  select a.alias into v_alias from flowlane.aliases a
+  where lower(a.alias) = lower(new.flow_slug)
+    and not flowlane._alias_may_take_flow_name(a.alias, new.flow_slug, array[a.flow_slug] || a.draining);
   if found then
     raise exception 'flow slug "%" conflicts with alias "%" (flow and alias slugs share one namespace)',
       new.flow_slug, v_alias using errcode = '23505';

@@ -17,11 +17,7 @@ begin
     raise exception 'register_worker: worker_id is required' using errcode = '22023';
   end if;
   perform flowlane._check_queue_argument('register_worker', register_worker.queue_name);
-  if not flowlane.is_valid_deployment_name(register_worker.deployment_name) then
-    raise exception 'register_worker: invalid deployment name %',
-      coalesce(quote_literal(register_worker.deployment_name), 'NULL')
-      using errcode = '22023', hint = 'a deployment name matches ^[A-Za-z0-9][A-Za-z0-9_.-]*$ (1..128 characters)';
-  end if;
+  perform flowlane._check_deployment_argument('register_worker', register_worker.deployment_name);
   select coalesce(jsonb_agg(jsonb_build_array(p.flow_slug, p.step_slug) order by p.flow_slug, p.step_slug), '[]')
     into v_pairs from flowlane._pairs(supported_pairs) p;
   if not exists (select 1 from flowlane.queues q where q.queue_name = register_worker.queue_name) then
@@ -49,6 +45,36 @@ begin
           register_worker.deployment_name, v_pairs)
   on conflict on constraint workers_pkey do update
     set last_heartbeat_at = greatest(now(), w.last_heartbeat_at)
+  returning * into v_row;
+  delete from flowlane.worker_refusals r where r.queue_name = register_worker.queue_name;
+  return v_row;
+end;
+$$;
+
+-- A worker that refuses to start (flows missing from the database, a shape that differs
+-- from the YAML, a coverage gap, handlers that cannot be imported) records why, so that
+-- whatever explains a wait (`run`, `runs`, `start --wait`, `queue list`, the console) can
+-- name it. The latest refusal per deployment is kept; a worker registering on the queue
+-- clears the queue's refusals (register_worker). Nothing here changes a definition.
+create function flowlane.record_worker_refusal(
+  queue_name text, deployment_name text, reason text, hint text = null
+) returns flowlane.worker_refusals
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_row flowlane.worker_refusals;
+begin
+  perform flowlane._check_queue_argument('record_worker_refusal', record_worker_refusal.queue_name);
+  perform flowlane._check_deployment_argument('record_worker_refusal', record_worker_refusal.deployment_name);
+  if coalesce(btrim(record_worker_refusal.reason), '') = '' then
+    raise exception 'record_worker_refusal: a reason is required' using errcode = '22023';
+  end if;
+  insert into flowlane.worker_refusals as r (queue_name, deployment_name, reason, hint)
+  values (record_worker_refusal.queue_name, record_worker_refusal.deployment_name,
+          left(record_worker_refusal.reason, 2000), left(record_worker_refusal.hint, 2000))
+  on conflict on constraint worker_refusals_pkey do update
+    set reason = excluded.reason, hint = excluded.hint, refused_at = now()
   returning * into v_row;
   return v_row;
 end;

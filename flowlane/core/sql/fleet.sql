@@ -27,7 +27,12 @@ select q.queue_name, q.ownership, q.owner_flow_slug, q.pgmq_queue_name, q.adopte
        m.queue_length as depth, m.oldest_msg_age_sec as oldest_age,
        (select count(*) from flowlane.workers w
          where w.queue_name = q.queue_name and w.stopped_at is null
-           and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s)) as live_workers
+           and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s)) as live_workers,
+       (select coalesce(jsonb_agg(jsonb_build_object(
+                 'deployment', x.deployment_name, 'reason', x.reason, 'hint', x.hint,
+                 'age', extract(epoch from now() - x.refused_at))
+               order by x.deployment_name collate "C"), '[]')
+        from flowlane.worker_refusals x where x.queue_name = q.queue_name) as refusals
 from flowlane.queues q
 cross join lateral pgmq.metrics(q.pgmq_queue_name) m
 order by q.queue_name collate "C"
@@ -64,7 +69,7 @@ order by w.deployment_name collate "C", w.worker_id
 
 -- name: fleet_waiting_queues
 -- the queues holding queued tasks of started runs (one run's, or every run's), with their
--- live workers and disabled deployments: why the work waits
+-- live workers, disabled deployments and workers that refused to start: why the work waits
 select t.queue_name, count(*) as queued_tasks,
        (select count(*) from flowlane.workers w
          where w.queue_name = t.queue_name and w.stopped_at is null and w.deprecated_at is null
@@ -72,7 +77,12 @@ select t.queue_name, count(*) as queued_tasks,
        array(select d.deployment_name || ': ' || coalesce(d.reason, 'no reason given')
              from flowlane.worker_deployments d
              where d.queue_name = t.queue_name and not d.enabled
-             order by d.deployment_name collate "C") as disabled
+             order by d.deployment_name collate "C") as disabled,
+       (select coalesce(jsonb_agg(jsonb_build_object(
+                 'deployment', x.deployment_name, 'reason', x.reason, 'hint', x.hint,
+                 'age', extract(epoch from now() - x.refused_at))
+               order by x.deployment_name collate "C"), '[]')
+        from flowlane.worker_refusals x where x.queue_name = t.queue_name) as refusals
 from flowlane.step_tasks t
 join flowlane.runs r on r.run_id = t.run_id
 where r.status = 'started' and t.status = 'queued'

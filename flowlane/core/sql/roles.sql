@@ -19,7 +19,8 @@ declare
     'start_tasks', 'claim_tasks', 'complete_task', 'complete_tasks', 'fail_task', 'fail_tasks',
     'fail_task_detailed',
     'extend_leases', 'requeue_stalled_tasks',
-    'set_deployment_enabled'];  -- a worker disables its own deployment on unsupported work (6.4)
+    'set_deployment_enabled',  -- a worker disables its own deployment on unsupported work (6.4)
+    'record_worker_refusal'];
   v_read constant text[] := array[
     'verify_flow', 'coverage', 'drain_status', 'get_flow_shape', 'get_run_with_states',
     'get_run_attempts', 'stuck_runs', 'json_limits', 'json_depth_exceeds',

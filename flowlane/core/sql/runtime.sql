@@ -19,6 +19,10 @@ select enabled, reason from flowlane.worker_deployments where deployment_name = 
 select enabled
 from flowlane.set_deployment_enabled(%(deployment)s, false, %(reason)s)
 
+-- name: worker_record_refusal
+select queue_name
+from flowlane.record_worker_refusal(%(queue_name)s, %(deployment)s, %(reason)s, %(hint)s)
+
 -- name: worker_heartbeat
 select flowlane.heartbeat(%(worker_id)s::uuid) as deprecated
 
@@ -84,15 +88,16 @@ limit %(limit)s
 select exists (select 1 from flowlane.runs r where r.run_id = %(run_id)s::uuid) as found
 
 -- name: client_flow_filter
--- a concrete flow, or every version an alias points or pointed at; all names otherwise
+-- every version an alias points or pointed at, else a concrete flow (an alias comes first,
+-- as in resolve_flow: it may have adopted the name of a flow it lists); all names otherwise
 select coalesce(
-         (select array[f.flow_slug] from flowlane.flows f where f.flow_slug = %(flow)s),
          (select array_agg(distinct v.flow_slug order by v.flow_slug)
           from (select a.flow_slug from flowlane.aliases a where a.alias = %(flow)s
                 union all
                 select unnest(a.draining) from flowlane.aliases a where a.alias = %(flow)s
                 union all
-                select h.flow_slug from flowlane.alias_history h where h.alias = %(flow)s) v)
+                select h.flow_slug from flowlane.alias_history h where h.alias = %(flow)s) v),
+         (select array[f.flow_slug] from flowlane.flows f where f.flow_slug = %(flow)s)
        ) as flows,
        array(select f.flow_slug from flowlane.flows f
              union select a.alias from flowlane.aliases a order by 1) as known
