@@ -222,11 +222,9 @@ def report(cells: dict[tuple[str, str], Cell], versions: list[str]) -> None:
 
 def measure(conns: dict[str, Conn], calls: int, rounds: int, functions: bool) -> None:
     cases = {version: Case(conn) for version, conn in conns.items()}
-    for version, case in cases.items():
+    for case in cases.values():
         case.define()
         case.conn.execute(b"set pg_stat_statements.track = 'top'")
-        if version == "after" and __import__("os").environ.get("GENERIC"):
-            case.conn.execute(b"set plan_cache_mode = force_generic_plan")
         for name in CASES:  # warm-up: plans and caches made outside the measurement
             timed(case, name, 20, Cell())
     cells = {(version, name): Cell() for version in conns for name in CASES}
