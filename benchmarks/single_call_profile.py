@@ -32,7 +32,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,7 +103,8 @@ class Case:
                 self.conn.execute(b"select flowlane.create_flow(%s)", (flow,))
                 for step, deps, step_type in steps:
                     self.conn.execute(
-                        b"select flowlane.add_step(%s, %s, %s, step_type => %s)", (flow, step, deps, step_type)
+                        b"select flowlane.add_step(%s, %s, %s, step_type => %s)",
+                        (flow, step, deps, step_type),
                     )
 
     def next_input(self, flow: str) -> Any:
@@ -114,7 +114,9 @@ class Case:
     def prepare(self, name: str, n: int) -> list[Any]:
         if name == "raw archive+send":
             bodies = [json.dumps({"i": i}) for i in range(n)]
-            return [r[0] for r in self.conn.execute(b"select pgmq.send_batch(%s, %s::jsonb[])", (RAW, bodies))]
+            return [
+                r[0] for r in self.conn.execute(b"select pgmq.send_batch(%s, %s::jsonb[])", (RAW, bodies))
+            ]
         if name in ("complete chain", "fail retry"):
             flow = "bench_three" if name == "complete chain" else "bench_one"
             inputs = [json.dumps(self.next_input(flow)) for _ in range(n)]
@@ -122,8 +124,8 @@ class Case:
             claimed: list[Any] = []
             while len(claimed) < n:
                 claimed += self.conn.execute(
-                    b"select run_id, step_slug, task_index, attempt from flowlane.claim_tasks(%s, 100, %s, %s::jsonb)"
-                    b" where outcome = 'claimed'",
+                    b"select run_id, step_slug, task_index, attempt"
+                    b" from flowlane.claim_tasks(%s, 100, %s, %s::jsonb) where outcome = 'claimed'",
                     (flow, self.worker, self.pairs[flow]),
                 ).fetchall()
             return claimed
@@ -135,7 +137,10 @@ class Case:
             execute(b"select pgmq.send(%s, %s)", (RAW, Jsonb({"i": self.serial})))
             self.serial += 1
         elif name == "raw archive+send":
-            execute(b"select pgmq.archive(%s, %s::bigint), pgmq.send(%s, %s)", (RAW, item, RAW, Jsonb({"i": item})))
+            execute(
+                b"select pgmq.archive(%s, %s::bigint), pgmq.send(%s, %s)",
+                (RAW, item, RAW, Jsonb({"i": item})),
+            )
         elif name in STARTS:
             flow = STARTS[name]
             execute(b"select run_id from flowlane.start_flow(%s, %s)", (flow, Jsonb(self.next_input(flow))))
