@@ -29,6 +29,7 @@ measured in a separate pass so that tracking does not slow the timed ones).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -37,7 +38,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, LiteralString
@@ -320,6 +321,19 @@ def report(
         )
 
 
+@contextlib.contextmanager
+def statements_server(prefix: str) -> Iterator[str]:
+    """A throwaway embedded server with pg_stat_statements preloaded: its admin DSN."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    tmp.chmod(0o711)  # run as root, the server account must reach its data directory
+    pgdata = tmp / "data"
+    try:
+        yield start_server_with_statements(pgdata)
+    finally:
+        db.EmbeddedDatabase.stop_at(pgdata)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def start_server_with_statements(pgdata: Path) -> str:
     """An embedded server at ``pgdata`` with pg_stat_statements preloaded; its admin DSN."""
     admin = db.EmbeddedDatabase.start_at(pgdata)
@@ -348,11 +362,7 @@ def main() -> int:
     parser.add_argument("--map-items", type=int, default=1000, help="items of the map fan-out")
     parser.add_argument("--before", default="0007", help="the migration the 'before' database stops at")
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="flowlane-bench-"))
-    tmp.chmod(0o711)  # run as root, the server account must reach its data directory
-    pgdata = tmp / "data"
-    try:
-        admin = start_server_with_statements(pgdata)
+    with statements_server("flowlane-bench-") as admin:
         conns: dict[str, Conn] = {}
         for version, to in (("before", args.before), ("after", None)):
             conn = conns[version] = migrated_database(admin, f"bench_{version}", to)
@@ -366,9 +376,6 @@ def main() -> int:
         finally:
             for conn in conns.values():
                 conn.close()
-    finally:
-        db.EmbeddedDatabase.stop_at(pgdata)
-        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

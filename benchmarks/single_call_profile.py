@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -44,9 +42,8 @@ from benchmarks.engine_throughput import (
     Conn,
     migrated_database,
     scalar,
-    start_server_with_statements,
+    statements_server,
 )
-from flowlane.core import db
 
 RAW = "bench_single_raw"
 FLOWS = {
@@ -252,11 +249,7 @@ def main() -> int:
     parser.add_argument("--before", default="0014", help="the migration the 'before' database stops at")
     parser.add_argument("--functions", action="store_true", help="each function's own time per call")
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="flowlane-single-"))
-    tmp.chmod(0o711)  # run as root, the server account must reach its data directory
-    pgdata = tmp / "data"
-    try:
-        admin = start_server_with_statements(pgdata)
+    with statements_server("flowlane-single-") as admin:
         conns: dict[str, Conn] = {}
         for version, to in (("before", args.before), ("after", None)):
             conns[version] = migrated_database(admin, f"single_{version}", to)
@@ -267,9 +260,6 @@ def main() -> int:
         finally:
             for conn in conns.values():
                 conn.close()
-    finally:
-        db.EmbeddedDatabase.stop_at(pgdata)
-        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -20,7 +20,6 @@ import collections
 import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -32,8 +31,12 @@ from psycopg.types.json import Jsonb
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.worker_throughput import Workers, fresh_database, template_database  # noqa: E402
-from flowlane.core import db  # noqa: E402
+from benchmarks.worker_throughput import (  # noqa: E402
+    Workers,
+    admin_server,
+    fresh_database,
+    template_database,
+)
 
 WAITS = b"""
 select coalesce(wait_event_type || ':' || wait_event, 'on cpu') from pg_stat_activity
@@ -126,13 +129,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--window", type=float, default=30.0, help="seconds per reported window")
     args = parser.parse_args()
-    admin, pgdata = args.dsn, None
-    if admin is None:
-        tmp = tempfile.mkdtemp(prefix="flowlane-steady-")
-        os.chmod(tmp, 0o711)  # run as root, the server account must reach its data directory
-        pgdata = Path(tmp) / "pgdata"
-        admin = db.EmbeddedDatabase.start_at(pgdata)
-    try:
+    with admin_server(args.dsn, "flowlane-steady-") as (admin, _):
         template = template_database(admin, REPO)
         with fresh_database(admin, template) as dsn:
             pool = Workers(dsn, args.workers)
@@ -151,9 +148,6 @@ def main() -> None:
             f"load average {os.getloadavg()[0]:.1f} at the end"
         )
         report(pickups, lags, waits, args.window)
-    finally:
-        if pgdata is not None:
-            db.EmbeddedDatabase.stop_at(pgdata)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,21 @@ MIGRATE = (
 )
 
 
+@contextlib.contextmanager
+def admin_server(dsn: str | None, prefix: str) -> Iterator[tuple[str, Path | None]]:
+    """``dsn`` (and no data directory), or a throwaway embedded server: (admin DSN, its data)."""
+    if dsn is not None:
+        yield dsn, None
+        return
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    os.chmod(tmp, 0o711)  # run as root, the server account must reach its data directory
+    pgdata = Path(tmp) / "pgdata"
+    try:
+        yield db.EmbeddedDatabase.start_at(pgdata), pgdata
+    finally:
+        db.EmbeddedDatabase.stop_at(pgdata)
+
+
 def template_database(admin_dsn: str, repo: Path) -> str:
     """A database migrated by ``repo``'s migrations, with the benchmark flows applied."""
     name = f"flowlane_bench_{uuid.uuid4().hex[:8]}"
@@ -503,14 +518,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    admin = args.dsn
-    pgdata = None
-    if admin is None:
-        tmp = tempfile.mkdtemp(prefix="flowlane-bench-")
-        os.chmod(tmp, 0o711)  # run as root, the server account must reach its data directory
-        pgdata = Path(tmp) / "pgdata"
-        admin = db.EmbeddedDatabase.start_at(pgdata)
-    try:
+    with admin_server(args.dsn, "flowlane-bench-") as (admin, pgdata):
         bench = Bench(args, admin, ServerCpu(pgdata))
         print(
             f"tasks per measurement: {args.tasks}; cpus: {os.cpu_count()}; "
@@ -527,9 +535,6 @@ def main() -> None:
         if not args.skip_latency:
             print()
             bench.latency()
-    finally:
-        if pgdata is not None:
-            db.EmbeddedDatabase.stop_at(pgdata)
 
 
 if __name__ == "__main__":
