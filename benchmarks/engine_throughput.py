@@ -354,6 +354,21 @@ def migrated_database(admin: str, name: str, to: str | None) -> Conn:
     return conn
 
 
+@contextlib.contextmanager
+def before_and_after(admin: str, prefix: str, before: str) -> Iterator[dict[str, Conn]]:
+    """Databases `before` (migrated up to ``before``) and `after` (head), their migrations
+    printed; their connections closed on exit."""
+    conns: dict[str, Conn] = {}
+    try:
+        for version, to in (("before", before), ("after", None)):
+            conn = conns[version] = migrated_database(admin, f"{prefix}_{version}", to)
+            print(f"{version}: migrations {scalar(conn, 'migration_versions')}")
+        yield conns
+    finally:
+        for conn in conns.values():
+            conn.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=600, help="runs per chain workload and cell")
@@ -362,20 +377,15 @@ def main() -> int:
     parser.add_argument("--map-items", type=int, default=1000, help="items of the map fan-out")
     parser.add_argument("--before", default="0007", help="the migration the 'before' database stops at")
     args = parser.parse_args()
-    with statements_server("flowlane-bench-") as admin:
-        conns: dict[str, Conn] = {}
-        for version, to in (("before", args.before), ("after", None)):
-            conn = conns[version] = migrated_database(admin, f"bench_{version}", to)
-            print(f"{version}: migrations {scalar(conn, 'migration_versions')}")
+    with (
+        statements_server("flowlane-bench-") as admin,
+        before_and_after(admin, "bench", args.before) as conns,
+    ):
         print(
             f"cpus: {os.cpu_count()}, batch {args.batch}, {args.runs} runs per chain cell, "
             f"map fan-out of {args.map_items} items, {args.rounds} rounds\n"
         )
-        try:
-            measure(conns, args.runs, args.batch, args.rounds, args.map_items)
-        finally:
-            for conn in conns.values():
-                conn.close()
+        measure(conns, args.runs, args.batch, args.rounds, args.map_items)
     return 0
 
 

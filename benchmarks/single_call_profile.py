@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.engine_throughput import (
     Conn,
-    migrated_database,
+    before_and_after,
     scalar,
     statements_server,
 )
@@ -249,17 +249,12 @@ def main() -> int:
     parser.add_argument("--before", default="0014", help="the migration the 'before' database stops at")
     parser.add_argument("--functions", action="store_true", help="each function's own time per call")
     args = parser.parse_args()
-    with statements_server("flowlane-single-") as admin:
-        conns: dict[str, Conn] = {}
-        for version, to in (("before", args.before), ("after", None)):
-            conns[version] = migrated_database(admin, f"single_{version}", to)
-            print(f"{version}: migrations {scalar(conns[version], 'migration_versions')}")
+    with (
+        statements_server("flowlane-single-") as admin,
+        before_and_after(admin, "single", args.before) as conns,
+    ):
         print(f"{args.calls} calls per case and round, {args.rounds} rounds, medians\n")
-        try:
-            measure(conns, args.calls, args.rounds, args.functions)
-        finally:
-            for conn in conns.values():
-                conn.close()
+        measure(conns, args.calls, args.rounds, args.functions)
     return 0
 
 
