@@ -597,11 +597,10 @@ class Worker:
         in_flight: set[asyncio.Task[None]] = set()
         try:
             while True:
-                first = await session.results.get()
-                while len(in_flight) >= FLUSHES:
-                    done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
-                    for flush in done:
-                        flush.result()  # a flush that crashed stops the flusher
+                first = await _next_result(session, in_flight)
+                while len(in_flight) >= FLUSHES:  # both commits in flight: the results wait
+                    full = asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                    await _settle_flushes(in_flight, full)
                 batch = [first]
                 while not session.results.empty():
                     batch.append(session.results.get_nowait())
@@ -722,6 +721,29 @@ class Worker:
                 session.notify_live = False
                 with contextlib.suppress(Exception):
                     await conn.close()
+
+
+async def _settle_flushes(in_flight: set[asyncio.Task[None]], waiting: Awaitable[Any]) -> set[Any]:
+    """Await ``waiting`` (an ``asyncio.wait`` over flushes and more); the flushes it finds done
+    leave ``in_flight``, and one that crashed raises its error (it stops the flusher at once,
+    not at the next result). Returns what is done."""
+    done, _ = await waiting
+    for flush in in_flight & done:
+        in_flight.discard(flush)
+        flush.result()
+    return set(done)
+
+
+async def _next_result(session: Session, in_flight: set[asyncio.Task[None]]) -> Pending | None:
+    """The next finished result (None: stop), while watching the flushes in flight."""
+    getter = asyncio.ensure_future(session.results.get())
+    try:
+        while True:
+            waiting = asyncio.wait({getter, *in_flight}, return_when=asyncio.FIRST_COMPLETED)
+            if getter in await _settle_flushes(in_flight, waiting):
+                return getter.result()
+    finally:
+        getter.cancel()  # a no-op once it has its item
 
 
 def _report_progress(session: Session, reported: Counters) -> Counters:

@@ -726,3 +726,18 @@ def test_a_result_commits_while_an_earlier_commit_is_still_in_flight() -> None:
         assert session.counters.completed == 2
 
     _in_loop(body)
+
+
+def test_a_flush_that_crashes_stops_the_flusher_without_waiting_for_another_result() -> None:
+    worker = Worker(project_from_text(SHUTDOWN_FLOW), queue="f", handle_signals=False)
+    store = FakeStore()
+    store.errors = [RuntimeError("a bug in the flush")]
+
+    async def body() -> None:
+        session = Session(None, None, ResultSender(store, WORKER), None)  # type: ignore[arg-type]
+        flusher = asyncio.create_task(worker._flush_loop(session))
+        session.results.put_nowait((_ok(), asyncio.get_running_loop().create_future()))
+        with pytest.raises(RuntimeError, match="a bug in the flush"):
+            await asyncio.wait_for(flusher, 30)  # the deadline only turns a hang into a failure
+
+    _in_loop(body)
