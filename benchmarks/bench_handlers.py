@@ -24,3 +24,8 @@ def meta(input: Any, ctx: Any) -> dict[str, int]:
 
 def total(input: Any, ctx: Any) -> dict[str, int]:
     return {"sum": sum(input["square"]), "count": input["meta"]["count"]}
+
+
+def sleep_1ms(input: Any, ctx: Any) -> dict[str, float]:
+    time.sleep(0.001)
+    return {"t": time.time()}

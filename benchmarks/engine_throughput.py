@@ -29,6 +29,7 @@ measured in a separate pass so that tracking does not slow the timed ones).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -37,7 +38,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, LiteralString
@@ -320,6 +321,19 @@ def report(
         )
 
 
+@contextlib.contextmanager
+def statements_server(prefix: str) -> Iterator[str]:
+    """A throwaway embedded server with pg_stat_statements preloaded: its admin DSN."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    tmp.chmod(0o711)  # run as root, the server account must reach its data directory
+    pgdata = tmp / "data"
+    try:
+        yield start_server_with_statements(pgdata)
+    finally:
+        db.EmbeddedDatabase.stop_at(pgdata)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def start_server_with_statements(pgdata: Path) -> str:
     """An embedded server at ``pgdata`` with pg_stat_statements preloaded; its admin DSN."""
     admin = db.EmbeddedDatabase.start_at(pgdata)
@@ -340,6 +354,21 @@ def migrated_database(admin: str, name: str, to: str | None) -> Conn:
     return conn
 
 
+@contextlib.contextmanager
+def before_and_after(admin: str, prefix: str, before: str) -> Iterator[dict[str, Conn]]:
+    """Databases `before` (migrated up to ``before``) and `after` (head), their migrations
+    printed; their connections closed on exit."""
+    conns: dict[str, Conn] = {}
+    try:
+        for version, to in (("before", before), ("after", None)):
+            conn = conns[version] = migrated_database(admin, f"{prefix}_{version}", to)
+            print(f"{version}: migrations {scalar(conn, 'migration_versions')}")
+        yield conns
+    finally:
+        for conn in conns.values():
+            conn.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=600, help="runs per chain workload and cell")
@@ -348,27 +377,15 @@ def main() -> int:
     parser.add_argument("--map-items", type=int, default=1000, help="items of the map fan-out")
     parser.add_argument("--before", default="0007", help="the migration the 'before' database stops at")
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="flowlane-bench-"))
-    tmp.chmod(0o711)  # run as root, the server account must reach its data directory
-    pgdata = tmp / "data"
-    try:
-        admin = start_server_with_statements(pgdata)
-        conns: dict[str, Conn] = {}
-        for version, to in (("before", args.before), ("after", None)):
-            conn = conns[version] = migrated_database(admin, f"bench_{version}", to)
-            print(f"{version}: migrations {scalar(conn, 'migration_versions')}")
+    with (
+        statements_server("flowlane-bench-") as admin,
+        before_and_after(admin, "bench", args.before) as conns,
+    ):
         print(
             f"cpus: {os.cpu_count()}, batch {args.batch}, {args.runs} runs per chain cell, "
             f"map fan-out of {args.map_items} items, {args.rounds} rounds\n"
         )
-        try:
-            measure(conns, args.runs, args.batch, args.rounds, args.map_items)
-        finally:
-            for conn in conns.values():
-                conn.close()
-    finally:
-        db.EmbeddedDatabase.stop_at(pgdata)
-        shutil.rmtree(tmp, ignore_errors=True)
+        measure(conns, args.runs, args.batch, args.rounds, args.map_items)
     return 0
 
 

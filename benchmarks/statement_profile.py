@@ -14,9 +14,7 @@ so that plans and caches are made outside the measurement.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,9 +29,8 @@ from benchmarks.engine_throughput import (
     define,
     migrated_database,
     scalar,
-    start_server_with_statements,
+    statements_server,
 )
-from flowlane.core import db
 
 TOP_STATEMENTS = """
 select calls, total_exec_time, query from pg_stat_statements
@@ -72,11 +69,7 @@ def main() -> int:
     parser.add_argument("--before", default="0012", help="the migration the 'before' database stops at")
     parser.add_argument("--top", type=int, default=15, help="statements listed per database")
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="flowlane-profile-"))
-    tmp.chmod(0o711)  # run as root, the server account must reach its data directory
-    pgdata = tmp / "data"
-    try:
-        admin = start_server_with_statements(pgdata)
+    with statements_server("flowlane-profile-") as admin:
         for version, to in (("before", args.before), ("after", None)):
             with migrated_database(admin, f"profile_{version}", to) as conn:
                 define(conn)
@@ -84,9 +77,6 @@ def main() -> int:
                     f"{version} (migrations {scalar(conn, 'migration_versions')}), {args.runs} queued runs:"
                 )
                 profile(conn, args.runs, args.top)
-    finally:
-        db.EmbeddedDatabase.stop_at(pgdata)
-        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

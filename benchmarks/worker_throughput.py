@@ -66,10 +66,26 @@ from flowlane.core import db  # noqa: E402
 FLOWS = REPO / "benchmarks" / "flows"
 RAW_QUEUE = "bench_raw"
 TICK = os.sysconf("SC_CLK_TCK")
+SLOTS = 8  # handler slots of the one worker, and raw consumers, of the slots case
 MIGRATE = (
     "import sys, psycopg; from flowlane.core import migrator; "
     "c = psycopg.connect(sys.argv[1], autocommit=True); migrator.ensure_pgmq(c); migrator.migrate(c)"
 )
+
+
+@contextlib.contextmanager
+def admin_server(dsn: str | None, prefix: str) -> Iterator[tuple[str, Path | None]]:
+    """``dsn`` (and no data directory), or a throwaway embedded server: (admin DSN, its data)."""
+    if dsn is not None:
+        yield dsn, None
+        return
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    os.chmod(tmp, 0o711)  # run as root, the server account must reach its data directory
+    pgdata = Path(tmp) / "pgdata"
+    try:
+        yield db.EmbeddedDatabase.start_at(pgdata), pgdata
+    finally:
+        db.EmbeddedDatabase.stop_at(pgdata)
 
 
 def template_database(admin_dsn: str, repo: Path) -> str:
@@ -131,7 +147,7 @@ class ServerCpu:
 # -- raw PGMQ -----------------------------------------------------------------
 
 
-def _raw_consumer(dsn: str, stop_at: int, done: Any, ready: Any, qty: int) -> None:
+def _raw_consumer(dsn: str, stop_at: int, done: Any, ready: Any, qty: int, work: float) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         with ready.get_lock():
             ready.value += 1
@@ -141,21 +157,26 @@ def _raw_consumer(dsn: str, stop_at: int, done: Any, ready: Any, qty: int) -> No
                 time.sleep(0.005)  # an idle consumer polls every 5 ms (no 1 s read_with_poll tail)
                 continue
             ids = [r[0] for r in rows]
+            if work:
+                time.sleep(work * len(ids))  # the handler's time, like --flow bench_sleep's
             conn.execute(b"select pgmq.archive(%s, %s::bigint[])", (RAW_QUEUE, ids))
             with done.get_lock():
                 done.value += len(ids)
 
 
-def raw_pgmq(dsn: str, n: int, consumers: int, qty: int, *, backlog: bool = False) -> float:
+def raw_pgmq(
+    dsn: str, n: int, consumers: int, qty: int, *, backlog: bool = False, work: float = 0.0
+) -> float:
     """Messages/s: one send per transaction while the consumers drain; or (backlog) all n
-    committed in one transaction once every consumer is polling, timed from the commit."""
+    committed in one transaction once every consumer is polling, timed from the commit.
+    ``work``: seconds each consumer sleeps per message between its read and its archive."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(b"select pgmq.create(%s)", (RAW_QUEUE,))
         conn.execute(b"select pgmq.purge_queue(%s)", (RAW_QUEUE,))
     done = multiprocessing.Value("i", 0)
     ready = multiprocessing.Value("i", 0)
     procs = [
-        multiprocessing.Process(target=_raw_consumer, args=(dsn, n, done, ready, qty))
+        multiprocessing.Process(target=_raw_consumer, args=(dsn, n, done, ready, qty, work))
         for _ in range(consumers)
     ]
     for p in procs:
@@ -182,7 +203,9 @@ def raw_pgmq(dsn: str, n: int, consumers: int, qty: int, *, backlog: bool = Fals
 
 
 class Workers:
-    def __init__(self, dsn: str, count: int, *extra: str, repo: Path = REPO) -> None:
+    def __init__(
+        self, dsn: str, count: int, *extra: str, repo: Path = REPO, flow: str = "bench_noop"
+    ) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="flowlane-bench-workers-"))
         self.paths = [self.folder / f"worker-{i}.log" for i in range(count)]
         self.logs = [path.open("w") for path in self.paths]
@@ -195,7 +218,7 @@ class Workers:
                     "worker",
                     str(FLOWS),
                     "--flow",
-                    "bench_noop",
+                    flow,
                     "--dsn",
                     dsn,
                     "--import-path",
@@ -234,16 +257,16 @@ def live_workers(conn: psycopg.Connection[Any]) -> int:
     return int(row[0]) if row else 0
 
 
-def start_runs(conn: psycopg.Connection[Any], n: int, per_call: int = 1) -> None:
+def start_runs(conn: psycopg.Connection[Any], n: int, per_call: int = 1, flow: str = "bench_noop") -> None:
     """n runs: one start_flow per call, or start_flows of ``per_call`` inputs per call."""
     inputs = [json.dumps({"i": i}) for i in range(n)]
     with conn.cursor() as cur:
         if per_call == 1:
-            cur.executemany(b"select flowlane.start_flow('bench_noop', %s::jsonb)", [(i,) for i in inputs])
+            cur.executemany(b"select flowlane.start_flow(%s, %s::jsonb)", [(flow, i) for i in inputs])
             return
         cur.executemany(
-            b"select count(*) from flowlane.start_flows('bench_noop', %s::jsonb[])",
-            [(inputs[at : at + per_call],) for at in range(0, n, per_call)],
+            b"select count(*) from flowlane.start_flows(%s, %s::jsonb[])",
+            [(flow, inputs[at : at + per_call]) for at in range(0, n, per_call)],
         )
 
 
@@ -294,20 +317,24 @@ class Engine:
         finally:
             pool.stop()
 
-    def drain(self, n: int, workers: int, cpu: ServerCpu) -> tuple[float, float | None]:
+    def drain(
+        self, n: int, workers: int, cpu: ServerCpu, flow: str = "bench_noop", extra: tuple[str, ...] = ()
+    ) -> tuple[float, float | None]:
         """(tasks/s of the workers draining a backlog, server CPU ms per task during the
         drain). The workers start on an empty queue; the backlog is committed in one
         transaction once all of them are registered, and the drain is timed in the
         database, from that commit to the last run's completion."""
         with fresh_database(self.admin, self.template) as dsn:
-            return self._drain(dsn, n, workers, cpu)
+            return self._drain(dsn, n, workers, cpu, flow, extra)
 
-    def _drain(self, dsn: str, n: int, workers: int, cpu: ServerCpu) -> tuple[float, float | None]:
-        pool = Workers(dsn, workers, *self.extra, repo=self.repo)
+    def _drain(
+        self, dsn: str, n: int, workers: int, cpu: ServerCpu, flow: str, extra: tuple[str, ...]
+    ) -> tuple[float, float | None]:
+        pool = Workers(dsn, workers, *self.extra, *extra, repo=self.repo, flow=flow)
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 with conn.transaction():  # a version older than start_flows: one run per call
-                    start_runs(conn, n, 500 if self.batched_starts else 1)
+                    start_runs(conn, n, 500 if self.batched_starts else 1, flow)
                 mark = conn.execute(b"select clock_timestamp()").fetchone()
                 assert mark is not None
                 cpu0 = cpu.seconds()
@@ -436,6 +463,31 @@ class Bench:
                 values[name + " cpu"] = cpu_ms
         return values
 
+    def slots(self) -> None:
+        """One worker with SLOTS handler slots and 1 ms handlers against SLOTS raw consumers
+        that each read one message, sleep 1 ms and archive it: what a slot costs beyond its
+        handler (a slot is held until its result commits)."""
+        names, rounds = self.names, self.args.rounds
+        extra = ("--max-concurrent", str(SLOTS))
+        cells: dict[str, list[float]] = {}
+        for _ in range(rounds):
+            with fresh_database(self.admin, self.engines["after"].template) as dsn:
+                raw = raw_pgmq(dsn, self.args.tasks, SLOTS, 1, backlog=True, work=0.001)
+            cells.setdefault("raw", []).append(raw)
+            for name, engine in self.engines.items():
+                rate, _ = engine.drain(self.args.tasks, 1, self.cpu, "bench_sleep", extra)
+                cells.setdefault(name, []).append(rate)
+        med = {key: statistics.median(values) for key, values in cells.items()}
+        print(f"{SLOTS} handler slots, 1 ms handlers, drain (as above); raw: {SLOTS} consumers, each")
+        print(f"reading 1, sleeping 1 ms, archiving 1; medians of {rounds} round(s)")
+        cols = "".join(f"  {name + ' tasks/s':>15}" for name in names)
+        ratios = "".join(f"  {name + '/raw':>12}" for name in names)
+        print(f"{'raw msg/s':>10}{cols}{ratios}")
+        line = "".join(f"  {med[n]:>15.0f}" for n in names) + "".join(
+            f"  {med[n] / med['raw']:>12.2f}" for n in names
+        )
+        print(f"{med['raw']:>10.0f}{line}")
+
     def latency(self) -> None:
         print(
             "pickup latency, start_flow commit -> handler start, idle worker "
@@ -461,17 +513,12 @@ def main() -> None:
     parser.add_argument("--worker-args", default="", help="extra arguments for this checkout's workers")
     parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--skip-end-to-end", action="store_true")
+    parser.add_argument("--skip-drain", action="store_true")
+    parser.add_argument("--skip-slots", action="store_true", help=f"skip the {SLOTS}-slot, 1 ms handler case")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    admin = args.dsn
-    pgdata = None
-    if admin is None:
-        tmp = tempfile.mkdtemp(prefix="flowlane-bench-")
-        os.chmod(tmp, 0o711)  # run as root, the server account must reach its data directory
-        pgdata = Path(tmp) / "pgdata"
-        admin = db.EmbeddedDatabase.start_at(pgdata)
-    try:
+    with admin_server(args.dsn, "flowlane-bench-") as (admin, pgdata):
         bench = Bench(args, admin, ServerCpu(pgdata))
         print(
             f"tasks per measurement: {args.tasks}; cpus: {os.cpu_count()}; "
@@ -480,13 +527,14 @@ def main() -> None:
         if not args.skip_end_to_end:
             bench.end_to_end()
             print()
-        bench.drains()
+        if not args.skip_drain:
+            bench.drains()
+            print()
+        if not args.skip_slots:
+            bench.slots()
         if not args.skip_latency:
             print()
             bench.latency()
-    finally:
-        if pgdata is not None:
-            db.EmbeddedDatabase.stop_at(pgdata)
 
 
 if __name__ == "__main__":

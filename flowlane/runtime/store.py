@@ -81,17 +81,18 @@ def json_param(value: Any) -> str:
 class Store:
     """The worker's connection pool and its calls.
 
-    Handlers never hold a connection: the poller, the completion flusher, the
-    lease loop and the maintenance loop each use at most one at a time, so the
-    pool is sized to those four, not to ``max_concurrent``. The three busy while
-    tasks flow (poller, flusher, leases) are opened at start: a connection
+    Handlers never hold a connection: the poller, the lease loop and the
+    maintenance loop each use at most one at a time, the completion flusher at
+    most two (two commits in flight), so the pool is sized to those five, not to
+    ``max_concurrent``. The four busy while tasks flow (poller, two flushes,
+    leases) are opened at start: a connection
     opened during a burst costs the burst its setup and a cold backend (one
     worker draining 6,000 queued tasks: 5.3-5.7k tasks/s with one connection
     open at start, 6.2-6.6k with three).
     """
 
     def __init__(
-        self, dsn: str, *, application_name: str, min_size: int = 3, max_size: int = 4
+        self, dsn: str, *, application_name: str, min_size: int = 4, max_size: int = 5
     ) -> None:
         log.quiet_pool_logs()
         self.dsn = dsn

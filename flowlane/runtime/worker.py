@@ -17,8 +17,9 @@ asyncio tasks on one loop:
   disables its deployment and stops (exit status 3). It wakes on PGMQ's
   insert notification and polls every ``poll_interval`` as a fallback; while
   the notification connection is down it uses ``pgmq.read_with_poll``;
-- flusher: sends results, completions batched through ``complete_tasks``,
-  failures through ``fail_tasks``, both fenced by worker id and attempt;
+- flusher: sends results as they finish, completions batched through
+  ``complete_tasks``, failures through ``fail_tasks``, both fenced by worker id
+  and attempt; up to two commits in flight;
 - maintenance: heartbeat (a deprecated worker stops), and every
   ``requeue_interval`` seconds ``requeue_stalled_tasks`` (cheap and SKIP
   LOCKED, so every worker does it) and a coverage re-check;
@@ -94,6 +95,7 @@ MAX_POLL_WINDOW = 2  # seconds
 # threshold (timeout + 30 s, timeout >= 3 s)
 LEASE_INTERVAL = 2.0  # seconds
 PROGRESS_INTERVAL = 5.0  # seconds between INFO counter lines (per-task lines are DEBUG)
+FLUSHES = 2  # result commits in flight at once (the pool's fourth connection takes the second)
 
 
 @dataclass
@@ -578,20 +580,35 @@ class Worker:
     # -- flusher ----------------------------------------------------------
 
     async def _flush_loop(self, session: Session) -> None:
-        while True:
-            first = await session.results.get()
-            batch = [first]
-            while not session.results.empty():
-                batch.append(session.results.get_nowait())
-            items = [item for item in batch if item is not None]
-            if items:
-                session.counters.add(await session.sender.send([result for result, _ in items]))
-                for _, committed in items:
-                    if not committed.done():
-                        committed.set_result(None)
-                session.wake.set()  # a retry with no delay or a new dependent may be ready
-            if None in batch:
-                return
+        """Send what has finished at once, up to ``FLUSHES`` commits in flight: a result
+        waits for about one commit, not for the commit before it as well; under load the
+        results that finish meanwhile make the next batch."""
+        in_flight: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                first = await _next_result(session, in_flight)
+                while len(in_flight) >= FLUSHES:  # both commits in flight: the results wait
+                    full = asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                    await _settle_flushes(in_flight, full)
+                batch = [first]
+                while not session.results.empty():
+                    batch.append(session.results.get_nowait())
+                items = [item for item in batch if item is not None]
+                if items:
+                    in_flight.add(asyncio.create_task(self._flush(session, items)))
+                if None in batch:
+                    await asyncio.gather(*in_flight)
+                    return
+        finally:
+            for flush in in_flight:  # left only when the flusher is cancelled or crashed
+                flush.cancel()
+
+    async def _flush(self, session: Session, items: list[Pending]) -> None:
+        session.counters.add(await session.sender.send([result for result, _ in items]))
+        for _, committed in items:
+            if not committed.done():
+                committed.set_result(None)
+        session.wake.set()  # a retry with no delay or a new dependent may be ready
 
     # -- maintenance and notifications ------------------------------------
 
@@ -708,6 +725,29 @@ class Worker:
                 session.notify_live = False
                 with contextlib.suppress(Exception):
                     await conn.close()
+
+
+async def _settle_flushes(in_flight: set[asyncio.Task[None]], waiting: Awaitable[Any]) -> set[Any]:
+    """Await ``waiting`` (an ``asyncio.wait`` over flushes and more); the flushes it finds done
+    leave ``in_flight``, and one that crashed raises its error (it stops the flusher at once,
+    not at the next result). Returns what is done."""
+    done, _ = await waiting
+    for flush in in_flight & done:
+        in_flight.discard(flush)
+        flush.result()
+    return set(done)
+
+
+async def _next_result(session: Session, in_flight: set[asyncio.Task[None]]) -> Pending | None:
+    """The next finished result (None: stop), while watching the flushes in flight."""
+    getter = asyncio.ensure_future(session.results.get())
+    try:
+        while True:
+            waiting = asyncio.wait({getter, *in_flight}, return_when=asyncio.FIRST_COMPLETED)
+            if getter in await _settle_flushes(in_flight, waiting):
+                return getter.result()
+    finally:
+        getter.cancel()  # a no-op once it has its item
 
 
 def _report_progress(session: Session, reported: Counters) -> Counters:

@@ -695,3 +695,59 @@ def test_shutdown_abandons_running_handlers_and_keeps_leasing_results_not_yet_co
         queued.cancel()
 
     _in_loop(body)
+
+
+class BlockingStore(FakeStore):
+    """The first ``complete_tasks`` call waits for ``release``; the others answer at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.first_called = asyncio.Event()
+
+    async def complete_tasks(self, completions: list[dict[str, Any]]) -> list[Row]:
+        if not self.first_called.is_set():
+            self.first_called.set()
+            await self.release.wait()
+        return await super().complete_tasks(completions)
+
+
+def test_a_result_commits_while_an_earlier_commit_is_still_in_flight() -> None:
+    worker = Worker(project_from_text(SHUTDOWN_FLOW), queue="f", handle_signals=False)
+    store = BlockingStore()
+
+    async def body() -> None:
+        session = Session(None, None, ResultSender(store, WORKER), None)  # type: ignore[arg-type]
+        loop = asyncio.get_running_loop()
+        first, second = loop.create_future(), loop.create_future()
+        flusher = asyncio.create_task(worker._flush_loop(session))
+        session.results.put_nowait((_ok(), first))
+        await store.first_called.wait()
+        session.results.put_nowait((_ok(), second))
+        # committed by a second flush while the first still waits for its commit (a flusher
+        # with one commit in flight never gets here: the deadline only turns a hang into a failure)
+        await asyncio.wait_for(second, 30)
+        assert not first.done()
+        store.release.set()
+        await first
+        session.results.put_nowait(None)
+        await flusher
+        assert [len(items) for _, items in store.calls] == [1, 1]
+        assert session.counters.completed == 2
+
+    _in_loop(body)
+
+
+def test_a_flush_that_crashes_stops_the_flusher_without_waiting_for_another_result() -> None:
+    worker = Worker(project_from_text(SHUTDOWN_FLOW), queue="f", handle_signals=False)
+    store = FakeStore()
+    store.errors = [RuntimeError("a bug in the flush")]
+
+    async def body() -> None:
+        session = Session(None, None, ResultSender(store, WORKER), None)  # type: ignore[arg-type]
+        flusher = asyncio.create_task(worker._flush_loop(session))
+        session.results.put_nowait((_ok(), asyncio.get_running_loop().create_future()))
+        with pytest.raises(RuntimeError, match="a bug in the flush"):
+            await asyncio.wait_for(flusher, 30)  # the deadline only turns a hang into a failure
+
+    _in_loop(body)

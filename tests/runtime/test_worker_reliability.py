@@ -141,15 +141,21 @@ def test_slots_stay_taken_until_results_commit(
     flows_dsn: str, spawn: Spawn, tmp_path: Path
 ) -> None:
     worker = spawn("--flow", "rt_slow", "--max-concurrent", "2")
-    blocked = start_run(flows_dsn, "rt_slow", {"dir": str(tmp_path), "only_first": True})
-    wait_until(lambda: (tmp_path / f"started-{blocked}-1").exists(), message="the claim")
+    blocked = [
+        start_run(flows_dsn, "rt_slow", {"dir": str(tmp_path), "only_first": True})
+        for _ in range(2)
+    ]
+    for run_id in blocked:
+        wait_until(lambda run_id=run_id: (tmp_path / f"started-{run_id}-1").exists(),
+                   message="the claims")
     with psycopg.connect(flows_dsn) as lock:
-        # the flusher cannot commit this run's result while the test holds its row
-        lock.execute("select 1 from flowlane.runs where run_id = %s for update", (blocked,))
+        # the flusher (both of its commits in flight) cannot commit these runs' results while
+        # the test holds their rows
+        lock.execute("select 1 from flowlane.runs where run_id = any (%s) for update", (blocked,))
         (tmp_path / "release").touch()
         others = [
             start_run(flows_dsn, "rt_slow", {"dir": str(tmp_path), "only_first": True})
-            for _ in range(6)
+            for _ in range(5)
         ]
 
         def held() -> int:
@@ -158,12 +164,12 @@ def test_slots_stay_taken_until_results_commit(
                 "select count(*) from flowlane.step_tasks where status = 'started'"))
 
         # before the fix every handler slot freed when its handler returned: the worker
-        # claimed all seven tasks while their results piled up behind the blocked flush
+        # claimed all seven tasks while their results piled up behind the blocked flushes
         wait_until(lambda: held() > 2 or "poller_full" in worker.text(),
                    message="the worker to fill its slots")
         assert held() == 2
         lock.rollback()
-    for run_id in [blocked, *others]:
+    for run_id in [*blocked, *others]:
         assert wait_run(flows_dsn, run_id, workers=[worker])["run"]["status"] == "completed"
 
 

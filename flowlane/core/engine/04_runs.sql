@@ -151,7 +151,12 @@ begin
     perform flowlane._advance(v_run);
   end loop;
   perform flowlane._start_ready_steps(p_run_ids);
-  perform flowlane._maybe_complete_runs(p_run_ids);
+  -- most calls (every start of a flow with steps) have no run to complete: ask first, in a
+  -- statement planned once, instead of calling the update
+  if exists (select 1 from flowlane.runs r
+             where r.run_id = any (p_run_ids) and r.status = 'started' and r.remaining_steps = 0) then
+    perform flowlane._maybe_complete_runs(p_run_ids);
+  end if;
 end;
 $$;
 
@@ -269,6 +274,7 @@ create function flowlane._start_ready_steps(p_run_ids uuid[]) returns void
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
 as $$
 declare
   v_started flowlane.step_states[];
@@ -279,8 +285,12 @@ begin
     select ss.run_id, ss.step_slug
     from flowlane.step_states ss
     join flowlane.runs r on r.run_id = ss.run_id and r.status = 'started' and r.run_id = any (p_run_ids)
+    join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
     where ss.run_id = any (p_run_ids) and ss.status = 'created' and ss.remaining_deps = 0
-      and ss.initial_tasks > 0 and flowlane._condition_met(ss.run_id, ss.step_slug)
+      and ss.initial_tasks > 0
+      -- _condition_met is a call per row (never inlined): only for a step with a condition
+      and case when s.required_input_pattern is null and s.forbidden_input_pattern is null then true
+               else flowlane._condition_met(ss.run_id, ss.step_slug) end
     order by ss.run_id, ss.step_slug
     for update of ss
   ), started as (
@@ -496,17 +506,25 @@ $$;
 
 -- the outputs of completed runs: each run's completed leaf steps (the rule, in one place),
 -- for a batch of runs in one statement
+-- (plpgsql, not sql: a language sql function with set clauses plans its statement on every call)
 create function flowlane._run_outputs(p_run_ids uuid[]) returns table (run_id uuid, output jsonb)
-language sql stable
+language plpgsql stable
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
 as $$
+begin
+  if cardinality(p_run_ids) = 0 then
+    return;
+  end if;
+  return query
   select ss.run_id, jsonb_object_agg(ss.step_slug, ss.output)
   from flowlane.step_states ss
   where ss.run_id = any (p_run_ids) and ss.status = 'completed'
     and not exists (select 1 from flowlane.deps d
                     where d.flow_slug = ss.flow_slug and d.dep_slug = ss.step_slug)
-  group by ss.run_id
+  group by ss.run_id;
+end;
 $$;
 
 -- flowlane_run_finished: a notification per finished run, from one trigger call per statement (same channel,

@@ -200,6 +200,7 @@ returns setof flowlane.step_tasks
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
 as $$
 declare
   v_classes flowlane._result_class[];
@@ -324,6 +325,7 @@ create function flowlane._steps_done(p_steps flowlane.step_states[]) returns voi
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
 as $$
 declare
   v_runs uuid[] := array(select distinct s.run_id from unnest(p_steps) s order by 1);

@@ -1,0 +1,262 @@
+"""The one-at-a-time paths against raw PGMQ: a single start, completion and failure, in one run.
+
+    python benchmarks/single_call_profile.py [--calls 500] [--rounds 3] [--before 0016] [--functions]
+
+One embedded PostgreSQL (pg_stat_statements preloaded), two databases: `before` migrated to
+--before, `after` to head. Every call is its own autocommit transaction on one connection,
+like a web request, a trigger or a worker in another language. Cases, interleaved in
+--rounds rounds with a rotating order (a shared machine's load hits all alike):
+
+  raw send            pgmq.send of the start's payload ({"i": n})
+  raw archive+send    pgmq.archive of one message and pgmq.send of one, in one transaction
+  start one           start_flow of a one-step flow
+  start three         start_flow of a three-step chain
+  start map10         start_flow of a flow whose root step maps its input (10 elements)
+  complete chain      complete_task of a chain's first step (enqueues its successor)
+  fail retry          fail_task of a one-step flow's task with attempts left (a retry)
+
+Printed per case and database: calls/s, the backend's CPU per call (/proc/<pid>/schedstat,
+nanoseconds), the server's execution time per call (pg_stat_statements, top level) and both
+as a ratio to their raw PGMQ baseline (starts to `raw send`, completions and failures to
+`raw archive+send`). --functions adds, per database, a pass with track_functions = 'all':
+each function's own time per call of every case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.engine_throughput import (
+    Conn,
+    before_and_after,
+    scalar,
+    statements_server,
+)
+
+RAW = "bench_single_raw"
+FLOWS = {
+    "bench_one": [("s0", [], "single")],
+    "bench_three": [("s0", [], "single"), ("s1", ["s0"], "single"), ("s2", ["s1"], "single")],
+    "bench_map10": [("m", [], "map")],
+}
+STARTS = {"start one": "bench_one", "start three": "bench_three", "start map10": "bench_map10"}
+BASELINE = {
+    "start one": "raw send",
+    "start three": "raw send",
+    "start map10": "raw send",
+    "complete chain": "raw archive+send",
+    "fail retry": "raw archive+send",
+}
+EXEC_TIME = b"""
+select coalesce(sum(total_exec_time), 0), coalesce(sum(calls), 0) from pg_stat_statements
+where dbid = (select oid from pg_database where datname = current_database())
+  and query !~* 'pg_stat_statements|pg_backend_pid|pg_stat_'
+"""
+FUNCTION_TIMES = b"""
+select schemaname || '.' || funcname, calls, self_time from pg_stat_user_functions
+where self_time > 0 order by self_time desc
+"""
+
+
+def cpu_ns(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+
+
+@dataclass
+class Cell:
+    calls: int = 0
+    wall: list[float] = field(default_factory=list)  # seconds per call, per round
+    cpu: list[float] = field(default_factory=list)
+    exec_ms: list[float] = field(default_factory=list)
+
+
+class Case:
+    """One database's calls; ``prepare`` (untimed) makes what ``calls`` consumes."""
+
+    def __init__(self, conn: Conn) -> None:
+        self.conn = conn
+        self.worker = uuid.uuid4()
+        self.serial = 0
+        self.pairs = {
+            flow: json.dumps([[flow, step] for step, _, _ in steps]) for flow, steps in FLOWS.items()
+        }
+
+    def define(self) -> None:
+        self.conn.execute(b"select pgmq.create(%s)", (RAW,))
+        with self.conn.transaction():
+            for flow, steps in FLOWS.items():
+                self.conn.execute(b"select flowlane.create_flow(%s)", (flow,))
+                for step, deps, step_type in steps:
+                    self.conn.execute(
+                        b"select flowlane.add_step(%s, %s, %s, step_type => %s)",
+                        (flow, step, deps, step_type),
+                    )
+
+    def next_input(self, flow: str) -> Any:
+        self.serial += 1
+        return list(range(10)) if flow == "bench_map10" else {"i": self.serial}
+
+    def prepare(self, name: str, n: int) -> list[Any]:
+        if name == "raw archive+send":
+            bodies = [json.dumps({"i": i}) for i in range(n)]
+            return [
+                r[0] for r in self.conn.execute(b"select pgmq.send_batch(%s, %s::jsonb[])", (RAW, bodies))
+            ]
+        if name in ("complete chain", "fail retry"):
+            flow = "bench_three" if name == "complete chain" else "bench_one"
+            inputs = [json.dumps(self.next_input(flow)) for _ in range(n)]
+            self.conn.execute(b"select count(*) from flowlane.start_flows(%s, %s::jsonb[])", (flow, inputs))
+            claimed: list[Any] = []
+            while len(claimed) < n:
+                claimed += self.conn.execute(
+                    b"select run_id, step_slug, task_index, attempt"
+                    b" from flowlane.claim_tasks(%s, 100, %s, %s::jsonb) where outcome = 'claimed'",
+                    (flow, self.worker, self.pairs[flow]),
+                ).fetchall()
+            return claimed
+        return [None] * n
+
+    def call(self, name: str, item: Any) -> None:
+        execute = self.conn.execute
+        if name == "raw send":
+            execute(b"select pgmq.send(%s, %s)", (RAW, Jsonb({"i": self.serial})))
+            self.serial += 1
+        elif name == "raw archive+send":
+            execute(
+                b"select pgmq.archive(%s, %s::bigint), pgmq.send(%s, %s)",
+                (RAW, item, RAW, Jsonb({"i": item})),
+            )
+        elif name in STARTS:
+            flow = STARTS[name]
+            execute(b"select run_id from flowlane.start_flow(%s, %s)", (flow, Jsonb(self.next_input(flow))))
+        elif name == "complete chain":
+            run_id, step, index, attempt = item
+            execute(
+                b"select status from flowlane.complete_task(%s, %s, %s, %s, %s, %s)",
+                (run_id, step, index, Jsonb({"ok": True}), self.worker, attempt),
+            )
+        elif name == "fail retry":
+            run_id, step, index, attempt = item
+            execute(
+                b"select status from flowlane.fail_task(%s, %s, %s, %s, %s, %s)",
+                (run_id, step, index, "boom", self.worker, attempt),
+            )
+        else:
+            raise ValueError(name)
+
+
+CASES = ["raw send", "raw archive+send", *STARTS, "complete chain", "fail retry"]
+
+
+def timed(case: Case, name: str, n: int, cell: Cell) -> None:
+    items = case.prepare(name, n)
+    conn = case.conn
+    pid = scalar(conn, "backend_pid")
+    conn.execute(b"select pg_stat_statements_reset()")
+    cpu0, start = cpu_ns(pid), time.perf_counter()
+    for item in items:
+        case.call(name, item)
+    wall, cpu = time.perf_counter() - start, cpu_ns(pid) - cpu0
+    row = conn.execute(EXEC_TIME).fetchone()
+    assert row is not None
+    cell.calls += n
+    cell.wall.append(wall / n)
+    cell.cpu.append(cpu / 1e9 / n)
+    cell.exec_ms.append(float(row[0]) / n)
+
+
+def function_profile(case: Case, n: int) -> None:
+    conn = case.conn
+    for name in CASES[2:]:
+        items = case.prepare(name, n)
+        conn.execute(b"select pg_stat_reset()")
+        conn.execute(b"set track_functions = 'all'")
+        for item in items:
+            case.call(name, item)
+        conn.execute(b"set track_functions = 'none'")
+        conn.execute(b"select pg_stat_force_next_flush()")
+        conn.execute(b"select pg_stat_clear_snapshot()")
+        rows = conn.execute(FUNCTION_TIMES).fetchall()
+        total = sum(r[2] for r in rows)
+        print(f"  {name}: {1000 * total / n:.0f} µs of functions' own time per call")
+        for fname, calls, self_ms in rows[:8]:
+            print(f"    {1000 * self_ms / n:7.0f} µs  {calls / n:5.2f} calls  {fname}")
+
+
+def report(cells: dict[tuple[str, str], Cell], versions: list[str]) -> None:
+    print(
+        f"{'case':<18} {'db':<7} {'calls/s':>8} {'cpu µs/call':>11} {'exec µs/call':>12}"
+        f" {'cpu/raw':>8} {'exec/raw':>8}"
+    )
+    for name in CASES:
+        for version in versions:
+            cell = cells[(version, name)]
+            cpu, ex, wall = (statistics.median(x) for x in (cell.cpu, cell.exec_ms, cell.wall))
+            ratios = ""
+            if name in BASELINE:
+                base = cells[(version, BASELINE[name])]
+                ratios = (
+                    f" {cpu / statistics.median(base.cpu):8.1f} {ex / statistics.median(base.exec_ms):8.1f}"
+                )
+            print(f"{name:<18} {version:<7} {1 / wall:8.0f} {1e6 * cpu:11.0f} {1000 * ex:12.0f}{ratios}")
+    print()
+    if len(versions) == 2:
+        for name in CASES[2:]:
+            before, after = (cells[(v, name)] for v in versions)
+            print(
+                f"{name}: after/before cpu per call "
+                f"{statistics.median(after.cpu) / statistics.median(before.cpu):5.2f}x, exec "
+                f"{statistics.median(after.exec_ms) / statistics.median(before.exec_ms):5.2f}x"
+            )
+
+
+def measure(conns: dict[str, Conn], calls: int, rounds: int, functions: bool) -> None:
+    cases = {version: Case(conn) for version, conn in conns.items()}
+    for case in cases.values():
+        case.define()
+        case.conn.execute(b"set pg_stat_statements.track = 'top'")
+        for name in CASES:  # warm-up: plans and caches made outside the measurement
+            timed(case, name, 20, Cell())
+    cells = {(version, name): Cell() for version in conns for name in CASES}
+    order: list[tuple[str, str]] = list(cells)
+    for r in range(rounds):
+        shift = (r * 3) % len(order)
+        for version, name in order[shift:] + order[:shift]:
+            timed(cases[version], name, calls, cells[(version, name)])
+    report(cells, list(conns))
+    if functions:
+        for version, case in cases.items():
+            print(f"\n{version}: functions' own time (track_functions = 'all'), {calls} calls per case")
+            function_profile(case, calls)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=500, help="calls per case and round")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians)")
+    parser.add_argument("--before", default="0016", help="the migration the 'before' database stops at")
+    parser.add_argument("--functions", action="store_true", help="each function's own time per call")
+    args = parser.parse_args()
+    with (
+        statements_server("flowlane-single-") as admin,
+        before_and_after(admin, "single", args.before) as conns,
+    ):
+        print(f"{args.calls} calls per case and round, {args.rounds} rounds, medians\n")
+        measure(conns, args.calls, args.rounds, args.functions)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

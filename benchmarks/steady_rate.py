@@ -1,0 +1,154 @@
+"""Pickup latency at a steady rate: does it stay flat over time, or creep?
+
+    PYTHONPATH=. python benchmarks/steady_rate.py [--rate 200] [--seconds 120] [--workers 2]
+        [--window 30] [--dsn DSN]
+
+One producer starts one-step runs (`start_flow`, one per transaction) at --rate per second
+for --seconds (600 for ten minutes) while --workers real worker processes (no-op handler,
+notifications on) serve them. Pickup latency is start_flow's commit to the handler's start
+(the handler stamps the time). Printed per --window seconds: runs, pickup p50 / p99, the
+producer's lag behind its schedule, and what the server's backends waited on (pg_stat_activity
+sampled every 100 ms: wait events of the workers' and the producer's connections); then the
+last window against the first. The database is new, so the tables grow from empty as in a
+fresh deployment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.worker_throughput import (  # noqa: E402
+    Workers,
+    admin_server,
+    fresh_database,
+    template_database,
+)
+
+WAITS = b"""
+select coalesce(wait_event_type || ':' || wait_event, 'on cpu') from pg_stat_activity
+where datname = current_database() and pid <> pg_backend_pid() and state = 'active'
+"""
+
+
+def sample_waits(dsn: str, stop: threading.Event, samples: list[tuple[float, str]]) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while not stop.is_set():
+            now = time.time()
+            samples.extend((now, row[0]) for row in conn.execute(WAITS).fetchall())
+            time.sleep(0.1)
+
+
+def produce(dsn: str, rate: float, seconds: float) -> tuple[dict[Any, float], list[float]]:
+    """Start runs on schedule; each run's commit time, and how late each start began."""
+    committed: dict[Any, float] = {}
+    lags: list[float] = []
+    interval = 1.0 / rate
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        begin = time.time()
+        for i in range(int(rate * seconds)):
+            due = begin + i * interval
+            delay = due - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            lags.append(max(0.0, -delay))
+            row = conn.execute(
+                b"select run_id from flowlane.start_flow('bench_noop', %s)", (Jsonb({"i": i}),)
+            )
+            committed[row.fetchone()[0]] = time.time()  # type: ignore[index]
+    return committed, lags
+
+
+def collect(dsn: str, committed: dict[Any, float]) -> list[tuple[float, float]]:
+    """(commit time, pickup ms) of every run, once all have completed."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        deadline = time.time() + 60
+        while conn.execute(
+            b"select exists (select 1 from flowlane.runs where status = 'started')"
+        ).fetchone()[0]:  # type: ignore[index]
+            if time.time() > deadline:
+                raise SystemExit("runs still started a minute after the last start")
+            time.sleep(0.1)
+        rows = conn.execute(b"select run_id, output from flowlane.runs").fetchall()
+    return sorted((committed[r], (out["only"]["t"] - committed[r]) * 1000) for r, out in rows)
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * p))]
+
+
+def report(
+    pickups: list[tuple[float, float]], lags: list[float], waits: list[tuple[float, str]], window: float
+) -> None:
+    begin = pickups[0][0]
+    windows: dict[int, list[float]] = collections.defaultdict(list)
+    for at, ms in pickups:
+        windows[int((at - begin) // window)].append(ms)
+    wait_counts: dict[int, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for at, event in waits:
+        if at >= begin:
+            wait_counts[int((at - begin) // window)][event] += 1
+    per_window = max(1, len(lags) // max(1, len(windows)))
+    print(f"{'window':>8} {'runs':>6} {'p50 ms':>7} {'p99 ms':>7} {'lag p99 ms':>10}  waits (samples)")
+    for w in sorted(windows):
+        values = windows[w]
+        lag = 1000 * percentile(lags[w * per_window : (w + 1) * per_window] or [0.0], 0.99)
+        top = ", ".join(f"{e} {n}" for e, n in wait_counts[w].most_common(4))
+        print(
+            f"{w * window:>7.0f}s {len(values):>6} {statistics.median(values):>7.1f}"
+            f" {percentile(values, 0.99):>7.1f} {lag:>10.1f}  {top}"
+        )
+    first, last = windows[min(windows)], windows[max(windows)]
+    print(
+        f"last / first window: p50 {statistics.median(last) / statistics.median(first):.2f}x,"
+        f" p99 {percentile(last, 0.99) / percentile(first, 0.99):.2f}x"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--dsn", help="admin DSN (may CREATE DATABASE); default: a temporary embedded server")
+    parser.add_argument("--rate", type=float, default=200.0, help="runs started per second")
+    parser.add_argument("--seconds", type=float, default=120.0, help="how long (600: ten minutes)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--window", type=float, default=30.0, help="seconds per reported window")
+    args = parser.parse_args()
+    with admin_server(args.dsn, "flowlane-steady-") as (admin, _):
+        template = template_database(admin, REPO)
+        with fresh_database(admin, template) as dsn:
+            pool = Workers(dsn, args.workers)
+            stop, waits = threading.Event(), []  # type: ignore[var-annotated]
+            sampler = threading.Thread(target=sample_waits, args=(dsn, stop, waits))
+            sampler.start()
+            try:
+                committed, lags = produce(dsn, args.rate, args.seconds)
+                pickups = collect(dsn, committed)
+            finally:
+                stop.set()
+                sampler.join()
+                pool.stop()
+        print(
+            f"{args.workers} workers, {args.rate:g} runs/s for {args.seconds:g} s, "
+            f"load average {os.getloadavg()[0]:.1f} at the end"
+        )
+        report(pickups, lags, waits, args.window)
+
+
+if __name__ == "__main__":
+    main()
