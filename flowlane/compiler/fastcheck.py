@@ -57,9 +57,9 @@ def compile_schema(schema: Any) -> Check:
     for key in schema:
         if key in _KEYWORDS:
             applies, build = _KEYWORDS[key]
-            check = build(schema[key], schema)
+            keyword = build(schema[key], schema)
             for kind in applies:
-                by_type[kind].append(check)
+                by_type[kind].append(keyword)
     table = {kind: _all(checks) for kind, checks in by_type.items()}
 
     def check(value: Any) -> bool:
@@ -93,7 +93,7 @@ def _type(kind: Any, schema: dict[str, Any]) -> Check:
     def check(value: Any) -> bool:
         kind = type(value)
         if kind is float and whole_floats_only:
-            return value.is_integer()
+            return bool(value.is_integer())
         return kind in allowed
 
     return check
@@ -173,7 +173,14 @@ def _min_properties(limit: int, schema: dict[str, Any]) -> Check:
 
 def _items(items: Any, schema: dict[str, Any]) -> Check:
     sub = compile_schema(items)
-    return lambda value: all(sub(v) for v in value)
+
+    def check(value: list[Any]) -> bool:
+        for item in value:
+            if not sub(item):
+                return False
+        return True
+
+    return check
 
 
 def _any_of(options: list[Any], schema: dict[str, Any]) -> Check:

@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
@@ -267,7 +267,7 @@ class _Builder:
         """The node's data and where its parts were written."""
         kind = type(node)
         if kind is ScalarNode:
-            return self._scalar(node), None
+            return self._scalar(cast(ScalarNode, node)), None
         if kind is SequenceNode:
             if node.tag != SEQ_TAG:
                 self._check_tag(node, SEQ_TAG)
