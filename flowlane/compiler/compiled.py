@@ -96,10 +96,12 @@ def flow_path(slug: str) -> str:
 
 
 def render_flow(flow: Flow) -> str:
-    shape = shapes.flow_shape(flow)
-    header = Header(FORMAT, "flow", flow.slug, shapes.shape_sha256(shape))
+    # one canonical text of the shape gives its digest and its literal
+    canonical = shapes.canonical_text(shapes.flow_shape(flow))
+    header = Header(FORMAT, "flow", flow.slug, shapes.text_sha256(canonical))
     return environment().get_template("flow.sql.j2").render(
-        header=sqltext.comment(header.line()), flow=flow, shape=shape, source=flow.source
+        header=sqltext.comment(header.line()), flow=flow,
+        shape=sqltext.jsonb_literal(canonical), source=flow.source
     )
 
 

@@ -18,6 +18,13 @@ Check = Callable[[Any], bool]
 _ANNOTATIONS = frozenset({"description", "examples", "title", "$schema", "$id", "default",
                           "x-flowlane-code", "x-flowlane-name", "x-flowlane-examples",
                           "patternErrorMessage", "errorMessage"})
+# the exact Python types the loader builds; any other (a subclass such as OutOfRange) is
+# answered "not certain", so jsonschema decides
+_STRING, _NUMBERS, _BOOLEAN, _NULL = (str,), (int, float), (bool,), (type(None),)
+_OBJECT, _ARRAY = (dict,), (list,)
+_ANY = (*_STRING, *_NUMBERS, *_BOOLEAN, *_NULL, *_OBJECT, *_ARRAY)
+_JSON_TYPES = {"string": _STRING, "integer": _NUMBERS, "number": _NUMBERS,
+               "boolean": _BOOLEAN, "null": _NULL, "object": _OBJECT, "array": _ARRAY}
 
 
 def _never(value: Any) -> bool:
@@ -26,24 +33,6 @@ def _never(value: Any) -> bool:
 
 def _always(value: Any) -> bool:
     return True
-
-
-def _is_type(value: Any, kind: str) -> bool:
-    if kind == "string":
-        return isinstance(value, str)
-    if kind == "integer":
-        if isinstance(value, bool):
-            return False
-        return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-    if kind == "number":
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if kind == "object":
-        return isinstance(value, dict)
-    if kind == "array":
-        return isinstance(value, list)
-    if kind == "boolean":
-        return isinstance(value, bool)
-    return kind == "null" and value is None
 
 
 def _equal(value: Any, target: Any) -> bool:
@@ -55,22 +44,59 @@ def _equal(value: Any, target: Any) -> bool:
 
 
 def compile_schema(schema: Any) -> Check:
-    """A conservative validity check for ``schema`` (True only when certainly valid)."""
+    """A conservative validity check for ``schema`` (True only when certainly valid).
+
+    Each keyword constrains some types only (``pattern`` strings, ``minimum`` numbers); the
+    check looks up the value's exact type once and runs only the keywords that apply to it.
+    """
     if schema is True:
         return _always
     if not isinstance(schema, dict) or set(schema) - _ANNOTATIONS - set(_KEYWORDS):
         return _never
-    checks = [_KEYWORDS[key](schema[key], schema) for key in schema if key in _KEYWORDS]
+    by_type: dict[type, list[Check]] = {kind: [] for kind in _ANY}
+    for key in schema:
+        if key in _KEYWORDS:
+            applies, build = _KEYWORDS[key]
+            keyword = build(schema[key], schema)
+            for kind in applies:
+                by_type[kind].append(keyword)
+    table = {kind: _all(checks) for kind, checks in by_type.items()}
 
     def check(value: Any) -> bool:
-        return all(c(value) for c in checks)
+        found = table.get(type(value))
+        return found is not None and found(value)
 
     return check
 
 
+def _all(checks: list[Check]) -> Check:
+    if not checks:
+        return _always
+    if len(checks) == 1:
+        return checks[0]
+
+    def every(value: Any) -> bool:
+        for check in checks:  # a loop: all() over a generator costs twice as much here
+            if not check(value):
+                return False
+        return True
+
+    return every
+
+
 def _type(kind: Any, schema: dict[str, Any]) -> Check:
     kinds = [kind] if isinstance(kind, str) else list(kind)
-    return lambda value: any(_is_type(value, k) for k in kinds)
+    allowed = {t for k in kinds for t in _JSON_TYPES.get(k, ())}
+    # an integer written as 3.0 is an integer to JSON Schema, 3.5 is not
+    whole_floats_only = "integer" in kinds and "number" not in kinds
+
+    def check(value: Any) -> bool:
+        kind = type(value)
+        if kind is float and whole_floats_only:
+            return bool(value.is_integer())
+        return kind in allowed
+
+    return check
 
 
 def _enum(values: Any, schema: dict[str, Any]) -> Check:
@@ -82,75 +108,79 @@ def _const(target: Any, schema: dict[str, Any]) -> Check:
 
 
 def _properties(properties: dict[str, Any], schema: dict[str, Any]) -> Check:
-    compiled = {name: compile_schema(sub) for name, sub in properties.items()}
-
-    def check(value: Any) -> bool:
-        if not isinstance(value, dict):
-            return True
-        return all(compiled[k](v) for k, v in value.items() if k in compiled)
-
-    return check
+    if "additionalProperties" in schema:
+        return _always  # checked with additionalProperties, in one pass over the mapping
+    return _members(properties, _always)
 
 
 def _additional(additional: Any, schema: dict[str, Any]) -> Check:
     if schema.get("patternProperties"):
         return _never
-    known = set(schema.get("properties", {}))
-    sub = compile_schema(additional) if additional is not False else _never
+    other = compile_schema(additional) if additional is not False else _never
+    return _members(schema.get("properties", {}), other)
 
-    def check(value: Any) -> bool:
-        if not isinstance(value, dict):
-            return True
-        return all(sub(v) for k, v in value.items() if k not in known)
+
+def _members(properties: dict[str, Any], other: Check) -> Check:
+    """Each member checked by its property's schema, or by ``other`` when not listed."""
+    compiled = {name: compile_schema(sub) for name, sub in properties.items()}
+
+    def check(value: dict[str, Any]) -> bool:
+        for key, member in value.items():
+            if not compiled.get(key, other)(member):
+                return False
+        return True
 
     return check
 
 
 def _required(names: list[str], schema: dict[str, Any]) -> Check:
-    return lambda value: not isinstance(value, dict) or all(n in value for n in names)
+    return lambda value: all(n in value for n in names)
 
 
 def _property_names(names: Any, schema: dict[str, Any]) -> Check:
     sub = compile_schema(names)
-    return lambda value: not isinstance(value, dict) or all(sub(k) for k in value)
+    return lambda value: all(sub(k) for k in value)
 
 
 def _pattern(pattern: str, schema: dict[str, Any]) -> Check:
     compiled = re.compile(pattern)
-    return lambda value: not isinstance(value, str) or compiled.search(value) is not None
+    return lambda value: compiled.search(value) is not None
 
 
 def _min_length(limit: int, schema: dict[str, Any]) -> Check:
-    return lambda value: not isinstance(value, str) or len(value) >= limit
+    return lambda value: len(value) >= limit
 
 
 def _max_length(limit: int, schema: dict[str, Any]) -> Check:
-    return lambda value: not isinstance(value, str) or len(value) <= limit
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return lambda value: len(value) <= limit
 
 
 def _minimum(limit: float, schema: dict[str, Any]) -> Check:
-    return lambda value: not _is_number(value) or value >= limit
+    return lambda value: value >= limit
 
 
 def _maximum(limit: float, schema: dict[str, Any]) -> Check:
-    return lambda value: not _is_number(value) or value <= limit
+    return lambda value: value <= limit
 
 
 def _min_items(limit: int, schema: dict[str, Any]) -> Check:
-    return lambda value: not isinstance(value, list) or len(value) >= limit
+    return lambda value: len(value) >= limit
 
 
 def _min_properties(limit: int, schema: dict[str, Any]) -> Check:
-    return lambda value: not isinstance(value, dict) or len(value) >= limit
+    return lambda value: len(value) >= limit
 
 
 def _items(items: Any, schema: dict[str, Any]) -> Check:
     sub = compile_schema(items)
-    return lambda value: not isinstance(value, list) or all(sub(v) for v in value)
+
+    def check(value: list[Any]) -> bool:
+        for item in value:
+            if not sub(item):
+                return False
+        return True
+
+    return check
 
 
 def _any_of(options: list[Any], schema: dict[str, Any]) -> Check:
@@ -167,22 +197,24 @@ def _not(inner: Any, schema: dict[str, Any]) -> Check:
     return _never
 
 
-_KEYWORDS: dict[str, Callable[[Any, dict[str, Any]], Check]] = {
-    "type": _type,
-    "enum": _enum,
-    "const": _const,
-    "properties": _properties,
-    "additionalProperties": _additional,
-    "required": _required,
-    "propertyNames": _property_names,
-    "pattern": _pattern,
-    "minLength": _min_length,
-    "maxLength": _max_length,
-    "minimum": _minimum,
-    "maximum": _maximum,
-    "minItems": _min_items,
-    "minProperties": _min_properties,
-    "items": _items,
-    "anyOf": _any_of,
-    "not": _not,
+Builder = Callable[[Any, dict[str, Any]], Check]
+# keyword -> (the types it constrains, what builds its check)
+_KEYWORDS: dict[str, tuple[tuple[type, ...], Builder]] = {
+    "type": (_ANY, _type),
+    "enum": (_ANY, _enum),
+    "const": (_ANY, _const),
+    "properties": (_OBJECT, _properties),
+    "additionalProperties": (_OBJECT, _additional),
+    "required": (_OBJECT, _required),
+    "propertyNames": (_OBJECT, _property_names),
+    "pattern": (_STRING, _pattern),
+    "minLength": (_STRING, _min_length),
+    "maxLength": (_STRING, _max_length),
+    "minimum": (_NUMBERS, _minimum),
+    "maximum": (_NUMBERS, _maximum),
+    "minItems": (_ARRAY, _min_items),
+    "minProperties": (_OBJECT, _min_properties),
+    "items": (_ARRAY, _items),
+    "anyOf": (_ANY, _any_of),
+    "not": (_ANY, _not),
 }

@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
@@ -58,16 +58,26 @@ _SURROGATE_ESCAPE = re.compile(r"\\(?:u[dD][89a-fA-F]|U0000[dD][89a-fA-F])")
 
 
 
-class PurePythonComposer(yaml.SafeLoader):
-    """Composes nodes only; no implicit typing (we resolve plain scalars ourselves)."""
+_DEFAULT_TAG = {ScalarNode: STR_TAG, SequenceNode: SEQ_TAG, MappingNode: MAP_TAG}
+
+
+class _Untyped:
+    """No implicit typing (we resolve plain scalars ourselves): a node without an explicit
+    tag gets its kind's default tag, which is what PyYAML's resolver answers with an empty
+    table and no path resolvers, without its per-node work (the parser asks for every node)."""
 
     yaml_implicit_resolvers: dict[Any, Any] = {}  # the class-level table PyYAML reads
 
+    def resolve(self, kind: type[Node], value: Any, implicit: Any) -> str:
+        return _DEFAULT_TAG[kind]
 
-class LibyamlComposer(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+
+class PurePythonComposer(_Untyped, yaml.SafeLoader):
+    """Composes nodes only."""
+
+
+class LibyamlComposer(_Untyped, getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
     """The same on libyaml's C parser (PyYAML built without it falls back to Python)."""
-
-    yaml_implicit_resolvers: dict[Any, Any] = {}
 
 
 # the composer every load uses: libyaml when PyYAML has it (tests swap in the other)
@@ -224,7 +234,8 @@ _NO_STAND = _Stand("")
 class _Builder:
     """Turns one composed document into data, collecting findings."""
 
-    def __init__(self, source: Source, index: int, stand: _Stand = _NO_STAND) -> None:
+    def __init__(self, source: Source, index: int, stand: _Stand = _NO_STAND,
+                 *, aliases: bool = True) -> None:
         self.stand = stand
         self.doc = Document(source, index, None)
         self.findings: list[Diagnostic] = []
@@ -232,6 +243,8 @@ class _Builder:
         self._active: set[int] = set()
         self._built = 0
         self._exploded = False
+        # without aliases no node is reached twice: nothing to track (a third of the time)
+        self._value = self._tracked if aliases else self._node_value
 
     def build(self, root: Node) -> Document:
         self.doc.start = _pack(root)
@@ -241,25 +254,31 @@ class _Builder:
     def _error(self, node: Node, code: str, message: str, help: str | None = None) -> None:
         self.findings.append(self.doc.source.diagnostic(_position(node), code, message, help))
 
-    def _value(self, node: Node) -> tuple[Any, Places]:
-        """The node's data and where its parts were written."""
+    def _tracked(self, node: Node) -> tuple[Any, Places]:
+        """The node's data, refusing recursive and exploding aliases."""
         if not self._enter(node):
             return None, None
         try:
-            if isinstance(node, ScalarNode):
-                return self._scalar(node), None
-            if isinstance(node, SequenceNode):
-                self._check_tag(node, SEQ_TAG)
-                items, places = [], []
-                for item in node.value:
-                    value, inner = self._value(item)
-                    items.append(value)
-                    places.append((_pack(item), inner))
-                return items, places
-            assert isinstance(node, MappingNode)
-            return self._mapping(node)
+            return self._node_value(node)
         finally:
             self._active.discard(id(node))
+
+    def _node_value(self, node: Node) -> tuple[Any, Places]:
+        """The node's data and where its parts were written."""
+        kind = type(node)
+        if kind is ScalarNode:
+            return self._scalar(cast(ScalarNode, node)), None
+        if kind is SequenceNode:
+            if node.tag != SEQ_TAG:
+                self._check_tag(node, SEQ_TAG)
+            items, places = [], []
+            for item in node.value:
+                value, inner = self._value(item)
+                items.append(value)
+                places.append((_pack(item), inner))
+            return items, places
+        assert isinstance(node, MappingNode)
+        return self._mapping(node)
 
     def _enter(self, node: Node) -> bool:
         ident = id(node)
@@ -308,7 +327,8 @@ class _Builder:
         return None
 
     def _mapping(self, node: MappingNode) -> tuple[dict[str, Any], Places]:
-        self._check_tag(node, MAP_TAG)
+        if node.tag != MAP_TAG:
+            self._check_tag(node, MAP_TAG)
         result: dict[str, Any] = {}
         places: dict[str, tuple[int, int, Any]] = {}
         first: dict[str, Node] = {}
@@ -321,7 +341,7 @@ class _Builder:
         return result, places
 
     def _key(self, node: Node, first: dict[str, Node], value_node: Node) -> str | None:
-        if not isinstance(node, ScalarNode):
+        if type(node) is not ScalarNode:
             self._error(
                 node, "FL004", "mapping keys must be plain strings, not a mapping or a list",
                 "write the key as a plain word such as `fetch`",
@@ -333,7 +353,8 @@ class _Builder:
                 "write the keys out; merges hide duplicates and overrides",
             )
             return None
-        self._check_tag(node, STR_TAG)
+        if node.tag != STR_TAG:
+            self._check_tag(node, STR_TAG)
         key = self._text(node) if node.style else self.stand.restore(node.value)
         if key is None:
             return None
@@ -419,8 +440,9 @@ def load_text(text: str, path: str) -> tuple[list[Document], list[Diagnostic]]:
     documents: list[Document] = []
     findings: list[Diagnostic] = []
     try:
+        aliases = "*" in text  # an alias is written `*name`
         for index, root in enumerate(yaml.compose_all(stand.hide(text), Loader=COMPOSER)):
-            builder = _Builder(source, index, stand)
+            builder = _Builder(source, index, stand, aliases=aliases)
             document = builder.build(root)
             del root  # its nodes go; the document keeps the positions it needs
             if not any(f.code == "FL001" for f in builder.findings):
@@ -486,44 +508,56 @@ def load_file(file: Path, display: str) -> tuple[list[Document], list[Diagnostic
     return load_text(text, display)
 
 
-def display_path(file: Path) -> str:
-    """A stable, machine-independent name: relative to the project root when inside it
-    (the same from every subdirectory, so compiled headers never depend on the cwd)."""
+def display_path(file: Path, root: Path | None = None) -> str:
+    """A stable, machine-independent name: relative to the project root (``root``, found
+    when not given) when inside it (the same from every subdirectory, so compiled headers
+    never depend on the cwd)."""
     try:
-        return file.resolve().relative_to(project_root.find_root()).as_posix()
+        return file.resolve().relative_to(root or project_root.find_root()).as_posix()
     except (ValueError, OSError, RuntimeError):  # outside the cwd; a symlink loop (3.11)
         return file.as_posix()
 
 
 def discover(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Path], list[Diagnostic]]:
     """Every YAML file under ``paths`` (recursive, hidden directories skipped), sorted."""
+    found, findings = _discover_named(paths)
+    return list(found.values()), findings
+
+
+def _discover_named(paths: Iterable[str | os.PathLike[str]]
+                    ) -> tuple[dict[str, Path], list[Diagnostic]]:
+    """Display name -> file for every YAML file under ``paths``, sorted by name."""
+    try:  # once: looking it up per file costs as much as parsing the file
+        root: Path | None = project_root.find_root()
+    except (OSError, RuntimeError):  # no current directory: names stay as given
+        root = None
     found: dict[str, Path] = {}
     findings: list[Diagnostic] = []
     for raw in paths:
-        root = Path(raw)
+        given = Path(raw)
         try:
-            root.stat()
+            given.stat()
         except FileNotFoundError:
             pass  # reported below
         except OSError as exc:  # a name too long, a symlink loop, no permission
-            findings.append(_path_problem(root, f"cannot read ({exc.strerror or exc})"))
+            findings.append(_path_problem(given, f"cannot read ({exc.strerror or exc})"))
             continue
-        if root.is_dir():
-            files = list(_walk(root))
+        if given.is_dir():
+            files = list(_walk(given))
             if not files:
-                findings.append(_path_problem(root, "no *.yaml or *.yml files found"))
+                findings.append(_path_problem(given, "no *.yaml or *.yml files found"))
             for file in files:
                 if file.is_file():
-                    found.setdefault(display_path(file), file)
+                    found.setdefault(display_path(file, root), file)
                 else:  # a FIFO or device would block or never end when read
                     findings.append(_path_problem(file, "not a regular file"))
-        elif root.is_file():
-            found.setdefault(display_path(root), root)
-        elif root.exists():
-            findings.append(_path_problem(root, "not a regular file"))
+        elif given.is_file():
+            found.setdefault(display_path(given, root), given)
+        elif given.exists():
+            findings.append(_path_problem(given, "not a regular file"))
         else:
-            findings.append(_path_problem(root, "no such file or directory"))
-    return [found[name] for name in sorted(found)], findings
+            findings.append(_path_problem(given, "no such file or directory"))
+    return {name: found[name] for name in sorted(found)}, findings
 
 
 def _walk(root: Path) -> Iterator[Path]:
@@ -541,10 +575,10 @@ def _path_problem(root: Path, reason: str) -> Diagnostic:
 
 def load_paths(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Document], list[Diagnostic]]:
     """Discover and parse every file; documents in file order, findings of all files."""
-    files, findings = discover(paths)
+    files, findings = _discover_named(paths)
     documents: list[Document] = []
-    for file in files:
-        docs, problems = load_file(file, display_path(file))
+    for display, file in files.items():
+        docs, problems = load_file(file, display)
         documents.extend(docs)
         findings.extend(problems)
     return documents, findings

@@ -37,7 +37,12 @@ def canonical_text(shape: dict[str, Any]) -> str:
 
 
 def shape_sha256(shape: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical_text(shape).encode("utf-8")).hexdigest()
+    return text_sha256(canonical_text(shape))
+
+
+def text_sha256(canonical: str) -> str:
+    """The digest of a shape's canonical text."""
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 _STEP_KEYS = ("slug", "type", "needs", "if", "unless", "when_unmet", "when_exhausted", "queue")

@@ -35,6 +35,8 @@ def literal(value: Any) -> Sql:
     """``null``, ``true``/``false``, a decimal integer or a quoted string."""
     if value is None:
         return Sql("null")
+    if type(value) is str:  # most values: checked first
+        return quote(value)
     if isinstance(value, bool):
         return Sql("true" if value else "false")
     if isinstance(value, int):
@@ -48,8 +50,13 @@ def jsonb(value: Any) -> Sql:
     """A jsonb literal: canonical JSON text, quoted, cast ``::jsonb`` (or ``null``)."""
     if value is None:
         return Sql("null")
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return Sql(f"{quote(_escape_invisible(text))}::jsonb")
+    return jsonb_literal(json.dumps(value, sort_keys=True, separators=(",", ":"),
+                                    ensure_ascii=False))
+
+
+def jsonb_literal(canonical: str) -> Sql:
+    """The jsonb literal of JSON text that is already canonical (what :func:`jsonb` writes)."""
+    return Sql(f"{quote(_escape_invisible(canonical))}::jsonb")
 
 
 _INVISIBLE = frozenset({"Cc", "Cf", "Zl", "Zp", "Co", "Cn"})

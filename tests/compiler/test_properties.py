@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flowlane import errors
-from flowlane.compiler import api, check, names, shape
+from flowlane.compiler import api, check, loader, names, shape
 from flowlane.compiler.diagnostics import Diagnostic
 from tests.compiler.strategies import JSON_VALUE, SLUG, flow_documents, to_yaml
 
@@ -206,3 +206,43 @@ def test_compile_is_independent_of_the_order_files_are_given_in(
         shuffled = api.compile_project(api.load_project(files))
         whole = api.compile_project(api.load_project([tmp]))
     assert first == shuffled == whole
+
+
+def _tags(node: Any) -> list[str]:
+    children = node.value if isinstance(node.value, list) else []
+    flat = [c for child in children for c in (child if isinstance(child, tuple) else (child,))]
+    return [node.tag, *(tag for child in flat for tag in _tags(child))]
+
+
+class _StockResolving(loader.LibyamlComposer):  # type: ignore[misc]
+    resolve = yaml.resolver.BaseResolver.resolve
+
+
+@FAST
+@given(st.lists(YAML_PIECES | st.text(max_size=5), max_size=30).map("".join))
+def test_the_composer_tags_nodes_as_pyyaml_resolves_them(text: str) -> None:
+    """The composers' shortcut resolver gives every node the tag PyYAML's own would."""
+    try:
+        ours = [_tags(root) for root in yaml.compose_all(text, Loader=loader.COMPOSER)]
+    except yaml.YAMLError:
+        return
+    assert ours == [_tags(root) for root in yaml.compose_all(text, Loader=_StockResolving)]
+
+
+@FAST
+@given(st.lists(YAML_PIECES | st.text(max_size=5), max_size=30).map("".join))
+def test_building_without_alias_tracking_changes_nothing_without_aliases(text: str) -> None:
+    """A text without ``*`` has no alias, so the builder's untracked walk gives what the
+    tracked one gives: the same data, positions and findings."""
+    text = text.replace("*", "")
+    source = loader.Source("f.yaml", loader.source_lines(text))
+    try:
+        roots = list(yaml.compose_all(text, Loader=loader.COMPOSER))
+    except (yaml.YAMLError, RecursionError):
+        return
+    for index, root in enumerate(roots):
+        built = [loader._Builder(source, index, aliases=tracked) for tracked in (True, False)]
+        tracked, untracked = (b.build(root) for b in built)
+        assert (tracked.data, tracked.places, tracked.start) == (
+            untracked.data, untracked.places, untracked.start)
+        assert built[0].findings == built[1].findings
