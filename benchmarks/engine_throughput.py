@@ -3,7 +3,7 @@
     python benchmarks/engine_throughput.py [--runs 600] [--batch 50] [--rounds 3] [--map-items 1000]
 
 One embedded PostgreSQL (pg_stat_statements preloaded), two databases on it:
-`before` migrated to 0007 (the engine before issue 10) and `after` migrated to
+`before` migrated to 0007 (the per-task engine) and `after` migrated to
 head. Every workload is driven by one loop on one connection, each call its
 own autocommit transaction (like a worker), interleaved in rounds with a
 rotating order so that load from other processes on a shared machine hits all

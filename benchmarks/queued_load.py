@@ -1,4 +1,4 @@
-"""Queued load (issue 9): real workers drain a backlog of diamond runs while new runs arrive.
+"""Queued load: real workers drain a backlog of diamond runs while new runs arrive.
 
     PYTHONPATH=. python benchmarks/queued_load.py [--runs 1500] [--arriving 300] [--workers 3]
 
