@@ -18,6 +18,10 @@ BASE_DELAY: Final = 5  # seconds; the retry delay is floor(base_delay * 2^attemp
 TIMEOUT: Final = 60  # seconds a task may run before it counts as stalled (+ 30 s grace)
 
 FLOW: Final = {"max_attempts": MAX_ATTEMPTS, "base_delay": BASE_DELAY, "timeout": TIMEOUT}
+# seconds a finished run is kept before pruning deletes it (`retention: forever`: None);
+# compiled SQL states a flow's retention only when it differs, so files written before the
+# option existed compile to the same bytes
+RETENTION: Final = 30 * 24 * 3600
 
 # -- worker limits ----------------------------------------------------------------
 # measured with benchmarks/worker_throughput.py (benchmarks/RESULTS.md, "Worker defaults"):
@@ -46,3 +50,4 @@ READ_VT: Final = 5  # seconds a message read without notifications stays invisib
 SHUTDOWN_TIMEOUT: Final = 30.0  # seconds in-flight handlers get after SIGTERM
 HEARTBEAT_INTERVAL: Final = 5.0  # seconds
 REQUEUE_INTERVAL: Final = 15.0  # seconds between stalled-task recoveries
+PRUNE_INTERVAL: Final = 60.0  # seconds between retention batches (at once again after one that pruned)

@@ -180,6 +180,7 @@ class _FlowChecker:
 
     def run(self) -> Flow | None:
         self._duplicate_steps()
+        self._retention_range()
         needs = {s: self._needs(s, spec) for s, spec in self.steps.items()}
         for slug, spec in self.steps.items():
             self._step_rules(slug, spec)
@@ -349,9 +350,21 @@ class _FlowChecker:
             max_attempts=int(options.get("max_attempts", defaults.MAX_ATTEMPTS)),
             base_delay=int(options.get("base_delay", defaults.BASE_DELAY)),
             timeout=int(options.get("timeout", defaults.TIMEOUT)),
+            retention=self._retention(),
             description=self.entry.data.get("description"),
             location=self.entry.loc(),
         )
+
+    def _retention(self) -> int | None:
+        value = self.entry.data.get("retention", defaults.RETENTION)
+        return None if value == "forever" else duration_seconds(value)
+
+    def _retention_range(self) -> None:
+        value = self.entry.data.get("retention")
+        if value is not None and value != "forever" and duration_seconds(value) > MAX_SECONDS:
+            self.error(("retention",), "FL013",
+                       f"retention `{value}` is more than {MAX_SECONDS} seconds",
+                       "write a shorter duration, or `forever` to keep finished runs")
 
     def _step(self, index: int, slug: str, needs: list[str], queue: str) -> Step:
         spec = self.steps[slug]
@@ -374,6 +387,17 @@ class _FlowChecker:
             location=self.entry.loc(("steps", slug), key=True),
             handler_location=self.entry.loc(("steps", slug, "handler")),
         )
+
+
+MAX_SECONDS = 2147483647  # what an SQL int holds
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_seconds(value: int | str) -> int:
+    """Seconds of a duration the schema accepted: an integer or ``<n>s|m|h|d``."""
+    if isinstance(value, int):
+        return value
+    return int(value[:-1]) * _UNIT_SECONDS[value[-1]]
 
 
 def _opt_int(spec: dict[str, Any], key: str) -> int | None:

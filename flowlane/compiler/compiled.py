@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import jinja2
 
+from flowlane import defaults
 from flowlane.compiler import shape as shapes
 from flowlane.compiler import sqltext
 from flowlane.compiler.model import Flow, Project
@@ -101,7 +102,8 @@ def render_flow(flow: Flow) -> str:
     header = Header(FORMAT, "flow", flow.slug, shapes.text_sha256(canonical))
     return environment().get_template("flow.sql.j2").render(
         header=sqltext.comment(header.line()), flow=flow,
-        shape=sqltext.jsonb_literal(canonical), source=flow.source
+        shape=sqltext.jsonb_literal(canonical), source=flow.source,
+        default_retention=defaults.RETENTION,
     )
 
 

@@ -58,6 +58,7 @@ class Flow:
     max_attempts: int = defaults.MAX_ATTEMPTS
     base_delay: int = defaults.BASE_DELAY
     timeout: int = defaults.TIMEOUT
+    retention: int | None = defaults.RETENTION  # seconds; None keeps finished runs for ever
     description: str | None = None
     location: Location | None = field(default=None, compare=False)
 

@@ -185,6 +185,11 @@ class Store:
         rows = await self.fetch("worker_requeue_stalled")
         return int(rows[0]["requeued"] or 0) if rows else 0
 
+    async def prune_batch(self) -> int:
+        """One retention batch (its own transaction): the runs it deleted."""
+        rows = await self.fetch("worker_prune_batch")
+        return int(rows[0]["runs_deleted"]) if rows else 0
+
     async def read(
         self, queue_name: str, *, vt: int, qty: int, poll_seconds: int | None
     ) -> list[int]:

@@ -22,7 +22,8 @@ asyncio tasks on one loop:
   and attempt; up to two commits in flight;
 - maintenance: heartbeat (a deprecated worker stops), and every
   ``requeue_interval`` seconds ``requeue_stalled_tasks`` (cheap and SKIP
-  LOCKED, so every worker does it) and a coverage re-check;
+  LOCKED, so every worker does it) and a coverage re-check; a retention batch
+  (``prune_runs``) every ``PRUNE_INTERVAL``, sooner while batches find runs;
 - leases: every ``LEASE_INTERVAL``, ``extend_leases`` for the tasks held longer
   than that, until the last results are committed (shutdown included);
 - listener: LISTEN on the queue's insert channel and on definition changes
@@ -614,7 +615,7 @@ class Worker:
 
     async def _maintenance_loop(self, session: Session) -> None:
         store = session.store
-        next_heartbeat = next_requeue = next_progress = time.monotonic()
+        next_heartbeat = next_requeue = next_progress = next_prune = time.monotonic()
         reported = dataclasses.replace(session.counters)
         while not session.stopping.is_set():
             now = time.monotonic()
@@ -638,10 +639,21 @@ class Worker:
                     if requeued:
                         log.event(WARNING, "stalled_tasks_requeued", count=requeued)
                     await self._recheck_coverage(session)
+                if now >= next_prune:
+                    next_prune = now + await self._prune_retention(store)
             except DATABASE_ERRORS as exc:
                 _maintenance_error(exc)
-            wake_at = min(next_heartbeat, next_requeue, next_progress)
+            wake_at = min(next_heartbeat, next_requeue, next_progress, next_prune)
             await session.pause(max(0.05, wake_at - time.monotonic()))
+
+    async def _prune_retention(self, store: Store) -> float:
+        """One batch of retention pruning, apart from the other maintenance until the shared
+        maintenance tick calls it; seconds until the next batch (soon while batches find runs)."""
+        pruned = await store.prune_batch()
+        if pruned:
+            log.event(INFO, "runs_pruned", count=pruned)
+            return self.config.heartbeat_interval
+        return defaults.PRUNE_INTERVAL
 
     async def _lease_loop(self, session: Session) -> None:
         """Renew the leases of held tasks until ``_serve`` cancels this loop, after the last

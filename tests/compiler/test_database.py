@@ -106,6 +106,19 @@ def test_plan_apply_verify_end_to_end(dsn: str, project_dir: Path,
     assert cli(capsys, "apply", "--dsn", dsn)[0] == 0
     assert cli(capsys, "verify", "--dsn", dsn)[0] == 0
 
+    # so is retention; leaving it out again brings back the default
+    options = hello.read_text()
+    for retention, shown, stored in (("forever", "2592000 in the database, forever", None),
+                                     ("7d", "forever in the database, 604800", 604800)):
+        hello.write_text(options.replace("steps:\n", f"retention: {retention}\nsteps:\n", 1))
+        assert cli(capsys, "compile")[0] == 0
+        code, out, _ = cli(capsys, "plan", "--dsn", dsn)
+        assert code == 0 and f"retention: {shown} in the YAML" in out, out
+        assert cli(capsys, "apply", "--dsn", dsn)[0] == 0
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute("select opt_retention from flowlane.flows "
+                                "where flow_slug = 'hello_world'").fetchone() == (stored,)
+
     # moving an alias is its own reviewable change, recorded with history
     threads = project_dir / "flows" / "community_threads.yaml"
     threads.write_text(threads.read_text().replace(

@@ -30,3 +30,13 @@ def test_create_flow_and_the_column_defaults_take_the_same_defaults(conn: psycop
         ).fetchone()
     assert created == inserted == tuple(PYTHON_DEFAULTS.values())
 
+
+
+def test_sql_holds_the_compilers_retention_default(conn: psycopg.Connection[Any]) -> None:
+    row = conn.execute("select flowlane._flow_option_default('retention'), "
+                       "(flowlane.create_flow('kept')).opt_retention").fetchone()
+    with conn.transaction(force_rollback=True):
+        inserted = conn.execute("insert into flowlane.flows (flow_slug) values ('by_column') "
+                                "returning opt_retention").fetchone()
+    assert row == (defaults.RETENTION, defaults.RETENTION)
+    assert inserted == (defaults.RETENTION,)

@@ -10,7 +10,8 @@ create function flowlane._flow_option_default(option text) returns int
 language sql immutable parallel safe
 set search_path = ''
 as $$
-  select case option when 'max_attempts' then 3 when 'base_delay' then 5 when 'timeout' then 60 end
+  select case option when 'max_attempts' then 3 when 'base_delay' then 5 when 'timeout' then 60
+                     when 'retention' then 2592000 end
 $$;
 
 create function flowlane.is_valid_slug(slug text) returns boolean

@@ -25,10 +25,12 @@ create table flowlane.flows (
   created_at timestamptz default now() not null,
   queue_mode text default 'flow' not null,
   shape_sealed_at timestamptz,
+  opt_retention int default flowlane._flow_option_default('retention'),
   constraint flows_pkey primary key (flow_slug),
   constraint flows_base_delay_nonnegative check (opt_base_delay >= 0),
   constraint flows_max_attempts_positive check (opt_max_attempts >= 1),
   constraint flows_queue_mode_valid check (queue_mode in ('flow', 'per-step', 'explicit')),
+  constraint flows_retention_positive check ((opt_retention is null) or (opt_retention >= 1)),
   constraint flows_slug_valid check (flowlane.is_valid_slug(flow_slug)),
   constraint flows_timeout_at_most_2147483617 check (opt_timeout <= 2147483617),
   constraint flows_timeout_positive check (opt_timeout >= 1)
@@ -147,6 +149,9 @@ with (fillfactor='85', autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze
 create index runs_ended_idx on flowlane.runs (status, started_at desc, run_id) where (status <> 'started');
 
 create index runs_flow_idx on flowlane.runs (flow_slug);
+
+-- what retention prunes: a flow's finished runs, oldest first
+create index runs_prune_idx on flowlane.runs (flow_slug, started_at) where (status <> 'started');
 
 create index runs_in_flight_idx on flowlane.runs (run_id) where (status = 'started');
 

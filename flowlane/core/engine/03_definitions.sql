@@ -2,13 +2,16 @@
 
 -- two transactions applying the same flow file raced between the existence
 -- check and the insert and one failed on flows_slug_ci_unique; the lock on
--- the lowercase slug makes the second wait and then find the first's rows
+-- the lowercase slug makes the second wait and then find the first's rows.
+-- retention: seconds a finished run is kept; null keeps runs for ever (so, unlike
+-- the other options, leaving it out is what gives the default)
 create function flowlane.create_flow(
   flow_slug text,
   max_attempts int = null,
   base_delay int = null,
   timeout int = null,
-  queue_mode text = 'flow'
+  queue_mode text = 'flow',
+  retention int = flowlane._flow_option_default('retention')
 ) returns flowlane.flows
 language plpgsql volatile
 set search_path = ''
@@ -41,14 +44,20 @@ begin
       using errcode = '23514',
             hint = 'the queue mode is part of the flow''s shape; create a new flow version (a new slug)';
   end if;
-  insert into flowlane.flows as f (flow_slug, opt_max_attempts, opt_base_delay, opt_timeout, queue_mode)
+  if create_flow.retention is not null and create_flow.retention < 1 then
+    raise exception 'flow "%": retention must be at least 1 second (null keeps runs for ever), got %',
+      create_flow.flow_slug, create_flow.retention using errcode = '22023';
+  end if;
+  insert into flowlane.flows as f (flow_slug, opt_max_attempts, opt_base_delay, opt_timeout, queue_mode,
+                                   opt_retention)
   values (create_flow.flow_slug, coalesce(max_attempts, flowlane._flow_option_default('max_attempts')),
           coalesce(base_delay, flowlane._flow_option_default('base_delay')),
-          coalesce(timeout, flowlane._flow_option_default('timeout')), v_mode)
+          coalesce(timeout, flowlane._flow_option_default('timeout')), v_mode, create_flow.retention)
   on conflict on constraint flows_pkey do update
     set opt_max_attempts = excluded.opt_max_attempts,
         opt_base_delay = excluded.opt_base_delay,
-        opt_timeout = excluded.opt_timeout
+        opt_timeout = excluded.opt_timeout,
+        opt_retention = excluded.opt_retention
   returning * into v_flow;
   return v_flow;
 end;

@@ -20,12 +20,13 @@ declare
     'fail_task_detailed',
     'extend_leases', 'requeue_stalled_tasks',
     'set_deployment_enabled',  -- a worker disables its own deployment on unsupported work (6.4)
-    'record_worker_refusal'];
+    'record_worker_refusal',
+    'prune_runs'];  -- retention, on the maintenance tick
   v_read constant text[] := array[
     'verify_flow', 'coverage', 'drain_status', 'get_flow_shape', 'get_run_with_states',
     'get_run_attempts', 'stuck_runs', 'json_limits', 'json_depth_exceeds',
     'calculate_retry_delay', 'is_valid_slug', 'is_valid_queue_name',
-    'is_valid_deployment_name', 'resolve_flow'];
+    'is_valid_deployment_name', 'resolve_flow', 'prunable_runs'];
   v_admin constant text[] := array[
     'create_flow', 'add_step', 'ensure_flow_shape', 'ensure_flow_compiled', 'set_alias',
     'delete_flow_and_data', 'adopt_queue', 'begin_rollout', 'finish_rollout',
@@ -78,6 +79,8 @@ begin
     end if;
   end loop;
 
+  -- create_flow's retention argument defaults to this function's value, computed as the caller
+  grant execute on function flowlane._flow_option_default(text) to flowlane_admin;
   grant select on flowlane.worker_deployments to flowlane_worker;  -- the startup check
   grant select on all tables in schema flowlane to flowlane_admin;  -- inspection, plan, verify
 

@@ -32,6 +32,9 @@ select flowlane.mark_worker_stopped(%(worker_id)s::uuid)
 -- name: worker_requeue_stalled
 select flowlane.requeue_stalled_tasks() as requeued
 
+-- name: worker_prune_batch
+select runs_deleted from flowlane.prune_runs()
+
 
 -- name: worker_enable_notify
 select flowlane.enable_queue_notify(%(queue_name)s) as installed
