@@ -22,6 +22,13 @@ Printed per phase: tasks completed per second, claim latency p50/p99 (one ``pgmq
 ``start_tasks`` round trip that claimed something), dead tuples at the end of the phase
 (``pg_stat_user_tables.n_dead_tup``) of the queue, ``step_tasks``, ``step_states`` and
 ``runs``, the queue table's size, and autovacuum runs on those tables during the phase.
+
+With ``--retention SECONDS`` it measures retention instead: the same steady load for
+--phase seconds on two fresh databases (``flowlane`` storage), one that keeps every run and
+one where a pruner calls ``prune_runs(p_older_than => SECONDS)`` once a second (batch after
+batch until one finds nothing), printing side by side every --phase/6 seconds the total
+size (table and indexes) of ``runs``, ``step_states``, ``step_tasks`` and the queue's
+archive, and the runs kept.
 """
 
 from __future__ import annotations
@@ -153,6 +160,67 @@ def measure(admin: str, config: str, args: argparse.Namespace) -> list[str]:
     return lines
 
 
+SIZED = {"runs": "flowlane.runs", "step_states": "flowlane.step_states",
+         "step_tasks": "flowlane.step_tasks", "archive": f"pgmq.a_{FLOW}"}
+
+
+def prune(dsn: str, older_than: int, stop: threading.Event, pruned: list[int]) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while not stop.wait(1.0):  # a maintenance tick's pace
+            while True:
+                row = conn.execute(b"select runs_deleted from flowlane.prune_runs(p_older_than => %s)",
+                                   (older_than,)).fetchone()
+                if not row or not row[0]:
+                    break
+                pruned.append(int(row[0]))
+
+
+def sizes(conn: psycopg.Connection[Any]) -> tuple[dict[str, int], int]:
+    """kB per table (with indexes and TOAST), and the runs in the table."""
+    found = {label: int(conn.execute(b"select pg_total_relation_size(%s::regclass)",
+                                     (table,)).fetchone()[0]) // 1024  # type: ignore[index]
+             for label, table in SIZED.items()}
+    return found, int(conn.execute(b"select count(*) from flowlane.runs").fetchone()[0])  # type: ignore[index]
+
+
+def measure_retention(admin: str, args: argparse.Namespace) -> list[str]:
+    """Sizes over time with and without pruning, sampled at the same moments of each load."""
+    samples: dict[str, list[tuple[float, dict[str, int], int]]] = {}
+    for label in ("kept", "pruned"):
+        dsn = fresh_database(admin, "flowlane")
+        stop = threading.Event()
+        latencies: list[float] = []
+        done: list[int] = []
+        pruned: list[int] = []
+        threads = [threading.Thread(target=produce, args=(dsn, args.rate, stop))]
+        threads += [threading.Thread(target=claim, args=(dsn, stop, latencies, done))
+                    for _ in range(args.claimers)]
+        if label == "pruned":
+            threads.append(threading.Thread(target=prune, args=(dsn, args.retention, stop, pruned)))
+        for thread in threads:
+            thread.start()
+        samples[label] = []
+        began = time.monotonic()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for i in range(1, 7):
+                time.sleep(max(0.0, began + i * args.phase / 6 - time.monotonic()))  # the next sample
+                samples[label].append((time.monotonic() - began, *sizes(conn)))
+        stop.set()
+        for thread in threads:
+            thread.join()
+        p50, p99 = percentiles(latencies)
+        print(f"{label}: {sum(done)} tasks, claim p50 {p50:.1f} ms p99 {p99:.1f} ms, "
+              f"{sum(pruned)} runs pruned in {len(pruned)} batches", flush=True)
+    lines = [f"{'t (s)':>6}  " + "  ".join(f"{name + ' kB kept/pruned':>28}" for name in SIZED)
+             + "  runs kept/pruned"]
+    for kept, pruned_ in zip(samples["kept"], samples["pruned"], strict=True):
+        cells = "  ".join(f"{kept[1][name]:>13d} / {pruned_[1][name]:<12d}" for name in SIZED)
+        lines.append(f"{kept[0]:6.0f}  {cells}  {kept[2]} / {pruned_[2]}")
+    for line in lines:
+        print(line, flush=True)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -160,6 +228,8 @@ def main() -> None:
     parser.add_argument("--phase", type=float, default=60.0, help="seconds per phase")
     parser.add_argument("--rate", type=float, default=10.0, help="runs started per second")
     parser.add_argument("--claimers", type=int, default=2)
+    parser.add_argument("--retention", type=int, metavar="SECONDS",
+                        help="measure retention: sizes kept vs pruned at this age")
     args = parser.parse_args()
     tmp = None
     admin = args.dsn
@@ -168,7 +238,10 @@ def main() -> None:
         os.chmod(tmp, 0o711)  # the server account (when run as root) must reach its data
         admin = db.EmbeddedDatabase.start_at(Path(tmp) / "pgdata")
     try:
-        lines = [line for config in ("defaults", "flowlane") for line in measure(admin, config, args)]
+        if args.retention is not None:
+            lines = measure_retention(admin, args)
+        else:
+            lines = [line for config in ("defaults", "flowlane") for line in measure(admin, config, args)]
     finally:
         if tmp is not None:
             db.EmbeddedDatabase.stop_at(Path(tmp) / "pgdata")

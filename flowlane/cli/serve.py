@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from flowlane import errors, project_root
 from flowlane.cli.common import add_dsn_argument, flow_paths
-from flowlane.cli.worker import add_worker_options, worker_config
+from flowlane.cli.worker import add_metrics_port, add_worker_options, worker_config
 from flowlane.runtime.config import EXIT_DISABLED, EXIT_RESTART
 
 
@@ -33,6 +35,7 @@ def configure(subparsers: Any) -> None:
         help="restart the workers when a Python file of the project changes (default: on with "
         "the embedded development database, off with --dsn / FLOWLANE_DSN / DATABASE_URL)")
     add_worker_options(serve, every=" (passed to every worker)")
+    add_metrics_port(serve, "the tasks and handler durations of every worker it runs")
     serve.set_defaults(func=cmd_serve)
 
     demo = subparsers.add_parser(
@@ -68,15 +71,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"serving {len(specs)} queue(s) on {db.redact(target.dsn)} ({target.source}); "
           f"worker logs in {project_root.relative(log_dir)}/; following definition changes; "
           "stop with Ctrl-C or SIGTERM", flush=True)
-    return serve.serve(
-        plan,
-        dsn=target.dsn,
-        env=env,
-        cwd=root,
-        log_dir=log_dir,
-        shutdown_timeout=options.shutdown_timeout + 10,
-        reload=target.embedded if args.reload is None else args.reload,
-    )
+    with _probe(args.metrics_port, target.dsn, env) as probe:
+        return serve.serve(
+            plan,
+            dsn=target.dsn,
+            env=env,
+            cwd=root,
+            log_dir=log_dir,
+            shutdown_timeout=options.shutdown_timeout + 10,
+            reload=target.embedded if args.reload is None else args.reload,
+            watch=probe.watch if probe is not None else None,
+        )
+
+
+@contextlib.contextmanager
+def _probe(port: int | None, dsn: str, env: dict[str, str]) -> Iterator[Any]:
+    """With --metrics-port: the endpoint, and a directory where the workers write their
+    metrics (prometheus_client's multiprocess mode), removed when serve stops."""
+    if port is None:
+        yield None
+        return
+    import tempfile
+
+    from flowlane.app.observability import ServeProbe
+
+    with tempfile.TemporaryDirectory(prefix="flowlane-metrics-") as directory:
+        env["PROMETHEUS_MULTIPROC_DIR"] = directory
+        probe = ServeProbe(port, dsn, directory)
+        print(f"metrics, health and readiness on port {port}: /metrics /healthz /readyz", flush=True)
+        try:
+            yield probe
+        finally:
+            probe.close()
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -75,6 +75,7 @@ def configure(subparsers: Any) -> None:
         help="do not LISTEN for PGMQ insert notifications; poll with read_with_poll only",
     )
     add_worker_options(worker)
+    add_metrics_port(worker, "this worker's tasks and handler durations")
     worker.add_argument(
         "--poll-interval",
         type=float,
@@ -91,6 +92,19 @@ def configure(subparsers: Any) -> None:
     worker.add_argument("--heartbeat-interval", type=float, default=given, help=argparse.SUPPRESS)
     add_worker_admin_arguments(worker)
     worker.set_defaults(func=cmd_worker)
+
+
+def add_metrics_port(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--metrics-port", type=_port, metavar="PORT",
+        help=f"serve /metrics (Prometheus: {what} and the database's queue gauges), /healthz "
+        "and /readyz on this TCP port (all interfaces); default: none")
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"not a TCP port: {text!r}")
+    return int(text)
 
 
 def add_worker_options(parser: argparse.ArgumentParser, every: str = "") -> None:
@@ -147,7 +161,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return run_worker_admin(args)
     _refuse_misspelled_action(args.paths)
     config = worker_config(args)  # bad options fail here, before the project or a database
-    run_worker(flow_paths(args), config)
+    beside = None
+    if args.metrics_port is not None:
+        from flowlane.app.observability import beside_worker
+
+        beside = beside_worker(args.metrics_port, config.dsn)
+    run_worker(flow_paths(args), config, beside)
     return 0
 
 

@@ -12,13 +12,21 @@ printed as ``error:`` and ``hint:`` lines, the last ``error:`` line being what
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from flowlane import errors
 from flowlane.runtime.config import WorkerConfig
+
+if TYPE_CHECKING:
+    from flowlane.runtime.worker import Worker
+
+# what runs beside a worker while it serves (an HTTP endpoint for metrics and probes)
+Beside = Callable[["Worker"], contextlib.AbstractContextManager[object]]
 
 
 def worker_command(paths: Sequence[str], config: WorkerConfig) -> list[str]:
@@ -29,14 +37,16 @@ def worker_command(paths: Sequence[str], config: WorkerConfig) -> list[str]:
     return [sys.executable, "-m", "flowlane.runtime.launch", json.dumps(spec)]
 
 
-def run_worker(paths: Sequence[str], config: WorkerConfig) -> None:
+def run_worker(paths: Sequence[str], config: WorkerConfig, beside: Beside | None = None) -> None:
     """Configure the logs, load the project, serve until stopped (errors raise)."""
     from flowlane.compiler.api import load_project
     from flowlane.runtime import log
     from flowlane.runtime.worker import Worker
 
     log.configure(config.log_level, config.log_format)
-    Worker(load_project(list(paths)), config).run()
+    worker = Worker(load_project(list(paths)), config)
+    with beside(worker) if beside is not None else contextlib.nullcontext():
+        worker.run()
 
 
 def main(argv: Sequence[str]) -> int:

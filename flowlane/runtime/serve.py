@@ -380,10 +380,14 @@ def serve(
     log_dir: Path,
     shutdown_timeout: float,
     reload: bool = False,
+    watch: Callable[[Supervisor], None] | None = None,
 ) -> int:
     """Run until SIGTERM/SIGINT; 0 after a clean stop. ``reload``: restart every worker
-    when a Python file of the project (under ``cwd``) changes."""
+    when a Python file of the project (under ``cwd``) changes; ``watch`` is given the
+    supervisor before the workers start (readiness probes read it)."""
     supervisor = Supervisor(plan.specs(), plan.command, env=env, cwd=cwd, log_dir=log_dir)
+    if watch is not None:
+        watch(supervisor)
     changed = threading.Event()
     sources = SourceWatcher(cwd) if reload else None
     next_scan = time.monotonic() + RELOAD_SCAN

@@ -64,7 +64,7 @@ from flowlane import defaults, errors, project_root
 from flowlane.compiler import api
 from flowlane.compiler.model import Project
 from flowlane.core import db
-from flowlane.runtime import log
+from flowlane.runtime import log, metrics
 from flowlane.runtime.backoff import Backoff
 from flowlane.runtime.config import WorkerConfig
 from flowlane.runtime.context import TaskContext
@@ -230,6 +230,25 @@ class Worker:
         if loop is not None:
             with contextlib.suppress(RuntimeError):  # loop already closed
                 loop.call_soon_threadsafe(self._request_stop, force)
+
+    def not_ready(self) -> list[str]:
+        """Why this worker should not count as ready, as far as it knows without asking the
+        database (its deployment's flag and the database itself are asked by the probe)."""
+        session = self._session
+        if self._stop_requested.is_set() or (session is not None and session.stopping.is_set()):
+            return ["the worker is stopping"]
+        if not self.ready.is_set() or session is None:
+            return ["the worker has not registered yet (startup checks still running or refused)"]
+        if session.fatal is not None:
+            return [f"coverage incomplete: {first_line(session.fatal)}"]
+        return []
+
+    def alive(self) -> list[str]:
+        """Why this worker is broken beyond a restart's help, if it is ([] when alive)."""
+        session = self._session
+        if session is not None and session.crash:
+            return [f"internal error in the worker's {session.crash}"]
+        return []
 
     # -- lifecycle --------------------------------------------------------
 
@@ -547,6 +566,7 @@ class Worker:
 
     def _spawn(self, session: Session, task: ClaimedTask) -> None:
         session.counters.claimed += 1
+        metrics.task_started(task)
         registered = session.registry.get(task.flow_slug, task.step_slug)
         if registered is None:  # start_tasks claims only the pairs this registry serves
             raise RuntimeError(f"claimed {task.flow_slug}.{task.step_slug} without its handler")
@@ -569,6 +589,7 @@ class Worker:
         async def run_one(held: Held) -> None:
             result = await execute(task, registered, ctx, session.threads)
             held.running = False
+            metrics.task_finished(task, result)
             committed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             session.results.put_nowait((result, committed))
             await committed  # the slot stays taken until the result is in the database
@@ -638,6 +659,7 @@ class Worker:
                     requeued = await store.requeue_stalled()
                     if requeued:
                         log.event(WARNING, "stalled_tasks_requeued", count=requeued)
+                        metrics.stalls_recovered(requeued)
                     await self._recheck_coverage(session)
                 if now >= next_prune:
                     next_prune = now + await self._prune_retention(store)

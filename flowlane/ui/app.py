@@ -32,6 +32,7 @@ from flowlane.app.console import (
     parse_run_id,
 )
 from flowlane.app.fleet import STALE_AFTER
+from flowlane.app.observability import ConsoleProbe
 from flowlane.runtime.limits import STATUSES, TERMINAL
 from flowlane.ui import layout, pages, security
 
@@ -60,10 +61,13 @@ TEMPLATES = _templates()
 def create_app(console: Console, settings: Settings) -> Starlette:
     """The ASGI application over an opened ``console``, closed on shutdown."""
 
+    probe = ConsoleProbe(console.target.dsn)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         await run_in_threadpool(console.close)
+        await run_in_threadpool(probe.close)
 
     def render(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
         context.update(settings=settings, csrf=request.state.csrf, path=request.url.path)
@@ -179,8 +183,19 @@ def create_app(console: Console, settings: Settings) -> Starlette:
         return render(request, "workers.html", workers=workers, deployments=deployments,
                       stale_after=STALE_AFTER)
 
+    async def metrics(request: Request) -> Response:
+        body, content_type = await run_in_threadpool(probe.metrics)
+        return Response(body, media_type=content_type)
+
+    async def readyz(request: Request) -> Response:
+        problems = await run_in_threadpool(probe.ready)
+        return PlainTextResponse("\n".join(problems or ["ready"]) + "\n", 503 if problems else 200)
+
     routes = [
         Route("/", lambda request: RedirectResponse("/runs", status_code=303)),
+        Route("/metrics", metrics),
+        Route("/healthz", lambda request: PlainTextResponse("ok\n")),
+        Route("/readyz", readyz),
         Route("/flows", flows_page),
         Route("/flows/{slug}", flow_page),
         Route("/runs", runs_page),

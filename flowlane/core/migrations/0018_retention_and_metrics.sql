@@ -1,10 +1,11 @@
--- flowlane SQL Core 0018: retention.
+-- flowlane SQL Core 0018: retention and metrics.
 -- Drafted by `python -m flowlane.core.draft_migration` from the engine source; reviewed by a person.
 --
 -- A flow keeps its finished runs for opt_retention seconds (null: for ever); prune_runs deletes
 -- one bounded batch of older runs with their steps, tasks, attempts and queue messages, and
 -- prunable_runs says what it would delete. create_flow takes the option (a new argument, so
--- the old signature is dropped first).
+-- the old signature is dropped first). queue_metrics is what a metrics scrape reads, per
+-- queue, in one statement.
 
 -- hand-written
 -- existing flows get the default retention (30 days, the value _flow_option_default gives
@@ -220,4 +221,21 @@ begin
   get diagnostics runs_deleted = row_count;
   return next;
 end;
+$$;
+
+create or replace function flowlane.queue_metrics(p_stale_after int = 30)
+returns table (queue_name text, depth bigint, oldest_age_seconds int, live_workers bigint,
+               disabled_deployments bigint)
+language sql stable
+set search_path = ''
+as $$
+  select q.queue_name, m.queue_length, coalesce(m.oldest_msg_age_sec, 0),
+         (select count(*) from flowlane.workers w
+          where w.queue_name = q.queue_name and w.stopped_at is null
+            and w.last_heartbeat_at > now() - make_interval(secs => p_stale_after)),
+         (select count(*) from flowlane.worker_deployments d
+          where d.queue_name = q.queue_name and not d.enabled)
+  from flowlane.queues q
+  cross join lateral pgmq.metrics(q.pgmq_queue_name) m
+  order by q.queue_name
 $$;

@@ -1,0 +1,256 @@
+"""Metrics, liveness and readiness over HTTP, for Prometheus, Kubernetes probes and
+supervisors.
+
+One port serves ``/metrics`` (the Prometheus text format), ``/healthz`` (200 while the process
+works; 503 names what broke) and ``/readyz`` (200 when it should get work; 503 with one
+reason a line). The database's view is read at scrape time by one statement
+(``flowlane.queue_metrics``): per queue its depth, oldest message age, live workers and
+disabled deployments, plus how long that statement took.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import psycopg
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+from flowlane.app.fleet import STALE_AFTER
+from flowlane.core import db
+from flowlane.core.queries import query
+from flowlane.runtime.launch import Beside
+from flowlane.runtime.serve import Supervisor
+from flowlane.runtime.worker import Worker
+
+Check = Callable[[], list[str]]  # what is wrong; [] when all is well
+CONNECT_TIMEOUT = 5  # seconds a scrape or a probe waits for the database
+
+
+class Database:
+    """One connection shared by scrapes and probes (one statement at a time), opened again
+    after an error."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self._conn: psycopg.Connection[Any] | None = None
+        self._lock = threading.Lock()
+
+    def rows(self, name: str, **params: Any) -> list[tuple[Any, ...]]:
+        with self._lock:
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT,
+                                                 application_name="flowlane-metrics")
+                return self._conn.execute(query(name), params).fetchall()
+            except psycopg.Error:
+                if self._conn is not None:
+                    self._conn.close()
+                self._conn = None
+                raise
+
+    def unreachable(self) -> list[str]:
+        try:
+            self.rows("observability_ping")
+        except psycopg.Error as exc:
+            return [f"database unreachable: {db.redact(str(exc).strip().splitlines()[0])}"]
+        return []
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+
+
+class DatabaseCollector(Collector):
+    """The database's gauges, read when Prometheus scrapes."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("flowlane_database_up", "1 when the metrics query reached the database")
+        began = time.perf_counter()
+        try:
+            rows = self.database.rows("observability_queue_metrics", stale_after=int(STALE_AFTER))
+        except psycopg.Error:
+            up.add_metric([], 0)
+            yield up
+            return
+        took = time.perf_counter() - began
+        up.add_metric([], 1)
+        yield up
+        families = [
+            GaugeMetricFamily("flowlane_queue_depth", "Messages on the queue, visible or not",
+                              labels=["queue"]),
+            GaugeMetricFamily("flowlane_queue_oldest_message_age_seconds",
+                              "Age of the queue's oldest message (0 when empty)", labels=["queue"]),
+            GaugeMetricFamily("flowlane_live_workers",
+                              f"Registered workers with a heartbeat in the last {STALE_AFTER:g} s",
+                              labels=["queue"]),
+            GaugeMetricFamily("flowlane_disabled_deployments",
+                              "Worker deployments disabled (by an operator or unsupported work)",
+                              labels=["queue"]),
+        ]
+        for queue, *values in rows:
+            for family, value in zip(families, values, strict=True):
+                family.add_metric([queue], float(value))
+        yield from families
+        seconds = GaugeMetricFamily("flowlane_metrics_query_seconds",
+                                    "How long the database part of this scrape took")
+        seconds.add_metric([], took)
+        yield seconds
+
+
+def registry_for(database: Database, *collectors: Collector) -> CollectorRegistry:
+    """A registry with the database's gauges and the given collectors."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DatabaseCollector(database))
+    for collector in collectors:
+        registry.register(collector)
+    return registry
+
+
+def deployment_disabled(database: Database, deployment: str) -> list[str]:
+    """The deployment's flag, as a readiness reason (the database asked; [] when enabled)."""
+    try:
+        rows = database.rows("worker_deployment", deployment=deployment)
+    except psycopg.Error as exc:
+        return [f"database unreachable: {str(exc).strip().splitlines()[0]}"]
+    if rows and not rows[0][0]:
+        reason = f": {rows[0][1]}" if rows[0][1] else ""
+        return [f"deployment {deployment} is disabled{reason} (`flowlane worker enable {deployment}`)"]
+    return []
+
+
+def queues_not_served(database: Database, queues: list[str]) -> list[str]:
+    """``serve``'s readiness: every queue it runs has a live registered worker (one that passed
+    its startup checks, coverage included) and no disabled deployment."""
+    try:
+        rows = {r[0]: r for r in database.rows("observability_queue_metrics",
+                                               stale_after=int(STALE_AFTER))}
+    except psycopg.Error as exc:
+        return [f"database unreachable: {str(exc).strip().splitlines()[0]}"]
+    problems = []
+    for queue in queues:
+        row = rows.get(queue)
+        if row is None or not row[3]:
+            problems.append(f"queue {queue}: no live registered worker")
+        if row is not None and row[4]:
+            problems.append(f"queue {queue}: a deployment is disabled (`flowlane worker list`)")
+    return problems
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._send(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
+        elif path in ("/healthz", "/readyz"):
+            problems = (self.server.alive if path == "/healthz" else self.server.ready)()
+            text = "\n".join(problems) if problems else ("ok" if path == "/healthz" else "ready")
+            self._send(503 if problems else 200, f"{text}\n".encode(), "text/plain; charset=utf-8")
+        else:
+            self._send(404, b"not found: /metrics, /healthz or /readyz\n", "text/plain; charset=utf-8")
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Probes every few seconds would drown the worker's log: say nothing."""
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], registry: CollectorRegistry,
+                 alive: Check, ready: Check) -> None:
+        super().__init__(address, _Handler)
+        self.registry, self.alive, self.ready = registry, alive, ready
+
+
+def serve_http(port: int, registry: CollectorRegistry, *, alive: Check, ready: Check,
+               host: str = "0.0.0.0") -> ThreadingHTTPServer:
+    """Serve the three paths from a daemon thread; ``shutdown()`` the result to stop."""
+    server = _Server((host, port), registry, alive, ready)
+    threading.Thread(target=server.serve_forever, name="flowlane-metrics", daemon=True).start()
+    return server
+
+
+def beside_worker(port: int, dsn: str | None) -> Beside:
+    """For ``flowlane worker --metrics-port``: the worker's own metrics and the database's;
+    ready = registered, coverage complete, database reachable, deployment enabled."""
+
+    @contextlib.contextmanager
+    def beside(worker: Worker) -> Iterator[object]:
+        database = Database(db.resolve(dsn).dsn)
+
+        def ready() -> list[str]:
+            return worker.not_ready() or deployment_disabled(database, worker.name)
+
+        server = serve_http(port, registry_for(database, REGISTRY), alive=worker.alive, ready=ready)
+        try:
+            yield server
+        finally:
+            server.shutdown()
+            database.close()
+
+    return beside
+
+
+class ServeProbe:
+    """For ``flowlane serve --metrics-port``: its workers' metrics added up from
+    ``multiproc_dir`` (prometheus_client's multiprocess mode) and the database's;
+    ready = every queue it runs has a live registered worker and no disabled deployment."""
+
+    def __init__(self, port: int, dsn: str, multiproc_dir: str) -> None:
+        self.database = Database(dsn)
+        self.supervisor: Supervisor | None = None
+        registry = registry_for(self.database)
+        MultiProcessCollector(registry, path=multiproc_dir)  # type: ignore[no-untyped-call]
+        self.server = serve_http(port, registry, alive=list, ready=self.ready)
+
+    def watch(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+
+    def ready(self) -> list[str]:
+        if self.supervisor is None:
+            return ["serve is starting"]
+        queues = sorted({w.spec.queue for w in self.supervisor.workers if not w.retire})
+        return queues_not_served(self.database, queues)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.database.close()
+
+
+class ConsoleProbe:
+    """For ``flowlane ui``: its /metrics (the database's gauges) and probes; ready = the
+    database answers."""
+
+    def __init__(self, dsn: str) -> None:
+        self.database = Database(dsn)
+        self.registry = registry_for(self.database)
+
+    def metrics(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def ready(self) -> list[str]:
+        return self.database.unreachable()
+
+    def close(self) -> None:
+        self.database.close()

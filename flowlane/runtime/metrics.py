@@ -1,0 +1,43 @@
+"""A worker's own Prometheus metrics: tasks started, completed and failed, handler
+durations, stalled tasks recovered.
+
+They live in prometheus_client's default registry of the worker process. Under `flowlane
+serve --metrics-port`, serve gives its workers a ``PROMETHEUS_MULTIPROC_DIR`` and each
+worker writes its values there, for serve's endpoint to add up (prometheus_client's
+multiprocess mode); ``flowlane worker --metrics-port`` serves its own registry. The
+database's view (queue depth, live workers, ...) is read at scrape time:
+``flowlane.app.observability``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+from flowlane.runtime.tasks import ClaimedTask, TaskResult
+
+_STEP = ("flow", "step")
+# handlers from milliseconds to the longest default timeout and beyond
+HANDLER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
+
+TASKS_STARTED = Counter("flowlane_tasks_started", "Tasks claimed and handed to their handler", _STEP)
+TASKS_COMPLETED = Counter("flowlane_tasks_completed", "Handler runs that returned an output", _STEP)
+TASKS_FAILED = Counter("flowlane_tasks_failed",
+                       "Handler runs that raised or returned what cannot be stored", _STEP)
+HANDLER_SECONDS = Histogram("flowlane_handler_duration_seconds", "How long a handler ran", _STEP,
+                            buckets=HANDLER_BUCKETS)
+STALLS_RECOVERED = Counter("flowlane_stalled_tasks_recovered",
+                           "Stalled tasks this worker's maintenance handed back to the queue")
+
+
+def task_started(task: ClaimedTask) -> None:
+    TASKS_STARTED.labels(task.flow_slug, task.step_slug).inc()
+
+
+def task_finished(task: ClaimedTask, result: TaskResult) -> None:
+    labels = (task.flow_slug, task.step_slug)
+    (TASKS_COMPLETED if result.ok else TASKS_FAILED).labels(*labels).inc()
+    HANDLER_SECONDS.labels(*labels).observe(result.duration_ms / 1000)
+
+
+def stalls_recovered(count: int) -> None:
+    STALLS_RECOVERED.inc(count)
