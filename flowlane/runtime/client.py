@@ -37,6 +37,7 @@ from flowlane.core import db
 from flowlane.core.queries import query
 from flowlane.runtime import hints, limits
 from flowlane.runtime.limits import MAX_INPUT_BYTES, STATUSES, TERMINAL
+from flowlane.runtime.tracing import current_traceparent
 
 FALLBACK_POLL_SECONDS = 5.0
 
@@ -194,6 +195,11 @@ def _run_state(rows: list[dict[str, Any]], run_id: str) -> dict[str, Any]:
     return run
 
 
+def _trace_parent(flow: str, value: str, *, local: bool) -> Fetch:
+    """Runs started next remember ``value`` as their trace context (``flowlane.traceparent``)."""
+    return Fetch("client_trace_parent", f"cannot start {flow}", {"traceparent": value, "local": local})
+
+
 def _flow_filter(rows: list[dict[str, Any]], flow: str) -> list[str]:
     """The concrete slugs a ``--flow`` name stands for; unknown names get a suggestion."""
     row = rows[0]
@@ -307,6 +313,9 @@ class Operations:
         """Start a run; return ``(run_id, concrete flow slug)`` (an alias: its active version)."""
         payload = encode_input(input)
         run_id = _run_id(run_id) if run_id is not None else None
+        trace_parent = current_traceparent()
+        if trace_parent:  # the connection is in autocommit: set for the session, then reset
+            yield _trace_parent(flow, trace_parent, local=False)
         try:
             rows = yield Fetch("client_start_flow", f"cannot start {flow}",
                                {"flow": flow, "input": payload, "run_id": run_id})
@@ -316,6 +325,9 @@ class Operations:
                 raise type(exc)(str(exc), hint=_unknown_flow_hint(flow, known), detail=exc.detail,
                                 sqlstate=exc.sqlstate) from exc
             raise _start_error(exc) from exc
+        finally:
+            if trace_parent:
+                yield _trace_parent(flow, "", local=False)
         if not rows:
             raise errors.DatabaseError(f"start_flow({flow!r}) returned no run")
         return str(rows[0]["run_id"]), str(rows[0]["flow_slug"])
@@ -335,6 +347,9 @@ class Operations:
         if chunk_size < 1:
             raise errors.UsageError(f"chunk_size must be at least 1, not {chunk_size}")
         yield Atomic(f"cannot start {flow}")
+        trace_parent = current_traceparent()
+        if trace_parent:
+            yield _trace_parent(flow, trace_parent, local=True)
         run_ids: list[str] = []
         for offset, chunk in _chunks(inputs, chunk_size):
             try:

@@ -185,6 +185,10 @@ class Store:
         rows = await self.fetch("worker_requeue_stalled")
         return int(rows[0]["requeued"] or 0) if rows else 0
 
+    async def trace_parents(self, run_ids: list[str]) -> dict[str, str]:
+        rows = await self.fetch("worker_trace_parents", run_ids=run_ids)
+        return {str(r["run_id"]): r["trace_parent"] for r in rows}
+
     async def prune_batch(self) -> int:
         """One retention batch (its own transaction): the runs it deleted."""
         rows = await self.fetch("worker_prune_batch")

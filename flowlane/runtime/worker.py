@@ -89,6 +89,7 @@ from flowlane.runtime.tasks import (
     execute,
     first_line,
 )
+from flowlane.runtime.tracing import Tracing
 
 DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
 MAX_POLL_WINDOW = 2  # seconds
@@ -140,6 +141,7 @@ class Session:
     definitions: asyncio.Event = field(default_factory=asyncio.Event)  # notified: re-check coverage
     crash: str | None = None  # the component that crashed, and why
     fatal: errors.WorkerError | None = None  # disabled (exit 3) or outdated (exit 4)
+    tracing: Tracing | None = None  # spans of task attempts, when an OpenTelemetry SDK is set up
 
     async def pause(self, seconds: float, event: asyncio.Event | None = None) -> None:
         """Sleep ``seconds``, returning early when stopping (or when ``event`` is set)."""
@@ -320,6 +322,7 @@ class Worker:
             registry,
             ResultSender(store, self.worker_id),
             HandlerThreads(self.max_concurrent),
+            tracing=Tracing.configured(),  # after the handler modules, which may set up the SDK
         )
         if self._stop_requested.is_set():  # stop() or a signal during startup
             session.stopping.set()
@@ -494,11 +497,18 @@ class Worker:
             if claim.unsupported:
                 await self._unsupported(session, claim.batch, claim.unsupported)
                 return
+            parents = await self._trace_parents(session, claim.tasks)
             for task in claim.tasks:
-                self._spawn(session, task)
+                self._spawn(session, task, parents.get(task.run_id))
             if not claim.batch and notified and not session.stopping.is_set():
                 log.event(DEBUG, "poller_idle", wait=f"{self.config.poll_interval:g}s")
                 await session.pause(self.config.poll_interval, session.wake)
+
+    async def _trace_parents(self, session: Session, tasks: list[ClaimedTask]) -> dict[str, str]:
+        """The trace contexts the tasks' runs were started in (asked only when tracing)."""
+        if session.tracing is None or not tasks:
+            return {}
+        return await session.store.trace_parents(sorted({t.run_id for t in tasks}))
 
     async def _claim(self, store: Store, qty: int, notified: bool) -> Claim:
         """One round trip (``claim_tasks``) while notifications wake the poller; without
@@ -564,7 +574,7 @@ class Worker:
         )
         self._request_stop()
 
-    def _spawn(self, session: Session, task: ClaimedTask) -> None:
+    def _spawn(self, session: Session, task: ClaimedTask, trace_parent: str | None = None) -> None:
         session.counters.claimed += 1
         metrics.task_started(task)
         registered = session.registry.get(task.flow_slug, task.step_slug)
@@ -587,9 +597,13 @@ class Worker:
         )
 
         async def run_one(held: Held) -> None:
+            tracing = session.tracing
+            span = tracing.start(task, trace_parent, self._is_map(task)) if tracing else None
             result = await execute(task, registered, ctx, session.threads)
             held.running = False
             metrics.task_finished(task, result)
+            if tracing is not None:
+                tracing.finish(span, result)
             committed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             session.results.put_nowait((result, committed))
             await committed  # the slot stays taken until the result is in the database
@@ -598,6 +612,9 @@ class Worker:
         handle = asyncio.create_task(run_one(held))
         session.held[handle] = held
         handle.add_done_callback(session.finished)
+
+    def _is_map(self, task: ClaimedTask) -> bool:
+        return self.project.flow(task.flow_slug).step(task.step_slug).type == "map"
 
     # -- flusher ----------------------------------------------------------
 

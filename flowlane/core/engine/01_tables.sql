@@ -130,6 +130,7 @@ create table flowlane.runs (
   cancel_reason text,
   retry_count int default 0 not null,
   retried_at timestamptz,
+  trace_parent text,
   constraint runs_pkey primary key (run_id),
   constraint runs_cancel_reason_only_cancelled check ((cancel_reason is null) or (status = 'cancelled')),
   constraint runs_cancelled_after_start check ((cancelled_at is null) or (cancelled_at >= started_at)),

@@ -83,8 +83,9 @@ declare
   v_ids uuid[];
 begin
   v_ids := array(select coalesce(p_run_ids[i], gen_random_uuid()) from generate_subscripts(p_inputs, 1) i order by i);
-  insert into flowlane.runs (run_id, flow_slug, input, remaining_steps)
-  select v_ids[i], p_flow, p_inputs[i], (select count(*) from flowlane.steps s where s.flow_slug = p_flow)
+  insert into flowlane.runs (run_id, flow_slug, input, remaining_steps, trace_parent)
+  select v_ids[i], p_flow, p_inputs[i], (select count(*) from flowlane.steps s where s.flow_slug = p_flow),
+         flowlane._trace_parent()
   from generate_subscripts(p_inputs, 1) i order by i;
   insert into flowlane.step_states (flow_slug, run_id, step_slug, remaining_deps, initial_tasks)
   select p_flow, v_ids[i], s.step_slug, s.deps_count,

@@ -32,6 +32,14 @@ select flowlane.mark_worker_stopped(%(worker_id)s::uuid)
 -- name: worker_requeue_stalled
 select flowlane.requeue_stalled_tasks() as requeued
 
+-- name: worker_trace_parents
+select run_id, trace_parent from flowlane.trace_parents(%(run_ids)s::uuid[])
+
+-- name: client_trace_parent
+-- the trace context the runs started next remember ('' for none): for the transaction
+-- (local) or the session
+select set_config('flowlane.traceparent', %(traceparent)s, %(local)s) as traceparent
+
 -- name: worker_prune_batch
 select runs_deleted from flowlane.prune_runs()
 

@@ -1,11 +1,12 @@
--- flowlane SQL Core 0018: retention and metrics.
+-- flowlane SQL Core 0018: retention, metrics and traces.
 -- Drafted by `python -m flowlane.core.draft_migration` from the engine source; reviewed by a person.
 --
 -- A flow keeps its finished runs for opt_retention seconds (null: for ever); prune_runs deletes
 -- one bounded batch of older runs with their steps, tasks, attempts and queue messages, and
 -- prunable_runs says what it would delete. create_flow takes the option (a new argument, so
 -- the old signature is dropped first). queue_metrics is what a metrics scrape reads, per
--- queue, in one statement.
+-- queue, in one statement. runs.trace_parent keeps the W3C trace context a run was started
+-- in (the transaction's flowlane.traceparent setting), for the spans of its tasks.
 
 -- hand-written
 -- existing flows get the default retention (30 days, the value _flow_option_default gives
@@ -15,6 +16,7 @@ alter table flowlane.flows alter column opt_retention set default flowlane._flow
 alter table flowlane.flows add constraint flows_retention_positive
   check ((opt_retention is null) or (opt_retention >= 1));
 create index runs_prune_idx on flowlane.runs (flow_slug, started_at) where (status <> 'started');
+alter table flowlane.runs add column trace_parent text;
 -- end of hand-written
 
 drop function flowlane.create_flow(text,integer,integer,integer,text);
@@ -90,6 +92,35 @@ begin
         opt_retention = excluded.opt_retention
   returning * into v_flow;
   return v_flow;
+end;
+$$;
+
+-- new runs of one concrete flow (inputs checked by the caller); returns them in input order
+create or replace function flowlane._create_runs(p_flow text, p_inputs jsonb[], p_run_ids uuid[])
+returns setof flowlane.runs
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_ids uuid[];
+begin
+  v_ids := array(select coalesce(p_run_ids[i], gen_random_uuid()) from generate_subscripts(p_inputs, 1) i order by i);
+  insert into flowlane.runs (run_id, flow_slug, input, remaining_steps, trace_parent)
+  select v_ids[i], p_flow, p_inputs[i], (select count(*) from flowlane.steps s where s.flow_slug = p_flow),
+         flowlane._trace_parent()
+  from generate_subscripts(p_inputs, 1) i order by i;
+  insert into flowlane.step_states (flow_slug, run_id, step_slug, remaining_deps, initial_tasks)
+  select p_flow, v_ids[i], s.step_slug, s.deps_count,
+         case when s.step_type = 'single' then 1
+              when s.deps_count = 0 and jsonb_typeof(p_inputs[i]) = 'array' then jsonb_array_length(p_inputs[i])
+              else null end
+  from generate_subscripts(p_inputs, 1) i, flowlane.steps s
+  where s.flow_slug = p_flow
+  order by v_ids[i], s.step_slug;
+  perform flowlane._progress_runs(v_ids);
+  return query select r.* from unnest(v_ids) with ordinality as u (run_id, ord)
+               join flowlane.runs r on r.run_id = u.run_id and r.run_id = any (v_ids) order by u.ord;
 end;
 $$;
 
@@ -238,4 +269,30 @@ as $$
   from flowlane.queues q
   cross join lateral pgmq.metrics(q.pgmq_queue_name) m
   order by q.queue_name
+$$;
+
+-- the transaction's trace context, checked; null when none is set
+create or replace function flowlane._trace_parent() returns text
+language plpgsql stable
+set search_path = ''
+as $$
+declare
+  v_value text := nullif(current_setting('flowlane.traceparent', true), '');
+begin
+  if v_value is not null and v_value !~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$' then
+    raise exception 'flowlane.traceparent must be a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>), got %',
+      quote_literal(left(v_value, 100)) using errcode = '22023';
+  end if;
+  return v_value;
+end;
+$$;
+
+-- the trace contexts of the given runs (those started inside a trace)
+create or replace function flowlane.trace_parents(run_ids uuid[])
+returns table (run_id uuid, trace_parent text)
+language sql stable
+set search_path = ''
+as $$
+  select r.run_id, r.trace_parent from flowlane.runs r
+  where r.run_id = any (run_ids) and r.trace_parent is not null
 $$;
