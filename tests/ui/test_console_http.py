@@ -257,3 +257,14 @@ def test_a_failed_runs_unstarted_steps_say_the_run_failed_first_in_the_console_a
         [line] = [x for x in shown.stdout.splitlines() if x.split()[:1] == [slug]]
         assert "cancelled" in line and "not started: the run failed first" in line, shown.stdout
     assert "waiting" not in shown.stdout + shown.stderr
+
+
+def test_metrics_and_probes(console: ui_support.UiServer) -> None:
+    metrics = ui_support.fetch(console.url + "/metrics")
+    assert metrics.status == 200
+    assert 'flowlane_queue_depth{queue="ping"} 1.0' in metrics.body
+    assert 'flowlane_disabled_deployments{queue="notify"} 1.0' in metrics.body
+    assert "flowlane_database_up 1.0" in metrics.body
+    assert ui_support.fetch(console.url + "/healthz").body == "ok\n"
+    ready = ui_support.fetch(console.url + "/readyz")
+    assert (ready.status, ready.body) == (200, "ready\n")
