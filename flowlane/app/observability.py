@@ -61,13 +61,18 @@ class Database:
         try:
             self.rows("observability_ping")
         except psycopg.Error as exc:
-            return [f"database unreachable: {db.redact(str(exc).strip().splitlines()[0])}"]
+            return _unreachable(exc)
         return []
 
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
+
+
+def _unreachable(exc: psycopg.Error) -> list[str]:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return [f"database unreachable: {db.redact(first)}"]
 
 
 class DatabaseCollector(Collector):
@@ -124,7 +129,7 @@ def deployment_disabled(database: Database, deployment: str) -> list[str]:
     try:
         rows = database.rows("worker_deployment", deployment=deployment)
     except psycopg.Error as exc:
-        return [f"database unreachable: {str(exc).strip().splitlines()[0]}"]
+        return _unreachable(exc)
     if rows and not rows[0][0]:
         reason = f": {rows[0][1]}" if rows[0][1] else ""
         return [f"deployment {deployment} is disabled{reason} (`flowlane worker enable {deployment}`)"]
@@ -138,7 +143,7 @@ def queues_not_served(database: Database, queues: list[str]) -> list[str]:
         rows = {r[0]: r for r in database.rows("observability_queue_metrics",
                                                stale_after=int(STALE_AFTER))}
     except psycopg.Error as exc:
-        return [f"database unreachable: {str(exc).strip().splitlines()[0]}"]
+        return _unreachable(exc)
     problems = []
     for queue in queues:
         row = rows.get(queue)

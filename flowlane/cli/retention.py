@@ -11,8 +11,7 @@ from typing import Any
 from flowlane import errors
 from flowlane.cli.common import add_dsn_argument, add_format, json_errors
 
-_DURATION = re.compile(r"(?P<n>[0-9]{1,10})(?P<unit>[smhd]?)")
-_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"[0-9]{1,10}[smhd]?")
 
 
 def configure(subparsers: Any) -> None:
@@ -36,11 +35,15 @@ def configure(subparsers: Any) -> None:
 
 
 def _seconds(text: str | None) -> int | None:
+    from flowlane.compiler.analyze import MAX_SECONDS, duration_seconds
+
     if text is None:
         return None
-    found = _DURATION.fullmatch(text.strip())
-    seconds = int(found["n"]) * _UNIT_SECONDS[found["unit"]] if found else -1
-    if not 0 <= seconds <= 2147483647:
+    given = text.strip()
+    seconds = -1
+    if _DURATION.fullmatch(given):
+        seconds = duration_seconds(int(given) if given.isdigit() else given)
+    if not 0 <= seconds <= MAX_SECONDS:
         raise errors.UsageError(f"--older-than: `{text}` is not a duration",
                                 hint="write seconds or a number with s, m, h or d: --older-than 7d")
     return seconds

@@ -117,3 +117,33 @@ def test_heartbeats_and_deprecation_stop_the_worker(flows_dsn: str) -> None:
     finally:
         worker.stop()
         thread.join(60)
+
+
+def test_a_worker_prunes_finished_runs_past_their_retention(flows_dsn: str, handlers: object) -> None:
+    from flowlane.runtime.client import Client
+
+    with Client(flows_dsn) as client:
+        old = [client.start_run("rt_gauge", [1]) for _ in range(2)]
+        for run_id in old:
+            client.cancel(run_id)
+        recent = client.start_run("rt_gauge", [2])
+        client.cancel(recent)
+    with psycopg.connect(flows_dsn, autocommit=True) as conn:  # cancelled 31 days ago
+        conn.execute("update flowlane.runs set started_at = started_at - interval '31 days', "
+                     "cancelled_at = cancelled_at - interval '31 days' where run_id = any (%s)", (old,))
+        worker = Worker(load_project(PROJECT / "flows"), flow="rt_gauge", dsn=flows_dsn,
+                        handle_signals=False, import_paths=[str(PROJECT)])
+        thread = threading.Thread(target=worker.run)
+        thread.start()
+        try:
+            def pruned() -> bool:
+                return conn.execute("select count(*) from flowlane.runs where run_id = any (%s)",
+                                    (old,)).fetchone() == (0,)
+
+            wait_until(pruned, timeout=60, message="the worker's maintenance to prune")
+            assert conn.execute("select status from flowlane.runs where run_id = %s",
+                                (recent,)).fetchone() == ("cancelled",)
+        finally:
+            worker.stop()
+            thread.join(60)
+    assert not thread.is_alive()
