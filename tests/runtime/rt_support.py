@@ -192,3 +192,16 @@ def queue_depth(dsn: str, queue: str) -> int:
 
 
 REPORT: list[str] = []  # lines for the terminal summary (the crash matrix's throughput)
+
+
+def applied_project(root: Path, dsn: str, flows: str, handlers: dict[str, str]) -> Path:
+    """A project at ``root``: ``flows/flows.yaml`` and the handler modules (name -> source),
+    compiled and applied to ``dsn``."""
+    (root / "flows").mkdir(parents=True)
+    (root / "flows" / "flows.yaml").write_text(flows)
+    for module, source in handlers.items():
+        (root / f"{module}.py").write_text(source)
+    for command in (("compile",), ("apply", "--dsn", dsn)):
+        result = flowlane(*command, cwd=root)
+        assert result.returncode == 0, result.stdout + result.stderr
+    return root

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.rt_support import env, flowlane, start_run, wait_run, wait_until
+from tests.runtime.rt_support import applied_project, env, flowlane, start_run, wait_run, wait_until
 
 FLOWS = """\
 kind: flow
@@ -71,14 +71,7 @@ def wait_for(url: str, wanted: Callable[[tuple[int, str]], bool], what: str) -> 
 
 @pytest.fixture
 def project(tmp_path: Path, dsn: str) -> Path:
-    root = tmp_path / "proj"
-    (root / "flows").mkdir(parents=True)
-    (root / "flows" / "mx.yaml").write_text(FLOWS)
-    (root / "mx_handlers.py").write_text(HANDLERS)
-    for command in (("compile",), ("apply", "--dsn", dsn)):
-        result = flowlane(*command, cwd=root)
-        assert result.returncode == 0, result.stdout + result.stderr
-    return root
+    return applied_project(tmp_path / "proj", dsn, FLOWS, {"mx_handlers": HANDLERS})
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 from flowlane.runtime.client import Client
-from tests.runtime.rt_support import WorkerProcess, flowlane, wait_run, wait_until
+from tests.runtime.rt_support import WorkerProcess, applied_project, flowlane, wait_run, wait_until
 from tests.runtime.test_metrics import free_port, get, wait_for
 
 FLOWS = """\
@@ -70,14 +70,7 @@ SQL_PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 @pytest.fixture
 def project(tmp_path: Path, dsn: str) -> Path:
-    root = tmp_path / "proj"
-    (root / "flows").mkdir(parents=True)
-    (root / "flows" / "tr.yaml").write_text(FLOWS)
-    (root / "tr_handlers.py").write_text(HANDLERS)
-    for command in (("compile",), ("apply", "--dsn", dsn)):
-        result = flowlane(*command, cwd=root)
-        assert result.returncode == 0, result.stdout + result.stderr
-    return root
+    return applied_project(tmp_path / "proj", dsn, FLOWS, {"tr_handlers": HANDLERS})
 
 
 def _parent(span_context: Any) -> str:
