@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from typing import Any
 
 from flowlane import errors
 from flowlane.cli.common import add_dsn_argument, add_format, json_errors
-
-_DURATION = re.compile(r"[0-9]{1,10}[smhd]?")
 
 
 def configure(subparsers: Any) -> None:
@@ -35,15 +32,16 @@ def configure(subparsers: Any) -> None:
 
 
 def _seconds(text: str | None) -> int | None:
-    from flowlane.compiler.analyze import MAX_SECONDS, duration_seconds
+    from flowlane.compiler import durations
 
     if text is None:
         return None
     given = text.strip()
-    seconds = -1
-    if _DURATION.fullmatch(given):
-        seconds = duration_seconds(int(given) if given.isdigit() else given)
-    if not 0 <= seconds <= MAX_SECONDS:
+    try:
+        seconds = durations.to_seconds(int(given) if given.isdigit() else given)
+    except ValueError:
+        seconds = -1
+    if not 0 <= seconds <= 2147483647:  # what the SQL argument (an int) holds
         raise errors.UsageError(f"--older-than: `{text}` is not a duration",
                                 hint="write seconds or a number with s, m, h or d: --older-than 7d")
     return seconds
