@@ -32,7 +32,7 @@ from flowlane.runtime.serve import Supervisor
 from flowlane.runtime.worker import Worker
 
 Check = Callable[[], list[str]]  # what is wrong; [] when all is well
-CONNECT_TIMEOUT = 5  # seconds a scrape or a probe waits for the database
+TIMEOUT = 5  # seconds a scrape or a probe waits for the database, to connect or to answer
 
 
 class Database:
@@ -48,8 +48,9 @@ class Database:
         with self._lock:
             try:
                 if self._conn is None or self._conn.closed:
-                    self._conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT,
-                                                 application_name="flowlane-metrics")
+                    self._conn = psycopg.connect(
+                        self.dsn, autocommit=True, connect_timeout=TIMEOUT,
+                        application_name="flowlane-metrics", options=f"-c statement_timeout={TIMEOUT * 1000}")
                 return self._conn.execute(query(name), params).fetchall()
             except psycopg.Error:
                 if self._conn is not None:
