@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
@@ -27,9 +27,11 @@ from prometheus_client.registry import Collector
 from flowlane.app.fleet import STALE_AFTER
 from flowlane.core import db
 from flowlane.core.queries import query
-from flowlane.runtime.launch import Beside
-from flowlane.runtime.serve import Supervisor
-from flowlane.runtime.worker import Worker
+
+if TYPE_CHECKING:  # the console imports this module and never runs a worker
+    from flowlane.runtime.launch import Beside
+    from flowlane.runtime.serve import Supervisor
+    from flowlane.runtime.worker import Worker
 
 Check = Callable[[], list[str]]  # what is wrong; [] when all is well
 TIMEOUT = 5  # seconds a scrape or a probe waits for the database, to connect or to answer
