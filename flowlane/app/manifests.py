@@ -17,14 +17,14 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from flowlane import defaults, errors
-from flowlane.compiler.model import Project
 from flowlane.runtime.config import WorkerConfig
-from flowlane.runtime.serve import WorkerSpec, plan_workers
+
+if TYPE_CHECKING:  # `flowlane --help` reads the options' defaults here: nothing heavy
+    from flowlane.compiler.model import Project
+    from flowlane.runtime.serve import WorkerSpec
 
 NAME_PREFIX = "flowlane-"
 NAME_MAX = 63  # a DNS-1123 label: the Deployment's name is also a label value
@@ -71,6 +71,8 @@ class Manifest:
         return f"{self.name}.yaml"
 
     def render(self) -> str:
+        import yaml
+
         return yaml.safe_dump_all(self.documents, sort_keys=False, explicit_start=True)
 
 
@@ -81,6 +83,8 @@ def render(manifests: list[Manifest]) -> str:
 
 def kubernetes(project: Project, options: KubernetesOptions | None = None) -> list[Manifest]:
     """The manifests of every worker deployment unit of ``project``."""
+    from flowlane.runtime.serve import plan_workers
+
     options = options or KubernetesOptions()
     specs = plan_workers(project, WorkerConfig(shutdown_timeout=options.shutdown_timeout))
     if not specs:
