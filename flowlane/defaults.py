@@ -48,6 +48,9 @@ WORKER_LIMITS: Final = {"max_concurrent": MAX_CONCURRENT, "batch_size": BATCH_SI
 POLL_INTERVAL: Final = 2.0  # seconds between polls when no notification wakes the worker
 READ_VT: Final = 5  # seconds a message read without notifications stays invisible
 SHUTDOWN_TIMEOUT: Final = 30.0  # seconds in-flight handlers get after SIGTERM
+# seconds a supervisor (serve, systemd, Kubernetes) waits beyond shutdown_timeout before it
+# kills a stopping worker: the time to commit the last results and mark the worker stopped
+SHUTDOWN_MARGIN: Final = 10.0
 HEARTBEAT_INTERVAL: Final = 5.0  # seconds
 REQUEUE_INTERVAL: Final = 15.0  # seconds between stalled-task recoveries
 PRUNE_INTERVAL: Final = 60.0  # seconds between retention batches (at once again after one that pruned)

@@ -18,11 +18,11 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from flowlane import errors
-from flowlane.cli import compiler, db, fleet, retention, runs, serve, ui, worker
+from flowlane.cli import compiler, db, fleet, manifests, retention, runs, serve, ui, worker
 from flowlane.cli.common import report_error
 
 # in the order `flowlane --help` lists them
-COMMAND_GROUPS = (db, compiler, worker, runs, retention, serve, fleet, ui)
+COMMAND_GROUPS = (db, compiler, worker, runs, retention, serve, fleet, ui, manifests)
 
 
 def _version() -> str:

@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from flowlane import errors, project_root
+from flowlane import defaults, errors, project_root
 from flowlane.cli.common import add_dsn_argument, flow_paths
 from flowlane.cli.worker import add_metrics_port, add_worker_options, worker_config
 from flowlane.runtime.config import EXIT_DISABLED, EXIT_RESTART
@@ -78,7 +78,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             env=env,
             cwd=root,
             log_dir=log_dir,
-            shutdown_timeout=options.shutdown_timeout + 10,
+            shutdown_timeout=options.shutdown_timeout + defaults.SHUTDOWN_MARGIN,
             reload=target.embedded if args.reload is None else args.reload,
             watch=probe.watch if probe is not None else None,
         )

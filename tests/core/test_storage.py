@@ -78,7 +78,11 @@ def test_a_completion_updates_the_task_and_its_step_in_place(engine: Engine) -> 
         tasks = _xact_updates(engine, "flowlane.step_tasks")
         steps = _xact_updates(engine, "flowlane.step_states")
     assert [r["status"] for r in done] == ["completed"] * 40
-    assert tasks["updated"] == 40 and tasks["hot"] >= 30, tasks
+    assert tasks["updated"] == 40, tasks
+    if int(engine.scalar("show server_version_num")) >= 160000:
+        assert tasks["hot"] >= 30, tasks
+    else:  # PostgreSQL 15 allows no HOT update that changes a column of any index, BRIN included
+        assert tasks["hot"] == 0, tasks
     assert steps["updated"] == 40 and steps["hot"] >= 30, steps
     assert {r["run_id"] for r in engine.rows(
         "select run_id from flowlane.runs where status = 'completed'")} == runs

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import secrets
 import threading
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
-from flowlane import errors
+from flowlane import cli, errors
 from flowlane.core import migrator
+from tests.conftest import Cluster
+from tests.core.engine import Engine
 
 
 def _versions(conn: psycopg.Connection[Any]) -> list[str]:
@@ -121,3 +127,52 @@ def test_an_empty_pgmq_schema_is_refused_before_any_migration(cluster: Any) -> N
             migrator.migrate(conn)
         assert "drop schema pgmq" in (raised.value.hint or "")
         assert migrator.status(conn)[0].applied_at is None
+
+
+def test_a_database_owner_without_superuser_migrates_where_pgmq_is_no_extension(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A managed provider: flowlane's login role owns its database, is no superuser, may not
+    create roles (the operator made flowlane_worker and flowlane_admin once) and the server
+    has no PGMQ extension; `flowlane db migrate --roles` installs PGMQ's SQL and every migration."""
+    owner, password = f"fl_owner_{uuid.uuid4().hex[:8]}", secrets.token_hex(12)
+    dbname = f"{cluster.prefix}_owned_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(cluster.admin_dsn, autocommit=True) as admin:
+        assert admin.execute(
+            "select count(*) from pg_available_extensions where name = 'pgmq'").fetchone() == (0,)
+        admin.execute(sql.SQL("create role {} login password {} nosuperuser nocreaterole "
+                              "nocreatedb").format(sql.Identifier(owner), sql.Literal(password)))
+        for role in ("flowlane_worker", "flowlane_admin"):  # what an operator runs once
+            admin.execute(sql.SQL("do $$ begin create role {} nologin; "
+                                  "exception when duplicate_object then null; end $$")
+                          .format(sql.Identifier(role)))
+        admin.execute(sql.SQL("create database {} owner {} template template0").format(
+            sql.Identifier(dbname), sql.Identifier(owner)))
+    owner_dsn = make_conninfo(cluster.dsn_for(dbname), user=owner, password=password, passfile="")
+    try:
+        assert cli.main(["db", "migrate", "--roles", "--dsn", owner_dsn]) == 0
+        out = capsys.readouterr().out
+        assert f"{len(migrator.discover())} migration(s) applied" in out
+        assert "roles flowlane_worker and flowlane_admin are up to date" in out
+        with psycopg.connect(owner_dsn, autocommit=True) as conn:
+            assert conn.execute("select rolsuper from pg_roles where rolname = current_user"
+                                ).fetchone() == (False,)
+            assert conn.execute("select count(*) from pg_extension where extname = 'pgmq'"
+                                ).fetchone() == (0,)
+            assert _versions(conn) == [m.version for m in migrator.discover()]
+            owners = conn.execute(
+                "select distinct pg_get_userbyid(nspowner) from pg_namespace "
+                "where nspname in ('pgmq', 'flowlane')").fetchall()
+            assert owners == [(owner,)]
+            # the engine works for its owner: a flow, a run, a claim
+            engine = Engine(conn)
+            engine.define("owned", [("only", [], {})])
+            run_id = engine.start("owned", {"n": 1})
+            [task] = engine.claim("owned")
+            engine.complete(task, {"ok": True})
+            assert engine.scalar("select status from flowlane.runs where run_id = %s",
+                                 [run_id]) == "completed"
+    finally:
+        cluster.drop_database(dbname)
+        with psycopg.connect(cluster.admin_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("drop role {}").format(sql.Identifier(owner)))

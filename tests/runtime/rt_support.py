@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from tests.cli_support import cli_env, run_flowlane
+from tests.cli_support import REPO, cli_env, run_flowlane
 
 PROJECT = Path(__file__).resolve().parent / "project"
 T = TypeVar("T")
@@ -56,7 +56,8 @@ def flowlane(
 class WorkerProcess:
     """``python -m flowlane worker ...`` in the test project, logs in a file."""
 
-    def __init__(self, dsn: str, logdir: Path, *args: str, cwd: Path = PROJECT) -> None:
+    def __init__(self, dsn: str, logdir: Path, *args: str, cwd: Path = PROJECT,
+                 root: Path = REPO) -> None:
         self.log = logdir / f"worker-{uuid.uuid4().hex[:8]}.log"
         self.args = args
         self._out = self.log.open("w")
@@ -73,7 +74,7 @@ class WorkerProcess:
                 dsn,
             ],
             cwd=cwd,
-            env=env(),
+            env=cli_env(root, PYTHONUNBUFFERED="1"),  # root: the flowlane checkout to run
             stdout=self._out,
             stderr=subprocess.STDOUT,
         )

@@ -27,7 +27,7 @@ declare
     'get_run_attempts', 'stuck_runs', 'json_limits', 'json_depth_exceeds',
     'calculate_retry_delay', 'is_valid_slug', 'is_valid_queue_name',
     'is_valid_deployment_name', 'resolve_flow', 'prunable_runs', 'queue_metrics',
-    'trace_parents'];
+    'trace_parents', 'queue_depth'];
   v_admin constant text[] := array[
     'create_flow', 'add_step', 'ensure_flow_shape', 'ensure_flow_compiled', 'set_alias',
     'delete_flow_and_data', 'adopt_queue', 'begin_rollout', 'finish_rollout',
