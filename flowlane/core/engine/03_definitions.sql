@@ -8,7 +8,9 @@ create function flowlane.create_flow(
   max_attempts int = null,
   base_delay int = null,
   timeout int = null,
-  queue_mode text = 'flow'
+  queue_mode text = 'flow',
+  deadline int = null,
+  dedup_key text = null
 ) returns flowlane.flows
 language plpgsql volatile
 set search_path = ''
@@ -27,6 +29,7 @@ begin
     raise exception 'flow "%": with queue_mode flow the queue is the lowercase flow slug, which must have at most 47 characters (the PGMQ limit)',
       create_flow.flow_slug using errcode = '22023', hint = 'use a shorter slug, or per-step/explicit queues';
   end if;
+  perform flowlane._check_start_options(create_flow.flow_slug, create_flow.deadline, create_flow.dedup_key);
   perform pg_advisory_xact_lock(hashtext('flowlane.flow'), hashtext(lower(create_flow.flow_slug)));
   select f.flow_slug into v_other from flowlane.flows f
   where lower(f.flow_slug) = lower(create_flow.flow_slug) and f.flow_slug <> create_flow.flow_slug;
@@ -41,14 +44,18 @@ begin
       using errcode = '23514',
             hint = 'the queue mode is part of the flow''s shape; create a new flow version (a new slug)';
   end if;
-  insert into flowlane.flows as f (flow_slug, opt_max_attempts, opt_base_delay, opt_timeout, queue_mode)
+  insert into flowlane.flows as f (flow_slug, opt_max_attempts, opt_base_delay, opt_timeout, queue_mode,
+                                   opt_deadline, opt_dedup_key)
   values (create_flow.flow_slug, coalesce(max_attempts, flowlane._flow_option_default('max_attempts')),
           coalesce(base_delay, flowlane._flow_option_default('base_delay')),
-          coalesce(timeout, flowlane._flow_option_default('timeout')), v_mode)
+          coalesce(timeout, flowlane._flow_option_default('timeout')), v_mode,
+          create_flow.deadline, create_flow.dedup_key)
   on conflict on constraint flows_pkey do update
     set opt_max_attempts = excluded.opt_max_attempts,
         opt_base_delay = excluded.opt_base_delay,
-        opt_timeout = excluded.opt_timeout
+        opt_timeout = excluded.opt_timeout,
+        opt_deadline = excluded.opt_deadline,
+        opt_dedup_key = excluded.opt_dedup_key
   returning * into v_flow;
   return v_flow;
 end;

@@ -20,7 +20,8 @@ declare
     'fail_task_detailed',
     'extend_leases', 'requeue_stalled_tasks',
     'set_deployment_enabled',  -- a worker disables its own deployment on unsupported work (6.4)
-    'record_worker_refusal'];
+    'record_worker_refusal',
+    'maintenance_tick'];  -- every worker fires schedules, begins delayed runs, ends overdue ones
   v_read constant text[] := array[
     'verify_flow', 'coverage', 'drain_status', 'get_flow_shape', 'get_run_with_states',
     'get_run_attempts', 'stuck_runs', 'json_limits', 'json_depth_exceeds',
@@ -29,7 +30,8 @@ declare
   v_admin constant text[] := array[
     'create_flow', 'add_step', 'ensure_flow_shape', 'ensure_flow_compiled', 'set_alias',
     'delete_flow_and_data', 'adopt_queue', 'begin_rollout', 'finish_rollout',
-    'start_flow', 'start_flows', 'start_ready_steps', 'cancel_run', 'retry_run'];
+    'start_flow', 'start_flows', 'start_ready_steps', 'cancel_run', 'retry_run',
+    'set_schedule', 'keep_only_schedules', 'set_schedule_paused', 'trigger_schedule'];
   -- claim_tasks, fail_tasks and start_flows: the set-based engine (0009)
   v_unclassified text;
   v_fn record;
