@@ -106,7 +106,7 @@ set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_ids uuid[];
-  v_waiting boolean := p_start_at > now();
+  v_waiting boolean := coalesce(p_start_at > now(), false);
 begin
   v_ids := array(select coalesce(p_run_ids[i], gen_random_uuid()) from generate_subscripts(p_inputs, 1) i order by i);
   insert into flowlane.runs (run_id, flow_slug, input, remaining_steps, status, start_at, deadline_at,
