@@ -29,7 +29,7 @@ ALIAS_MOVE = "ALIAS_MOVE"
 NEW_VERSION_REQUIRED = "NEW_VERSION_REQUIRED"
 ONLY_IN_DATABASE = "ONLY_IN_DATABASE"
 DRIFT = frozenset({NEW_FLOW, SAFE_OPTION_CHANGE, ALIAS_MOVE, NEW_VERSION_REQUIRED})
-_OPTIONS = ("max_attempts", "base_delay", "timeout")
+_OPTIONS = ("max_attempts", "base_delay", "timeout", "deadline", "dedup_key")
 _STEP_OPTIONS = ("max_attempts", "base_delay", "timeout", "start_delay")
 
 
@@ -142,7 +142,7 @@ def _option_differences(flow: Flow, row: dict[str, Any], state: _State) -> tuple
     for name in _OPTIONS:
         old, new = row[f"opt_{name}"], getattr(flow, name)
         if old != new:
-            found.append(f"{name}: {old} in the database, {new} in the YAML")
+            found.append(f"{name}: {_unset(old)} in the database, {_unset(new)} in the YAML")
     for step in flow.steps:
         step_row = state.steps.get((flow.slug, step.slug), {})
         for name in _STEP_OPTIONS:
@@ -151,6 +151,10 @@ def _option_differences(flow: Flow, row: dict[str, Any], state: _State) -> tuple
                 found.append(f"step {step.slug}: {name}: {_show(old)} in the database, "
                              f"{_show(new)} in the YAML")
     return tuple(found)
+
+
+def _unset(value: Any) -> str:
+    return "none" if value is None else str(value)
 
 
 def _show(value: Any) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from flowlane import defaults
-from flowlane.compiler import names, schema, toposort
+from flowlane.compiler import durations, names, schema, toposort
 from flowlane.compiler.diagnostics import Diagnostic
 from flowlane.compiler.loader import MAX_INT_DIGITS, Document, OutOfRange
 from flowlane.compiler.model import (
@@ -180,6 +180,7 @@ class _FlowChecker:
 
     def run(self) -> Flow | None:
         self._duplicate_steps()
+        self._deadline()
         needs = {s: self._needs(s, spec) for s, spec in self.steps.items()}
         for slug, spec in self.steps.items():
             self._step_rules(slug, spec)
@@ -189,6 +190,13 @@ class _FlowChecker:
         if self.errors or order is None or queues is None:
             return None
         return self._model(order, needs, queues)
+
+    def _deadline(self) -> None:
+        deadline = self.entry.data.get("defaults", {}).get("deadline")
+        if deadline is not None and durations.to_seconds(deadline) < 1:
+            self.error(("defaults", "deadline"), "FL013",
+                       f"flow `{self.slug}`: a deadline of {deadline!r} leaves a run no time",
+                       "give at least 1 second (`30s`, `10m`, `2h`), or remove `deadline`")
 
     def _duplicate_steps(self) -> None:
         seen: dict[str, str] = {}
@@ -349,6 +357,8 @@ class _FlowChecker:
             max_attempts=int(options.get("max_attempts", defaults.MAX_ATTEMPTS)),
             base_delay=int(options.get("base_delay", defaults.BASE_DELAY)),
             timeout=int(options.get("timeout", defaults.TIMEOUT)),
+            deadline=_opt_duration(options, "deadline"),
+            dedup_key=self.entry.data.get("dedup", {}).get("key"),
             description=self.entry.data.get("description"),
             location=self.entry.loc(),
         )
@@ -379,6 +389,11 @@ class _FlowChecker:
 def _opt_int(spec: dict[str, Any], key: str) -> int | None:
     value = spec.get(key)
     return None if value is None else int(value)
+
+
+def _opt_duration(spec: dict[str, Any], key: str) -> int | None:
+    value = spec.get(key)
+    return None if value is None else durations.to_seconds(value)
 
 
 SUGGESTIONS = 5  # names a `help:` line lists at most, so output grows with the findings only

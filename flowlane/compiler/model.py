@@ -58,6 +58,8 @@ class Flow:
     max_attempts: int = defaults.MAX_ATTEMPTS
     base_delay: int = defaults.BASE_DELAY
     timeout: int = defaults.TIMEOUT
+    deadline: int | None = None  # seconds a run may take from its start
+    dedup_key: str | None = None  # JSON pointer into the input: each run's idempotency key
     description: str | None = None
     location: Location | None = field(default=None, compare=False)
 

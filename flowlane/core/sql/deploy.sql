@@ -3,7 +3,7 @@ select to_regclass('flowlane.aliases') is not null
    and to_regprocedure('flowlane.verify_flow(text, jsonb)') is not null
 
 -- name: deploy_flows
-select f.flow_slug, f.opt_max_attempts, f.opt_base_delay, f.opt_timeout
+select f.flow_slug, f.opt_max_attempts, f.opt_base_delay, f.opt_timeout, f.opt_deadline, f.opt_dedup_key
 from flowlane.flows f
 order by f.flow_slug collate "C"
 
