@@ -46,3 +46,7 @@ READ_VT: Final = 5  # seconds a message read without notifications stays invisib
 SHUTDOWN_TIMEOUT: Final = 30.0  # seconds in-flight handlers get after SIGTERM
 HEARTBEAT_INTERVAL: Final = 5.0  # seconds
 REQUEUE_INTERVAL: Final = 15.0  # seconds between stalled-task recoveries
+# seconds between maintenance ticks (schedules fire, delayed runs begin, overdue runs fail):
+# a schedule's run or a delayed start is late by at most this much while any worker, `serve`
+# or `flowlane ui` runs
+TICK_INTERVAL: Final = 1.0

@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar
@@ -51,6 +51,7 @@ class RunSummary:
     completed_at: datetime | None
     failed_at: datetime | None
     cancelled_at: datetime | None = None
+    start_at: datetime | None = None  # a delayed start: when the run begins (or began)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -62,6 +63,7 @@ class RunSummary:
             "completed_at": _iso(self.completed_at),
             "failed_at": _iso(self.failed_at),
             "cancelled_at": _iso(self.cancelled_at),
+            "start_at": _iso(self.start_at),
         }
 
     @classmethod
@@ -75,7 +77,39 @@ class RunSummary:
             completed_at=r["completed_at"],
             failed_at=r["failed_at"],
             cancelled_at=r["cancelled_at"],
+            start_at=r.get("start_at"),
         )
+
+
+@dataclass(frozen=True)
+class Started:
+    """What a start did: the run (an alias: of its active version), and whether a keyed
+    start found an earlier run instead of creating one."""
+
+    run_id: str
+    flow_slug: str
+    status: str  # started, or waiting for its start time
+    start_at: datetime | None
+    existed: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "flow_slug": self.flow_slug, "status": self.status,
+                "start_at": _iso(self.start_at), "existed": self.existed}
+
+
+StartAt = datetime | timedelta | None  # a time, or a delay on the database's clock
+
+
+def _start_time(start_at: StartAt) -> dict[str, Any]:
+    """The query parameters of a start time (an aware datetime or a non-negative delay)."""
+    if isinstance(start_at, timedelta):
+        if start_at < timedelta(0):
+            raise errors.UsageError(f"a start delay is not negative: {start_at}")
+        return {"start_at": None, "delay": start_at.total_seconds()}
+    if start_at is not None and start_at.tzinfo is None:
+        raise errors.UsageError(f"start_at {start_at.isoformat()} has no time zone",
+                                hint="pass an aware datetime, e.g. datetime.now(timezone.utc)")
+    return {"start_at": start_at, "delay": None}
 
 
 class RunTimeout(errors.FlowlaneError):
@@ -305,11 +339,19 @@ class Operations:
     @staticmethod
     def start(flow: str, input: Any = None, *, run_id: str | None = None) -> Plan[tuple[str, str]]:
         """Start a run; return ``(run_id, concrete flow slug)`` (an alias: its active version)."""
+        started = yield from Operations.begin(flow, input, run_id=run_id)
+        return started.run_id, started.flow_slug
+
+    @staticmethod
+    def begin(flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
+              start_at: StartAt = None) -> Plan[Started]:
+        """Start a run, now or at ``start_at``; with ``key`` (or the flow's dedup key) a second
+        start with the same (name, key) returns the first run (``existed``)."""
         payload = encode_input(input)
         run_id = _run_id(run_id) if run_id is not None else None
+        params = {"flow": flow, "input": payload, "run_id": run_id, "key": key, **_start_time(start_at)}
         try:
-            rows = yield Fetch("client_start_flow", f"cannot start {flow}",
-                               {"flow": flow, "input": payload, "run_id": run_id})
+            rows = yield Fetch("client_start_flow", f"cannot start {flow}", params)
         except errors.DatabaseError as exc:
             if exc.sqlstate == _NO_RUN:  # no flow or alias of that name: name the close ones
                 known = yield Fetch("client_flow_filter", "cannot list flows", {"flow": flow})
@@ -318,17 +360,20 @@ class Operations:
             raise _start_error(exc) from exc
         if not rows:
             raise errors.DatabaseError(f"start_flow({flow!r}) returned no run")
-        return str(rows[0]["run_id"]), str(rows[0]["flow_slug"])
+        row = rows[0]
+        return Started(str(row["run_id"]), str(row["flow_slug"]), row["status"], row["start_at"],
+                       bool(row["existed"]))
 
     @staticmethod
-    def start_run(flow: str, input: Any = None, *, run_id: str | None = None) -> Plan[str]:
-        """Start a run of a concrete flow or an alias; return its id."""
-        started = yield from Operations.start(flow, input, run_id=run_id)
-        return started[0]
+    def start_run(flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
+                  start_at: StartAt = None) -> Plan[str]:
+        """Start a run of a concrete flow or an alias; return its id (see ``begin``)."""
+        started = yield from Operations.begin(flow, input, run_id=run_id, key=key, start_at=start_at)
+        return started.run_id
 
     @staticmethod
-    def start_runs(flow: str, inputs: Iterable[Any], *, chunk_size: int = START_CHUNK
-                   ) -> Plan[list[str]]:
+    def start_runs(flow: str, inputs: Iterable[Any], *, chunk_size: int = START_CHUNK,
+                   start_at: StartAt = None) -> Plan[list[str]]:
         """Start one run per input (any iterable, consumed in chunks of ``chunk_size``
         through ``flowlane.start_flows``); return the run ids in input order. All or
         nothing: the chunks share one transaction, so a bad input starts no run."""
@@ -339,7 +384,7 @@ class Operations:
         for offset, chunk in _chunks(inputs, chunk_size):
             try:
                 rows = yield Fetch("client_start_flows", f"cannot start {flow}",
-                                   {"flow": flow, "inputs": chunk})
+                                   {"flow": flow, "inputs": chunk, **_start_time(start_at)})
             except errors.DatabaseError as exc:
                 raise _chunk_error(exc, offset) from exc
             run_ids.extend(str(r["run_id"]) for r in rows)
@@ -495,6 +540,7 @@ class Client:
         self.close()
 
     start = _blocking(Operations.start)
+    begin = _blocking(Operations.begin)
     start_run = _blocking(Operations.start_run)
     start_runs = _blocking(Operations.start_runs)
     cancel = _blocking(Operations.cancel)
@@ -577,6 +623,7 @@ class AsyncClient:
         await self.close()
 
     start = _awaitable(Operations.start)
+    begin = _awaitable(Operations.begin)
     start_run = _awaitable(Operations.start_run)
     start_runs = _awaitable(Operations.start_runs)
     cancel = _awaitable(Operations.cancel)

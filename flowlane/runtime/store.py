@@ -181,6 +181,12 @@ class Store:
     async def mark_stopped(self, worker_id: str) -> None:
         await self.fetch("worker_mark_stopped", worker_id=worker_id)
 
+    async def maintenance_tick(self) -> dict[str, int]:
+        """Fire due schedules, begin due delayed runs, fail runs past their deadline."""
+        rows = await self.fetch("maintenance_tick")
+        done: dict[str, int] = rows[0]["done"] if rows else {}
+        return done
+
     async def requeue_stalled(self) -> int:
         rows = await self.fetch("worker_requeue_stalled")
         return int(rows[0]["requeued"] or 0) if rows else 0

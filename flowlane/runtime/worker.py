@@ -22,7 +22,8 @@ asyncio tasks on one loop:
   and attempt; up to two commits in flight;
 - maintenance: heartbeat (a deprecated worker stops), and every
   ``requeue_interval`` seconds ``requeue_stalled_tasks`` (cheap and SKIP
-  LOCKED, so every worker does it) and a coverage re-check;
+  LOCKED, so every worker does it) and a coverage re-check; every ``TICK_INTERVAL`` the
+  maintenance tick (due schedules fire, delayed runs begin, runs past their deadline fail);
 - leases: every ``LEASE_INTERVAL``, ``extend_leases`` for the tasks held longer
   than that, until the last results are committed (shutdown included);
 - listener: LISTEN on the queue's insert channel and on definition changes
@@ -614,7 +615,7 @@ class Worker:
 
     async def _maintenance_loop(self, session: Session) -> None:
         store = session.store
-        next_heartbeat = next_requeue = next_progress = time.monotonic()
+        next_heartbeat = next_requeue = next_progress = next_tick = time.monotonic()
         reported = dataclasses.replace(session.counters)
         while not session.stopping.is_set():
             now = time.monotonic()
@@ -638,10 +639,19 @@ class Worker:
                     if requeued:
                         log.event(WARNING, "stalled_tasks_requeued", count=requeued)
                     await self._recheck_coverage(session)
+                if now >= next_tick:
+                    next_tick = now + defaults.TICK_INTERVAL
+                    await self._tick(store)
             except DATABASE_ERRORS as exc:
                 _maintenance_error(exc)
-            wake_at = min(next_heartbeat, next_requeue, next_progress)
+            wake_at = min(next_heartbeat, next_requeue, next_progress, next_tick)
             await session.pause(max(0.05, wake_at - time.monotonic()))
+
+    async def _tick(self, store: Store) -> None:
+        """The maintenance tick every worker runs (safe with any number at once)."""
+        done = await store.maintenance_tick()
+        if any(done.values()):
+            log.event(INFO, "maintenance_tick", **done)
 
     async def _lease_loop(self, session: Session) -> None:
         """Renew the leases of held tasks until ``_serve`` cancels this loop, after the last

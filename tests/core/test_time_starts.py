@@ -37,7 +37,8 @@ def test_a_second_start_with_the_same_key_returns_the_first_run(engine: Engine) 
     other = _keyed(engine, "f", {"n": 1}, "order-8")
     assert again == first and other != first
     assert engine.scalar("select count(*) from flowlane.runs") == 2
-    row = engine.row("select called_as, idempotency_key, input from flowlane.runs where run_id = %s", (first,))
+    row = engine.row(
+        "select called_as, idempotency_key, input from flowlane.runs where run_id = %s", (first,))
     assert row == {"called_as": "f", "idempotency_key": "order-7", "input": {"n": 1}}
 
 

@@ -32,6 +32,10 @@ select flowlane.mark_worker_stopped(%(worker_id)s::uuid)
 -- name: worker_requeue_stalled
 select flowlane.requeue_stalled_tasks() as requeued
 
+-- name: maintenance_tick
+-- {"fired": schedule runs started, "begun": delayed runs begun, "failed": runs past their deadline}
+select flowlane.maintenance_tick() as done
+
 
 -- name: worker_enable_notify
 select flowlane.enable_queue_notify(%(queue_name)s) as installed
@@ -66,15 +70,23 @@ select run_id, step_slug, task_index, status, attempts_count, last_worker_id, er
 from flowlane.fail_tasks(%(results)s::jsonb)
 
 -- name: client_start_flow
-select run_id, flow_slug from flowlane.start_flow(%(flow)s, %(input)s::jsonb, %(run_id)s::uuid)
+-- start_at: a time, or a delay in seconds on the database's clock; existed: a keyed start
+-- found an earlier run (a run this statement created has this transaction's id as xmin)
+select s.run_id, s.flow_slug, s.status, s.start_at,
+       r.xmin::text::bigint <> pg_current_xact_id()::text::bigint %% 4294967296 as existed
+from flowlane.start_flow(%(flow)s, %(input)s::jsonb, %(run_id)s::uuid,
+                         coalesce(%(start_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+                         %(key)s::text) s
+join flowlane.runs r on r.run_id = s.run_id
 
 -- name: client_start_flows
-select run_id from flowlane.start_flows(%(flow)s, %(inputs)s::jsonb[])
+select run_id from flowlane.start_flows(%(flow)s, %(inputs)s::jsonb[],
+  coalesce(%(start_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)))
 
 -- name: client_list_runs
 -- newest first; a page ends with the run whose id is passed as %(before)s next time
 select r.run_id, r.flow_slug, r.status, r.remaining_steps, r.started_at, r.completed_at, r.failed_at,
-       r.cancelled_at
+       r.cancelled_at, r.start_at
 from flowlane.runs r
 where (%(flows)s::text[] is null or r.flow_slug = any(%(flows)s::text[]))
   and (%(status)s::text is null or r.status = %(status)s::text)
