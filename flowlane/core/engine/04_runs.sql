@@ -31,6 +31,7 @@ begin
         raise exception 'run % already exists for flow "%" with another flow or input', start_flow.run_id,
           v_run.flow_slug using errcode = '23505';
       end if;
+      perform flowlane._found_run(v_run.run_id);
       return v_run;
     end if;
   end if;

@@ -176,6 +176,7 @@ begin
         raise exception 'run % already exists for flow "%" with another flow or input', start_flow.run_id,
           v_run.flow_slug using errcode = '23505';
       end if;
+      perform flowlane._found_run(v_run.run_id);
       return v_run;
     end if;
   end if;
@@ -351,6 +352,13 @@ begin
 end;
 $$;
 
+-- a start that returns an earlier run says so to its caller: the transaction's setting
+-- flowlane.found_run holds that run's id (`flowlane start` reports "already existed")
+create or replace function flowlane._found_run(p_run_id uuid) returns void
+language sql volatile
+set search_path = ''
+as $$ select set_config('flowlane.found_run', p_run_id::text, true); $$;
+
 -- the run of an earlier start with this key under this name, or a null row; holds the key's
 -- lock until the transaction ends, so that concurrent starts with one key create one run
 create or replace function flowlane._keyed_run(p_called text, p_key text) returns flowlane.runs
@@ -362,6 +370,9 @@ declare
 begin
   perform pg_advisory_xact_lock(hashtext('flowlane.run_key:' || p_called), hashtext(p_key));
   select * into v_run from flowlane.runs r where r.called_as = p_called and r.idempotency_key = p_key;
+  if found then
+    perform flowlane._found_run(v_run.run_id);
+  end if;
   return v_run;
 end;
 $$;

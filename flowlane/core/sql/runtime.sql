@@ -70,14 +70,13 @@ select run_id, step_slug, task_index, status, attempts_count, last_worker_id, er
 from flowlane.fail_tasks(%(results)s::jsonb)
 
 -- name: client_start_flow
--- start_at: a time, or a delay in seconds on the database's clock; existed: a keyed start
--- found an earlier run (a run this statement created has this transaction's id as xmin)
+-- start_at: a time, or a delay in seconds on the database's clock; existed: the start returned
+-- an earlier run (its key's, or its run id's), which start_flow records in flowlane.found_run
 select s.run_id, s.flow_slug, s.status, s.start_at,
-       r.xmin::text::bigint <> pg_current_xact_id()::text::bigint %% 4294967296 as existed
+       s.run_id::text is not distinct from current_setting('flowlane.found_run', true) as existed
 from flowlane.start_flow(%(flow)s, %(input)s::jsonb, %(run_id)s::uuid,
                          coalesce(%(start_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
                          %(key)s::text) s
-join flowlane.runs r on r.run_id = s.run_id
 
 -- name: client_start_flows
 select run_id from flowlane.start_flows(%(flow)s, %(inputs)s::jsonb[],

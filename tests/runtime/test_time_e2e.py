@@ -1,0 +1,79 @@
+"""Keyed and delayed starts through the Client and the CLI; a worker's maintenance tick begins
+a delayed run (time is moved by backdating the run's start time, never by sleeping)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+
+from flowlane import errors
+from flowlane.runtime.client import Client
+from tests.runtime.rt_support import WorkerProcess, flowlane, wait_run
+
+
+def test_client_keyed_start_says_when_the_run_existed(flows_dsn: str) -> None:
+    with Client(flows_dsn) as client:
+        first = client.begin("rt_noop", {"width": 1}, key="invoice-9")
+        again = client.begin("rt_noop", {"width": 5}, key="invoice-9")
+        assert (first.existed, again.existed) == (False, True)
+        assert again.run_id == first.run_id and again.status == "started"
+        assert client.start_run("rt_noop", {}, key="invoice-9") == first.run_id
+        state = client.get_run(first.run_id)
+    assert (state["run"]["idempotency_key"], state["run"]["called_as"]) == ("invoice-9", "rt_noop")
+
+
+def test_client_delayed_start_waits_listed_and_cancellable(flows_dsn: str) -> None:
+    at = datetime.now(UTC) + timedelta(hours=2)
+    with Client(flows_dsn) as client:
+        later = client.begin("rt_noop", {}, start_at=at)
+        assert later.status == "waiting" and later.start_at == at
+        delayed = client.start_runs("rt_noop", [{}, {}], start_at=timedelta(minutes=5))
+        listed = client.list_runs(status="waiting")
+        assert {r.run_id for r in listed} == {later.run_id, *delayed}
+        assert all(r.start_at is not None for r in listed)
+        cancelled = client.cancel(later.run_id, reason="not needed")
+        assert cancelled["status"] == "cancelled"
+        with pytest.raises(errors.UsageError, match="no time zone"):
+            client.begin("rt_noop", {}, start_at=datetime(2030, 1, 1))
+
+
+def test_cli_key_delay_and_at(flows_dsn: str) -> None:
+    first = flowlane("start", "rt_noop", "--key", "k1", "--dsn", flows_dsn, "--format", "json")
+    again = flowlane("start", "rt_noop", "--key", "k1", "--dsn", flows_dsn)
+    assert first.returncode == 0 and again.returncode == 0, first.stderr + again.stderr
+    shown = json.loads(first.stdout)
+    assert shown["existed"] is False and shown["status"] == "started"
+    assert again.stdout.strip() == shown["run_id"]
+    assert "already existed for key k1" in again.stderr
+
+    delayed = flowlane("start", "rt_noop", "--delay", "2h", "--dsn", flows_dsn, "--format", "json")
+    assert delayed.returncode == 0, delayed.stderr
+    assert json.loads(delayed.stdout)["status"] == "waiting"
+    listed = flowlane("runs", "--status", "waiting", "--dsn", flows_dsn)
+    assert json.loads(delayed.stdout)["run_id"] in listed.stdout and "until" in listed.stdout
+
+    bad = flowlane("start", "rt_noop", "--delay", "5 minutes", "--dsn", flows_dsn)
+    assert bad.returncode != 0 and "--delay '5 minutes' is not a duration" in bad.stderr
+    both = flowlane("start", "rt_noop", "--delay", "5m", "--at", "2030-01-01T00:00Z", "--dsn", flows_dsn)
+    assert both.returncode != 0 and "not allowed with argument" in both.stderr
+    at = flowlane("start", "rt_noop", "--at", "2030-01-01T00:00+00:00", "--dsn", flows_dsn,
+                  "--format", "json")
+    assert json.loads(at.stdout)["start_at"].startswith("2030-01-01T00:00:00")
+
+
+def test_a_worker_tick_begins_a_delayed_run(
+    flows_dsn: str, spawn: Callable[..., WorkerProcess]
+) -> None:
+    with Client(flows_dsn) as client:
+        run_id = client.start_run("rt_noop", {"width": 2}, start_at=timedelta(days=1))
+    worker = spawn("--flow", "rt_noop")
+    with psycopg.connect(flows_dsn, autocommit=True) as conn:  # its time has come
+        conn.execute("update flowlane.runs set start_at = now() - interval '1 second' "
+                     "where run_id = %s", (run_id,))
+    state = wait_run(flows_dsn, run_id, workers=[worker])
+    assert state["run"]["status"] == "completed"
+    assert state["run"]["started_at"] >= state["run"]["start_at"]
