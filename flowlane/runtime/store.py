@@ -292,4 +292,5 @@ def _claimed(r: Row) -> ClaimedTask:
         flow_input=r["flow_input"],
         attempt=int(r["attempt"]),
         msg_id=int(r["msg_id"]),
+        deadline=r.get("deadline_at"),
     )

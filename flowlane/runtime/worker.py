@@ -564,6 +564,7 @@ class Worker:
             log=logging.LoggerAdapter(
                 logging.getLogger(f"flowlane.handler.{task.flow_slug}"), task.fields
             ),
+            deadline=task.deadline,
         )
 
         async def run_one(held: Held) -> None:

@@ -77,3 +77,12 @@ def test_a_worker_tick_begins_a_delayed_run(
     state = wait_run(flows_dsn, run_id, workers=[worker])
     assert state["run"]["status"] == "completed"
     assert state["run"]["started_at"] >= state["run"]["start_at"]
+
+
+def test_a_handler_reads_its_runs_deadline(flows_dsn: str, spawn: Callable[..., WorkerProcess]) -> None:
+    with Client(flows_dsn) as client:
+        run_id = client.start_run("rt_deadline", {})
+    state = wait_run(flows_dsn, run_id, workers=[spawn("--flow", "rt_deadline")])
+    told = datetime.fromisoformat(state["run"]["output"]["when"])
+    assert told == datetime.fromisoformat(state["run"]["deadline_at"])
+    assert told - datetime.fromisoformat(state["run"]["started_at"]) == timedelta(hours=1)

@@ -91,6 +91,12 @@ as $$
   select p_started + make_interval(secs => f.opt_deadline) from flowlane.flows f where f.flow_slug = p_flow
 $$;
 
+-- when a run has to be finished: a claimed task's handler reads it (ctx.deadline)
+create function flowlane.run_deadline(run_id uuid) returns timestamptz
+language sql stable
+set search_path = ''
+as $$ select r.deadline_at from flowlane.runs r where r.run_id = run_deadline.run_id $$;
+
 -- delayed runs whose time has come begin; returns how many
 create function flowlane._begin_due_runs(p_now timestamptz) returns int
 language plpgsql volatile

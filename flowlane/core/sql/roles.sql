@@ -26,7 +26,7 @@ declare
     'verify_flow', 'coverage', 'drain_status', 'get_flow_shape', 'get_run_with_states',
     'get_run_attempts', 'stuck_runs', 'json_limits', 'json_depth_exceeds',
     'calculate_retry_delay', 'is_valid_slug', 'is_valid_queue_name',
-    'is_valid_deployment_name', 'resolve_flow'];
+    'is_valid_deployment_name', 'resolve_flow', 'run_deadline'];
   v_admin constant text[] := array[
     'create_flow', 'add_step', 'ensure_flow_shape', 'ensure_flow_compiled', 'set_alias',
     'delete_flow_and_data', 'adopt_queue', 'begin_rollout', 'finish_rollout',
