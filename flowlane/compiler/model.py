@@ -117,6 +117,24 @@ class WorkerDoc:
 
 
 @dataclass(frozen=True)
+class Schedule:
+    """Runs of ``flow`` started on a cron expression (its fields' values) or every
+    ``every`` seconds; exactly one of the two is set."""
+
+    name: str
+    flow: str
+    cron: str | None = None
+    cron_fields: tuple[tuple[int, ...] | None, ...] | None = None  # minutes hours days months weekdays
+    every: int | None = None
+    timezone: str = "UTC"
+    input: Any = field(default_factory=dict)
+    overlap: Literal["skip", "allow"] = "skip"
+    catch_up: Literal["latest", "none", "all"] = "latest"
+    description: str | None = None
+    location: Location | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
 class HandlerRef:
     """A (flow, step) pair, its queue and the ``module:callable`` that runs it."""
 
@@ -139,6 +157,7 @@ class Project:
     flows: tuple[Flow, ...] = ()
     aliases: tuple[Alias, ...] = ()
     workers: tuple[WorkerDoc, ...] = ()
+    schedules: tuple[Schedule, ...] = ()
 
     def flow(self, slug: str) -> Flow:
         """The concrete flow named ``slug`` (exact match)."""

@@ -27,6 +27,13 @@ select a.alias, a.flow_slug, a.draining
 from flowlane.aliases a
 order by a.alias collate "C"
 
+-- name: deploy_schedules
+select s.schedule_name, s.flow_name, s.cron, s.every_seconds, s.timezone, s.input, s.overlap,
+       s.catch_up, coalesce(o.paused, false) as paused, o.reason as paused_reason
+from flowlane.schedules s
+left join flowlane.schedule_overrides o on o.schedule_name = s.schedule_name
+order by s.schedule_name collate "C"
+
 -- name: deploy_lock
 select pg_advisory_xact_lock(hashtext('flowlane.apply'))
 
