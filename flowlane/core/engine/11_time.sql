@@ -272,6 +272,7 @@ declare
   v_flows text[];
   v_inputs jsonb[];
   v_runs uuid[];
+  v_ids uuid[];
   v_group record;
 begin
   select coalesce(array_agg(d order by d.schedule_name), '{}') into v_due
@@ -291,19 +292,18 @@ begin
     select v_flows[i] as flow_slug, array_agg(i order by i) as idx
     from generate_subscripts(v_names, 1) i group by v_flows[i] order by 1
   loop
-    with started as (
-      select r.run_id, r.ordinality as ord
-      from flowlane._create_runs(v_group.flow_slug,
-                                 array(select v_inputs[k.i] from unnest(v_group.idx) with ordinality k (i, n) order by k.n),
-                                 '{}') with ordinality r
-    ), named as (
-      update flowlane.runs r set schedule_name = v_names[v_group.idx[s.ord]], schedule_slot = v_slots[v_group.idx[s.ord]]
-        from started s where r.run_id = s.run_id
-      returning r.run_id, r.schedule_name, r.schedule_slot
-    ) select array(select coalesce(n.run_id, v_runs[i])
-                   from generate_subscripts(v_names, 1) i
-                   left join named n on n.schedule_name = v_names[i] and n.schedule_slot = v_slots[i]
-                   order by i) into v_runs;
+    -- (two statements: an update sees the runs only once the statement creating them is over)
+    v_ids := array(select r.run_id
+                   from flowlane._create_runs(v_group.flow_slug,
+                          array(select v_inputs[k.i] from unnest(v_group.idx) with ordinality k (i, n) order by k.n),
+                          '{}') with ordinality r
+                   order by r.ordinality);
+    update flowlane.runs r set schedule_name = v_names[u.i], schedule_slot = v_slots[u.i]
+      from unnest(v_ids, v_group.idx) as u (run_id, i)
+     where r.run_id = u.run_id;
+    select array_agg(coalesce(u.run_id, v_runs[k]) order by k) into v_runs
+    from generate_subscripts(v_names, 1) k
+    left join unnest(v_ids, v_group.idx) as u (run_id, i) on u.i = k;
   end loop;
   update flowlane.schedules s
      set next_slot = flowlane._schedule_slot(s,
