@@ -656,6 +656,13 @@ def _build_schedule(entry: _Entry, state: Analysis) -> Schedule | None:
     data = entry.data
     before = len(state.findings)
     target = _schedule_target(entry, state)
+    if ("cron" in data) == ("every" in data):
+        both = "cron" in data
+        state.findings.append(entry.doc.diagnostic(
+            ("every",) if both else ("name",), "FL013" if both else "FL010",
+            f"schedule `{entry.slug}` " + ("has both `cron` and `every`" if both else
+                                           "has neither `cron` nor `every`"),
+            "give one: `cron: \"0 2 * * *\"` or `every: 10m`", key=both))
     fields = _cron_fields(entry, state) if "cron" in data else None
     zone = str(data.get("timezone", "UTC"))
     if zone not in _time_zones():
