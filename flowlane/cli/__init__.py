@@ -18,11 +18,11 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from flowlane import errors
-from flowlane.cli import compiler, db, fleet, runs, serve, ui, worker
+from flowlane.cli import compiler, db, fleet, runs, schedules, serve, ui, worker
 from flowlane.cli.common import report_error
 
 # in the order `flowlane --help` lists them
-COMMAND_GROUPS = (db, compiler, worker, runs, serve, fleet, ui)
+COMMAND_GROUPS = (db, compiler, worker, runs, schedules, serve, fleet, ui)
 
 
 def _version() -> str:

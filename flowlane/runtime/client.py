@@ -97,6 +97,43 @@ class Started:
                 "start_at": _iso(self.start_at), "existed": self.existed}
 
 
+@dataclass(frozen=True)
+class ScheduleSummary:
+    """A schedule as ``flowlane schedules`` lists it."""
+
+    name: str
+    flow: str
+    cron: str | None
+    every_seconds: int | None
+    timezone: str
+    next_slot: datetime
+    next_local: str  # the next firing's wall time in the schedule's zone
+    last_slot: datetime | None
+    last_run_id: str | None
+    last_status: str | None
+    paused: bool
+    paused_reason: str | None
+
+    @property
+    def timing(self) -> str:
+        return f"cron {self.cron}" if self.cron is not None else f"every {self.every_seconds}s"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "flow": self.flow, "cron": self.cron,
+                "every_seconds": self.every_seconds, "timezone": self.timezone,
+                "next_slot": _iso(self.next_slot), "next_local": self.next_local,
+                "last_slot": _iso(self.last_slot), "last_run_id": self.last_run_id,
+                "last_status": self.last_status, "paused": self.paused,
+                "paused_reason": self.paused_reason}
+
+    @classmethod
+    def from_row(cls, r: dict[str, Any]) -> ScheduleSummary:
+        return cls(r["schedule_name"], r["flow_name"], r["cron"], r["every_seconds"], r["timezone"],
+                   r["next_slot"], r["next_local"], r["last_slot"],
+                   str(r["last_run_id"]) if r["last_run_id"] else None, r["last_status"],
+                   r["paused"], r["paused_reason"])
+
+
 StartAt = datetime | timedelta | None  # a time, or a delay on the database's clock
 
 
@@ -414,6 +451,33 @@ class Operations:
         return row
 
     @staticmethod
+    def schedules() -> Plan[list[ScheduleSummary]]:
+        """Every schedule with its next firing, its last run and whether it is paused."""
+        rows = yield Fetch("client_schedules", "cannot list schedules")
+        return [ScheduleSummary.from_row(r) for r in rows]
+
+    @staticmethod
+    def pause_schedule(name: str, *, reason: str | None = None) -> Plan[None]:
+        """Stop a schedule firing until resumed (an operator's override: apply keeps it)."""
+        yield from _pause(name, True, reason)
+
+    @staticmethod
+    def resume_schedule(name: str) -> Plan[None]:
+        """Fire a paused schedule again, from its next slot (missed slots are not caught up)."""
+        yield from _pause(name, False, None)
+
+    @staticmethod
+    def trigger_schedule(name: str, input: Any = None) -> Plan[str]:
+        """Start a run of the schedule now (``input``: instead of the schedule's); its id."""
+        payload = None if input is None else encode_input(input)
+        try:
+            rows = yield Fetch("client_trigger_schedule", f"cannot trigger schedule {name}",
+                               {"name": name, "input": payload})
+        except errors.DatabaseError as exc:
+            raise _start_error(exc) from exc
+        return str(rows[0]["run_id"])
+
+    @staticmethod
     def flows_named(flow: str) -> Plan[list[str]]:
         """The concrete slugs of a flow or alias (an alias: every version it ever pointed at)."""
         rows = yield Fetch("client_flow_filter", "cannot list flows", {"flow": flow})
@@ -468,6 +532,11 @@ class Operations:
             if remaining <= 0:
                 raise _timed_out(run_id, state["run"]["status"], timeout)
             yield Notified(listener, run_id, min(remaining, FALLBACK_POLL_SECONDS))
+
+
+def _pause(name: str, paused: bool, reason: str | None) -> Plan[None]:
+    yield Fetch("client_pause_schedule", f"cannot {'pause' if paused else 'resume'} schedule {name}",
+                {"name": name, "paused": paused, "reason": reason})
 
 
 # -- the two clients: each carries plans out -----------------------------------------
@@ -550,6 +619,10 @@ class Client:
     stuck_runs = _blocking(Operations.stuck_runs)
     get_run = _blocking(Operations.get_run)
     wait = _blocking(Operations.wait)
+    schedules = _blocking(Operations.schedules)
+    pause_schedule = _blocking(Operations.pause_schedule)
+    resume_schedule = _blocking(Operations.resume_schedule)
+    trigger_schedule = _blocking(Operations.trigger_schedule)
 
     def _run(self, plan: Plan[T]) -> T:
         """Carry out the plan's requests in turn; a transaction or a LISTEN it asked for
@@ -633,6 +706,10 @@ class AsyncClient:
     stuck_runs = _awaitable(Operations.stuck_runs)
     get_run = _awaitable(Operations.get_run)
     wait = _awaitable(Operations.wait)
+    schedules = _awaitable(Operations.schedules)
+    pause_schedule = _awaitable(Operations.pause_schedule)
+    resume_schedule = _awaitable(Operations.resume_schedule)
+    trigger_schedule = _awaitable(Operations.trigger_schedule)
 
     async def _run(self, plan: Plan[T]) -> T:
         """:meth:`Client._run`, awaiting each request."""

@@ -97,6 +97,23 @@ where (%(flows)s::text[] is null or r.flow_slug = any(%(flows)s::text[]))
 order by r.started_at desc, r.run_id desc
 limit %(limit)s
 
+-- name: client_schedules
+-- every schedule: its next firing (UTC and wall time in its zone), its last run, its pause
+select s.schedule_name, s.flow_name, s.cron, s.every_seconds, s.timezone, s.overlap, s.catch_up,
+       s.next_slot, (s.next_slot at time zone s.timezone)::text as next_local, s.last_slot,
+       s.last_run_id, r.status as last_status, coalesce(o.paused, false) as paused,
+       o.reason as paused_reason, o.changed_at as paused_at
+from flowlane.schedules s
+left join flowlane.runs r on r.run_id = s.last_run_id
+left join flowlane.schedule_overrides o on o.schedule_name = s.schedule_name
+order by s.schedule_name collate "C"
+
+-- name: client_pause_schedule
+select schedule_name, next_slot from flowlane.set_schedule_paused(%(name)s, %(paused)s, %(reason)s)
+
+-- name: client_trigger_schedule
+select run_id, flow_slug from flowlane.trigger_schedule(%(name)s, %(input)s::jsonb)
+
 -- name: client_run_exists
 select exists (select 1 from flowlane.runs r where r.run_id = %(run_id)s::uuid) as found
 
