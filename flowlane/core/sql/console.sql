@@ -197,3 +197,12 @@ from flowlane.worker_deployments d
 left join flowlane.workers w on w.deployment_name = d.deployment_name
 group by d.deployment_name
 order by d.deployment_name collate "C"
+
+-- name: console_pause_schedule
+select schedule_name from flowlane.set_schedule_paused(%(schedule)s, true, %(reason)s)
+
+-- name: console_resume_schedule
+select schedule_name from flowlane.set_schedule_paused(%(schedule)s, false)
+
+-- name: console_trigger_schedule
+select run_id from flowlane.trigger_schedule(%(schedule)s)
