@@ -32,7 +32,8 @@ def test_schedules_page_actions_and_the_consoles_tick(dsn: str) -> None:
         assert '<tr data-schedule="hourly_report" data-paused="false">' in page
         assert "every 3600 s" in page and "action-pause-hourly_report" in page
 
-        confirm = ui_support.fetch(f"{server.url}/actions/pause_schedule?schedule=hourly_report&back=/schedules")
+        confirm = ui_support.fetch(
+            f"{server.url}/actions/pause_schedule?schedule=hourly_report&back=/schedules")
         assert confirm.status == 200 and "Pause schedule hourly_report?" in confirm.body
         cookie = {"Cookie": confirm.headers["set-cookie"].split(";")[0]}
         csrf = re.search(r'name="csrf" value="([0-9a-f]{64})"', confirm.body)
