@@ -101,6 +101,7 @@ as $$ select r.deadline_at from flowlane.runs r where r.run_id = run_deadline.ru
 create function flowlane._begin_due_runs(p_now timestamptz) returns int
 language plpgsql volatile
 set search_path = ''
+set enable_seqscan = off  -- each probe stays on its index (see "Plans" in README.md)
 as $$
 declare
   v_ids uuid[];
@@ -128,6 +129,7 @@ $$;
 create function flowlane._fail_overdue_runs(p_now timestamptz) returns int
 language plpgsql volatile
 set search_path = ''
+set enable_seqscan = off  -- each probe stays on its index (see "Plans" in README.md)
 as $$
 declare
   v_run record;
@@ -243,7 +245,11 @@ begin
     return;
   end if;
   if s.catch_up = 'all' then
-    -- oldest first; with overlap skip the first run would overlap the rest
+    -- oldest first; with overlap skip the first run would overlap the rest. A slot at or
+    -- before the last one fired never fires again (whatever moved next_slot back)
+    if v_slot <= s.last_slot then
+      v_slot := flowlane._schedule_slot(s, s.last_slot, true);
+    end if;
     while v_slot <= p_now and v_n < case when s.overlap = 'skip' then 1 else flowlane._catch_up_cap() end loop
       return next v_slot;
       v_n := v_n + 1;
@@ -252,6 +258,9 @@ begin
     return;
   end if;
   v_latest := flowlane._schedule_slot(s, p_now, false);
+  if v_latest <= s.last_slot then
+    return;
+  end if;
   if s.catch_up = 'latest' or p_now - v_latest <= make_interval(secs => flowlane._catch_up_grace()) then
     return next v_latest;
   end if;
@@ -264,6 +273,7 @@ $$;
 create function flowlane._fire_schedules(p_now timestamptz) returns int
 language plpgsql volatile
 set search_path = ''
+set enable_seqscan = off  -- each probe stays on its index (see "Plans" in README.md)
 as $$
 declare
   v_due flowlane.schedules[];
