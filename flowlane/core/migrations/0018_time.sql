@@ -395,7 +395,7 @@ as $$ select r.deadline_at from flowlane.runs r where r.run_id = run_deadline.ru
 create or replace function flowlane._begin_due_runs(p_now timestamptz) returns int
 language plpgsql volatile
 set search_path = ''
-set enable_seqscan = off  -- each probe stays on its index (see "Plans" in README.md)
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_ids uuid[];
@@ -423,7 +423,7 @@ $$;
 create or replace function flowlane._fail_overdue_runs(p_now timestamptz) returns int
 language plpgsql volatile
 set search_path = ''
-set enable_seqscan = off  -- each probe stays on its index (see "Plans" in README.md)
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_run record;
@@ -565,7 +565,7 @@ $$;
 create or replace function flowlane._fire_schedules(p_now timestamptz) returns int
 language plpgsql volatile
 set search_path = ''
-set enable_seqscan = off  -- each probe stays on its index (see "Plans" in README.md)
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_due flowlane.schedules[];
@@ -742,6 +742,23 @@ begin
 end;
 $$;
 
+-- the schedule named, locked for an operator's action; an unknown name raises
+create or replace function flowlane._locked_schedule(p_name text) returns flowlane.schedules
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_schedule flowlane.schedules;
+begin
+  select * into v_schedule from flowlane.schedules s where s.schedule_name = p_name for update;
+  if not found then
+    raise exception 'no schedule "%"', p_name using errcode = 'P0002',
+      hint = '`flowlane schedules` lists the schedules';
+  end if;
+  return v_schedule;
+end;
+$$;
+
 -- an operator's pause or resume (recorded apart from the definition). A resumed schedule
 -- starts afresh: the slots it missed while paused are not caught up.
 create or replace function flowlane.set_schedule_paused(schedule_name text, paused boolean, reason text = null)
@@ -752,12 +769,7 @@ as $$
 declare
   v_schedule flowlane.schedules;
 begin
-  select * into v_schedule from flowlane.schedules s where s.schedule_name = set_schedule_paused.schedule_name
-    for update;
-  if not found then
-    raise exception 'no schedule "%"', set_schedule_paused.schedule_name using errcode = 'P0002',
-      hint = '`flowlane schedules` lists the schedules';
-  end if;
+  v_schedule := flowlane._locked_schedule(set_schedule_paused.schedule_name);
   insert into flowlane.schedule_overrides as o (schedule_name, paused, reason, changed_at)
   values (v_schedule.schedule_name, coalesce(set_schedule_paused.paused, true), left(reason, 1000), now())
   on conflict on constraint schedule_overrides_pkey do update
@@ -780,12 +792,7 @@ declare
   v_schedule flowlane.schedules;
   v_run flowlane.runs;
 begin
-  select * into v_schedule from flowlane.schedules s where s.schedule_name = trigger_schedule.schedule_name
-    for update;
-  if not found then
-    raise exception 'no schedule "%"', trigger_schedule.schedule_name using errcode = 'P0002',
-      hint = '`flowlane schedules` lists the schedules';
-  end if;
+  v_schedule := flowlane._locked_schedule(trigger_schedule.schedule_name);
   v_run := flowlane.start_flow(v_schedule.flow_name, coalesce(trigger_schedule.input, v_schedule.input));
   update flowlane.runs r set schedule_name = v_schedule.schedule_name where r.run_id = v_run.run_id
   returning * into v_run;
