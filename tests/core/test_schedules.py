@@ -276,6 +276,17 @@ def test_a_schedule_follows_its_alias(flow: Engine) -> None:
         "select flow_slug from flowlane.runs order by schedule_slot")] == ["f", "g"]
 
 
+def test_a_schedule_whose_flow_refuses_its_input_starts_nothing(flow: Engine) -> None:
+    flow.define("fan", [("each", [], {"step_type": "map"})])
+    flow.scalar("select flowlane.set_alias('current', 'f')")
+    _schedule(flow, "s", flow="current", every_seconds=60, overlap="allow")
+    flow.scalar("select flowlane.set_alias('current', 'fan', array['f'])")  # maps an array input
+    _at(flow, "s", T0)
+    assert _tick(flow, T0)["fired"] == 0
+    assert flow.scalar("select count(*) from flowlane.runs") == 0
+    assert flow.scalar("select next_slot from flowlane.schedules") == T0 + timedelta(minutes=1)
+
+
 def test_set_schedule_checks_its_arguments(flow: Engine) -> None:
     cases = [
         ({"every_seconds": 60, "timezone": "Mars/Olympus"}, "unknown time zone 'Mars/Olympus'"),

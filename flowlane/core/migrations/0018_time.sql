@@ -518,7 +518,8 @@ language sql immutable parallel safe
 set search_path = ''
 as $$ select 60 $$;
 
--- the slots a due schedule starts runs for at p_now, by its pause, overlap and catch_up
+-- the slots a due schedule starts runs for at p_now, by its pause, overlap and catch_up; none
+-- while its flow is gone or refuses its input (a warning says so)
 create or replace function flowlane._slots_to_fire(p_schedule flowlane.schedules, p_now timestamptz)
 returns setof timestamptz
 language plpgsql stable
@@ -536,6 +537,14 @@ begin
                                        where r.run_id = s.last_run_id and r.status in ('waiting', 'started'))) then
     return;
   end if;
+  begin
+    -- the checks every start makes (the flow behind an alias may have changed since apply)
+    perform flowlane._check_start_input(flowlane._schedule_flow(s.flow_name), s.input,
+                                        format('schedule "%s"', s.schedule_name));
+  exception when others then
+    raise warning '%: its slots start no run until its input or flow is fixed', sqlerrm;
+    return;
+  end;
   if s.catch_up = 'all' then
     -- oldest first; with overlap skip the first run would overlap the rest. A slot at or
     -- before the last one fired never fires again (whatever moved next_slot back)
