@@ -187,6 +187,18 @@ def test_a_run_past_its_deadline_fails_and_a_late_result_is_rejected(engine: Eng
     assert _tick(engine, 120)["failed"] == 0
 
 
+def test_a_retried_run_gets_a_fresh_deadline(engine: Engine) -> None:
+    engine.define("f", [("a", [], {})], deadline=60)
+    run_id = engine.start("f", {})
+    engine.conn.execute("update flowlane.runs set started_at = started_at - interval '2 minutes', "
+                        "deadline_at = deadline_at - interval '2 minutes' where run_id = %s", (run_id,))
+    assert _tick(engine, 0)["failed"] == 1
+    retried = engine.row("select * from flowlane.retry_run(%s)", (run_id,))
+    assert retried is not None and retried["status"] == "started"
+    assert (retried["deadline_at"] - retried["retried_at"]).total_seconds() == 60
+    assert _tick(engine, 0)["failed"] == 0
+
+
 def test_a_delayed_runs_deadline_counts_from_its_start(engine: Engine) -> None:
     engine.define("f", [("a", [], {})], deadline=30)
     run_id = _start_at(engine, "f", 100)

@@ -185,7 +185,8 @@ begin
    where ss.run_id = v_run.run_id and ss.status in ('failed', 'started', 'cancelled');
   update flowlane.runs r
      set status = 'started', failed_at = null, error_message = null,
-         retry_count = r.retry_count + 1, retried_at = now()
+         retry_count = r.retry_count + 1, retried_at = now(),
+         deadline_at = flowlane._run_deadline(r.flow_slug, now())  -- a fresh deadline from the retry
    where r.run_id = v_run.run_id;
 
   -- one send_batch per queue, tasks in step order

@@ -295,6 +295,89 @@ begin
 end;
 $$;
 
+-- resume a failed run: failed steps (and steps the failure ended after they
+-- started) start over with a fresh attempt budget; completed
+-- steps and completed map tasks keep their outputs. A failed step that never
+-- had tasks (a when_unmet = fail condition) is evaluated again, and steps the
+-- failure ended before they began wait for their needs again.
+create or replace function flowlane.retry_run(run_id uuid) returns flowlane.runs
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_run flowlane.runs;
+  v_group record;
+  v_ids bigint[];
+begin
+  select * into v_run from flowlane.runs r where r.run_id = retry_run.run_id for update;
+  if not found then
+    raise exception 'no run %', retry_run.run_id using errcode = 'P0002';
+  end if;
+  if v_run.status <> 'failed' then
+    raise exception 'run % is %: only a failed run can be retried', v_run.run_id, v_run.status
+      using errcode = '55000';
+  end if;
+  perform 1 from flowlane.step_states ss where ss.run_id = v_run.run_id order by ss.step_slug for update;
+
+  -- steps the failure ended before they began wait for their needs again
+  update flowlane.step_states ss
+     set status = 'created', cancelled_at = null
+   where ss.run_id = v_run.run_id and ss.status = 'cancelled' and ss.started_at is null;
+
+  update flowlane.step_states ss
+     set status = 'created', failed_at = null, error_message = null, remaining_tasks = null
+   where ss.run_id = v_run.run_id and ss.status = 'failed'
+     and not exists (select 1 from flowlane.step_tasks t
+                     where t.run_id = ss.run_id and t.step_slug = ss.step_slug);
+  -- unfinished tasks are replaced by fresh ones (a message id is an immutable identity);
+  -- their attempts stay in flowlane.task_attempts
+  delete from flowlane.step_tasks t
+   using flowlane.step_states ss
+   where t.run_id = v_run.run_id and ss.run_id = t.run_id and ss.step_slug = t.step_slug
+     and ss.status in ('failed', 'started', 'cancelled') and t.status in ('failed', 'cancelled');
+  update flowlane.step_states ss
+     set status = 'started', failed_at = null, cancelled_at = null, error_message = null,
+         started_at = coalesce(ss.started_at, now()),
+         remaining_tasks = ss.initial_tasks - (select count(*) from flowlane.step_tasks t
+                                               where t.run_id = ss.run_id and t.step_slug = ss.step_slug
+                                                 and t.status = 'completed')
+   where ss.run_id = v_run.run_id and ss.status in ('failed', 'started', 'cancelled');
+  update flowlane.runs r
+     set status = 'started', failed_at = null, error_message = null,
+         retry_count = r.retry_count + 1, retried_at = now(),
+         deadline_at = flowlane._run_deadline(r.flow_slug, now())  -- a fresh deadline from the retry
+   where r.run_id = v_run.run_id;
+
+  -- one send_batch per queue, tasks in step order
+  for v_group in
+    select s.queue_name,
+           array_agg(ss.step_slug order by s.step_index, k) as slugs,
+           array_agg(k order by s.step_index, k) as indexes
+    from flowlane.step_states ss
+    join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+    cross join lateral generate_series(0, ss.initial_tasks - 1) as k
+    where ss.run_id = v_run.run_id and ss.status = 'started'
+      and not exists (select 1 from flowlane.step_tasks t
+                      where t.run_id = ss.run_id and t.step_slug = ss.step_slug and t.task_index = k)
+    group by s.queue_name
+    order by s.queue_name
+  loop
+    select array_agg(m.id order by m.ord) into v_ids
+    from pgmq.send_batch(v_group.queue_name,
+           array(select jsonb_build_object('flow_slug', v_run.flow_slug, 'run_id', v_run.run_id,
+                                           'step_slug', v_group.slugs[j], 'task_index', v_group.indexes[j])
+                 from generate_subscripts(v_group.slugs, 1) as j order by j),
+           0) with ordinality as m(id, ord);
+    insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)
+    select v_run.flow_slug, v_run.run_id, v_group.slugs[j], v_group.indexes[j], v_group.queue_name, v_ids[j]
+    from generate_subscripts(v_group.slugs, 1) as j;
+  end loop;
+  perform flowlane._progress(v_run.run_id);
+  select * into v_run from flowlane.runs r where r.run_id = v_run.run_id;
+  return v_run;
+end;
+$$;
+
 -- the options of create_flow that shape how runs start and end
 create or replace function flowlane._check_start_options(p_flow text, p_deadline int, p_dedup_key text) returns void
 language plpgsql immutable
