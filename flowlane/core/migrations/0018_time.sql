@@ -378,6 +378,26 @@ begin
 end;
 $$;
 
+create or replace function flowlane.drain_status()
+returns table (alias text, flow_slug text, started_runs bigint, active_tasks bigint, drained boolean)
+language sql stable
+set search_path = ''
+as $$
+  select a.alias, v.flow_slug, x.runs, x.tasks, x.runs = 0 and x.tasks = 0
+  from flowlane.aliases a
+  cross join lateral unnest(a.draining) as v (flow_slug)
+  cross join lateral (
+    -- a waiting run (a delayed start) will run this version too
+    select (select count(*) from flowlane.runs r
+             where r.flow_slug = v.flow_slug and r.status in ('started', 'waiting')) as runs,
+           (select count(*) from flowlane.runs r
+              join flowlane.step_tasks t on t.run_id = r.run_id
+             where r.flow_slug = v.flow_slug and r.status = 'started'
+               and t.status in ('queued', 'started')) as tasks
+  ) x
+  order by a.alias, v.flow_slug
+$$;
+
 -- the options of create_flow that shape how runs start and end
 create or replace function flowlane._check_start_options(p_flow text, p_deadline int, p_dedup_key text) returns void
 language plpgsql immutable
