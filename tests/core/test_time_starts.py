@@ -227,3 +227,13 @@ def test_a_flow_without_a_deadline_never_fails_for_time(engine: Engine) -> None:
 def test_the_deadline_option_is_checked(engine: Engine) -> None:
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="deadline must be at least 1 second"):
         engine.create_flow("f", deadline=0)
+
+
+def test_a_waiting_run_keeps_its_version_from_counting_as_drained(engine: Engine) -> None:
+    engine.define("f", [("a", [], {})])
+    engine.define("g", [("a", [], {})])
+    engine.scalar("select flowlane.set_alias('current', 'f')")
+    _start_at(engine, "current", 600)
+    engine.scalar("select flowlane.set_alias('current', 'g', array['f'])")
+    status = engine.row("select started_runs, drained from flowlane.drain_status() where flow_slug = 'f'")
+    assert status == {"started_runs": 1, "drained": False}
