@@ -234,9 +234,7 @@ def _start_words(started: Started) -> str:
 
 def _report_start(args: argparse.Namespace, started: Started) -> None:
     if args.format == "json":
-        print(json.dumps({"run_id": started.run_id, "flow": args.flow, "flow_slug": started.flow_slug,
-                          "status": started.status, "start_at": _iso(started.start_at),
-                          "existed": started.existed}))
+        print(json.dumps({"flow": args.flow, **started.as_dict()}))
         return
     print(started.run_id)
     if started.existed:
@@ -245,10 +243,6 @@ def _report_start(args: argparse.Namespace, started: Started) -> None:
     elif started.status == "waiting" and started.start_at is not None:
         print(f"run {started.run_id} waits until {started.start_at.isoformat()} "
               "(`flowlane cancel RUN_ID` cancels it)", file=sys.stderr)
-
-
-def _iso(moment: datetime | None) -> str | None:
-    return moment.isoformat() if moment else None
 
 
 def _explain_wait(dsn: str | None, run_id: str | None = None) -> None:
