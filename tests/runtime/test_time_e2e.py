@@ -11,8 +11,9 @@ import psycopg
 import pytest
 
 from flowlane import errors
+from flowlane.cli import main
 from flowlane.runtime.client import Client
-from tests.runtime.rt_support import WorkerProcess, flowlane, wait_run
+from tests.runtime.rt_support import WorkerProcess, wait_run
 
 
 def test_client_keyed_start_says_when_the_run_existed(flows_dsn: str) -> None:
@@ -41,48 +42,51 @@ def test_client_delayed_start_waits_listed_and_cancellable(flows_dsn: str) -> No
             client.begin("rt_noop", {}, start_at=datetime(2030, 1, 1))
 
 
-def test_cli_key_delay_and_at(flows_dsn: str) -> None:
-    first = flowlane("start", "rt_noop", "--key", "k1", "--dsn", flows_dsn, "--format", "json")
-    again = flowlane("start", "rt_noop", "--key", "k1", "--dsn", flows_dsn)
-    assert first.returncode == 0 and again.returncode == 0, first.stderr + again.stderr
-    shown = json.loads(first.stdout)
-    assert shown["existed"] is False and shown["status"] == "started"
-    assert again.stdout.strip() == shown["run_id"]
-    assert "already existed for key k1" in again.stderr
-
-    delayed = flowlane("start", "rt_noop", "--delay", "2h", "--dsn", flows_dsn, "--format", "json")
-    assert delayed.returncode == 0, delayed.stderr
-    assert json.loads(delayed.stdout)["status"] == "waiting"
-    listed = flowlane("runs", "--status", "waiting", "--dsn", flows_dsn)
-    assert json.loads(delayed.stdout)["run_id"] in listed.stdout and "until" in listed.stdout
-
-    bad = flowlane("start", "rt_noop", "--delay", "5 minutes", "--dsn", flows_dsn)
-    assert bad.returncode != 0 and "--delay '5 minutes' is not a duration" in bad.stderr
-    both = flowlane("start", "rt_noop", "--delay", "5m", "--at", "2030-01-01T00:00Z", "--dsn", flows_dsn)
-    assert both.returncode != 0 and "not allowed with argument" in both.stderr
-    at = flowlane("start", "rt_noop", "--at", "2030-01-01T00:00+00:00", "--dsn", flows_dsn,
-                  "--format", "json")
-    assert json.loads(at.stdout)["start_at"].startswith("2030-01-01T00:00:00")
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """The CLI in this process (each command as `flowlane` runs it, without a new interpreter)."""
+    try:
+        code = main(list(argv))
+    except SystemExit as exit:  # argparse's usage errors
+        code = int(exit.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
-def test_a_worker_tick_begins_a_delayed_run(
+def test_cli_key_delay_and_at(flows_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    dsn = ("--dsn", flows_dsn)
+    code, out, _ = _cli(capsys, "start", "rt_noop", "--key", "k1", *dsn, "--format", "json")
+    shown = json.loads(out)
+    assert code == 0 and shown["existed"] is False and shown["status"] == "started"
+    code, out, err = _cli(capsys, "start", "rt_noop", "--key", "k1", *dsn)
+    assert code == 0 and out.strip() == shown["run_id"] and "already existed for key k1" in err
+
+    code, out, err = _cli(capsys, "start", "rt_noop", "--delay", "2h", *dsn, "--format", "json")
+    delayed = json.loads(out)
+    assert code == 0 and delayed["status"] == "waiting", err
+    _, listed, _ = _cli(capsys, "runs", "--status", "waiting", *dsn)
+    assert delayed["run_id"] in listed and "until" in listed
+
+    code, _, err = _cli(capsys, "start", "rt_noop", "--delay", "5 minutes", *dsn)
+    assert code == 2 and "--delay '5 minutes' is not a duration" in err
+    code, _, err = _cli(capsys, "start", "rt_noop", "--delay", "5m", "--at", "2030-01-01T00:00Z", *dsn)
+    assert code == 2 and "not allowed with argument" in err
+    code, out, _ = _cli(capsys, "start", "rt_noop", "--at", "2030-01-01T00:00+00:00", *dsn,
+                        "--format", "json")
+    assert code == 0 and json.loads(out)["start_at"].startswith("2030-01-01T00:00:00")
+
+
+def test_a_workers_tick_begins_a_delayed_run_whose_handler_reads_its_deadline(
     flows_dsn: str, spawn: Callable[..., WorkerProcess]
 ) -> None:
     with Client(flows_dsn) as client:
-        run_id = client.start_run("rt_noop", {"width": 2}, start_at=timedelta(days=1))
-    worker = spawn("--flow", "rt_noop")
+        run_id = client.start_run("rt_deadline", {}, start_at=timedelta(days=1))
+    worker = spawn("--flow", "rt_deadline")
     with psycopg.connect(flows_dsn, autocommit=True) as conn:  # its time has come
         conn.execute("update flowlane.runs set start_at = now() - interval '1 second' "
                      "where run_id = %s", (run_id,))
     state = wait_run(flows_dsn, run_id, workers=[worker])
-    assert state["run"]["status"] == "completed"
-    assert state["run"]["started_at"] >= state["run"]["start_at"]
-
-
-def test_a_handler_reads_its_runs_deadline(flows_dsn: str, spawn: Callable[..., WorkerProcess]) -> None:
-    with Client(flows_dsn) as client:
-        run_id = client.start_run("rt_deadline", {})
-    state = wait_run(flows_dsn, run_id, workers=[spawn("--flow", "rt_deadline")])
-    told = datetime.fromisoformat(state["run"]["output"]["when"])
-    assert told == datetime.fromisoformat(state["run"]["deadline_at"])
-    assert told - datetime.fromisoformat(state["run"]["started_at"]) == timedelta(hours=1)
+    run = state["run"]
+    assert run["status"] == "completed" and run["started_at"] >= run["start_at"]
+    told = datetime.fromisoformat(run["output"]["when"])
+    assert told == datetime.fromisoformat(run["deadline_at"])
+    assert told - datetime.fromisoformat(run["started_at"]) == timedelta(hours=1)
