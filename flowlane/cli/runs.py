@@ -217,8 +217,9 @@ def _start_at(args: argparse.Namespace) -> datetime | timedelta | None:
 
     if args.delay is not None:
         try:
-            return timedelta(seconds=durations.to_seconds(args.delay))
-        except errors.UsageError as exc:
+            delay = args.delay.strip()
+            return timedelta(seconds=int(delay) if delay.isdigit() else durations.to_seconds(delay))
+        except ValueError as exc:
             raise errors.UsageError(f"--delay {args.delay!r} is not a duration",
                                     hint="write 30s, 10m, 2h, 1d or a number of seconds") from exc
     if args.at is not None:

@@ -186,7 +186,7 @@ class _FlowChecker:
 
     def run(self) -> Flow | None:
         self._duplicate_steps()
-        self._deadline()
+        self._duration_ranges(("defaults",), self.entry.data.get("defaults", {}))
         needs = {s: self._needs(s, spec) for s, spec in self.steps.items()}
         for slug, spec in self.steps.items():
             self._step_rules(slug, spec)
@@ -196,13 +196,6 @@ class _FlowChecker:
         if self.errors or order is None or queues is None:
             return None
         return self._model(order, needs, queues)
-
-    def _deadline(self) -> None:
-        deadline = self.entry.data.get("defaults", {}).get("deadline")
-        if deadline is not None and durations.to_seconds(deadline) < 1:
-            self.error(("defaults", "deadline"), "FL013",
-                       f"flow `{self.slug}`: a deadline of {deadline!r} leaves a run no time",
-                       "give at least 1 second (`30s`, `10m`, `2h`), or remove `deadline`")
 
     def _duplicate_steps(self) -> None:
         seen: dict[str, str] = {}
@@ -229,7 +222,23 @@ class _FlowChecker:
                 valid.append(need)
         return valid
 
+    def _duration_ranges(self, path: tuple[str, ...], options: dict[str, Any]) -> None:
+        """A duration written with a unit is checked against the option's range here (the
+        schema states the range once, on the integer form, where it checks it itself)."""
+        for option in DURATION_OPTIONS:
+            value = options.get(option)
+            if not isinstance(value, str):
+                continue
+            low, high = _duration_range(option)
+            seconds = durations.to_seconds(value)
+            if not low <= seconds <= high:
+                self.error((*path, option), "FL016",
+                           f"`{option}` is {seconds} seconds; it must be at least {low} "
+                           f"and at most {high} seconds",
+                           f"for example: {_duration_example(option)}")
+
     def _step_rules(self, slug: str, spec: dict[str, Any]) -> None:
+        self._duration_ranges(("steps", slug), spec)
         if spec.get("type") == "map" and len(spec.get("needs", [])) > 1:
             self.error(("steps", slug, "type"), "FL032",
                        f"map step `{slug}` has {len(spec['needs'])} needs; a map step has "
@@ -361,9 +370,9 @@ class _FlowChecker:
             queue_mode=mode,
             steps=steps,
             max_attempts=int(options.get("max_attempts", defaults.MAX_ATTEMPTS)),
-            base_delay=int(options.get("base_delay", defaults.BASE_DELAY)),
-            timeout=int(options.get("timeout", defaults.TIMEOUT)),
-            deadline=_opt_duration(options, "deadline"),
+            base_delay=durations.to_seconds(options.get("base_delay", defaults.BASE_DELAY)),
+            timeout=durations.to_seconds(options.get("timeout", defaults.TIMEOUT)),
+            deadline=_opt_seconds(options, "deadline"),
             dedup_key=self.entry.data.get("dedup", {}).get("key"),
             description=self.entry.data.get("description"),
             location=self.entry.loc(),
@@ -383,9 +392,9 @@ class _FlowChecker:
             when_unmet=cast(Mode, spec.get("when_unmet", "skip")),
             when_exhausted=cast(Mode, spec.get("when_exhausted", "fail")),
             max_attempts=_opt_int(spec, "max_attempts"),
-            base_delay=_opt_int(spec, "base_delay"),
-            timeout=_opt_int(spec, "timeout"),
-            start_delay=_opt_int(spec, "start_delay"),
+            base_delay=_opt_seconds(spec, "base_delay"),
+            timeout=_opt_seconds(spec, "timeout"),
+            start_delay=_opt_seconds(spec, "start_delay"),
             description=spec.get("description"),
             location=self.entry.loc(("steps", slug), key=True),
             handler_location=self.entry.loc(("steps", slug, "handler")),
@@ -397,9 +406,21 @@ def _opt_int(spec: dict[str, Any], key: str) -> int | None:
     return None if value is None else int(value)
 
 
-def _opt_duration(spec: dict[str, Any], key: str) -> int | None:
+def _opt_seconds(spec: dict[str, Any], key: str) -> int | None:
     value = spec.get(key)
     return None if value is None else durations.to_seconds(value)
+
+
+DURATION_OPTIONS = ("timeout", "base_delay", "start_delay", "deadline")
+
+
+def _duration_range(option: str) -> tuple[int, int]:
+    seconds = schema.published()["$defs"][option]["anyOf"][0]
+    return int(seconds["minimum"]), int(seconds["maximum"])
+
+
+def _duration_example(option: str) -> str:
+    return str(schema.published()["$defs"][option]["examples"][-1])
 
 
 SUGGESTIONS = 5  # names a `help:` line lists at most, so output grows with the findings only
@@ -673,7 +694,7 @@ def _build_schedule(entry: _Entry, state: Analysis) -> Schedule | None:
     every = durations.to_seconds(data["every"]) if "every" in data else None
     if every is not None and every < 1:
         state.findings.append(entry.doc.diagnostic(
-            ("every",), "FL013", f"schedule `{entry.slug}`: `every` must be at least 1 second",
+            ("every",), "FL016", f"schedule `{entry.slug}`: `every` must be at least 1 second",
             "write an interval such as `30s`, `10m` or `1h`"))
     run_input = data.get("input", {})
     if target is not None:
