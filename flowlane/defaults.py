@@ -53,4 +53,7 @@ SHUTDOWN_TIMEOUT: Final = 30.0  # seconds in-flight handlers get after SIGTERM
 SHUTDOWN_MARGIN: Final = 10.0
 HEARTBEAT_INTERVAL: Final = 5.0  # seconds
 REQUEUE_INTERVAL: Final = 15.0  # seconds between stalled-task recoveries
-PRUNE_INTERVAL: Final = 60.0  # seconds between retention batches (at once again after one that pruned)
+# seconds between maintenance ticks (schedules fire, delayed runs begin, overdue runs fail):
+# a schedule's run or a delayed start is late by at most this much while any worker, `serve`
+# or `flowlane ui` runs
+TICK_INTERVAL: Final = 1.0

@@ -34,6 +34,9 @@ ACTIONS = {
     "cancel": "client_cancel_run",
     "retry": "client_retry_run",
     "set_deployment_enabled": "fleet_set_enabled",
+    "pause_schedule": "console_pause_schedule",
+    "resume_schedule": "console_resume_schedule",
+    "trigger_schedule": "console_trigger_schedule",
 }
 
 
@@ -192,6 +195,9 @@ class Console:
 
     def workers(self, limit: int = 200) -> list[dict[str, Any]]:
         return self._rows("console_workers", limit=limit)
+
+    def schedules(self) -> list[dict[str, Any]]:
+        return self._rows("client_schedules")
 
     def deployments(self) -> list[dict[str, Any]]:
         return self._rows("console_deployments", stale_after=STALE_AFTER)

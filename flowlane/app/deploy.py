@@ -1,8 +1,10 @@
 """``plan``, ``apply`` and ``verify``: the compiled project against a live database.
 
-Plan classifies every flow and alias: NEW_FLOW, NO_CHANGE, SAFE_OPTION_CHANGE,
-ALIAS_MOVE, NEW_VERSION_REQUIRED (refused), ONLY_IN_DATABASE (never deleted).
-Apply runs the reviewed SQL files (flows, then aliases) in one transaction.
+Plan classifies every flow, alias and schedule: NEW_FLOW, NO_CHANGE, SAFE_OPTION_CHANGE,
+ALIAS_MOVE, NEW_VERSION_REQUIRED (refused), NEW_SCHEDULE, SCHEDULE_CHANGE and
+ONLY_IN_DATABASE (flows and aliases are never deleted; a schedule the YAML no longer
+declares is deleted by the schedules file, while the project declares any).
+Apply runs the reviewed SQL files (flows, then aliases, then schedules) in one transaction.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from psycopg.types.json import Jsonb
 
 from flowlane import errors, project_root
 from flowlane.compiler import api, check, compiled, names, shape
-from flowlane.compiler.model import Flow, Project
+from flowlane.compiler.model import Flow, Project, Schedule
 from flowlane.core import db, definitions
 from flowlane.core.queries import query
 
@@ -28,8 +30,11 @@ SAFE_OPTION_CHANGE = "SAFE_OPTION_CHANGE"
 ALIAS_MOVE = "ALIAS_MOVE"
 NEW_VERSION_REQUIRED = "NEW_VERSION_REQUIRED"
 ONLY_IN_DATABASE = "ONLY_IN_DATABASE"
-DRIFT = frozenset({NEW_FLOW, SAFE_OPTION_CHANGE, ALIAS_MOVE, NEW_VERSION_REQUIRED})
-_OPTIONS = ("max_attempts", "base_delay", "timeout", "retention")
+NEW_SCHEDULE = "NEW_SCHEDULE"
+SCHEDULE_CHANGE = "SCHEDULE_CHANGE"
+DRIFT = frozenset({NEW_FLOW, SAFE_OPTION_CHANGE, ALIAS_MOVE, NEW_VERSION_REQUIRED, NEW_SCHEDULE,
+                   SCHEDULE_CHANGE})
+_OPTIONS = ("max_attempts", "base_delay", "timeout", "retention", "deadline", "dedup_key")
 _STEP_OPTIONS = ("max_attempts", "base_delay", "timeout", "start_delay")
 
 
@@ -96,6 +101,7 @@ class _State:
     flows: dict[str, dict[str, Any]] = field(default_factory=dict)
     steps: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     aliases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    schedules: dict[str, dict[str, Any]] = field(default_factory=dict)
     differences: dict[str, list[str]] = field(default_factory=dict)  # of the flows' shapes
 
 
@@ -114,6 +120,8 @@ def _read_state(conn: psycopg.Connection[Any], flows: Iterable[Flow]) -> _State:
             state.steps[(row["flow_slug"], row["step_slug"])] = row
         for row in cur.execute(query("deploy_aliases")).fetchall():
             state.aliases[row["alias"]] = row
+        for row in cur.execute(query("deploy_schedules")).fetchall():
+            state.schedules[row["schedule_name"]] = row
         shapes = {f.slug: shape.flow_shape(f) for f in flows if f.slug in state.flows}
         for row in cur.execute(query("deploy_shape_differences"),
                                {"shapes": Jsonb(shapes)}).fetchall():
@@ -142,7 +150,8 @@ def _option_differences(flow: Flow, row: dict[str, Any], state: _State) -> tuple
     for name in _OPTIONS:
         old, new = row[f"opt_{name}"], getattr(flow, name)
         if old != new:
-            found.append(f"{name}: {_flow_value(old)} in the database, {_flow_value(new)} in the YAML")
+            found.append(f"{name}: {_flow_value(name, old)} in the database, "
+                         f"{_flow_value(name, new)} in the YAML")
     for step in flow.steps:
         step_row = state.steps.get((flow.slug, step.slug), {})
         for name in _STEP_OPTIONS:
@@ -153,8 +162,10 @@ def _option_differences(flow: Flow, row: dict[str, Any], state: _State) -> tuple
     return tuple(found)
 
 
-def _flow_value(value: Any) -> str:
-    return "forever" if value is None else str(value)  # only retention may be None
+def _flow_value(name: str, value: Any) -> str:
+    if value is None:  # an option left unset: retention keeps runs for ever, others are off
+        return "forever" if name == "retention" else "none"
+    return str(value)
 
 
 def _show(value: Any) -> str:
@@ -188,6 +199,47 @@ def _adoption(project: Project, slug: str) -> tuple[str, ...]:
     return (note,)
 
 
+_SCHEDULE_FIELDS = ("flow_name", "cron", "every_seconds", "timezone", "input", "overlap", "catch_up")
+
+
+def _schedule_row(schedule: Schedule) -> dict[str, Any]:
+    """A schedule as the database holds it (the fields plan compares)."""
+    return {"flow_name": schedule.flow, "cron": schedule.cron, "every_seconds": schedule.every,
+            "timezone": schedule.timezone, "input": schedule.input, "overlap": schedule.overlap,
+            "catch_up": schedule.catch_up}
+
+
+def _schedule_changes(project: Project, state: _State) -> list[Change]:
+    changes = []
+    for schedule in project.schedules:
+        subject = f"schedule {schedule.name}"
+        row, wanted = state.schedules.get(schedule.name), _schedule_row(schedule)
+        paused = _paused(row)
+        if row is None:
+            changes.append(Change(NEW_SCHEDULE, subject,
+                                  (f"starts {schedule.flow} {_timing(wanted)}",)))
+            continue
+        found = tuple(f"{name}: {_flow_value(name, row[name])} in the database, "
+                      f"{_flow_value(name, wanted[name])} "
+                      "in the YAML" for name in _SCHEDULE_FIELDS if row[name] != wanted[name])
+        changes.append(Change(SCHEDULE_CHANGE if found else NO_CHANGE, subject, found + paused))
+    return changes
+
+
+def _timing(row: dict[str, Any]) -> str:
+    if row["cron"] is not None:
+        return f"on `{row['cron']}` ({row['timezone']})"
+    return f"every {row['every_seconds']} s"
+
+
+def _paused(row: dict[str, Any] | None) -> tuple[str, ...]:
+    """An operator's pause, which apply leaves as it is."""
+    if row is None or not row["paused"]:
+        return ()
+    reason = f": {row['paused_reason']}" if row["paused_reason"] else ""
+    return (f"paused by an operator{reason} (`flowlane schedule resume {row['schedule_name']}`)",)
+
+
 def _only_in_database(project: Project, state: _State) -> list[Change]:
     flows = {f.slug for f in project.flows}
     aliases = {a.slug for a in project.aliases}
@@ -195,6 +247,12 @@ def _only_in_database(project: Project, state: _State) -> list[Change]:
              for slug in state.flows if slug not in flows]
     found += [Change(ONLY_IN_DATABASE, f"alias {slug}", ("kept: flowlane never deletes",))
               for slug in state.aliases if slug not in aliases]
+    declared = {s.name for s in project.schedules}
+    fate = ("deleted by apply: the schedules file lists only the declared ones" if declared else
+            "kept, still firing: the project declares no schedule, so it has no schedules file; "
+            "`flowlane schedule pause NAME` stops it")
+    found += [Change(ONLY_IN_DATABASE, f"schedule {name}", (fate, *_paused(row)))
+              for name, row in state.schedules.items() if name not in declared]
     return found
 
 
@@ -202,6 +260,7 @@ def plan_with(project: Project, conn: psycopg.Connection[Any]) -> Plan:
     state = _read_state(conn, project.flows)
     changes = [_flow_change(f, state) for f in sorted(project.flows, key=lambda f: f.slug)]
     changes += _alias_changes(project, state)
+    changes += _schedule_changes(project, state)
     changes += _only_in_database(project, state)
     return Plan(tuple(changes))
 
@@ -238,7 +297,8 @@ def _read(file: Path) -> str:
 
 def _ordered_files(out: Path, project: Project) -> list[Path]:
     flows = [out / compiled.flow_path(f.slug) for f in sorted(project.flows, key=lambda f: f.slug)]
-    return [*flows, out / compiled.ALIASES_FILE]
+    schedules = [out / compiled.SCHEDULES_FILE] if project.schedules else []
+    return [*flows, out / compiled.ALIASES_FILE, *schedules]
 
 
 def refuse_stale(project: Project, out: str | os.PathLike[str]) -> None:

@@ -18,11 +18,22 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from flowlane import errors
-from flowlane.cli import compiler, db, fleet, manifests, retention, runs, serve, ui, worker
+from flowlane.cli import (
+    compiler,
+    db,
+    fleet,
+    manifests,
+    retention,
+    runs,
+    schedules,
+    serve,
+    ui,
+    worker,
+)
 from flowlane.cli.common import report_error
 
 # in the order `flowlane --help` lists them
-COMMAND_GROUPS = (db, compiler, worker, runs, retention, serve, fleet, ui, manifests)
+COMMAND_GROUPS = (db, compiler, worker, runs, schedules, retention, serve, fleet, ui, manifests)
 
 
 def _version() -> str:

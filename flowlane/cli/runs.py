@@ -6,13 +6,16 @@ import argparse
 import json
 import sys
 from collections.abc import Iterable, Iterator
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from flowlane import errors
 from flowlane.cli.common import add_dsn_argument, add_format, json_errors
 from flowlane.cli.fleet import print_waiting
 from flowlane.runtime.limits import MAX_INPUT_BYTES, STATUSES
+
+if TYPE_CHECKING:
+    from flowlane.runtime.client import Started
 
 
 def configure(subparsers: Any) -> None:
@@ -36,6 +39,17 @@ def configure(subparsers: Any) -> None:
         "a bad line starts no run; prints one run id per line",
     )
     start.add_argument("--run-id", help="use this run id (UUID) instead of a generated one")
+    start.add_argument(
+        "--key",
+        help="idempotency key: a second start of this flow or alias with the same key returns "
+        "the first run instead of starting another",
+    )
+    later = start.add_mutually_exclusive_group()
+    later.add_argument(
+        "--at", metavar="TIME", help="start at TIME (ISO 8601, e.g. 2026-05-01T12:00+02:00); the "
+        "run waits, cancellable, until a worker's maintenance tick begins it"
+    )
+    later.add_argument("--delay", metavar="DURATION", help="start after DURATION (30s, 10m, 2h, 1d)")
     start.add_argument("--wait", action="store_true", help="wait for the run to end")
     start.add_argument(
         "--timeout", type=float, default=300.0, help="with --wait: seconds (default 300)"
@@ -150,9 +164,9 @@ def read_jsonl(lines: Iterable[bytes], source: str) -> Iterator[Any]:
 def _start_many(args: argparse.Namespace) -> int:
     from flowlane.runtime.client import Client
 
-    if args.input != "{}" or args.run_id or args.wait:
+    if args.input != "{}" or args.run_id or args.wait or args.key:
         raise errors.UsageError(
-            "--input-file cannot be combined with --input, --run-id or --wait",
+            "--input-file cannot be combined with --input, --run-id, --key or --wait",
             hint="start one run with --input, or many with --input-file FILE.jsonl",
         )
     source = "stdin" if args.input_file == "-" else args.input_file
@@ -161,7 +175,8 @@ def _start_many(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise errors.UsageError(f"cannot read --input-file {source}: {exc.strerror or exc}") from exc
     with stream, Client(args.dsn) as client:
-        run_ids = client.start_runs(args.flow, read_jsonl(stream, source))
+        run_ids = client.start_runs(args.flow, read_jsonl(stream, source),
+                                    start_at=_start_at(args))
     for run_id in run_ids:
         if args.format == "json":
             print(json.dumps({"run_id": run_id, "flow": args.flow}))
@@ -180,21 +195,55 @@ def cmd_start(args: argparse.Namespace) -> int:
     payload = read_input(args.input)
     if args.wait and args.timeout <= 0:
         raise errors.UsageError(f"--timeout must be more than 0, not {args.timeout:g}")
+    start_at = _start_at(args)
     with Client(args.dsn) as client:
-        run_id, flow_slug = client.start(args.flow, payload, run_id=args.run_id)
+        started = client.begin(args.flow, payload, run_id=args.run_id, key=args.key, start_at=start_at)
+        run_id, flow_slug = started.run_id, started.flow_slug
         if not args.wait:
-            if args.format == "json":
-                print(json.dumps({"run_id": run_id, "flow": args.flow, "flow_slug": flow_slug}))
-            else:
-                print(run_id)
+            _report_start(args, started)
             return 0
-        print(f"started run {run_id} ({flow_slug}); waiting", file=sys.stderr)
+        print(f"{_start_words(started)} run {run_id} ({flow_slug}); waiting", file=sys.stderr)
         try:
             state = client.wait(run_id, timeout=args.timeout)
         except RunTimeout:
             _explain_wait(args.dsn, run_id)
             raise
     return _report_end(state, args.format)
+
+
+def _start_at(args: argparse.Namespace) -> datetime | timedelta | None:
+    """--at TIME or --delay DURATION (a delay counts on the database's clock)."""
+    from flowlane.compiler import durations
+
+    if args.delay is not None:
+        try:
+            delay = args.delay.strip()
+            return timedelta(seconds=int(delay) if delay.isdigit() else durations.to_seconds(delay))
+        except ValueError as exc:
+            raise errors.UsageError(f"--delay {args.delay!r} is not a duration",
+                                    hint="write 30s, 10m, 2h, 1d or a number of seconds") from exc
+    if args.at is not None:
+        return _time_argument("--at", args.at)
+    return None
+
+
+def _start_words(started: Started) -> str:
+    if started.existed:
+        return "found the existing"
+    return "scheduled" if started.status == "waiting" else "started"
+
+
+def _report_start(args: argparse.Namespace, started: Started) -> None:
+    if args.format == "json":
+        print(json.dumps({"flow": args.flow, **started.as_dict()}))
+        return
+    print(started.run_id)
+    if started.existed:
+        print(f"run {started.run_id} already existed for key {args.key or '(the flow dedup key)'}: "
+              "not started again", file=sys.stderr)
+    elif started.status == "waiting" and started.start_at is not None:
+        print(f"run {started.run_id} waits until {started.start_at.isoformat()} "
+              "(`flowlane cancel RUN_ID` cancels it)", file=sys.stderr)
 
 
 def _explain_wait(dsn: str | None, run_id: str | None = None) -> None:
@@ -221,13 +270,16 @@ def _report_end(state: dict[str, Any], fmt: str) -> int:
 
 
 def _since(text: str | None) -> datetime | None:
-    if text is None:
-        return None
+    return None if text is None else _time_argument("--since", text)
+
+
+def _time_argument(option: str, text: str) -> datetime:
+    """An ISO 8601 time; without a zone it is local time."""
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
         raise errors.UsageError(
-            f"--since {text!r} is not a time", hint="use ISO 8601, e.g. 2026-05-01T12:00:00+00:00"
+            f"{option} {text!r} is not a time", hint="use ISO 8601, e.g. 2026-05-01T12:00:00+00:00"
         ) from None
     return moment if moment.tzinfo else moment.astimezone()
 
@@ -253,7 +305,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
     else:
         print(f"{'RUN ID':<36}  {'FLOW':<28}  {'STATUS':<9}  STARTED")
         for r in runs:
-            print(f"{r.run_id:<36}  {r.flow_slug:<28}  {r.status:<9}  {r.started_at:%Y-%m-%d %H:%M:%S}")
+            when = r.start_at if r.status == "waiting" and r.start_at else r.started_at
+            until = "until " if r.status == "waiting" else ""
+            print(f"{r.run_id:<36}  {r.flow_slug:<28}  {r.status:<9}  {until}{when:%Y-%m-%d %H:%M:%S}")
     if runs and len(runs) == args.limit:
         print(f"next page: flowlane runs --before {runs[-1].run_id}", file=sys.stderr)
     if any(r.status == "started" for r in runs):

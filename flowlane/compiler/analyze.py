@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import itertools
+import zoneinfo
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from flowlane import defaults
-from flowlane.compiler import durations, names, schema, toposort
+from flowlane.compiler import cron, durations, names, schema, toposort
 from flowlane.compiler.diagnostics import Diagnostic
 from flowlane.compiler.loader import MAX_INT_DIGITS, Document, OutOfRange
 from flowlane.compiler.model import (
@@ -19,6 +21,7 @@ from flowlane.compiler.model import (
     Mode,
     Project,
     QueueMode,
+    Schedule,
     Step,
     StepType,
     WorkerDoc,
@@ -69,6 +72,7 @@ def analyze(documents: Iterable[Document], *, complete: bool = True
     flows = [e for e in entries if e.data["kind"] == "flow"]
     aliases = [e for e in entries if e.data["kind"] == "alias"]
     workers = [e for e in entries if e.data["kind"] == "worker"]
+    schedules = [e for e in entries if e.data["kind"] == "schedule"]
     _namespace(flows, aliases, state)
     for entry in flows:
         if state.flow_entries.get(entry.slug) is entry:
@@ -77,12 +81,14 @@ def analyze(documents: Iterable[Document], *, complete: bool = True
     for entry in aliases:
         _build_alias(entry, state)
     _build_workers(workers, state)
+    built = _build_schedules(schedules, state)
     if state.findings:
         return None, state.findings
     project = Project(
         flows=tuple(state.flows.values()),
         aliases=tuple(state.aliases.values()),
         workers=tuple(state.workers),
+        schedules=tuple(built),
     )
     return project, []
 
@@ -94,7 +100,7 @@ def _schema_valid(documents: Iterable[Document], state: Analysis) -> list[_Entry
             what = "empty" if doc.data is None else f"not a mapping ({type(doc.data).__name__})"
             state.findings.append(doc.diagnostic(
                 (), "FL007", f"YAML document {doc.index + 1} is {what}",
-                "each document must be a mapping with `kind: flow`, `alias` or `worker`"))
+                "each document must be a mapping with `kind: flow`, `alias`, `worker` or `schedule`"))
             continue
         problems = schema.validate_document(doc)
         if problems and isinstance(doc.data.get("slug"), str):
@@ -369,6 +375,8 @@ class _FlowChecker:
             base_delay=durations.to_seconds(options.get("base_delay", defaults.BASE_DELAY)),
             timeout=durations.to_seconds(options.get("timeout", defaults.TIMEOUT)),
             retention=self._retention(),
+            deadline=_opt_seconds(options, "deadline"),
+            dedup_key=self.entry.data.get("dedup", {}).get("key"),
             description=self.entry.data.get("description"),
             location=self.entry.loc(),
         )
@@ -410,7 +418,7 @@ def _opt_seconds(spec: dict[str, Any], key: str) -> int | None:
     return None if value is None else durations.to_seconds(value)
 
 
-DURATION_OPTIONS = ("timeout", "base_delay", "start_delay")
+DURATION_OPTIONS = ("timeout", "base_delay", "start_delay", "deadline")
 
 
 def _duration_range(option: str) -> tuple[int, int]:
@@ -654,3 +662,101 @@ def _coverage(state: Analysis) -> None:
                 f"add `{flow.slug}` (or an alias with it as active or draining version) to "
                 f"`flows` of worker {workers}; otherwise its tasks would wait forever",
                 key=flow.queue_mode != "explicit"))
+
+
+def _build_schedules(entries: list[_Entry], state: Analysis) -> list[Schedule]:
+    built: dict[str, Schedule] = {}
+    for entry in entries:
+        schedule = _build_schedule(entry, state)
+        if schedule is None:
+            continue
+        other = built.get(schedule.name)
+        if other is not None:
+            state.findings.append(entry.doc.diagnostic(
+                ("name",), "FL083", f"schedule name `{schedule.name}` is already used at "
+                f"{other.location}", "give each schedule a distinct `name`"))
+            continue
+        built[schedule.name] = schedule
+    return [built[name] for name in sorted(built)]
+
+
+def _build_schedule(entry: _Entry, state: Analysis) -> Schedule | None:
+    data = entry.data
+    before = len(state.findings)
+    target = _schedule_target(entry, state)
+    if ("cron" in data) == ("every" in data):
+        both = "cron" in data
+        state.findings.append(entry.doc.diagnostic(
+            ("every",) if both else ("name",), "FL013" if both else "FL010",
+            f"schedule `{entry.slug}` " + ("has both `cron` and `every`" if both else
+                                           "has neither `cron` nor `every`"),
+            "give one: `cron: \"0 2 * * *\"` or `every: 10m`", key=both))
+    fields = _cron_fields(entry, state) if "cron" in data else None
+    zone = str(data.get("timezone", "UTC"))
+    if zone not in _time_zones():
+        close = closest(zone, sorted(_time_zones()))
+        state.findings.append(entry.doc.diagnostic(
+            ("timezone",), "FL081", f"unknown time zone `{zone}`",
+            f"did you mean `{close}`?" if close else "use an IANA name such as `Europe/Berlin` or `UTC`"))
+    every = durations.to_seconds(data["every"]) if "every" in data else None
+    if every is not None and every < 1:
+        state.findings.append(entry.doc.diagnostic(
+            ("every",), "FL016", f"schedule `{entry.slug}`: `every` must be at least 1 second",
+            "write an interval such as `30s`, `10m` or `1h`"))
+    run_input = data.get("input", {})
+    if target is not None:
+        _check_schedule_input(entry, target, run_input, state)
+    if len(state.findings) > before:
+        return None
+    return Schedule(
+        name=str(data["name"]), flow=str(data["flow"]), cron=data.get("cron"), cron_fields=fields,
+        every=every, timezone=zone, input=run_input, overlap=data.get("overlap", "skip"),
+        catch_up=data.get("catch_up", "latest"), description=data.get("description"),
+        location=entry.loc(("name",)),
+    )
+
+
+def _schedule_target(entry: _Entry, state: Analysis) -> Flow | None:
+    """The flow a schedule starts today (an alias: its active version)."""
+    name = entry.data["flow"]
+    if name in state.aliases:
+        return state.flows.get(state.aliases[name].active)
+    if name in state.flows:
+        return state.flows[name]
+    if name not in state.known_flows and name not in state.known_aliases and state.complete \
+            and name not in state.declared:
+        close = closest(name, sorted(state.known_flows | state.known_aliases))
+        state.findings.append(entry.doc.diagnostic(
+            ("flow",), "FL082", f"schedule `{entry.slug}` starts `{name}`, which is not a flow "
+            "or alias of this project",
+            f"did you mean `{close}`?" if close else "declare the flow with `kind: flow`"))
+    return None
+
+
+def _cron_fields(entry: _Entry, state: Analysis) -> tuple[tuple[int, ...] | None, ...] | None:
+    try:
+        parsed = cron.parse(str(entry.data["cron"]))
+    except cron.CronError as exc:
+        state.findings.append(entry.doc.diagnostic(
+            ("cron",), "FL080", f"schedule `{entry.slug}`: {exc}",
+            "five fields: minute hour day-of-month month day-of-week, e.g. `0 2 * * *`; "
+            "or @hourly, @daily, @weekly, @monthly, @yearly"))
+        return None
+    return (parsed.minutes, parsed.hours, parsed.days, parsed.months, parsed.weekdays)
+
+
+def _check_schedule_input(entry: _Entry, flow: Flow, run_input: Any, state: Analysis) -> None:
+    """The input checks a start makes that the YAML already decides (the flow's input
+    contract joins them here once flows declare one)."""
+    root_map = next((s for s in flow.steps if s.type == "map" and not s.needs), None)
+    if root_map is not None and not isinstance(run_input, list):
+        state.findings.append(entry.doc.diagnostic(
+            ("input",) if "input" in entry.data else ("flow",), "FL084",
+            f"schedule `{entry.slug}`: flow `{flow.slug}` maps its run input in step "
+            f"`{root_map.slug}`, so the input must be a list",
+            "give `input:` a list, e.g. `input: [1, 2, 3]`"))
+
+
+@functools.cache
+def _time_zones() -> frozenset[str]:
+    return frozenset(zoneinfo.available_timezones()) | {"UTC"}

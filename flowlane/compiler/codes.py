@@ -51,6 +51,12 @@ CODES: dict[str, str] = {
     "FL070": "invalid handler reference",
     "FL071": "condition contains a value PostgreSQL cannot store",
     "FL072": "handler cannot be imported or called with (input, ctx)",
+    # schedules
+    "FL080": "invalid cron expression",
+    "FL081": "unknown time zone",
+    "FL082": "schedule starts an unknown flow or alias",
+    "FL083": "duplicate schedule name",
+    "FL084": "schedule input the flow cannot start with",
     # check (compiled SQL against the YAML and the base revision)
     "FL090": "compiled SQL is stale, missing or hand-edited",
     "FL091": "NEW_VERSION_REQUIRED: a committed flow changed its shape",

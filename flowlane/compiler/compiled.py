@@ -27,6 +27,7 @@ from flowlane.compiler.model import Flow, Project
 
 FORMAT = 2
 ALIASES_FILE = "aliases.sql"
+SCHEDULES_FILE = "schedules.sql"  # written only for a project with schedules
 FLOWS_DIR = "flows"
 HEADER_PREFIX = "-- flowlane-compiled: "
 HEADER_LIMIT = 4096  # bytes read to recognise a file: its header line is far shorter
@@ -38,7 +39,7 @@ _FORMAT1_SHA = re.compile(r"^-- shape sha256: (?P<sha>[0-9a-f]{64})$", re.MULTIL
 # the shape argument of ensure_flow_shape (every format); the last call is the flow's shape
 _SHAPE_ARGUMENT = re.compile(r"\bshape => (?P<literal>E?'(?:[^']|'')*')::jsonb")
 
-Kind = Literal["flow", "aliases"]
+Kind = Literal["flow", "aliases", "schedules"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ def environment() -> jinja2.Environment:
         lit=sqltext.literal,
         jsonb=sqltext.jsonb,
         text_array=sqltext.text_array,
+        int_array=sqltext.int_array,
         comment=sqltext.comment,
     )
     return env
@@ -115,10 +117,19 @@ def render_aliases(project: Project) -> str:
     )
 
 
+def render_schedules(project: Project) -> str:
+    header = Header(FORMAT, "schedules")
+    return environment().get_template("schedules.sql.j2").render(
+        header=sqltext.comment(header.line()), schedules=project.schedules
+    )
+
+
 def render_project(project: Project) -> dict[str, str]:
     """Relative output path -> file text; the same project always gives the same bytes."""
     files = {flow_path(f.slug): render_flow(f) for f in sorted(project.flows, key=lambda f: f.slug)}
     files[ALIASES_FILE] = render_aliases(project)
+    if project.schedules:
+        files[SCHEDULES_FILE] = render_schedules(project)
     return files
 
 
@@ -143,8 +154,8 @@ def _parse_header(text: str) -> Header | None:
     if not isinstance(fields, dict) or not isinstance(fields.get("format"), int):
         return None
     kind, slug, sha = fields.get("kind"), fields.get("slug"), fields.get("shape_sha256")
-    if kind == "aliases":
-        return Header(fields["format"], "aliases")
+    if kind in ("aliases", "schedules"):
+        return Header(fields["format"], kind)
     if kind == "flow" and isinstance(slug, str) and isinstance(sha, str):
         return Header(fields["format"], "flow", slug, sha)
     return None
@@ -153,7 +164,7 @@ def _parse_header(text: str) -> Header | None:
 def read(text: str) -> CompiledFile | None:
     """A compiled file read back (any format), or None when ``text`` is not one."""
     header = read_header(text.split("\n", 1)[0])
-    if header is None or header.kind == "aliases":
+    if header is None or header.kind != "flow":
         return None if header is None else CompiledFile(header)
     if header.format == 1:
         found = _FORMAT1_SHA.search(text)

@@ -59,6 +59,8 @@ class Flow:
     base_delay: int = defaults.BASE_DELAY
     timeout: int = defaults.TIMEOUT
     retention: int | None = defaults.RETENTION  # seconds; None keeps finished runs for ever
+    deadline: int | None = None  # seconds a run may take from its start
+    dedup_key: str | None = None  # JSON pointer into the input: each run's idempotency key
     description: str | None = None
     location: Location | None = field(default=None, compare=False)
 
@@ -116,6 +118,24 @@ class WorkerDoc:
 
 
 @dataclass(frozen=True)
+class Schedule:
+    """Runs of ``flow`` started on a cron expression (its fields' values) or every
+    ``every`` seconds; exactly one of the two is set."""
+
+    name: str
+    flow: str
+    cron: str | None = None
+    cron_fields: tuple[tuple[int, ...] | None, ...] | None = None  # minutes hours days months weekdays
+    every: int | None = None
+    timezone: str = "UTC"
+    input: Any = field(default_factory=dict)
+    overlap: Literal["skip", "allow"] = "skip"
+    catch_up: Literal["latest", "none", "all"] = "latest"
+    description: str | None = None
+    location: Location | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
 class HandlerRef:
     """A (flow, step) pair, its queue and the ``module:callable`` that runs it."""
 
@@ -138,6 +158,7 @@ class Project:
     flows: tuple[Flow, ...] = ()
     aliases: tuple[Alias, ...] = ()
     workers: tuple[WorkerDoc, ...] = ()
+    schedules: tuple[Schedule, ...] = ()
 
     def flow(self, slug: str) -> Flow:
         """The concrete flow named ``slug`` (exact match)."""

@@ -82,6 +82,13 @@ def text_array(values: Iterable[str]) -> Sql:
     return Sql("array[" + ", ".join(quote(v) for v in values) + "]::text[]")
 
 
+def int_array(values: Iterable[int] | None) -> Sql:
+    """``array[0, 30]::int[]``, or ``null``."""
+    if values is None:
+        return Sql("null")
+    return Sql("array[" + ", ".join(str(int(v)) for v in values) + "]::int[]")
+
+
 _UNSAFE_IN_COMMENT = re.compile(r"[\x00-\x1f\x7f]")
 
 

@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar
@@ -52,6 +52,7 @@ class RunSummary:
     completed_at: datetime | None
     failed_at: datetime | None
     cancelled_at: datetime | None = None
+    start_at: datetime | None = None  # a delayed start: when the run begins (or began)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -63,6 +64,7 @@ class RunSummary:
             "completed_at": _iso(self.completed_at),
             "failed_at": _iso(self.failed_at),
             "cancelled_at": _iso(self.cancelled_at),
+            "start_at": _iso(self.start_at),
         }
 
     @classmethod
@@ -76,7 +78,76 @@ class RunSummary:
             completed_at=r["completed_at"],
             failed_at=r["failed_at"],
             cancelled_at=r["cancelled_at"],
+            start_at=r.get("start_at"),
         )
+
+
+@dataclass(frozen=True)
+class Started:
+    """What a start did: the run (an alias: of its active version), and whether a keyed
+    start found an earlier run instead of creating one."""
+
+    run_id: str
+    flow_slug: str
+    status: str  # started, or waiting for its start time
+    start_at: datetime | None
+    existed: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "flow_slug": self.flow_slug, "status": self.status,
+                "start_at": _iso(self.start_at), "existed": self.existed}
+
+
+@dataclass(frozen=True)
+class ScheduleSummary:
+    """A schedule as ``flowlane schedules`` lists it."""
+
+    name: str
+    flow: str
+    cron: str | None
+    every_seconds: int | None
+    timezone: str
+    next_slot: datetime
+    next_local: str  # the next firing's wall time in the schedule's zone
+    last_slot: datetime | None
+    last_run_id: str | None
+    last_status: str | None
+    paused: bool
+    paused_reason: str | None
+
+    @property
+    def timing(self) -> str:
+        return f"cron {self.cron}" if self.cron is not None else f"every {self.every_seconds}s"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "flow": self.flow, "cron": self.cron,
+                "every_seconds": self.every_seconds, "timezone": self.timezone,
+                "next_slot": _iso(self.next_slot), "next_local": self.next_local,
+                "last_slot": _iso(self.last_slot), "last_run_id": self.last_run_id,
+                "last_status": self.last_status, "paused": self.paused,
+                "paused_reason": self.paused_reason}
+
+    @classmethod
+    def from_row(cls, r: dict[str, Any]) -> ScheduleSummary:
+        return cls(r["schedule_name"], r["flow_name"], r["cron"], r["every_seconds"], r["timezone"],
+                   r["next_slot"], r["next_local"], r["last_slot"],
+                   str(r["last_run_id"]) if r["last_run_id"] else None, r["last_status"],
+                   r["paused"], r["paused_reason"])
+
+
+StartAt = datetime | timedelta | None  # a time, or a delay on the database's clock
+
+
+def _start_time(start_at: StartAt) -> dict[str, Any]:
+    """The query parameters of a start time (an aware datetime or a non-negative delay)."""
+    if isinstance(start_at, timedelta):
+        if start_at < timedelta(0):
+            raise errors.UsageError(f"a start delay is not negative: {start_at}")
+        return {"start_at": None, "delay": start_at.total_seconds()}
+    if start_at is not None and start_at.tzinfo is None:
+        raise errors.UsageError(f"start_at {start_at.isoformat()} has no time zone",
+                                hint="pass an aware datetime, e.g. datetime.now(timezone.utc)")
+    return {"start_at": start_at, "delay": None}
 
 
 class RunTimeout(errors.FlowlaneError):
@@ -311,14 +382,22 @@ class Operations:
     @staticmethod
     def start(flow: str, input: Any = None, *, run_id: str | None = None) -> Plan[tuple[str, str]]:
         """Start a run; return ``(run_id, concrete flow slug)`` (an alias: its active version)."""
+        started = yield from Operations.begin(flow, input, run_id=run_id)
+        return started.run_id, started.flow_slug
+
+    @staticmethod
+    def begin(flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
+              start_at: StartAt = None) -> Plan[Started]:
+        """Start a run, now or at ``start_at``; with ``key`` (or the flow's dedup key) a second
+        start with the same (name, key) returns the first run (``existed``)."""
         payload = encode_input(input)
         run_id = _run_id(run_id) if run_id is not None else None
+        params = {"flow": flow, "input": payload, "run_id": run_id, "key": key, **_start_time(start_at)}
         trace_parent = current_traceparent()
         if trace_parent:  # the connection is in autocommit: set for the session, then reset
             yield _trace_parent(flow, trace_parent, local=False)
         try:
-            rows = yield Fetch("client_start_flow", f"cannot start {flow}",
-                               {"flow": flow, "input": payload, "run_id": run_id})
+            rows = yield Fetch("client_start_flow", f"cannot start {flow}", params)
         except errors.DatabaseError as exc:
             if exc.sqlstate == _NO_RUN:  # no flow or alias of that name: name the close ones
                 known = yield Fetch("client_flow_filter", "cannot list flows", {"flow": flow})
@@ -330,17 +409,20 @@ class Operations:
                 yield _trace_parent(flow, "", local=False)
         if not rows:
             raise errors.DatabaseError(f"start_flow({flow!r}) returned no run")
-        return str(rows[0]["run_id"]), str(rows[0]["flow_slug"])
+        row = rows[0]
+        return Started(str(row["run_id"]), str(row["flow_slug"]), row["status"], row["start_at"],
+                       bool(row["existed"]))
 
     @staticmethod
-    def start_run(flow: str, input: Any = None, *, run_id: str | None = None) -> Plan[str]:
-        """Start a run of a concrete flow or an alias; return its id."""
-        started = yield from Operations.start(flow, input, run_id=run_id)
-        return started[0]
+    def start_run(flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
+                  start_at: StartAt = None) -> Plan[str]:
+        """Start a run of a concrete flow or an alias; return its id (see ``begin``)."""
+        started = yield from Operations.begin(flow, input, run_id=run_id, key=key, start_at=start_at)
+        return started.run_id
 
     @staticmethod
-    def start_runs(flow: str, inputs: Iterable[Any], *, chunk_size: int = START_CHUNK
-                   ) -> Plan[list[str]]:
+    def start_runs(flow: str, inputs: Iterable[Any], *, chunk_size: int = START_CHUNK,
+                   start_at: StartAt = None) -> Plan[list[str]]:
         """Start one run per input (any iterable, consumed in chunks of ``chunk_size``
         through ``flowlane.start_flows``); return the run ids in input order. All or
         nothing: the chunks share one transaction, so a bad input starts no run."""
@@ -354,7 +436,7 @@ class Operations:
         for offset, chunk in _chunks(inputs, chunk_size):
             try:
                 rows = yield Fetch("client_start_flows", f"cannot start {flow}",
-                                   {"flow": flow, "inputs": chunk})
+                                   {"flow": flow, "inputs": chunk, **_start_time(start_at)})
             except errors.DatabaseError as exc:
                 raise _chunk_error(exc, offset) from exc
             run_ids.extend(str(r["run_id"]) for r in rows)
@@ -382,6 +464,33 @@ class Operations:
             raise _operation_error(exc, run_id) from exc
         row: dict[str, Any] = rows[0]
         return row
+
+    @staticmethod
+    def schedules() -> Plan[list[ScheduleSummary]]:
+        """Every schedule with its next firing, its last run and whether it is paused."""
+        rows = yield Fetch("client_schedules", "cannot list schedules")
+        return [ScheduleSummary.from_row(r) for r in rows]
+
+    @staticmethod
+    def pause_schedule(name: str, *, reason: str | None = None) -> Plan[None]:
+        """Stop a schedule firing until resumed (an operator's override: apply keeps it)."""
+        yield from _pause(name, True, reason)
+
+    @staticmethod
+    def resume_schedule(name: str) -> Plan[None]:
+        """Fire a paused schedule again, from its next slot (missed slots are not caught up)."""
+        yield from _pause(name, False, None)
+
+    @staticmethod
+    def trigger_schedule(name: str, input: Any = None) -> Plan[str]:
+        """Start a run of the schedule now (``input``: instead of the schedule's); its id."""
+        payload = None if input is None else encode_input(input)
+        try:
+            rows = yield Fetch("client_trigger_schedule", f"cannot trigger schedule {name}",
+                               {"name": name, "input": payload})
+        except errors.DatabaseError as exc:
+            raise _start_error(exc) from exc
+        return str(rows[0]["run_id"])
 
     @staticmethod
     def flows_named(flow: str) -> Plan[list[str]]:
@@ -438,6 +547,11 @@ class Operations:
             if remaining <= 0:
                 raise _timed_out(run_id, state["run"]["status"], timeout)
             yield Notified(listener, run_id, min(remaining, FALLBACK_POLL_SECONDS))
+
+
+def _pause(name: str, paused: bool, reason: str | None) -> Plan[None]:
+    yield Fetch("client_pause_schedule", f"cannot {'pause' if paused else 'resume'} schedule {name}",
+                {"name": name, "paused": paused, "reason": reason})
 
 
 # -- the two clients: each carries plans out -----------------------------------------
@@ -510,6 +624,7 @@ class Client:
         self.close()
 
     start = _blocking(Operations.start)
+    begin = _blocking(Operations.begin)
     start_run = _blocking(Operations.start_run)
     start_runs = _blocking(Operations.start_runs)
     cancel = _blocking(Operations.cancel)
@@ -519,6 +634,10 @@ class Client:
     stuck_runs = _blocking(Operations.stuck_runs)
     get_run = _blocking(Operations.get_run)
     wait = _blocking(Operations.wait)
+    schedules = _blocking(Operations.schedules)
+    pause_schedule = _blocking(Operations.pause_schedule)
+    resume_schedule = _blocking(Operations.resume_schedule)
+    trigger_schedule = _blocking(Operations.trigger_schedule)
 
     def _run(self, plan: Plan[T]) -> T:
         """Carry out the plan's requests in turn; a transaction or a LISTEN it asked for
@@ -592,6 +711,7 @@ class AsyncClient:
         await self.close()
 
     start = _awaitable(Operations.start)
+    begin = _awaitable(Operations.begin)
     start_run = _awaitable(Operations.start_run)
     start_runs = _awaitable(Operations.start_runs)
     cancel = _awaitable(Operations.cancel)
@@ -601,6 +721,10 @@ class AsyncClient:
     stuck_runs = _awaitable(Operations.stuck_runs)
     get_run = _awaitable(Operations.get_run)
     wait = _awaitable(Operations.wait)
+    schedules = _awaitable(Operations.schedules)
+    pause_schedule = _awaitable(Operations.pause_schedule)
+    resume_schedule = _awaitable(Operations.resume_schedule)
+    trigger_schedule = _awaitable(Operations.trigger_schedule)
 
     async def _run(self, plan: Plan[T]) -> T:
         """:meth:`Client._run`, awaiting each request."""

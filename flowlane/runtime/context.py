@@ -6,6 +6,7 @@ import asyncio
 import logging
 import threading
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 
@@ -16,7 +17,9 @@ class TaskContext:
     ``shutdown`` is set when the worker begins a graceful stop; long handlers
     may poll ``ctx.shutdown.is_set()`` (or ``ctx.shutdown.wait(seconds)``; in an
     ``async def`` handler ``await ctx.wait_shutdown(seconds)``) and return early.
-    ``attempt`` is 1 on the first execution.
+    ``attempt`` is 1 on the first execution. ``deadline``: when the run has to be
+    finished (the flow's ``deadline`` option), None without one; a long handler may stop
+    early rather than produce a result the run can no longer take.
     """
 
     run_id: str
@@ -30,6 +33,7 @@ class TaskContext:
     worker_id: str
     shutdown: threading.Event = field(repr=False)
     log: logging.LoggerAdapter[logging.Logger] = field(repr=False)
+    deadline: datetime | None = None
 
     @property
     def shutting_down(self) -> bool:

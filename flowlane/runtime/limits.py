@@ -16,7 +16,7 @@ MAX_DEPTH = 100  # nesting of arrays/objects: a scalar is 0, [] is 1, [[1]] is 2
 MAX_BYTES = 64 * 1024 * 1024  # of JSON text
 MAX_INPUT_BYTES = 1024 * 1024  # the run input as JSON text; documented in README
 TERMINAL = ("completed", "failed", "cancelled")  # the statuses a run ends in
-STATUSES = ("started", *TERMINAL)
+STATUSES = ("waiting", "started", *TERMINAL)  # waiting: a delayed start, not begun yet
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ def render_run(state: dict[str, Any]) -> str:
     for key in ("completed_at", "failed_at", "cancelled_at", "retried_at"):
         if run.get(key):
             lines.append(f"{key.split('_')[0]:<10}{run[key]}")
+    lines.extend(_time_lines(run))
     if run.get("retry_count"):
         lines.append(f"{'retries':<10}{run['retry_count']}")
     if run.get("cancel_reason"):
@@ -53,6 +54,21 @@ def render_run(state: dict[str, Any]) -> str:
         lines.append("output")
         lines.append(json.dumps(run["output"], indent=2, ensure_ascii=False))
     return "\n".join(lines)
+
+
+def _time_lines(run: dict[str, Any]) -> list[str]:
+    """A delayed start, a deadline, an idempotency key, a schedule: when the run has one."""
+    lines = []
+    if run.get("status") == "waiting":
+        lines.append(f"{'starts':<10}{run.get('start_at')}")
+    if run.get("deadline_at"):
+        lines.append(f"{'deadline':<10}{run['deadline_at']}")
+    if run.get("idempotency_key"):
+        lines.append(f"{'key':<10}{run['idempotency_key']} (under {run.get('called_as')})")
+    if run.get("schedule_name"):
+        slot = run.get("schedule_slot")
+        lines.append(f"{'schedule':<10}{run['schedule_name']} " + (f"slot {slot}" if slot else "(run now)"))
+    return lines
 
 
 def _round(item: dict[str, Any], run: dict[str, Any]) -> str:

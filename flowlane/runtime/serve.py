@@ -14,6 +14,9 @@ backoff (reset once it has run for a while), except:
   does not serve (a new version, an alias move); it is restarted at once, from the
   project's current YAML.
 
+serve runs the maintenance tick itself too (:class:`flowlane.runtime.ticker.Ticker`), as
+its workers do: schedules fire while serve is up even before a worker has started.
+
 serve LISTENs for the SQL Core's definition-change notifications: on each it loads the
 project again and re-derives the worker set (starts workers for new queues, restarts a
 worker whose selection changed, stops one whose queue is gone, retries at once the
@@ -45,6 +48,7 @@ from flowlane.compiler import api
 from flowlane.compiler.model import Project
 from flowlane.runtime import launch
 from flowlane.runtime.config import EXIT_DISABLED, EXIT_RESTART, WorkerConfig
+from flowlane.runtime.ticker import Ticker
 
 STABLE_AFTER = 60.0  # seconds a worker must run for its backoff to start over
 TICK = 0.2  # seconds between checks of the worker processes
@@ -399,6 +403,7 @@ def serve(
     try:
         supervisor.start()
         DefinitionWatcher(dsn, changed, supervisor.stopping).start()
+        Ticker(dsn, supervisor.stopping, who="serve").start()
         while not supervisor.stopping.wait(TICK):
             supervisor.tick()
             if changed.is_set():

@@ -181,6 +181,12 @@ class Store:
     async def mark_stopped(self, worker_id: str) -> None:
         await self.fetch("worker_mark_stopped", worker_id=worker_id)
 
+    async def maintenance_tick(self) -> dict[str, int]:
+        """Fire due schedules, begin due delayed runs, fail runs past their deadline."""
+        rows = await self.fetch("maintenance_tick")
+        done: dict[str, int] = rows[0]["done"] if rows else {}
+        return done
+
     async def requeue_stalled(self) -> int:
         rows = await self.fetch("worker_requeue_stalled")
         return int(rows[0]["requeued"] or 0) if rows else 0
@@ -188,11 +194,6 @@ class Store:
     async def trace_parents(self, run_ids: list[str]) -> dict[str, str]:
         rows = await self.fetch("worker_trace_parents", run_ids=run_ids)
         return {str(r["run_id"]): r["trace_parent"] for r in rows}
-
-    async def prune_batch(self) -> int:
-        """One retention batch (its own transaction): the runs it deleted."""
-        rows = await self.fetch("worker_prune_batch")
-        return int(rows[0]["runs_deleted"]) if rows else 0
 
     async def read(
         self, queue_name: str, *, vt: int, qty: int, poll_seconds: int | None
@@ -295,4 +296,5 @@ def _claimed(r: Row) -> ClaimedTask:
         flow_input=r["flow_input"],
         attempt=int(r["attempt"]),
         msg_id=int(r["msg_id"]),
+        deadline=r.get("deadline_at"),
     )

@@ -11,6 +11,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from flowlane.runtime import log
@@ -37,6 +38,7 @@ class ClaimedTask:
     flow_input: Any
     attempt: int
     msg_id: int
+    deadline: datetime | None = None  # when the run has to be finished (the flow's deadline)
 
     @property
     def fields(self) -> dict[str, Any]:

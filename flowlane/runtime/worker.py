@@ -22,8 +22,8 @@ asyncio tasks on one loop:
   and attempt; up to two commits in flight;
 - maintenance: heartbeat (a deprecated worker stops), and every
   ``requeue_interval`` seconds ``requeue_stalled_tasks`` (cheap and SKIP
-  LOCKED, so every worker does it) and a coverage re-check; a retention batch
-  (``prune_runs``) every ``PRUNE_INTERVAL``, sooner while batches find runs;
+  LOCKED, so every worker does it) and a coverage re-check; every ``TICK_INTERVAL`` the
+  maintenance tick (due schedules fire, delayed runs begin, runs past their deadline fail);
 - leases: every ``LEASE_INTERVAL``, ``extend_leases`` for the tasks held longer
   than that, until the last results are committed (shutdown included);
 - listener: LISTEN on the queue's insert channel and on definition changes
@@ -594,6 +594,7 @@ class Worker:
             log=logging.LoggerAdapter(
                 logging.getLogger(f"flowlane.handler.{task.flow_slug}"), task.fields
             ),
+            deadline=task.deadline,
         )
 
         async def run_one(held: Held) -> None:
@@ -653,7 +654,7 @@ class Worker:
 
     async def _maintenance_loop(self, session: Session) -> None:
         store = session.store
-        next_heartbeat = next_requeue = next_progress = next_prune = time.monotonic()
+        next_heartbeat = next_requeue = next_progress = next_tick = time.monotonic()
         reported = dataclasses.replace(session.counters)
         while not session.stopping.is_set():
             now = time.monotonic()
@@ -678,21 +679,19 @@ class Worker:
                         log.event(WARNING, "stalled_tasks_requeued", count=requeued)
                         metrics.stalls_recovered(requeued)
                     await self._recheck_coverage(session)
-                if now >= next_prune:
-                    next_prune = now + await self._prune_retention(store)
+                if now >= next_tick:
+                    next_tick = now + defaults.TICK_INTERVAL
+                    await self._tick(store)
             except DATABASE_ERRORS as exc:
                 _maintenance_error(exc)
-            wake_at = min(next_heartbeat, next_requeue, next_progress, next_prune)
+            wake_at = min(next_heartbeat, next_requeue, next_progress, next_tick)
             await session.pause(max(0.05, wake_at - time.monotonic()))
 
-    async def _prune_retention(self, store: Store) -> float:
-        """One batch of retention pruning, apart from the other maintenance until the shared
-        maintenance tick calls it; seconds until the next batch (soon while batches find runs)."""
-        pruned = await store.prune_batch()
-        if pruned:
-            log.event(INFO, "runs_pruned", count=pruned)
-            return self.config.heartbeat_interval
-        return defaults.PRUNE_INTERVAL
+    async def _tick(self, store: Store) -> None:
+        """The maintenance tick every worker runs (safe with any number at once)."""
+        done = await store.maintenance_tick()
+        if any(done.values()):
+            log.event(INFO, "maintenance_tick", **done)
 
     async def _lease_loop(self, session: Session) -> None:
         """Renew the leases of held tasks until ``_serve`` cancels this loop, after the last

@@ -23,7 +23,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from flowlane import errors
+from flowlane import defaults, errors
 from flowlane.app.console import (
     MAX_PAGE_SIZE,
     PAGE_SIZE,
@@ -191,6 +191,9 @@ def create_app(console: Console, settings: Settings) -> Starlette:
         problems = await run_in_threadpool(probe.ready)
         return PlainTextResponse("\n".join(problems or ["ready"]) + "\n", 503 if problems else 200)
 
+    def schedules_page(request: Request) -> Response:
+        return render(request, "schedules.html", schedules=console.schedules(), tick=defaults.TICK_INTERVAL)
+
     routes = [
         Route("/", lambda request: RedirectResponse("/runs", status_code=303)),
         Route("/metrics", metrics),
@@ -205,6 +208,7 @@ def create_app(console: Console, settings: Settings) -> Starlette:
         Route("/runs/{run_id}/payload", payload),
         Route("/queues", queues_page),
         Route("/workers", workers_page),
+        Route("/schedules", schedules_page),
         Mount("/static", StaticFiles(packages=[("flowlane.ui", "static")]), name="static"),
     ]
     if settings.allow_actions:
@@ -225,6 +229,9 @@ ACTION_FORMS: dict[str, tuple[str, tuple[str, ...]]] = {
                ("run_id", "reason")),
     "retry": ("Retry the failed steps of run {run_id} with a fresh attempt budget?", ("run_id",)),
     "set_deployment_enabled": ("{verb} worker deployment {deployment}?", ("deployment", "enabled", "reason")),
+    "pause_schedule": ("Pause schedule {schedule}? It starts no run until resumed.", ("schedule", "reason")),
+    "resume_schedule": ("Resume schedule {schedule} from its next slot?", ("schedule",)),
+    "trigger_schedule": ("Start a run of schedule {schedule} now?", ("schedule",)),
 }
 
 

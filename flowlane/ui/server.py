@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import socket
+import threading
 
 import uvicorn
 
 from flowlane import errors
 from flowlane.app.console import Console
 from flowlane.core import db
+from flowlane.runtime.ticker import Ticker
 from flowlane.ui import app, security
 
 
@@ -49,4 +51,9 @@ def serve(target: db.Target, host: str, port: int, settings: app.Settings) -> No
     config = uvicorn.Config(app.create_app(console, settings), log_level="warning", lifespan="on",
                             access_log=False)
     server = uvicorn.Server(config)
-    server.run(sockets=[sock])
+    stopping = threading.Event()
+    Ticker(target.dsn, stopping, who="ui").start()  # the console fires schedules too
+    try:
+        server.run(sockets=[sock])
+    finally:
+        stopping.set()

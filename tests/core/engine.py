@@ -314,14 +314,14 @@ RUN_STATE: dict[str, str] = {
     "finished run with unfinished task": """
         select t.run_id, t.step_slug, t.task_index from flowlane.step_tasks t
         join flowlane.runs r on r.run_id = t.run_id
-        where r.status <> 'started' and t.status in ('queued', 'started')""",
+        where r.status not in ('started', 'waiting') and t.status in ('queued', 'started')""",
 }
 # 0015+: an ended run ends every step: terminal with an end time, or 'cancelled' (which
 # says, with its time, that the run ended before the step could finish or start)
 ENDED_STEPS = """
     select s.run_id, s.step_slug, s.status from flowlane.step_states s
     join flowlane.runs r on r.run_id = s.run_id
-    where r.status <> 'started' and s.status in ('created', 'started')"""
+    where r.status not in ('started', 'waiting') and s.status in ('created', 'started')"""
 
 
 def _run_state_queries(conn: psycopg.Connection[Any]) -> dict[str, str]:

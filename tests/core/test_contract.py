@@ -35,7 +35,8 @@ EXPECTED = {
         (
             "flow_slug text, max_attempts integer DEFAULT NULL::integer, "
             "base_delay integer DEFAULT NULL::integer, timeout integer DEFAULT NULL::integer, "
-            "queue_mode text DEFAULT 'flow'::text"
+            "queue_mode text DEFAULT 'flow'::text, deadline integer DEFAULT NULL::integer, "
+            "dedup_key text DEFAULT NULL::text"
         ),
         "flowlane.flows",
     ),
@@ -71,8 +72,19 @@ EXPECTED = {
         "alias text, flow_slug text, draining text[] DEFAULT '{}'::text[]",
         "flowlane.aliases",
     ),
-    "start_flows": ("flow_slug text, inputs jsonb[]", "SETOF flowlane.runs"),
-    "start_flow": ("flow_slug text, input jsonb, run_id uuid DEFAULT NULL::uuid", "flowlane.runs"),
+    "start_flows": (
+        ("flow_slug text, inputs jsonb[], "
+         "start_at timestamp with time zone DEFAULT NULL::timestamp with time zone"),
+        "SETOF flowlane.runs",
+    ),
+    "start_flow": (
+        (
+            "flow_slug text, input jsonb, run_id uuid DEFAULT NULL::uuid, "
+            "start_at timestamp with time zone DEFAULT NULL::timestamp with time zone, "
+            "idempotency_key text DEFAULT NULL::text"
+        ),
+        "flowlane.runs",
+    ),
     "start_ready_steps": ("run_id uuid", "void"),
     "stuck_runs": (
         "",
@@ -116,6 +128,25 @@ EXPECTED = {
     ),
     "get_run_attempts": ("run_id uuid", "jsonb"),
     "retry_run": ("run_id uuid", "flowlane.runs"),
+    # 0018_time
+    "maintenance_tick": ("p_now timestamp with time zone DEFAULT now()", "jsonb"),
+    "run_deadline": ("run_id uuid", "timestamp with time zone"),
+    "set_schedule": (
+        (
+            "schedule_name text, flow_name text, input jsonb DEFAULT '{}'::jsonb, "
+            "cron text DEFAULT NULL::text, cron_minutes integer[] DEFAULT NULL::integer[], "
+            "cron_hours integer[] DEFAULT NULL::integer[], cron_days integer[] DEFAULT NULL::integer[], "
+            "cron_months integer[] DEFAULT NULL::integer[], "
+            "cron_weekdays integer[] DEFAULT NULL::integer[], every_seconds integer DEFAULT NULL::integer, "
+            "timezone text DEFAULT 'UTC'::text, overlap text DEFAULT 'skip'::text, "
+            "catch_up text DEFAULT 'latest'::text"
+        ),
+        "flowlane.schedules",
+    ),
+    "keep_only_schedules": ("schedule_names text[]", "text[]"),
+    "set_schedule_paused": (
+        "schedule_name text, paused boolean, reason text DEFAULT NULL::text", "flowlane.schedules"),
+    "trigger_schedule": ("schedule_name text, input jsonb DEFAULT NULL::jsonb", "flowlane.runs"),
 }
 
 

@@ -104,7 +104,7 @@ def test_cancel_refuses_a_finished_or_unknown_run(flows_dsn: str, spawn: Spawn) 
     wait_run(flows_dsn, run_id, workers=[worker])
     done = flowlane("cancel", run_id, "--dsn", flows_dsn)
     assert done.returncode == 1
-    assert "is already completed: only a started run can be cancelled" in done.stderr
+    assert "is already completed: only a started or waiting run can be cancelled" in done.stderr
     unknown = flowlane("cancel", "6f1c54c2-52a6-4d8e-9d0e-2b8b5b2b3b3b", "--dsn", flows_dsn)
     assert unknown.returncode == 1 and "no run 6f1c54c2" in unknown.stderr
     bad = flowlane("cancel", "nope", "--dsn", flows_dsn)

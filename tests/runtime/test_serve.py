@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -430,3 +431,52 @@ def test_every_served_worker_gets_the_measured_default_limits(
     measured = (defaults.MAX_CONCURRENT, defaults.BATCH_SIZE)
     assert limits == dict.fromkeys(
         ["sv_shared_worker", "sv_plain", "sv_split__one", "sv_split__two"], measured)
+
+
+# -- serve fires schedules -----------------------------------------------------------
+
+SCHEDULED = """\
+kind: flow
+slug: sv_beat
+defaults: {base_delay: 0, timeout: 5}
+steps:
+  hello:
+    handler: sv_handlers:hello
+---
+kind: schedule
+name: sv_every_two_seconds
+flow: sv_beat
+every: 2s
+overlap: allow
+input: {from: schedule}
+"""
+
+
+def test_serve_fires_a_schedule_end_to_end(tmp_path: Path, dsn: str) -> None:
+    root = tmp_path / "beat"
+    (root / "flows").mkdir(parents=True)
+    (root / "flows" / "beat.yaml").write_text(SCHEDULED)
+    (root / "sv_handlers.py").write_text(HANDLERS)
+    _compile_and_apply(root, dsn)
+    out = tmp_path / "serve.out"
+    proc = _serve(root, dsn, out)
+    try:
+        def two_completed() -> list[tuple[Any, ...]] | None:
+            assert proc.poll() is None, out.read_text()
+            with psycopg.connect(dsn) as conn:
+                rows = conn.execute(
+                    "select schedule_slot, input, output from flowlane.runs "
+                    "where schedule_name = 'sv_every_two_seconds' and status = 'completed' "
+                    "order by schedule_slot").fetchall()
+            return rows if len(rows) >= 2 else None
+
+        done = wait_until(two_completed, timeout=90, message="two scheduled runs to complete")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, out.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    slots = [row[0] for row in done]
+    assert all(row[1] == {"from": "schedule"} and row[2]["hello"]["step"] == "hello" for row in done)
+    assert all(s.timestamp() % 2 == 0 for s in slots)  # slots are multiples of the interval
+    assert len(set(slots)) == len(slots)  # one run per slot

@@ -26,8 +26,12 @@ create table flowlane.flows (
   queue_mode text default 'flow' not null,
   shape_sealed_at timestamptz,
   opt_retention int default flowlane._flow_option_default('retention'),
+  opt_deadline int,
+  opt_dedup_key text,
   constraint flows_pkey primary key (flow_slug),
   constraint flows_base_delay_nonnegative check (opt_base_delay >= 0),
+  constraint flows_deadline_positive check ((opt_deadline is null) or (opt_deadline >= 1)),
+  constraint flows_dedup_key_pointer check ((opt_dedup_key is null) or (opt_dedup_key ~ '^(/([^~/]|~[01])*)+$')),
   constraint flows_max_attempts_positive check (opt_max_attempts >= 1),
   constraint flows_queue_mode_valid check (queue_mode in ('flow', 'per-step', 'explicit')),
   constraint flows_retention_positive check ((opt_retention is null) or (opt_retention >= 1)),
@@ -131,6 +135,12 @@ create table flowlane.runs (
   retry_count int default 0 not null,
   retried_at timestamptz,
   trace_parent text,
+  called_as text,
+  idempotency_key text,
+  start_at timestamptz,
+  deadline_at timestamptz,
+  schedule_name text,
+  schedule_slot timestamptz,
   constraint runs_pkey primary key (run_id),
   constraint runs_cancel_reason_only_cancelled check ((cancel_reason is null) or (status = 'cancelled')),
   constraint runs_cancelled_after_start check ((cancelled_at is null) or (cancelled_at >= started_at)),
@@ -142,7 +152,10 @@ create table flowlane.runs (
   constraint runs_output_only_completed check ((output is null) or (status = 'completed')),
   constraint runs_remaining_steps_nonnegative check (remaining_steps >= 0),
   constraint runs_retry_count_nonnegative check (retry_count >= 0),
-  constraint runs_status_valid check (status in ('started', 'completed', 'failed', 'cancelled')),
+  constraint runs_key_scoped check ((idempotency_key is null) or (called_as is not null)),
+  constraint runs_schedule_slot_named check ((schedule_slot is null) or (schedule_name is not null)),
+  constraint runs_status_valid check (status in ('waiting', 'started', 'completed', 'failed', 'cancelled')),
+  constraint runs_waiting_has_start_at check ((status <> 'waiting') or (start_at is not null)),
   constraint runs_flow_slug_fkey foreign key (flow_slug) references flowlane.flows(flow_slug)
 )
 with (fillfactor='85', autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02');
@@ -157,6 +170,17 @@ create index runs_prune_idx on flowlane.runs (flow_slug, started_at) where (stat
 create index runs_in_flight_idx on flowlane.runs (run_id) where (status = 'started');
 
 create index runs_started_idx on flowlane.runs (started_at desc, run_id);
+
+-- a second start with the same (called name, key) finds the first run
+create unique index runs_key_unique on flowlane.runs (called_as, idempotency_key) where (idempotency_key is not null);
+
+-- the maintenance tick's probes: delayed runs that are due, started runs past their deadline
+create index runs_waiting_idx on flowlane.runs (start_at) where (status = 'waiting');
+
+create index runs_deadline_idx on flowlane.runs (deadline_at) where (status = 'started' and deadline_at is not null);
+
+-- one run per (schedule, slot), however many processes fire schedules at once
+create unique index runs_schedule_slot_unique on flowlane.runs (schedule_name, schedule_slot) where (schedule_slot is not null);
 
 create table flowlane.step_states (
   flow_slug text not null,
@@ -337,3 +361,44 @@ create table flowlane.rollouts (
 );
 
 create unique index rollouts_one_unfinished on flowlane.rollouts ((true)) where (finished_at is null);
+
+-- schedules: written only by reviewed compiled SQL (set_schedule); next_slot is the firing the
+-- maintenance tick waits for, kept by the firing itself
+create table flowlane.schedules (
+  schedule_name text not null,
+  flow_name text not null,
+  cron text,
+  cron_minutes int[],
+  cron_hours int[],
+  cron_days int[],
+  cron_months int[],
+  cron_weekdays int[],
+  every_seconds int,
+  timezone text default 'UTC' not null,
+  input jsonb default '{}'::jsonb not null,
+  overlap text default 'skip' not null,
+  catch_up text default 'latest' not null,
+  next_slot timestamptz not null,
+  last_slot timestamptz,
+  last_run_id uuid,
+  created_at timestamptz default now() not null,
+  updated_at timestamptz default now() not null,
+  constraint schedules_pkey primary key (schedule_name),
+  constraint schedules_catch_up_valid check (catch_up in ('latest', 'none', 'all')),
+  constraint schedules_cron_complete check ((cron is null) = (cron_minutes is null) and (cron is null) = (cron_hours is null) and (cron is null) = (cron_months is null) and ((cron is not null) or ((cron_days is null) and (cron_weekdays is null)))),
+  constraint schedules_cron_or_every check ((cron is null) <> (every_seconds is null)),
+  constraint schedules_every_positive check ((every_seconds is null) or (every_seconds >= 1)),
+  constraint schedules_name_valid check (flowlane.is_valid_slug(schedule_name)),
+  constraint schedules_overlap_valid check (overlap in ('skip', 'allow'))
+);
+
+create index schedules_next_slot_idx on flowlane.schedules (next_slot);
+
+-- an operator's pause of a schedule, apart from its definition (apply never touches it)
+create table flowlane.schedule_overrides (
+  schedule_name text not null,
+  paused boolean default true not null,
+  reason text,
+  changed_at timestamptz default now() not null,
+  constraint schedule_overrides_pkey primary key (schedule_name)
+);

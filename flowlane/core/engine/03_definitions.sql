@@ -11,7 +11,9 @@ create function flowlane.create_flow(
   base_delay int = null,
   timeout int = null,
   queue_mode text = 'flow',
-  retention int = flowlane._flow_option_default('retention')
+  retention int = flowlane._flow_option_default('retention'),
+  deadline int = null,
+  dedup_key text = null
 ) returns flowlane.flows
 language plpgsql volatile
 set search_path = ''
@@ -30,6 +32,7 @@ begin
     raise exception 'flow "%": with queue_mode flow the queue is the lowercase flow slug, which must have at most 47 characters (the PGMQ limit)',
       create_flow.flow_slug using errcode = '22023', hint = 'use a shorter slug, or per-step/explicit queues';
   end if;
+  perform flowlane._check_start_options(create_flow.flow_slug, create_flow.deadline, create_flow.dedup_key);
   perform pg_advisory_xact_lock(hashtext('flowlane.flow'), hashtext(lower(create_flow.flow_slug)));
   select f.flow_slug into v_other from flowlane.flows f
   where lower(f.flow_slug) = lower(create_flow.flow_slug) and f.flow_slug <> create_flow.flow_slug;
@@ -49,15 +52,18 @@ begin
       create_flow.flow_slug, create_flow.retention using errcode = '22023';
   end if;
   insert into flowlane.flows as f (flow_slug, opt_max_attempts, opt_base_delay, opt_timeout, queue_mode,
-                                   opt_retention)
+                                   opt_retention, opt_deadline, opt_dedup_key)
   values (create_flow.flow_slug, coalesce(max_attempts, flowlane._flow_option_default('max_attempts')),
           coalesce(base_delay, flowlane._flow_option_default('base_delay')),
-          coalesce(timeout, flowlane._flow_option_default('timeout')), v_mode, create_flow.retention)
+          coalesce(timeout, flowlane._flow_option_default('timeout')), v_mode, create_flow.retention,
+          create_flow.deadline, create_flow.dedup_key)
   on conflict on constraint flows_pkey do update
     set opt_max_attempts = excluded.opt_max_attempts,
         opt_base_delay = excluded.opt_base_delay,
         opt_timeout = excluded.opt_timeout,
-        opt_retention = excluded.opt_retention
+        opt_retention = excluded.opt_retention,
+        opt_deadline = excluded.opt_deadline,
+        opt_dedup_key = excluded.opt_dedup_key
   returning * into v_flow;
   return v_flow;
 end;

@@ -1,7 +1,11 @@
 -- Runs: starting a run, starting the steps that are ready, a step's conditions, skips and
 -- failures, and a run's end.
 
-create function flowlane.start_flow(flow_slug text, input jsonb, run_id uuid = null)
+-- start_at: a later start (the run waits, cancellable, until the maintenance tick begins it);
+-- idempotency_key (or the flow's dedup pointer into the input): a second start with the same
+-- (called name, key) returns the first run
+create function flowlane.start_flow(flow_slug text, input jsonb, run_id uuid = null,
+                                    start_at timestamptz = null, idempotency_key text = null)
 returns flowlane.runs
 language plpgsql volatile
 set search_path = ''
@@ -9,8 +13,16 @@ as $$
 declare
   v_flow text := flowlane.resolve_flow(start_flow.flow_slug);
   v_run flowlane.runs;
+  v_key text;
 begin
   perform flowlane._check_start_input(v_flow, input, format('start_flow(%s)', v_flow));
+  v_key := flowlane._start_key(v_flow, input, start_flow.idempotency_key, format('start_flow(%s)', v_flow));
+  if v_key is not null then
+    v_run := flowlane._keyed_run(start_flow.flow_slug, v_key);
+    if v_run.run_id is not null then
+      return v_run;
+    end if;
+  end if;
   if start_flow.run_id is not null then
     -- a retried start with the same run id returns the existing run
     select * into v_run from flowlane.runs r where r.run_id = start_flow.run_id;
@@ -19,17 +31,20 @@ begin
         raise exception 'run % already exists for flow "%" with another flow or input', start_flow.run_id,
           v_run.flow_slug using errcode = '23505';
       end if;
+      perform flowlane._found_run(v_run.run_id);
       return v_run;
     end if;
   end if;
-  select * into v_run from flowlane._create_runs(v_flow, array[input], array[start_flow.run_id]);
+  select * into v_run from flowlane._create_runs(v_flow, array[input], array[start_flow.run_id],
+                                                 start_flow.start_at, array[v_key], start_flow.flow_slug);
   return v_run;
 end;
 $$;
 
 -- many runs of one flow or alias in one call; returns the runs in input order.
 -- All or nothing: a bad input raises naming its position and starts no run.
-create function flowlane.start_flows(flow_slug text, inputs jsonb[]) returns setof flowlane.runs
+create function flowlane.start_flows(flow_slug text, inputs jsonb[], start_at timestamptz = null)
+returns setof flowlane.runs
 language plpgsql volatile
 set search_path = ''
 as $$
@@ -47,7 +62,14 @@ begin
              where inputs[i] is null or jsonb_typeof(inputs[i]) <> 'array' order by i loop
     perform flowlane._check_start_input(v_flow, inputs[v_i], format('start_flows(%s): input %s', v_flow, v_i - 1));
   end loop;
-  return query select * from flowlane._create_runs(v_flow, inputs, '{}');
+  if exists (select 1 from flowlane.flows f where f.flow_slug = v_flow and f.opt_dedup_key is not null) then
+    -- each input's key may name an earlier run (or an earlier input of this call)
+    for v_i in select i from generate_subscripts(inputs, 1) i order by i loop
+      return next flowlane.start_flow(start_flows.flow_slug, inputs[v_i], null, start_flows.start_at);
+    end loop;
+    return;
+  end if;
+  return query select * from flowlane._create_runs(v_flow, inputs, '{}', start_flows.start_at);
 end;
 $$;
 
@@ -73,7 +95,11 @@ end;
 $$;
 
 -- new runs of one concrete flow (inputs checked by the caller); returns them in input order
-create function flowlane._create_runs(p_flow text, p_inputs jsonb[], p_run_ids uuid[])
+-- p_start_at in the future: the runs wait (status waiting) for the maintenance tick;
+-- p_keys: each run's idempotency key within p_called (the name the caller started)
+create function flowlane._create_runs(p_flow text, p_inputs jsonb[], p_run_ids uuid[],
+                                      p_start_at timestamptz = null, p_keys text[] = null,
+                                      p_called text = null)
 returns setof flowlane.runs
 language plpgsql volatile
 set search_path = ''
@@ -81,11 +107,15 @@ set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_ids uuid[];
+  v_waiting boolean := coalesce(p_start_at > now(), false);
 begin
   v_ids := array(select coalesce(p_run_ids[i], gen_random_uuid()) from generate_subscripts(p_inputs, 1) i order by i);
-  insert into flowlane.runs (run_id, flow_slug, input, remaining_steps, trace_parent)
+  insert into flowlane.runs (run_id, flow_slug, input, remaining_steps, trace_parent, status, start_at,
+                             deadline_at, called_as, idempotency_key)
   select v_ids[i], p_flow, p_inputs[i], (select count(*) from flowlane.steps s where s.flow_slug = p_flow),
-         flowlane._trace_parent()
+         flowlane._trace_parent(), case when v_waiting then 'waiting' else 'started' end, p_start_at,
+         case when v_waiting then null else flowlane._run_deadline(p_flow, now()) end,
+         case when p_keys[i] is not null then p_called end, p_keys[i]
   from generate_subscripts(p_inputs, 1) i order by i;
   insert into flowlane.step_states (flow_slug, run_id, step_slug, remaining_deps, initial_tasks)
   select p_flow, v_ids[i], s.step_slug, s.deps_count,
@@ -95,7 +125,9 @@ begin
   from generate_subscripts(p_inputs, 1) i, flowlane.steps s
   where s.flow_slug = p_flow
   order by v_ids[i], s.step_slug;
-  perform flowlane._progress_runs(v_ids);
+  if not v_waiting then
+    perform flowlane._progress_runs(v_ids);
+  end if;
   return query select r.* from unnest(v_ids) with ordinality as u (run_id, ord)
                join flowlane.runs r on r.run_id = u.run_id and r.run_id = any (v_ids) order by u.ord;
 end;

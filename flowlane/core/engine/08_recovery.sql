@@ -98,7 +98,7 @@ begin
 end;
 $$;
 
--- cancel a started run: its unfinished tasks and steps are cancelled and the
+-- cancel a started (or waiting) run: its unfinished tasks and steps are cancelled and the
 -- tasks' messages archived; later completions of those tasks are rejected (they are
 -- terminal) and no further step starts. Cancelling a cancelled run returns it.
 create function flowlane.cancel_run(run_id uuid, reason text = null) returns flowlane.runs
@@ -116,8 +116,8 @@ begin
   if v_run.status = 'cancelled' then
     return v_run;
   end if;
-  if v_run.status <> 'started' then
-    raise exception 'run % is already %: only a started run can be cancelled', v_run.run_id, v_run.status
+  if v_run.status not in ('started', 'waiting') then
+    raise exception 'run % is already %: only a started or waiting run can be cancelled', v_run.run_id, v_run.status
       using errcode = '55000';
   end if;
   update flowlane.runs r
@@ -185,7 +185,8 @@ begin
    where ss.run_id = v_run.run_id and ss.status in ('failed', 'started', 'cancelled');
   update flowlane.runs r
      set status = 'started', failed_at = null, error_message = null,
-         retry_count = r.retry_count + 1, retried_at = now()
+         retry_count = r.retry_count + 1, retried_at = now(),
+         deadline_at = flowlane._run_deadline(r.flow_slug, now())  -- a fresh deadline from the retry
    where r.run_id = v_run.run_id;
 
   -- one send_batch per queue, tasks in step order

@@ -188,7 +188,9 @@ as $$
   from flowlane.aliases a
   cross join lateral unnest(a.draining) as v (flow_slug)
   cross join lateral (
-    select (select count(*) from flowlane.runs r where r.flow_slug = v.flow_slug and r.status = 'started') as runs,
+    -- a waiting run (a delayed start) will run this version too
+    select (select count(*) from flowlane.runs r
+             where r.flow_slug = v.flow_slug and r.status in ('started', 'waiting')) as runs,
            (select count(*) from flowlane.runs r
               join flowlane.step_tasks t on t.run_id = r.run_id
              where r.flow_slug = v.flow_slug and r.status = 'started'

@@ -72,7 +72,8 @@ limit %(limit)s
 -- name: console_run
 select r.run_id, r.flow_slug, r.status, r.remaining_steps, r.started_at, r.completed_at, r.failed_at,
        coalesce(r.completed_at, r.failed_at, r.cancelled_at) as ended_at, r.error_message,
-       r.cancel_reason, r.retry_count, r.retried_at,
+       r.cancel_reason, r.retry_count, r.retried_at, r.start_at, r.deadline_at, r.called_as,
+       r.idempotency_key, r.schedule_name, r.schedule_slot,
        octet_length(r.input::text) as input_bytes, octet_length(r.output::text) as output_bytes
 from flowlane.runs r
 where r.run_id = %(run_id)s::uuid
@@ -197,3 +198,12 @@ from flowlane.worker_deployments d
 left join flowlane.workers w on w.deployment_name = d.deployment_name
 group by d.deployment_name
 order by d.deployment_name collate "C"
+
+-- name: console_pause_schedule
+select schedule_name from flowlane.set_schedule_paused(%(schedule)s, true, %(reason)s)
+
+-- name: console_resume_schedule
+select schedule_name from flowlane.set_schedule_paused(%(schedule)s, false)
+
+-- name: console_trigger_schedule
+select run_id from flowlane.trigger_schedule(%(schedule)s)

@@ -3,7 +3,8 @@ select to_regclass('flowlane.aliases') is not null
    and to_regprocedure('flowlane.verify_flow(text, jsonb)') is not null
 
 -- name: deploy_flows
-select f.flow_slug, f.opt_max_attempts, f.opt_base_delay, f.opt_timeout, f.opt_retention
+select f.flow_slug, f.opt_max_attempts, f.opt_base_delay, f.opt_timeout, f.opt_retention,
+       f.opt_deadline, f.opt_dedup_key
 from flowlane.flows f
 order by f.flow_slug collate "C"
 
@@ -26,6 +27,13 @@ order by s.flow_slug collate "C", s.step_index
 select a.alias, a.flow_slug, a.draining
 from flowlane.aliases a
 order by a.alias collate "C"
+
+-- name: deploy_schedules
+select s.schedule_name, s.flow_name, s.cron, s.every_seconds, s.timezone, s.input, s.overlap,
+       s.catch_up, coalesce(o.paused, false) as paused, o.reason as paused_reason
+from flowlane.schedules s
+left join flowlane.schedule_overrides o on o.schedule_name = s.schedule_name
+order by s.schedule_name collate "C"
 
 -- name: deploy_lock
 select pg_advisory_xact_lock(hashtext('flowlane.apply'))

@@ -40,8 +40,9 @@ select run_id, trace_parent from flowlane.trace_parents(%(run_ids)s::uuid[])
 -- (local) or the session
 select set_config('flowlane.traceparent', %(traceparent)s, %(local)s) as traceparent
 
--- name: worker_prune_batch
-select runs_deleted from flowlane.prune_runs()
+-- name: maintenance_tick
+-- {"fired": schedule runs started, "begun": delayed runs begun, "failed": runs past their deadline}
+select flowlane.maintenance_tick() as done
 
 
 -- name: worker_enable_notify
@@ -61,12 +62,14 @@ select msg_id
 from pgmq.read_with_poll(%(queue_name)s, %(vt)s, %(qty)s, %(max_poll_seconds)s, %(poll_interval_ms)s)
 
 -- name: worker_start_tasks
-select outcome, flow_slug, step_slug, queue_name, run_id, task_index, input, flow_input, attempt, msg_id
-from flowlane.start_tasks(%(queue_name)s, %(msg_ids)s::bigint[], %(worker_id)s::uuid, %(pairs)s::jsonb)
+select c.outcome, c.flow_slug, c.step_slug, c.queue_name, c.run_id, c.task_index, c.input, c.flow_input,
+       c.attempt, c.msg_id, case when c.outcome = 'claimed' then flowlane.run_deadline(c.run_id) end as deadline_at
+from flowlane.start_tasks(%(queue_name)s, %(msg_ids)s::bigint[], %(worker_id)s::uuid, %(pairs)s::jsonb) c
 
 -- name: worker_claim_tasks
-select outcome, flow_slug, step_slug, queue_name, run_id, task_index, input, flow_input, attempt, msg_id
-from flowlane.claim_tasks(%(queue_name)s, %(qty)s, %(worker_id)s::uuid, %(pairs)s::jsonb)
+select c.outcome, c.flow_slug, c.step_slug, c.queue_name, c.run_id, c.task_index, c.input, c.flow_input,
+       c.attempt, c.msg_id, case when c.outcome = 'claimed' then flowlane.run_deadline(c.run_id) end as deadline_at
+from flowlane.claim_tasks(%(queue_name)s, %(qty)s, %(worker_id)s::uuid, %(pairs)s::jsonb) c
 
 -- name: worker_complete_tasks
 select run_id, step_slug, task_index, status, attempts_count, last_worker_id, error_message
@@ -77,15 +80,22 @@ select run_id, step_slug, task_index, status, attempts_count, last_worker_id, er
 from flowlane.fail_tasks(%(results)s::jsonb)
 
 -- name: client_start_flow
-select run_id, flow_slug from flowlane.start_flow(%(flow)s, %(input)s::jsonb, %(run_id)s::uuid)
+-- start_at: a time, or a delay in seconds on the database's clock; existed: the start returned
+-- an earlier run (its key's, or its run id's), which start_flow records in flowlane.found_run
+select s.run_id, s.flow_slug, s.status, s.start_at,
+       s.run_id::text is not distinct from current_setting('flowlane.found_run', true) as existed
+from flowlane.start_flow(%(flow)s, %(input)s::jsonb, %(run_id)s::uuid,
+                         coalesce(%(start_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+                         %(key)s::text) s
 
 -- name: client_start_flows
-select run_id from flowlane.start_flows(%(flow)s, %(inputs)s::jsonb[])
+select run_id from flowlane.start_flows(%(flow)s, %(inputs)s::jsonb[],
+  coalesce(%(start_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)))
 
 -- name: client_list_runs
 -- newest first; a page ends with the run whose id is passed as %(before)s next time
 select r.run_id, r.flow_slug, r.status, r.remaining_steps, r.started_at, r.completed_at, r.failed_at,
-       r.cancelled_at
+       r.cancelled_at, r.start_at
 from flowlane.runs r
 where (%(flows)s::text[] is null or r.flow_slug = any(%(flows)s::text[]))
   and (%(status)s::text is null or r.status = %(status)s::text)
@@ -94,6 +104,23 @@ where (%(flows)s::text[] is null or r.flow_slug = any(%(flows)s::text[]))
          select b.started_at, b.run_id from flowlane.runs b where b.run_id = %(before)s::uuid))
 order by r.started_at desc, r.run_id desc
 limit %(limit)s
+
+-- name: client_schedules
+-- every schedule: its next firing (UTC and wall time in its zone), its last run, its pause
+select s.schedule_name, s.flow_name, s.cron, s.every_seconds, s.timezone, s.overlap, s.catch_up,
+       s.next_slot, (s.next_slot at time zone s.timezone)::text as next_local, s.last_slot,
+       s.last_run_id, r.status as last_status, coalesce(o.paused, false) as paused,
+       o.reason as paused_reason, o.changed_at as paused_at
+from flowlane.schedules s
+left join flowlane.runs r on r.run_id = s.last_run_id
+left join flowlane.schedule_overrides o on o.schedule_name = s.schedule_name
+order by s.schedule_name collate "C"
+
+-- name: client_pause_schedule
+select schedule_name, next_slot from flowlane.set_schedule_paused(%(name)s, %(paused)s, %(reason)s)
+
+-- name: client_trigger_schedule
+select run_id, flow_slug from flowlane.trigger_schedule(%(name)s, %(input)s::jsonb)
 
 -- name: client_run_exists
 select exists (select 1 from flowlane.runs r where r.run_id = %(run_id)s::uuid) as found

@@ -281,3 +281,7 @@ def fuzz_value(recipe: dict[str, Any]) -> Any:
 
 def fuzz_output(input: Any, ctx: TaskContext) -> Any:
     return fuzz_value(ctx.flow_input)
+
+
+def deadline(input: Any, ctx: TaskContext) -> str | None:
+    return ctx.deadline.isoformat() if ctx.deadline else None

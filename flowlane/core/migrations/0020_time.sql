@@ -1,0 +1,939 @@
+-- flowlane SQL Core 0020: time: idempotent and delayed starts, run deadlines, schedules and
+-- the maintenance tick.
+-- Drafted by `python -m flowlane.core.draft_migration` from the engine source; reviewed by a person.
+--
+-- runs: called_as and idempotency_key (unique per called name and key: a second keyed start
+-- finds the first run); start_at and a new status 'waiting' (a delayed run, begun by the
+-- maintenance tick); deadline_at (a started run past it is failed by the tick); schedule_name
+-- and schedule_slot (unique: one run per slot). flows: opt_deadline and opt_dedup_key (a JSON
+-- pointer into the input that gives each run's key). schedules (written by compiled SQL) and
+-- schedule_overrides (an operator's pause, apart from the definition). start_flow, start_flows,
+-- _create_runs and create_flow gain parameters with defaults: dropped and created again.
+
+-- hand-written
+alter table flowlane.runs
+  add column called_as text,
+  add column idempotency_key text,
+  add column start_at timestamptz,
+  add column deadline_at timestamptz,
+  add column schedule_name text,
+  add column schedule_slot timestamptz,
+  drop constraint runs_status_valid,
+  add constraint runs_status_valid check (status in ('waiting', 'started', 'completed', 'failed', 'cancelled')),
+  add constraint runs_key_scoped check ((idempotency_key is null) or (called_as is not null)),
+  add constraint runs_schedule_slot_named check ((schedule_slot is null) or (schedule_name is not null)),
+  add constraint runs_waiting_has_start_at check ((status <> 'waiting') or (start_at is not null));
+
+create unique index runs_key_unique on flowlane.runs (called_as, idempotency_key) where (idempotency_key is not null);
+create index runs_waiting_idx on flowlane.runs (start_at) where (status = 'waiting');
+create index runs_deadline_idx on flowlane.runs (deadline_at) where (status = 'started' and deadline_at is not null);
+create unique index runs_schedule_slot_unique on flowlane.runs (schedule_name, schedule_slot) where (schedule_slot is not null);
+
+alter table flowlane.flows
+  add column opt_deadline int,
+  add column opt_dedup_key text,
+  add constraint flows_deadline_positive check ((opt_deadline is null) or (opt_deadline >= 1)),
+  add constraint flows_dedup_key_pointer check ((opt_dedup_key is null) or (opt_dedup_key ~ '^(/([^~/]|~[01])*)+$'));
+
+-- schedules: written only by reviewed compiled SQL (set_schedule); next_slot is the firing the
+-- maintenance tick waits for, kept by the firing itself
+create table flowlane.schedules (
+  schedule_name text not null,
+  flow_name text not null,
+  cron text,
+  cron_minutes int[],
+  cron_hours int[],
+  cron_days int[],
+  cron_months int[],
+  cron_weekdays int[],
+  every_seconds int,
+  timezone text default 'UTC' not null,
+  input jsonb default '{}'::jsonb not null,
+  overlap text default 'skip' not null,
+  catch_up text default 'latest' not null,
+  next_slot timestamptz not null,
+  last_slot timestamptz,
+  last_run_id uuid,
+  created_at timestamptz default now() not null,
+  updated_at timestamptz default now() not null,
+  constraint schedules_pkey primary key (schedule_name),
+  constraint schedules_catch_up_valid check (catch_up in ('latest', 'none', 'all')),
+  constraint schedules_cron_complete check ((cron is null) = (cron_minutes is null) and (cron is null) = (cron_hours is null) and (cron is null) = (cron_months is null) and ((cron is not null) or ((cron_days is null) and (cron_weekdays is null)))),
+  constraint schedules_cron_or_every check ((cron is null) <> (every_seconds is null)),
+  constraint schedules_every_positive check ((every_seconds is null) or (every_seconds >= 1)),
+  constraint schedules_name_valid check (flowlane.is_valid_slug(schedule_name)),
+  constraint schedules_overlap_valid check (overlap in ('skip', 'allow'))
+);
+
+create index schedules_next_slot_idx on flowlane.schedules (next_slot);
+
+-- an operator's pause of a schedule, apart from its definition (apply never touches it)
+create table flowlane.schedule_overrides (
+  schedule_name text not null,
+  paused boolean default true not null,
+  reason text,
+  changed_at timestamptz default now() not null,
+  constraint schedule_overrides_pkey primary key (schedule_name)
+);
+-- end of hand-written
+
+drop function flowlane._create_runs(text,jsonb[],uuid[]);
+
+drop function flowlane.create_flow(text,integer,integer,integer,text,integer);
+
+drop function flowlane.start_flow(text,jsonb,uuid);
+
+drop function flowlane.start_flows(text,jsonb[]);
+
+-- two transactions applying the same flow file raced between the existence
+-- check and the insert and one failed on flows_slug_ci_unique; the lock on
+-- the lowercase slug makes the second wait and then find the first's rows.
+-- retention: seconds a finished run is kept; null keeps runs for ever (so, unlike
+-- the other options, leaving it out is what gives the default)
+create or replace function flowlane.create_flow(
+  flow_slug text,
+  max_attempts int = null,
+  base_delay int = null,
+  timeout int = null,
+  queue_mode text = 'flow',
+  retention int = flowlane._flow_option_default('retention'),
+  deadline int = null,
+  dedup_key text = null
+) returns flowlane.flows
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_flow flowlane.flows;
+  v_other text;
+  v_mode text := coalesce(create_flow.queue_mode, 'flow');
+begin
+  perform flowlane._check_slug('flow', create_flow.flow_slug);
+  if v_mode not in ('flow', 'per-step', 'explicit') then
+    raise exception 'flow "%": queue_mode must be flow, per-step or explicit, not %',
+      create_flow.flow_slug, quote_literal(v_mode) using errcode = '22023';
+  end if;
+  if v_mode = 'flow' and length(create_flow.flow_slug) > 47 then
+    raise exception 'flow "%": with queue_mode flow the queue is the lowercase flow slug, which must have at most 47 characters (the PGMQ limit)',
+      create_flow.flow_slug using errcode = '22023', hint = 'use a shorter slug, or per-step/explicit queues';
+  end if;
+  perform flowlane._check_start_options(create_flow.flow_slug, create_flow.deadline, create_flow.dedup_key);
+  perform pg_advisory_xact_lock(hashtext('flowlane.flow'), hashtext(lower(create_flow.flow_slug)));
+  select f.flow_slug into v_other from flowlane.flows f
+  where lower(f.flow_slug) = lower(create_flow.flow_slug) and f.flow_slug <> create_flow.flow_slug;
+  if found then
+    raise exception 'flow slug "%" conflicts with existing flow "%" (flow slugs are unique case-insensitively)',
+      create_flow.flow_slug, v_other using errcode = '23505';
+  end if;
+  select * into v_flow from flowlane.flows f where f.flow_slug = create_flow.flow_slug for update;
+  if found and v_flow.queue_mode <> v_mode then
+    raise exception 'FLOWLANE_SHAPE_MISMATCH: flow "%" exists with queue_mode %, not %',
+      create_flow.flow_slug, v_flow.queue_mode, v_mode
+      using errcode = '23514',
+            hint = 'the queue mode is part of the flow''s shape; create a new flow version (a new slug)';
+  end if;
+  if create_flow.retention is not null and create_flow.retention < 1 then
+    raise exception 'flow "%": retention must be at least 1 second (null keeps runs for ever), got %',
+      create_flow.flow_slug, create_flow.retention using errcode = '22023';
+  end if;
+  insert into flowlane.flows as f (flow_slug, opt_max_attempts, opt_base_delay, opt_timeout, queue_mode,
+                                   opt_retention, opt_deadline, opt_dedup_key)
+  values (create_flow.flow_slug, coalesce(max_attempts, flowlane._flow_option_default('max_attempts')),
+          coalesce(base_delay, flowlane._flow_option_default('base_delay')),
+          coalesce(timeout, flowlane._flow_option_default('timeout')), v_mode, create_flow.retention,
+          create_flow.deadline, create_flow.dedup_key)
+  on conflict on constraint flows_pkey do update
+    set opt_max_attempts = excluded.opt_max_attempts,
+        opt_base_delay = excluded.opt_base_delay,
+        opt_timeout = excluded.opt_timeout,
+        opt_retention = excluded.opt_retention,
+        opt_deadline = excluded.opt_deadline,
+        opt_dedup_key = excluded.opt_dedup_key
+  returning * into v_flow;
+  return v_flow;
+end;
+$$;
+
+-- start_at: a later start (the run waits, cancellable, until the maintenance tick begins it);
+-- idempotency_key (or the flow's dedup pointer into the input): a second start with the same
+-- (called name, key) returns the first run
+create or replace function flowlane.start_flow(flow_slug text, input jsonb, run_id uuid = null,
+                                    start_at timestamptz = null, idempotency_key text = null)
+returns flowlane.runs
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_flow text := flowlane.resolve_flow(start_flow.flow_slug);
+  v_run flowlane.runs;
+  v_key text;
+begin
+  perform flowlane._check_start_input(v_flow, input, format('start_flow(%s)', v_flow));
+  v_key := flowlane._start_key(v_flow, input, start_flow.idempotency_key, format('start_flow(%s)', v_flow));
+  if v_key is not null then
+    v_run := flowlane._keyed_run(start_flow.flow_slug, v_key);
+    if v_run.run_id is not null then
+      return v_run;
+    end if;
+  end if;
+  if start_flow.run_id is not null then
+    -- a retried start with the same run id returns the existing run
+    select * into v_run from flowlane.runs r where r.run_id = start_flow.run_id;
+    if found then
+      if v_run.flow_slug <> v_flow or v_run.input <> input then
+        raise exception 'run % already exists for flow "%" with another flow or input', start_flow.run_id,
+          v_run.flow_slug using errcode = '23505';
+      end if;
+      perform flowlane._found_run(v_run.run_id);
+      return v_run;
+    end if;
+  end if;
+  select * into v_run from flowlane._create_runs(v_flow, array[input], array[start_flow.run_id],
+                                                 start_flow.start_at, array[v_key], start_flow.flow_slug);
+  return v_run;
+end;
+$$;
+
+-- many runs of one flow or alias in one call; returns the runs in input order.
+-- All or nothing: a bad input raises naming its position and starts no run.
+create or replace function flowlane.start_flows(flow_slug text, inputs jsonb[], start_at timestamptz = null)
+returns setof flowlane.runs
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_flow text := flowlane.resolve_flow(start_flows.flow_slug);
+  v_i int;
+begin
+  if inputs is null then
+    raise exception 'start_flows(%): inputs must be an array of JSON values', v_flow using errcode = '22004';
+  end if;
+  if cardinality(inputs) = 0 then
+    return;
+  end if;
+  for v_i in select i from generate_subscripts(inputs, 1) i
+             where inputs[i] is null or jsonb_typeof(inputs[i]) <> 'array' order by i loop
+    perform flowlane._check_start_input(v_flow, inputs[v_i], format('start_flows(%s): input %s', v_flow, v_i - 1));
+  end loop;
+  if exists (select 1 from flowlane.flows f where f.flow_slug = v_flow and f.opt_dedup_key is not null) then
+    -- each input's key may name an earlier run (or an earlier input of this call)
+    for v_i in select i from generate_subscripts(inputs, 1) i order by i loop
+      return next flowlane.start_flow(start_flows.flow_slug, inputs[v_i], null, start_flows.start_at);
+    end loop;
+    return;
+  end if;
+  return query select * from flowlane._create_runs(v_flow, inputs, '{}', start_flows.start_at);
+end;
+$$;
+
+-- new runs of one concrete flow (inputs checked by the caller); returns them in input order
+-- p_start_at in the future: the runs wait (status waiting) for the maintenance tick;
+-- p_keys: each run's idempotency key within p_called (the name the caller started)
+create or replace function flowlane._create_runs(p_flow text, p_inputs jsonb[], p_run_ids uuid[],
+                                      p_start_at timestamptz = null, p_keys text[] = null,
+                                      p_called text = null)
+returns setof flowlane.runs
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_ids uuid[];
+  v_waiting boolean := coalesce(p_start_at > now(), false);
+begin
+  v_ids := array(select coalesce(p_run_ids[i], gen_random_uuid()) from generate_subscripts(p_inputs, 1) i order by i);
+  insert into flowlane.runs (run_id, flow_slug, input, remaining_steps, trace_parent, status, start_at,
+                             deadline_at, called_as, idempotency_key)
+  select v_ids[i], p_flow, p_inputs[i], (select count(*) from flowlane.steps s where s.flow_slug = p_flow),
+         flowlane._trace_parent(), case when v_waiting then 'waiting' else 'started' end, p_start_at,
+         case when v_waiting then null else flowlane._run_deadline(p_flow, now()) end,
+         case when p_keys[i] is not null then p_called end, p_keys[i]
+  from generate_subscripts(p_inputs, 1) i order by i;
+  insert into flowlane.step_states (flow_slug, run_id, step_slug, remaining_deps, initial_tasks)
+  select p_flow, v_ids[i], s.step_slug, s.deps_count,
+         case when s.step_type = 'single' then 1
+              when s.deps_count = 0 and jsonb_typeof(p_inputs[i]) = 'array' then jsonb_array_length(p_inputs[i])
+              else null end
+  from generate_subscripts(p_inputs, 1) i, flowlane.steps s
+  where s.flow_slug = p_flow
+  order by v_ids[i], s.step_slug;
+  if not v_waiting then
+    perform flowlane._progress_runs(v_ids);
+  end if;
+  return query select r.* from unnest(v_ids) with ordinality as u (run_id, ord)
+               join flowlane.runs r on r.run_id = u.run_id and r.run_id = any (v_ids) order by u.ord;
+end;
+$$;
+
+-- cancel a started (or waiting) run: its unfinished tasks and steps are cancelled and the
+-- tasks' messages archived; later completions of those tasks are rejected (they are
+-- terminal) and no further step starts. Cancelling a cancelled run returns it.
+create or replace function flowlane.cancel_run(run_id uuid, reason text = null) returns flowlane.runs
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_run flowlane.runs;
+  v_tasks flowlane.step_tasks[];
+begin
+  select * into v_run from flowlane.runs r where r.run_id = cancel_run.run_id for update;
+  if not found then
+    raise exception 'no run %', cancel_run.run_id using errcode = 'P0002';
+  end if;
+  if v_run.status = 'cancelled' then
+    return v_run;
+  end if;
+  if v_run.status not in ('started', 'waiting') then
+    raise exception 'run % is already %: only a started or waiting run can be cancelled', v_run.run_id, v_run.status
+      using errcode = '55000';
+  end if;
+  update flowlane.runs r
+     set status = 'cancelled', cancelled_at = greatest(now(), r.started_at),
+         cancel_reason = left(coalesce(nullif(btrim(reason), ''), 'cancelled'), 1000)
+   where r.run_id = v_run.run_id
+  returning * into v_run;
+  with cancelled as (
+    update flowlane.step_tasks t set status = 'cancelled', cancelled_at = greatest(now(), t.queued_at)
+     where t.run_id = v_run.run_id and t.status in ('queued', 'started')
+    returning t
+  ) select coalesce(array_agg(c.t), '{}') into v_tasks from cancelled c;
+  perform flowlane._archive_tasks(v_tasks);
+  perform flowlane._end_unfinished_steps(v_run.run_id);
+  return v_run;
+end;
+$$;
+
+-- resume a failed run: failed steps (and steps the failure ended after they
+-- started) start over with a fresh attempt budget; completed
+-- steps and completed map tasks keep their outputs. A failed step that never
+-- had tasks (a when_unmet = fail condition) is evaluated again, and steps the
+-- failure ended before they began wait for their needs again.
+create or replace function flowlane.retry_run(run_id uuid) returns flowlane.runs
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_run flowlane.runs;
+  v_group record;
+  v_ids bigint[];
+begin
+  select * into v_run from flowlane.runs r where r.run_id = retry_run.run_id for update;
+  if not found then
+    raise exception 'no run %', retry_run.run_id using errcode = 'P0002';
+  end if;
+  if v_run.status <> 'failed' then
+    raise exception 'run % is %: only a failed run can be retried', v_run.run_id, v_run.status
+      using errcode = '55000';
+  end if;
+  perform 1 from flowlane.step_states ss where ss.run_id = v_run.run_id order by ss.step_slug for update;
+
+  -- steps the failure ended before they began wait for their needs again
+  update flowlane.step_states ss
+     set status = 'created', cancelled_at = null
+   where ss.run_id = v_run.run_id and ss.status = 'cancelled' and ss.started_at is null;
+
+  update flowlane.step_states ss
+     set status = 'created', failed_at = null, error_message = null, remaining_tasks = null
+   where ss.run_id = v_run.run_id and ss.status = 'failed'
+     and not exists (select 1 from flowlane.step_tasks t
+                     where t.run_id = ss.run_id and t.step_slug = ss.step_slug);
+  -- unfinished tasks are replaced by fresh ones (a message id is an immutable identity);
+  -- their attempts stay in flowlane.task_attempts
+  delete from flowlane.step_tasks t
+   using flowlane.step_states ss
+   where t.run_id = v_run.run_id and ss.run_id = t.run_id and ss.step_slug = t.step_slug
+     and ss.status in ('failed', 'started', 'cancelled') and t.status in ('failed', 'cancelled');
+  update flowlane.step_states ss
+     set status = 'started', failed_at = null, cancelled_at = null, error_message = null,
+         started_at = coalesce(ss.started_at, now()),
+         remaining_tasks = ss.initial_tasks - (select count(*) from flowlane.step_tasks t
+                                               where t.run_id = ss.run_id and t.step_slug = ss.step_slug
+                                                 and t.status = 'completed')
+   where ss.run_id = v_run.run_id and ss.status in ('failed', 'started', 'cancelled');
+  update flowlane.runs r
+     set status = 'started', failed_at = null, error_message = null,
+         retry_count = r.retry_count + 1, retried_at = now(),
+         deadline_at = flowlane._run_deadline(r.flow_slug, now())  -- a fresh deadline from the retry
+   where r.run_id = v_run.run_id;
+
+  -- one send_batch per queue, tasks in step order
+  for v_group in
+    select s.queue_name,
+           array_agg(ss.step_slug order by s.step_index, k) as slugs,
+           array_agg(k order by s.step_index, k) as indexes
+    from flowlane.step_states ss
+    join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+    cross join lateral generate_series(0, ss.initial_tasks - 1) as k
+    where ss.run_id = v_run.run_id and ss.status = 'started'
+      and not exists (select 1 from flowlane.step_tasks t
+                      where t.run_id = ss.run_id and t.step_slug = ss.step_slug and t.task_index = k)
+    group by s.queue_name
+    order by s.queue_name
+  loop
+    select array_agg(m.id order by m.ord) into v_ids
+    from pgmq.send_batch(v_group.queue_name,
+           array(select jsonb_build_object('flow_slug', v_run.flow_slug, 'run_id', v_run.run_id,
+                                           'step_slug', v_group.slugs[j], 'task_index', v_group.indexes[j])
+                 from generate_subscripts(v_group.slugs, 1) as j order by j),
+           0) with ordinality as m(id, ord);
+    insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)
+    select v_run.flow_slug, v_run.run_id, v_group.slugs[j], v_group.indexes[j], v_group.queue_name, v_ids[j]
+    from generate_subscripts(v_group.slugs, 1) as j;
+  end loop;
+  perform flowlane._progress(v_run.run_id);
+  select * into v_run from flowlane.runs r where r.run_id = v_run.run_id;
+  return v_run;
+end;
+$$;
+
+create or replace function flowlane.drain_status()
+returns table (alias text, flow_slug text, started_runs bigint, active_tasks bigint, drained boolean)
+language sql stable
+set search_path = ''
+as $$
+  select a.alias, v.flow_slug, x.runs, x.tasks, x.runs = 0 and x.tasks = 0
+  from flowlane.aliases a
+  cross join lateral unnest(a.draining) as v (flow_slug)
+  cross join lateral (
+    -- a waiting run (a delayed start) will run this version too
+    select (select count(*) from flowlane.runs r
+             where r.flow_slug = v.flow_slug and r.status in ('started', 'waiting')) as runs,
+           (select count(*) from flowlane.runs r
+              join flowlane.step_tasks t on t.run_id = r.run_id
+             where r.flow_slug = v.flow_slug and r.status = 'started'
+               and t.status in ('queued', 'started')) as tasks
+  ) x
+  order by a.alias, v.flow_slug
+$$;
+
+-- the options of create_flow that shape how runs start and end
+create or replace function flowlane._check_start_options(p_flow text, p_deadline int, p_dedup_key text) returns void
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  if p_deadline is not null and p_deadline < 1 then
+    raise exception 'flow "%": deadline must be at least 1 second, not %', p_flow, p_deadline
+      using errcode = '22023';
+  end if;
+  if p_dedup_key is not null and p_dedup_key !~ '^(/([^~/]|~[01])*)+$' then
+    raise exception 'flow "%": dedup key % is not a JSON pointer into the input', p_flow, quote_literal(p_dedup_key)
+      using errcode = '22023', hint = 'a JSON pointer starts with "/" (e.g. /order/id); "~" is written ~0 and "/" inside a name ~1';
+  end if;
+end;
+$$;
+
+-- a JSON pointer (/a/b~1c) as a jsonb path ({a,b/c})
+create or replace function flowlane._pointer_path(p_pointer text) returns text[]
+language sql immutable parallel safe
+set search_path = ''
+as $$
+  select array(select replace(replace(part, '~1', '/'), '~0', '~')
+               from unnest(string_to_array(substr(p_pointer, 2), '/')) with ordinality as u (part, n)
+               order by n)
+$$;
+
+-- the idempotency key of a start: the caller's, else the value at the flow's dedup pointer
+-- (a string as itself, any other JSON value as its text); null: no key
+create or replace function flowlane._start_key(p_flow text, p_input jsonb, p_key text, p_what text) returns text
+language plpgsql stable
+set search_path = ''
+as $$
+declare
+  v_pointer text;
+  v_value jsonb;
+begin
+  if p_key is not null then
+    if length(p_key) not between 1 and 500 then
+      raise exception '%: an idempotency key has 1 to 500 characters, not %', p_what, length(p_key)
+        using errcode = '22023';
+    end if;
+    return p_key;
+  end if;
+  select f.opt_dedup_key into v_pointer from flowlane.flows f where f.flow_slug = p_flow;
+  if v_pointer is null then
+    return null;
+  end if;
+  v_value := p_input #> flowlane._pointer_path(v_pointer);
+  if v_value is null or v_value = 'null'::jsonb then
+    raise exception '%: the input has no value at the dedup key %', p_what, v_pointer
+      using errcode = '22023', hint = 'the flow derives each run''s idempotency key from that field of its input';
+  end if;
+  return left(case jsonb_typeof(v_value) when 'string' then v_value #>> '{}' else v_value::text end, 500);
+end;
+$$;
+
+-- a start that returns an earlier run says so to its caller: the transaction's setting
+-- flowlane.found_run holds that run's id (`flowlane start` reports "already existed")
+create or replace function flowlane._found_run(p_run_id uuid) returns void
+language sql volatile
+set search_path = ''
+as $$ select set_config('flowlane.found_run', p_run_id::text, true); $$;
+
+-- the run of an earlier start with this key under this name, or a null row; holds the key's
+-- lock until the transaction ends, so that concurrent starts with one key create one run
+create or replace function flowlane._keyed_run(p_called text, p_key text) returns flowlane.runs
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_run flowlane.runs;
+begin
+  perform pg_advisory_xact_lock(hashtext('flowlane.run_key:' || p_called), hashtext(p_key));
+  select * into v_run from flowlane.runs r where r.called_as = p_called and r.idempotency_key = p_key;
+  if found then
+    perform flowlane._found_run(v_run.run_id);
+  end if;
+  return v_run;
+end;
+$$;
+
+-- when a run of the flow that begins at p_started has to be finished (null: no deadline)
+create or replace function flowlane._run_deadline(p_flow text, p_started timestamptz) returns timestamptz
+language sql stable
+set search_path = ''
+as $$
+  select p_started + make_interval(secs => f.opt_deadline) from flowlane.flows f where f.flow_slug = p_flow
+$$;
+
+-- when a run has to be finished: a claimed task's handler reads it (ctx.deadline)
+create or replace function flowlane.run_deadline(run_id uuid) returns timestamptz
+language sql stable
+set search_path = ''
+as $$ select r.deadline_at from flowlane.runs r where r.run_id = run_deadline.run_id $$;
+
+-- delayed runs whose time has come begin; returns how many
+create or replace function flowlane._begin_due_runs(p_now timestamptz) returns int
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_ids uuid[];
+begin
+  with due as (
+    select r.run_id from flowlane.runs r
+    where r.status = 'waiting' and r.start_at <= p_now
+    order by r.start_at, r.run_id
+    for update skip locked
+  ), begun as (
+    update flowlane.runs r
+       set status = 'started', started_at = now(), deadline_at = flowlane._run_deadline(r.flow_slug, now())
+      from due where r.run_id = due.run_id
+    returning r.run_id
+  ) select coalesce(array_agg(b.run_id order by b.run_id), '{}') into v_ids from begun b;
+  if cardinality(v_ids) > 0 then
+    perform flowlane._progress_runs(v_ids);
+  end if;
+  return cardinality(v_ids);
+end;
+$$;
+
+-- started runs past their deadline fail: their queued messages are archived and their started
+-- tasks fenced (cancelled, so that a late result is rejected); returns how many
+create or replace function flowlane._fail_overdue_runs(p_now timestamptz) returns int
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_run record;
+  v_n int := 0;
+begin
+  for v_run in
+    select r.run_id, r.started_at, r.deadline_at from flowlane.runs r
+    where r.status = 'started' and r.deadline_at <= p_now
+    order by r.deadline_at, r.run_id
+    for update skip locked
+  loop
+    perform flowlane._fail_run(v_run.run_id,
+      format('deadline exceeded after %s s', round(extract(epoch from v_run.deadline_at - v_run.started_at))));
+    v_n := v_n + 1;
+  end loop;
+  return v_n;
+end;
+$$;
+
+-- does a day match a cron expression's day-of-month, month and weekday fields? As in cron, when
+-- both day fields are restricted a day matching either one matches
+create or replace function flowlane._cron_day_matches(p_day date, p_days int[], p_months int[], p_weekdays int[])
+returns boolean
+language sql immutable parallel safe
+set search_path = ''
+as $$
+  select extract(month from p_day)::int = any (p_months)
+     and case when p_days is null and p_weekdays is null then true
+              when p_days is null then extract(dow from p_day)::int = any (p_weekdays)
+              when p_weekdays is null then extract(day from p_day)::int = any (p_days)
+              else extract(day from p_day)::int = any (p_days) or extract(dow from p_day)::int = any (p_weekdays)
+         end
+$$;
+
+-- the schedule's nearest slot after p_at (p_forward), or at or before it. `every` slots are
+-- whole multiples of the interval since 1970-01-01 00:00 UTC, in any zone. Cron slots are wall
+-- times in the schedule's zone, turned into instants by PostgreSQL's rule: a wall time the
+-- clocks skip (spring forward) is read with the offset before the change (02:30 fires at
+-- 03:30 new time); a wall time that happens twice (fall back) fires once, at its second
+-- occurrence (standard time).
+create or replace function flowlane._schedule_slot(p_schedule flowlane.schedules, p_at timestamptz, p_forward boolean)
+returns timestamptz
+language plpgsql stable
+set search_path = ''
+as $$
+declare
+  s flowlane.schedules := p_schedule;
+  v_epoch numeric;
+  v_start date;
+  v_day date;
+  v_slot timestamptz;
+begin
+  if s.every_seconds is not null then
+    v_epoch := floor(extract(epoch from p_at) / s.every_seconds) * s.every_seconds;
+    return to_timestamp(case when p_forward then v_epoch + s.every_seconds else v_epoch end);
+  end if;
+  v_start := (p_at at time zone s.timezone)::date + case when p_forward then -1 else 1 end;
+  -- a 29 February can be 8 years away
+  for v_i in 0 .. 366 * 8 + 2 loop
+    v_day := v_start + case when p_forward then v_i else -v_i end;
+    continue when not flowlane._cron_day_matches(v_day, s.cron_days, s.cron_months, s.cron_weekdays);
+    select case when p_forward then min(c.slot) else max(c.slot) end into v_slot
+    from (select (v_day + make_interval(hours => h, mins => m)) at time zone s.timezone as slot
+          from unnest(s.cron_hours) h, unnest(s.cron_minutes) m) c
+    where case when p_forward then c.slot > p_at else c.slot <= p_at end;
+    if v_slot is not null then
+      return v_slot;
+    end if;
+  end loop;
+  return null;
+end;
+$$;
+
+-- a schedule's flow now (an alias: its active version), or null when neither exists
+create or replace function flowlane._schedule_flow(p_name text) returns text
+language sql stable
+set search_path = ''
+as $$
+  select coalesce((select a.flow_slug from flowlane.aliases a where a.alias = p_name),
+                  (select f.flow_slug from flowlane.flows f where f.flow_slug = p_name))
+$$;
+
+-- catch-up: at most this many missed slots start runs in one firing of a schedule (all)
+create or replace function flowlane._catch_up_cap() returns int
+language sql immutable parallel safe
+set search_path = ''
+as $$ select 100 $$;
+
+-- catch_up none: a slot later than this (seconds) was missed, not late
+create or replace function flowlane._catch_up_grace() returns int
+language sql immutable parallel safe
+set search_path = ''
+as $$ select 60 $$;
+
+-- the slots a due schedule starts runs for at p_now, by its pause, overlap and catch_up; none
+-- while its flow is gone or refuses its input (a warning says so)
+create or replace function flowlane._slots_to_fire(p_schedule flowlane.schedules, p_now timestamptz)
+returns setof timestamptz
+language plpgsql stable
+set search_path = ''
+as $$
+declare
+  s flowlane.schedules := p_schedule;
+  v_latest timestamptz;
+  v_slot timestamptz := s.next_slot;
+  v_n int := 0;
+begin
+  if exists (select 1 from flowlane.schedule_overrides o where o.schedule_name = s.schedule_name and o.paused)
+     or flowlane._schedule_flow(s.flow_name) is null
+     or (s.overlap = 'skip' and exists (select 1 from flowlane.runs r
+                                       where r.run_id = s.last_run_id and r.status in ('waiting', 'started'))) then
+    return;
+  end if;
+  begin
+    -- the checks every start makes (the flow behind an alias may have changed since apply)
+    perform flowlane._check_start_input(flowlane._schedule_flow(s.flow_name), s.input,
+                                        format('schedule "%s"', s.schedule_name));
+  exception when others then
+    raise warning '%: its slots start no run until its input or flow is fixed', sqlerrm;
+    return;
+  end;
+  if s.catch_up = 'all' then
+    -- oldest first; with overlap skip the first run would overlap the rest. A slot at or
+    -- before the last one fired never fires again (whatever moved next_slot back)
+    if v_slot <= s.last_slot then
+      v_slot := flowlane._schedule_slot(s, s.last_slot, true);
+    end if;
+    while v_slot <= p_now and v_n < case when s.overlap = 'skip' then 1 else flowlane._catch_up_cap() end loop
+      return next v_slot;
+      v_n := v_n + 1;
+      v_slot := flowlane._schedule_slot(s, v_slot, true);
+    end loop;
+    return;
+  end if;
+  v_latest := flowlane._schedule_slot(s, p_now, false);
+  if v_latest <= s.last_slot then
+    return;
+  end if;
+  if s.catch_up = 'latest' or p_now - v_latest <= make_interval(secs => flowlane._catch_up_grace()) then
+    return next v_latest;
+  end if;
+end;
+$$;
+
+-- every due schedule starts its runs (one per slot, recorded with the run) and moves on to its
+-- next slot. Each schedule is fired by one caller: the others skip it while it is locked and
+-- find it no longer due once that caller commits. Runs of one flow start in one statement.
+create or replace function flowlane._fire_schedules(p_now timestamptz) returns int
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_due flowlane.schedules[];
+  v_names text[];
+  v_slots timestamptz[];
+  v_flows text[];
+  v_inputs jsonb[];
+  v_runs uuid[];
+  v_ids uuid[];
+  v_group record;
+begin
+  select coalesce(array_agg(d order by d.schedule_name), '{}') into v_due
+  from (select * from flowlane.schedules s where s.next_slot <= p_now
+        order by s.schedule_name for update skip locked) d;
+  if cardinality(v_due) = 0 then
+    return 0;
+  end if;
+  select coalesce(array_agg(d.schedule_name order by d.schedule_name, f.slot), '{}'),
+         coalesce(array_agg(f.slot order by d.schedule_name, f.slot), '{}'),
+         coalesce(array_agg(flowlane._schedule_flow(d.flow_name) order by d.schedule_name, f.slot), '{}'),
+         coalesce(array_agg(d.input order by d.schedule_name, f.slot), '{}')
+    into v_names, v_slots, v_flows, v_inputs
+  from unnest(v_due) d cross join lateral flowlane._slots_to_fire(d, p_now) f (slot);
+  v_runs := array_fill(null::uuid, array[cardinality(v_names)]);
+  for v_group in
+    select v_flows[i] as flow_slug, array_agg(i order by i) as idx
+    from generate_subscripts(v_names, 1) i group by v_flows[i] order by 1
+  loop
+    -- (two statements: an update sees the runs only once the statement creating them is over)
+    v_ids := array(select r.run_id
+                   from flowlane._create_runs(v_group.flow_slug,
+                          array(select v_inputs[k.i] from unnest(v_group.idx) with ordinality k (i, n) order by k.n),
+                          '{}') with ordinality r
+                   order by r.ordinality);
+    update flowlane.runs r set schedule_name = v_names[u.i], schedule_slot = v_slots[u.i]
+      from unnest(v_ids, v_group.idx) as u (run_id, i)
+     where r.run_id = u.run_id;
+    select array_agg(coalesce(u.run_id, v_runs[k]) order by k) into v_runs
+    from generate_subscripts(v_names, 1) k
+    left join unnest(v_ids, v_group.idx) as u (run_id, i) on u.i = k;
+  end loop;
+  update flowlane.schedules s
+     set next_slot = flowlane._schedule_slot(s,
+           case when s.catch_up = 'all' and l.fired >= flowlane._catch_up_cap() then l.last_slot else p_now end, true),
+         last_slot = coalesce(l.last_slot, s.last_slot),
+         last_run_id = coalesce(l.last_run, s.last_run_id)
+    from unnest(v_due) d
+    left join (select f.name, count(*) as fired, max(f.slot) as last_slot,
+                      (array_agg(f.run_id order by f.slot desc))[1] as last_run
+               from unnest(v_names, v_slots, v_runs) as f (name, slot, run_id) group by f.name) l
+      on l.name = d.schedule_name
+   where s.schedule_name = d.schedule_name;
+  return cardinality(v_names);
+end;
+$$;
+
+-- what compiled schedule files call: create or change a schedule (an operator's pause stays).
+-- A change of its timing starts it afresh from now; its firing history stays.
+create or replace function flowlane.set_schedule(
+  schedule_name text,
+  flow_name text,
+  input jsonb = '{}',
+  cron text = null,
+  cron_minutes int[] = null,
+  cron_hours int[] = null,
+  cron_days int[] = null,
+  cron_months int[] = null,
+  cron_weekdays int[] = null,
+  every_seconds int = null,
+  timezone text = 'UTC',
+  overlap text = 'skip',
+  catch_up text = 'latest'
+) returns flowlane.schedules
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_new flowlane.schedules;
+  v_old flowlane.schedules;
+  v_what text := format('schedule "%s"', set_schedule.schedule_name);
+begin
+  perform flowlane._check_slug('schedule', set_schedule.schedule_name);
+  perform flowlane._check_start_input(flowlane.resolve_flow(set_schedule.flow_name), set_schedule.input, v_what);
+  if (set_schedule.cron is null) = (set_schedule.every_seconds is null) then
+    raise exception '%: give exactly one of cron and every_seconds', v_what using errcode = '22023';
+  end if;
+  if set_schedule.every_seconds < 1 then
+    raise exception '%: every_seconds must be at least 1, not %', v_what, set_schedule.every_seconds
+      using errcode = '22023';
+  end if;
+  if set_schedule.cron is not null then
+    perform flowlane._check_cron_field(v_what, 'minute', cron_minutes, 0, 59, false);
+    perform flowlane._check_cron_field(v_what, 'hour', cron_hours, 0, 23, false);
+    perform flowlane._check_cron_field(v_what, 'day of month', cron_days, 1, 31, true);
+    perform flowlane._check_cron_field(v_what, 'month', cron_months, 1, 12, false);
+    perform flowlane._check_cron_field(v_what, 'day of week', cron_weekdays, 0, 6, true);
+  end if;
+  if not exists (select 1 from pg_catalog.pg_timezone_names z where z.name = set_schedule.timezone) then
+    raise exception '%: unknown time zone %', v_what, coalesce(quote_literal(set_schedule.timezone), 'NULL')
+      using errcode = '22023', hint = 'use an IANA name such as Europe/Berlin or UTC';
+  end if;
+  if overlap is null or overlap not in ('skip', 'allow') then
+    raise exception '%: overlap must be skip or allow, not %', v_what, coalesce(quote_literal(overlap), 'NULL')
+      using errcode = '22023';
+  end if;
+  if catch_up is null or catch_up not in ('latest', 'none', 'all') then
+    raise exception '%: catch_up must be latest, none or all, not %', v_what,
+      coalesce(quote_literal(catch_up), 'NULL') using errcode = '22023';
+  end if;
+  select * into v_old from flowlane.schedules s where s.schedule_name = set_schedule.schedule_name for update;
+  v_new := row(set_schedule.schedule_name, set_schedule.flow_name, set_schedule.cron,
+               cron_minutes, cron_hours, cron_days, cron_months, cron_weekdays, set_schedule.every_seconds,
+               set_schedule.timezone, set_schedule.input, set_schedule.overlap, set_schedule.catch_up,
+               null, v_old.last_slot, v_old.last_run_id, coalesce(v_old.created_at, now()), now());
+  if v_old.schedule_name is not null and (v_old.cron, v_old.cron_minutes, v_old.cron_hours, v_old.cron_days,
+       v_old.cron_months, v_old.cron_weekdays, v_old.every_seconds, v_old.timezone)
+     is not distinct from (v_new.cron, v_new.cron_minutes, v_new.cron_hours, v_new.cron_days,
+       v_new.cron_months, v_new.cron_weekdays, v_new.every_seconds, v_new.timezone) then
+    v_new.next_slot := v_old.next_slot;
+    if (v_new.flow_name, v_new.input, v_new.overlap, v_new.catch_up)
+       is not distinct from (v_old.flow_name, v_old.input, v_old.overlap, v_old.catch_up) then
+      return v_old;  -- unchanged: applying the same file again writes nothing
+    end if;
+  else
+    v_new.next_slot := flowlane._schedule_slot(v_new, now(), true);
+  end if;
+  if v_new.next_slot is null then
+    raise exception '%: the cron expression % never fires', v_what, quote_literal(set_schedule.cron)
+      using errcode = '22023', hint = 'a day of month the chosen months never have (31 in February) never comes';
+  end if;
+  insert into flowlane.schedules as s values (v_new.*)
+  on conflict on constraint schedules_pkey do update
+    set flow_name = excluded.flow_name, cron = excluded.cron, cron_minutes = excluded.cron_minutes,
+        cron_hours = excluded.cron_hours, cron_days = excluded.cron_days, cron_months = excluded.cron_months,
+        cron_weekdays = excluded.cron_weekdays, every_seconds = excluded.every_seconds,
+        timezone = excluded.timezone, input = excluded.input, overlap = excluded.overlap,
+        catch_up = excluded.catch_up, next_slot = excluded.next_slot, updated_at = excluded.updated_at
+  returning * into v_new;
+  return v_new;
+end;
+$$;
+
+create or replace function flowlane._check_cron_field(p_what text, p_field text, p_values int[], p_min int, p_max int,
+                                           p_any_allowed boolean) returns void
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  if p_values is null and p_any_allowed then
+    return;
+  end if;
+  if p_values is null or cardinality(p_values) = 0 or array_position(p_values, null) is not null
+     or exists (select 1 from unnest(p_values) v where v not between p_min and p_max) then
+    raise exception '%: the cron % field must list values from % to %', p_what, p_field, p_min, p_max
+      using errcode = '22023';
+  end if;
+end;
+$$;
+
+-- what a compiled schedule file ends with: the schedules it does not list are deleted (their
+-- runs keep their schedule's name); returns the deleted names
+create or replace function flowlane.keep_only_schedules(schedule_names text[]) returns text[]
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_deleted text[];
+begin
+  with gone as (
+    delete from flowlane.schedules s where s.schedule_name <> all (coalesce(schedule_names, '{}'))
+    returning s.schedule_name
+  ) select coalesce(array_agg(g.schedule_name order by g.schedule_name), '{}') into v_deleted from gone g;
+  return v_deleted;
+end;
+$$;
+
+-- the schedule named, locked for an operator's action; an unknown name raises
+create or replace function flowlane._locked_schedule(p_name text) returns flowlane.schedules
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_schedule flowlane.schedules;
+begin
+  select * into v_schedule from flowlane.schedules s where s.schedule_name = p_name for update;
+  if not found then
+    raise exception 'no schedule "%"', p_name using errcode = 'P0002',
+      hint = '`flowlane schedules` lists the schedules';
+  end if;
+  return v_schedule;
+end;
+$$;
+
+-- an operator's pause or resume (recorded apart from the definition). A resumed schedule
+-- starts afresh: the slots it missed while paused are not caught up.
+create or replace function flowlane.set_schedule_paused(schedule_name text, paused boolean, reason text = null)
+returns flowlane.schedules
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_schedule flowlane.schedules;
+begin
+  v_schedule := flowlane._locked_schedule(set_schedule_paused.schedule_name);
+  insert into flowlane.schedule_overrides as o (schedule_name, paused, reason, changed_at)
+  values (v_schedule.schedule_name, coalesce(set_schedule_paused.paused, true), left(reason, 1000), now())
+  on conflict on constraint schedule_overrides_pkey do update
+    set paused = excluded.paused, reason = excluded.reason, changed_at = excluded.changed_at;
+  if not coalesce(set_schedule_paused.paused, true) then
+    update flowlane.schedules s set next_slot = flowlane._schedule_slot(s, now(), true)
+     where s.schedule_name = v_schedule.schedule_name and s.next_slot <= now()
+    returning * into v_schedule;
+  end if;
+  return v_schedule;
+end;
+$$;
+
+-- start a run of a schedule now, outside its slots (input: the schedule's unless given)
+create or replace function flowlane.trigger_schedule(schedule_name text, input jsonb = null) returns flowlane.runs
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_schedule flowlane.schedules;
+  v_run flowlane.runs;
+begin
+  v_schedule := flowlane._locked_schedule(trigger_schedule.schedule_name);
+  v_run := flowlane.start_flow(v_schedule.flow_name, coalesce(trigger_schedule.input, v_schedule.input));
+  update flowlane.runs r set schedule_name = v_schedule.schedule_name where r.run_id = v_run.run_id
+  returning * into v_run;
+  update flowlane.schedules s set last_run_id = v_run.run_id where s.schedule_name = v_schedule.schedule_name;
+  return v_run;
+end;
+$$;
+
+-- what every worker, `serve` and console process calls on its maintenance tick: each concern
+-- is one function, safe with any number of callers at once. p_now: the time the tick acts
+-- for (tests pass a later time instead of waiting).
+create or replace function flowlane.maintenance_tick(p_now timestamptz = now()) returns jsonb
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_fired int := flowlane._fire_schedules(p_now);
+  v_begun int := flowlane._begin_due_runs(p_now);
+  v_failed int := flowlane._fail_overdue_runs(p_now);
+  v_pruned int := (select p.runs_deleted from flowlane.prune_runs(p_now) p);
+begin
+  return jsonb_build_object('fired', v_fired, 'begun', v_begun, 'failed', v_failed, 'pruned', v_pruned);
+end;
+$$;

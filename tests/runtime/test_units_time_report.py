@@ -1,0 +1,28 @@
+"""`flowlane run` shows a run's start time, deadline, key and schedule."""
+
+from __future__ import annotations
+
+from flowlane.runtime.report import render_run
+
+
+def _state(**run: object) -> dict[str, object]:
+    base = {"run_id": "r1", "flow_slug": "f", "status": "started", "started_at": "t0"}
+    return {"run": {**base, **run}, "steps": [], "tasks": [], "attempts": []}
+
+
+def test_time_facts_of_a_run() -> None:
+    text = render_run(_state(status="waiting", start_at="2030-01-01 00:00:00+00",
+                             idempotency_key="order-7", called_as="orders",
+                             schedule_name="nightly", schedule_slot="2030-01-01 02:00:00+00",
+                             deadline_at="2030-01-01 04:00:00+00"))
+    assert "starts    2030-01-01 00:00:00+00" in text
+    assert "deadline  2030-01-01 04:00:00+00" in text
+    assert "key       order-7 (under orders)" in text
+    assert "schedule  nightly slot 2030-01-01 02:00:00+00" in text
+    triggered = render_run(_state(schedule_name="nightly"))
+    assert "schedule  nightly (run now)" in triggered and "starts" not in triggered
+
+
+def test_a_plain_run_has_none() -> None:
+    text = render_run(_state())
+    assert all(word not in text for word in ("deadline", "key ", "schedule", "starts"))

@@ -1,0 +1,65 @@
+"""The console's schedules page and its actions, and the console's own maintenance tick, on a
+real `python -m flowlane ui` process."""
+
+from __future__ import annotations
+
+import re
+
+import psycopg
+
+from tests.core.engine import Engine
+from tests.runtime.rt_support import wait_until
+from tests.ui import ui_support
+
+
+def _setup(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        Engine(conn).define("reports", [("build", [], {})])
+        conn.execute("select flowlane.set_schedule('hourly_report', 'reports', '{\"kind\": \"hourly\"}', "
+                     "every_seconds => 3600)")
+
+
+def _scheduled_runs(dsn: str) -> list[tuple[object, object]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute("select schedule_name, schedule_slot from flowlane.runs "
+                            "where schedule_name is not null order by started_at").fetchall()
+
+
+def test_schedules_page_actions_and_the_consoles_tick(dsn: str) -> None:
+    _setup(dsn)
+    with ui_support.ui_server(dsn, "--allow-actions") as server:
+        page = ui_support.fetch(server.url + "/schedules").body
+        assert '<tr data-schedule="hourly_report" data-paused="false">' in page
+        assert "every 3600 s" in page and "action-pause-hourly_report" in page
+
+        confirm = ui_support.fetch(
+            f"{server.url}/actions/pause_schedule?schedule=hourly_report&back=/schedules")
+        assert confirm.status == 200 and "Pause schedule hourly_report?" in confirm.body
+        cookie = {"Cookie": confirm.headers["set-cookie"].split(";")[0]}
+        csrf = re.search(r'name="csrf" value="([0-9a-f]{64})"', confirm.body)
+        assert csrf is not None
+        refused = ui_support.fetch(f"{server.url}/actions/pause_schedule", "POST",
+                                   body="schedule=hourly_report", headers=cookie)
+        assert refused.status == 403
+        paused = ui_support.fetch(f"{server.url}/actions/pause_schedule", "POST",
+                                  body=f"schedule=hourly_report&reason=audit&csrf={csrf[1]}", headers=cookie)
+        assert paused.status == 200
+        page = ui_support.fetch(server.url + "/schedules").body
+        assert 'data-paused="true"' in page and "audit" in page and "action-resume-hourly_report" in page
+
+        ran = ui_support.fetch(f"{server.url}/actions/trigger_schedule", "POST",
+                               body=f"schedule=hourly_report&csrf={csrf[1]}", headers=cookie)
+        assert ran.status == 200
+        assert _scheduled_runs(dsn) == [("hourly_report", None)]  # a trigger has no slot
+
+        resumed = ui_support.fetch(f"{server.url}/actions/resume_schedule", "POST",
+                                   body=f"schedule=hourly_report&csrf={csrf[1]}", headers=cookie)
+        assert resumed.status == 200
+        # the slot comes due (moved into the past): the console's own tick fires it
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("select flowlane.cancel_run(run_id) from flowlane.runs")  # no overlap
+            conn.execute("update flowlane.schedules set next_slot = date_trunc('hour', now())")
+        wait_until(lambda: len(_scheduled_runs(dsn)) == 2, timeout=30,
+                   message="the console's tick to fire the due slot")
+        assert _scheduled_runs(dsn)[1][1] is not None
+
