@@ -50,6 +50,14 @@ CODES: dict[str, str] = {
     "FL070": "invalid handler reference",
     "FL071": "condition contains a value PostgreSQL cannot store",
     "FL072": "handler cannot be imported or called with (input, ctx)",
+    # data contracts (input_schema, output_schema)
+    "FL100": "schema keyword outside the supported subset",
+    "FL101": "invalid schema",
+    "FL102": "schema reference cannot be resolved",
+    "FL103": "condition can never match the schema of what it tests",
+    "FL104": "map over a value whose schema is not an array",
+    # FL105 is reserved for an input written in the YAML (a schedule's, a child flow's) that
+    # the target flow's input_schema rejects: contracts.rejects is the check those documents call
     # check (compiled SQL against the YAML and the base revision)
     "FL090": "compiled SQL is stale, missing or hand-edited",
     "FL091": "NEW_VERSION_REQUIRED: a committed flow changed its shape",

@@ -44,6 +44,7 @@ class Step:
     timeout: int | None = None
     start_delay: int | None = None
     description: str | None = None
+    output_schema: Mapping[str, Any] | None = None  # the contract's shape form
     location: Location | None = field(default=None, compare=False)
     handler_location: Location | None = field(default=None, compare=False)
 
@@ -59,6 +60,7 @@ class Flow:
     base_delay: int = defaults.BASE_DELAY
     timeout: int = defaults.TIMEOUT
     description: str | None = None
+    input_schema: Mapping[str, Any] | None = None  # the contract's shape form
     location: Location | None = field(default=None, compare=False)
 
     def step(self, slug: str) -> Step:

@@ -82,6 +82,7 @@ as $$
 declare
   v_ids uuid[];
 begin
+  perform flowlane._check_contract_inputs(p_flow, p_inputs);
   v_ids := array(select coalesce(p_run_ids[i], gen_random_uuid()) from generate_subscripts(p_inputs, 1) i order by i);
   insert into flowlane.runs (run_id, flow_slug, input, remaining_steps)
   select v_ids[i], p_flow, p_inputs[i], (select count(*) from flowlane.steps s where s.flow_slug = p_flow)
