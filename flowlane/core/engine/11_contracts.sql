@@ -158,14 +158,13 @@ begin
       from jsonb_array_elements_text(case when jsonb_typeof(p_schema -> 'type') = 'array' then p_schema -> 'type'
                                           else jsonb_build_array(p_schema -> 'type') end) t) || ')');
   end if;
-  if p_schema ? 'enum' or p_schema ? 'const' then
+  if p_schema ? 'enum' then
     v_parts := v_parts || ('(' || coalesce((
-      select string_agg(flowlane._equals_predicate(e), ' || ')
-      from jsonb_array_elements(case when p_schema ? 'const' then jsonb_build_array(p_schema -> 'const')
-                                     else p_schema -> 'enum' end) e), '!exists(@)') || ')');
-    if p_schema ? 'enum' and p_schema ? 'const' then
-      v_parts := v_parts || ('(' || flowlane._equals_predicate(p_schema -> 'const') || ')');
-    end if;
+      select string_agg(flowlane._equals_predicate(e), ' || ') from jsonb_array_elements(p_schema -> 'enum') e),
+      '!exists(@)') || ')');
+  end if;
+  if p_schema ? 'const' then
+    v_parts := v_parts || ('(' || flowlane._equals_predicate(p_schema -> 'const') || ')');
   end if;
   v_checks := array_remove(array[
     case when p_schema ? 'minimum' then '@ >= ' || (p_schema ->> 'minimum') end,
