@@ -59,11 +59,12 @@ def read(doc: Document, at: Path_, value: Any) -> tuple[Contract | None, list[Di
     return Contract(shape_form(value), doc, at), []
 
 
-def _read_ref(doc: Document, at: Path_, value: dict[str, Any]) -> tuple[Contract | None, list[Diagnostic]]:
+def _read_ref(doc: Document, at: Path_, value: dict[str, Any]
+              ) -> tuple[Contract | None, list[Diagnostic]]:
     ref = value["$ref"]
     ref_at = (*at, "$ref")
     if set(value) - {"$ref", *ANNOTATIONS}:
-        other = sorted(set(value) - {"$ref", *ANNOTATIONS})[0]
+        other = min(set(value) - {"$ref", *ANNOTATIONS})
         return None, [doc.diagnostic((*at, other), "FL102", f"`{other}` beside `$ref`",
                                      "a reference stands alone: move the keyword into the referenced file",
                                      key=True)]
@@ -78,7 +79,8 @@ def _read_ref(doc: Document, at: Path_, value: dict[str, Any]) -> tuple[Contract
     target = (here.parent / ref).resolve()
     if not target.is_relative_to(root.resolve()):
         return None, [doc.diagnostic(ref_at, "FL102", f"`$ref` {ref} leads outside the project",
-                                     "keep schema files inside the project (below the directory that holds `flows/`)")]
+                                     "keep schema files inside the project (below the "
+                                     "directory that holds `flows/`)")]
     if not target.is_file():
         return None, [doc.diagnostic(ref_at, "FL102", f"`$ref` {ref}: no such file",
                                      f"create {target.relative_to(root.resolve()).as_posix()} or "
@@ -236,10 +238,11 @@ def pointer(parts: Sequence[Any]) -> str:
 
 def _violation(error: ValidationError) -> Violation:
     keyword = str(error.validator)
-    value = error.validator_value
+    value: Any = error.validator_value
     shown = _jsonb_shown(error.instance)
+    named = [str(t) for t in (value if isinstance(value, list) else [value])]
     messages = {
-        "type": lambda: f"{shown} is not of type {' or '.join(value if isinstance(value, list) else [value])}",
+        "type": lambda: f"{shown} is not of type {' or '.join(named)}",
         "enum": lambda: f"{shown} is not one of {_jsonb_shown(value)}",
         "const": lambda: f"{shown} is not {_jsonb_shown(value)}",
         "minimum": lambda: f"{shown} is less than the minimum {_jsonb_shown(value)}",
@@ -263,7 +266,8 @@ def _violation(error: ValidationError) -> Violation:
 
 def _missing(error: ValidationError) -> str:
     instance = error.instance if isinstance(error.instance, dict) else {}
-    names = [n for n in error.validator_value if n not in instance]
+    listed: Any = error.validator_value
+    names = [n for n in listed if n not in instance]
     return json.dumps(names[0] if names else "", ensure_ascii=False)
 
 

@@ -125,6 +125,7 @@ class HandlerRef:
     queue: str
     handler: str
     location: Location | None = field(default=None, compare=False)
+    output_schema: Mapping[str, Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,7 @@ class Project:
             f for name in flows for f in self.versions(name)
         )
         return tuple(
-            HandlerRef(f.slug, s.slug, s.queue, s.handler, s.handler_location)
+            HandlerRef(f.slug, s.slug, s.queue, s.handler, s.handler_location, s.output_schema)
             for f in chosen
             for s in f.steps
             if queue is None or s.queue == queue

@@ -63,7 +63,8 @@ def test_compiled_contracts_are_stored_and_part_of_the_shape(conn: psycopg.Conne
 @pytest.mark.parametrize("start", [
     "select flowlane.start_flow('orders', %s)",
     "select flowlane.start_flow('orders', %s, gen_random_uuid())",
-    "select * from flowlane.start_flows('orders', array[%s, '{\"customer\": \"b\", \"lines\": []}']::jsonb[])",
+    ("select * from flowlane.start_flows('orders',"
+     " array[%s, '{\"customer\": \"b\", \"lines\": []}']::jsonb[])"),
 ])
 def test_every_start_refuses_a_bad_input_naming_the_path_and_creates_nothing(
         conn: psycopg.Connection[Any], start: str) -> None:
@@ -81,7 +82,8 @@ def test_every_start_refuses_a_bad_input_naming_the_path_and_creates_nothing(
 
 def test_start_flows_names_the_refused_input_and_starts_none(conn: psycopg.Connection[Any]) -> None:
     _apply(conn)
-    with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"run input 2 .*/: \[1, 2\] is not of type object"):
+    with pytest.raises(psycopg.errors.InvalidParameterValue,
+                       match=r"run input 2 .*/: \[1, 2\] is not of type object"):
         conn.execute("select * from flowlane.start_flows('orders', %s::jsonb[])",
                      ([Jsonb(GOOD), Jsonb(GOOD), Jsonb([1, 2])],))
     conn.rollback()
@@ -90,7 +92,8 @@ def test_start_flows_names_the_refused_input_and_starts_none(conn: psycopg.Conne
 
 def test_a_contract_never_changes_once_the_flow_is_sealed(conn: psycopg.Connection[Any]) -> None:
     _apply(conn)
-    with pytest.raises(psycopg.errors.CheckViolation, match="FLOWLANE_SHAPE_MISMATCH.*a different input_schema"):
+    with pytest.raises(psycopg.errors.CheckViolation,
+                       match=r"FLOWLANE_SHAPE_MISMATCH.*a different input_schema"):
         conn.execute("select flowlane.set_contract('orders', null, '{\"type\": \"object\"}')")
     conn.rollback()
     with pytest.raises(psycopg.errors.CheckViolation, match="FLOWLANE_SHAPE_MISMATCH"):
@@ -103,8 +106,10 @@ def test_a_contract_never_changes_once_the_flow_is_sealed(conn: psycopg.Connecti
 def test_set_contract_refuses_keywords_outside_the_subset(conn: psycopg.Connection[Any]) -> None:
     conn.execute("select flowlane.create_flow('loose')")
     conn.execute("select flowlane.add_step('loose', 'a')")
-    with pytest.raises(psycopg.errors.InvalidParameterValue, match="/properties/a/oneOf: keyword oneOf is outside"):
-        conn.execute("""select flowlane.set_contract('loose', null, '{"properties": {"a": {"oneOf": []}}}')""")
+    with pytest.raises(psycopg.errors.InvalidParameterValue,
+                       match="/properties/a/oneOf: keyword oneOf is outside"):
+        conn.execute("select flowlane.set_contract('loose', null,"
+                     " '{\"properties\": {\"a\": {\"oneOf\": []}}}')")
     conn.rollback()
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="has no step"):
         conn.execute("""select flowlane.set_contract('loose', 'zz', '{}')""")
@@ -121,7 +126,8 @@ def test_a_flow_without_contracts_starts_any_input(conn: psycopg.Connection[Any]
 
 _NAMES = st.sampled_from(["a", "b", "c/d", "e~f"])
 _SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-5, 5),
-                     st.sampled_from([0.5, -1.5, 2.0, 1e20]), st.sampled_from(["", "a", "ab", "abc", "b1", "é\n"]))
+                     st.sampled_from([0.5, -1.5, 2.0, 1e20]),
+                     st.sampled_from(["", "a", "ab", "abc", "b1", "é\n"]))
 _PATTERNS = st.sampled_from(["^a", "b$", "^[a-z]+$", "[0-9]", "^.{2}$", "x*"])
 _TYPES = st.sampled_from(["null", "boolean", "object", "array", "number", "integer", "string"])
 
@@ -167,7 +173,8 @@ def test_sql_and_python_verdicts_agree(conn: psycopg.Connection[Any], schema: An
         assert row is not None
         sql, fast = row
         assert (sql is None) == (not python), (schema, instance, sql, python)
-        assert not (fast and python), ("the predicate accepted an invalid value", schema, instance)
+        assert not (fast and python), ("the predicate accepted an invalid value", schema,
+                                       instance)
         if sql is not None:
             assert sql["path"] in {v.path for v in python}, (sql, python)
             assert sql["schema_path"] in {v.schema_path for v in python}, (sql, python)

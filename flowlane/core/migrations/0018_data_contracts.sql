@@ -3,7 +3,9 @@
 -- A flow's input_schema and its steps' output_schema (JSON Schema, a documented subset) are
 -- stored in flowlane.contracts by set_contract, with a jsonpath predicate compiled once;
 -- _create_runs refuses run inputs the input_schema rejects (every start passes there);
--- contracts are part of the shape (get_flow_shape, _shape_differences, ensure_flow_compiled).
+-- contracts are part of the shape (get_flow_shape, _shape_differences, ensure_flow_compiled);
+-- _fail_batch fails a task whose output broke its output_schema (error type
+-- OutputContractViolation) at once: a wrong output is a bug, not a transient failure.
 
 -- hand-written
 create table flowlane.contracts (
@@ -632,5 +634,73 @@ begin
   for v_step in select e from jsonb_array_elements(p_shape -> 'steps') e where e ? 'output_schema' loop
     perform flowlane.set_contract(p_flow, v_step ->> 'slug', v_step -> 'output_schema');
   end loop;
+end;
+$$;
+
+create or replace function flowlane._fail_batch(p_items flowlane._result_item[])
+returns setof flowlane.step_tasks
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_classes flowlane._result_class[];
+  v_exhausted flowlane._result_class[];
+  v_sequential uuid[];
+  v_class flowlane._result_class;
+  v_task flowlane.step_tasks;
+  v_retried flowlane.step_tasks[];
+  v_delays int[];
+  v_runs uuid[] := array(select distinct i.run_id from unnest(p_items) i);
+begin
+  v_classes := flowlane._lock_and_classify(p_items);
+  perform set_config('flowlane.attempt_details', coalesce((
+    select jsonb_object_agg(format('%s/%s/%s', (c.task).run_id, (c.task).step_slug, (c.task).task_index),
+                            jsonb_build_object('type', (c.item).error_type, 'traceback', (c.item).traceback))
+    from unnest(v_classes) c where c.actionable), '{}')::text, true);
+
+  select coalesce(array_agg(c order by (c.task).run_id, (c.task).step_slug, (c.task).task_index), '{}')
+    into v_exhausted
+  from unnest(v_classes) c
+  join flowlane.step_options o on o.flow_slug = (c.task).flow_slug and o.step_slug = (c.task).step_slug
+  where c.actionable and ((c.task).attempts_count >= o.max_attempts
+                          -- a wrong output is a bug in the handler, not a hiccup: no retry
+                          or (c.item).error_type is not distinct from 'OutputContractViolation');
+
+  v_sequential := flowlane._sequential_runs(v_classes, v_exhausted);
+  for v_class in
+    select c.* from unnest(v_classes) c
+    where c.actionable and (c.task).run_id = any (v_sequential)
+    order by (c.task).run_id, (c.task).step_slug, (c.task).task_index
+  loop
+    perform flowlane._fail_batch(array[v_class.item]);
+  end loop;
+
+  -- retries: one update; the same message visible again after the backoff (one set_vt per queue and delay)
+  with retried as (
+    update flowlane.step_tasks t
+       set status = 'queued', started_at = null, error_message = (c.item).error_message
+      from unnest(v_classes) c
+     where c.actionable and not (c.task).run_id = any (v_sequential)
+       and not exists (select 1 from unnest(v_exhausted) e where (e.task).run_id = (c.task).run_id)
+       and t.run_id = (c.task).run_id and t.step_slug = (c.task).step_slug and t.task_index = (c.task).task_index
+       and t.run_id = any (v_runs)
+    returning t
+  ) select coalesce(array_agg(r.t), '{}'),
+           coalesce(array_agg(flowlane.calculate_retry_delay(o.base_delay, (r.t).attempts_count)), '{}')
+      into v_retried, v_delays
+    from retried r
+    join flowlane.step_options o on o.flow_slug = (r.t).flow_slug and o.step_slug = (r.t).step_slug;
+  perform flowlane._set_tasks_vt(v_retried, v_delays);
+
+  -- out of attempts: at most one per run here, and it is the run's only actionable item
+  for v_class in
+    select c.* from unnest(v_exhausted) c where not (c.task).run_id = any (v_sequential)
+  loop
+    perform flowlane._exhaust_task(v_class.task, (v_class.item).error_message);
+  end loop;
+
+  perform set_config('flowlane.attempt_details', '', true);
+  return query select * from flowlane._batch_rows(p_items);
 end;
 $$;

@@ -281,3 +281,8 @@ def fuzz_value(recipe: dict[str, Any]) -> Any:
 
 def fuzz_output(input: Any, ctx: TaskContext) -> Any:
     return fuzz_value(ctx.flow_input)
+
+
+def contract_output(input: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    """Breaks its step's output_schema when asked (``total`` below its minimum)."""
+    return {"total": 3 if input["mode"] == "good" else -1}
