@@ -383,3 +383,103 @@ def rejects(schema: Any, instance: Any) -> Violation | None:
     """Hook for inputs written in the YAML (a schedule's, a child flow's): the first
     violation of the target's input_schema, reported at compile time."""
     return first_violation(schema, instance)
+
+
+# ---- compatibility of two versions' input contracts (an alias move) ----
+
+LIMITS = ("checked rule by rule: newly required fields, narrowed types, smaller enums, closed "
+          "additional properties, tightened bounds, newly constrained properties; a changed "
+          "`pattern` is reported, not compared, and nothing here proves the new version's steps "
+          "do the same work")
+_LOWER = ("minimum", "exclusiveMinimum", "minLength", "minItems")  # a larger value is tighter
+_UPPER = ("maximum", "exclusiveMaximum", "maxLength", "maxItems")  # a smaller value is tighter
+
+
+def breaking_changes(old: Any, new: Any, at: str = "") -> list[str]:
+    """The named rules by which ``new`` may refuse an input ``old`` accepted (None: no
+    contract, any input). Empty means compatible by every rule checked (:data:`LIMITS`)."""
+    where = at or "/"
+    if new is None or new is True or new == {}:
+        return []
+    if old is None or old is True or old == {}:
+        return [f"newly constrained at {where}: the old version accepted any value there"
+                if at else "input_schema added: the old version accepted any input"]
+    if new is False or old is False:
+        return [] if old is False else [f"value forbidden at {where}"]
+    found = _type_and_values(old, new, where)
+    found += _bounds(old, new, where)
+    found += _object_rules(old, new, at, where)
+    if "items" in new:
+        found += breaking_changes(old.get("items"), new["items"], f"{at}/*")
+    return found
+
+
+def _type_and_values(old: dict[str, Any], new: dict[str, Any], where: str) -> list[str]:
+    found = []
+    if "type" in new and ("type" not in old or any(
+            t not in _named(new) and not (t == "integer" and "number" in _named(new))
+            for t in _named(old))):
+        found.append(f"type narrowed at {where}: {declared_types(old) if 'type' in old else 'any'} "
+                     f"-> {declared_types(new)}")
+    old_values = _values(old)
+    new_values = _values(new)
+    if new_values is not None:
+        removed = [v for v in (old_values or []) if not any(_same(v, n) for n in new_values)]
+        if old_values is None:
+            found.append(f"enum added at {where}: only {_shown(new_values)}")
+        elif removed:
+            found.append(f"enum shrunk at {where}: {_shown(removed)} no longer accepted")
+    if new.get("pattern") is not None and new.get("pattern") != old.get("pattern"):
+        found.append(f"pattern changed at {where} (not compared: it may refuse old inputs)")
+    return found
+
+
+def _named(schema: dict[str, Any]) -> list[str]:
+    named = schema.get("type", [])
+    return [str(t) for t in (named if isinstance(named, list) else [named])]
+
+
+def _values(schema: dict[str, Any]) -> list[Any] | None:
+    if "const" in schema:
+        return [schema["const"]]
+    enum = schema.get("enum")
+    return list(enum) if isinstance(enum, list) else None
+
+
+def _bounds(old: dict[str, Any], new: dict[str, Any], where: str) -> list[str]:
+    found = []
+    for key in (*_LOWER, *_UPPER):
+        if key not in new:
+            continue
+        before = old.get(key)
+        tighter = before is None or (new[key] > before if key in _LOWER else new[key] < before)
+        if tighter:
+            found.append(f"bound tightened at {where}: {key} "
+                         f"{'none' if before is None else before} -> {new[key]}")
+    return found
+
+
+def _object_rules(old: dict[str, Any], new: dict[str, Any], at: str, where: str) -> list[str]:
+    found = [f"field newly required: {at}/{name}" for name in new.get("required", [])
+             if name not in old.get("required", [])]
+    old_extra = old.get("additionalProperties", True)
+    if new.get("additionalProperties") is False and old_extra is not False:
+        found.append(f"additional properties closed at {where}")
+    old_properties = old.get("properties", {})
+    for name, sub in new.get("properties", {}).items():
+        before = old_properties.get(name, old_extra if isinstance(old_extra, dict) else None)
+        found += breaking_changes(before, sub, f"{at}/{name}")
+    extra = new.get("additionalProperties")
+    if isinstance(extra, dict):
+        found += breaking_changes(old_extra if isinstance(old_extra, dict) else None, extra,
+                                  f"{at}/*")
+    return found
+
+
+def compatibility_lines(old_slug: str, old: Any, new_slug: str, new: Any) -> list[str]:
+    """What an alias move from ``old_slug`` to ``new_slug`` means for its callers' inputs."""
+    breaking = breaking_changes(old, new)
+    if not breaking:
+        return [f"input contract: {new_slug} accepts every input {old_slug} accepted ({LIMITS})"]
+    return [f"input contract: BREAKING, {new_slug} may refuse inputs {old_slug} accepted:",
+            *(f"  {rule}" for rule in breaking), f"  ({LIMITS})"]
