@@ -9,7 +9,6 @@ import pytest
 
 from flowlane.compiler import contracts
 from tests.compiler.test_cli import commit_all, git, run
-from tests.compiler.test_cli import project  # noqa: F401 (a fixture)
 
 V1 = """
 kind: flow
@@ -37,7 +36,10 @@ def _write(project: Path, *documents: str) -> None:
 
 
 @pytest.fixture
-def moved(project: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+def moved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Path:
+    project = tmp_path
+    (project / "flows").mkdir()
+    monkeypatch.chdir(project)
     git(project, "init", "-q")
     _write(project, V1, ALIAS.format(active="orders_v1", draining="").replace("draining: []\n", ""))
     assert run(capsys, "compile")[0] == 0
