@@ -168,7 +168,8 @@ async def execute(
             # the SQL Core fails the task at once (when_exhausted applies): no retry
             return TaskResult(task, ok=False, duration_ms=elapsed, error_type=OUTPUT_CONTRACT_VIOLATION,
                               error=(f"the output of step {task.step_slug} does not match its "
-                                     f"output_schema: {broken}")[:MAX_ERROR_CHARS])
+                                     f"output_schema: {broken} (rule output_schema"
+                                     f"{broken.schema_path})")[:MAX_ERROR_CHARS])
     if problem is not None:
         log.event(
             logging.WARNING,

@@ -4,11 +4,13 @@ fails the task at its first attempt (no retry) with the JSON path, a right one c
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from flowlane import errors
+from flowlane.cli import main
 from tests.runtime.rt_support import WorkerProcess, start_run, step, tasks, wait_run
 
 Spawn = Callable[..., WorkerProcess]
@@ -23,7 +25,8 @@ def test_a_wrong_output_fails_its_first_attempt_without_retry(flows_dsn: str, sp
     [task] = tasks(failed, "make")
     assert task["status"] == "failed" and task["attempts_count"] == 1, task
     assert task["error_message"] == ("the output of step make does not match its output_schema: "
-                                     "/total: -1 is less than the minimum 0")
+                                     "/total: -1 is less than the minimum 0 "
+                                     "(rule output_schema/properties/total/minimum)")
     assert completed["run"]["status"] == "completed"
     assert step(completed, "make")["output"] == {"total": 3}
     assert worker.stop() == 0, worker.text()
@@ -33,6 +36,24 @@ def test_a_wrong_output_fails_its_first_attempt_without_retry(flows_dsn: str, sp
 def test_the_client_start_is_refused_by_the_input_schema(flows_dsn: str) -> None:
     with pytest.raises(errors.UsageError, match="/mode: \"fast\" is not one of"):
         start_run(flows_dsn, "rt_contract", {"mode": "fast"})
+    with psycopg.connect(flows_dsn) as conn:
+        row = conn.execute("select count(*) from flowlane.runs where flow_slug = 'rt_contract'").fetchone()
+    assert row == (0,)
+
+
+def test_cli_start_names_the_path_the_rule_and_the_file_line(
+        flows_dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["start", "rt_contract", "--input", '{"mode": "fast"}', "--dsn", flows_dsn])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert '/mode: "fast" is not one of ["good", "bad"]' in err
+    assert 'the rule at input_schema/properties/mode/enum of {"enum": ["good", "bad"]}' in err
+    lines = tmp_path / "inputs.jsonl"
+    lines.write_text('{"mode": "good"}\n\n{"mode": "bad"}\n{"mode": 3}\n')
+    code = main(["start", "rt_contract", "--input-file", str(lines), "--dsn", flows_dsn])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"{lines}:4: cannot start rt_contract" in err and "/mode: 3 is not one of" in err
     with psycopg.connect(flows_dsn) as conn:
         row = conn.execute("select count(*) from flowlane.runs where flow_slug = 'rt_contract'").fetchone()
     assert row == (0,)
