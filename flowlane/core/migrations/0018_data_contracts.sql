@@ -1,7 +1,7 @@
 -- flowlane SQL Core 0018: data contracts.
 -- Drafted by `python -m flowlane.core.draft_migration` from the engine source; reviewed by a person.
 -- A flow's input_schema and its steps' output_schema (JSON Schema, a documented subset) are
--- stored in flowlane.contracts by set_contract, with a jsonpath predicate compiled once;
+-- stored in flowlane.contracts by set_contract, with a SQL expression compiled once;
 -- _create_runs refuses run inputs the input_schema rejects (every start passes there);
 -- contracts are part of the shape (get_flow_shape, _shape_differences, ensure_flow_compiled);
 -- _fail_batch fails a task whose output broke its output_schema (error type
@@ -12,7 +12,7 @@ create table flowlane.contracts (
   flow_slug text not null,
   step_slug text,
   schema jsonb not null,
-  predicate jsonpath not null,
+  check_sql text not null,
   created_at timestamptz default now() not null,
   constraint contracts_flow_slug_fkey foreign key (flow_slug) references flowlane.flows(flow_slug) on delete cascade,
   constraint contracts_step_fkey foreign key (flow_slug, step_slug) references flowlane.steps(flow_slug, step_slug) on delete cascade
@@ -21,6 +21,7 @@ create table flowlane.contracts (
 create unique index contracts_subject_unique on flowlane.contracts (flow_slug, coalesce(step_slug, ''));
 
 -- drafted
+
 create or replace function flowlane.get_flow_shape(flow_slug text) returns jsonb
 language sql stable
 set search_path = ''
@@ -192,6 +193,74 @@ begin
 end;
 $$;
 
+create or replace function flowlane._fail_batch(p_items flowlane._result_item[])
+returns setof flowlane.step_tasks
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_classes flowlane._result_class[];
+  v_exhausted flowlane._result_class[];
+  v_sequential uuid[];
+  v_class flowlane._result_class;
+  v_task flowlane.step_tasks;
+  v_retried flowlane.step_tasks[];
+  v_delays int[];
+  v_runs uuid[] := array(select distinct i.run_id from unnest(p_items) i);
+begin
+  v_classes := flowlane._lock_and_classify(p_items);
+  perform set_config('flowlane.attempt_details', coalesce((
+    select jsonb_object_agg(format('%s/%s/%s', (c.task).run_id, (c.task).step_slug, (c.task).task_index),
+                            jsonb_build_object('type', (c.item).error_type, 'traceback', (c.item).traceback))
+    from unnest(v_classes) c where c.actionable), '{}')::text, true);
+
+  select coalesce(array_agg(c order by (c.task).run_id, (c.task).step_slug, (c.task).task_index), '{}')
+    into v_exhausted
+  from unnest(v_classes) c
+  join flowlane.step_options o on o.flow_slug = (c.task).flow_slug and o.step_slug = (c.task).step_slug
+  where c.actionable and ((c.task).attempts_count >= o.max_attempts
+                          -- a wrong output is a bug in the handler, not a hiccup: no retry
+                          or (c.item).error_type is not distinct from 'OutputContractViolation');
+
+  v_sequential := flowlane._sequential_runs(v_classes, v_exhausted);
+  for v_class in
+    select c.* from unnest(v_classes) c
+    where c.actionable and (c.task).run_id = any (v_sequential)
+    order by (c.task).run_id, (c.task).step_slug, (c.task).task_index
+  loop
+    perform flowlane._fail_batch(array[v_class.item]);
+  end loop;
+
+  -- retries: one update; the same message visible again after the backoff (one set_vt per queue and delay)
+  with retried as (
+    update flowlane.step_tasks t
+       set status = 'queued', started_at = null, error_message = (c.item).error_message
+      from unnest(v_classes) c
+     where c.actionable and not (c.task).run_id = any (v_sequential)
+       and not exists (select 1 from unnest(v_exhausted) e where (e.task).run_id = (c.task).run_id)
+       and t.run_id = (c.task).run_id and t.step_slug = (c.task).step_slug and t.task_index = (c.task).task_index
+       and t.run_id = any (v_runs)
+    returning t
+  ) select coalesce(array_agg(r.t), '{}'),
+           coalesce(array_agg(flowlane.calculate_retry_delay(o.base_delay, (r.t).attempts_count)), '{}')
+      into v_retried, v_delays
+    from retried r
+    join flowlane.step_options o on o.flow_slug = (r.t).flow_slug and o.step_slug = (r.t).step_slug;
+  perform flowlane._set_tasks_vt(v_retried, v_delays);
+
+  -- out of attempts: at most one per run here, and it is the run's only actionable item
+  for v_class in
+    select c.* from unnest(v_exhausted) c where not (c.task).run_id = any (v_sequential)
+  loop
+    perform flowlane._exhaust_task(v_class.task, (v_class.item).error_message);
+  end loop;
+
+  perform set_config('flowlane.attempt_details', '', true);
+  return query select * from flowlane._batch_rows(p_items);
+end;
+$$;
+
 -- the keywords a contract may use: the enforced subset, then annotations (not enforced)
 create or replace function flowlane.contract_keywords() returns text[]
 language sql immutable
@@ -292,7 +361,6 @@ exception when invalid_regular_expression then
 end;
 $$;
 
--- a jsonpath string literal (JSON's escapes are jsonpath's)
 -- the tokens of a JSON pointer, unescaped ('' = the whole document)
 create or replace function flowlane._pointer_parts(p_pointer text) returns text[]
 language sql immutable
@@ -302,122 +370,109 @@ as $$
                         where p_pointer <> '' order by o), '{}')
 $$;
 
-create or replace function flowlane._jsonpath_string(p_text text) returns text
-language sql immutable
-as $$ select to_jsonb(p_text)::text $$;
-
--- "the value has a length of at least / at most n characters" as a regular expression
--- (PostgreSQL allows bounds up to 255 in one repetition)
-create or replace function flowlane._length_regex(p_n bigint, p_at_most boolean) returns text
-language sql immutable
-as $$
-  select case when p_at_most
-              then '^' || repeat('(.{0,255})', (p_n / 255)::int) || format('.{0,%s}$', p_n % 255)
-              else '^' || repeat('.{255}', (p_n / 255)::int) || format('.{%s}', p_n % 255) end
-$$;
-
--- the schema as a jsonpath predicate on @ that is true only for a valid value (and never
--- unknown where it is negated: sub-predicates are wrapped in exists(@ ? (...)))
-create or replace function flowlane._contract_predicate(p_schema jsonb) returns text
+-- the schema as a SQL boolean expression over the jsonb value ``p_x`` (an expression): true
+-- only for a valid value (null is read as false: every negated part is coalesced). One
+-- ``case jsonb_typeof(...)`` per schema; literals quoted with format's %L; numbers and counts
+-- pass through numeric and int casts first.
+create or replace function flowlane._contract_sql(p_schema jsonb, p_x text, p_depth int = 0) returns text
 language plpgsql immutable
 set search_path = ''
 as $$
 declare
-  v_parts text[] := '{}';
+  v_types text[];
+  v_branches text[] := '{}';
+  v_type text;
   v_checks text[];
   v_key text;
   v_value jsonb;
-  v_names text;
+  v_e text := 'e' || p_depth;
+  v_known text[] := array(select jsonb_object_keys(coalesce(p_schema -> 'properties', '{}')) order by 1);
+  v_required text[] := array(select jsonb_array_elements_text(coalesce(p_schema -> 'required', '[]')));
+  v_out text;
 begin
   if p_schema = 'true'::jsonb or p_schema = '{}'::jsonb then
-    return 'exists(@)';
+    return 'true';
   elsif p_schema = 'false'::jsonb then
-    return '!exists(@)';
+    return 'false';
   end if;
-  if p_schema ? 'type' then
-    v_parts := v_parts || ('(' || (
-      select string_agg(case t when 'integer' then '(@.type() == "number" && @.floor() == @)'
-                               else format('@.type() == %s', flowlane._jsonpath_string(t)) end, ' || ')
-      from jsonb_array_elements_text(case when jsonb_typeof(p_schema -> 'type') = 'array' then p_schema -> 'type'
-                                          else jsonb_build_array(p_schema -> 'type') end) t) || ')');
+  v_types := case when jsonb_typeof(p_schema -> 'type') = 'array' then array(select jsonb_array_elements_text(p_schema -> 'type'))
+                  when p_schema ? 'type' then array[p_schema ->> 'type'] end;
+  foreach v_type in array array['object', 'array', 'string', 'number', 'boolean', 'null'] loop
+    if v_types is not null and not v_type = any (v_types) and not (v_type = 'number' and 'integer' = any (v_types)) then
+      v_branches := v_branches || format('when %L then false', v_type);
+      continue;
+    end if;
+    v_checks := '{}';
+    if v_type = 'number' then
+      if v_types is not null and not 'number' = any (v_types) then
+        -- jsonb prints numbers without exponent: no '.' is an integer (1.0 is one too)
+        v_checks := v_checks || format('(strpos((%1$s)::text, ''.'') = 0 or (%1$s)::numeric = trunc((%1$s)::numeric))', p_x);
+      end if;
+      v_checks := v_checks || array_remove(array[
+        case when p_schema ? 'minimum' then format('(%s)::numeric >= %s', p_x, (p_schema ->> 'minimum')::numeric) end,
+        case when p_schema ? 'maximum' then format('(%s)::numeric <= %s', p_x, (p_schema ->> 'maximum')::numeric) end,
+        case when p_schema ? 'exclusiveMinimum' then format('(%s)::numeric > %s', p_x, (p_schema ->> 'exclusiveMinimum')::numeric) end,
+        case when p_schema ? 'exclusiveMaximum' then format('(%s)::numeric < %s', p_x, (p_schema ->> 'exclusiveMaximum')::numeric) end], null);
+    elsif v_type = 'string' then
+      v_checks := array_remove(array[
+        case when p_schema ? 'minLength' then format('length(%s #>> ''{}'') >= %s', p_x, (p_schema ->> 'minLength')::int) end,
+        case when p_schema ? 'maxLength' then format('length(%s #>> ''{}'') <= %s', p_x, (p_schema ->> 'maxLength')::int) end,
+        case when p_schema ? 'pattern' then format('(%s #>> ''{}'') ~ %L', p_x, p_schema ->> 'pattern') end], null);
+    elsif v_type = 'array' then
+      v_checks := array_remove(array[
+        case when p_schema ? 'minItems' then format('jsonb_array_length(%s) >= %s', p_x, (p_schema ->> 'minItems')::int) end,
+        case when p_schema ? 'maxItems' then format('jsonb_array_length(%s) <= %s', p_x, (p_schema ->> 'maxItems')::int) end,
+        case when p_schema ? 'items' and p_schema -> 'items' not in ('true', '{}') then
+          format('not exists (select from jsonb_array_elements(%s) %s where not coalesce(%s, false))', p_x, v_e,
+                 flowlane._contract_sql(p_schema -> 'items', v_e || '.value', p_depth + 1)) end], null);
+    elsif v_type = 'object' then
+      if cardinality(v_required) > 0 then
+        v_checks := v_checks || format('%s ?& %L::text[]', p_x, v_required);
+      end if;
+      for v_key, v_value in select e.key, e.value from jsonb_each(p_schema -> 'properties') e order by e.key loop
+        continue when v_value in ('true', '{}');
+        v_out := flowlane._contract_sql(v_value, format('(%s -> %L)', p_x, v_key), p_depth + 1);
+        v_checks := v_checks || case when v_key = any (v_required) then format('coalesce(%s, false)', v_out)
+                                     else format('(not %s ? %L or coalesce(%s, false))', p_x, v_key, v_out) end;
+      end loop;
+      if p_schema -> 'additionalProperties' = 'false'::jsonb then
+        v_checks := v_checks || format('(%s - %L::text[]) = ''{}''::jsonb', p_x, v_known);
+      elsif p_schema ? 'additionalProperties' and p_schema -> 'additionalProperties' not in ('true', '{}') then
+        v_checks := v_checks || format('not exists (select from jsonb_each(%s) %s where not %s.key = any (%L::text[]) and not coalesce(%s, false))',
+          p_x, v_e, v_e, v_known, flowlane._contract_sql(p_schema -> 'additionalProperties', v_e || '.value', p_depth + 1));
+      end if;
+    end if;
+    v_branches := v_branches || format('when %L then %s', v_type,
+                                       case when cardinality(v_checks) = 0 then 'true' else array_to_string(v_checks, ' and ') end);
+  end loop;
+  v_out := format('case jsonb_typeof(%s) %s end', p_x, array_to_string(v_branches, ' '));
+  if v_out = format('case jsonb_typeof(%s) when ''object'' then true when ''array'' then true when ''string'' then true when ''number'' then true when ''boolean'' then true when ''null'' then true end', p_x) then
+    v_out := 'true';
   end if;
   if p_schema ? 'enum' then
-    v_parts := v_parts || ('(' || coalesce((
-      select string_agg(flowlane._equals_predicate(e), ' || ') from jsonb_array_elements(p_schema -> 'enum') e),
-      '!exists(@)') || ')');
+    v_out := v_out || format(' and %s = any (%L::jsonb[])', p_x, array(select e from jsonb_array_elements(p_schema -> 'enum') e));
   end if;
   if p_schema ? 'const' then
-    v_parts := v_parts || ('(' || flowlane._equals_predicate(p_schema -> 'const') || ')');
+    v_out := v_out || format(' and %s = %L::jsonb', p_x, p_schema -> 'const');
   end if;
-  v_checks := array_remove(array[
-    case when p_schema ? 'minimum' then '@ >= ' || (p_schema ->> 'minimum') end,
-    case when p_schema ? 'maximum' then '@ <= ' || (p_schema ->> 'maximum') end,
-    case when p_schema ? 'exclusiveMinimum' then '@ > ' || (p_schema ->> 'exclusiveMinimum') end,
-    case when p_schema ? 'exclusiveMaximum' then '@ < ' || (p_schema ->> 'exclusiveMaximum') end], null);
-  if cardinality(v_checks) > 0 then
-    v_parts := v_parts || format('(@.type() != "number" || (%s))', array_to_string(v_checks, ' && '));
-  end if;
-  v_checks := array_remove(array[
-    case when p_schema ? 'minLength' then format('@ like_regex %s flag "s"',
-      flowlane._jsonpath_string(flowlane._length_regex((p_schema ->> 'minLength')::bigint, false))) end,
-    case when p_schema ? 'maxLength' then format('@ like_regex %s flag "s"',
-      flowlane._jsonpath_string(flowlane._length_regex((p_schema ->> 'maxLength')::bigint, true))) end,
-    case when p_schema ? 'pattern' then format('@ like_regex %s', flowlane._jsonpath_string(p_schema ->> 'pattern')) end],
-    null);
-  if cardinality(v_checks) > 0 then
-    v_parts := v_parts || format('(@.type() != "string" || (%s))', array_to_string(v_checks, ' && '));
-  end if;
-  v_checks := array_remove(array[
-    case when p_schema ? 'minItems' then '@.size() >= ' || (p_schema ->> 'minItems') end,
-    case when p_schema ? 'maxItems' then '@.size() <= ' || (p_schema ->> 'maxItems') end,
-    case when p_schema ? 'items' and p_schema -> 'items' not in ('true', '{}') then
-      format('!exists(@[*] ? (!exists(@ ? (%s))))', flowlane._contract_predicate(p_schema -> 'items')) end], null);
-  if cardinality(v_checks) > 0 then
-    v_parts := v_parts || format('(@.type() != "array" || (%s))', array_to_string(v_checks, ' && '));
-  end if;
-  v_checks := '{}';
-  for v_key in select jsonb_array_elements_text(p_schema -> 'required') loop
-    v_checks := v_checks || format('!((exists(@.%s)) is unknown)', flowlane._jsonpath_string(v_key));
-  end loop;
-  for v_key, v_value in select e.key, e.value from jsonb_each(p_schema -> 'properties') e order by e.key loop
-    if v_value not in ('true', '{}') then
-      v_checks := v_checks || format('((exists(@.%1$s)) is unknown || exists(@.%1$s ? (%2$s)))',
-                                     flowlane._jsonpath_string(v_key), flowlane._contract_predicate(v_value));
-    end if;
-  end loop;
-  if p_schema ? 'additionalProperties' and p_schema -> 'additionalProperties' not in ('true', '{}') then
-    select string_agg(format('@.key != %s', flowlane._jsonpath_string(k)), ' && ' order by k) into v_names
-    from jsonb_object_keys(coalesce(p_schema -> 'properties', '{}')) k;
-    v_checks := v_checks || format('!exists(@.keyvalue() ? (%s!exists(@.value ? (%s))))',
-      coalesce(v_names || ' && ', ''), flowlane._contract_predicate(p_schema -> 'additionalProperties'));
-  end if;
-  if cardinality(v_checks) > 0 then
-    v_parts := v_parts || format('(@.type() != "object" || (%s))', array_to_string(v_checks, ' && '));
-  end if;
-  if cardinality(v_parts) = 0 then
-    return 'exists(@)';
-  end if;
-  return array_to_string(v_parts, ' && ');
+  return '(' || v_out || ')';
 end;
 $$;
 
--- "@ equals this JSON value" (enum, const) for scalars; composite values are left to the walk
-create or replace function flowlane._equals_predicate(p_value jsonb) returns text
-language sql immutable
+-- the fast verdict on one value, compiled on the fly (what _check_contract_inputs decides
+-- with the stored expression)
+create or replace function flowlane._contract_fast_accepts(p_schema jsonb, p_value jsonb) returns boolean
+language plpgsql immutable
 set search_path = ''
 as $$
-  select case jsonb_typeof(p_value)
-    when 'number' then format('(@.type() == "number" && @ == %s)', p_value::text)
-    when 'string' then format('(@.type() == "string" && @ == %s)', p_value::text)
-    when 'boolean' then format('(@.type() == "boolean" && @ == %s)', p_value::text)
-    when 'null' then '@.type() == "null"'
-    else '!exists(@)' end
+declare
+  v_ok boolean;
+begin
+  execute format('select coalesce(%s, false) from (select $1) u(v)', flowlane._contract_sql(p_schema, 'v'))
+    into v_ok using p_value;
+  return v_ok;
+end;
 $$;
-
-create or replace function flowlane._contract_jsonpath(p_schema jsonb) returns jsonpath
-language sql immutable
-set search_path = ''
-as $$ select ('strict exists($ ? (' || flowlane._contract_predicate(p_schema) || '))')::jsonpath $$;
 
 create or replace function flowlane._contract_has_type(p_value jsonb, p_type text) returns boolean
 language sql immutable
@@ -582,8 +637,8 @@ begin
       using errcode = '23514',
             hint = 'contracts are part of the flow''s shape; create a new flow version (a new slug)';
   end if;
-  insert into flowlane.contracts (flow_slug, step_slug, schema, predicate)
-  values (set_contract.flow_slug, set_contract.step_slug, schema, flowlane._contract_jsonpath(schema));
+  insert into flowlane.contracts (flow_slug, step_slug, schema, check_sql)
+  values (set_contract.flow_slug, set_contract.step_slug, schema, flowlane._contract_sql(schema, 'v'));
 end;
 $$;
 
@@ -593,26 +648,28 @@ language plpgsql stable
 set search_path = ''
 as $$
 declare
-  v_schema jsonb;
-  v_predicate jsonpath;
+  v_contract flowlane.contracts;
+  v_refused int[];
   v_i int;
   v_found jsonb;
 begin
-  select c.schema, c.predicate into v_schema, v_predicate from flowlane.contracts c
+  select * into v_contract from flowlane.contracts c
   where c.flow_slug = p_flow and coalesce(c.step_slug, '') = '';
   if not found then
     return;
   end if;
-  for v_i in select i from generate_subscripts(p_inputs, 1) i
-             where not jsonb_path_match(p_inputs[i], v_predicate) order by i loop
-    v_found := flowlane.contract_violation(v_schema, p_inputs[v_i]);
+  execute format('select array(select u.i from unnest($1) with ordinality u(v, i) where not coalesce(%s, false) order by u.i)',
+                 v_contract.check_sql)
+    into v_refused using p_inputs;
+  foreach v_i in array v_refused loop
+    v_found := flowlane.contract_violation(v_contract.schema, p_inputs[v_i]);
     if v_found is not null then
       raise exception 'flow "%": the run input% does not match the flow''s input_schema: %: %', p_flow,
         case when cardinality(p_inputs) > 1 then format(' %s', v_i - 1) else '' end,
         coalesce(nullif(v_found ->> 'path', ''), '/'), v_found ->> 'message'
         using errcode = '22023',
               detail = format('the rule at input_schema%s of %s', v_found ->> 'schema_path',
-                              flowlane._contract_shown(v_schema #> flowlane._pointer_parts(
+                              flowlane._contract_shown(v_contract.schema #> flowlane._pointer_parts(
                                 regexp_replace(v_found ->> 'schema_path', '/[^/]*$', '')))),
               hint = 'correct the input, or start a flow version whose input_schema accepts it';
     end if;
@@ -634,73 +691,5 @@ begin
   for v_step in select e from jsonb_array_elements(p_shape -> 'steps') e where e ? 'output_schema' loop
     perform flowlane.set_contract(p_flow, v_step ->> 'slug', v_step -> 'output_schema');
   end loop;
-end;
-$$;
-
-create or replace function flowlane._fail_batch(p_items flowlane._result_item[])
-returns setof flowlane.step_tasks
-language plpgsql volatile
-set search_path = ''
-set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
-as $$
-declare
-  v_classes flowlane._result_class[];
-  v_exhausted flowlane._result_class[];
-  v_sequential uuid[];
-  v_class flowlane._result_class;
-  v_task flowlane.step_tasks;
-  v_retried flowlane.step_tasks[];
-  v_delays int[];
-  v_runs uuid[] := array(select distinct i.run_id from unnest(p_items) i);
-begin
-  v_classes := flowlane._lock_and_classify(p_items);
-  perform set_config('flowlane.attempt_details', coalesce((
-    select jsonb_object_agg(format('%s/%s/%s', (c.task).run_id, (c.task).step_slug, (c.task).task_index),
-                            jsonb_build_object('type', (c.item).error_type, 'traceback', (c.item).traceback))
-    from unnest(v_classes) c where c.actionable), '{}')::text, true);
-
-  select coalesce(array_agg(c order by (c.task).run_id, (c.task).step_slug, (c.task).task_index), '{}')
-    into v_exhausted
-  from unnest(v_classes) c
-  join flowlane.step_options o on o.flow_slug = (c.task).flow_slug and o.step_slug = (c.task).step_slug
-  where c.actionable and ((c.task).attempts_count >= o.max_attempts
-                          -- a wrong output is a bug in the handler, not a hiccup: no retry
-                          or (c.item).error_type is not distinct from 'OutputContractViolation');
-
-  v_sequential := flowlane._sequential_runs(v_classes, v_exhausted);
-  for v_class in
-    select c.* from unnest(v_classes) c
-    where c.actionable and (c.task).run_id = any (v_sequential)
-    order by (c.task).run_id, (c.task).step_slug, (c.task).task_index
-  loop
-    perform flowlane._fail_batch(array[v_class.item]);
-  end loop;
-
-  -- retries: one update; the same message visible again after the backoff (one set_vt per queue and delay)
-  with retried as (
-    update flowlane.step_tasks t
-       set status = 'queued', started_at = null, error_message = (c.item).error_message
-      from unnest(v_classes) c
-     where c.actionable and not (c.task).run_id = any (v_sequential)
-       and not exists (select 1 from unnest(v_exhausted) e where (e.task).run_id = (c.task).run_id)
-       and t.run_id = (c.task).run_id and t.step_slug = (c.task).step_slug and t.task_index = (c.task).task_index
-       and t.run_id = any (v_runs)
-    returning t
-  ) select coalesce(array_agg(r.t), '{}'),
-           coalesce(array_agg(flowlane.calculate_retry_delay(o.base_delay, (r.t).attempts_count)), '{}')
-      into v_retried, v_delays
-    from retried r
-    join flowlane.step_options o on o.flow_slug = (r.t).flow_slug and o.step_slug = (r.t).step_slug;
-  perform flowlane._set_tasks_vt(v_retried, v_delays);
-
-  -- out of attempts: at most one per run here, and it is the run's only actionable item
-  for v_class in
-    select c.* from unnest(v_exhausted) c where not (c.task).run_id = any (v_sequential)
-  loop
-    perform flowlane._exhaust_task(v_class.task, (v_class.item).error_message);
-  end loop;
-
-  perform set_config('flowlane.attempt_details', '', true);
-  return query select * from flowlane._batch_rows(p_items);
 end;
 $$;
