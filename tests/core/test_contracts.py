@@ -90,6 +90,21 @@ def test_start_flows_names_the_refused_input_and_starts_none(conn: psycopg.Conne
     assert _counts(conn) == (0, 0)
 
 
+def test_a_large_batch_is_checked_by_the_expression_and_names_the_same_input(
+        conn: psycopg.Connection[Any]) -> None:
+    _apply(conn)  # from 16 inputs on, the check runs as one planned expression, not a function
+    inputs = [Jsonb(GOOD)] * 40
+    inputs[33] = Jsonb(BAD)
+    with pytest.raises(psycopg.errors.InvalidParameterValue,
+                       match=r"run input 33 does not match .*/lines/1/price: -5 is less than"):
+        conn.execute("select * from flowlane.start_flows('orders', %s::jsonb[])", (inputs,))
+    conn.rollback()
+    assert _counts(conn) == (0, 0)
+    started = conn.execute("select count(*) from flowlane.start_flows('orders', %s::jsonb[])",
+                           ([Jsonb(GOOD)] * 40,)).fetchone()
+    assert started == (40,)
+
+
 def test_a_contract_never_changes_once_the_flow_is_sealed(conn: psycopg.Connection[Any]) -> None:
     _apply(conn)
     with pytest.raises(psycopg.errors.CheckViolation,
