@@ -11,6 +11,7 @@ The same verdicts in Python (:func:`violations`, over ``jsonschema``) and in SQL
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -222,9 +223,15 @@ class Violation:
 
 def violations(schema: Any, instance: Any) -> list[Violation]:
     """Every rule of ``schema`` that ``instance`` breaks (empty when it is valid)."""
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = _validator(json.dumps(schema, sort_keys=True))
     found = [_violation(error) for error in validator.iter_errors(instance)]
     return sorted(found, key=lambda v: (v.path, v.schema_path))
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(schema_text: str) -> jsonschema.Draft202012Validator:
+    """One validator per schema (a worker checks every output of a step with the same one)."""
+    return jsonschema.Draft202012Validator(json.loads(schema_text))
 
 
 def first_violation(schema: Any, instance: Any) -> Violation | None:
