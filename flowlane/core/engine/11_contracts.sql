@@ -24,11 +24,13 @@ $$;
 -- a JSON pointer token: ~ and / escaped
 create function flowlane._pointer_token(p_key text) returns text
 language sql immutable
+set search_path = ''
 as $$ select replace(replace(p_key, '~', '~0'), '/', '~1') $$;
 
 -- a value for a message: its JSON text, shortened
 create function flowlane._contract_shown(p_value jsonb) returns text
 language sql immutable
+set search_path = ''
 as $$
   select case when length(p_value::text) <= 60 then p_value::text else left(p_value::text, 57) || '...' end
 $$;
@@ -114,6 +116,7 @@ $$;
 -- the tokens of a JSON pointer, unescaped ('' = the whole document)
 create function flowlane._pointer_parts(p_pointer text) returns text[]
 language sql immutable
+set search_path = ''
 as $$
   select coalesce(array(select replace(replace(t, '~1', '/'), '~0', '~')
                         from unnest(string_to_array(substr(p_pointer, 2), '/')) with ordinality u(t, o)
@@ -226,6 +229,7 @@ $$;
 
 create function flowlane._contract_has_type(p_value jsonb, p_type text) returns boolean
 language sql immutable
+set search_path = ''
 as $$
   select case p_type
     when 'integer' then jsonb_typeof(p_value) = 'number' and (p_value #>> '{}')::numeric = floor((p_value #>> '{}')::numeric)
@@ -342,6 +346,7 @@ as $$ select flowlane._contract_violation(schema, instance, '', '') $$;
 
 create function flowlane._contract_failure(p_at text, p_schema_at text, p_keyword text, p_message text) returns jsonb
 language sql immutable
+set search_path = ''
 as $$
   select jsonb_build_object('path', p_at, 'message', p_message,
                             'schema_path', p_schema_at || case when p_keyword = '' then '' else '/' || p_keyword end)
@@ -397,6 +402,7 @@ $$;
 -- the name of the function that evaluates a compiled check (one per distinct expression)
 create function flowlane._contract_check_name(p_check_sql text) returns text
 language sql immutable
+set search_path = ''
 as $$ select '_contract_check_' || md5(p_check_sql) $$;
 
 -- create the function evaluating p_check_sql on v, once (plpgsql: its plan is made once per
