@@ -79,7 +79,7 @@ _KEYWORD_VALUES: dict[str, Any] = {
 }
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(st.fixed_dictionaries({}, optional=_KEYWORD_VALUES))
 def test_compiling_with_contracts_is_deterministic(schema: dict[str, Any]) -> None:
     written = json.dumps(schema, ensure_ascii=False)

@@ -174,7 +174,7 @@ _INSTANCES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3)
 _counter = itertools.count()
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=100, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(schema=_schemas(), instances=st.lists(_INSTANCES, min_size=1, max_size=4))
 def test_sql_and_python_verdicts_agree(conn: psycopg.Connection[Any], schema: Any,
