@@ -19,7 +19,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from flowlane import errors, project_root
-from flowlane.compiler import api, check, compiled, names, shape
+from flowlane.compiler import api, check, compiled, contracts, names, shape
 from flowlane.compiler.model import Flow, Project, Schedule
 from flowlane.core import db, definitions
 from flowlane.core.queries import query
@@ -183,10 +183,23 @@ def _alias_changes(project: Project, state: _State) -> list[Change]:
                                                         *_adoption(project, alias.slug))))
         elif row["flow_slug"] != alias.active or list(row["draining"]) != list(alias.draining):
             was = f"{row['flow_slug']} (draining: {', '.join(row['draining']) or 'none'})"
-            changes.append(Change(ALIAS_MOVE, subject, (f"{was} -> {target}",)))
+            changes.append(Change(ALIAS_MOVE, subject, (f"{was} -> {target}",
+                                                        *_contract_move(project, row["flow_slug"],
+                                                                        alias.active))))
         else:
             changes.append(Change(NO_CHANGE, subject))
     return changes
+
+
+def _contract_move(project: Project, was: str, active: str) -> tuple[str, ...]:
+    """For a move of the active version: whether the new one accepts every input the old
+    one accepted (by the named rules of ``contracts.breaking_changes``)."""
+    if was == active:
+        return ()
+    if not project.has_flow(was):
+        return (f"input contract: not compared ({was} is not in the YAML)",)
+    return tuple(contracts.compatibility_lines(was, project.flow(was).input_schema, active,
+                                               project.flow(active).input_schema))
 
 
 def _adoption(project: Project, slug: str) -> tuple[str, ...]:

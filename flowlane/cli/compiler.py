@@ -157,6 +157,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     for note in result.notes:
         print(note, file=sys.stderr)
     base = args.base or "HEAD"
+    if args.format == "text":
+        for line in result.alias_moves:
+            print(line)
     if args.format != "text":
         _report(result.all_diagnostics(base), args.format)
     elif not result.ok:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta
@@ -138,11 +139,15 @@ def read_input(text: str) -> Any:
         ) from exc
 
 
-def read_jsonl(lines: Iterable[bytes], source: str) -> Iterator[Any]:
-    """The JSON value of every non-blank line; a usage error names the bad line."""
+def read_jsonl(lines: Iterable[bytes], source: str, numbers: list[int] | None = None
+               ) -> Iterator[Any]:
+    """The JSON value of every non-blank line; a usage error names the bad line. ``numbers``
+    collects the line number of each value yielded."""
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
+        if numbers is not None:
+            numbers.append(number)
         if len(raw) > MAX_INPUT_BYTES:
             raise errors.UsageError(
                 f"{source}:{number}: the run input is over the limit of {MAX_INPUT_BYTES} bytes",
@@ -174,9 +179,13 @@ def _start_many(args: argparse.Namespace) -> int:
         stream = sys.stdin.buffer if args.input_file == "-" else open(args.input_file, "rb")  # noqa: SIM115
     except OSError as exc:
         raise errors.UsageError(f"cannot read --input-file {source}: {exc.strerror or exc}") from exc
+    numbers: list[int] = []
     with stream, Client(args.dsn) as client:
-        run_ids = client.start_runs(args.flow, read_jsonl(stream, source),
-                                    start_at=_start_at(args))
+        try:
+            run_ids = client.start_runs(args.flow, read_jsonl(stream, source, numbers),
+                                        start_at=_start_at(args))
+        except errors.UsageError as exc:
+            raise _at_line(exc, source, numbers) from exc
     for run_id in run_ids:
         if args.format == "json":
             print(json.dumps({"run_id": run_id, "flow": args.flow}))
@@ -184,6 +193,22 @@ def _start_many(args: argparse.Namespace) -> int:
             print(run_id)
     print(f"started {len(run_ids)} runs of {args.flow}", file=sys.stderr)
     return 0
+
+
+_REFUSED_INPUT = re.compile(r"the run input(?: (?P<index>\d+))? does not match")
+_CHUNK_START = re.compile(r"positions count from input (?P<offset>\d+)")
+
+
+def _at_line(exc: errors.UsageError, source: str, numbers: list[int]) -> errors.UsageError:
+    """An input refused by the flow's input_schema, named by its line of the file."""
+    refused = _REFUSED_INPUT.search(str(exc))
+    if refused is None:
+        return exc
+    chunk = _CHUNK_START.search(str(exc))
+    index = int(refused["index"] or 0) + (int(chunk["offset"]) if chunk else 0)
+    if index >= len(numbers):
+        return exc
+    return errors.UsageError(f"{source}:{numbers[index]}: {exc}", hint=exc.hint)
 
 
 @json_errors

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from flowlane import defaults
-from flowlane.compiler import cron, durations, names, schema, toposort
+from flowlane.compiler import contracts, cron, durations, names, schema, toposort
 from flowlane.compiler.diagnostics import Diagnostic
 from flowlane.compiler.loader import MAX_INT_DIGITS, Document, OutOfRange
 from flowlane.compiler.model import (
@@ -192,11 +192,89 @@ class _FlowChecker:
         for slug, spec in self.steps.items():
             self._step_rules(slug, spec)
             self._condition_keys(slug, spec, needs[slug])
+        self._read_contracts()
+        self._contract_graph(needs)
         order = self._order(needs)
         queues = self._routing(order) if order else None
         if self.errors or order is None or queues is None:
             return None
         return self._model(order, needs, queues)
+
+    def _read_contracts(self) -> None:
+        self.input_contract: contracts.Contract | None = None
+        self.output_contracts: dict[str, contracts.Contract] = {}
+        if "input_schema" in self.entry.data:
+            self.input_contract = self._contract(("input_schema",), self.entry.data["input_schema"])
+        for slug, spec in self.steps.items():
+            if isinstance(spec, dict) and "output_schema" in spec:
+                found = self._contract(("steps", slug, "output_schema"), spec["output_schema"])
+                if found is not None:
+                    self.output_contracts[slug] = found
+
+    def _contract(self, path: tuple[str | int, ...], value: Any) -> contracts.Contract | None:
+        found, problems = contracts.read(self.doc, path, value)
+        self.errors += len(problems)
+        self.state.findings.extend(problems)
+        return found
+
+    def _seen_as(self, need: str) -> dict[str, Any] | None:
+        """The schema of what a later step sees of ``need`` (a map step: the array of its
+        task outputs), None when it has no contract."""
+        found = self.output_contracts.get(need)
+        if found is None:
+            return None
+        spec = self.steps[need]
+        return contracts.as_map_output(found.schema) if spec.get("type") == "map" else found.schema
+
+    def _contract_graph(self, needs: dict[str, list[str]]) -> None:
+        """Conditions and maps checked against the contracts of what they test or map."""
+        for slug, spec in self.steps.items():
+            if spec.get("type") == "map":
+                self._map_source(slug, needs[slug])
+            for keyword in ("if", "unless"):
+                condition = spec.get(keyword)
+                if isinstance(condition, dict):
+                    self._condition_contract(slug, keyword, condition, needs[slug])
+
+    def _map_source(self, slug: str, needs: list[str]) -> None:
+        if needs:
+            mapped, what = self._seen_as(needs[0]), f"the output of `{needs[0]}`"
+        else:
+            mapped = self.input_contract.schema if self.input_contract else None
+            what = "the run input"
+        if mapped is not None and contracts.not_an_array(mapped):
+            self.error(("steps", slug, "type"), "FL104",
+                       f"map step `{slug}` maps {what}, whose schema is never an array "
+                       f"(type {contracts.declared_types(mapped)})",
+                       "map over a step whose output_schema is an array (`type: array`), or make "
+                       "this a single step")
+
+    def _condition_contract(self, slug: str, keyword: str, condition: dict[str, Any],
+                            needs: list[str]) -> None:
+        if not self.steps[slug].get("needs"):
+            tested = self.input_contract.schema if self.input_contract else None
+            if tested is not None:
+                reason = contracts.never_contains(tested, condition)
+                if reason:
+                    self._never_matches(("steps", slug, keyword), slug, keyword, "the run input",
+                                        reason)
+            return
+        for need, pattern in condition.items():
+            tested = self._seen_as(need) if need in needs else None
+            if tested is None:
+                continue
+            reason = contracts.never_contains(tested, pattern)
+            if reason:
+                self._never_matches(("steps", slug, keyword, need), slug, keyword,
+                                    f"the output of `{need}`", reason)
+
+    def _never_matches(self, path: tuple[str | int, ...], slug: str, keyword: str, what: str,
+                       reason: str) -> None:
+        outcome = "be met" if keyword == "if" else "hold"
+        self.error(path, "FL103",
+                   f"`{keyword}` of step `{slug}` can never {outcome}: by its schema, in {what} "
+                   f"{reason}",
+                   "correct the condition, or the schema if the data can look like this")
 
     def _duplicate_steps(self) -> None:
         seen: dict[str, str] = {}
@@ -378,6 +456,7 @@ class _FlowChecker:
             deadline=_opt_seconds(options, "deadline"),
             dedup_key=self.entry.data.get("dedup", {}).get("key"),
             description=self.entry.data.get("description"),
+            input_schema=self.input_contract.schema if self.input_contract else None,
             location=self.entry.loc(),
         )
 
@@ -403,6 +482,8 @@ class _FlowChecker:
             timeout=_opt_seconds(spec, "timeout"),
             start_delay=_opt_seconds(spec, "start_delay"),
             description=spec.get("description"),
+            output_schema=(self.output_contracts[slug].schema
+                           if slug in self.output_contracts else None),
             location=self.entry.loc(("steps", slug), key=True),
             handler_location=self.entry.loc(("steps", slug, "handler")),
         )
@@ -746,8 +827,8 @@ def _cron_fields(entry: _Entry, state: Analysis) -> tuple[tuple[int, ...] | None
 
 
 def _check_schedule_input(entry: _Entry, flow: Flow, run_input: Any, state: Analysis) -> None:
-    """The input checks a start makes that the YAML already decides (the flow's input
-    contract joins them here once flows declare one)."""
+    """The input checks a start makes that the YAML already decides: a root map's list and
+    the flow's input contract."""
     root_map = next((s for s in flow.steps if s.type == "map" and not s.needs), None)
     if root_map is not None and not isinstance(run_input, list):
         state.findings.append(entry.doc.diagnostic(
@@ -755,6 +836,13 @@ def _check_schedule_input(entry: _Entry, flow: Flow, run_input: Any, state: Anal
             f"schedule `{entry.slug}`: flow `{flow.slug}` maps its run input in step "
             f"`{root_map.slug}`, so the input must be a list",
             "give `input:` a list, e.g. `input: [1, 2, 3]`"))
+    violation = None if flow.input_schema is None else contracts.rejects(flow.input_schema,
+                                                                          run_input)
+    if violation is not None:
+        state.findings.append(entry.doc.diagnostic(
+            ("input",) if "input" in entry.data else ("flow",), "FL105",
+            f"schedule `{entry.slug}`: flow `{flow.slug}` would refuse this input: {violation}",
+            "change `input:` to match the flow's `input_schema`"))
 
 
 @functools.cache

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from flowlane import errors, project_root
-from flowlane.compiler import api, compiled, gitrev, names, shape
+from flowlane.compiler import api, compiled, contracts, gitrev, names, shape, sqltext
 from flowlane.compiler.diagnostics import Diagnostic
 from flowlane.compiler.model import Flow, Project
 
@@ -49,6 +49,8 @@ class CheckResult:
     stale: tuple[StaleFile, ...] = ()
     versions: tuple[VersionChange, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    # for each alias whose active version moved since the base: what that means for inputs
+    alias_moves: tuple[str, ...] = field(default=())
 
     @property
     def ok(self) -> bool:
@@ -106,7 +108,9 @@ def check(paths: Iterable[api.PathLike] | None = None, out: api.PathLike | None 
     files = api.compile_project(project)
     stale = stale_files(files, Path(out))
     versions, notes = version_changes(project, Path(out), base)
-    return CheckResult(stale=tuple(stale), versions=tuple(versions), notes=tuple(notes))
+    moves = alias_moves(project, Path(out), base) if not notes else []
+    return CheckResult(stale=tuple(stale), versions=tuple(versions), notes=tuple(notes),
+                       alias_moves=tuple(moves))
 
 
 def stale_files(files: Mapping[str, str], out: Path) -> list[StaleFile]:
@@ -190,3 +194,28 @@ def committed_shape(text: str) -> dict[str, Any] | None:
     """The shape a committed flow file (any format) ensures, None when it has none."""
     found = compiled.read(text)
     return found.shape if found is not None else None
+
+
+_SET_ALIAS = re.compile(r"alias => (?P<alias>'(?:[^']|'')*'),\s*flow_slug => (?P<flow>'(?:[^']|'')*')")
+
+
+def alias_moves(project: Project, out: Path, base: str | None) -> list[str]:
+    """Each alias whose active version differs from the one committed at ``base``, with the
+    compatibility of the new version's input contract with the old one's."""
+    rev = base or "HEAD"
+    committed = gitrev.show_many(rev, [out / compiled.ALIASES_FILE])[out / compiled.ALIASES_FILE]
+    before = {sqltext.unquote(m["alias"]): sqltext.unquote(m["flow"])
+              for m in _SET_ALIAS.finditer(committed or "")}
+    moved = [(a, before[a.slug]) for a in sorted(project.aliases, key=lambda a: a.slug)
+             if a.slug in before and before[a.slug] != a.active]
+    old_files = gitrev.show_many(rev, [out / compiled.flow_path(was) for _, was in moved])
+    lines = []
+    for alias, was in moved:
+        old_shape = committed_shape(old_files.get(out / compiled.flow_path(was)) or "")
+        lines.append(f"ALIAS_MOVE alias {alias.slug}: {was} -> {alias.active}")
+        if old_shape is None:
+            lines.append(f"  input contract: not compared (no committed shape of {was} at {rev})")
+            continue
+        lines += [f"  {line}" for line in contracts.compatibility_lines(
+            was, old_shape.get("input_schema"), alias.active, project.flow(alias.active).input_schema)]
+    return lines

@@ -57,6 +57,13 @@ CODES: dict[str, str] = {
     "FL082": "schedule starts an unknown flow or alias",
     "FL083": "duplicate schedule name",
     "FL084": "schedule input the flow cannot start with",
+    # data contracts (input_schema, output_schema)
+    "FL100": "schema keyword outside the supported subset",
+    "FL101": "invalid schema",
+    "FL102": "schema reference cannot be resolved",
+    "FL103": "condition can never match the schema of what it tests",
+    "FL104": "map over a value whose schema is not an array",
+    "FL105": "input written in the YAML that the target flow's input_schema refuses",
     # check (compiled SQL against the YAML and the base revision)
     "FL090": "compiled SQL is stale, missing or hand-edited",
     "FL091": "NEW_VERSION_REQUIRED: a committed flow changed its shape",

@@ -44,6 +44,7 @@ class Step:
     timeout: int | None = None
     start_delay: int | None = None
     description: str | None = None
+    output_schema: Mapping[str, Any] | None = None  # the contract's shape form
     location: Location | None = field(default=None, compare=False)
     handler_location: Location | None = field(default=None, compare=False)
 
@@ -62,6 +63,7 @@ class Flow:
     deadline: int | None = None  # seconds a run may take from its start
     dedup_key: str | None = None  # JSON pointer into the input: each run's idempotency key
     description: str | None = None
+    input_schema: Mapping[str, Any] | None = None  # the contract's shape form
     location: Location | None = field(default=None, compare=False)
 
     def step(self, slug: str) -> Step:
@@ -144,6 +146,7 @@ class HandlerRef:
     queue: str
     handler: str
     location: Location | None = field(default=None, compare=False)
+    output_schema: Mapping[str, Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -206,7 +209,7 @@ class Project:
             f for name in flows for f in self.versions(name)
         )
         return tuple(
-            HandlerRef(f.slug, s.slug, s.queue, s.handler, s.handler_location)
+            HandlerRef(f.slug, s.slug, s.queue, s.handler, s.handler_location, s.output_schema)
             for f in chosen
             for s in f.steps
             if queue is None or s.queue == queue

@@ -11,12 +11,17 @@ from flowlane.compiler.model import Flow, Step
 
 
 def flow_shape(flow: Flow) -> dict[str, Any]:
-    """Everything but options, descriptions and handlers."""
-    return {"queue_mode": flow.queue_mode, "steps": [_step_shape(s) for s in flow.steps]}
+    """Everything but options, descriptions and handlers; contracts only where written (a
+    flow without any has the shape it had before contracts existed)."""
+    shape: dict[str, Any] = {"queue_mode": flow.queue_mode,
+                             "steps": [_step_shape(s) for s in flow.steps]}
+    if flow.input_schema is not None:
+        shape["input_schema"] = _plain(flow.input_schema)
+    return shape
 
 
 def _step_shape(step: Step) -> dict[str, Any]:
-    return {
+    shape: dict[str, Any] = {
         "slug": step.slug,
         "type": step.type,
         "needs": sorted(step.needs),
@@ -26,6 +31,9 @@ def _step_shape(step: Step) -> dict[str, Any]:
         "when_exhausted": step.when_exhausted,
         "queue": step.queue,
     }
+    if step.output_schema is not None:
+        shape["output_schema"] = _plain(step.output_schema)
+    return shape
 
 
 def _plain(value: Any) -> Any:
@@ -45,7 +53,8 @@ def text_sha256(canonical: str) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-_STEP_KEYS = ("slug", "type", "needs", "if", "unless", "when_unmet", "when_exhausted", "queue")
+_STEP_KEYS = ("slug", "type", "needs", "if", "unless", "when_unmet", "when_exhausted", "queue",
+              "output_schema")
 _ABSENT: Any = object()  # a missing key, which SQL sees as NULL (shown as ``absent``)
 
 
@@ -59,8 +68,11 @@ def differences(old: dict[str, Any], new: dict[str, Any],
     old_mode, new_mode = old.get("queue_mode", _ABSENT), new.get("queue_mode", _ABSENT)
     if not same_json(old_mode, new_mode):
         lines.append(f"queue_mode: {shown(old_mode)} in {old_name}, {shown(new_mode)} in {new_name}")
+    old_input, new_input = old.get("input_schema", _ABSENT), new.get("input_schema", _ABSENT)
+    if not same_json(old_input, new_input):
+        lines.append(f"input_schema: {shown(old_input)} in {old_name}, {shown(new_input)} in {new_name}")
     lines += [f"unknown key {key} in {new_name}" for key in sorted(new)
-              if key not in ("queue_mode", "steps")]
+              if key not in ("queue_mode", "steps", "input_schema")]
     old_steps, new_steps = old.get("steps") or [], new.get("steps") or []
     if len(old_steps) != len(new_steps):
         lines.append(f"step count: {len(old_steps)} in {old_name}, {len(new_steps)} in {new_name}")

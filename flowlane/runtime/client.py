@@ -245,8 +245,10 @@ def _chunk_error(exc: errors.DatabaseError, offset: int) -> errors.FlowlaneError
 
 def _start_error(exc: errors.DatabaseError) -> errors.FlowlaneError:
     hint = _START_HINTS.get(exc.sqlstate or "")
-    # the database's own hint first (e.g. the input limits)
-    return exc if hint is None else errors.UsageError(str(exc), hint=exc.hint or hint)
+    # the database's own hint first (e.g. the input limits); its detail (e.g. the rule of an
+    # input_schema that refused the input) stays in the message
+    message = f"{exc}\n{exc.detail}" if exc.detail else str(exc)
+    return exc if hint is None else errors.UsageError(message, hint=exc.hint or hint)
 
 
 def _operation_error(exc: errors.DatabaseError, run_id: str) -> errors.FlowlaneError:

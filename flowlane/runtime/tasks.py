@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from flowlane.compiler import contracts
 from flowlane.runtime import log
 from flowlane.runtime.context import TaskContext
 from flowlane.runtime.limits import check_output, undecodable_field
@@ -22,6 +23,8 @@ from flowlane.runtime.registry import Registered
 MAX_ERROR_CHARS = 4000
 MAX_TRACEBACK_CHARS = 16000  # the attempt history's bound (0007_run_operations.sql)
 LOGGED_MESSAGE_CHARS = 200
+# the error type of an output that breaks its step's output_schema: the SQL Core never retries it
+OUTPUT_CONTRACT_VIOLATION = "OutputContractViolation"
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,16 @@ async def execute(
         )
     problem = check_output(output)
     elapsed = _ms(started)
+    if problem is None and handler.ref.output_schema is not None:
+        broken = contracts.first_violation(handler.ref.output_schema, output)
+        if broken is not None:
+            log.event(logging.WARNING, "task_failed", **task.fields, duration_ms=elapsed,
+                      error=OUTPUT_CONTRACT_VIOLATION, message=short_text(str(broken)))
+            # the SQL Core fails the task at once (when_exhausted applies): no retry
+            return TaskResult(task, ok=False, duration_ms=elapsed, error_type=OUTPUT_CONTRACT_VIOLATION,
+                              error=(f"the output of step {task.step_slug} does not match its "
+                                     f"output_schema: {broken} (rule output_schema"
+                                     f"{broken.schema_path})")[:MAX_ERROR_CHARS])
     if problem is not None:
         log.event(
             logging.WARNING,

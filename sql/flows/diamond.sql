@@ -1,11 +1,11 @@
--- flowlane-compiled: {"format":2,"kind":"flow","shape_sha256":"4a92af6fa63b101cd0ff105e89f9119a37f2f4bb5d8d9d1dc956a8ee90faf700","slug":"diamond"}
+-- flowlane-compiled: {"format":2,"kind":"flow","shape_sha256":"83e445c3ec7738d6904078d4871b386690e5e86e6254b4aa2e2a465b090d39a2","slug":"diamond"}
 -- flow diamond from flows/diamond.yaml; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 -- an existing flow must already have exactly this shape (a changed shape needs a new slug)
 select flowlane.ensure_flow_shape(
   flow_slug => 'diamond',
-  shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"diamond","slug":"split","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["split"],"queue":"diamond","slug":"square","type":"map","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["split"],"queue":"diamond","slug":"describe","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["describe","square"],"queue":"diamond","slug":"total","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":{"total":{"notify":true}},"needs":["total"],"queue":"diamond","slug":"notify","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
+  shape => '{"input_schema":{"additionalProperties":false,"properties":{"numbers":{"items":{"type":"integer"},"maxItems":1000,"type":"array"}},"required":["numbers"],"type":"object"},"queue_mode":"flow","steps":[{"if":null,"needs":[],"output_schema":{"items":{"type":"integer"},"type":"array"},"queue":"diamond","slug":"split","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["split"],"output_schema":{"type":"integer"},"queue":"diamond","slug":"square","type":"map","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["split"],"output_schema":{"properties":{"count":{"minimum":0,"type":"integer"}},"required":["count"],"type":"object"},"queue":"diamond","slug":"describe","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["describe","square"],"output_schema":{"additionalProperties":false,"properties":{"count":{"type":"integer"},"notify":{"type":"boolean"},"total":{"type":"integer"}},"required":["total","count","notify"],"type":"object"},"queue":"diamond","slug":"total","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":{"total":{"notify":true}},"needs":["total"],"output_schema":{"properties":{"message":{"type":"string"}},"required":["message"],"type":"object"},"queue":"diamond","slug":"notify","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
 )
 from flowlane.flows
 where flow_slug = 'diamond';
@@ -98,10 +98,52 @@ select flowlane.add_step(
   queue_name => 'diamond'
 );
 
+-- the run input's contract (start_flow and start_flows refuse an input it rejects)
+select flowlane.set_contract(
+  flow_slug => 'diamond',
+  step_slug => null,
+  schema => '{"additionalProperties":false,"properties":{"numbers":{"items":{"type":"integer"},"maxItems":1000,"type":"array"}},"required":["numbers"],"type":"object"}'::jsonb
+);
+
+-- the output contract of step split (workers check each output against it)
+select flowlane.set_contract(
+  flow_slug => 'diamond',
+  step_slug => 'split',
+  schema => '{"items":{"type":"integer"},"type":"array"}'::jsonb
+);
+
+-- the output contract of step square (workers check each output against it)
+select flowlane.set_contract(
+  flow_slug => 'diamond',
+  step_slug => 'square',
+  schema => '{"type":"integer"}'::jsonb
+);
+
+-- the output contract of step describe (workers check each output against it)
+select flowlane.set_contract(
+  flow_slug => 'diamond',
+  step_slug => 'describe',
+  schema => '{"properties":{"count":{"minimum":0,"type":"integer"}},"required":["count"],"type":"object"}'::jsonb
+);
+
+-- the output contract of step total (workers check each output against it)
+select flowlane.set_contract(
+  flow_slug => 'diamond',
+  step_slug => 'total',
+  schema => '{"additionalProperties":false,"properties":{"count":{"type":"integer"},"notify":{"type":"boolean"},"total":{"type":"integer"}},"required":["total","count","notify"],"type":"object"}'::jsonb
+);
+
+-- the output contract of step notify (workers check each output against it)
+select flowlane.set_contract(
+  flow_slug => 'diamond',
+  step_slug => 'notify',
+  schema => '{"properties":{"message":{"type":"string"}},"required":["message"],"type":"object"}'::jsonb
+);
+
 -- the flow now has exactly this shape
 select flowlane.ensure_flow_shape(
   flow_slug => 'diamond',
-  shape => '{"queue_mode":"flow","steps":[{"if":null,"needs":[],"queue":"diamond","slug":"split","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["split"],"queue":"diamond","slug":"square","type":"map","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["split"],"queue":"diamond","slug":"describe","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["describe","square"],"queue":"diamond","slug":"total","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":{"total":{"notify":true}},"needs":["total"],"queue":"diamond","slug":"notify","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
+  shape => '{"input_schema":{"additionalProperties":false,"properties":{"numbers":{"items":{"type":"integer"},"maxItems":1000,"type":"array"}},"required":["numbers"],"type":"object"},"queue_mode":"flow","steps":[{"if":null,"needs":[],"output_schema":{"items":{"type":"integer"},"type":"array"},"queue":"diamond","slug":"split","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["split"],"output_schema":{"type":"integer"},"queue":"diamond","slug":"square","type":"map","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["split"],"output_schema":{"properties":{"count":{"minimum":0,"type":"integer"}},"required":["count"],"type":"object"},"queue":"diamond","slug":"describe","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":null,"needs":["describe","square"],"output_schema":{"additionalProperties":false,"properties":{"count":{"type":"integer"},"notify":{"type":"boolean"},"total":{"type":"integer"}},"required":["total","count","notify"],"type":"object"},"queue":"diamond","slug":"total","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"},{"if":{"total":{"notify":true}},"needs":["total"],"output_schema":{"properties":{"message":{"type":"string"}},"required":["message"],"type":"object"},"queue":"diamond","slug":"notify","type":"single","unless":null,"when_exhausted":"fail","when_unmet":"skip"}]}'::jsonb
 );
 
 commit;

@@ -36,6 +36,10 @@ def test_every_page_renders(console: ui_support.UiServer, seeded_db: tuple[str, 
     assert "orders (active)" in flows.body and "orders (draining)" in flows.body
     flow = ui_support.fetch(console.url + "/flows/orders_v2")
     assert flow.status == 200 and "alias <b>orders</b>: active" in flow.body
+    assert 'id="input-schema"' not in flow.body  # no contract, no section
+    ping = ui_support.fetch(console.url + "/flows/ping").body
+    assert re.search(r'<pre id="input-schema" class="mono">\{\s*"properties": \{\s*"note"', ping), ping
+    assert '<td class="mono contract">{"properties": {"pong": {"const": true}}' in ping, ping
     queues = ui_support.fetch(console.url + "/queues")
     assert queues.status == 200
     assert re.search(r'<tr data-queue="ping">.*?owned by <a href="/flows/ping">', queues.body, re.DOTALL)

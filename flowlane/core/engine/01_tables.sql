@@ -81,6 +81,22 @@ create table flowlane.steps (
 
 create unique index steps_slug_ci_unique on flowlane.steps (flow_slug, lower(step_slug));
 
+-- a flow's data contracts (11_contracts.sql): the run input's schema (step_slug null) and
+-- each step's output schema, as written minus annotations (part of the shape), with the
+-- SQL expression compiled from it once (_contract_sql), which start_flow and start_flows
+-- evaluate over their inputs
+create table flowlane.contracts (
+  flow_slug text not null,
+  step_slug text,
+  schema jsonb not null,
+  check_sql text not null,
+  created_at timestamptz default now() not null,
+  constraint contracts_flow_slug_fkey foreign key (flow_slug) references flowlane.flows(flow_slug) on delete cascade,
+  constraint contracts_step_fkey foreign key (flow_slug, step_slug) references flowlane.steps(flow_slug, step_slug) on delete cascade
+);
+
+create unique index contracts_subject_unique on flowlane.contracts (flow_slug, coalesce(step_slug, ''));
+
 create table flowlane.deps (
   flow_slug text not null,
   dep_slug text not null,

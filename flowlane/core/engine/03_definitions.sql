@@ -280,8 +280,13 @@ as $$
                'unless', s.forbidden_input_pattern,
                'when_unmet', s.when_unmet,
                'when_exhausted', s.when_exhausted,
-               'queue', s.queue_name) order by s.step_index)
+               'queue', s.queue_name)
+             || coalesce((select jsonb_build_object('output_schema', c.schema) from flowlane.contracts c
+                          where c.flow_slug = s.flow_slug and coalesce(c.step_slug, '') = s.step_slug), '{}')
+             order by s.step_index)
       from flowlane.steps s where s.flow_slug = f.flow_slug), '[]'::jsonb))
+    || coalesce((select jsonb_build_object('input_schema', c.schema) from flowlane.contracts c
+                 where c.flow_slug = f.flow_slug and coalesce(c.step_slug, '') = ''), '{}')
   from flowlane.flows f
   where f.flow_slug = get_flow_shape.flow_slug
 $$;
@@ -318,8 +323,12 @@ begin
     v_out := v_out || format('queue_mode: %s in the database, %s in the given shape',
       flowlane._shape_text(p_db -> 'queue_mode'), flowlane._shape_text(p_given -> 'queue_mode'));
   end if;
+  if (p_db -> 'input_schema') is distinct from (p_given -> 'input_schema') then
+    v_out := v_out || format('input_schema: %s in the database, %s in the given shape',
+      flowlane._shape_text(p_db -> 'input_schema'), flowlane._shape_text(p_given -> 'input_schema'));
+  end if;
   for v_key in select k from jsonb_object_keys(p_given) k
-               where k not in ('queue_mode', 'steps') order by k loop
+               where k not in ('queue_mode', 'steps', 'input_schema') order by k loop
     v_out := v_out || format('unknown key %s in the given shape', v_key);
   end loop;
   if jsonb_array_length(v_db_steps) <> jsonb_array_length(v_given_steps) then
@@ -343,14 +352,14 @@ begin
       continue;
     end if;
     v_label := format('step %s (%s)', i, flowlane._shape_text(v_db_step -> 'slug'));
-    foreach v_key in array array['type', 'needs', 'if', 'unless', 'when_unmet', 'when_exhausted', 'queue'] loop
+    foreach v_key in array array['type', 'needs', 'if', 'unless', 'when_unmet', 'when_exhausted', 'queue', 'output_schema'] loop
       if (v_db_step -> v_key) is distinct from (v_given_step -> v_key) then
         v_out := v_out || format('%s: %s is %s in the database, %s in the given shape', v_label, v_key,
           flowlane._shape_text(v_db_step -> v_key), flowlane._shape_text(v_given_step -> v_key));
       end if;
     end loop;
     for v_key in select k from jsonb_object_keys(v_given_step) k
-                 where k not in ('slug', 'type', 'needs', 'if', 'unless', 'when_unmet', 'when_exhausted', 'queue')
+                 where k not in ('slug', 'type', 'needs', 'if', 'unless', 'when_unmet', 'when_exhausted', 'queue', 'output_schema')
                  order by k loop
       v_out := v_out || format('%s: unknown key %s in the given shape', v_label, v_key);
     end loop;
@@ -426,6 +435,7 @@ begin
         when_exhausted => coalesce(v_step ->> 'when_exhausted', 'fail'),
         queue_name => v_step ->> 'queue');
     end loop;
+    perform flowlane._set_shape_contracts(v_slug, shape);
     v_diff := flowlane._shape_differences(flowlane.get_flow_shape(v_slug), shape);
     if cardinality(v_diff) > 0 then
       raise exception 'FLOWLANE_SHAPE_MISMATCH: the shape given for flow "%" is not what it compiles to', v_slug

@@ -109,6 +109,7 @@ declare
   v_ids uuid[];
   v_waiting boolean := coalesce(p_start_at > now(), false);
 begin
+  perform flowlane._check_contract_inputs(p_flow, p_inputs);
   v_ids := array(select coalesce(p_run_ids[i], gen_random_uuid()) from generate_subscripts(p_inputs, 1) i order by i);
   insert into flowlane.runs (run_id, flow_slug, input, remaining_steps, trace_parent, status, start_at,
                              deadline_at, called_as, idempotency_key)

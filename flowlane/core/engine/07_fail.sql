@@ -59,7 +59,9 @@ begin
     into v_exhausted
   from unnest(v_classes) c
   join flowlane.step_options o on o.flow_slug = (c.task).flow_slug and o.step_slug = (c.task).step_slug
-  where c.actionable and (c.task).attempts_count >= o.max_attempts;
+  where c.actionable and ((c.task).attempts_count >= o.max_attempts
+                          -- a wrong output is a bug in the handler, not a hiccup: no retry
+                          or (c.item).error_type is not distinct from 'OutputContractViolation');
 
   v_sequential := flowlane._sequential_runs(v_classes, v_exhausted);
   for v_class in

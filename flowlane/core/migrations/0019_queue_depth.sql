@@ -1,4 +1,4 @@
--- flowlane SQL Core 0018: queue depth.
+-- flowlane SQL Core 0019: queue depth.
 -- Drafted by `python -m flowlane.core.draft_migration` from the engine source; reviewed by a person.
 -- A new function only, no table changes: flowlane.queue_depth(queue), the work a queue holds
 -- for its workers, which KEDA's postgresql scaler reads to scale a queue's Deployment

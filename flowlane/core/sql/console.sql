@@ -21,7 +21,9 @@ order by h.alias, h.id desc
 limit 200
 
 -- name: console_flow
-select f.flow_slug, f.queue_mode, f.opt_max_attempts, f.opt_base_delay, f.opt_timeout, f.created_at
+select f.flow_slug, f.queue_mode, f.opt_max_attempts, f.opt_base_delay, f.opt_timeout, f.created_at,
+       (select c.schema from flowlane.contracts c
+         where c.flow_slug = f.flow_slug and coalesce(c.step_slug, '') = '') as input_schema
 from flowlane.flows f
 where f.flow_slug = %(flow_slug)s
 
@@ -29,6 +31,8 @@ where f.flow_slug = %(flow_slug)s
 select s.step_slug, s.step_index, s.step_type, s.queue_name, s.when_unmet, s.when_exhausted,
        s.opt_max_attempts, s.opt_base_delay, s.opt_timeout, s.opt_start_delay,
        s.required_input_pattern, s.forbidden_input_pattern,
+       (select c.schema from flowlane.contracts c
+         where c.flow_slug = s.flow_slug and coalesce(c.step_slug, '') = s.step_slug) as output_schema,
        coalesce((select array_agg(d.dep_slug order by d.dep_slug) from flowlane.deps d
                  where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug), '{}') as needs
 from flowlane.steps s

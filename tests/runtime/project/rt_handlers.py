@@ -285,3 +285,6 @@ def fuzz_output(input: Any, ctx: TaskContext) -> Any:
 
 def deadline(input: Any, ctx: TaskContext) -> str | None:
     return ctx.deadline.isoformat() if ctx.deadline else None
+def contract_output(input: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    """Breaks its step's output_schema when asked (``total`` below its minimum)."""
+    return {"total": 3 if input["mode"] == "good" else -1}
