@@ -35,7 +35,9 @@ EXPECTED = {
         (
             "flow_slug text, max_attempts integer DEFAULT NULL::integer, "
             "base_delay integer DEFAULT NULL::integer, timeout integer DEFAULT NULL::integer, "
-            "queue_mode text DEFAULT 'flow'::text, deadline integer DEFAULT NULL::integer, "
+            "queue_mode text DEFAULT 'flow'::text, "
+            "retention integer DEFAULT flowlane._flow_option_default('retention'::text), "
+            "deadline integer DEFAULT NULL::integer, "
             "dedup_key text DEFAULT NULL::text"
         ),
         "flowlane.flows",
@@ -128,7 +130,54 @@ EXPECTED = {
     ),
     "get_run_attempts": ("run_id uuid", "jsonb"),
     "retry_run": ("run_id uuid", "flowlane.runs"),
-    # 0018_time
+    # 0018_retention_metrics_traces
+    "prune_runs": (
+        (
+            "p_now timestamp with time zone DEFAULT now(), p_flows text[] DEFAULT NULL::text[], "
+            "p_older_than integer DEFAULT NULL::integer, p_batch integer DEFAULT 500"
+        ),
+        (
+            "TABLE(runs_deleted integer, steps_deleted integer, tasks_deleted integer, "
+            "attempts_deleted integer, messages_deleted integer)"
+        ),
+    ),
+    "prunable_runs": (
+        (
+            "p_now timestamp with time zone DEFAULT now(), p_flows text[] DEFAULT NULL::text[], "
+            "p_older_than integer DEFAULT NULL::integer"
+        ),
+        "TABLE(flow_slug text, runs bigint, oldest_ended_at timestamp with time zone)",
+    ),
+    "queue_metrics": (
+        "p_stale_after integer DEFAULT 30",
+        (
+            "TABLE(queue_name text, depth bigint, oldest_age_seconds integer, live_workers bigint, "
+            "disabled_deployments bigint)"
+        ),
+    ),
+    "trace_parents": (
+        "run_ids uuid[]",
+        "TABLE(run_id uuid, trace_parent text)",
+    ),
+    # 0019_queue_depth
+    "queue_depth": (
+        "p_queue text",
+        "bigint",
+    ),
+    # 0021_data_contracts
+    "set_contract": (
+        "flow_slug text, step_slug text, schema jsonb",
+        "void",
+    ),
+    "contract_violation": (
+        "schema jsonb, instance jsonb",
+        "jsonb",
+    ),
+    "contract_keywords": (
+        "",
+        "text[]",
+    ),
+    # 0020_time
     "maintenance_tick": ("p_now timestamp with time zone DEFAULT now()", "jsonb"),
     "run_deadline": ("run_id uuid", "timestamp with time zone"),
     "set_schedule": (
