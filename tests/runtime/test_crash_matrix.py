@@ -292,6 +292,7 @@ def baseline(cluster: Cluster) -> float:
         return rate
     finally:
         cluster.drop_database(str(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]))
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_sigkill_mid_task_repeatedly(load: Load, baseline: float) -> None:
