@@ -71,9 +71,20 @@ class Cluster:
             self._templates[key] = name
         return self._templates[key]
 
-    def clone(self, version: str | None = None) -> str:
+    def prepared_template(self, key: str, prepare: Callable[[str], None]) -> str:
+        """A template database: a clone of the head template that ``prepare(dsn)`` filled once
+        (e.g. with the test project's flows), for tests that would each do the same set-up."""
+        if key not in self._templates:
+            name = f"{self.prefix}_tpl_{key}"
+            prepare(self.create_database(name, template=self.template(None)))
+            self._templates[key] = name
+        return self._templates[key]
+
+    def clone(self, version: str | None = None, *, template: str | None = None) -> str:
+        """A new database: a copy of ``template`` (a name from ``prepared_template``) or of the
+        template migrated to ``version``."""
         name = f"{self.prefix}_{uuid.uuid4().hex[:12]}"
-        return self.create_database(name, template=self.template(version))
+        return self.create_database(name, template=template or self.template(version))
 
     def close(self) -> None:
         for name in reversed(self._created):
@@ -153,12 +164,13 @@ def db_factory(cluster: Cluster) -> Iterator[Callable[..., str]]:
     """Make fresh databases.
 
     ``db_factory()`` is fully migrated, ``db_factory('0001')`` stops after that
-    migration, ``db_factory('none')`` has PGMQ and nothing else.
+    migration, ``db_factory('none')`` has PGMQ and nothing else;
+    ``db_factory(template=cluster.prepared_template(...))`` copies a prepared template.
     """
     made: list[str] = []
 
-    def make(version: str | None = None) -> str:
-        dsn = cluster.clone(version)
+    def make(version: str | None = None, *, template: str | None = None) -> str:
+        dsn = cluster.clone(version, template=template)
         made.append(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])  # type: ignore[arg-type]
         return dsn
 

@@ -7,9 +7,13 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.cli_support import REPO, run_flowlane
+
+# a scenario of several CLI subprocesses (or Node.js): the whole suite's, not the fast loop's
+scenario = pytest.mark.slow
 
 
 def _init(tmp_path: Path) -> Path:
@@ -18,6 +22,7 @@ def _init(tmp_path: Path) -> Path:
     return tmp_path / "proj"
 
 
+@scenario
 def test_init_scaffolds_a_project_that_validates_and_checks(tmp_path: Path) -> None:
     root = _init(tmp_path)
     hello = (root / "flows" / "hello.yaml").read_text()
@@ -72,6 +77,7 @@ def _actionlint(*paths: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120, check=False)
 
 
+@scenario
 def test_the_ci_workflow_passes_actionlint_and_installs_what_the_project_declares(
     tmp_path: Path,
 ) -> None:
@@ -97,6 +103,7 @@ def test_the_ci_workflow_passes_actionlint_and_installs_what_the_project_declare
     assert any(line.startswith("flowlane") for line in requirements.splitlines()), requirements
 
 
+@scenario
 def test_pre_commit_hooks_run_real_commands(tmp_path: Path) -> None:
     hooks = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text())
     assert [h["id"] for h in hooks] == ["flowlane-validate", "flowlane-check"]
@@ -112,6 +119,7 @@ def test_pre_commit_hooks_run_real_commands(tmp_path: Path) -> None:
         assert run_flowlane(*shlex.split(hook["entry"])[1:], cwd=root).returncode == 1
 
 
+@scenario
 def test_validate_handlers_catches_typos_and_bad_signatures(tmp_path: Path) -> None:
     root = _init(tmp_path)
     (root / "handlers.py").write_text(

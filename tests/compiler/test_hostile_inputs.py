@@ -135,9 +135,12 @@ def test_a_close_name_is_still_suggested_among_many() -> None:
         "did you mean `summarize_threads`?"]
 
 
-_DOCUMENTS = from_schema(copy.deepcopy(schema.published()))  # it rewrites what it is given
+# it rewrites what it is given; deferred: building it takes seconds, which collecting
+# the module (every run, the fast loop's too) would pay
+_DOCUMENTS = st.deferred(lambda: from_schema(copy.deepcopy(schema.published())))
 
 
+@pytest.mark.slow  # generating documents from the whole schema takes a minute
 @pytest.mark.parametrize("composer", COMPOSERS, ids=["libyaml", "pure-python"], indirect=True)
 @settings(max_examples=15, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

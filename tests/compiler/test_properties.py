@@ -7,6 +7,7 @@ import random
 import re
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -78,6 +79,7 @@ def project_documents(draw: st.DrawFn) -> list[dict[str, Any]]:
     return [draw(flow_documents(slug=f"f{s}")) for s in slugs]
 
 
+@pytest.mark.slow  # seconds of generated documents: the whole suite's, not the fast loop's
 @FAST
 @given(st.data())
 def test_compile_is_deterministic_and_independent_of_document_order(data: st.DataObject) -> None:
@@ -174,6 +176,7 @@ def test_structural_change_requires_a_new_version_option_change_does_not(
     assert check._compare(flow, committed, [flow.slug]) is None
 
 
+@pytest.mark.slow  # seconds of generated documents: the whole suite's, not the fast loop's
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(flow_documents(), NESTED), st.sampled_from(["flow", "alias", "worker"]))
 def test_fast_schema_check_never_accepts_what_jsonschema_rejects(data: Any, kind: str) -> None:

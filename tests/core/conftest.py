@@ -29,8 +29,8 @@ def db_factory(
     (whatever the fixture it came through: engine, conn, dsn, a migration version)."""
     made: list[str] = []
 
-    def make(version: str | None = None) -> str:
-        made.append(db_factory(version))
+    def make(version: str | None = None, **options: Any) -> str:
+        made.append(db_factory(version, **options))
         return made[-1]
 
     yield make

@@ -7,14 +7,19 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import Cluster
 from tests.runtime import rt_support
 
 
 @pytest.fixture
-def flows_dsn(dsn: str) -> str:
-    """A fresh database with every flow of tests/runtime/project applied."""
-    rt_support.apply_flows(dsn)
-    return dsn
+def flows_dsn(request: pytest.FixtureRequest, cluster: Cluster, db_factory: Callable[..., str]) -> str:
+    """A fresh database with every flow of tests/runtime/project applied: a copy of a template
+    they were applied to once per session (``dsn`` itself when the test uses it too)."""
+    if "dsn" in request.fixturenames:
+        dsn: str = request.getfixturevalue("dsn")
+        rt_support.apply_flows(dsn)
+        return dsn
+    return db_factory(template=cluster.prepared_template("rt_flows", rt_support.apply_flows))
 
 
 @pytest.fixture

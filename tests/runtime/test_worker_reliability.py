@@ -229,7 +229,7 @@ def test_queued_load_has_no_deadlocks_and_no_duplicate_executions(
         return not producer.is_alive() and scalar(
             flows_dsn, "select count(*) from flowlane.runs where status = 'started'") == 0
 
-    wait_until(finished, timeout=240, interval=0.5, message="every run to finish")
+    wait_until(finished, timeout=240, interval=0.05, message="every run to finish")
     assert failures == []
     statuses = scalar(
         flows_dsn,
