@@ -375,7 +375,8 @@ def assert_invariants(engine: Engine) -> None:
                 and t.status = 'completed')""",
         "completed step with wrong task count": """
             select s.run_id, s.step_slug from flowlane.step_states s
-            where s.status = 'completed' and s.initial_tasks <> (
+            join flowlane.steps st on st.flow_slug = s.flow_slug and st.step_slug = s.step_slug
+            where s.status = 'completed' and st.queue_name is not null and s.initial_tasks <> (
               select count(*) from flowlane.step_tasks t
               where t.run_id = s.run_id and t.step_slug = s.step_slug
                 and t.status = 'completed')""",

@@ -108,8 +108,8 @@ begin
       using errcode = '23503';
   end if;
   perform flowlane._check_slug('step', v_step);
-  if v_type not in ('single', 'map') then
-    raise exception 'step "%" of flow "%": step_type must be single or map, not %', v_step, v_flow,
+  if v_type not in ('single', 'map', 'wait') then
+    raise exception 'step "%" of flow "%": step_type must be single, map or wait, not %', v_step, v_flow,
       quote_literal(v_type) using errcode = '22023';
   end if;
   if v_type = 'map' and cardinality(v_deps) > 1 then
@@ -152,7 +152,7 @@ begin
   else
     select coalesce(max(s.step_index) + 1, 0) into v_index from flowlane.steps s where s.flow_slug = v_flow;
   end if;
-  v_queue := flowlane._resolve_queue(v_flow, v_step, v_index, v_mode, add_step.queue_name);
+  v_queue := flowlane._step_queue(v_flow, v_step, v_index, v_mode, v_type, add_step.queue_name);
 
   if v_existing.flow_slug is not null then
     select coalesce(array_agg(d.dep_slug order by d.dep_slug collate "C"), '{}') into v_existing_deps
@@ -177,10 +177,12 @@ begin
     if v_existing.when_exhausted <> v_exhausted then
       perform flowlane._shape_mismatch(v_flow, v_step, 'when_exhausted', v_existing.when_exhausted, v_exhausted);
     end if;
-    if v_existing.queue_name <> v_queue then
+    if v_existing.queue_name is distinct from v_queue then
       perform flowlane._shape_mismatch(v_flow, v_step, 'queue_name', v_existing.queue_name, v_queue);
     end if;
-    perform flowlane._ensure_queue(v_queue, v_flow, v_mode);
+    if v_queue is not null then
+      perform flowlane._ensure_queue(v_queue, v_flow, v_mode);
+    end if;
     update flowlane.steps s
        set opt_max_attempts = max_attempts, opt_base_delay = base_delay,
            opt_timeout = timeout, opt_start_delay = start_delay
@@ -211,7 +213,9 @@ begin
       using errcode = '23514',
             hint = 'the shape of a flow never changes once applied (verified or run); create a new flow version (a new slug)';
   end if;
-  perform flowlane._ensure_queue(v_queue, v_flow, v_mode);
+  if v_queue is not null then
+    perform flowlane._ensure_queue(v_queue, v_flow, v_mode);
+  end if;
   insert into flowlane.steps (flow_slug, step_slug, step_type, step_index, deps_count,
     opt_max_attempts, opt_base_delay, opt_timeout, opt_start_delay,
     required_input_pattern, forbidden_input_pattern, when_unmet, when_exhausted, queue_name)

@@ -88,7 +88,7 @@ begin
   from generate_subscripts(p_inputs, 1) i order by i;
   insert into flowlane.step_states (flow_slug, run_id, step_slug, remaining_deps, initial_tasks)
   select p_flow, v_ids[i], s.step_slug, s.deps_count,
-         case when s.step_type = 'single' then 1
+         case when s.step_type <> 'map' then 1
               when s.deps_count = 0 and jsonb_typeof(p_inputs[i]) = 'array' then jsonb_array_length(p_inputs[i])
               else null end
   from generate_subscripts(p_inputs, 1) i, flowlane.steps s
@@ -314,6 +314,10 @@ begin
     group by 1, 2
     order by 1, 2
   loop
+    if v_group.queue_name is null then  -- wait steps: no task (11_waits.sql)
+      perform flowlane._begin_waits(v_started);
+      continue;
+    end if;
     insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)
     select b.body ->> 'flow_slug', (b.body ->> 'run_id')::uuid, b.body ->> 'step_slug',
            (b.body ->> 'task_index')::int, v_group.queue_name, m.id
