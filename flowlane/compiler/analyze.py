@@ -216,6 +216,7 @@ class _FlowChecker:
         return valid
 
     def _step_rules(self, slug: str, spec: dict[str, Any]) -> None:
+        self._handler_rules(slug, spec)
         if spec.get("type") == "map" and len(spec.get("needs", [])) > 1:
             self.error(("steps", slug, "type"), "FL032",
                        f"map step `{slug}` has {len(spec['needs'])} needs; a map step has "
@@ -229,6 +230,25 @@ class _FlowChecker:
         for keyword in ("if", "unless"):
             if keyword in spec:
                 self._condition(("steps", slug, keyword), spec[keyword])
+
+    def _handler_rules(self, slug: str, spec: dict[str, Any]) -> None:
+        """A step runs a handler, unless it is a wait step (a signal completes it)."""
+        if spec.get("type") != "wait":
+            if "handler" not in spec:
+                self.error(("steps", slug), "FL010", f"missing required key `handler` in `{slug}`",
+                           "add `handler:` (or `type: wait` for a step that waits for a signal)",
+                           key=True)
+            return
+        if "handler" in spec:
+            self.error(("steps", slug, "handler"), "FL036",
+                       f"wait step `{slug}` has a handler: a signal completes a wait step",
+                       "remove `handler:`, or remove `type: wait` to run the handler", key=True)
+        for option in _HANDLER_OPTIONS:
+            if option in spec:
+                self.error(("steps", slug, option), "FL037",
+                           f"`{option}` means nothing for wait step `{slug}`: it runs no handler",
+                           f"remove `{option}:`; `timeout` is how long a wait step waits for "
+                           "its signal", key=True)
 
     def _condition_keys(self, slug: str, spec: dict[str, Any], needs: list[str]) -> None:
         """A step with needs tests its condition against ``{need: output}`` of its direct
@@ -283,7 +303,11 @@ class _FlowChecker:
         index = self.steps[step]["needs"].index(need)
         return self.doc.at(("steps", step, "needs", index)).line
 
+    def _waits(self) -> set[str]:
+        return {slug for slug, spec in self.steps.items() if spec.get("type") == "wait"}
+
     def _routing(self, order: list[str]) -> dict[str, str] | None:
+        """The queue of every step that has one (a wait step has none)."""
         routing = self.entry.data.get("queues", "flow")
         if routing == "flow":
             return self._flow_routing(order)
@@ -300,11 +324,14 @@ class _FlowChecker:
                        f"shorten the slug to {names.QUEUE_MAX} characters or route with an "
                        "explicit `queues:` mapping")
             return None
-        return dict.fromkeys(order, queue)
+        return dict.fromkeys((s for s in order if s not in self._waits()), queue)
 
     def _per_step_routing(self, order: list[str]) -> dict[str, str] | None:
         routes: dict[str, str] = {}
+        waits = self._waits()
         for index, step in enumerate(order):
+            if step in waits:
+                continue
             queue = names.per_step_queue(self.slug, step, index)
             if queue is None:
                 self.error(("steps", step), "FL043",
@@ -315,19 +342,25 @@ class _FlowChecker:
                            key=True)
             else:
                 routes[step] = queue
-        return routes if len(routes) == len(order) else None
+        return routes if len(routes) == len(order) - len(waits) else None
 
     def _explicit_routing(self, routing: dict[str, str]) -> dict[str, str] | None:
         before = self.errors
+        waits = self._waits()
         for step in routing:
-            if step not in self.steps:
+            if step in waits:
+                self.error(("queues", step), "FL046",
+                           f"`queues` routes wait step `{step}`, which has no queue",
+                           "remove this entry: a signal completes a wait step, no worker "
+                           "serves it", key=True)
+            elif step not in self.steps:
                 close = self.step_names.closest(step)
                 help = f"did you mean `{close}`?" if close else "remove this entry"
                 self.error(("queues", step), "FL042",
                            f"`queues` routes unknown step `{step}`", help, key=True)
         queues_line = self.doc.key_at(("queues",)).line
         for step in self.steps:
-            if step not in routing:
+            if step not in routing and step not in waits:
                 self.error(("steps", step), "FL041",
                            f"step `{step}` has no entry in the explicit `queues` mapping "
                            f"(line {queues_line})",
@@ -337,7 +370,7 @@ class _FlowChecker:
 
     def _model(self, order: list[str], needs: dict[str, list[str]],
                queues: dict[str, str]) -> Flow:
-        steps = tuple(self._step(i, slug, needs[slug], queues[slug])
+        steps = tuple(self._step(i, slug, needs[slug], queues.get(slug))
                       for i, slug in enumerate(order))
         routing = self.entry.data.get("queues", "flow")
         mode = cast(QueueMode, routing if isinstance(routing, str) else "explicit")
@@ -353,12 +386,12 @@ class _FlowChecker:
             location=self.entry.loc(),
         )
 
-    def _step(self, index: int, slug: str, needs: list[str], queue: str) -> Step:
+    def _step(self, index: int, slug: str, needs: list[str], queue: str | None) -> Step:
         spec = self.steps[slug]
         return Step(
             slug=slug,
             index=index,
-            handler=spec["handler"],
+            handler=spec.get("handler"),
             queue=queue,
             needs=tuple(needs),
             type=cast(StepType, spec.get("type", "single")),
@@ -372,8 +405,13 @@ class _FlowChecker:
             start_delay=_opt_int(spec, "start_delay"),
             description=spec.get("description"),
             location=self.entry.loc(("steps", slug), key=True),
-            handler_location=self.entry.loc(("steps", slug, "handler")),
+            handler_location=(self.entry.loc(("steps", slug, "handler"))
+                              if "handler" in spec else None),
         )
+
+
+# step options that concern a handler's attempts, meaningless for a wait step
+_HANDLER_OPTIONS = ("max_attempts", "base_delay", "start_delay")
 
 
 def _opt_int(spec: dict[str, Any], key: str) -> int | None:
@@ -484,7 +522,7 @@ def _ownership(state: Analysis) -> None:
             continue
         entry = state.flow_entries[flow.slug]
         for step in flow.steps:
-            holder = state.owners.get(step.queue)
+            holder = None if step.queue is None else state.owners.get(step.queue)
             if holder is not None:
                 state.findings.append(entry.doc.diagnostic(
                     ("queues", step.slug), "FL045",
@@ -601,7 +639,7 @@ def _coverage(state: Analysis) -> None:
     for flow in state.flows.values():
         entry = state.flow_entries[flow.slug]
         for step in flow.steps:
-            routed = covered.get(step.queue)
+            routed = None if step.queue is None else covered.get(step.queue)
             if routed is None or (flow.slug, step.slug) in routed:
                 continue
             path = ("queues", step.slug) if flow.queue_mode == "explicit" else ("steps", step.slug)

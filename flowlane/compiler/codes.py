@@ -30,6 +30,8 @@ CODES: dict[str, str] = {
     "FL033": "when_unmet without a condition",
     "FL034": "dependency listed twice",
     "FL035": "condition names a step that is not among the step's needs",
+    "FL036": "wait step has a handler",
+    "FL037": "option that means nothing for a wait step",
     # routing and queues
     "FL040": "queue name is not canonical",
     "FL041": "explicit routing misses a step",
@@ -37,6 +39,7 @@ CODES: dict[str, str] = {
     "FL043": "per-step queue name cannot be derived",
     "FL044": "flow queue name cannot be derived",
     "FL045": "queue owned by one flow is used elsewhere",
+    "FL046": "explicit routing names a wait step",
     # aliases
     "FL050": "alias points to an unknown flow",
     "FL051": "alias slug collides with a flow slug",

@@ -32,6 +32,7 @@ from flowlane.app.console import (
     parse_run_id,
 )
 from flowlane.app.fleet import STALE_AFTER
+from flowlane.compiler import diagram
 from flowlane.runtime.limits import STATUSES, TERMINAL
 from flowlane.ui import layout, pages, security
 
@@ -51,6 +52,7 @@ def _templates() -> Jinja2Templates:
     env.filters.update(
         duration=pages.duration, timestamp=pages.timestamp, size=pages.size, age=pages.age,
     )
+    env.globals["signals_lane"] = diagram.SIGNALS
     return Jinja2Templates(env=env)
 
 
