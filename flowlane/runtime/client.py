@@ -120,20 +120,21 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
-def encode_input(input: Any) -> str:
-    """The run input as JSON text; a usage error when it cannot be one or is too large."""
+def encode_input(input: Any, what: str = "the run input") -> str:
+    """The run input (or a signal's payload: ``what``) as JSON text; a usage error when it
+    cannot be one or is too large."""
     if limits.depth_exceeds(input):  # before json.dumps, which recurses (RecursionError)
         raise errors.UsageError(
-            f"the run input is nested deeper than {limits.MAX_DEPTH} levels (the limit)",
+            f"{what} is nested deeper than {limits.MAX_DEPTH} levels (the limit)",
             hint="flatten the input, or pass a reference to the data instead")
     try:
         payload = json.dumps({} if input is None else input, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise errors.UsageError(f"the run input is not JSON-serialisable: {exc}") from exc
+        raise errors.UsageError(f"{what} is not JSON-serialisable: {exc}") from exc
     size = len(payload.encode("utf-8"))
     if size > MAX_INPUT_BYTES:
         raise errors.UsageError(
-            f"the run input is {size} bytes of JSON, over the limit of {MAX_INPUT_BYTES} bytes",
+            f"{what} is {size} bytes of JSON, over the limit of {MAX_INPUT_BYTES} bytes",
             hint="pass a reference (a URL, a table key, a file path) instead of the data itself",
         )
     return payload
@@ -185,6 +186,20 @@ def _operation_error(exc: errors.DatabaseError, run_id: str) -> errors.FlowlaneE
             str(exc).split(": ", 1)[-1], hint="`flowlane run RUN_ID` shows its state"
         )
     return exc
+
+
+# what flowlane.signal refuses with (no run or step, not a wait step, a finished run or
+# step or a second signal, a payload its step cannot give, a null argument)
+_SIGNAL_REFUSALS = frozenset({_NO_RUN, "42809", _WRONG_STATE, "22023", "22004"})
+
+
+def _signal_error(exc: errors.DatabaseError, run_id: str) -> errors.FlowlaneError:
+    if exc.sqlstate not in _SIGNAL_REFUSALS:
+        return exc
+    return errors.SignalRefused(
+        str(exc).replace(": signal: ", ": ", 1),
+        hint=exc.hint or f"`flowlane run {run_id}` shows its wait steps and their signals",
+        detail=exc.detail, sqlstate=exc.sqlstate)
 
 
 def _run_state(rows: list[dict[str, Any]], run_id: str) -> dict[str, Any]:
@@ -369,6 +384,22 @@ class Operations:
         return row
 
     @staticmethod
+    def signal(run_id: str, step: str, payload: Any = None) -> Plan[dict[str, Any]]:
+        """Send a signal to wait step ``step`` of a run: it completes the step with
+        ``payload`` (default ``{}``) as its output, or is kept until the step starts.
+        Returns the signal (``applied_at`` None: kept). Raises
+        :class:`flowlane.errors.SignalRefused` when the SQL Core refuses it (nothing changed)."""
+        run_id = _run_id(run_id)
+        body = encode_input(payload, "the signal payload")
+        try:
+            rows = yield Fetch("client_signal", f"cannot signal {step}",
+                               {"run_id": run_id, "step": step, "payload": body})
+        except errors.DatabaseError as exc:
+            raise _signal_error(exc, run_id) from exc
+        row: dict[str, Any] = rows[0]
+        return row
+
+    @staticmethod
     def flows_named(flow: str) -> Plan[list[str]]:
         """The concrete slugs of a flow or alias (an alias: every version it ever pointed at)."""
         rows = yield Fetch("client_flow_filter", "cannot list flows", {"flow": flow})
@@ -499,6 +530,7 @@ class Client:
     start_runs = _blocking(Operations.start_runs)
     cancel = _blocking(Operations.cancel)
     retry = _blocking(Operations.retry)
+    signal = _blocking(Operations.signal)
     flows_named = _blocking(Operations.flows_named)
     list_runs = _blocking(Operations.list_runs)
     stuck_runs = _blocking(Operations.stuck_runs)
@@ -581,6 +613,7 @@ class AsyncClient:
     start_runs = _awaitable(Operations.start_runs)
     cancel = _awaitable(Operations.cancel)
     retry = _awaitable(Operations.retry)
+    signal = _awaitable(Operations.signal)
     flows_named = _awaitable(Operations.flows_named)
     list_runs = _awaitable(Operations.list_runs)
     stuck_runs = _awaitable(Operations.stuck_runs)

@@ -37,6 +37,7 @@ def render_run(state: dict[str, Any]) -> str:
         lines.append(f"{'error':<10}{run['error_message']}")
     lines.append("")
     lines.extend(_step_table(state))
+    lines.extend(_waits(state))
     failed = state.get("attempts") or []
     if failed:
         lines.append("")
@@ -53,6 +54,30 @@ def render_run(state: dict[str, Any]) -> str:
         lines.append("output")
         lines.append(json.dumps(run["output"], indent=2, ensure_ascii=False))
     return "\n".join(lines)
+
+
+def wait_note(wait: dict[str, Any]) -> str:
+    """What a wait step waits for, since when and until when, or the signal it got."""
+    signal = wait.get("signal")
+    if wait["status"] == "started":
+        until = f", gives up at {wait['expires_at']}" if wait.get("expires_at") else ""
+        return f"waiting for a signal since {wait['waiting_since']}{until}"
+    if signal is None:
+        return "no signal"
+    if signal.get("applied_at") is None:
+        return f"signal kept since {signal['received_at']}: it completes the step when it starts"
+    return f"completed by a signal received at {signal['received_at']}"
+
+
+def _waits(state: dict[str, Any]) -> list[str]:
+    waits = state.get("waits") or []
+    if not waits:
+        return []
+    lines = ["", "wait steps"]
+    lines += [f"  {w['step_slug']:<22} {wait_note(w)}" for w in waits]
+    if any(w["status"] == "started" for w in waits):
+        lines.append(f"  (`flowlane signal {state['run']['run_id']} STEP --data JSON` completes one)")
+    return lines
 
 
 def _round(item: dict[str, Any], run: dict[str, Any]) -> str:

@@ -185,6 +185,10 @@ class Store:
         rows = await self.fetch("worker_requeue_stalled")
         return int(rows[0]["requeued"] or 0) if rows else 0
 
+    async def expire_waits(self) -> int:
+        rows = await self.fetch("worker_expire_waits")
+        return int(rows[0]["ended"] or 0) if rows else 0
+
     async def read(
         self, queue_name: str, *, vt: int, qty: int, poll_seconds: int | None
     ) -> list[int]:

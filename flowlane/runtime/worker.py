@@ -637,11 +637,21 @@ class Worker:
                     requeued = await store.requeue_stalled()
                     if requeued:
                         log.event(WARNING, "stalled_tasks_requeued", count=requeued)
+                    await self._expire_waits(session)
                     await self._recheck_coverage(session)
             except DATABASE_ERRORS as exc:
                 _maintenance_error(exc)
             wake_at = min(next_heartbeat, next_requeue, next_progress)
             await session.pause(max(0.05, wake_at - time.monotonic()))
+
+    @staticmethod
+    async def _expire_waits(session: Session) -> None:
+        """End the wait steps whose timeout passed (any worker may: a run another
+        transaction holds is left for the next call). Periodic work of the engine that is
+        not about this worker's queue; it belongs with the engine's other periodic work."""
+        ended = await session.store.expire_waits()
+        if ended:
+            log.event(WARNING, "wait_steps_timed_out", count=ended)
 
     async def _lease_loop(self, session: Session) -> None:
         """Renew the leases of held tasks until ``_serve`` cancels this loop, after the last

@@ -1,6 +1,6 @@
 """Wait steps and signals through the public SQL functions: a signal after its step is
 reached, before it, twice, to the wrong step, to a finished run; the wait timeout (driven by
-the time given to flowlane._expire_waits, never by sleeping); retries; concurrent duplicates."""
+the time given to flowlane.expire_waits, never by sleeping); retries; concurrent duplicates."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _refused(engine: Engine, run_id: Any, step: str, payload: Any, sqlstate: str
 
 def _expire(engine: Engine, seconds_from_now: float) -> int:
     return int(engine.scalar(
-        "select flowlane._expire_waits(now() + make_interval(secs => %s))", (seconds_from_now,)))
+        "select flowlane.expire_waits(now() + make_interval(secs => %s))", (seconds_from_now,)))
 
 
 def _finish_prepare(engine: Engine, run_id: uuid.UUID) -> None:

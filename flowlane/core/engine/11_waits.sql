@@ -3,7 +3,7 @@
 -- the transaction that records the signal, and starts its dependents. A signal that comes
 -- before its step is reached is kept and completes the step when it starts. A wait step
 -- with a timeout that passes without a signal ends as its when_exhausted says
--- (_expire_waits, called periodically).
+-- (expire_waits, called periodically).
 --
 -- Lock order: the run, then its step states (as everywhere else).
 
@@ -21,7 +21,7 @@ create table flowlane.signals (
 );
 
 -- when a waiting step with a timeout gives up; a row outlives its step (a signal, the run's
--- end) until _expire_waits meets it
+-- end) until expire_waits meets it
 create table flowlane.wait_deadlines (
   run_id uuid not null,
   step_slug text not null,
@@ -219,7 +219,7 @@ $$;
 -- wait steps whose timeout passed by p_now without a signal end as their when_exhausted
 -- says: fail (the run fails), skip or skip-cascade (the run goes on). Runs another
 -- transaction holds are left for the next call. Returns how many steps it ended.
-create function flowlane._expire_waits(p_now timestamptz = now()) returns int
+create function flowlane.expire_waits(p_now timestamptz = now()) returns int
 language plpgsql volatile
 set search_path = ''
 as $$
@@ -267,4 +267,27 @@ begin
   end loop;
   return v_ended;
 end;
+$$;
+
+-- the wait steps of a run for `flowlane run` and the console: each with its state, since
+-- when it waits, when it gives up, and its signal (kept or applied)
+create function flowlane.get_run_waits(run_id uuid) returns jsonb
+language sql stable
+set search_path = ''
+as $$
+  select coalesce(jsonb_agg(jsonb_build_object(
+           'step_slug', ss.step_slug,
+           'status', ss.status,
+           'waiting_since', case when ss.status = 'started' then ss.started_at end,
+           'expires_at', case when ss.status = 'started' then w.expires_at end,
+           'timeout', s.opt_timeout,
+           'signal', case when g.run_id is not null then jsonb_build_object(
+                       'payload', g.payload, 'received_at', g.received_at, 'applied_at', g.applied_at) end)
+         order by s.step_index), '[]'::jsonb)
+  from flowlane.runs r
+  join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_type = 'wait'
+  join flowlane.step_states ss on ss.run_id = r.run_id and ss.step_slug = s.step_slug
+  left join flowlane.wait_deadlines w on w.run_id = r.run_id and w.step_slug = s.step_slug
+  left join flowlane.signals g on g.run_id = r.run_id and g.step_slug = s.step_slug
+  where r.run_id = get_run_waits.run_id
 $$;

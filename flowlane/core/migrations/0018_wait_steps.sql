@@ -3,7 +3,7 @@
 --
 -- A step of type wait has no handler, no queue and no task: a signal (flowlane.signal)
 -- completes it with its payload; a signal that comes before the step starts is kept; a
--- timeout ends a step that waited too long (flowlane._expire_waits). steps.queue_name is
+-- timeout ends a step that waited too long (flowlane.expire_waits). steps.queue_name is
 -- null exactly for wait steps; stuck_runs does not count a run that waits for a signal.
 
 -- hand-written
@@ -606,7 +606,7 @@ $$;
 -- wait steps whose timeout passed by p_now without a signal end as their when_exhausted
 -- says: fail (the run fails), skip or skip-cascade (the run goes on). Runs another
 -- transaction holds are left for the next call. Returns how many steps it ended.
-create or replace function flowlane._expire_waits(p_now timestamptz = now()) returns int
+create or replace function flowlane.expire_waits(p_now timestamptz = now()) returns int
 language plpgsql volatile
 set search_path = ''
 as $$
@@ -654,4 +654,27 @@ begin
   end loop;
   return v_ended;
 end;
+$$;
+
+-- the wait steps of a run for `flowlane run` and the console: each with its state, since
+-- when it waits, when it gives up, and its signal (kept or applied)
+create or replace function flowlane.get_run_waits(run_id uuid) returns jsonb
+language sql stable
+set search_path = ''
+as $$
+  select coalesce(jsonb_agg(jsonb_build_object(
+           'step_slug', ss.step_slug,
+           'status', ss.status,
+           'waiting_since', case when ss.status = 'started' then ss.started_at end,
+           'expires_at', case when ss.status = 'started' then w.expires_at end,
+           'timeout', s.opt_timeout,
+           'signal', case when g.run_id is not null then jsonb_build_object(
+                       'payload', g.payload, 'received_at', g.received_at, 'applied_at', g.applied_at) end)
+         order by s.step_index), '[]'::jsonb)
+  from flowlane.runs r
+  join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_type = 'wait'
+  join flowlane.step_states ss on ss.run_id = r.run_id and ss.step_slug = s.step_slug
+  left join flowlane.wait_deadlines w on w.run_id = r.run_id and w.step_slug = s.step_slug
+  left join flowlane.signals g on g.run_id = r.run_id and g.step_slug = s.step_slug
+  where r.run_id = get_run_waits.run_id
 $$;

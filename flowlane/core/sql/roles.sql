@@ -18,18 +18,18 @@ declare
     'register_worker', 'heartbeat', 'mark_worker_stopped', 'enable_queue_notify',
     'start_tasks', 'claim_tasks', 'complete_task', 'complete_tasks', 'fail_task', 'fail_tasks',
     'fail_task_detailed',
-    'extend_leases', 'requeue_stalled_tasks',
+    'extend_leases', 'requeue_stalled_tasks', 'expire_waits',
     'set_deployment_enabled',  -- a worker disables its own deployment on unsupported work (6.4)
     'record_worker_refusal'];
   v_read constant text[] := array[
     'verify_flow', 'coverage', 'drain_status', 'get_flow_shape', 'get_run_with_states',
-    'get_run_attempts', 'stuck_runs', 'json_limits', 'json_depth_exceeds',
+    'get_run_attempts', 'get_run_waits', 'stuck_runs', 'json_limits', 'json_depth_exceeds',
     'calculate_retry_delay', 'is_valid_slug', 'is_valid_queue_name',
     'is_valid_deployment_name', 'resolve_flow'];
   v_admin constant text[] := array[
     'create_flow', 'add_step', 'ensure_flow_shape', 'ensure_flow_compiled', 'set_alias',
     'delete_flow_and_data', 'adopt_queue', 'begin_rollout', 'finish_rollout',
-    'start_flow', 'start_flows', 'start_ready_steps', 'cancel_run', 'retry_run'];
+    'start_flow', 'start_flows', 'start_ready_steps', 'cancel_run', 'retry_run', 'signal'];
   -- claim_tasks, fail_tasks and start_flows: the set-based engine (0009)
   v_unclassified text;
   v_fn record;

@@ -32,6 +32,9 @@ select flowlane.mark_worker_stopped(%(worker_id)s::uuid)
 -- name: worker_requeue_stalled
 select flowlane.requeue_stalled_tasks() as requeued
 
+-- name: worker_expire_waits
+select flowlane.expire_waits() as ended
+
 
 -- name: worker_enable_notify
 select flowlane.enable_queue_notify(%(queue_name)s) as installed
@@ -119,7 +122,12 @@ select run_id, flow_slug, started_at, reason from flowlane.stuck_runs()
 
 -- name: client_get_run
 select flowlane.get_run_with_states(%(run_id)s::uuid)
-       || jsonb_build_object('attempts', flowlane.get_run_attempts(%(run_id)s::uuid)) as run
+       || jsonb_build_object('attempts', flowlane.get_run_attempts(%(run_id)s::uuid),
+                             'waits', flowlane.get_run_waits(%(run_id)s::uuid)) as run
+
+-- name: client_signal
+select run_id, step_slug, payload, received_at, applied_at
+from flowlane.signal(%(run_id)s::uuid, %(step)s, %(payload)s::jsonb)
 
 -- name: listen_definitions
 -- every change of flows, steps, aliases, queues or deployments (migration 0015)
