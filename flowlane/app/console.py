@@ -33,6 +33,8 @@ THROUGHPUT_MINUTES = 15
 ACTIONS = {
     "cancel": "client_cancel_run",
     "retry": "client_retry_run",
+    "approve": "console_decide",  # a signal {approved: true, by, at, comment}
+    "reject": "console_decide",
     "set_deployment_enabled": "fleet_set_enabled",
 }
 

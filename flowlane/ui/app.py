@@ -211,6 +211,10 @@ ACTION_FORMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "cancel": ("Cancel run {run_id}? Queued tasks are archived and dependents never start.",
                ("run_id", "reason")),
     "retry": ("Retry the failed steps of run {run_id} with a fresh attempt budget?", ("run_id",)),
+    "approve": ("Approve step {step} of run {run_id}? The approval completes the step.",
+                ("run_id", "step", "by", "comment")),
+    "reject": ("Reject step {step} of run {run_id}? The rejection completes the step.",
+               ("run_id", "step", "by", "comment")),
     "set_deployment_enabled": ("{verb} worker deployment {deployment}?", ("deployment", "enabled", "reason")),
 }
 
@@ -244,6 +248,9 @@ def _action_routes(console: Console, render: Callable[..., Response]) -> list[Ro
         back = safe_back(form.get("back"))
         if "enabled" in params:
             params["enabled"] = params["enabled"] == "true"
+        if name in ("approve", "reject"):
+            params["approved"] = name == "approve"
+            params["by"] = params["by"].strip() or "the console"
         if "reason" in params and not params["reason"]:
             # a disabled deployment or a cancelled run says who did it; enabling clears the reason
             params["reason"] = None if params.get("enabled") is True else "from the console"

@@ -84,11 +84,18 @@ select s.step_slug, s.step_index, s.step_type, s.queue_name,
        st.created_at, st.started_at, coalesce(st.completed_at, st.failed_at, st.skipped_at, st.cancelled_at) as ended_at,
        octet_length(st.output::text) as output_bytes,
        t.tasks, t.queued, t.started, t.completed, t.failed, t.skipped, t.cancelled, t.attempts,
-       t.requeued
+       t.requeued,
+       w.expires_at as wait_expires_at, g.received_at as signal_received_at,
+       g.applied_at as signal_applied_at, g.payload ->> 'by' as decided_by,
+       g.payload ->> 'at' as decided_at, g.payload ->> 'comment' as decision_comment,
+       case when jsonb_typeof(g.payload -> 'approved') = 'boolean'
+            then (g.payload ->> 'approved')::boolean end as approved
 from flowlane.runs r
 join flowlane.steps s on s.flow_slug = r.flow_slug
 join flowlane.step_options o on o.flow_slug = s.flow_slug and o.step_slug = s.step_slug
 left join flowlane.step_states st on st.run_id = r.run_id and st.step_slug = s.step_slug
+left join flowlane.wait_deadlines w on w.run_id = r.run_id and w.step_slug = s.step_slug
+left join flowlane.signals g on g.run_id = r.run_id and g.step_slug = s.step_slug
 left join lateral (
   select count(*) as tasks,
          count(*) filter (where k.status = 'queued') as queued,
@@ -197,3 +204,9 @@ from flowlane.worker_deployments d
 left join flowlane.workers w on w.deployment_name = d.deployment_name
 group by d.deployment_name
 order by d.deployment_name collate "C"
+
+-- name: console_decide
+-- approve or reject from the console: a signal {approved, by, at, comment} to a wait step
+select run_id from flowlane.signal(%(run_id)s::uuid, %(step)s, jsonb_build_object(
+  'approved', %(approved)s::boolean, 'by', %(by)s::text, 'at', now(),
+  'comment', nullif(%(comment)s::text, '')))
