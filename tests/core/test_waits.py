@@ -276,3 +276,155 @@ def test_a_signal_whose_backend_dies_before_commit_changes_nothing(engine: Engin
     assert engine.statuses(run_id)["approve"] == "started"
     _signal(engine, run_id, "approve", {"kept": True})
     assert engine.states(run_id)["approve"]["output"] == {"kept": True}
+
+
+# -- child flows ---------------------------------------------------------------------------
+
+
+def _children(engine: Engine, run_id: uuid.UUID) -> list[dict[str, Any]]:
+    return engine.rows("select * from flowlane.runs where parent_run_id = %s "
+                       "order by parent_task_index, started_at, run_id", (run_id,))
+
+
+def _family(engine: Engine, **parent_step: Any) -> None:
+    """child: double (one handler step); parent: prep -> sub (child flow `child`) -> use"""
+    engine.define("child", [("double", [], {})])
+    engine.define("parent", [("prep", [], {}), ("sub", ["prep"], {"child_flow": "child", **parent_step}),
+                             ("use", ["sub"], {})])
+
+
+def _run_children(engine: Engine, outputs: Any = None, fail: bool = False) -> list[dict[str, Any]]:
+    tasks = engine.claim("child")
+    for task in tasks:
+        if fail:
+            engine.fail(task, "child broke")
+        else:
+            engine.complete(task, {"twice": 2 * task["input"]["prep"]["n"]} if outputs is None
+                            else outputs(task))
+    return tasks
+
+
+def test_a_child_flow_step_starts_a_child_run_and_completes_with_its_output(engine: Engine) -> None:
+    _family(engine)
+    run_id = engine.start("parent", {})
+    [prep] = engine.claim("parent")
+    engine.complete(prep, {"n": 21})
+    [child] = _children(engine, run_id)
+    assert (child["flow_slug"], child["parent_step_slug"], child["parent_task_index"]) == ("child", "sub", 0)
+    assert child["input"] == {"prep": {"n": 21}}  # the input a handler of the step would get
+    assert engine.tasks(run_id, "sub") == [] and engine.rows("select * from flowlane.stuck_runs()") == []
+
+    _run_children(engine)
+
+    sub = engine.states(run_id)["sub"]
+    assert (sub["status"], sub["output"]) == ("completed", {"double": {"twice": 42}})
+    [use] = engine.claim("parent")
+    assert use["input"] == {"sub": {"double": {"twice": 42}}}
+    family = engine.scalar("select flowlane.get_run_family(%s)", (child["run_id"],))
+    assert family["parent"]["run_id"] == str(run_id) and family["parent"]["step_slug"] == "sub"
+
+
+def test_an_alias_is_resolved_when_the_step_starts_and_the_version_recorded(engine: Engine) -> None:
+    engine.define("child_v1", [("double", [], {})])
+    engine.define("child_v2", [("double", [], {})])
+    engine.conn.execute("select flowlane.set_alias('kid', 'child_v1')")
+    engine.define("parent", [("sub", [], {"child_flow": "kid"})])
+    first = engine.start("parent", {"n": 1})
+    engine.conn.execute("select flowlane.set_alias('kid', 'child_v2', array['child_v1'])")
+    second = engine.start("parent", {"n": 2})
+    assert [c["flow_slug"] for c in _children(engine, first)] == ["child_v1"]
+    assert [c["flow_slug"] for c in _children(engine, second)] == ["child_v2"]
+    assert engine.states(first)["sub"]["status"] == "started"
+
+
+def test_a_failed_child_is_retried_with_a_new_child_run_then_fails_the_parent(engine: Engine) -> None:
+    _family(engine, max_attempts=2)
+    engine.conn.execute("update flowlane.flows set opt_max_attempts = 1 where flow_slug = 'child'")
+    run_id = engine.start("parent", {})
+    [prep] = engine.claim("parent")
+    engine.complete(prep, {"n": 1})
+    _run_children(engine, fail=True)
+    children = _children(engine, run_id)
+    assert [c["status"] for c in children] == ["failed", "started"]  # attempt 2: a new run
+    assert engine.states(run_id)["sub"]["status"] == "started"
+
+    _run_children(engine, fail=True)
+
+    run = engine.run(run_id)
+    assert run["status"] == "failed"
+    assert "child run" in run["error_message"] and "failed after 2 attempts" in run["error_message"]
+    assert "child broke" in run["error_message"]
+    engine.conn.execute("select flowlane.retry_run(%s)", (run_id,))  # a parent retry: new children
+    assert [c["status"] for c in _children(engine, run_id)] == ["failed", "failed", "started"]
+    _run_children(engine)
+    assert engine.states(run_id)["sub"]["status"] == "completed"
+
+
+def test_cancelling_a_parent_cancels_its_children_and_a_cancelled_child_fails_the_step(
+    engine: Engine,
+) -> None:
+    _family(engine, max_attempts=1)  # a cancelled child is a failed attempt: none is left
+    first = engine.start("parent", {})
+    second = engine.start("parent", {})
+    for prep in engine.claim("parent"):
+        engine.complete(prep, {"n": 1})
+    engine.conn.execute("select flowlane.cancel_run(%s, 'stop')", (first,))
+    [cancelled] = _children(engine, first)
+    assert cancelled["status"] == "cancelled" and cancelled["cancel_reason"] == f"parent run {first} cancelled"
+    assert [t["status"] for t in engine.tasks(cancelled["run_id"])] == ["cancelled"]
+
+    [child] = _children(engine, second)
+    engine.conn.execute("select flowlane.cancel_run(%s, 'operator')", (child["run_id"],))
+    run = engine.run(second)
+    assert run["status"] == "failed" and "cancelled after 1 attempt: operator" in run["error_message"]
+    assert engine.states(second)["sub"]["status"] == "failed"
+
+
+def test_a_failed_parent_cancels_its_started_children(engine: Engine) -> None:
+    engine.define("child", [("double", [], {})])
+    engine.define("parent", [("sub", [], {"child_flow": "child"}), ("other", [], {"max_attempts": 1})])
+    run_id = engine.start("parent", {"n": 1})
+    [other] = engine.claim("parent")
+    engine.fail(other, "boom")
+    assert [c["status"] for c in _children(engine, run_id)] == ["cancelled"]
+
+
+def test_a_map_step_starts_one_child_per_element_and_collects_their_outputs(engine: Engine) -> None:
+    engine.define("child", [("double", [], {})])
+    engine.define("parent", [("each", [], {"step_type": "map", "child_flow": "child"})])
+    run_id = engine.start("parent", [3, 1, 2])
+    children = _children(engine, run_id)
+    assert [(c["parent_task_index"], c["input"]) for c in children] == [(0, 3), (1, 1), (2, 2)]
+    tasks = {t["run_id"]: t for t in engine.claim("child")}
+    for child in reversed(children):  # in any order
+        task = tasks[child["run_id"]]
+        engine.complete(task, task["input"] * 10)
+    run = engine.run(run_id)
+    assert run["status"] == "completed"
+    assert run["output"] == {"each": [{"double": 30}, {"double": 10}, {"double": 20}]}
+
+
+def test_a_child_that_cannot_start_fails_its_step_and_an_empty_map_starts_none(engine: Engine) -> None:
+    engine.define("child", [("items", [], {"step_type": "map"})])  # needs an array input
+    engine.define("parent", [("sub", [], {"child_flow": "child"})])
+    engine.define("fan", [("none", [], {"step_type": "map", "child_flow": "child"})])
+    run_id = engine.start("parent", {"not": "an array"})
+    run = engine.run(run_id)
+    assert run["status"] == "failed" and "cannot start child flow child" in run["error_message"]
+    assert "must be a JSON array" in run["error_message"]  # the child flow's own refusal
+    assert _children(engine, run_id) == []
+    empty = engine.start("fan", [])
+    assert engine.run(empty)["output"] == {"none": []} and _children(engine, empty) == []
+
+
+def test_a_child_flow_step_takes_no_queue_and_is_part_of_the_shape(engine: Engine) -> None:
+    engine.create_flow("f", queue_mode="explicit")
+    with pytest.raises(psycopg.Error, match="queue_name must be null"):
+        engine.add_step("f", "s", child_flow="other", queue_name="q")
+    with pytest.raises(psycopg.Error, match="a wait step cannot start a child flow"):
+        engine.add_step("f", "s", child_flow="other", step_type="wait")
+    engine.add_step("f", "s", child_flow="other")
+    shape = engine.scalar("select flowlane.get_flow_shape('f')")
+    assert shape["steps"][0]["flow"] == "other" and shape["steps"][0]["queue"] is None
+    with pytest.raises(psycopg.Error, match="different child_flow"):
+        engine.add_step("f", "s", child_flow="another")

@@ -52,6 +52,7 @@ create table flowlane.steps (
   when_exhausted text default 'fail' not null,
   created_at timestamptz default now() not null,
   queue_name text,
+  child_flow text,
   constraint steps_index_unique unique (flow_slug, step_index),
   constraint steps_pkey primary key (flow_slug, step_slug),
   constraint steps_base_delay_nonnegative check ((opt_base_delay is null) or (opt_base_delay >= 0)),
@@ -66,7 +67,8 @@ create table flowlane.steps (
   constraint steps_timeout_at_most_2147483617 check ((opt_timeout is null) or (opt_timeout <= 2147483617)),
   constraint steps_timeout_positive check ((opt_timeout is null) or (opt_timeout >= 1)),
   constraint steps_type_valid check (step_type in ('single', 'map', 'wait')),
-  constraint steps_queue_unless_wait check ((queue_name is null) = (step_type = 'wait')),
+  constraint steps_queue_iff_handler check ((queue_name is null) = ((step_type = 'wait') or (child_flow is not null))),
+  constraint steps_child_flow_not_wait check ((child_flow is null) or (step_type <> 'wait')),
   constraint steps_when_exhausted_valid check (when_exhausted in ('fail', 'skip', 'skip-cascade')),
   constraint steps_when_unmet_needs_pattern check ((when_unmet = 'skip') or (required_input_pattern is not null) or (forbidden_input_pattern is not null)),
   constraint steps_when_unmet_valid check (when_unmet in ('skip', 'skip-cascade', 'fail')),
@@ -129,7 +131,11 @@ create table flowlane.runs (
   cancel_reason text,
   retry_count int default 0 not null,
   retried_at timestamptz,
+  parent_run_id uuid,
+  parent_step_slug text,
+  parent_task_index int,
   constraint runs_pkey primary key (run_id),
+  constraint runs_parent_complete check (((parent_run_id is null) = (parent_step_slug is null)) and ((parent_run_id is null) = (parent_task_index is null))),
   constraint runs_cancel_reason_only_cancelled check ((cancel_reason is null) or (status = 'cancelled')),
   constraint runs_cancelled_after_start check ((cancelled_at is null) or (cancelled_at >= started_at)),
   constraint runs_cancelled_at check ((status = 'cancelled') = (cancelled_at is not null)),
@@ -152,6 +158,8 @@ create index runs_flow_idx on flowlane.runs (flow_slug);
 create index runs_in_flight_idx on flowlane.runs (run_id) where (status = 'started');
 
 create index runs_started_idx on flowlane.runs (started_at desc, run_id);
+
+create index runs_parent_idx on flowlane.runs (parent_run_id, parent_step_slug, parent_task_index) where (parent_run_id is not null);
 
 create table flowlane.step_states (
   flow_slug text not null,

@@ -314,8 +314,9 @@ begin
     group by 1, 2
     order by 1, 2
   loop
-    if v_group.queue_name is null then  -- wait steps: no task (11_waits.sql)
+    if v_group.queue_name is null then  -- wait and child-flow steps: no task (11_waits.sql, 12_children.sql)
       perform flowlane._begin_waits(v_started);
+      perform flowlane._start_children(v_started);
       continue;
     end if;
     insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)

@@ -89,7 +89,7 @@ begin
                 else 'no queued or started task' end
     from flowlane.runs r
     where r.status = 'started'
-      and not flowlane._waits_for_signal(r.run_id)
+      and not flowlane._waits_outside_queues(r.run_id)
       and not exists (
         select 1 from flowlane.step_tasks t
         join unnest(v_live_queues, v_live_ids) as l(queue_name, msg_id)

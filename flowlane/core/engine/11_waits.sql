@@ -32,35 +32,59 @@ create table flowlane.wait_deadlines (
 
 create index wait_deadlines_expiry_idx on flowlane.wait_deadlines (expires_at);
 
--- the queue of a new step: a wait step has none (nothing is sent for it, no worker serves it)
+-- the queue of a new step: a wait step and a child-flow step have none (nothing is sent for
+-- them, no worker serves them)
 create function flowlane._step_queue(
-  p_flow_slug text, p_step_slug text, p_step_index int, p_mode text, p_type text, p_given text
+  p_flow_slug text, p_step_slug text, p_step_index int, p_mode text, p_type text, p_given text,
+  p_child_flow text
 ) returns text
 language plpgsql stable
 set search_path = ''
 as $$
 begin
-  if p_type <> 'wait' then
+  if p_type <> 'wait' and p_child_flow is null then
     return flowlane._resolve_queue(p_flow_slug, p_step_slug, p_step_index, p_mode, p_given);
   end if;
   if p_given is not null then
-    raise exception 'step "%" of flow "%" is a wait step: it has no handler and no queue, so queue_name must be null, not "%"',
-      p_step_slug, p_flow_slug, p_given
-      using errcode = '22023', hint = 'a wait step completes with a signal (flowlane.signal); no worker serves it';
+    raise exception 'step "%" of flow "%" is a % step: it has no handler and no queue, so queue_name must be null, not "%"',
+      p_step_slug, p_flow_slug, case when p_type = 'wait' then 'wait' else 'child-flow' end, p_given
+      using errcode = '22023', hint = 'a wait step completes with a signal, a child-flow step with its child run; no worker serves either';
   end if;
   return null;
 end;
 $$;
 
--- a started run that waits for a signal is not stuck: what moves it comes from outside
-create function flowlane._waits_for_signal(p_run_id uuid) returns boolean
+-- a child-flow step names a flow or alias (resolved when the step starts) and is not a wait step
+create function flowlane._check_child_flow(p_flow text, p_step text, p_type text, p_child_flow text)
+returns void
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  if p_child_flow is null then
+    return;
+  end if;
+  if p_type = 'wait' then
+    raise exception 'step "%" of flow "%": a wait step cannot start a child flow', p_step, p_flow
+      using errcode = '22023';
+  end if;
+  if not flowlane.is_valid_slug(p_child_flow) then
+    raise exception 'step "%" of flow "%": child_flow % is not a flow or alias slug', p_step, p_flow,
+      quote_literal(p_child_flow) using errcode = '22023';
+  end if;
+end;
+$$;
+
+-- a started run that waits for a signal or a child run is not stuck: what moves it comes
+-- from outside its queues
+create function flowlane._waits_outside_queues(p_run_id uuid) returns boolean
 language sql stable
 set search_path = ''
 as $$
   select exists (
     select 1 from flowlane.step_states ss
     join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
-    where ss.run_id = p_run_id and ss.status = 'started' and s.step_type = 'wait')
+    where ss.run_id = p_run_id and ss.status = 'started' and s.queue_name is null)
 $$;
 
 -- the wait steps among steps that just started (callers hold their runs' locks): each gets
@@ -99,7 +123,8 @@ begin
 end;
 $$;
 
--- retry_run: a wait step the run's failure ended while it waited waits again, from the start
+-- retry_run: a wait or child-flow step the run's failure ended while it waited starts
+-- again from the beginning (a new wait; new child runs)
 create function flowlane._reopen_waits(p_run_id uuid) returns void
 language sql volatile
 set search_path = ''
@@ -108,7 +133,7 @@ as $$
      set status = 'created', cancelled_at = null, started_at = null, remaining_tasks = null
     from flowlane.steps s
    where ss.run_id = p_run_id and ss.status = 'cancelled' and ss.started_at is not null
-     and s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug and s.step_type = 'wait';
+     and s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug and s.queue_name is null;
 $$;
 
 -- deliver a signal to a run's wait step: it completes the step with the payload as its

@@ -23,7 +23,7 @@ declare
     'record_worker_refusal'];
   v_read constant text[] := array[
     'verify_flow', 'coverage', 'drain_status', 'get_flow_shape', 'get_run_with_states',
-    'get_run_attempts', 'get_run_waits', 'stuck_runs', 'json_limits', 'json_depth_exceeds',
+    'get_run_attempts', 'get_run_waits', 'get_run_family', 'stuck_runs', 'json_limits', 'json_depth_exceeds',
     'calculate_retry_delay', 'is_valid_slug', 'is_valid_queue_name',
     'is_valid_deployment_name', 'resolve_flow'];
   v_admin constant text[] := array[

@@ -1,20 +1,34 @@
--- flowlane SQL Core 0018: wait steps.
+-- flowlane SQL Core 0018: wait steps and child flows.
 -- Drafted by `python -m flowlane.core.draft_migration` from the engine source; reviewed.
 --
 -- A step of type wait has no handler, no queue and no task: a signal (flowlane.signal)
 -- completes it with its payload; a signal that comes before the step starts is kept; a
--- timeout ends a step that waited too long (flowlane.expire_waits). steps.queue_name is
--- null exactly for wait steps; stuck_runs does not count a run that waits for a signal.
+-- timeout ends a step that waited too long (flowlane.expire_waits). A step with a child
+-- flow (steps.child_flow) starts a run of that flow (one per element for a map step),
+-- linked by runs.parent_*, and completes with its output; failures and cancellations go
+-- both ways through row triggers on runs.status. steps.queue_name is null exactly for these
+-- two kinds of step; stuck_runs does not count a run that waits for either.
 
 -- hand-written
 alter table flowlane.steps alter column queue_name drop not null;
+alter table flowlane.steps add column child_flow text;
 alter table flowlane.steps drop constraint steps_type_valid;
 alter table flowlane.steps add constraint steps_type_valid check (step_type in ('single', 'map', 'wait'));
-alter table flowlane.steps
-  add constraint steps_queue_unless_wait check ((queue_name is null) = (step_type = 'wait'));
+alter table flowlane.steps add constraint steps_queue_iff_handler
+  check ((queue_name is null) = ((step_type = 'wait') or (child_flow is not null)));
+alter table flowlane.steps add constraint steps_child_flow_not_wait
+  check ((child_flow is null) or (step_type <> 'wait'));
 alter table flowlane.step_states drop constraint step_states_skip_reason_valid;
 alter table flowlane.step_states add constraint step_states_skip_reason_valid
   check ((skip_reason is null) or (skip_reason in ('condition_unmet', 'handler_failed', 'dependency_skipped', 'wait_timeout')));
+
+alter table flowlane.runs add column parent_run_id uuid;
+alter table flowlane.runs add column parent_step_slug text;
+alter table flowlane.runs add column parent_task_index int;
+alter table flowlane.runs add constraint runs_parent_complete
+  check (((parent_run_id is null) = (parent_step_slug is null)) and ((parent_run_id is null) = (parent_task_index is null)));
+create index runs_parent_idx on flowlane.runs (parent_run_id, parent_step_slug, parent_task_index)
+  where (parent_run_id is not null);
 
 create table flowlane.signals (
   run_id uuid not null,
@@ -38,6 +52,8 @@ create table flowlane.wait_deadlines (
 create index wait_deadlines_expiry_idx on flowlane.wait_deadlines (expires_at);
 -- end of hand-written
 
+drop function flowlane.add_step(text,text,text[],integer,integer,integer,integer,text,jsonb,jsonb,text,text,text);
+
 create or replace function flowlane.add_step(
   flow_slug text,
   step_slug text,
@@ -51,7 +67,8 @@ create or replace function flowlane.add_step(
   forbidden_input_pattern jsonb = null,
   when_unmet text = 'skip',
   when_exhausted text = 'fail',
-  queue_name text = null
+  queue_name text = null,
+  child_flow text = null
 ) returns flowlane.steps
 language plpgsql volatile
 set search_path = ''
@@ -123,7 +140,9 @@ begin
   else
     select coalesce(max(s.step_index) + 1, 0) into v_index from flowlane.steps s where s.flow_slug = v_flow;
   end if;
-  v_queue := flowlane._step_queue(v_flow, v_step, v_index, v_mode, v_type, add_step.queue_name);
+  perform flowlane._check_child_flow(v_flow, v_step, v_type, add_step.child_flow);
+  v_queue := flowlane._step_queue(v_flow, v_step, v_index, v_mode, v_type, add_step.queue_name,
+                                  add_step.child_flow);
 
   if v_existing.flow_slug is not null then
     select coalesce(array_agg(d.dep_slug order by d.dep_slug collate "C"), '{}') into v_existing_deps
@@ -150,6 +169,9 @@ begin
     end if;
     if v_existing.queue_name is distinct from v_queue then
       perform flowlane._shape_mismatch(v_flow, v_step, 'queue_name', v_existing.queue_name, v_queue);
+    end if;
+    if v_existing.child_flow is distinct from add_step.child_flow then
+      perform flowlane._shape_mismatch(v_flow, v_step, 'child_flow', v_existing.child_flow, add_step.child_flow);
     end if;
     if v_queue is not null then
       perform flowlane._ensure_queue(v_queue, v_flow, v_mode);
@@ -189,13 +211,150 @@ begin
   end if;
   insert into flowlane.steps (flow_slug, step_slug, step_type, step_index, deps_count,
     opt_max_attempts, opt_base_delay, opt_timeout, opt_start_delay,
-    required_input_pattern, forbidden_input_pattern, when_unmet, when_exhausted, queue_name)
+    required_input_pattern, forbidden_input_pattern, when_unmet, when_exhausted, queue_name, child_flow)
   values (v_flow, v_step, v_type, v_index, cardinality(v_sorted_deps), max_attempts, base_delay, timeout,
-    start_delay, required_input_pattern, forbidden_input_pattern, v_unmet, v_exhausted, v_queue)
+    start_delay, required_input_pattern, forbidden_input_pattern, v_unmet, v_exhausted, v_queue,
+    add_step.child_flow)
   returning * into v_row;
   insert into flowlane.deps (flow_slug, dep_slug, step_slug)
   select v_flow, d, v_step from unnest(v_sorted_deps) d;
   return v_row;
+end;
+$$;
+
+create or replace function flowlane.get_flow_shape(flow_slug text) returns jsonb
+language sql stable
+set search_path = ''
+as $$
+  select jsonb_build_object(
+    'queue_mode', f.queue_mode,
+    'steps', coalesce((
+      select jsonb_agg(jsonb_build_object(
+               'slug', s.step_slug,
+               'type', s.step_type,
+               'needs', coalesce((select jsonb_agg(d.dep_slug order by d.dep_slug collate "C")
+                                  from flowlane.deps d
+                                  where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug), '[]'::jsonb),
+               'if', s.required_input_pattern,
+               'unless', s.forbidden_input_pattern,
+               'when_unmet', s.when_unmet,
+               'when_exhausted', s.when_exhausted,
+               'queue', s.queue_name)
+             -- a child-flow step's flow is part of its shape; other steps have no such key
+             || case when s.child_flow is null then '{}'::jsonb
+                     else jsonb_build_object('flow', s.child_flow) end order by s.step_index)
+      from flowlane.steps s where s.flow_slug = f.flow_slug), '[]'::jsonb))
+  from flowlane.flows f
+  where f.flow_slug = get_flow_shape.flow_slug
+$$;
+
+-- readable differences between the stored shape and a given one
+create or replace function flowlane._shape_differences(p_db jsonb, p_given jsonb) returns text[]
+language plpgsql immutable
+set search_path = ''
+as $$
+declare
+  v_out text[] := '{}';
+  v_db_steps jsonb := coalesce(p_db -> 'steps', '[]'::jsonb);
+  v_given_steps jsonb := coalesce(p_given -> 'steps', '[]'::jsonb);
+  v_n int;
+  v_key text;
+  v_db_step jsonb;
+  v_given_step jsonb;
+  v_label text;
+begin
+  if jsonb_typeof(p_given) is distinct from 'object' or jsonb_typeof(v_given_steps) <> 'array' then
+    raise exception 'a flow shape is a JSON object with "queue_mode" and a "steps" array, got %',
+      coalesce(left(p_given::text, 200), 'null') using errcode = '22023';
+  end if;
+  if (p_db -> 'queue_mode') is distinct from (p_given -> 'queue_mode') then
+    v_out := v_out || format('queue_mode: %s in the database, %s in the given shape',
+      flowlane._shape_text(p_db -> 'queue_mode'), flowlane._shape_text(p_given -> 'queue_mode'));
+  end if;
+  for v_key in select k from jsonb_object_keys(p_given) k
+               where k not in ('queue_mode', 'steps') order by k loop
+    v_out := v_out || format('unknown key %s in the given shape', v_key);
+  end loop;
+  if jsonb_array_length(v_db_steps) <> jsonb_array_length(v_given_steps) then
+    v_out := v_out || format('step count: %s in the database, %s in the given shape',
+      jsonb_array_length(v_db_steps), jsonb_array_length(v_given_steps));
+  end if;
+  v_n := greatest(jsonb_array_length(v_db_steps), jsonb_array_length(v_given_steps));
+  for i in 0 .. v_n - 1 loop
+    v_db_step := v_db_steps -> i;
+    v_given_step := v_given_steps -> i;
+    if v_db_step is null then
+      v_out := v_out || format('step %s (%s): only in the given shape', i, flowlane._shape_text(v_given_step -> 'slug'));
+      continue;
+    elsif v_given_step is null then
+      v_out := v_out || format('step %s (%s): only in the database', i, flowlane._shape_text(v_db_step -> 'slug'));
+      continue;
+    end if;
+    if (v_db_step -> 'slug') is distinct from (v_given_step -> 'slug') then
+      v_out := v_out || format('step %s: slug is %s in the database, %s in the given shape', i,
+        flowlane._shape_text(v_db_step -> 'slug'), flowlane._shape_text(v_given_step -> 'slug'));
+      continue;
+    end if;
+    v_label := format('step %s (%s)', i, flowlane._shape_text(v_db_step -> 'slug'));
+    foreach v_key in array array['type', 'needs', 'if', 'unless', 'when_unmet', 'when_exhausted', 'queue', 'flow'] loop
+      if (v_db_step -> v_key) is distinct from (v_given_step -> v_key) then
+        v_out := v_out || format('%s: %s is %s in the database, %s in the given shape', v_label, v_key,
+          flowlane._shape_text(v_db_step -> v_key), flowlane._shape_text(v_given_step -> v_key));
+      end if;
+    end loop;
+    for v_key in select k from jsonb_object_keys(v_given_step) k
+                 where k not in ('slug', 'type', 'needs', 'if', 'unless', 'when_unmet', 'when_exhausted', 'queue', 'flow')
+                 order by k loop
+      v_out := v_out || format('%s: unknown key %s in the given shape', v_label, v_key);
+    end loop;
+  end loop;
+  return v_out;
+end;
+$$;
+
+create or replace function flowlane.ensure_flow_compiled(flow_slug text, shape jsonb) returns jsonb
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_slug text := ensure_flow_compiled.flow_slug;
+  v_step jsonb;
+  v_diff text[];
+begin
+  perform pg_advisory_xact_lock(hashtext('flowlane.flow:' || lower(v_slug)));
+  if not exists (select 1 from flowlane.flows f where f.flow_slug = v_slug) then
+    -- validate the document before creating anything
+    v_diff := flowlane._shape_differences(jsonb_build_object('queue_mode', shape -> 'queue_mode', 'steps', '[]'::jsonb), shape);
+    perform flowlane.create_flow(v_slug, queue_mode => shape ->> 'queue_mode');
+    for v_step in select e from jsonb_array_elements(shape -> 'steps') e loop
+      perform flowlane.add_step(
+        flow_slug => v_slug,
+        step_slug => v_step ->> 'slug',
+        deps_slugs => coalesce((select array_agg(n order by o) from jsonb_array_elements_text(v_step -> 'needs') with ordinality as x(n, o)), '{}'),
+        step_type => coalesce(v_step ->> 'type', 'single'),
+        required_input_pattern => nullif(v_step -> 'if', 'null'::jsonb),
+        forbidden_input_pattern => nullif(v_step -> 'unless', 'null'::jsonb),
+        when_unmet => coalesce(v_step ->> 'when_unmet', 'skip'),
+        when_exhausted => coalesce(v_step ->> 'when_exhausted', 'fail'),
+        queue_name => v_step ->> 'queue',
+        child_flow => v_step ->> 'flow');
+    end loop;
+    v_diff := flowlane._shape_differences(flowlane.get_flow_shape(v_slug), shape);
+    if cardinality(v_diff) > 0 then
+      raise exception 'FLOWLANE_SHAPE_MISMATCH: the shape given for flow "%" is not what it compiles to', v_slug
+        using errcode = '23514', detail = array_to_string(v_diff, E'\n'),
+              hint = 'check the shape document (needs sorted by code point, defaults written out)';
+    end if;
+    update flowlane.flows f set shape_sealed_at = now() where f.flow_slug = v_slug;
+    return jsonb_build_object('status', 'compiled', 'differences', '[]'::jsonb);
+  end if;
+  v_diff := flowlane._shape_differences(flowlane.get_flow_shape(v_slug), shape);
+  if cardinality(v_diff) = 0 then
+    update flowlane.flows f set shape_sealed_at = now()
+     where f.flow_slug = v_slug and f.shape_sealed_at is null;
+    return jsonb_build_object('status', 'verified', 'differences', '[]'::jsonb);
+  end if;
+  return jsonb_build_object('status', 'mismatch', 'differences', to_jsonb(v_diff));
 end;
 $$;
 
@@ -274,8 +433,9 @@ begin
     group by 1, 2
     order by 1, 2
   loop
-    if v_group.queue_name is null then  -- wait steps: no task (11_waits.sql)
+    if v_group.queue_name is null then  -- wait and child-flow steps: no task (11_waits.sql, 12_children.sql)
       perform flowlane._begin_waits(v_started);
+      perform flowlane._start_children(v_started);
       continue;
     end if;
     insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)
@@ -326,7 +486,7 @@ begin
                 else 'no queued or started task' end
     from flowlane.runs r
     where r.status = 'started'
-      and not flowlane._waits_for_signal(r.run_id)
+      and not flowlane._waits_outside_queues(r.run_id)
       and not exists (
         select 1 from flowlane.step_tasks t
         join unnest(v_live_queues, v_live_ids) as l(queue_name, msg_id)
@@ -419,35 +579,59 @@ begin
 end;
 $$;
 
--- the queue of a new step: a wait step has none (nothing is sent for it, no worker serves it)
+-- the queue of a new step: a wait step and a child-flow step have none (nothing is sent for
+-- them, no worker serves them)
 create or replace function flowlane._step_queue(
-  p_flow_slug text, p_step_slug text, p_step_index int, p_mode text, p_type text, p_given text
+  p_flow_slug text, p_step_slug text, p_step_index int, p_mode text, p_type text, p_given text,
+  p_child_flow text
 ) returns text
 language plpgsql stable
 set search_path = ''
 as $$
 begin
-  if p_type <> 'wait' then
+  if p_type <> 'wait' and p_child_flow is null then
     return flowlane._resolve_queue(p_flow_slug, p_step_slug, p_step_index, p_mode, p_given);
   end if;
   if p_given is not null then
-    raise exception 'step "%" of flow "%" is a wait step: it has no handler and no queue, so queue_name must be null, not "%"',
-      p_step_slug, p_flow_slug, p_given
-      using errcode = '22023', hint = 'a wait step completes with a signal (flowlane.signal); no worker serves it';
+    raise exception 'step "%" of flow "%" is a % step: it has no handler and no queue, so queue_name must be null, not "%"',
+      p_step_slug, p_flow_slug, case when p_type = 'wait' then 'wait' else 'child-flow' end, p_given
+      using errcode = '22023', hint = 'a wait step completes with a signal, a child-flow step with its child run; no worker serves either';
   end if;
   return null;
 end;
 $$;
 
--- a started run that waits for a signal is not stuck: what moves it comes from outside
-create or replace function flowlane._waits_for_signal(p_run_id uuid) returns boolean
+-- a child-flow step names a flow or alias (resolved when the step starts) and is not a wait step
+create or replace function flowlane._check_child_flow(p_flow text, p_step text, p_type text, p_child_flow text)
+returns void
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  if p_child_flow is null then
+    return;
+  end if;
+  if p_type = 'wait' then
+    raise exception 'step "%" of flow "%": a wait step cannot start a child flow', p_step, p_flow
+      using errcode = '22023';
+  end if;
+  if not flowlane.is_valid_slug(p_child_flow) then
+    raise exception 'step "%" of flow "%": child_flow % is not a flow or alias slug', p_step, p_flow,
+      quote_literal(p_child_flow) using errcode = '22023';
+  end if;
+end;
+$$;
+
+-- a started run that waits for a signal or a child run is not stuck: what moves it comes
+-- from outside its queues
+create or replace function flowlane._waits_outside_queues(p_run_id uuid) returns boolean
 language sql stable
 set search_path = ''
 as $$
   select exists (
     select 1 from flowlane.step_states ss
     join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
-    where ss.run_id = p_run_id and ss.status = 'started' and s.step_type = 'wait')
+    where ss.run_id = p_run_id and ss.status = 'started' and s.queue_name is null)
 $$;
 
 -- the wait steps among steps that just started (callers hold their runs' locks): each gets
@@ -486,7 +670,8 @@ begin
 end;
 $$;
 
--- retry_run: a wait step the run's failure ended while it waited waits again, from the start
+-- retry_run: a wait or child-flow step the run's failure ended while it waited starts
+-- again from the beginning (a new wait; new child runs)
 create or replace function flowlane._reopen_waits(p_run_id uuid) returns void
 language sql volatile
 set search_path = ''
@@ -495,7 +680,7 @@ as $$
      set status = 'created', cancelled_at = null, started_at = null, remaining_tasks = null
     from flowlane.steps s
    where ss.run_id = p_run_id and ss.status = 'cancelled' and ss.started_at is not null
-     and s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug and s.step_type = 'wait';
+     and s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug and s.queue_name is null;
 $$;
 
 -- deliver a signal to a run's wait step: it completes the step with the payload as its
@@ -678,3 +863,230 @@ as $$
   left join flowlane.signals g on g.run_id = r.run_id and g.step_slug = s.step_slug
   where r.run_id = get_run_waits.run_id
 $$;
+
+-- the started steps among p_started that have a child flow: one child run per task
+create or replace function flowlane._start_children(p_started flowlane.step_states[]) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_task record;
+begin
+  for v_task in
+    select st.run_id, st.step_slug, k as task_index
+    from unnest(p_started) st
+    join flowlane.steps s on s.flow_slug = st.flow_slug and s.step_slug = st.step_slug
+    cross join lateral generate_series(0, st.initial_tasks - 1) as k
+    where s.child_flow is not null
+    order by st.run_id, s.step_index, k
+  loop
+    perform flowlane._start_child(v_task.run_id, v_task.step_slug, v_task.task_index);
+  end loop;
+end;
+$$;
+
+-- one child run for task p_index of a child-flow step (its input is what a handler would
+-- get). A child that cannot start (no such flow, an input it refuses) is a failed attempt.
+create or replace function flowlane._start_child(p_run_id uuid, p_step_slug text, p_index int) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_named text;
+  v_flow text;
+  v_task flowlane.step_tasks;
+  v_input jsonb;
+  v_child flowlane.runs;
+begin
+  perform 1 from flowlane.step_states ss join flowlane.runs r on r.run_id = ss.run_id
+  where ss.run_id = p_run_id and ss.step_slug = p_step_slug and ss.status = 'started' and r.status = 'started';
+  if not found then
+    return;  -- an earlier child of the step could not start and ended the step or the run
+  end if;
+  select s.child_flow into v_named from flowlane.runs r
+  join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = p_step_slug
+  where r.run_id = p_run_id;
+  v_task.run_id := p_run_id;
+  v_task.step_slug := p_step_slug;
+  v_task.task_index := p_index;
+  select c.input into v_input from flowlane._claimed_inputs(array[v_task]) c;
+  begin
+    v_flow := flowlane.resolve_flow(v_named);
+    perform flowlane._check_start_input(v_flow, v_input,
+      format('child flow %s of step %s', v_flow, p_step_slug));
+    select * into v_child from flowlane._create_runs(v_flow, array[v_input], array[null::uuid]);
+  exception when others then
+    perform flowlane._child_step_exhausted(p_run_id, p_step_slug,
+      format('cannot start child flow %s: %s', v_named, sqlerrm));
+    return;
+  end;
+  update flowlane.runs r
+     set parent_run_id = p_run_id, parent_step_slug = p_step_slug, parent_task_index = p_index
+   where r.run_id = v_child.run_id
+  returning * into v_child;
+  if v_child.status <> 'started' then  -- it ended while it was created, before it had a parent
+    perform flowlane._child_ended(v_child);
+  end if;
+end;
+$$;
+
+create or replace function flowlane._report_to_parent() returns trigger
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  perform flowlane._child_ended(new);
+  return null;
+end;
+$$;
+
+-- a child run ended: its output completes its element (the step, with the last one), its
+-- failure or cancellation is a failed attempt. Nothing when the parent run or step ended, or
+-- the element already has a newer child (the child is late).
+create or replace function flowlane._child_ended(p_child flowlane.runs) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_parent flowlane.runs;
+  v_state flowlane.step_states;
+  v_step flowlane.steps;
+  v_attempts int;
+  v_max int;
+begin
+  select * into v_parent from flowlane.runs r where r.run_id = p_child.parent_run_id for update;
+  if not found or v_parent.status <> 'started' then
+    return;
+  end if;
+  select * into v_state from flowlane.step_states ss
+  where ss.run_id = v_parent.run_id and ss.step_slug = p_child.parent_step_slug for update;
+  if v_state.status <> 'started' or exists (
+       select 1 from flowlane.runs c
+       where c.parent_run_id = v_parent.run_id and c.parent_step_slug = p_child.parent_step_slug
+         and c.parent_task_index = p_child.parent_task_index and c.run_id <> p_child.run_id
+         and c.status in ('started', 'completed')) then
+    return;
+  end if;
+  select * into v_step from flowlane.steps s
+  where s.flow_slug = v_parent.flow_slug and s.step_slug = p_child.parent_step_slug;
+  if p_child.status = 'completed' then
+    update flowlane.step_states ss
+       set remaining_tasks = ss.remaining_tasks - 1,
+           status = case when ss.remaining_tasks = 1 then 'completed' else ss.status end,
+           completed_at = case when ss.remaining_tasks = 1 then now() end,
+           output = case when ss.remaining_tasks <> 1 then null
+                         when v_step.step_type <> 'map' then p_child.output
+                         else flowlane._children_outputs(v_parent.run_id, v_step.step_slug) end
+     where ss.run_id = v_parent.run_id and ss.step_slug = v_step.step_slug
+    returning * into v_state;
+    if v_state.status = 'completed' then
+      perform flowlane._steps_done(array[v_state]);
+    end if;
+    return;
+  end if;
+  select count(*) into v_attempts from flowlane.runs c
+  where c.parent_run_id = v_parent.run_id and c.parent_step_slug = v_step.step_slug
+    and c.parent_task_index = p_child.parent_task_index and c.started_at >= v_state.started_at;
+  select o.max_attempts into v_max from flowlane.step_options o
+  where o.flow_slug = v_step.flow_slug and o.step_slug = v_step.step_slug;
+  if v_attempts < v_max then
+    perform flowlane._start_child(v_parent.run_id, v_step.step_slug, p_child.parent_task_index);
+    return;
+  end if;
+  perform flowlane._child_step_exhausted(v_parent.run_id, v_step.step_slug,
+    format('child run %s (%s) %s after %s %s: %s', p_child.run_id, p_child.flow_slug, p_child.status,
+           v_attempts, case when v_attempts = 1 then 'attempt' else 'attempts' end,
+           coalesce(p_child.error_message, p_child.cancel_reason, 'no reason given')));
+end;
+$$;
+
+-- a map step's output: its children's outputs in element order (the completed child of each)
+create or replace function flowlane._children_outputs(p_run_id uuid, p_step_slug text) returns jsonb
+language sql stable
+set search_path = ''
+as $$
+  select coalesce(jsonb_agg(c.output order by c.parent_task_index), '[]'::jsonb)
+  from flowlane.runs c
+  where c.parent_run_id = p_run_id and c.parent_step_slug = p_step_slug and c.status = 'completed'
+$$;
+
+-- a child-flow step out of attempts: its other started children are cancelled and
+-- when_exhausted applies (fail: the step and its run fail; skip, skip-cascade: the run goes on)
+create or replace function flowlane._child_step_exhausted(p_run_id uuid, p_step_slug text, p_error text) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_mode text;
+begin
+  select s.when_exhausted into v_mode from flowlane.runs r
+  join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = p_step_slug
+  where r.run_id = p_run_id;
+  if v_mode = 'fail' then
+    update flowlane.step_states ss
+       set status = 'failed', failed_at = now(), remaining_tasks = null, error_message = p_error
+     where ss.run_id = p_run_id and ss.step_slug = p_step_slug;
+    perform flowlane._fail_run(p_run_id, format('step %s: %s', p_step_slug, p_error));  -- ends the children
+    return;
+  end if;
+  perform flowlane.cancel_run(c.run_id, format('step %s of parent run %s was skipped', p_step_slug, p_run_id))
+  from flowlane.runs c
+  where c.parent_run_id = p_run_id and c.parent_step_slug = p_step_slug and c.status = 'started'
+  order by c.run_id;
+  if v_mode = 'skip-cascade' then
+    perform flowlane._skip_cascade(p_run_id, p_step_slug, 'handler_failed');
+  else
+    perform flowlane._skip_step(p_run_id, p_step_slug, 'handler_failed');
+  end if;
+  update flowlane.step_states ss set error_message = p_error
+   where ss.run_id = p_run_id and ss.step_slug = p_step_slug;
+  perform flowlane._progress(p_run_id);
+end;
+$$;
+
+-- a parent that fails or is cancelled cancels its started children
+create or replace function flowlane._end_children() returns trigger
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  perform flowlane.cancel_run(c.run_id, format('parent run %s %s', new.run_id, new.status))
+  from flowlane.runs c
+  where c.parent_run_id = new.run_id and c.status = 'started'
+  order by c.run_id;
+  return null;
+end;
+$$;
+
+-- a run's parent and children for `flowlane run` and the console
+create or replace function flowlane.get_run_family(run_id uuid) returns jsonb
+language sql stable
+set search_path = ''
+as $$
+  select jsonb_build_object(
+    'parent', (select jsonb_build_object('run_id', p.run_id, 'flow_slug', p.flow_slug, 'status', p.status,
+                                         'step_slug', r.parent_step_slug, 'task_index', r.parent_task_index)
+               from flowlane.runs p where p.run_id = r.parent_run_id),
+    'children', coalesce((select jsonb_agg(jsonb_build_object(
+                            'run_id', c.run_id, 'flow_slug', c.flow_slug, 'status', c.status,
+                            'step_slug', c.parent_step_slug, 'task_index', c.parent_task_index,
+                            'started_at', c.started_at)
+                          order by c.parent_step_slug, c.parent_task_index, c.started_at, c.run_id)
+                          from flowlane.runs c where c.parent_run_id = r.run_id), '[]'::jsonb))
+  from flowlane.runs r
+  where r.run_id = get_run_family.run_id
+$$;
+
+-- hand-written (triggers, after the functions they call)
+create trigger runs_report_to_parent
+  after update of status on flowlane.runs
+  for each row
+  when (old.status = 'started' and new.status <> 'started' and new.parent_run_id is not null)
+  execute function flowlane._report_to_parent();
+
+create trigger runs_end_children
+  after update of status on flowlane.runs
+  for each row
+  when (old.status = 'started' and new.status in ('failed', 'cancelled'))
+  execute function flowlane._end_children();
+-- end of hand-written
