@@ -76,6 +76,7 @@ def analyze(documents: Iterable[Document], *, complete: bool = True
     _ownership(state)
     for entry in aliases:
         _build_alias(entry, state)
+    _child_flows(state)
     _build_workers(workers, state)
     if state.findings:
         return None, state.findings
@@ -232,23 +233,40 @@ class _FlowChecker:
                 self._condition(("steps", slug, keyword), spec[keyword])
 
     def _handler_rules(self, slug: str, spec: dict[str, Any]) -> None:
-        """A step runs a handler, unless it is a wait step (a signal completes it)."""
-        if spec.get("type") != "wait":
+        """A step runs a handler, unless it is a wait step (a signal completes it) or starts
+        a child flow (its child run completes it)."""
+        if "flow" in spec:
+            self._child_flow_rules(slug, spec)
+        elif spec.get("type") != "wait":
             if "handler" not in spec:
                 self.error(("steps", slug), "FL010", f"missing required key `handler` in `{slug}`",
-                           "add `handler:` (or `type: wait` for a step that waits for a signal)",
-                           key=True)
+                           "add `handler:` (or `type: wait` for a step that waits for a signal, "
+                           "or `flow:` to start a child flow)", key=True)
             return
-        if "handler" in spec:
+        elif "handler" in spec:
             self.error(("steps", slug, "handler"), "FL036",
                        f"wait step `{slug}` has a handler: a signal completes a wait step",
                        "remove `handler:`, or remove `type: wait` to run the handler", key=True)
-        for option in _HANDLER_OPTIONS:
+        kind = "wait" if spec.get("type") == "wait" else "child-flow"
+        meaning = ("`timeout` is how long a wait step waits for its signal" if kind == "wait"
+                   else "the child flow's own options govern its steps; `max_attempts` is how "
+                   "many child runs an element may start")
+        for option in _HANDLER_OPTIONS[kind]:
             if option in spec:
                 self.error(("steps", slug, option), "FL037",
-                           f"`{option}` means nothing for wait step `{slug}`: it runs no handler",
-                           f"remove `{option}:`; `timeout` is how long a wait step waits for "
-                           "its signal", key=True)
+                           f"`{option}` means nothing for {kind} step `{slug}`: it runs no handler",
+                           f"remove `{option}:`; {meaning}", key=True)
+
+    def _child_flow_rules(self, slug: str, spec: dict[str, Any]) -> None:
+        if "handler" in spec:
+            self.error(("steps", slug, "handler"), "FL038",
+                       f"step `{slug}` has both a handler and a child flow (`flow:`)",
+                       "keep one: `handler:` runs a function, `flow:` starts a run of a flow",
+                       key=True)
+        if spec.get("type") == "wait":
+            self.error(("steps", slug, "type"), "FL038",
+                       f"wait step `{slug}` cannot start a child flow",
+                       "remove `flow:` (a signal completes a wait step) or `type: wait`", key=True)
 
     def _condition_keys(self, slug: str, spec: dict[str, Any], needs: list[str]) -> None:
         """A step with needs tests its condition against ``{need: output}`` of its direct
@@ -304,7 +322,9 @@ class _FlowChecker:
         return self.doc.at(("steps", step, "needs", index)).line
 
     def _waits(self) -> set[str]:
-        return {slug for slug, spec in self.steps.items() if spec.get("type") == "wait"}
+        """The steps without a queue: wait steps and child-flow steps."""
+        return {slug for slug, spec in self.steps.items()
+                if spec.get("type") == "wait" or "flow" in spec}
 
     def _routing(self, order: list[str]) -> dict[str, str] | None:
         """The queue of every step that has one (a wait step has none)."""
@@ -349,10 +369,11 @@ class _FlowChecker:
         waits = self._waits()
         for step in routing:
             if step in waits:
+                kind = "wait" if self.steps[step].get("type") == "wait" else "child-flow"
                 self.error(("queues", step), "FL046",
-                           f"`queues` routes wait step `{step}`, which has no queue",
-                           "remove this entry: a signal completes a wait step, no worker "
-                           "serves it", key=True)
+                           f"`queues` routes {kind} step `{step}`, which has no queue",
+                           "remove this entry: a signal completes a wait step, a child run a "
+                           "child-flow step; no worker serves either", key=True)
             elif step not in self.steps:
                 close = self.step_names.closest(step)
                 help = f"did you mean `{close}`?" if close else "remove this entry"
@@ -404,14 +425,16 @@ class _FlowChecker:
             timeout=_opt_int(spec, "timeout"),
             start_delay=_opt_int(spec, "start_delay"),
             description=spec.get("description"),
+            flow=spec.get("flow"),
             location=self.entry.loc(("steps", slug), key=True),
             handler_location=(self.entry.loc(("steps", slug, "handler"))
                               if "handler" in spec else None),
         )
 
 
-# step options that concern a handler's attempts, meaningless for a wait step
-_HANDLER_OPTIONS = ("max_attempts", "base_delay", "start_delay")
+# step options that concern a handler, meaningless for a wait or child-flow step
+_HANDLER_OPTIONS = {"wait": ("max_attempts", "base_delay", "start_delay"),
+                    "child-flow": ("base_delay", "start_delay", "timeout")}
 
 
 def _opt_int(spec: dict[str, Any], key: str) -> int | None:
@@ -530,6 +553,63 @@ def _ownership(state: Analysis) -> None:
                     "choose another name for the shared queue; a flow's own queues are private"))
 
 
+def _child_flows(state: Analysis) -> None:
+    """Every child flow is a flow or alias of the project (FL080), and no flow can start
+    itself through children, directly or not (FL081)."""
+    edges: dict[str, list[tuple[str, str]]] = {}  # flow -> (step, concrete child flow)
+    for flow in state.flows.values():
+        entry = state.flow_entries[flow.slug]
+        for step in flow.steps:
+            if step.flow is None:
+                continue
+            if step.flow in state.aliases:
+                targets = list(state.aliases[step.flow].versions)
+            elif step.flow in state.flows:
+                targets = [step.flow]
+            else:
+                if step.flow not in state.known_flows and step.flow not in state.known_aliases:
+                    _report_unknown(entry, ("steps", step.slug, "flow"), step.flow, state, "FL080")
+                continue
+            edges.setdefault(flow.slug, []).extend((step.slug, t) for t in targets)
+    for cycle in _cycles(edges):
+        first_flow, first_step = cycle[0]
+        path = " -> ".join(f"{f} (step {s})" for f, s in cycle) + f" -> {first_flow}"
+        state.findings.append(state.flow_entries[first_flow].doc.diagnostic(
+            ("steps", first_step, "flow"), "FL081",
+            f"flow `{first_flow}` can start itself through child flows: {path}",
+            "a child flow may not start its ancestors; break the cycle (or do the repeated "
+            "work in a map step)"))
+
+
+def _cycles(edges: dict[str, list[tuple[str, str]]]) -> list[list[tuple[str, str]]]:
+    """One cycle of (flow, step) per strongly connected group, found by depth-first search
+    from each flow in order; each reported once, from its first flow in name order."""
+    found: list[list[tuple[str, str]]] = []
+    seen: set[frozenset[str]] = set()
+    for start in sorted(edges):
+        stack: list[tuple[str, str]] = []
+
+        def walk(flow: str, visiting: set[str], start: str = start,
+                 stack: list[tuple[str, str]] = stack) -> list[tuple[str, str]] | None:
+            for step, child in edges.get(flow, []):
+                stack.append((flow, step))
+                if child == start:
+                    return list(stack)
+                if child not in visiting and child > start:
+                    visiting.add(child)
+                    cycle = walk(child, visiting)
+                    if cycle:
+                        return cycle
+                stack.pop()
+            return None
+
+        cycle = walk(start, {start})
+        if cycle and frozenset(f for f, _ in cycle) not in seen:
+            seen.add(frozenset(f for f, _ in cycle))
+            found.append(cycle)
+    return found
+
+
 def _build_alias(entry: _Entry, state: Analysis) -> None:
     data = entry.data
     draining: list[str] = list(data.get("draining", []))
@@ -570,7 +650,7 @@ def _unknown_flow(entry: _Entry, path: tuple[str | int, ...], slug: str, state: 
     if slug in state.known_aliases and code == "FL050":
         return entry.doc.diagnostic(path, code, f"`{slug}` is an alias, not a concrete flow",
                                     "an alias points at concrete flow slugs only")
-    candidates = sorted(state.known_flows | (state.known_aliases if code == "FL060" else set()))
+    candidates = sorted(state.known_flows | (state.known_aliases if code in ("FL060", "FL080") else set()))
     close = closest(slug, candidates)
     help = f"did you mean `{close}`?" if close else "declare the flow with `kind: flow`"
     return entry.doc.diagnostic(path, code, f"`{slug}` is not a flow of this project", help)

@@ -31,7 +31,8 @@ CODES: dict[str, str] = {
     "FL034": "dependency listed twice",
     "FL035": "condition names a step that is not among the step's needs",
     "FL036": "wait step has a handler",
-    "FL037": "option that means nothing for a wait step",
+    "FL037": "option that means nothing for a wait or child-flow step",
+    "FL038": "child-flow step with a handler, or a wait step with a child flow",
     # routing and queues
     "FL040": "queue name is not canonical",
     "FL041": "explicit routing misses a step",
@@ -39,7 +40,7 @@ CODES: dict[str, str] = {
     "FL043": "per-step queue name cannot be derived",
     "FL044": "flow queue name cannot be derived",
     "FL045": "queue owned by one flow is used elsewhere",
-    "FL046": "explicit routing names a wait step",
+    "FL046": "explicit routing names a wait or child-flow step",
     # aliases
     "FL050": "alias points to an unknown flow",
     "FL051": "alias slug collides with a flow slug",
@@ -53,6 +54,9 @@ CODES: dict[str, str] = {
     "FL070": "invalid handler reference",
     "FL071": "condition contains a value PostgreSQL cannot store",
     "FL072": "handler cannot be imported or called with (input, ctx)",
+    # child flows
+    "FL080": "child flow is not a flow or alias of this project",
+    "FL081": "flows start each other in a cycle",
     # check (compiled SQL against the YAML and the base revision)
     "FL090": "compiled SQL is stale, missing or hand-edited",
     "FL091": "NEW_VERSION_REQUIRED: a committed flow changed its shape",

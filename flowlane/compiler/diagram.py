@@ -9,19 +9,22 @@ from flowlane.compiler.model import Flow, Step
 FORMATS = ("mermaid", "dot")
 
 
-# the lane of the steps without a queue (wait steps); no queue name can look like it
-SIGNALS = "(signals)"
+# the lane of the steps without a queue (wait and child-flow steps); no queue name can look
+# like it
+SIGNALS = "(no queue)"
 
 
 def lane_title(lane: str) -> str:
-    return "waits for signals" if lane == SIGNALS else f"queue: {lane}"
+    return "no queue: signals and child flows" if lane == SIGNALS else f"queue: {lane}"
 
 
 def label(step: Step) -> str:
-    """The step slug with its marks: map, wait, if, unless."""
+    """The step slug with its marks: map, wait, flow: CHILD, if, unless."""
     marks: list[str] = []
     if step.type in ("map", "wait"):
         marks.append(step.type)
+    if step.flow is not None:
+        marks.append(f"flow: {step.flow}")
     if step.condition_if is not None:
         marks.append("if")
     if step.condition_unless is not None:
@@ -31,7 +34,7 @@ def label(step: Step) -> str:
 
 def lanes(flow: Flow) -> list[tuple[str, list[Step]]]:
     """The flow's queues in order of first use, each with its steps (one lane per queue);
-    steps without a queue (wait steps) in a lane of their own, :data:`SIGNALS`."""
+    steps without a queue (wait and child-flow steps) in a lane of their own, :data:`SIGNALS`."""
     by_queue: dict[str, list[Step]] = {}
     for step in flow.steps:
         by_queue.setdefault(step.queue or SIGNALS, []).append(step)
@@ -66,6 +69,8 @@ def _mermaid_node(step: Step) -> str:
         return f's_{step.slug}[["{text}"]]'
     if step.type == "wait":
         return f's_{step.slug}(["{text}"])'
+    if step.flow is not None:  # a linked box: the child flow's own diagram
+        return f's_{step.slug}[/"{text}"/]'
     return f's_{step.slug}["{text}"]'
 
 
@@ -91,6 +96,8 @@ def _dot_node(step: Step) -> str:
         attrs.append("shape=box3d")
     if step.type == "wait":
         attrs.append("shape=oval, style=dashed")
+    if step.flow is not None:
+        attrs.append(f'shape=component, tooltip="flowlane graph {step.flow}"')
     if is_conditional(step):
         attrs.append("shape=hexagon")
     return f'"{step.slug}" [{", ".join(attrs)}];'

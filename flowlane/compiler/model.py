@@ -27,8 +27,8 @@ class Location:
 
 @dataclass(frozen=True)
 class Step:
-    """One step of a concrete flow, with its resolved queue. A wait step has neither a
-    handler nor a queue: a signal completes it."""
+    """One step of a concrete flow, with its resolved queue. A wait step and a child-flow
+    step (``flow``: a flow slug or alias) have neither a handler nor a queue."""
 
     slug: str
     index: int
@@ -45,6 +45,7 @@ class Step:
     timeout: int | None = None
     start_delay: int | None = None
     description: str | None = None
+    flow: str | None = None
     location: Location | None = field(default=None, compare=False)
     handler_location: Location | None = field(default=None, compare=False)
 

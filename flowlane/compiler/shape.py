@@ -16,7 +16,7 @@ def flow_shape(flow: Flow) -> dict[str, Any]:
 
 
 def _step_shape(step: Step) -> dict[str, Any]:
-    return {
+    shape = {
         "slug": step.slug,
         "type": step.type,
         "needs": sorted(step.needs),
@@ -26,6 +26,9 @@ def _step_shape(step: Step) -> dict[str, Any]:
         "when_exhausted": step.when_exhausted,
         "queue": step.queue,
     }
+    if step.flow is not None:  # only a child-flow step has the key: older shapes stay the same
+        shape["flow"] = step.flow
+    return shape
 
 
 def _plain(value: Any) -> Any:
@@ -45,7 +48,8 @@ def text_sha256(canonical: str) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-_STEP_KEYS = ("slug", "type", "needs", "if", "unless", "when_unmet", "when_exhausted", "queue")
+_STEP_KEYS = ("slug", "type", "needs", "if", "unless", "when_unmet", "when_exhausted", "queue",
+              "flow")
 _ABSENT: Any = object()  # a missing key, which SQL sees as NULL (shown as ``absent``)
 
 
