@@ -370,7 +370,8 @@ def test_cancelling_a_parent_cancels_its_children_and_a_cancelled_child_fails_th
         engine.complete(prep, {"n": 1})
     engine.conn.execute("select flowlane.cancel_run(%s, 'stop')", (first,))
     [cancelled] = _children(engine, first)
-    assert cancelled["status"] == "cancelled" and cancelled["cancel_reason"] == f"parent run {first} cancelled"
+    assert cancelled["status"] == "cancelled"
+    assert cancelled["cancel_reason"] == f"parent run {first} cancelled"
     assert [t["status"] for t in engine.tasks(cancelled["run_id"])] == ["cancelled"]
 
     [child] = _children(engine, second)
