@@ -144,6 +144,12 @@ class Console:
     def run(self, run_id: str) -> dict[str, Any] | None:
         return self._row("console_run", run_id=run_id)
 
+    def family(self, run_id: str) -> dict[str, Any]:
+        """The run's parent (or None) and child runs, as ``flowlane run`` shows them."""
+        row = self._row("console_run_family", run_id=run_id)
+        family: dict[str, Any] = (row or {}).get("family") or {"parent": None, "children": []}
+        return family
+
     def waiting(self, run_id: str) -> list[str]:
         """Why the run's queued work waits (no live worker, a disabled deployment)."""
         return waiting_reasons(

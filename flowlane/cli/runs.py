@@ -51,6 +51,7 @@ def configure(subparsers: Any) -> None:
     runs.add_argument("--status", choices=list(STATUSES))
     runs.add_argument("--limit", type=int, default=20)
     runs.add_argument("--before", metavar="RUN_ID", help="the next page: runs older than this one")
+    runs.add_argument("--parent", metavar="RUN_ID", help="only the child runs this run started")
     runs.add_argument(
         "--since", metavar="TIME", help="runs started at or after TIME (ISO 8601, e.g. 2026-05-01T12:00)"
     )
@@ -266,6 +267,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
             status=args.status,
             before=args.before,
             since=_since(args.since),
+            parent=args.parent,
         )
     if args.format == "json":
         print(json.dumps([r.as_dict() for r in runs], indent=2))

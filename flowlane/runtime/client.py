@@ -233,7 +233,7 @@ def _check_page(rows: list[dict[str, Any]], before: str) -> None:
 
 def _list_params(
     limit: int, flows: list[str] | None, status: str | None, before: str | None,
-    since: datetime | None,
+    since: datetime | None, parent: str | None = None,
 ) -> dict[str, Any]:
     if limit < 0:
         raise errors.UsageError(f"the run limit must be 0 or more, not {limit}")
@@ -245,6 +245,7 @@ def _list_params(
         "status": status,
         "before": _run_id(before) if before else None,
         "since": since,
+        "parent": _run_id(parent) if parent else None,
     }
 
 
@@ -413,10 +414,12 @@ class Operations:
         status: str | None = None,
         before: str | None = None,
         since: datetime | None = None,
+        parent: str | None = None,
     ) -> Plan[list[RunSummary]]:
-        """Runs newest first; ``before`` = a run id (the next page), ``since`` = a time."""
+        """Runs newest first; ``before`` = a run id (the next page), ``since`` = a time,
+        ``parent`` = a run id (only the child runs its child-flow steps started)."""
         flows = (yield from Operations.flows_named(flow)) if flow else None
-        params = _list_params(limit, flows, status, before, since)
+        params = _list_params(limit, flows, status, before, since, parent)
         if params["before"]:
             found = yield Fetch("client_run_exists", "cannot list runs",
                                 {"run_id": params["before"]})
@@ -433,7 +436,8 @@ class Operations:
 
     @staticmethod
     def get_run(run_id: str) -> Plan[dict[str, Any]]:
-        """``{"run", "steps", "tasks", "attempts"}``; raises when there is no such run."""
+        """``{"run", "steps", "tasks", "attempts", "waits", "parent", "children"}``; raises
+        when there is no such run."""
         run_id = _run_id(run_id)
         rows = yield Fetch("client_get_run", "cannot read the run", {"run_id": run_id})
         return _run_state(rows, run_id)

@@ -35,9 +35,14 @@ def render_run(state: dict[str, Any]) -> str:
         lines.append(f"{'reason':<10}{run['cancel_reason']}")
     if run.get("error_message"):
         lines.append(f"{'error':<10}{run['error_message']}")
+    parent = state.get("parent")
+    if parent:
+        lines.append(f"{'parent':<10}{parent['run_id']} ({parent['flow_slug']}, {parent['status']}; "
+                     f"step {parent['step_slug']}[{parent['task_index']}])")
     lines.append("")
     lines.extend(_step_table(state))
     lines.extend(_waits(state))
+    lines.extend(_children(state))
     failed = state.get("attempts") or []
     if failed:
         lines.append("")
@@ -77,6 +82,17 @@ def _waits(state: dict[str, Any]) -> list[str]:
     lines += [f"  {w['step_slug']:<22} {wait_note(w)}" for w in waits]
     if any(w["status"] == "started" for w in waits):
         lines.append(f"  (`flowlane signal {state['run']['run_id']} STEP --data JSON` completes one)")
+    return lines
+
+
+def _children(state: dict[str, Any]) -> list[str]:
+    children = state.get("children") or []
+    if not children:
+        return []
+    lines = ["", "child runs"]
+    lines += [f"  {c['step_slug'] + '[' + str(c['task_index']) + ']':<24} {c['run_id']}  "
+              f"{c['flow_slug']:<24} {c['status']}" for c in children]
+    lines.append(f"  (`flowlane runs --parent {state['run']['run_id']}` lists them)")
     return lines
 
 

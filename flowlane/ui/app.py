@@ -135,6 +135,7 @@ def create_app(console: Console, settings: Settings) -> Starlette:
             "graph": layout.layout(model, {s["step_slug"]: s["status"] for s in steps}),
             "terminal": run["status"] in TERMINAL,
             "waiting": console.waiting(run_id) if run["status"] == "started" else [],
+            "family": console.family(run_id),
         }
 
     def run_page(request: Request) -> Response:

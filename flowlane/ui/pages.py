@@ -24,7 +24,7 @@ def flow_model(flow: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]) -> F
                 condition_if=s["required_input_pattern"], condition_unless=s["forbidden_input_pattern"],
                 when_unmet=s["when_unmet"], when_exhausted=s["when_exhausted"],
                 max_attempts=s["opt_max_attempts"], base_delay=s["opt_base_delay"],
-                timeout=s["opt_timeout"], start_delay=s["opt_start_delay"],
+                timeout=s["opt_timeout"], start_delay=s["opt_start_delay"], flow=s["child_flow"],
             )
             for s in steps
         ),

@@ -26,7 +26,7 @@ from flowlane.flows f
 where f.flow_slug = %(flow_slug)s
 
 -- name: console_flow_steps
-select s.step_slug, s.step_index, s.step_type, s.queue_name, s.when_unmet, s.when_exhausted,
+select s.step_slug, s.step_index, s.step_type, s.queue_name, s.child_flow, s.when_unmet, s.when_exhausted,
        s.opt_max_attempts, s.opt_base_delay, s.opt_timeout, s.opt_start_delay,
        s.required_input_pattern, s.forbidden_input_pattern,
        coalesce((select array_agg(d.dep_slug order by d.dep_slug) from flowlane.deps d
@@ -78,7 +78,7 @@ from flowlane.runs r
 where r.run_id = %(run_id)s::uuid
 
 -- name: console_run_steps
-select s.step_slug, s.step_index, s.step_type, s.queue_name,
+select s.step_slug, s.step_index, s.step_type, s.queue_name, s.child_flow,
        o.max_attempts, o.timeout,
        st.status, st.initial_tasks, st.remaining_tasks, st.remaining_deps, st.error_message, st.skip_reason,
        st.created_at, st.started_at, coalesce(st.completed_at, st.failed_at, st.skipped_at, st.cancelled_at) as ended_at,
@@ -210,3 +210,6 @@ order by d.deployment_name collate "C"
 select run_id from flowlane.signal(%(run_id)s::uuid, %(step)s, jsonb_build_object(
   'approved', %(approved)s::boolean, 'by', %(by)s::text, 'at', now(),
   'comment', nullif(%(comment)s::text, '')))
+
+-- name: console_run_family
+select flowlane.get_run_family(%(run_id)s::uuid) as family

@@ -1,6 +1,7 @@
 """``flowlane signal``, ``Client.signal`` and ``AsyncClient.signal`` against a real database
-(the CLI in process, for speed), and an approval flow run by a real ``flowlane serve`` and
-completed by a signal from the CLI in a subprocess, as a user sends it."""
+(the CLI in process, for speed); one real ``flowlane serve`` runs an approval flow completed
+by a signal from the CLI in a subprocess, as a user sends it, and a parent whose map step
+starts a child run per element."""
 
 from __future__ import annotations
 
@@ -42,6 +43,27 @@ steps:
   after:
     needs: [hold]
     handler: sg_handlers:ship
+---
+kind: flow
+slug: sg_parent
+defaults: {base_delay: 0, timeout: 5}
+steps:
+  split:
+    handler: sg_handlers:split
+  each:
+    needs: [split]
+    type: map
+    flow: sg_child
+  total:
+    needs: [each]
+    handler: sg_handlers:total
+---
+kind: flow
+slug: sg_child
+defaults: {base_delay: 0, timeout: 5}
+steps:
+  square:
+    handler: sg_handlers:square
 """
 
 HANDLERS = """\
@@ -51,6 +73,18 @@ def prepare(input, ctx):
 
 def ship(input, ctx):
     return {"shipped": True, "by": input.get("approve", input.get("hold", {})).get("by")}
+
+
+def split(input, ctx):
+    return input["items"]
+
+
+def square(input, ctx):
+    return input * input
+
+
+def total(input, ctx):
+    return sum(child["square"] for child in input["each"])
 """
 
 
@@ -138,7 +172,7 @@ def _approve_waiting(dsn: str, run_id: str) -> dict[str, Any] | None:
     return waits[0] if waits[0]["status"] == "started" else None
 
 
-def test_serve_runs_an_approval_flow_that_a_signal_from_the_cli_completes(
+def test_serve_runs_an_approval_flow_a_signal_completes_and_a_map_of_child_runs(
     project: Path, dsn: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "serve.out"
@@ -149,6 +183,7 @@ def test_serve_runs_an_approval_flow_that_a_signal_from_the_cli_completes(
     try:
         with Client(dsn) as client:
             run_id = client.start_run("sg_approval", {"order": 42})
+            parent_id = client.start_run("sg_parent", {"items": [1, 2, 3]})
         wait_until(lambda: _approve_waiting(dsn, run_id), timeout=60,
                    message="prepare done by the served worker, approve waiting")
         sent = flowlane("signal", run_id, "approve", "--data", '{"approved": true, "by": "ana"}',
@@ -158,6 +193,17 @@ def test_serve_runs_an_approval_flow_that_a_signal_from_the_cli_completes(
             state = client.wait(run_id, timeout=60)
         assert state["run"]["status"] == "completed", out.read_text()
         assert state["run"]["output"] == {"ship": {"shipped": True, "by": "ana"}}
+        with Client(dsn) as client:
+            parent = client.wait(parent_id, timeout=60)
+            children = client.list_runs(parent=parent_id)
+        assert parent["run"]["output"] == {"total": 14}, out.read_text()
+        assert sorted((c.flow_slug, c.status) for c in children) == [("sg_child", "completed")] * 3
+        assert [(c["step_slug"], c["task_index"]) for c in parent["children"]] == [
+            ("each", 0), ("each", 1), ("each", 2)]
+        listed = flowlane("runs", "--parent", parent_id, "--dsn", dsn, "--format", "json", cwd=project)
+        assert {r["run_id"] for r in json.loads(listed.stdout)} == {c.run_id for c in children}
+        shown = flowlane("run", children[0].run_id, "--dsn", dsn, cwd=project).stdout
+        assert f"parent    {parent_id} (sg_parent, completed; step each[" in shown
     finally:
         proc.terminate()
         proc.wait(timeout=30)
