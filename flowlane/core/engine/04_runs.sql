@@ -104,21 +104,32 @@ create function flowlane._check_run_input() returns trigger
 language plpgsql volatile
 set search_path = ''
 as $$
+begin
+  perform flowlane._check_json_limits(new.input, format('start_flow(%s): the run input', new.flow_slug),
+    'flatten the input; workers refuse JSON nested deeper than the limit');
+  return new;
+end;
+$$;
+
+-- the size and depth limits of JSON that comes in (a run input, a signal's payload);
+-- p_what names it in the error ("start_flow(f): the run input")
+create function flowlane._check_json_limits(p_value jsonb, p_what text, p_flatten_hint text) returns void
+language plpgsql immutable
+set search_path = ''
+as $$
 declare
   v_max_depth int := (flowlane.json_limits() ->> 'max_depth')::int;
   v_max_bytes int := (flowlane.json_limits() ->> 'max_bytes')::int;
-  v_bytes int := octet_length(new.input::text);
+  v_bytes int := octet_length(p_value::text);
 begin
   if v_bytes > v_max_bytes then
-    raise exception 'start_flow(%): the run input is % bytes of JSON, more than the limit of % bytes',
-      new.flow_slug, v_bytes, v_max_bytes
+    raise exception '% is % bytes of JSON, more than the limit of % bytes', p_what, v_bytes, v_max_bytes
       using errcode = '22023', hint = 'pass a reference (a URL, a storage key) instead of the data itself';
   end if;
-  if flowlane.json_depth_exceeds(new.input, v_max_depth) then
-    raise exception 'start_flow(%): the run input is nested deeper than % levels', new.flow_slug, v_max_depth
-      using errcode = '22023', hint = 'flatten the input; workers refuse JSON nested deeper than the limit';
+  if flowlane.json_depth_exceeds(p_value, v_max_depth) then
+    raise exception '% is nested deeper than % levels', p_what, v_max_depth
+      using errcode = '22023', hint = p_flatten_hint;
   end if;
-  return new;
 end;
 $$;
 

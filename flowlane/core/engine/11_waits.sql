@@ -159,7 +159,7 @@ begin
   if payload is null then
     raise exception 'signal: payload must not be null (use {} for no payload)' using errcode = '22004';
   end if;
-  perform flowlane._check_signal_payload(payload);
+  perform flowlane._check_json_limits(payload, 'signal: the payload', 'flatten the payload');
   select * into v_run from flowlane.runs r where r.run_id = signal.run_id for update;
   if not found then
     raise exception 'signal: no run %', signal.run_id using errcode = 'P0002';
@@ -212,25 +212,6 @@ begin
 end;
 $$;
 
-create function flowlane._check_signal_payload(p_payload jsonb) returns void
-language plpgsql immutable
-set search_path = ''
-as $$
-declare
-  v_max_depth int := (flowlane.json_limits() ->> 'max_depth')::int;
-  v_max_bytes int := (flowlane.json_limits() ->> 'max_bytes')::int;
-  v_bytes int := octet_length(p_payload::text);
-begin
-  if v_bytes > v_max_bytes then
-    raise exception 'signal: the payload is % bytes of JSON, more than the limit of % bytes', v_bytes, v_max_bytes
-      using errcode = '22023', hint = 'pass a reference (a URL, a storage key) instead of the data itself';
-  end if;
-  if flowlane.json_depth_exceeds(p_payload, v_max_depth) then
-    raise exception 'signal: the payload is nested deeper than % levels', v_max_depth
-      using errcode = '22023', hint = 'flatten the payload';
-  end if;
-end;
-$$;
 
 create function flowlane._wait_steps_hint(p_flow text) returns text
 language sql stable
@@ -251,7 +232,6 @@ as $$
 declare
   v_due record;
   v_step flowlane.steps;
-  v_error text;
   v_ended int := 0;
 begin
   for v_due in
@@ -273,24 +253,42 @@ begin
     for update of ss;
     continue when not found;  -- signalled, or its run ended
     v_ended := v_ended + 1;
-    v_error := format('no signal within %s s', v_step.opt_timeout);
-    if v_step.when_exhausted = 'fail' then
-      update flowlane.step_states ss
-         set status = 'failed', failed_at = now(), remaining_tasks = null, error_message = v_error
-       where ss.run_id = v_due.run_id and ss.step_slug = v_due.step_slug;
-      perform flowlane._fail_run(v_due.run_id, format('step %s: %s', v_due.step_slug, v_error));
-    else
-      if v_step.when_exhausted = 'skip-cascade' then
-        perform flowlane._skip_cascade(v_due.run_id, v_due.step_slug, 'wait_timeout');
-      else
-        perform flowlane._skip_step(v_due.run_id, v_due.step_slug, 'wait_timeout');
-      end if;
-      update flowlane.step_states ss set error_message = v_error
-       where ss.run_id = v_due.run_id and ss.step_slug = v_due.step_slug;
-      perform flowlane._progress(v_due.run_id);
-    end if;
+    perform flowlane._give_up_step(v_due.run_id, v_due.step_slug,
+      format('no signal within %s s', v_step.opt_timeout), 'wait_timeout');
   end loop;
   return v_ended;
+end;
+$$;
+
+-- a wait or child-flow step that gave up (its caller holds the run) ends as its
+-- when_exhausted says: fail (the step and its run fail with p_error), skip or skip-cascade
+-- (skipped with p_reason and p_error; the run goes on)
+create function flowlane._give_up_step(p_run_id uuid, p_step_slug text, p_error text, p_reason text)
+returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_mode text;
+begin
+  select s.when_exhausted into v_mode from flowlane.runs r
+  join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = p_step_slug
+  where r.run_id = p_run_id;
+  if v_mode = 'fail' then
+    update flowlane.step_states ss
+       set status = 'failed', failed_at = now(), remaining_tasks = null, error_message = p_error
+     where ss.run_id = p_run_id and ss.step_slug = p_step_slug;
+    perform flowlane._fail_run(p_run_id, format('step %s: %s', p_step_slug, p_error));
+    return;
+  end if;
+  if v_mode = 'skip-cascade' then
+    perform flowlane._skip_cascade(p_run_id, p_step_slug, p_reason);
+  else
+    perform flowlane._skip_step(p_run_id, p_step_slug, p_reason);
+  end if;
+  update flowlane.step_states ss set error_message = p_error
+   where ss.run_id = p_run_id and ss.step_slug = p_step_slug;
+  perform flowlane._progress(p_run_id);
 end;
 $$;
 

@@ -169,31 +169,15 @@ create function flowlane._child_step_exhausted(p_run_id uuid, p_step_slug text, 
 language plpgsql volatile
 set search_path = ''
 as $$
-declare
-  v_mode text;
 begin
-  select s.when_exhausted into v_mode from flowlane.runs r
-  join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = p_step_slug
-  where r.run_id = p_run_id;
-  if v_mode = 'fail' then
-    update flowlane.step_states ss
-       set status = 'failed', failed_at = now(), remaining_tasks = null, error_message = p_error
-     where ss.run_id = p_run_id and ss.step_slug = p_step_slug;
-    perform flowlane._fail_run(p_run_id, format('step %s: %s', p_step_slug, p_error));  -- ends the children
-    return;
-  end if;
-  perform flowlane.cancel_run(c.run_id, format('step %s of parent run %s was skipped', p_step_slug, p_run_id))
+  -- (a failed run cancels all its children itself: runs_end_children)
+  perform flowlane.cancel_run(c.run_id, format('step %s of parent run %s gave up', p_step_slug, p_run_id))
   from flowlane.runs c
+  join flowlane.runs p on p.run_id = p_run_id
+  join flowlane.steps s on s.flow_slug = p.flow_slug and s.step_slug = p_step_slug and s.when_exhausted <> 'fail'
   where c.parent_run_id = p_run_id and c.parent_step_slug = p_step_slug and c.status = 'started'
   order by c.run_id;
-  if v_mode = 'skip-cascade' then
-    perform flowlane._skip_cascade(p_run_id, p_step_slug, 'handler_failed');
-  else
-    perform flowlane._skip_step(p_run_id, p_step_slug, 'handler_failed');
-  end if;
-  update flowlane.step_states ss set error_message = p_error
-   where ss.run_id = p_run_id and ss.step_slug = p_step_slug;
-  perform flowlane._progress(p_run_id);
+  perform flowlane._give_up_step(p_run_id, p_step_slug, p_error, 'handler_failed');
 end;
 $$;
 
