@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from flowlane import defaults
-from flowlane.compiler import names, schema, toposort
+from flowlane.compiler import durations, names, schema, toposort
 from flowlane.compiler.diagnostics import Diagnostic
 from flowlane.compiler.loader import MAX_INT_DIGITS, Document, OutOfRange
 from flowlane.compiler.model import (
@@ -181,6 +181,7 @@ class _FlowChecker:
 
     def run(self) -> Flow | None:
         self._duplicate_steps()
+        self._duration_ranges(("defaults",), self.entry.data.get("defaults", {}))
         needs = {s: self._needs(s, spec) for s, spec in self.steps.items()}
         for slug, spec in self.steps.items():
             self._step_rules(slug, spec)
@@ -216,8 +217,24 @@ class _FlowChecker:
                 valid.append(need)
         return valid
 
+    def _duration_ranges(self, path: tuple[str, ...], options: dict[str, Any]) -> None:
+        """A duration written with a unit is checked against the option's range here (the
+        schema states the range once, on the integer form, where it checks it itself)."""
+        for option in DURATION_OPTIONS:
+            value = options.get(option)
+            if not isinstance(value, str):
+                continue
+            low, high = _duration_range(option)
+            seconds = durations.to_seconds(value)
+            if not low <= seconds <= high:
+                self.error((*path, option), "FL016",
+                           f"`{option}` is {seconds} seconds; it must be at least {low} "
+                           f"and at most {high} seconds",
+                           f"for example: {_duration_example(option)}")
+
     def _step_rules(self, slug: str, spec: dict[str, Any]) -> None:
         self._handler_rules(slug, spec)
+        self._duration_ranges(("steps", slug), spec)
         if spec.get("type") == "map" and len(spec.get("needs", [])) > 1:
             self.error(("steps", slug, "type"), "FL032",
                        f"map step `{slug}` has {len(spec['needs'])} needs; a map step has "
@@ -401,8 +418,8 @@ class _FlowChecker:
             queue_mode=mode,
             steps=steps,
             max_attempts=int(options.get("max_attempts", defaults.MAX_ATTEMPTS)),
-            base_delay=int(options.get("base_delay", defaults.BASE_DELAY)),
-            timeout=int(options.get("timeout", defaults.TIMEOUT)),
+            base_delay=durations.to_seconds(options.get("base_delay", defaults.BASE_DELAY)),
+            timeout=durations.to_seconds(options.get("timeout", defaults.TIMEOUT)),
             description=self.entry.data.get("description"),
             location=self.entry.loc(),
         )
@@ -421,9 +438,9 @@ class _FlowChecker:
             when_unmet=cast(Mode, spec.get("when_unmet", "skip")),
             when_exhausted=cast(Mode, spec.get("when_exhausted", "fail")),
             max_attempts=_opt_int(spec, "max_attempts"),
-            base_delay=_opt_int(spec, "base_delay"),
-            timeout=_opt_int(spec, "timeout"),
-            start_delay=_opt_int(spec, "start_delay"),
+            base_delay=_opt_seconds(spec, "base_delay"),
+            timeout=_opt_seconds(spec, "timeout"),
+            start_delay=_opt_seconds(spec, "start_delay"),
             description=spec.get("description"),
             flow=spec.get("flow"),
             location=self.entry.loc(("steps", slug), key=True),
@@ -440,6 +457,23 @@ _HANDLER_OPTIONS = {"wait": ("max_attempts", "base_delay", "start_delay"),
 def _opt_int(spec: dict[str, Any], key: str) -> int | None:
     value = spec.get(key)
     return None if value is None else int(value)
+
+
+def _opt_seconds(spec: dict[str, Any], key: str) -> int | None:
+    value = spec.get(key)
+    return None if value is None else durations.to_seconds(value)
+
+
+DURATION_OPTIONS = ("timeout", "base_delay", "start_delay")
+
+
+def _duration_range(option: str) -> tuple[int, int]:
+    seconds = schema.published()["$defs"][option]["anyOf"][0]
+    return int(seconds["minimum"]), int(seconds["maximum"])
+
+
+def _duration_example(option: str) -> str:
+    return str(schema.published()["$defs"][option]["examples"][-1])
 
 
 SUGGESTIONS = 5  # names a `help:` line lists at most, so output grows with the findings only

@@ -19,6 +19,7 @@ CODES: dict[str, str] = {
     "FL013": "invalid value",
     "FL014": "unknown or missing document kind",
     "FL015": "unsupported format version",
+    "FL016": "duration out of range",
     # names and uniqueness
     "FL020": "invalid slug",
     "FL021": "duplicate flow or alias slug",

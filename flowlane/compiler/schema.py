@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import json
@@ -278,16 +279,23 @@ def _any_of(doc: Document, error: ValidationError, path: tuple[Any, ...],
     # report the errors of the branch whose type matches the value, if one does
     for index, branch in enumerate(sub.get("anyOf", [])):
         wanted = branch.get("type") if isinstance(branch, dict) else None
-        if wanted is None or not _validator().is_type(error.instance, wanted):
+        if wanted is None or not _branch_fits(error.instance, wanted):
             continue
         found: list[Diagnostic] = []
         for sub_error in error.context or ():
             if sub_error.relative_schema_path[0] == index:
                 found.extend(_diagnose(doc, sub_error))
-        if found:
-            return found
+        if found:  # a branch without examples of its own shows the option's
+            return [d if d.help else dataclasses.replace(d, help=_example_help(sub))
+                    for d in found]
     text = f"{_field(path)} is invalid: {sub.get('description', '')}".rstrip(": ")
     return [doc.diagnostic(path, "FL013", text, _example_help(sub))]
+
+
+def _branch_fits(value: Any, wanted: str) -> bool:
+    if isinstance(value, OutOfRange):  # a number the loader kept as text: the number branch
+        return wanted in ("integer", "number")
+    return bool(_validator().is_type(value, wanted))
 
 
 def _enum(doc: Document, error: ValidationError, path: tuple[Any, ...],
@@ -324,7 +332,8 @@ def _invalid(doc: Document, error: ValidationError, path: tuple[Any, ...],
         return doc.diagnostic(path, code, message,
                               "write the handler as `package.module:function`")
     detail = _detail(error)
-    return doc.diagnostic(path, code, f"{_field(path)} {detail}", _example_help(sub))
+    help = sub.get("patternErrorMessage") if error.validator == "pattern" else None
+    return doc.diagnostic(path, code, f"{_field(path)} {detail}", help or _example_help(sub))
 
 
 def _detail(error: ValidationError) -> str:

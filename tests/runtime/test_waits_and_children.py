@@ -29,7 +29,7 @@ steps:
   approve:
     needs: [prepare]
     type: wait
-    timeout: 3600
+    timeout: 1h
   ship:
     needs: [approve]
     if: {approve: {approved: true}}
