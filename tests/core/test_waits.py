@@ -429,3 +429,29 @@ def test_a_child_flow_step_takes_no_queue_and_is_part_of_the_shape(engine: Engin
     assert shape["steps"][0]["flow"] == "other" and shape["steps"][0]["queue"] is None
     with pytest.raises(psycopg.Error, match="different child_flow"):
         engine.add_step("f", "s", child_flow="another")
+
+
+def test_a_child_completion_whose_backend_dies_before_commit_is_applied_once_later(
+    engine: Engine, dsn: str
+) -> None:
+    _family(engine)
+    run_id = engine.start("parent", {})
+    [prep] = engine.claim("parent")
+    engine.complete(prep, {"n": 4})
+    [task] = engine.claim("child")
+    doomed = psycopg.connect(dsn)
+    doomed.execute("select flowlane.complete_task(%s, %s, %s, %s, %s, %s)",
+                   (task["run_id"], task["step_slug"], task["task_index"], Jsonb({"twice": 8}),
+                    engine.worker_id, task["attempt"]))
+    engine.conn.execute("select pg_terminate_backend(%s)", (doomed.info.backend_pid,))
+    with pytest.raises(psycopg.OperationalError):
+        doomed.commit()
+    doomed.close()
+    assert engine.statuses(run_id)["sub"] == "started"
+    assert engine.run(task["run_id"])["status"] == "started"
+
+    engine.complete(task, {"twice": 8})
+    engine.complete(task, {"twice": 9})  # a duplicate result changes nothing
+
+    assert engine.states(run_id)["sub"]["output"] == {"double": {"twice": 8}}
+    assert len(engine.tasks(run_id, "use")) == 1
