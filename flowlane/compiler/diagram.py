@@ -65,12 +65,12 @@ def _mermaid_node(step: Step) -> str:
     text = label(step)
     if is_conditional(step):
         return f's_{step.slug}{{{{"{text}"}}}}'
+    if step.flow is not None:  # a linked box: the child flow's own diagram
+        return f's_{step.slug}[/"{text}"/]'
     if step.type == "map":
         return f's_{step.slug}[["{text}"]]'
     if step.type == "wait":
         return f's_{step.slug}(["{text}"])'
-    if step.flow is not None:  # a linked box: the child flow's own diagram
-        return f's_{step.slug}[/"{text}"/]'
     return f's_{step.slug}["{text}"]'
 
 
@@ -92,7 +92,7 @@ def dot(flow: Flow, title: str | None = None) -> str:
 
 def _dot_node(step: Step) -> str:
     attrs = [f'label="{label(step)}"']
-    if step.type == "map":
+    if step.type == "map" and step.flow is None:
         attrs.append("shape=box3d")
     if step.type == "wait":
         attrs.append("shape=oval, style=dashed")
