@@ -186,6 +186,7 @@ class _FlowChecker:
         for slug, spec in self.steps.items():
             self._step_rules(slug, spec)
             self._condition_keys(slug, spec, needs[slug])
+            self._map_over_child_run(slug, spec, needs[slug])
         order = self._order(needs)
         queues = self._routing(order) if order else None
         if self.errors or order is None or queues is None:
@@ -273,6 +274,18 @@ class _FlowChecker:
                 self.error(("steps", slug, option), "FL037",
                            f"`{option}` means nothing for {kind} step `{slug}`: it runs no handler",
                            f"remove `{option}:`; {meaning}", key=True)
+
+    def _map_over_child_run(self, slug: str, spec: dict[str, Any], needs: list[str]) -> None:
+        """A map step maps its need's output array; a child run's output is an object."""
+        if spec.get("type") != "map" or len(needs) != 1:
+            return
+        need = self.steps[needs[0]]
+        if "flow" in need and need.get("type") != "map":
+            self.error(("steps", slug, "needs", 0), "FL039",
+                       f"map step `{slug}` maps the output of `{needs[0]}`, a child-flow step whose "
+                       "output is its child run's output, an object of the child's last steps",
+                       f"add a step after `{needs[0]}` that returns the array to map, or make "
+                       f"`{needs[0]}` a map step")
 
     def _child_flow_rules(self, slug: str, spec: dict[str, Any]) -> None:
         if "handler" in spec:

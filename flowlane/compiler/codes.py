@@ -34,6 +34,7 @@ CODES: dict[str, str] = {
     "FL036": "wait step has a handler",
     "FL037": "option that means nothing for a wait or child-flow step",
     "FL038": "child-flow step with a handler, or a wait step with a child flow",
+    "FL039": "map step maps the output of a single child-flow step",
     # routing and queues
     "FL040": "queue name is not canonical",
     "FL041": "explicit routing misses a step",

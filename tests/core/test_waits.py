@@ -455,3 +455,15 @@ def test_a_child_completion_whose_backend_dies_before_commit_is_applied_once_lat
 
     assert engine.states(run_id)["sub"]["output"] == {"double": {"twice": 8}}
     assert len(engine.tasks(run_id, "use")) == 1
+
+
+def test_a_single_child_flow_step_feeding_a_map_fails_instead_of_stalling(engine: Engine) -> None:
+    engine.define("child", [("double", [], {})])
+    engine.define("parent", [("sub", [], {"child_flow": "child"}),
+                             ("each", ["sub"], {"step_type": "map"})])
+    run_id = engine.start("parent", {})
+    [task] = engine.claim("child")
+    engine.complete(task, [1, 2])
+    run = engine.run(run_id)
+    assert run["status"] == "failed"
+    assert "[TYPE_VIOLATION] step sub feeds map step each" in run["error_message"]

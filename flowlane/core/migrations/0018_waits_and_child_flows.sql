@@ -983,6 +983,7 @@ declare
   v_step flowlane.steps;
   v_attempts int;
   v_max int;
+  v_map text;
 begin
   select * into v_parent from flowlane.runs r where r.run_id = p_child.parent_run_id for update;
   if not found or v_parent.status <> 'started' then
@@ -999,6 +1000,19 @@ begin
   end if;
   select * into v_step from flowlane.steps s
   where s.flow_slug = v_parent.flow_slug and s.step_slug = p_child.parent_step_slug;
+  if p_child.status = 'completed' and v_step.step_type <> 'map' then
+    -- a run's output is an object of its last steps' outputs, never the array a map needs
+    select d.step_slug into v_map from flowlane.deps d
+    join flowlane.steps m on m.flow_slug = d.flow_slug and m.step_slug = d.step_slug and m.step_type = 'map'
+    where d.flow_slug = v_step.flow_slug and d.dep_slug = v_step.step_slug
+    order by d.step_slug limit 1;
+    if found then
+      perform flowlane._child_step_exhausted(v_parent.run_id, v_step.step_slug,
+        format('[TYPE_VIOLATION] step %s feeds map step %s and must output a JSON array; a child run outputs an object',
+               v_step.step_slug, v_map));
+      return;
+    end if;
+  end if;
   if p_child.status = 'completed' then
     update flowlane.step_states ss
        set remaining_tasks = ss.remaining_tasks - 1,
