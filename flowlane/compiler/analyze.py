@@ -601,8 +601,8 @@ def _ownership(state: Analysis) -> None:
 
 
 def _child_flows(state: Analysis) -> None:
-    """Every child flow is a flow or alias of the project (FL080), and no flow can start
-    itself through children, directly or not (FL081)."""
+    """Every child flow is a flow or alias of the project (FL140), and no flow can start
+    itself through children, directly or not (FL141)."""
     edges: dict[str, list[tuple[str, str]]] = {}  # flow -> (step, concrete child flow)
     for flow in state.flows.values():
         entry = state.flow_entries[flow.slug]
@@ -615,14 +615,14 @@ def _child_flows(state: Analysis) -> None:
                 targets = [step.flow]
             else:
                 if step.flow not in state.known_flows and step.flow not in state.known_aliases:
-                    _report_unknown(entry, ("steps", step.slug, "flow"), step.flow, state, "FL080")
+                    _report_unknown(entry, ("steps", step.slug, "flow"), step.flow, state, "FL140")
                 continue
             edges.setdefault(flow.slug, []).extend((step.slug, t) for t in targets)
     for cycle in _cycles(edges):
         first_flow, first_step = cycle[0]
         path = " -> ".join(f"{f} (step {s})" for f, s in cycle) + f" -> {first_flow}"
         state.findings.append(state.flow_entries[first_flow].doc.diagnostic(
-            ("steps", first_step, "flow"), "FL081",
+            ("steps", first_step, "flow"), "FL141",
             f"flow `{first_flow}` can start itself through child flows: {path}",
             "a child flow may not start its ancestors; break the cycle (or do the repeated "
             "work in a map step)"))
@@ -697,7 +697,7 @@ def _unknown_flow(entry: _Entry, path: tuple[str | int, ...], slug: str, state: 
     if slug in state.known_aliases and code == "FL050":
         return entry.doc.diagnostic(path, code, f"`{slug}` is an alias, not a concrete flow",
                                     "an alias points at concrete flow slugs only")
-    candidates = sorted(state.known_flows | (state.known_aliases if code in ("FL060", "FL080") else set()))
+    candidates = sorted(state.known_flows | (state.known_aliases if code in ("FL060", "FL140") else set()))
     close = closest(slug, candidates)
     help = f"did you mean `{close}`?" if close else "declare the flow with `kind: flow`"
     return entry.doc.diagnostic(path, code, f"`{slug}` is not a flow of this project", help)

@@ -57,8 +57,8 @@ CODES: dict[str, str] = {
     "FL071": "condition contains a value PostgreSQL cannot store",
     "FL072": "handler cannot be imported or called with (input, ctx)",
     # child flows
-    "FL080": "child flow is not a flow or alias of this project",
-    "FL081": "flows start each other in a cycle",
+    "FL140": "child flow is not a flow or alias of this project",
+    "FL141": "flows start each other in a cycle",
     # check (compiled SQL against the YAML and the base revision)
     "FL090": "compiled SQL is stale, missing or hand-edited",
     "FL091": "NEW_VERSION_REQUIRED: a committed flow changed its shape",
