@@ -43,6 +43,11 @@ class DatabaseError(FlowlaneError):
         self.sqlstate = sqlstate
 
 
+class SignalRefused(DatabaseError):
+    """The SQL Core refused a signal (unknown run or step, not a wait step, a finished run or
+    step, a second signal); nothing changed."""
+
+
 class DatabaseUnavailable(DatabaseError):
     """The database cannot be reached."""
 

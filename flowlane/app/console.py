@@ -33,6 +33,8 @@ THROUGHPUT_MINUTES = 15
 ACTIONS = {
     "cancel": "client_cancel_run",
     "retry": "client_retry_run",
+    "approve": "console_decide",  # a signal {approved: true, by, at, comment}
+    "reject": "console_decide",
     "set_deployment_enabled": "fleet_set_enabled",
     "pause_schedule": "console_pause_schedule",
     "resume_schedule": "console_resume_schedule",
@@ -144,6 +146,12 @@ class Console:
 
     def run(self, run_id: str) -> dict[str, Any] | None:
         return self._row("console_run", run_id=run_id)
+
+    def family(self, run_id: str) -> dict[str, Any]:
+        """The run's parent (or None) and child runs, as ``flowlane run`` shows them."""
+        row = self._row("console_run_family", run_id=run_id)
+        family: dict[str, Any] = (row or {}).get("family") or {"parent": None, "children": []}
+        return family
 
     def waiting(self, run_id: str) -> list[str]:
         """Why the run's queued work waits (no live worker, a disabled deployment)."""

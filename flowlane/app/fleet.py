@@ -121,6 +121,8 @@ def uncovered(project: Project, dsn: str | None = None) -> list[str]:
     routed: dict[str, set[str]] = {}
     for flow in project.flows:
         for step in flow.steps:
+            if step.queue is None:
+                continue  # a wait step: no worker serves it
             routed.setdefault(step.queue, set()).add(f"{flow.slug}.{step.slug}")
     notes = []
     for row in _rows(dsn, "fleet_live_worker_pairs", "live workers", stale_after=STALE_AFTER):

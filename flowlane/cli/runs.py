@@ -66,6 +66,7 @@ def configure(subparsers: Any) -> None:
     runs.add_argument("--status", choices=list(STATUSES))
     runs.add_argument("--limit", type=int, default=20)
     runs.add_argument("--before", metavar="RUN_ID", help="the next page: runs older than this one")
+    runs.add_argument("--parent", metavar="RUN_ID", help="only the child runs this run started")
     runs.add_argument(
         "--since", metavar="TIME", help="runs started at or after TIME (ISO 8601, e.g. 2026-05-01T12:00)"
     )
@@ -101,6 +102,26 @@ def configure(subparsers: Any) -> None:
     add_format(retry)
     retry.set_defaults(func=cmd_retry)
 
+    signal = subparsers.add_parser(
+        "signal",
+        help="complete a run's wait step with a payload",
+        description="Send a signal to a wait step of a run: it completes the step with the "
+        "payload as its output and starts what depends on it; a signal for a step the run has "
+        "not reached yet is kept until the step starts. Refused, changing nothing, for a step "
+        "that is not a wait step, a finished run or step, or a step that already has a signal.",
+    )
+    signal.add_argument("run_id", metavar="RUN_ID")
+    signal.add_argument("step", metavar="STEP")
+    signal.add_argument(
+        "--data",
+        default="{}",
+        help="the payload: JSON text, @FILE to read a JSON file, or - for stdin (default {}); "
+        f"at most {MAX_INPUT_BYTES // 1024} KiB",
+    )
+    add_dsn_argument(signal)
+    add_format(signal)
+    signal.set_defaults(func=cmd_signal)
+
     run = subparsers.add_parser("run", help="show a run: status, step states, output")
     run.add_argument("run_id", metavar="RUN_ID")
     add_dsn_argument(run)
@@ -108,8 +129,9 @@ def configure(subparsers: Any) -> None:
     run.set_defaults(func=cmd_run)
 
 
-def read_input(text: str) -> Any:
-    """``--input``: JSON text, ``@FILE`` or ``-`` (stdin), size-checked before parsing."""
+def read_input(text: str, option: str = "--input", what: str = "the run input") -> Any:
+    """``--input`` (or another ``option`` giving ``what``): JSON text, ``@FILE`` or ``-``
+    (stdin), size-checked before parsing."""
     if text == "-":
         source, raw = "stdin", sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
     elif text.startswith("@"):
@@ -119,23 +141,23 @@ def read_input(text: str) -> Any:
                 raw = file.read(MAX_INPUT_BYTES + 1)
         except OSError as exc:
             raise errors.UsageError(
-                f"cannot read --input file {source}: {exc.strerror or exc}"
+                f"cannot read {option} file {source}: {exc.strerror or exc}"
             ) from exc
     else:
-        source, raw = "--input", text.encode("utf-8")
+        source, raw = option, text.encode("utf-8")
     if len(raw) > MAX_INPUT_BYTES:
         raise errors.UsageError(
-            f"the run input from {source} is over the limit of {MAX_INPUT_BYTES} bytes",
+            f"{what} from {source} is over the limit of {MAX_INPUT_BYTES} bytes",
             hint="pass a reference (a URL, a table key, a file path) instead of the data itself",
         )
     try:
         return json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        where = "--input" if source == "--input" else f"the --input from {source}"
+        where = option if source == option else f"the {option} from {source}"
         raise errors.UsageError(
             f"{where} is not valid JSON: {exc}",
-            hint="""quote a JSON document for the shell, e.g. --input '{"name": "Ada"}', """
-            "or pass a file: --input @input.json",
+            hint=f"""quote a JSON document for the shell, e.g. {option} '{{"name": "Ada"}}', """
+            f"or pass a file: {option} @{option.removeprefix('--')}.json",
         ) from exc
 
 
@@ -322,6 +344,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
             status=args.status,
             before=args.before,
             since=_since(args.since),
+            parent=args.parent,
         )
     if args.format == "json":
         print(json.dumps([r.as_dict() for r in runs], indent=2))
@@ -365,6 +388,25 @@ def cmd_retry(args: argparse.Namespace) -> int:
                           "retry_count": run["retry_count"]}))
     else:
         print(f"run {run['run_id']} {run['status']} again (retry {run['retry_count']})")
+    return 0
+
+
+@json_errors
+def cmd_signal(args: argparse.Namespace) -> int:
+    from flowlane.runtime.client import Client
+
+    payload = read_input(args.data, "--data", "the signal payload")
+    with Client(args.dsn) as client:
+        signal = client.signal(args.run_id, args.step, payload)
+    applied = signal["applied_at"] is not None
+    if args.format == "json":
+        print(json.dumps({"run_id": str(signal["run_id"]), "step": signal["step_slug"],
+                          "applied": applied}))
+    elif applied:
+        print(f"step {signal['step_slug']} of run {signal['run_id']} completed by the signal")
+    else:
+        print(f"signal kept: step {signal['step_slug']} of run {signal['run_id']} completes "
+              "with it when the run reaches it")
     return 0
 
 

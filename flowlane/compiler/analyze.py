@@ -80,6 +80,7 @@ def analyze(documents: Iterable[Document], *, complete: bool = True
     _ownership(state)
     for entry in aliases:
         _build_alias(entry, state)
+    _child_flows(state)
     _build_workers(workers, state)
     built = _build_schedules(schedules, state)
     if state.findings:
@@ -192,6 +193,7 @@ class _FlowChecker:
         for slug, spec in self.steps.items():
             self._step_rules(slug, spec)
             self._condition_keys(slug, spec, needs[slug])
+            self._map_over_child_run(slug, spec, needs[slug])
         self._read_contracts()
         self._contract_graph(needs)
         order = self._order(needs)
@@ -318,6 +320,7 @@ class _FlowChecker:
                            f"for example: {_duration_example(option)}")
 
     def _step_rules(self, slug: str, spec: dict[str, Any]) -> None:
+        self._handler_rules(slug, spec)
         self._duration_ranges(("steps", slug), spec)
         if spec.get("type") == "map" and len(spec.get("needs", [])) > 1:
             self.error(("steps", slug, "type"), "FL032",
@@ -332,6 +335,54 @@ class _FlowChecker:
         for keyword in ("if", "unless"):
             if keyword in spec:
                 self._condition(("steps", slug, keyword), spec[keyword])
+
+    def _handler_rules(self, slug: str, spec: dict[str, Any]) -> None:
+        """A step runs a handler, unless it is a wait step (a signal completes it) or starts
+        a child flow (its child run completes it)."""
+        if "flow" in spec:
+            self._child_flow_rules(slug, spec)
+        elif spec.get("type") != "wait":
+            if "handler" not in spec:
+                self.error(("steps", slug), "FL010", f"missing required key `handler` in `{slug}`",
+                           "add `handler:` (or `type: wait` for a step that waits for a signal, "
+                           "or `flow:` to start a child flow)", key=True)
+            return
+        elif "handler" in spec:
+            self.error(("steps", slug, "handler"), "FL036",
+                       f"wait step `{slug}` has a handler: a signal completes a wait step",
+                       "remove `handler:`, or remove `type: wait` to run the handler", key=True)
+        kind = "wait" if spec.get("type") == "wait" else "child-flow"
+        meaning = ("`timeout` is how long a wait step waits for its signal" if kind == "wait"
+                   else "the child flow's own options govern its steps; `max_attempts` is how "
+                   "many child runs an element may start")
+        for option in _HANDLER_OPTIONS[kind]:
+            if option in spec:
+                self.error(("steps", slug, option), "FL037",
+                           f"`{option}` means nothing for {kind} step `{slug}`: it runs no handler",
+                           f"remove `{option}:`; {meaning}", key=True)
+
+    def _map_over_child_run(self, slug: str, spec: dict[str, Any], needs: list[str]) -> None:
+        """A map step maps its need's output array; a child run's output is an object."""
+        if spec.get("type") != "map" or len(needs) != 1:
+            return
+        need = self.steps[needs[0]]
+        if "flow" in need and need.get("type") != "map":
+            self.error(("steps", slug, "needs", 0), "FL039",
+                       f"map step `{slug}` maps the output of `{needs[0]}`, a child-flow step whose "
+                       "output is its child run's output, an object of the child's last steps",
+                       f"add a step after `{needs[0]}` that returns the array to map, or make "
+                       f"`{needs[0]}` a map step")
+
+    def _child_flow_rules(self, slug: str, spec: dict[str, Any]) -> None:
+        if "handler" in spec:
+            self.error(("steps", slug, "handler"), "FL038",
+                       f"step `{slug}` has both a handler and a child flow (`flow:`)",
+                       "keep one: `handler:` runs a function, `flow:` starts a run of a flow",
+                       key=True)
+        if spec.get("type") == "wait":
+            self.error(("steps", slug, "type"), "FL038",
+                       f"wait step `{slug}` cannot start a child flow",
+                       "remove `flow:` (a signal completes a wait step) or `type: wait`", key=True)
 
     def _condition_keys(self, slug: str, spec: dict[str, Any], needs: list[str]) -> None:
         """A step with needs tests its condition against ``{need: output}`` of its direct
@@ -386,7 +437,13 @@ class _FlowChecker:
         index = self.steps[step]["needs"].index(need)
         return self.doc.at(("steps", step, "needs", index)).line
 
+    def _waits(self) -> set[str]:
+        """The steps without a queue: wait steps and child-flow steps."""
+        return {slug for slug, spec in self.steps.items()
+                if spec.get("type") == "wait" or "flow" in spec}
+
     def _routing(self, order: list[str]) -> dict[str, str] | None:
+        """The queue of every step that has one (a wait step has none)."""
         routing = self.entry.data.get("queues", "flow")
         if routing == "flow":
             return self._flow_routing(order)
@@ -403,11 +460,14 @@ class _FlowChecker:
                        f"shorten the slug to {names.QUEUE_MAX} characters or route with an "
                        "explicit `queues:` mapping")
             return None
-        return dict.fromkeys(order, queue)
+        return dict.fromkeys((s for s in order if s not in self._waits()), queue)
 
     def _per_step_routing(self, order: list[str]) -> dict[str, str] | None:
         routes: dict[str, str] = {}
+        waits = self._waits()
         for index, step in enumerate(order):
+            if step in waits:
+                continue
             queue = names.per_step_queue(self.slug, step, index)
             if queue is None:
                 self.error(("steps", step), "FL043",
@@ -418,19 +478,26 @@ class _FlowChecker:
                            key=True)
             else:
                 routes[step] = queue
-        return routes if len(routes) == len(order) else None
+        return routes if len(routes) == len(order) - len(waits) else None
 
     def _explicit_routing(self, routing: dict[str, str]) -> dict[str, str] | None:
         before = self.errors
+        waits = self._waits()
         for step in routing:
-            if step not in self.steps:
+            if step in waits:
+                kind = "wait" if self.steps[step].get("type") == "wait" else "child-flow"
+                self.error(("queues", step), "FL046",
+                           f"`queues` routes {kind} step `{step}`, which has no queue",
+                           "remove this entry: a signal completes a wait step, a child run a "
+                           "child-flow step; no worker serves either", key=True)
+            elif step not in self.steps:
                 close = self.step_names.closest(step)
                 help = f"did you mean `{close}`?" if close else "remove this entry"
                 self.error(("queues", step), "FL042",
                            f"`queues` routes unknown step `{step}`", help, key=True)
         queues_line = self.doc.key_at(("queues",)).line
         for step in self.steps:
-            if step not in routing:
+            if step not in routing and step not in waits:
                 self.error(("steps", step), "FL041",
                            f"step `{step}` has no entry in the explicit `queues` mapping "
                            f"(line {queues_line})",
@@ -440,7 +507,7 @@ class _FlowChecker:
 
     def _model(self, order: list[str], needs: dict[str, list[str]],
                queues: dict[str, str]) -> Flow:
-        steps = tuple(self._step(i, slug, needs[slug], queues[slug])
+        steps = tuple(self._step(i, slug, needs[slug], queues.get(slug))
                       for i, slug in enumerate(order))
         routing = self.entry.data.get("queues", "flow")
         mode = cast(QueueMode, routing if isinstance(routing, str) else "explicit")
@@ -464,12 +531,12 @@ class _FlowChecker:
         value = self.entry.data.get("retention", defaults.RETENTION)
         return None if value == "forever" else durations.to_seconds(value)
 
-    def _step(self, index: int, slug: str, needs: list[str], queue: str) -> Step:
+    def _step(self, index: int, slug: str, needs: list[str], queue: str | None) -> Step:
         spec = self.steps[slug]
         return Step(
             slug=slug,
             index=index,
-            handler=spec["handler"],
+            handler=spec.get("handler"),
             queue=queue,
             needs=tuple(needs),
             type=cast(StepType, spec.get("type", "single")),
@@ -484,9 +551,16 @@ class _FlowChecker:
             description=spec.get("description"),
             output_schema=(self.output_contracts[slug].schema
                            if slug in self.output_contracts else None),
+            flow=spec.get("flow"),
             location=self.entry.loc(("steps", slug), key=True),
-            handler_location=self.entry.loc(("steps", slug, "handler")),
+            handler_location=(self.entry.loc(("steps", slug, "handler"))
+                              if "handler" in spec else None),
         )
+
+
+# step options that concern a handler, meaningless for a wait or child-flow step
+_HANDLER_OPTIONS = {"wait": ("max_attempts", "base_delay", "start_delay"),
+                    "child-flow": ("base_delay", "start_delay", "timeout")}
 
 
 def _opt_int(spec: dict[str, Any], key: str) -> int | None:
@@ -614,12 +688,69 @@ def _ownership(state: Analysis) -> None:
             continue
         entry = state.flow_entries[flow.slug]
         for step in flow.steps:
-            holder = state.owners.get(step.queue)
+            holder = None if step.queue is None else state.owners.get(step.queue)
             if holder is not None:
                 state.findings.append(entry.doc.diagnostic(
                     ("queues", step.slug), "FL045",
                     f"queue `{step.queue}` is owned by flow `{holder}` and cannot be shared",
                     "choose another name for the shared queue; a flow's own queues are private"))
+
+
+def _child_flows(state: Analysis) -> None:
+    """Every child flow is a flow or alias of the project (FL140), and no flow can start
+    itself through children, directly or not (FL141)."""
+    edges: dict[str, list[tuple[str, str]]] = {}  # flow -> (step, concrete child flow)
+    for flow in state.flows.values():
+        entry = state.flow_entries[flow.slug]
+        for step in flow.steps:
+            if step.flow is None:
+                continue
+            if step.flow in state.aliases:
+                targets = list(state.aliases[step.flow].versions)
+            elif step.flow in state.flows:
+                targets = [step.flow]
+            else:
+                if step.flow not in state.known_flows and step.flow not in state.known_aliases:
+                    _report_unknown(entry, ("steps", step.slug, "flow"), step.flow, state, "FL140")
+                continue
+            edges.setdefault(flow.slug, []).extend((step.slug, t) for t in targets)
+    for cycle in _cycles(edges):
+        first_flow, first_step = cycle[0]
+        path = " -> ".join(f"{f} (step {s})" for f, s in cycle) + f" -> {first_flow}"
+        state.findings.append(state.flow_entries[first_flow].doc.diagnostic(
+            ("steps", first_step, "flow"), "FL141",
+            f"flow `{first_flow}` can start itself through child flows: {path}",
+            "a child flow may not start its ancestors; break the cycle (or do the repeated "
+            "work in a map step)"))
+
+
+def _cycles(edges: dict[str, list[tuple[str, str]]]) -> list[list[tuple[str, str]]]:
+    """One cycle of (flow, step) per strongly connected group, found by depth-first search
+    from each flow in order; each reported once, from its first flow in name order."""
+    found: list[list[tuple[str, str]]] = []
+    seen: set[frozenset[str]] = set()
+    for start in sorted(edges):
+        stack: list[tuple[str, str]] = []
+
+        def walk(flow: str, visiting: set[str], start: str = start,
+                 stack: list[tuple[str, str]] = stack) -> list[tuple[str, str]] | None:
+            for step, child in edges.get(flow, []):
+                stack.append((flow, step))
+                if child == start:
+                    return list(stack)
+                if child not in visiting and child > start:
+                    visiting.add(child)
+                    cycle = walk(child, visiting)
+                    if cycle:
+                        return cycle
+                stack.pop()
+            return None
+
+        cycle = walk(start, {start})
+        if cycle and frozenset(f for f, _ in cycle) not in seen:
+            seen.add(frozenset(f for f, _ in cycle))
+            found.append(cycle)
+    return found
 
 
 def _build_alias(entry: _Entry, state: Analysis) -> None:
@@ -662,7 +793,7 @@ def _unknown_flow(entry: _Entry, path: tuple[str | int, ...], slug: str, state: 
     if slug in state.known_aliases and code == "FL050":
         return entry.doc.diagnostic(path, code, f"`{slug}` is an alias, not a concrete flow",
                                     "an alias points at concrete flow slugs only")
-    candidates = sorted(state.known_flows | (state.known_aliases if code == "FL060" else set()))
+    candidates = sorted(state.known_flows | (state.known_aliases if code in ("FL060", "FL140") else set()))
     close = closest(slug, candidates)
     help = f"did you mean `{close}`?" if close else "declare the flow with `kind: flow`"
     return entry.doc.diagnostic(path, code, f"`{slug}` is not a flow of this project", help)
@@ -731,7 +862,7 @@ def _coverage(state: Analysis) -> None:
     for flow in state.flows.values():
         entry = state.flow_entries[flow.slug]
         for step in flow.steps:
-            routed = covered.get(step.queue)
+            routed = None if step.queue is None else covered.get(step.queue)
             if routed is None or (flow.slug, step.slug) in routed:
                 continue
             path = ("queues", step.slug) if flow.queue_mode == "explicit" else ("steps", step.slug)

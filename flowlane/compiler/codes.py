@@ -31,6 +31,10 @@ CODES: dict[str, str] = {
     "FL033": "when_unmet without a condition",
     "FL034": "dependency listed twice",
     "FL035": "condition names a step that is not among the step's needs",
+    "FL036": "wait step has a handler",
+    "FL037": "option that means nothing for a wait or child-flow step",
+    "FL038": "child-flow step with a handler, or a wait step with a child flow",
+    "FL039": "map step maps the output of a single child-flow step",
     # routing and queues
     "FL040": "queue name is not canonical",
     "FL041": "explicit routing misses a step",
@@ -38,6 +42,7 @@ CODES: dict[str, str] = {
     "FL043": "per-step queue name cannot be derived",
     "FL044": "flow queue name cannot be derived",
     "FL045": "queue owned by one flow is used elsewhere",
+    "FL046": "explicit routing names a wait or child-flow step",
     # aliases
     "FL050": "alias points to an unknown flow",
     "FL051": "alias slug collides with a flow slug",
@@ -64,6 +69,9 @@ CODES: dict[str, str] = {
     "FL103": "condition can never match the schema of what it tests",
     "FL104": "map over a value whose schema is not an array",
     "FL105": "input written in the YAML that the target flow's input_schema refuses",
+    # child flows
+    "FL140": "child flow is not a flow or alias of this project",
+    "FL141": "flows start each other in a cycle",
     # check (compiled SQL against the YAML and the base revision)
     "FL090": "compiled SQL is stale, missing or hand-edited",
     "FL091": "NEW_VERSION_REQUIRED: a committed flow changed its shape",

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from flowlane import defaults
 
-StepType = Literal["single", "map"]
+StepType = Literal["single", "map", "wait"]
 QueueMode = Literal["flow", "per-step", "explicit"]
 Mode = Literal["skip", "skip-cascade", "fail"]
 
@@ -27,12 +27,13 @@ class Location:
 
 @dataclass(frozen=True)
 class Step:
-    """One step of a concrete flow, with its resolved queue."""
+    """One step of a concrete flow, with its resolved queue. A wait step and a child-flow
+    step (``flow``: a flow slug or alias) have neither a handler nor a queue."""
 
     slug: str
     index: int
-    handler: str
-    queue: str
+    handler: str | None
+    queue: str | None
     needs: tuple[str, ...] = ()
     type: StepType = "single"
     condition_if: Mapping[str, Any] | None = None
@@ -45,6 +46,7 @@ class Step:
     start_delay: int | None = None
     description: str | None = None
     output_schema: Mapping[str, Any] | None = None  # the contract's shape form
+    flow: str | None = None
     location: Location | None = field(default=None, compare=False)
     handler_location: Location | None = field(default=None, compare=False)
 
@@ -75,7 +77,7 @@ class Flow:
     @property
     def queues(self) -> tuple[str, ...]:
         """Distinct queues this flow routes to, sorted."""
-        return tuple(sorted({s.queue for s in self.steps}))
+        return tuple(sorted({s.queue for s in self.steps if s.queue is not None}))
 
     @property
     def owned_queues(self) -> tuple[str, ...]:
@@ -212,7 +214,8 @@ class Project:
             HandlerRef(f.slug, s.slug, s.queue, s.handler, s.handler_location, s.output_schema)
             for f in chosen
             for s in f.steps
-            if queue is None or s.queue == queue
+            if s.queue is not None and s.handler is not None
+            and (queue is None or s.queue == queue)
         )
 
     def routed_pairs(self, queue: str, flows: Iterable[str] | None = None

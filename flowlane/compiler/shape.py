@@ -33,6 +33,8 @@ def _step_shape(step: Step) -> dict[str, Any]:
     }
     if step.output_schema is not None:
         shape["output_schema"] = _plain(step.output_schema)
+    if step.flow is not None:  # only a child-flow step has the key: older shapes stay the same
+        shape["flow"] = step.flow
     return shape
 
 
@@ -54,7 +56,7 @@ def text_sha256(canonical: str) -> str:
 
 
 _STEP_KEYS = ("slug", "type", "needs", "if", "unless", "when_unmet", "when_exhausted", "queue",
-              "output_schema")
+              "output_schema", "flow")
 _ABSENT: Any = object()  # a missing key, which SQL sees as NULL (shown as ``absent``)
 
 

@@ -192,20 +192,21 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
-def encode_input(input: Any) -> str:
-    """The run input as JSON text; a usage error when it cannot be one or is too large."""
+def encode_input(input: Any, what: str = "the run input") -> str:
+    """The run input (or a signal's payload: ``what``) as JSON text; a usage error when it
+    cannot be one or is too large."""
     if limits.depth_exceeds(input):  # before json.dumps, which recurses (RecursionError)
         raise errors.UsageError(
-            f"the run input is nested deeper than {limits.MAX_DEPTH} levels (the limit)",
+            f"{what} is nested deeper than {limits.MAX_DEPTH} levels (the limit)",
             hint="flatten the input, or pass a reference to the data instead")
     try:
         payload = json.dumps({} if input is None else input, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise errors.UsageError(f"the run input is not JSON-serialisable: {exc}") from exc
+        raise errors.UsageError(f"{what} is not JSON-serialisable: {exc}") from exc
     size = len(payload.encode("utf-8"))
     if size > MAX_INPUT_BYTES:
         raise errors.UsageError(
-            f"the run input is {size} bytes of JSON, over the limit of {MAX_INPUT_BYTES} bytes",
+            f"{what} is {size} bytes of JSON, over the limit of {MAX_INPUT_BYTES} bytes",
             hint="pass a reference (a URL, a table key, a file path) instead of the data itself",
         )
     return payload
@@ -261,6 +262,20 @@ def _operation_error(exc: errors.DatabaseError, run_id: str) -> errors.FlowlaneE
     return exc
 
 
+# what flowlane.signal refuses with (no run or step, not a wait step, a finished run or
+# step or a second signal, a payload its step cannot give, a null argument)
+_SIGNAL_REFUSALS = frozenset({_NO_RUN, "42809", _WRONG_STATE, "22023", "22004"})
+
+
+def _signal_error(exc: errors.DatabaseError, run_id: str) -> errors.FlowlaneError:
+    if exc.sqlstate not in _SIGNAL_REFUSALS:
+        return exc
+    return errors.SignalRefused(
+        str(exc).replace(": signal: ", ": ", 1),
+        hint=exc.hint or f"`flowlane run {run_id}` shows its wait steps and their signals",
+        detail=exc.detail, sqlstate=exc.sqlstate)
+
+
 def _run_state(rows: list[dict[str, Any]], run_id: str) -> dict[str, Any]:
     if not rows or rows[0]["run"] is None:
         raise errors.FlowlaneError(f"no run {run_id}", hint="`flowlane runs` lists recent runs")
@@ -297,7 +312,7 @@ def _check_page(rows: list[dict[str, Any]], before: str) -> None:
 
 def _list_params(
     limit: int, flows: list[str] | None, status: str | None, before: str | None,
-    since: datetime | None,
+    since: datetime | None, parent: str | None = None,
 ) -> dict[str, Any]:
     if limit < 0:
         raise errors.UsageError(f"the run limit must be 0 or more, not {limit}")
@@ -309,6 +324,7 @@ def _list_params(
         "status": status,
         "before": _run_id(before) if before else None,
         "since": since,
+        "parent": _run_id(parent) if parent else None,
     }
 
 
@@ -495,6 +511,22 @@ class Operations:
         return str(rows[0]["run_id"])
 
     @staticmethod
+    def signal(run_id: str, step: str, payload: Any = None) -> Plan[dict[str, Any]]:
+        """Send a signal to wait step ``step`` of a run: it completes the step with
+        ``payload`` (default ``{}``) as its output, or is kept until the step starts.
+        Returns the signal (``applied_at`` None: kept). Raises
+        :class:`flowlane.errors.SignalRefused` when the SQL Core refuses it (nothing changed)."""
+        run_id = _run_id(run_id)
+        body = encode_input(payload, "the signal payload")
+        try:
+            rows = yield Fetch("client_signal", f"cannot signal {step}",
+                               {"run_id": run_id, "step": step, "payload": body})
+        except errors.DatabaseError as exc:
+            raise _signal_error(exc, run_id) from exc
+        row: dict[str, Any] = rows[0]
+        return row
+
+    @staticmethod
     def flows_named(flow: str) -> Plan[list[str]]:
         """The concrete slugs of a flow or alias (an alias: every version it ever pointed at)."""
         rows = yield Fetch("client_flow_filter", "cannot list flows", {"flow": flow})
@@ -508,10 +540,12 @@ class Operations:
         status: str | None = None,
         before: str | None = None,
         since: datetime | None = None,
+        parent: str | None = None,
     ) -> Plan[list[RunSummary]]:
-        """Runs newest first; ``before`` = a run id (the next page), ``since`` = a time."""
+        """Runs newest first; ``before`` = a run id (the next page), ``since`` = a time,
+        ``parent`` = a run id (only the child runs its child-flow steps started)."""
         flows = (yield from Operations.flows_named(flow)) if flow else None
-        params = _list_params(limit, flows, status, before, since)
+        params = _list_params(limit, flows, status, before, since, parent)
         if params["before"]:
             found = yield Fetch("client_run_exists", "cannot list runs",
                                 {"run_id": params["before"]})
@@ -528,7 +562,8 @@ class Operations:
 
     @staticmethod
     def get_run(run_id: str) -> Plan[dict[str, Any]]:
-        """``{"run", "steps", "tasks", "attempts"}``; raises when there is no such run."""
+        """``{"run", "steps", "tasks", "attempts", "waits", "parent", "children"}``; raises
+        when there is no such run."""
         run_id = _run_id(run_id)
         rows = yield Fetch("client_get_run", "cannot read the run", {"run_id": run_id})
         return _run_state(rows, run_id)
@@ -631,6 +666,7 @@ class Client:
     start_runs = _blocking(Operations.start_runs)
     cancel = _blocking(Operations.cancel)
     retry = _blocking(Operations.retry)
+    signal = _blocking(Operations.signal)
     flows_named = _blocking(Operations.flows_named)
     list_runs = _blocking(Operations.list_runs)
     stuck_runs = _blocking(Operations.stuck_runs)
@@ -718,6 +754,7 @@ class AsyncClient:
     start_runs = _awaitable(Operations.start_runs)
     cancel = _awaitable(Operations.cancel)
     retry = _awaitable(Operations.retry)
+    signal = _awaitable(Operations.signal)
     flows_named = _awaitable(Operations.flows_named)
     list_runs = _awaitable(Operations.list_runs)
     stuck_runs = _awaitable(Operations.stuck_runs)

@@ -117,6 +117,8 @@ def check_handlers(project: Project, import_paths: Iterable[str] = ()) -> list[D
     found: list[Diagnostic] = []
     for flow in project.flows:
         for step in flow.steps:
+            if step.handler is None:
+                continue  # a wait step
             problem = _handler_problem(step.handler)
             if problem is None:
                 continue

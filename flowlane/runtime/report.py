@@ -36,8 +36,14 @@ def render_run(state: dict[str, Any]) -> str:
         lines.append(f"{'reason':<10}{run['cancel_reason']}")
     if run.get("error_message"):
         lines.append(f"{'error':<10}{run['error_message']}")
+    parent = state.get("parent")
+    if parent:
+        lines.append(f"{'parent':<10}{parent['run_id']} ({parent['flow_slug']}, {parent['status']}; "
+                     f"step {parent['step_slug']}[{parent['task_index']}])")
     lines.append("")
     lines.extend(_step_table(state))
+    lines.extend(_waits(state))
+    lines.extend(_children(state))
     failed = state.get("attempts") or []
     if failed:
         lines.append("")
@@ -68,6 +74,41 @@ def _time_lines(run: dict[str, Any]) -> list[str]:
     if run.get("schedule_name"):
         slot = run.get("schedule_slot")
         lines.append(f"{'schedule':<10}{run['schedule_name']} " + (f"slot {slot}" if slot else "(run now)"))
+    return lines
+
+
+def wait_note(wait: dict[str, Any]) -> str:
+    """What a wait step waits for, since when and until when, or the signal it got."""
+    signal = wait.get("signal")
+    if wait["status"] == "started":
+        until = f", gives up at {wait['expires_at']}" if wait.get("expires_at") else ""
+        return f"waiting for a signal since {wait['waiting_since']}{until}"
+    if signal is None:
+        return "no signal"
+    if signal.get("applied_at") is None:
+        return f"signal kept since {signal['received_at']}: it completes the step when it starts"
+    return f"completed by a signal received at {signal['received_at']}"
+
+
+def _waits(state: dict[str, Any]) -> list[str]:
+    waits = state.get("waits") or []
+    if not waits:
+        return []
+    lines = ["", "wait steps"]
+    lines += [f"  {w['step_slug']:<22} {wait_note(w)}" for w in waits]
+    if any(w["status"] == "started" for w in waits):
+        lines.append(f"  (`flowlane signal {state['run']['run_id']} STEP --data JSON` completes one)")
+    return lines
+
+
+def _children(state: dict[str, Any]) -> list[str]:
+    children = state.get("children") or []
+    if not children:
+        return []
+    lines = ["", "child runs"]
+    lines += [f"  {c['step_slug'] + '[' + str(c['task_index']) + ']':<24} {c['run_id']}  "
+              f"{c['flow_slug']:<24} {c['status']}" for c in children]
+    lines.append(f"  (`flowlane runs --parent {state['run']['run_id']}` lists them)")
     return lines
 
 

@@ -96,6 +96,11 @@ def _by_flow(project: Project, name: str, step_slug: str | None) -> Selection:
                 f"flow {slug} has no step {step_slug!r}",
                 hint=f"steps: {', '.join(s.slug for s in flow.steps)}",
             ) from None
+        if step.queue is None:
+            raise errors.UsageError(
+                f"step {step_slug} of flow {slug} is a wait step: no worker serves it",
+                hint="a signal completes it: flowlane signal RUN_ID " + step_slug,
+            )
         handlers = project.handlers(step.queue, [slug])
         return Selection(step.queue, tuple(h for h in handlers if h.step_slug == step.slug))
     raise errors.UsageError(

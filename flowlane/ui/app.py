@@ -33,6 +33,7 @@ from flowlane.app.console import (
 )
 from flowlane.app.fleet import STALE_AFTER
 from flowlane.app.observability import ConsoleProbe
+from flowlane.compiler import diagram
 from flowlane.runtime.limits import STATUSES, TERMINAL
 from flowlane.ui import layout, pages, security
 
@@ -52,6 +53,7 @@ def _templates() -> Jinja2Templates:
     env.filters.update(
         duration=pages.duration, timestamp=pages.timestamp, size=pages.size, age=pages.age,
     )
+    env.globals["signals_lane"] = diagram.SIGNALS
     return Jinja2Templates(env=env)
 
 
@@ -137,6 +139,7 @@ def create_app(console: Console, settings: Settings) -> Starlette:
             "graph": layout.layout(model, {s["step_slug"]: s["status"] for s in steps}),
             "terminal": run["status"] in TERMINAL,
             "waiting": console.waiting(run_id) if run["status"] == "started" else [],
+            "family": console.family(run_id),
         }
 
     def run_page(request: Request) -> Response:
@@ -228,6 +231,10 @@ ACTION_FORMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "cancel": ("Cancel run {run_id}? Queued tasks are archived and dependents never start.",
                ("run_id", "reason")),
     "retry": ("Retry the failed steps of run {run_id} with a fresh attempt budget?", ("run_id",)),
+    "approve": ("Approve step {step} of run {run_id}? The approval completes the step.",
+                ("run_id", "step", "by", "comment")),
+    "reject": ("Reject step {step} of run {run_id}? The rejection completes the step.",
+               ("run_id", "step", "by", "comment")),
     "set_deployment_enabled": ("{verb} worker deployment {deployment}?", ("deployment", "enabled", "reason")),
     "pause_schedule": ("Pause schedule {schedule}? It starts no run until resumed.", ("schedule", "reason")),
     "resume_schedule": ("Resume schedule {schedule} from its next slot?", ("schedule",)),
@@ -264,6 +271,9 @@ def _action_routes(console: Console, render: Callable[..., Response]) -> list[Ro
         back = safe_back(form.get("back"))
         if "enabled" in params:
             params["enabled"] = params["enabled"] == "true"
+        if name in ("approve", "reject"):
+            params["approved"] = name == "approve"
+            params["by"] = params["by"].strip() or "the console"
         if "reason" in params and not params["reason"]:
             # a disabled deployment or a cancelled run says who did it; enabling clears the reason
             params["reason"] = None if params.get("enabled") is True else "from the console"

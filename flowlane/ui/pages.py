@@ -19,12 +19,12 @@ def flow_model(flow: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]) -> F
         timeout=flow["opt_timeout"],
         steps=tuple(
             Step(
-                slug=s["step_slug"], index=s["step_index"], handler="", queue=s["queue_name"],
+                slug=s["step_slug"], index=s["step_index"], handler=None, queue=s["queue_name"],
                 needs=tuple(s["needs"]), type=s["step_type"],
                 condition_if=s["required_input_pattern"], condition_unless=s["forbidden_input_pattern"],
                 when_unmet=s["when_unmet"], when_exhausted=s["when_exhausted"],
                 max_attempts=s["opt_max_attempts"], base_delay=s["opt_base_delay"],
-                timeout=s["opt_timeout"], start_delay=s["opt_start_delay"],
+                timeout=s["opt_timeout"], start_delay=s["opt_start_delay"], flow=s["child_flow"],
             )
             for s in steps
         ),

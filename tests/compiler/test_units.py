@@ -177,3 +177,18 @@ def test_diagnostic_text_never_carries_control_characters() -> None:
     assert "\u241b]0;x\u2407" in found.headline()
     source, caret = text.splitlines()[2:4]
     assert source.index("c") == caret.index("^")
+
+
+def test_graphs_draw_wait_and_child_flow_steps_outside_the_queues() -> None:
+    from flowlane.compiler import diagram, load_project
+
+    golden = Path(__file__).parent / "golden" / "valid"
+    project = load_project([golden / "wait_steps.yaml", golden / "child_flows.yaml"])
+    waits = diagram.render(project.flow("approvals"))
+    assert 'subgraph q1["no queue: signals and child flows"]' in waits
+    assert 's_approve(["approve (wait)"])' in waits and 's_paid(["paid (wait)"])' in waits
+    assert 'subgraph q0["queue: approvals__prepare"]' in waits
+    orders = diagram.render(project.flow("orders"), "dot")
+    assert '"each" [label="each (map, flow: pack_line)", shape=component' in orders
+    assert 's_invoice[/"invoice (flow: invoicing)"/]' in diagram.render(project.flow("orders"))
+    assert 'label="no queue: signals and child flows";' in orders

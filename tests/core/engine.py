@@ -369,13 +369,16 @@ def assert_invariants(engine: Engine) -> None:
         "remaining_tasks out of sync": """
             select s.run_id, s.step_slug from flowlane.step_states s
             join flowlane.runs r on r.run_id = s.run_id and r.status = 'started'
-            where s.status = 'started' and s.remaining_tasks <> s.initial_tasks - (
+            join flowlane.steps st on st.flow_slug = s.flow_slug and st.step_slug = s.step_slug
+            where s.status = 'started' and st.queue_name is not null
+              and s.remaining_tasks <> s.initial_tasks - (
               select count(*) from flowlane.step_tasks t
               where t.run_id = s.run_id and t.step_slug = s.step_slug
                 and t.status = 'completed')""",
         "completed step with wrong task count": """
             select s.run_id, s.step_slug from flowlane.step_states s
-            where s.status = 'completed' and s.initial_tasks <> (
+            join flowlane.steps st on st.flow_slug = s.flow_slug and st.step_slug = s.step_slug
+            where s.status = 'completed' and st.queue_name is not null and s.initial_tasks <> (
               select count(*) from flowlane.step_tasks t
               where t.run_id = s.run_id and t.step_slug = s.step_slug
                 and t.status = 'completed')""",

@@ -14,7 +14,8 @@ EXPECTED = {
             "required_input_pattern jsonb DEFAULT NULL::jsonb, "
             "forbidden_input_pattern jsonb DEFAULT NULL::jsonb, "
             "when_unmet text DEFAULT 'skip'::text, "
-            "when_exhausted text DEFAULT 'fail'::text, queue_name text DEFAULT NULL::text"
+            "when_exhausted text DEFAULT 'fail'::text, queue_name text DEFAULT NULL::text, "
+            "child_flow text DEFAULT NULL::text"
         ),
         "flowlane.steps",
     ),
@@ -129,6 +130,10 @@ EXPECTED = {
         "SETOF flowlane.step_tasks",
     ),
     "get_run_attempts": ("run_id uuid", "jsonb"),
+    "get_run_waits": ("run_id uuid", "jsonb"),
+    "get_run_family": ("run_id uuid", "jsonb"),
+    "signal": ("run_id uuid, step_slug text, payload jsonb DEFAULT '{}'::jsonb", "flowlane.signals"),
+    "expire_waits": ("p_now timestamp with time zone DEFAULT now()", "integer"),
     "retry_run": ("run_id uuid", "flowlane.runs"),
     # 0018_retention_metrics_traces
     "prune_runs": (

@@ -158,7 +158,7 @@ def test_map_with_two_deps_rejected(engine: Engine) -> None:
 
 def test_unknown_step_type_rejected(engine: Engine) -> None:
     engine.create_flow("f")
-    with pytest.raises(psycopg.Error, match="step_type must be single or map"):
+    with pytest.raises(psycopg.Error, match="step_type must be single, map or wait"):
         engine.add_step("f", "a", step_type="fanout")
 
 

@@ -40,8 +40,7 @@ def explicit(
 
 
 @pytest.mark.parametrize(
-    ("table", "column"),
-    [("steps", "queue_name"), ("step_tasks", "queue_name"), ("step_tasks", "message_id")],
+    ("table", "column"), [("step_tasks", "queue_name"), ("step_tasks", "message_id")],
 )
 def test_identity_columns_not_null(engine: Engine, table: str, column: str) -> None:
     nullable = engine.scalar(
@@ -50,6 +49,17 @@ def test_identity_columns_not_null(engine: Engine, table: str, column: str) -> N
         (table, column),
     )
     assert nullable == "NO"
+
+
+def test_a_step_has_a_queue_unless_it_is_a_wait_or_child_flow_step(engine: Engine) -> None:
+    engine.define("f", [("a", [], {})])
+    for index, (step_type, child, queue) in enumerate(
+            [("wait", None, "f"), ("single", "f", "f"), ("single", None, None), ("map", None, None)]):
+        with pytest.raises(psycopg.errors.CheckViolation, match="steps_queue_iff_handler"):
+            engine.conn.execute(
+                "insert into flowlane.steps (flow_slug, step_slug, step_type, step_index, child_flow, "
+                "queue_name) values ('f', %s, %s, %s, %s, %s)",
+                (f"s{index}", step_type, index + 1, child, queue))
 
 
 def test_queue_message_identity_unique(engine: Engine) -> None:

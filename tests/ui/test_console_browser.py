@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -196,6 +197,51 @@ def test_actions_work_behind_a_confirmation(
             row = conn.execute("select status, retry_count from flowlane.runs where run_id = %s",
                                (to_retry,)).fetchone()
         assert row == ("started", 1)
+
+
+def _decide(driver: Any, server: ui_support.UiServer, run_id: uuid.UUID, action: str,
+            by: str, comment: str) -> None:
+    driver.get(f"{server.url}/runs/{run_id}")
+    _follow_live(driver, f"action-{action}-ask")
+    assert driver.find_element(By.ID, "question").text.startswith(
+        f"{action.capitalize()} step ask of run {run_id}?")
+    driver.find_element(By.NAME, "by").send_keys(by)
+    driver.find_element(By.NAME, "comment").send_keys(comment)
+    _follow(driver, driver.find_element(By.ID, "confirm"))
+    assert driver.find_element(By.CSS_SELECTOR, "#message h1").text == "Done"
+    _follow(driver, driver.find_element(By.ID, "back"))
+
+
+def test_a_waiting_step_is_approved_or_rejected_from_the_console(
+        driver: Any, seeded_db: tuple[str, ui_support.Seeded]) -> None:
+    dsn = seeded_db[0]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        engine = Engine(conn)
+        engine.define("console_gate", [("ask", [], {"step_type": "wait", "timeout": 3600}),
+                                       ("go", ["ask"], {})])
+        approved, rejected = engine.start("console_gate"), engine.start("console_gate")
+    with ui_support.ui_server(dsn, "--allow-actions") as server:
+        driver.get(f"{server.url}/runs/{approved}")
+        waiting = driver.find_element(By.CSS_SELECTOR, "[data-wait='ask']").text
+        assert waiting.startswith("waiting for a signal since") and "gives up at" in waiting
+        _decide(driver, server, approved, "approve", "ana", "looks right")
+        decision = driver.find_element(By.CSS_SELECTOR, "[data-wait='ask'] .decision")
+        assert decision.get_attribute("data-approved") == "true"
+        assert decision.text.startswith("approved by ana at") and "looks right" in decision.text
+        assert _absent(driver, "action-approve-ask")  # decided once
+        _decide(driver, server, rejected, "reject", "", "")
+        decision = driver.find_element(By.CSS_SELECTOR, "[data-wait='ask'] .decision")
+        assert decision.get_attribute("data-approved") == "false"
+        assert decision.text.startswith("rejected by the console at")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        engine = Engine(conn)
+        outputs = {run: engine.states(run)["ask"]["output"] for run in (approved, rejected)}
+        assert engine.statuses(approved)["go"] == "started"  # the approval started it
+    assert {k: outputs[approved][k] for k in ("approved", "by", "comment")} == {
+        "approved": True, "by": "ana", "comment": "looks right"}
+    assert outputs[approved]["at"]  # when it was decided, from the database's clock
+    assert {k: outputs[rejected][k] for k in ("approved", "by", "comment")} == {
+        "approved": False, "by": "the console", "comment": None}
 
 
 def _absent(driver: Any, element_id: str) -> bool:

@@ -57,7 +57,8 @@ create table flowlane.steps (
   when_unmet text default 'skip' not null,
   when_exhausted text default 'fail' not null,
   created_at timestamptz default now() not null,
-  queue_name text not null,
+  queue_name text,
+  child_flow text,
   constraint steps_index_unique unique (flow_slug, step_index),
   constraint steps_pkey primary key (flow_slug, step_slug),
   constraint steps_base_delay_nonnegative check ((opt_base_delay is null) or (opt_base_delay >= 0)),
@@ -71,7 +72,9 @@ create table flowlane.steps (
   constraint steps_start_delay_nonnegative check ((opt_start_delay is null) or (opt_start_delay >= 0)),
   constraint steps_timeout_at_most_2147483617 check ((opt_timeout is null) or (opt_timeout <= 2147483617)),
   constraint steps_timeout_positive check ((opt_timeout is null) or (opt_timeout >= 1)),
-  constraint steps_type_valid check (step_type in ('single', 'map')),
+  constraint steps_type_valid check (step_type in ('single', 'map', 'wait')),
+  constraint steps_queue_iff_handler check ((queue_name is null) = ((step_type = 'wait') or (child_flow is not null))),
+  constraint steps_child_flow_not_wait check ((child_flow is null) or (step_type <> 'wait')),
   constraint steps_when_exhausted_valid check (when_exhausted in ('fail', 'skip', 'skip-cascade')),
   constraint steps_when_unmet_needs_pattern check ((when_unmet = 'skip') or (required_input_pattern is not null) or (forbidden_input_pattern is not null)),
   constraint steps_when_unmet_valid check (when_unmet in ('skip', 'skip-cascade', 'fail')),
@@ -157,7 +160,11 @@ create table flowlane.runs (
   deadline_at timestamptz,
   schedule_name text,
   schedule_slot timestamptz,
+  parent_run_id uuid,
+  parent_step_slug text,
+  parent_task_index int,
   constraint runs_pkey primary key (run_id),
+  constraint runs_parent_complete check (((parent_run_id is null) = (parent_step_slug is null)) and ((parent_run_id is null) = (parent_task_index is null))),
   constraint runs_cancel_reason_only_cancelled check ((cancel_reason is null) or (status = 'cancelled')),
   constraint runs_cancelled_after_start check ((cancelled_at is null) or (cancelled_at >= started_at)),
   constraint runs_cancelled_at check ((status = 'cancelled') = (cancelled_at is not null)),
@@ -198,6 +205,8 @@ create index runs_deadline_idx on flowlane.runs (deadline_at) where (status = 's
 -- one run per (schedule, slot), however many processes fire schedules at once
 create unique index runs_schedule_slot_unique on flowlane.runs (schedule_name, schedule_slot) where (schedule_slot is not null);
 
+create index runs_parent_idx on flowlane.runs (parent_run_id, parent_step_slug, parent_task_index) where (parent_run_id is not null);
+
 create table flowlane.step_states (
   flow_slug text not null,
   run_id uuid not null,
@@ -228,7 +237,7 @@ create table flowlane.step_states (
   constraint step_states_remaining_deps_nonnegative check (remaining_deps >= 0),
   constraint step_states_remaining_tasks_nonnegative check ((remaining_tasks is null) or (remaining_tasks >= 0)),
   constraint step_states_skip_reason check ((status = 'skipped') = (skip_reason is not null)),
-  constraint step_states_skip_reason_valid check ((skip_reason is null) or (skip_reason in ('condition_unmet', 'handler_failed', 'dependency_skipped'))),
+  constraint step_states_skip_reason_valid check ((skip_reason is null) or (skip_reason in ('condition_unmet', 'handler_failed', 'dependency_skipped', 'wait_timeout'))),
   constraint step_states_skipped_after_created check ((skipped_at is null) or (skipped_at >= created_at)),
   constraint step_states_skipped_at check ((status = 'skipped') = (skipped_at is not null)),
   constraint step_states_started_after_created check ((started_at is null) or (started_at >= created_at)),

@@ -95,7 +95,8 @@ create function flowlane.add_step(
   forbidden_input_pattern jsonb = null,
   when_unmet text = 'skip',
   when_exhausted text = 'fail',
-  queue_name text = null
+  queue_name text = null,
+  child_flow text = null
 ) returns flowlane.steps
 language plpgsql volatile
 set search_path = ''
@@ -123,8 +124,8 @@ begin
       using errcode = '23503';
   end if;
   perform flowlane._check_slug('step', v_step);
-  if v_type not in ('single', 'map') then
-    raise exception 'step "%" of flow "%": step_type must be single or map, not %', v_step, v_flow,
+  if v_type not in ('single', 'map', 'wait') then
+    raise exception 'step "%" of flow "%": step_type must be single, map or wait, not %', v_step, v_flow,
       quote_literal(v_type) using errcode = '22023';
   end if;
   if v_type = 'map' and cardinality(v_deps) > 1 then
@@ -167,7 +168,9 @@ begin
   else
     select coalesce(max(s.step_index) + 1, 0) into v_index from flowlane.steps s where s.flow_slug = v_flow;
   end if;
-  v_queue := flowlane._resolve_queue(v_flow, v_step, v_index, v_mode, add_step.queue_name);
+  perform flowlane._check_child_flow(v_flow, v_step, v_type, add_step.child_flow);
+  v_queue := flowlane._step_queue(v_flow, v_step, v_index, v_mode, v_type, add_step.queue_name,
+                                  add_step.child_flow);
 
   if v_existing.flow_slug is not null then
     select coalesce(array_agg(d.dep_slug order by d.dep_slug collate "C"), '{}') into v_existing_deps
@@ -192,10 +195,15 @@ begin
     if v_existing.when_exhausted <> v_exhausted then
       perform flowlane._shape_mismatch(v_flow, v_step, 'when_exhausted', v_existing.when_exhausted, v_exhausted);
     end if;
-    if v_existing.queue_name <> v_queue then
+    if v_existing.queue_name is distinct from v_queue then
       perform flowlane._shape_mismatch(v_flow, v_step, 'queue_name', v_existing.queue_name, v_queue);
     end if;
-    perform flowlane._ensure_queue(v_queue, v_flow, v_mode);
+    if v_existing.child_flow is distinct from add_step.child_flow then
+      perform flowlane._shape_mismatch(v_flow, v_step, 'child_flow', v_existing.child_flow, add_step.child_flow);
+    end if;
+    if v_queue is not null then
+      perform flowlane._ensure_queue(v_queue, v_flow, v_mode);
+    end if;
     update flowlane.steps s
        set opt_max_attempts = max_attempts, opt_base_delay = base_delay,
            opt_timeout = timeout, opt_start_delay = start_delay
@@ -226,12 +234,15 @@ begin
       using errcode = '23514',
             hint = 'the shape of a flow never changes once applied (verified or run); create a new flow version (a new slug)';
   end if;
-  perform flowlane._ensure_queue(v_queue, v_flow, v_mode);
+  if v_queue is not null then
+    perform flowlane._ensure_queue(v_queue, v_flow, v_mode);
+  end if;
   insert into flowlane.steps (flow_slug, step_slug, step_type, step_index, deps_count,
     opt_max_attempts, opt_base_delay, opt_timeout, opt_start_delay,
-    required_input_pattern, forbidden_input_pattern, when_unmet, when_exhausted, queue_name)
+    required_input_pattern, forbidden_input_pattern, when_unmet, when_exhausted, queue_name, child_flow)
   values (v_flow, v_step, v_type, v_index, cardinality(v_sorted_deps), max_attempts, base_delay, timeout,
-    start_delay, required_input_pattern, forbidden_input_pattern, v_unmet, v_exhausted, v_queue)
+    start_delay, required_input_pattern, forbidden_input_pattern, v_unmet, v_exhausted, v_queue,
+    add_step.child_flow)
   returning * into v_row;
   insert into flowlane.deps (flow_slug, dep_slug, step_slug)
   select v_flow, d, v_step from unnest(v_sorted_deps) d;
@@ -283,6 +294,9 @@ as $$
                'queue', s.queue_name)
              || coalesce((select jsonb_build_object('output_schema', c.schema) from flowlane.contracts c
                           where c.flow_slug = s.flow_slug and coalesce(c.step_slug, '') = s.step_slug), '{}')
+             -- a child-flow step's flow is part of its shape; other steps have no such key
+             || case when s.child_flow is null then '{}'::jsonb
+                     else jsonb_build_object('flow', s.child_flow) end
              order by s.step_index)
       from flowlane.steps s where s.flow_slug = f.flow_slug), '[]'::jsonb))
     || coalesce((select jsonb_build_object('input_schema', c.schema) from flowlane.contracts c
@@ -352,14 +366,14 @@ begin
       continue;
     end if;
     v_label := format('step %s (%s)', i, flowlane._shape_text(v_db_step -> 'slug'));
-    foreach v_key in array array['type', 'needs', 'if', 'unless', 'when_unmet', 'when_exhausted', 'queue', 'output_schema'] loop
+    foreach v_key in array array['type', 'needs', 'if', 'unless', 'when_unmet', 'when_exhausted', 'queue', 'output_schema', 'flow'] loop
       if (v_db_step -> v_key) is distinct from (v_given_step -> v_key) then
         v_out := v_out || format('%s: %s is %s in the database, %s in the given shape', v_label, v_key,
           flowlane._shape_text(v_db_step -> v_key), flowlane._shape_text(v_given_step -> v_key));
       end if;
     end loop;
     for v_key in select k from jsonb_object_keys(v_given_step) k
-                 where k not in ('slug', 'type', 'needs', 'if', 'unless', 'when_unmet', 'when_exhausted', 'queue', 'output_schema')
+                 where k not in ('slug', 'type', 'needs', 'if', 'unless', 'when_unmet', 'when_exhausted', 'queue', 'output_schema', 'flow')
                  order by k loop
       v_out := v_out || format('%s: unknown key %s in the given shape', v_label, v_key);
     end loop;
@@ -433,7 +447,8 @@ begin
         forbidden_input_pattern => nullif(v_step -> 'unless', 'null'::jsonb),
         when_unmet => coalesce(v_step ->> 'when_unmet', 'skip'),
         when_exhausted => coalesce(v_step ->> 'when_exhausted', 'fail'),
-        queue_name => v_step ->> 'queue');
+        queue_name => v_step ->> 'queue',
+        child_flow => v_step ->> 'flow');
     end loop;
     perform flowlane._set_shape_contracts(v_slug, shape);
     v_diff := flowlane._shape_differences(flowlane.get_flow_shape(v_slug), shape);

@@ -120,7 +120,7 @@ begin
   from generate_subscripts(p_inputs, 1) i order by i;
   insert into flowlane.step_states (flow_slug, run_id, step_slug, remaining_deps, initial_tasks)
   select p_flow, v_ids[i], s.step_slug, s.deps_count,
-         case when s.step_type = 'single' then 1
+         case when s.step_type <> 'map' then 1
               when s.deps_count = 0 and jsonb_typeof(p_inputs[i]) = 'array' then jsonb_array_length(p_inputs[i])
               else null end
   from generate_subscripts(p_inputs, 1) i, flowlane.steps s
@@ -138,21 +138,32 @@ create function flowlane._check_run_input() returns trigger
 language plpgsql volatile
 set search_path = ''
 as $$
+begin
+  perform flowlane._check_json_limits(new.input, format('start_flow(%s): the run input', new.flow_slug),
+    'flatten the input; workers refuse JSON nested deeper than the limit');
+  return new;
+end;
+$$;
+
+-- the size and depth limits of JSON that comes in (a run input, a signal's payload);
+-- p_what names it in the error ("start_flow(f): the run input")
+create function flowlane._check_json_limits(p_value jsonb, p_what text, p_flatten_hint text) returns void
+language plpgsql immutable
+set search_path = ''
+as $$
 declare
   v_max_depth int := (flowlane.json_limits() ->> 'max_depth')::int;
   v_max_bytes int := (flowlane.json_limits() ->> 'max_bytes')::int;
-  v_bytes int := octet_length(new.input::text);
+  v_bytes int := octet_length(p_value::text);
 begin
   if v_bytes > v_max_bytes then
-    raise exception 'start_flow(%): the run input is % bytes of JSON, more than the limit of % bytes',
-      new.flow_slug, v_bytes, v_max_bytes
+    raise exception '% is % bytes of JSON, more than the limit of % bytes', p_what, v_bytes, v_max_bytes
       using errcode = '22023', hint = 'pass a reference (a URL, a storage key) instead of the data itself';
   end if;
-  if flowlane.json_depth_exceeds(new.input, v_max_depth) then
-    raise exception 'start_flow(%): the run input is nested deeper than % levels', new.flow_slug, v_max_depth
-      using errcode = '22023', hint = 'flatten the input; workers refuse JSON nested deeper than the limit';
+  if flowlane.json_depth_exceeds(p_value, v_max_depth) then
+    raise exception '% is nested deeper than % levels', p_what, v_max_depth
+      using errcode = '22023', hint = p_flatten_hint;
   end if;
-  return new;
 end;
 $$;
 
@@ -348,6 +359,11 @@ begin
     group by 1, 2
     order by 1, 2
   loop
+    if v_group.queue_name is null then  -- wait and child-flow steps: no task (11_waits.sql, 12_children.sql)
+      perform flowlane._begin_waits(v_started);
+      perform flowlane._start_children(v_started);
+      continue;
+    end if;
     insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)
     select b.body ->> 'flow_slug', (b.body ->> 'run_id')::uuid, b.body ->> 'step_slug',
            (b.body ->> 'task_index')::int, v_group.queue_name, m.id

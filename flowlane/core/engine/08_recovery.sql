@@ -89,6 +89,7 @@ begin
                 else 'no queued or started task' end
     from flowlane.runs r
     where r.status = 'started'
+      and not flowlane._waits_outside_queues(r.run_id)
       and not exists (
         select 1 from flowlane.step_tasks t
         join unnest(v_live_queues, v_live_ids) as l(queue_name, msg_id)
@@ -170,6 +171,7 @@ begin
    where ss.run_id = v_run.run_id and ss.status = 'failed'
      and not exists (select 1 from flowlane.step_tasks t
                      where t.run_id = ss.run_id and t.step_slug = ss.step_slug);
+  perform flowlane._reopen_waits(v_run.run_id);
   -- unfinished tasks are replaced by fresh ones (a message id is an immutable identity);
   -- their attempts stay in flowlane.task_attempts
   delete from flowlane.step_tasks t

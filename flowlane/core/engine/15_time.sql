@@ -531,8 +531,10 @@ declare
   v_fired int := flowlane._fire_schedules(p_now);
   v_begun int := flowlane._begin_due_runs(p_now);
   v_failed int := flowlane._fail_overdue_runs(p_now);
+  v_expired int := flowlane.expire_waits(p_now);
   v_pruned int := (select p.runs_deleted from flowlane.prune_runs(p_now) p);
 begin
-  return jsonb_build_object('fired', v_fired, 'begun', v_begun, 'failed', v_failed, 'pruned', v_pruned);
+  return jsonb_build_object('fired', v_fired, 'begun', v_begun, 'failed', v_failed,
+                            'waits_expired', v_expired, 'pruned', v_pruned);
 end;
 $$;

@@ -28,7 +28,7 @@ from flowlane.flows f
 where f.flow_slug = %(flow_slug)s
 
 -- name: console_flow_steps
-select s.step_slug, s.step_index, s.step_type, s.queue_name, s.when_unmet, s.when_exhausted,
+select s.step_slug, s.step_index, s.step_type, s.queue_name, s.child_flow, s.when_unmet, s.when_exhausted,
        s.opt_max_attempts, s.opt_base_delay, s.opt_timeout, s.opt_start_delay,
        s.required_input_pattern, s.forbidden_input_pattern,
        (select c.schema from flowlane.contracts c
@@ -83,17 +83,24 @@ from flowlane.runs r
 where r.run_id = %(run_id)s::uuid
 
 -- name: console_run_steps
-select s.step_slug, s.step_index, s.step_type, s.queue_name,
+select s.step_slug, s.step_index, s.step_type, s.queue_name, s.child_flow,
        o.max_attempts, o.timeout,
        st.status, st.initial_tasks, st.remaining_tasks, st.remaining_deps, st.error_message, st.skip_reason,
        st.created_at, st.started_at, coalesce(st.completed_at, st.failed_at, st.skipped_at, st.cancelled_at) as ended_at,
        octet_length(st.output::text) as output_bytes,
        t.tasks, t.queued, t.started, t.completed, t.failed, t.skipped, t.cancelled, t.attempts,
-       t.requeued
+       t.requeued,
+       w.expires_at as wait_expires_at, g.received_at as signal_received_at,
+       g.applied_at as signal_applied_at, g.payload ->> 'by' as decided_by,
+       g.payload ->> 'at' as decided_at, g.payload ->> 'comment' as decision_comment,
+       case when jsonb_typeof(g.payload -> 'approved') = 'boolean'
+            then (g.payload ->> 'approved')::boolean end as approved
 from flowlane.runs r
 join flowlane.steps s on s.flow_slug = r.flow_slug
 join flowlane.step_options o on o.flow_slug = s.flow_slug and o.step_slug = s.step_slug
 left join flowlane.step_states st on st.run_id = r.run_id and st.step_slug = s.step_slug
+left join flowlane.wait_deadlines w on w.run_id = r.run_id and w.step_slug = s.step_slug
+left join flowlane.signals g on g.run_id = r.run_id and g.step_slug = s.step_slug
 left join lateral (
   select count(*) as tasks,
          count(*) filter (where k.status = 'queued') as queued,
@@ -211,3 +218,12 @@ select schedule_name from flowlane.set_schedule_paused(%(schedule)s, false)
 
 -- name: console_trigger_schedule
 select run_id from flowlane.trigger_schedule(%(schedule)s)
+
+-- name: console_decide
+-- approve or reject from the console: a signal {approved, by, at, comment} to a wait step
+select run_id from flowlane.signal(%(run_id)s::uuid, %(step)s, jsonb_build_object(
+  'approved', %(approved)s::boolean, 'by', %(by)s::text, 'at', now(),
+  'comment', nullif(%(comment)s::text, '')))
+
+-- name: console_run_family
+select flowlane.get_run_family(%(run_id)s::uuid) as family

@@ -24,14 +24,14 @@ declare
     'maintenance_tick'];  -- schedules, delayed runs, deadlines, retention: see 15_time.sql
   v_read constant text[] := array[
     'verify_flow', 'coverage', 'drain_status', 'get_flow_shape', 'get_run_with_states',
-    'get_run_attempts', 'stuck_runs', 'json_limits', 'json_depth_exceeds',
+    'get_run_attempts', 'get_run_waits', 'get_run_family', 'stuck_runs', 'json_limits', 'json_depth_exceeds',
     'calculate_retry_delay', 'is_valid_slug', 'is_valid_queue_name',
     'is_valid_deployment_name', 'resolve_flow', 'prunable_runs', 'queue_metrics',
     'trace_parents', 'queue_depth', 'run_deadline', 'contract_keywords', 'contract_violation'];
   v_admin constant text[] := array[
     'create_flow', 'add_step', 'ensure_flow_shape', 'ensure_flow_compiled', 'set_alias', 'set_contract',
     'delete_flow_and_data', 'adopt_queue', 'begin_rollout', 'finish_rollout',
-    'start_flow', 'start_flows', 'start_ready_steps', 'cancel_run', 'retry_run',
+    'start_flow', 'start_flows', 'start_ready_steps', 'cancel_run', 'retry_run', 'signal', 'expire_waits',
     'set_schedule', 'keep_only_schedules', 'set_schedule_paused', 'trigger_schedule',
     'prune_runs'];  -- `flowlane prune`; workers prune through maintenance_tick
   -- claim_tasks, fail_tasks and start_flows: the set-based engine (0009)

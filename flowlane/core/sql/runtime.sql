@@ -100,6 +100,7 @@ from flowlane.runs r
 where (%(flows)s::text[] is null or r.flow_slug = any(%(flows)s::text[]))
   and (%(status)s::text is null or r.status = %(status)s::text)
   and (%(since)s::timestamptz is null or r.started_at >= %(since)s::timestamptz)
+  and (%(parent)s::uuid is null or r.parent_run_id = %(parent)s::uuid)
   and (%(before)s::uuid is null or (r.started_at, r.run_id) < (
          select b.started_at, b.run_id from flowlane.runs b where b.run_id = %(before)s::uuid))
 order by r.started_at desc, r.run_id desc
@@ -157,7 +158,13 @@ select run_id, flow_slug, started_at, reason from flowlane.stuck_runs()
 
 -- name: client_get_run
 select flowlane.get_run_with_states(%(run_id)s::uuid)
-       || jsonb_build_object('attempts', flowlane.get_run_attempts(%(run_id)s::uuid)) as run
+       || jsonb_build_object('attempts', flowlane.get_run_attempts(%(run_id)s::uuid),
+                             'waits', flowlane.get_run_waits(%(run_id)s::uuid))
+       || flowlane.get_run_family(%(run_id)s::uuid) as run
+
+-- name: client_signal
+select run_id, step_slug, payload, received_at, applied_at
+from flowlane.signal(%(run_id)s::uuid, %(step)s, %(payload)s::jsonb)
 
 -- name: listen_definitions
 -- every change of flows, steps, aliases, queues or deployments (migration 0015)
