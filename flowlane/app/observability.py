@@ -5,7 +5,8 @@ One port serves ``/metrics`` (the Prometheus text format), ``/healthz`` (200 whi
 works; 503 names what broke) and ``/readyz`` (200 when it should get work; 503 with one
 reason a line). The database's view is read at scrape time by one statement
 (``flowlane.queue_metrics``): per queue its depth, oldest message age, live workers and
-disabled deployments, plus how long that statement took.
+disabled deployments, plus how long that statement took. ``flowlane serve`` and ``flowlane
+ui`` also observe each run's duration as it ends (:class:`RunDurations`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -116,6 +117,63 @@ class DatabaseCollector(Collector):
                                     "How long the database part of this scrape took")
         seconds.add_metric([], took)
         yield seconds
+
+
+RUN_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, float("inf"))
+NOTIFY_BATCH = 1.0  # seconds of run-end notifications read before their durations are looked up
+
+
+class RunDurations(Collector):
+    """How long runs took, by flow and outcome, observed as they end: a listener on the
+    engine's `flowlane_run_finished` notifications looks each ended run up by its key. Like the
+    queue gauges it is database-wide: every exporter observes every run that ends while it
+    listens (``flowlane_run_durations_listening`` says whether it does)."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.histogram = Histogram("flowlane_run_duration_seconds",
+                                   "From a run's start to its end, by flow and outcome",
+                                   ["flow", "status"], buckets=RUN_BUCKETS, registry=None)
+        self.listening = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="flowlane-run-durations",
+                                        daemon=True)
+        self._thread.start()
+
+    def collect(self) -> Iterator[Metric]:
+        listening = GaugeMetricFamily("flowlane_run_durations_listening",
+                                      "1 while run durations are observed as runs end")
+        listening.add_metric([], 1 if self.listening.is_set() else 0)
+        yield listening
+        yield from self.histogram.collect()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=NOTIFY_BATCH + TIMEOUT)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._listen()
+            except psycopg.errors.InsufficientPrivilege:
+                return  # a role that may not read runs (a worker's): the histogram stays empty
+            except psycopg.Error:
+                self._stop.wait(NOTIFY_BATCH)  # the database went away: listen again
+            finally:
+                self.listening.clear()
+
+    def _listen(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True, connect_timeout=TIMEOUT,
+                             application_name="flowlane-metrics") as conn:
+            conn.execute(query("observability_listen_runs"))
+            self.listening.set()
+            while not self._stop.is_set():
+                run_ids = [n.payload for n in conn.notifies(timeout=NOTIFY_BATCH)]
+                if run_ids:
+                    rows = conn.execute(query("observability_run_durations"),
+                                        {"run_ids": run_ids}).fetchall()
+                    for flow, status, seconds in rows:
+                        self.histogram.labels(flow, status).observe(seconds)
 
 
 def registry_for(database: Database, *collectors: Collector) -> CollectorRegistry:
@@ -228,7 +286,8 @@ class ServeProbe:
     def __init__(self, port: int, dsn: str, multiproc_dir: str) -> None:
         self.database = Database(dsn)
         self.supervisor: Supervisor | None = None
-        registry = registry_for(self.database)
+        self.run_durations = RunDurations(dsn)
+        registry = registry_for(self.database, self.run_durations)
         MultiProcessCollector(registry, path=multiproc_dir)  # type: ignore[no-untyped-call]
         self.server = serve_http(port, registry, alive=list, ready=self.ready)
 
@@ -243,6 +302,7 @@ class ServeProbe:
 
     def close(self) -> None:
         self.server.shutdown()
+        self.run_durations.close()
         self.database.close()
 
 
@@ -252,7 +312,8 @@ class ConsoleProbe:
 
     def __init__(self, dsn: str) -> None:
         self.database = Database(dsn)
-        self.registry = registry_for(self.database)
+        self.run_durations = RunDurations(dsn)
+        self.registry = registry_for(self.database, self.run_durations)
 
     def metrics(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
@@ -261,4 +322,5 @@ class ConsoleProbe:
         return self.database.unreachable()
 
     def close(self) -> None:
+        self.run_durations.close()
         self.database.close()

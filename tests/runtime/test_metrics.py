@@ -129,6 +129,8 @@ def test_prometheus_scrapes_serve_and_readiness_follows_the_deployments(
         project: Path, dsn: str, served: str, prometheus: str) -> None:
     wait_for(f"{served}/healthz", lambda got: got == (200, "ok\n"), "the metrics endpoint")
     wait_for(f"{served}/readyz", lambda got: got == (200, "ready\n"), "both workers to register")
+    wait_for(f"{served}/metrics", lambda got: "flowlane_run_durations_listening 1.0" in got[1],
+             "serve to listen for runs that end")
     runs = [start_run(dsn, "mx_work", payload) for payload in ({}, {}, {"fail": True})]
     start_run(dsn, "mx_later", {})  # its task waits an hour on the queue
     assert [wait_run(dsn, r)["run"]["status"] for r in runs] == ["completed", "completed", "failed"]
@@ -143,6 +145,8 @@ def test_prometheus_scrapes_serve_and_readiness_follows_the_deployments(
         'sum by (flow, step) (flowlane_tasks_completed_total{flow="mx_work"})': {"flow=mx_work,step=a": 2},
         'sum by (flow, step) (flowlane_tasks_failed_total{flow="mx_work"})': {"flow=mx_work,step=a": 1},
         'sum by (flow) (flowlane_handler_duration_seconds_count{flow="mx_work"})': {"flow=mx_work": 3},
+        'sum by (flow, status) (flowlane_run_duration_seconds_count{flow="mx_work"})': {
+            "flow=mx_work,status=completed": 2, "flow=mx_work,status=failed": 1},
         "flowlane_queue_depth": {"queue=mx_later": 1, "queue=mx_work": 0},
         "flowlane_disabled_deployments": {"queue=mx_later": 1, "queue=mx_work": 0},
         "flowlane_live_workers": {"queue=mx_later": 1, "queue=mx_work": 1},

@@ -6,3 +6,14 @@ select 1
 -- name: observability_queue_metrics
 select queue_name, depth, oldest_age_seconds, live_workers, disabled_deployments
 from flowlane.queue_metrics(%(stale_after)s)
+
+-- name: observability_listen_runs
+-- the engine notifies each run that ends, with its id as the payload
+listen flowlane_run_finished
+
+-- name: observability_run_durations
+-- the runs of one batch of notifications that ended, by their key
+select flow_slug, status,
+       extract(epoch from coalesce(completed_at, failed_at, cancelled_at) - started_at)::float8 as seconds
+from flowlane.runs
+where run_id = any (%(run_ids)s::uuid[]) and status in ('completed', 'failed', 'cancelled')
