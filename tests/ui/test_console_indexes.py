@@ -14,7 +14,6 @@ from flowlane.compiler.compiled import render_project
 from flowlane.core import migrator
 from flowlane.core.queries import query
 from tests.core.engine import Engine
-from tests.ui import ui_support
 
 # the console project's ping flow without its contracts, which a database at 0007 cannot hold
 PING_BEFORE_CONTRACTS = """
