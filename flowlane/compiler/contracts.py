@@ -1,7 +1,7 @@
 """Data contracts (docs/contracts.md): a flow's ``input_schema`` and a step's ``output_schema``.
 
 A contract is JSON Schema 2020-12 limited to :data:`KEYWORDS` (what the SQL Core enforces
-itself, ``flowlane/core/engine/11_contracts.sql``) plus :data:`ANNOTATIONS` (for people, not
+itself, ``flowlane/core/engine/16_contracts.sql``) plus :data:`ANNOTATIONS` (for people, not
 part of the shape). It is written inline or as ``{$ref: path}`` to a JSON or YAML file of the
 project, relative to the YAML file. Every finding is located in the file that holds it.
 

@@ -84,7 +84,7 @@ create table flowlane.steps (
 
 create unique index steps_slug_ci_unique on flowlane.steps (flow_slug, lower(step_slug));
 
--- a flow's data contracts (11_contracts.sql): the run input's schema (step_slug null) and
+-- a flow's data contracts (16_contracts.sql): the run input's schema (step_slug null) and
 -- each step's output schema, as written minus annotations (part of the shape), with the
 -- SQL expression compiled from it once (_contract_sql), which start_flow and start_flows
 -- evaluate over their inputs

@@ -488,7 +488,7 @@ begin
     group by 1, 2
     order by 1, 2
   loop
-    if v_group.queue_name is null then  -- wait and child-flow steps: no task (11_waits.sql, 12_children.sql)
+    if v_group.queue_name is null then  -- wait and child-flow steps: no task (17_waits.sql, 18_children.sql)
       perform flowlane._begin_waits(v_started);
       perform flowlane._start_children(v_started);
       continue;
