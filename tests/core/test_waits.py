@@ -467,3 +467,27 @@ def test_a_single_child_flow_step_feeding_a_map_fails_instead_of_stalling(engine
     run = engine.run(run_id)
     assert run["status"] == "failed"
     assert "[TYPE_VIOLATION] step sub feeds map step each" in run["error_message"]
+
+
+def test_a_payload_its_output_schema_refuses_is_refused_and_changes_nothing(engine: Engine) -> None:
+    _approval(engine)
+    engine.rows("select flowlane.set_contract('approval', 'approve', %s)", (Jsonb({
+        "type": "object", "required": ["approved"],
+        "properties": {"approved": {"type": "boolean"}}}),))
+    run_id = engine.start("approval", {})
+    _finish_prepare(engine, run_id)
+    message = _refused(engine, run_id, "approve", {"approved": "yes"}, "22023")
+    assert "output_schema of step \"approve\"" in message and "/approved" in message, message
+    assert engine.scalar("select count(*) from flowlane.signals where run_id = %s", (run_id,)) == 0
+    assert engine.statuses(run_id)["approve"] == "started"
+    _signal(engine, run_id, "approve", {"approved": True})
+    assert engine.statuses(run_id)["approve"] == "completed"
+
+
+def test_an_early_signal_is_checked_against_the_output_schema_too(engine: Engine) -> None:
+    _approval(engine)
+    engine.rows("select flowlane.set_contract('approval', 'approve', %s)",
+                   (Jsonb({"type": "object", "required": ["approved"]}),))
+    run_id = engine.start("approval", {})
+    _refused(engine, run_id, "approve", {}, "22023")  # before the step is reached: not kept
+    assert engine.scalar("select count(*) from flowlane.signals where run_id = %s", (run_id,)) == 0

@@ -141,6 +141,32 @@ $$;
 -- nothing changed: an unknown run or step, a step that is not a wait step, a finished run, a
 -- finished step, a step that already has a signal, a payload its step cannot give (not an
 -- array for a step a map step maps). Returns the signal; applied_at null means kept.
+-- a wait step's output_schema is the contract of the payload that completes it: a payload
+-- it refuses is refused like a run input, naming the path, before anything changes
+create function flowlane._check_signal_contract(p_flow text, p_step text, p_payload jsonb)
+returns void
+language plpgsql stable
+set search_path = ''
+as $$
+declare
+  v_schema jsonb;
+  v_found jsonb;
+begin
+  select c.schema into v_schema from flowlane.contracts c
+  where c.flow_slug = p_flow and c.step_slug = p_step;
+  if not found then
+    return;
+  end if;
+  v_found := flowlane.contract_violation(v_schema, p_payload);
+  if v_found is not null then
+    raise exception 'signal: the payload does not match the output_schema of step "%" of flow "%": %: %',
+      p_step, p_flow, coalesce(nullif(v_found ->> 'path', ''), '/'), v_found ->> 'message'
+      using errcode = '22023',
+            hint = 'send a payload the step''s output_schema accepts; this signal changed nothing';
+  end if;
+end;
+$$;
+
 create function flowlane.signal(run_id uuid, step_slug text, payload jsonb = '{}')
 returns flowlane.signals
 language plpgsql volatile
@@ -185,6 +211,7 @@ begin
     raise exception 'signal: step "%" feeds map step "%", so its payload must be a JSON array, got %',
       v_step.step_slug, v_map, jsonb_typeof(payload) using errcode = '22023';
   end if;
+  perform flowlane._check_signal_contract(v_run.flow_slug, v_step.step_slug, payload);
   select * into v_state from flowlane.step_states ss
   where ss.run_id = v_run.run_id and ss.step_slug = v_step.step_slug for update;
   select * into v_signal from flowlane.signals g where g.run_id = v_run.run_id and g.step_slug = v_step.step_slug;
