@@ -460,7 +460,8 @@ class _FlowChecker:
                        f"shorten the slug to {names.QUEUE_MAX} characters or route with an "
                        "explicit `queues:` mapping")
             return None
-        return dict.fromkeys((s for s in order if s not in self._waits()), queue)
+        waits = self._waits()
+        return dict.fromkeys((s for s in order if s not in waits), queue)
 
     def _per_step_routing(self, order: list[str]) -> dict[str, str] | None:
         routes: dict[str, str] = {}

@@ -46,6 +46,8 @@ def analyze_paths(paths: Paths = None) -> tuple[Project | None, list[Diagnostic]
     with _gc_paused():
         documents, findings = loader.load_paths(_paths(paths))
         project, more = analyze.analyze(documents, complete=not findings)
+        # freed before the collector resumes: its first pass then scans only the project
+        del documents
     found = diagnostics.sort([*findings, *more])
     return (project if not found else None), found
 

@@ -16,14 +16,15 @@ import functools
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import jinja2
 
 from flowlane import defaults
 from flowlane.compiler import shape as shapes
 from flowlane.compiler import sqltext
-from flowlane.compiler.model import Flow, Project
+from flowlane.compiler.model import Flow, Project, Step
+from flowlane.compiler.sqltext import Sql
 
 FORMAT = 2
 ALIASES_FILE = "aliases.sql"
@@ -98,12 +99,56 @@ def flow_path(slug: str) -> str:
     return f"{FLOWS_DIR}/{slug}.sql"
 
 
+class QuotedStep(NamedTuple):
+    """The arguments of one step's ``add_step`` call, each already a SQL literal.
+
+    Steps are the bulk of every flow file: quoting their values here, with the same
+    :mod:`sqltext` functions the templates' filters are, spares the template a filter call
+    per value. ``child_flow`` is None for a step without one (the template leaves the
+    argument out; output would refuse a None).
+    """
+
+    slug: Sql
+    deps_slugs: Sql
+    max_attempts: Sql
+    base_delay: Sql
+    timeout: Sql
+    start_delay: Sql
+    step_type: Sql
+    required_input_pattern: Sql
+    forbidden_input_pattern: Sql
+    when_unmet: Sql
+    when_exhausted: Sql
+    queue_name: Sql
+    child_flow: Sql | None
+
+
+def quoted_step(step: Step) -> QuotedStep:
+    literal = sqltext.literal
+    return QuotedStep(
+        slug=literal(step.slug),
+        deps_slugs=sqltext.text_array(sorted(step.needs)),
+        max_attempts=literal(step.max_attempts),
+        base_delay=literal(step.base_delay),
+        timeout=literal(step.timeout),
+        start_delay=literal(step.start_delay),
+        step_type=literal(step.type),
+        required_input_pattern=sqltext.jsonb(step.condition_if),
+        forbidden_input_pattern=sqltext.jsonb(step.condition_unless),
+        when_unmet=literal(step.when_unmet),
+        when_exhausted=literal(step.when_exhausted),
+        queue_name=literal(step.queue),
+        child_flow=None if step.flow is None else literal(step.flow),
+    )
+
+
 def render_flow(flow: Flow) -> str:
     # one canonical text of the shape gives its digest and its literal
     canonical = shapes.canonical_text(shapes.flow_shape(flow))
     header = Header(FORMAT, "flow", flow.slug, shapes.text_sha256(canonical))
     return environment().get_template("flow.sql.j2").render(
         header=sqltext.comment(header.line()), flow=flow,
+        steps=[quoted_step(step) for step in flow.steps],
         shape=sqltext.jsonb_literal(canonical), source=flow.source,
         default_retention=defaults.RETENTION,
     )

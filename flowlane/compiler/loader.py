@@ -231,20 +231,24 @@ class _Stand:
 _NO_STAND = _Stand("")
 
 
-class _Builder:
-    """Turns one composed document into data, collecting findings."""
+def _builder(source: Source, index: int, stand: _Stand = _NO_STAND,
+             *, aliases: bool = True) -> _Builder:
+    """A builder for one document; without aliases (no ``*`` in the text) no node is reached
+    twice, so there is nothing to track (a third of the time)."""
+    return (_AliasBuilder if aliases else _Builder)(source, index, stand)
 
-    def __init__(self, source: Source, index: int, stand: _Stand = _NO_STAND,
-                 *, aliases: bool = True) -> None:
+
+class _Builder:
+    """Turns one composed document into data, collecting findings (a text without aliases).
+
+    The choice of tracking is a class, not a bound method kept on the instance: that would
+    be a reference cycle, keeping every document alive until the cyclic collector runs.
+    """
+
+    def __init__(self, source: Source, index: int, stand: _Stand = _NO_STAND) -> None:
         self.stand = stand
         self.doc = Document(source, index, None)
         self.findings: list[Diagnostic] = []
-        self._seen: set[int] = set()
-        self._active: set[int] = set()
-        self._built = 0
-        self._exploded = False
-        # without aliases no node is reached twice: nothing to track (a third of the time)
-        self._value = self._tracked if aliases else self._node_value
 
     def build(self, root: Node) -> Document:
         self.doc.start = _pack(root)
@@ -253,15 +257,6 @@ class _Builder:
 
     def _error(self, node: Node, code: str, message: str, help: str | None = None) -> None:
         self.findings.append(self.doc.source.diagnostic(_position(node), code, message, help))
-
-    def _tracked(self, node: Node) -> tuple[Any, Places]:
-        """The node's data, refusing recursive and exploding aliases."""
-        if not self._enter(node):
-            return None, None
-        try:
-            return self._node_value(node)
-        finally:
-            self._active.discard(id(node))
 
     def _node_value(self, node: Node) -> tuple[Any, Places]:
         """The node's data and where its parts were written."""
@@ -279,25 +274,6 @@ class _Builder:
             return items, places
         assert isinstance(node, MappingNode)
         return self._mapping(node)
-
-    def _enter(self, node: Node) -> bool:
-        ident = id(node)
-        if self._exploded:
-            return False
-        if ident in self._active:
-            self._error(node, "FL005", "recursive YAML alias", "an alias cannot contain itself")
-            return False
-        self._built += 1
-        if ident in self._seen and self._built > 2 * len(self._seen) + _ALIAS_BUDGET:
-            self._exploded = True
-            self._error(
-                node, "FL005", "YAML aliases expand to too many nodes",
-                "write the repeated content out or reduce alias nesting",
-            )
-            return False
-        self._seen.add(ident)
-        self._active.add(ident)
-        return True
 
     def _check_tag(self, node: Node, expected: str) -> None:
         if node.tag != expected:
@@ -376,6 +352,47 @@ class _Builder:
             f"duplicate key `{node.value}` through an alias of the key at line {line}",
             "remove this entry or the first one"))
 
+    _value = _node_value  # every node once: nothing to track
+
+
+class _AliasBuilder(_Builder):
+    """A builder for a text with aliases: refuses recursive and exploding ones."""
+
+    def __init__(self, source: Source, index: int, stand: _Stand = _NO_STAND) -> None:
+        super().__init__(source, index, stand)
+        self._seen: set[int] = set()
+        self._active: set[int] = set()
+        self._built = 0
+        self._exploded = False
+
+    def _value(self, node: Node) -> tuple[Any, Places]:
+        """The node's data, refusing recursive and exploding aliases."""
+        if not self._enter(node):
+            return None, None
+        try:
+            return self._node_value(node)
+        finally:
+            self._active.discard(id(node))
+
+    def _enter(self, node: Node) -> bool:
+        ident = id(node)
+        if self._exploded:
+            return False
+        if ident in self._active:
+            self._error(node, "FL005", "recursive YAML alias", "an alias cannot contain itself")
+            return False
+        self._built += 1
+        if ident in self._seen and self._built > 2 * len(self._seen) + _ALIAS_BUDGET:
+            self._exploded = True
+            self._error(
+                node, "FL005", "YAML aliases expand to too many nodes",
+                "write the repeated content out or reduce alias nesting",
+            )
+            return False
+        self._seen.add(ident)
+        self._active.add(ident)
+        return True
+
 
 def resolve_plain(value: str) -> Any:
     """Resolve a plain (unquoted) scalar conservatively."""
@@ -442,7 +459,7 @@ def load_text(text: str, path: str) -> tuple[list[Document], list[Diagnostic]]:
     try:
         aliases = "*" in text  # an alias is written `*name`
         for index, root in enumerate(yaml.compose_all(stand.hide(text), Loader=COMPOSER)):
-            builder = _Builder(source, index, stand, aliases=aliases)
+            builder = _builder(source, index, stand, aliases=aliases)
             document = builder.build(root)
             del root  # its nodes go; the document keeps the positions it needs
             if not any(f.code == "FL001" for f in builder.findings):

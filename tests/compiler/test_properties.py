@@ -244,7 +244,7 @@ def test_building_without_alias_tracking_changes_nothing_without_aliases(text: s
     except (yaml.YAMLError, RecursionError):
         return
     for index, root in enumerate(roots):
-        built = [loader._Builder(source, index, aliases=tracked) for tracked in (True, False)]
+        built = [loader._builder(source, index, aliases=tracked) for tracked in (True, False)]
         tracked, untracked = (b.build(root) for b in built)
         assert (tracked.data, tracked.places, tracked.start) == (
             untracked.data, untracked.places, untracked.start)

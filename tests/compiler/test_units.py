@@ -146,15 +146,26 @@ def test_every_code_is_documented() -> None:
         assert f"| {code} | {meaning} |" in text, code
 
 
-def test_templates_refuse_values_that_skipped_the_quoting_filters() -> None:
-    import pytest
-
+def test_templates_refuse_values_that_skipped_the_quoting_filters(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # every {{ expression }} must be a SQL literal: from a filter, or quoted beforehand in
+    # Python (a flow's steps reach the template as compiled.QuotedStep rows)
     from flowlane.compiler import compiled
 
     env = compiled.environment()
     with pytest.raises(TypeError, match="was not passed through a SQL filter"):
         env.from_string("select {{ value }}").render(value="'; drop table x; --")
     assert env.from_string("select {{ value | lit }}").render(value="'; x") == "select '''; x'"
+    text = ("kind: flow\nslug: f\nsteps:\n  a:\n    handler: m:f\n"
+            "  b:\n    handler: m:g\n    needs: [a]\n    if: {a: {x: \"'; drop\"}}\n")
+    flow = api.project_from_text(text).flows[0]
+    row = compiled.quoted_step(flow.step("b"))
+    assert all(isinstance(value, sqltext.Sql) for value in row if value is not None)
+    assert row.required_input_pattern == "'{\"a\":{\"x\":\"''; drop\"}}'::jsonb"
+    unquoted = row._replace(when_unmet="skip'); drop table x; --")
+    monkeypatch.setattr(compiled, "quoted_step", lambda step: unquoted)
+    with pytest.raises(TypeError, match="was not passed through a SQL filter"):
+        compiled.render_flow(flow)
 
 
 def test_timeout_bound_matches_the_sql_core() -> None:
