@@ -176,6 +176,34 @@ class RunDurations(Collector):
                         self.histogram.labels(flow, status).observe(seconds)
 
 
+class ScheduleGauges(Collector):
+    """Per schedule, read at scrape time: paused or not, its latest fired slot and its next
+    one (alert on ``time() - flowlane_schedule_next_slot_timestamp_seconds`` growing).
+    ``serve`` and ``flowlane ui`` only: a least-privilege worker role may not read schedules."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            rows = self.database.rows("observability_schedules")
+        except psycopg.Error:
+            return  # flowlane_database_up already says whether the database answers
+        paused = GaugeMetricFamily("flowlane_schedule_paused",
+                                   "1 while an operator has paused the schedule", labels=["schedule"])
+        last = GaugeMetricFamily("flowlane_schedule_last_slot_timestamp_seconds",
+                                 "The latest slot the schedule fired (absent before the first)",
+                                 labels=["schedule"])
+        upcoming = GaugeMetricFamily("flowlane_schedule_next_slot_timestamp_seconds",
+                                     "The slot the schedule fires next", labels=["schedule"])
+        for name, is_paused, last_slot, next_slot in rows:
+            paused.add_metric([name], 1 if is_paused else 0)
+            if last_slot is not None:
+                last.add_metric([name], last_slot)
+            upcoming.add_metric([name], next_slot)
+        yield from (paused, last, upcoming)
+
+
 def registry_for(database: Database, *collectors: Collector) -> CollectorRegistry:
     """A registry with the database's gauges and the given collectors."""
     registry = CollectorRegistry(auto_describe=False)
@@ -287,7 +315,7 @@ class ServeProbe:
         self.database = Database(dsn)
         self.supervisor: Supervisor | None = None
         self.run_durations = RunDurations(dsn)
-        registry = registry_for(self.database, self.run_durations)
+        registry = registry_for(self.database, self.run_durations, ScheduleGauges(self.database))
         MultiProcessCollector(registry, path=multiproc_dir)  # type: ignore[no-untyped-call]
         self.server = serve_http(port, registry, alive=list, ready=self.ready)
 
@@ -313,7 +341,8 @@ class ConsoleProbe:
     def __init__(self, dsn: str) -> None:
         self.database = Database(dsn)
         self.run_durations = RunDurations(dsn)
-        self.registry = registry_for(self.database, self.run_durations)
+        self.registry = registry_for(self.database, self.run_durations,
+                                     ScheduleGauges(self.database))
 
     def metrics(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

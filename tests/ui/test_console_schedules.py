@@ -63,3 +63,13 @@ def test_schedules_page_actions_and_the_consoles_tick(dsn: str) -> None:
                    message="the console's tick to fire the due slot")
         assert _scheduled_runs(dsn)[1][1] is not None
 
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute("select extract(epoch from last_slot)::float8, "
+                               "extract(epoch from next_slot)::float8 from flowlane.schedules").fetchone()
+        assert row is not None
+        metrics = ui_support.fetch(server.url + "/metrics").body
+        assert 'flowlane_schedule_paused{schedule="hourly_report"} 0.0' in metrics
+        for name, value in zip(("last", "next"), row, strict=True):
+            line = f'flowlane_schedule_{name}_slot_timestamp_seconds{{schedule="hourly_report"}} '
+            assert float(metrics.split(line, 1)[1].split()[0]) == value, metrics
+

@@ -17,3 +17,12 @@ select flow_slug, status,
        extract(epoch from coalesce(completed_at, failed_at, cancelled_at) - started_at)::float8 as seconds
 from flowlane.runs
 where run_id = any (%(run_ids)s::uuid[]) and status in ('completed', 'failed', 'cancelled')
+
+-- name: observability_schedules
+-- per schedule: whether an operator paused it, its latest fired slot and its next one
+select s.schedule_name, coalesce(o.paused, false) as paused,
+       extract(epoch from s.last_slot)::float8 as last_slot,
+       extract(epoch from s.next_slot)::float8 as next_slot
+from flowlane.schedules s
+left join flowlane.schedule_overrides o on o.schedule_name = s.schedule_name
+order by s.schedule_name
