@@ -491,3 +491,17 @@ def test_an_early_signal_is_checked_against_the_output_schema_too(engine: Engine
     run_id = engine.start("approval", {})
     _refused(engine, run_id, "approve", {}, "22023")  # before the step is reached: not kept
     assert engine.scalar("select count(*) from flowlane.signals where run_id = %s", (run_id,)) == 0
+
+
+def test_a_childs_deadline_fails_its_parent_step(engine: Engine) -> None:
+    engine.define("child", [("double", [], {})], deadline=10)
+    engine.define("parent", [("sub", [], {"child_flow": "child", "max_attempts": 1})])
+    run_id = engine.start("parent", {})
+    [child] = _children(engine, run_id)
+    assert child["deadline_at"] is not None
+    ended = engine.scalar("select flowlane.maintenance_tick(now() + interval '1 hour')")
+    assert ended["failed"] == 1
+    assert engine.run(child["run_id"])["status"] == "failed"
+    run = engine.run(run_id)
+    assert run["status"] == "failed", run
+    assert "deadline exceeded" in run["error_message"], run["error_message"]
