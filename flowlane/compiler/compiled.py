@@ -87,6 +87,7 @@ def environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
         finalize=_only_sql,
+        auto_reload=False,  # package data: no stat of the template file per rendered flow
     )
     env.filters.update(
         lit=sqltext.literal,
