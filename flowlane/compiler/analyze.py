@@ -23,7 +23,6 @@ from flowlane.compiler.model import (
     Schedule,
     Step,
     WorkerDoc,
-    assemble,
 )
 
 
@@ -40,7 +39,7 @@ class _Entry:
 
     def loc(self, path: tuple[str | int, ...] = ("slug",), *, key: bool = False) -> Location:
         line, col = self.doc.line_col(path, key=key)
-        return assemble(Location, {"path": self.doc.path, "line": line, "col": col})
+        return Location(self.doc.path, line, col)
 
 
 @dataclass
@@ -535,29 +534,28 @@ class _FlowChecker:
         spec = self.steps[slug]
         get = spec.get
         contract = self.output_contracts.get(slug)
-        # assembled: a Step per step of every flow, the generated __init__ costs more
-        return assemble(Step, {
-            "slug": slug,
-            "index": index,
-            "handler": get("handler"),
-            "queue": queue,
-            "needs": tuple(needs),
-            "type": get("type", "single"),
-            "condition_if": get("if"),
-            "condition_unless": get("unless"),
-            "when_unmet": get("when_unmet", "skip"),
-            "when_exhausted": get("when_exhausted", "fail"),
-            "max_attempts": _opt_int(spec, "max_attempts"),
-            "base_delay": _opt_seconds(spec, "base_delay"),
-            "timeout": _opt_seconds(spec, "timeout"),
-            "start_delay": _opt_seconds(spec, "start_delay"),
-            "description": get("description"),
-            "output_schema": None if contract is None else contract.schema,
-            "flow": get("flow"),
-            "location": self.entry.loc(("steps", slug), key=True),
-            "handler_location": (self.entry.loc(("steps", slug, "handler"))
-                                 if "handler" in spec else None),
-        })
+        return Step(
+            slug=slug,
+            index=index,
+            handler=get("handler"),
+            queue=queue,
+            needs=tuple(needs),
+            type=get("type", "single"),
+            condition_if=get("if"),
+            condition_unless=get("unless"),
+            when_unmet=get("when_unmet", "skip"),
+            when_exhausted=get("when_exhausted", "fail"),
+            max_attempts=_opt_int(spec, "max_attempts"),
+            base_delay=_opt_seconds(spec, "base_delay"),
+            timeout=_opt_seconds(spec, "timeout"),
+            start_delay=_opt_seconds(spec, "start_delay"),
+            description=get("description"),
+            output_schema=None if contract is None else contract.schema,
+            flow=get("flow"),
+            location=self.entry.loc(("steps", slug), key=True),
+            handler_location=(self.entry.loc(("steps", slug, "handler"))
+                              if "handler" in spec else None),
+        )
 
 
 # step options that concern a handler, meaningless for a wait or child-flow step

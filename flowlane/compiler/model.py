@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from flowlane import defaults
 
@@ -222,22 +222,6 @@ class Project:
                      ) -> frozenset[tuple[str, str]]:
         """The (flow_slug, step_slug) pairs routed to ``queue``."""
         return frozenset((h.flow_slug, h.step_slug) for h in self.handlers(queue, flows))
-
-
-Frozen = TypeVar("Frozen")
-
-
-def assemble(cls: type[Frozen], values: dict[str, Any]) -> Frozen:
-    """An instance of the frozen dataclass ``cls`` from every one of its field values, made
-    as ``pickle`` and ``copy`` make one. The compiler builds a ``Step`` per step of every
-    flow: the generated ``__init__`` of a frozen class sets each field through
-    ``object.__setattr__``, several times the cost of filling the instance's dict at once.
-    The result is equal to ``cls(**values)``; a missing or unknown field is a TypeError."""
-    if values.keys() != cls.__dataclass_fields__.keys():  # type: ignore[attr-defined]
-        raise TypeError(f"{cls.__name__} needs exactly its fields, got {sorted(values)}")
-    instance = object.__new__(cls)
-    instance.__dict__.update(values)
-    return instance
 
 
 def _unique(flows: Iterable[Flow]) -> tuple[Flow, ...]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -14,7 +13,6 @@ from hypothesis import strategies as st
 from flowlane import errors
 from flowlane.compiler import api, loader, names, schema, shape, sqltext, toposort
 from flowlane.compiler.diagnostics import Diagnostic
-from flowlane.compiler.model import Location, Step, assemble
 from flowlane.compiler.names import next_version_slug, suggest_version
 from tests.compiler.strategies import STORABLE_CHARACTERS
 
@@ -42,26 +40,6 @@ def test_plain_scalars_resolve_conservatively() -> None:
     for text, expected in cases.items():
         assert loader.resolve_plain(text) == expected, text
         assert type(loader.resolve_plain(text)) is type(expected)
-
-
-def test_assembled_model_objects_equal_constructed_ones() -> None:
-    # the analysis assembles each Step and Location without the frozen __init__
-    text = ("kind: flow\nslug: f\nsteps:\n  a:\n    handler: m:f\n"
-            "  b:\n    needs: [a]\n    type: wait\n    if: {a: {ok: true}}\n")
-    for step in api.project_from_text(text).flows[0].steps:
-        values = {field.name: getattr(step, field.name) for field in dataclasses.fields(step)}
-        constructed = Step(**values)
-        assert constructed == step and repr(constructed) == repr(step)
-        assert (constructed.location, constructed.handler_location) == (
-            step.location, step.handler_location)
-        assert step.location is not None and step.location == Location("<string>", *(
-            (4, 3) if step.slug == "a" else (6, 3)))
-        with pytest.raises(dataclasses.FrozenInstanceError):
-            step.slug = "x"  # type: ignore[misc]
-    with pytest.raises(TypeError, match="needs exactly its fields"):
-        assemble(Location, {"path": "f.yaml", "line": 1})
-    with pytest.raises(TypeError, match="needs exactly its fields"):
-        assemble(Location, {"path": "f.yaml", "line": 1, "col": 1, "row": 2})
 
 
 def test_crlf_and_bom_files(tmp_path: Path) -> None:
