@@ -18,12 +18,10 @@ from flowlane.compiler.model import (
     Alias,
     Flow,
     Location,
-    Mode,
     Project,
     QueueMode,
     Schedule,
     Step,
-    StepType,
     WorkerDoc,
 )
 
@@ -40,8 +38,8 @@ class _Entry:
         return str(self.data.get("slug") or self.data.get("name") or self.data["queue"])
 
     def loc(self, path: tuple[str | int, ...] = ("slug",), *, key: bool = False) -> Location:
-        pos = self.doc.key_at(path) if key else self.doc.at(path)
-        return Location(self.doc.path, pos.line, pos.col)
+        line, col = self.doc.line_col(path, key=key)
+        return Location(self.doc.path, line, col)
 
 
 @dataclass
@@ -534,25 +532,26 @@ class _FlowChecker:
 
     def _step(self, index: int, slug: str, needs: list[str], queue: str | None) -> Step:
         spec = self.steps[slug]
+        get = spec.get
+        contract = self.output_contracts.get(slug)
         return Step(
             slug=slug,
             index=index,
-            handler=spec.get("handler"),
+            handler=get("handler"),
             queue=queue,
             needs=tuple(needs),
-            type=cast(StepType, spec.get("type", "single")),
-            condition_if=spec.get("if"),
-            condition_unless=spec.get("unless"),
-            when_unmet=cast(Mode, spec.get("when_unmet", "skip")),
-            when_exhausted=cast(Mode, spec.get("when_exhausted", "fail")),
+            type=get("type", "single"),
+            condition_if=get("if"),
+            condition_unless=get("unless"),
+            when_unmet=get("when_unmet", "skip"),
+            when_exhausted=get("when_exhausted", "fail"),
             max_attempts=_opt_int(spec, "max_attempts"),
             base_delay=_opt_seconds(spec, "base_delay"),
             timeout=_opt_seconds(spec, "timeout"),
             start_delay=_opt_seconds(spec, "start_delay"),
-            description=spec.get("description"),
-            output_schema=(self.output_contracts[slug].schema
-                           if slug in self.output_contracts else None),
-            flow=spec.get("flow"),
+            description=get("description"),
+            output_schema=None if contract is None else contract.schema,
+            flow=get("flow"),
             location=self.entry.loc(("steps", slug), key=True),
             handler_location=(self.entry.loc(("steps", slug, "handler"))
                               if "handler" in spec else None),

@@ -13,17 +13,20 @@ older flowlane committed. Only this module knows the templates' layout.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
+import operator
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 import jinja2
 
 from flowlane import defaults
 from flowlane.compiler import shape as shapes
 from flowlane.compiler import sqltext
-from flowlane.compiler.model import Flow, Project, Step
+from flowlane.compiler.model import Flow, Mode, Project, Step, StepType
 from flowlane.compiler.sqltext import Sql
 
 FORMAT = 2
@@ -84,6 +87,7 @@ def environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
         finalize=_only_sql,
+        auto_reload=False,  # package data: no stat of the template file per rendered flow
     )
     env.filters.update(
         lit=sqltext.literal,
@@ -104,8 +108,8 @@ class QuotedStep(NamedTuple):
 
     Steps are the bulk of every flow file: quoting their values here, with the same
     :mod:`sqltext` functions the templates' filters are, spares the template a filter call
-    per value. ``child_flow`` is None for a step without one (the template leaves the
-    argument out; output would refuse a None).
+    per value. An optional argument is None for a step without it (the template leaves the
+    argument out); the others are never None.
     """
 
     slug: Sql
@@ -123,32 +127,98 @@ class QuotedStep(NamedTuple):
     child_flow: Sql | None
 
 
+_NULL = sqltext.literal(None)
+# the literals of the model's closed vocabularies (step types, condition and failure modes)
+_WORDS = {word: sqltext.literal(word) for word in (*get_args(StepType), *get_args(Mode))}
+
+
 def quoted_step(step: Step) -> QuotedStep:
+    # the same sqltext functions as the filters; None and the closed words need no call
     literal = sqltext.literal
     return QuotedStep(
         slug=literal(step.slug),
         deps_slugs=sqltext.text_array(sorted(step.needs)),
-        max_attempts=literal(step.max_attempts),
-        base_delay=literal(step.base_delay),
-        timeout=literal(step.timeout),
-        start_delay=literal(step.start_delay),
-        step_type=literal(step.type),
-        required_input_pattern=sqltext.jsonb(step.condition_if),
-        forbidden_input_pattern=sqltext.jsonb(step.condition_unless),
-        when_unmet=literal(step.when_unmet),
-        when_exhausted=literal(step.when_exhausted),
-        queue_name=literal(step.queue),
+        max_attempts=_NULL if step.max_attempts is None else literal(step.max_attempts),
+        base_delay=_NULL if step.base_delay is None else literal(step.base_delay),
+        timeout=_NULL if step.timeout is None else literal(step.timeout),
+        start_delay=_NULL if step.start_delay is None else literal(step.start_delay),
+        step_type=_WORDS[step.type],
+        required_input_pattern=(_NULL if step.condition_if is None
+                                else sqltext.jsonb(step.condition_if)),
+        forbidden_input_pattern=(_NULL if step.condition_unless is None
+                                 else sqltext.jsonb(step.condition_unless)),
+        when_unmet=_WORDS[step.when_unmet],
+        when_exhausted=_WORDS[step.when_exhausted],
+        queue_name=_NULL if step.queue is None else literal(step.queue),
         child_flow=None if step.flow is None else literal(step.flow),
     )
+
+
+_HOLE = "\x00"  # marks a hole in a rendered pattern: no SQL literal or comment holds a NUL
+_NONE = type(None)
+_Pattern = tuple[str, Callable[[QuotedStep], tuple[Sql, ...]]]
+
+
+class StepCalls:
+    """The ``add_step`` calls of a flow's steps, in the words of ``add_step.sql.j2``.
+
+    The template is rendered once per set of arguments present (a step without a child flow,
+    one with it, ...) with a numbered hole for each argument; the text around the holes
+    becomes a ``%``-format pattern, and each step is one ``%`` of its quoted arguments (a
+    template render per step costs several times more). Only :class:`Sql` values fill the
+    holes (as the template's ``finalize`` allows only them), so nothing unquoted reaches the
+    SQL.
+    """
+
+    def __init__(self, template: jinja2.Template) -> None:
+        self.template = template
+        self.patterns: dict[tuple[type, ...], _Pattern] = {}
+
+    def render(self, flow_slug: Sql, steps: Iterable[QuotedStep]) -> Sql:
+        """The calls of ``steps`` of the flow whose slug literal is ``flow_slug``."""
+        slug = flow_slug.replace("%", "%%")
+        flow_patterns: dict[tuple[type, ...], _Pattern] = {}  # the slug filled in
+        calls = []
+        for step in steps:
+            kinds = tuple(map(type, step))  # the arguments present, and proof they are Sql
+            found = flow_patterns.get(kinds)
+            if found is None:
+                pattern, pick = self.patterns.get(kinds) or self._pattern(kinds)
+                found = flow_patterns[kinds] = (pattern.replace(_HOLE, slug), pick)
+            calls.append(found[0] % found[1](step))
+        return Sql("".join(calls))
+
+    def _pattern(self, kinds: tuple[type, ...]) -> _Pattern:
+        """The pattern (the flow slug's holes left in) and what picks its arguments."""
+        for name, kind in zip(QuotedStep._fields, kinds, strict=True):
+            if kind is not _NONE and not issubclass(kind, Sql):
+                raise TypeError(f"template value for {name} ({kind.__name__}) was not passed "
+                                "through a SQL filter")
+        holes = QuotedStep._make(None if kind is _NONE else Sql(f"{_HOLE}{number}{_HOLE}")
+                                 for number, kind in enumerate(kinds))
+        text = self.template.render(flow_slug=Sql(f"{_HOLE}slug{_HOLE}"), step=holes)
+        parts = text.replace("%", "%%").split(_HOLE)  # SQL text and hole names, in turn
+        order = [int(name) for name in parts[1::2] if name != "slug"]
+        texts = [_HOLE if name == "slug" else "%s" for name in parts[1::2]]
+        pattern = "".join(itertools.chain.from_iterable(
+            itertools.zip_longest(parts[0::2], texts, fillvalue="")))
+        self.patterns[kinds] = found = (pattern, operator.itemgetter(*order))
+        return found
+
+
+@functools.cache
+def step_calls() -> StepCalls:
+    return StepCalls(environment().get_template("add_step.sql.j2"))
 
 
 def render_flow(flow: Flow) -> str:
     # one canonical text of the shape gives its digest and its literal
     canonical = shapes.canonical_text(shapes.flow_shape(flow))
     header = Header(FORMAT, "flow", flow.slug, shapes.text_sha256(canonical))
+    flow_slug = sqltext.literal(flow.slug)
     return environment().get_template("flow.sql.j2").render(
-        header=sqltext.comment(header.line()), flow=flow,
-        steps=[quoted_step(step) for step in flow.steps],
+        header=sqltext.comment(header.line()), flow=flow, flow_slug=flow_slug,
+        steps=step_calls().render(flow_slug, map(quoted_step, flow.steps)),
         shape=sqltext.jsonb_literal(canonical), source=flow.source,
         default_retention=defaults.RETENTION,
     )

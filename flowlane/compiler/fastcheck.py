@@ -51,15 +51,19 @@ def compile_schema(schema: Any) -> Check:
     """
     if schema is True:
         return _always
-    if not isinstance(schema, dict) or set(schema) - _ANNOTATIONS - set(_KEYWORDS):
+    if not isinstance(schema, dict) or set(schema) - _ANNOTATIONS - _KNOWN:
         return _never
-    by_type: dict[type, list[Check]] = {kind: [] for kind in _ANY}
+    # `type` is the table's keys: a value of another type finds no entry
+    by_type: dict[type, list[Check]] = {kind: [] for kind in _types(schema)}
+    if float in by_type and _whole_floats_only(schema):
+        by_type[float].append(_whole)
     for key in schema:
         if key in _KEYWORDS:
             applies, build = _KEYWORDS[key]
             keyword = build(schema[key], schema)
             for kind in applies:
-                by_type[kind].append(keyword)
+                if kind in by_type:
+                    by_type[kind].append(keyword)
     table = {kind: _all(checks) for kind, checks in by_type.items()}
 
     def check(value: Any) -> bool:
@@ -84,19 +88,26 @@ def _all(checks: list[Check]) -> Check:
     return every
 
 
-def _type(kind: Any, schema: dict[str, Any]) -> Check:
-    kinds = [kind] if isinstance(kind, str) else list(kind)
-    allowed = {t for k in kinds for t in _JSON_TYPES.get(k, ())}
+def _type_names(schema: dict[str, Any]) -> list[str]:
+    kind = schema["type"]
+    return [kind] if isinstance(kind, str) else list(kind)
+
+
+def _types(schema: dict[str, Any]) -> tuple[type, ...]:
+    """The exact Python types a value of ``schema``'s ``type`` may have (any without one)."""
+    if "type" not in schema:
+        return _ANY
+    return tuple({t: None for k in _type_names(schema) for t in _JSON_TYPES.get(k, ())})
+
+
+def _whole_floats_only(schema: dict[str, Any]) -> bool:
     # an integer written as 3.0 is an integer to JSON Schema, 3.5 is not
-    whole_floats_only = "integer" in kinds and "number" not in kinds
+    names = _type_names(schema) if "type" in schema else []
+    return "integer" in names and "number" not in names
 
-    def check(value: Any) -> bool:
-        kind = type(value)
-        if kind is float and whole_floats_only:
-            return bool(value.is_integer())
-        return kind in allowed
 
-    return check
+def _whole(value: float) -> bool:
+    return value.is_integer()
 
 
 def _enum(values: Any, schema: dict[str, Any]) -> Check:
@@ -185,7 +196,14 @@ def _items(items: Any, schema: dict[str, Any]) -> Check:
 
 def _any_of(options: list[Any], schema: dict[str, Any]) -> Check:
     subs = [compile_schema(o) for o in options]
-    return lambda value: any(s(value) for s in subs)
+
+    def check(value: Any) -> bool:
+        for sub in subs:  # a loop: any() over a generator costs twice as much here
+            if sub(value):
+                return True
+        return False
+
+    return check
 
 
 def _not(inner: Any, schema: dict[str, Any]) -> Check:
@@ -200,7 +218,6 @@ def _not(inner: Any, schema: dict[str, Any]) -> Check:
 Builder = Callable[[Any, dict[str, Any]], Check]
 # keyword -> (the types it constrains, what builds its check)
 _KEYWORDS: dict[str, tuple[tuple[type, ...], Builder]] = {
-    "type": (_ANY, _type),
     "enum": (_ANY, _enum),
     "const": (_ANY, _const),
     "properties": (_OBJECT, _properties),
@@ -218,3 +235,4 @@ _KEYWORDS: dict[str, tuple[tuple[type, ...], Builder]] = {
     "anyOf": (_ANY, _any_of),
     "not": (_ANY, _not),
 }
+_KNOWN = frozenset({"type", *_KEYWORDS})  # `type` is no check: the types a table answers for

@@ -161,6 +161,12 @@ class Document:
         at, key_at, found = self._locate(path)
         return _unpack(key_at if found and key_at is not None else at)
 
+    def line_col(self, path: Sequence[str | int], *, key: bool = False) -> tuple[int, int]:
+        """(line, column) of :meth:`key_at` (``key``) or :meth:`at` ``path``, 1-based."""
+        at, key_at, found = self._locate(path)
+        packed = key_at if key and found and key_at is not None else at
+        return (packed >> 32) + 1, (packed & 0xFFFFFFFF) + 1
+
     def written(self, path: Sequence[str | int]) -> str | None:
         """The plain word at ``path`` as written (``true``, ``~``, ``12``), else None."""
         at, _key, found = self._locate(path)
@@ -308,12 +314,24 @@ class _Builder:
         result: dict[str, Any] = {}
         places: dict[str, tuple[int, int, Any]] = {}
         first: dict[str, Node] = {}
+        restore, inline = self.stand.restore, self._inline_plain
         for key_node, value_node in node.value:
-            key = self._key(key_node, first, value_node)
-            if key is not None:
-                first[key] = key_node
+            key = key_node.value
+            # most keys are plain words written once, for which _key checks nothing more
+            if (type(key_node) is not ScalarNode or key_node.style or key_node.tag != STR_TAG
+                    or key == "<<" or (key := restore(key)) in first):
+                key = self._key(key_node, first, value_node)
+                if key is None:
+                    continue
+            first[key] = key_node
+            if inline and type(value_node) is ScalarNode and not value_node.style \
+                    and value_node.tag == STR_TAG:  # most values: what _scalar does
+                result[key], inner = resolve_plain(restore(value_node.value)), None
+            else:
                 result[key], inner = self._value(value_node)
-                places[key] = (_pack(key_node), _pack(value_node), inner)
+            key_mark, value_mark = key_node.start_mark, value_node.start_mark
+            places[key] = (key_mark.line << 32 | key_mark.column,
+                           value_mark.line << 32 | value_mark.column, inner)
         return result, places
 
     def _key(self, node: Node, first: dict[str, Node], value_node: Node) -> str | None:
@@ -353,10 +371,13 @@ class _Builder:
             "remove this entry or the first one"))
 
     _value = _node_value  # every node once: nothing to track
+    _inline_plain = True  # a mapping's plain values may skip _value (nothing to count)
 
 
 class _AliasBuilder(_Builder):
     """A builder for a text with aliases: refuses recursive and exploding ones."""
+
+    _inline_plain = False  # every node, scalars too, counts against the alias budget
 
     def __init__(self, source: Source, index: int, stand: _Stand = _NO_STAND) -> None:
         super().__init__(source, index, stand)
@@ -396,12 +417,9 @@ class _AliasBuilder(_Builder):
 
 def resolve_plain(value: str) -> Any:
     """Resolve a plain (unquoted) scalar conservatively."""
-    if value in _NULLS:
-        return None
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
+    word = _WORDS.get(value, value)
+    if word is not value or value[0] not in _NUMBER_START:  # "" is a word: value[0] exists
+        return word
     if _INT.match(value):
         digits = len(value.lstrip("+-"))
         return int(value) if digits <= MAX_INT_DIGITS else OutOfRange(value)
@@ -411,6 +429,11 @@ def resolve_plain(value: str) -> Any:
     if value in _INFINITIES:
         return OutOfRange(value)
     return value
+
+
+_WORDS: dict[str, Any] = {**dict.fromkeys(_NULLS), **dict.fromkeys(_TRUE, True),
+                          **dict.fromkeys(_FALSE, False)}
+_NUMBER_START = frozenset("+-.0123456789")  # what a number or an infinity starts with
 
 
 _DEPTH_SHOWN = 100  # a nesting this deep is reported where it is entered

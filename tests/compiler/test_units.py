@@ -24,6 +24,9 @@ def test_positions_of_values_and_keys() -> None:
     assert doc.at(("steps", "a", "needs", 1)) == loader.Position(4, 16)
     assert doc.key_at(("steps", "a")) == loader.Position(3, 3)
     assert doc.at(("steps", "a", "missing")) == loader.Position(4, 5)
+    assert doc.line_col(("steps", "a", "needs", 1)) == (4, 16)
+    assert doc.line_col(("steps", "a"), key=True) == (3, 3)
+    assert doc.line_col(("steps", "a", "missing"), key=True) == (4, 5)  # the nearest value
 
 
 def test_plain_scalars_resolve_conservatively() -> None:
@@ -31,7 +34,9 @@ def test_plain_scalars_resolve_conservatively() -> None:
              "12": 12, "-3": -3, "007": "007", "1.5": 1.5, "1e3": 1000.0,
              "1e999": loader.OutOfRange("1e999"), ".inf": loader.OutOfRange(".inf"),
              "9" * 4301: loader.OutOfRange("9" * 4301), "9" * 4300: int("9" * 4300),
-             "0x10": "0x10", "2024-01-01": "2024-01-01", "1_000": "1_000"}
+             "0x10": "0x10", "2024-01-01": "2024-01-01", "1_000": "1_000", "NULL": None,
+             "+1": 1, ".5": 0.5, "-.inf": loader.OutOfRange("-.inf"),
+             ".nan": loader.OutOfRange(".nan"), "nan": "nan", "inf": "inf", "-": "-"}
     for text, expected in cases.items():
         assert loader.resolve_plain(text) == expected, text
         assert type(loader.resolve_plain(text)) is type(expected)
@@ -166,6 +171,29 @@ def test_templates_refuse_values_that_skipped_the_quoting_filters(
     monkeypatch.setattr(compiled, "quoted_step", lambda step: unquoted)
     with pytest.raises(TypeError, match="was not passed through a SQL filter"):
         compiled.render_flow(flow)
+
+
+def test_step_calls_are_the_template_rendered_for_each_step() -> None:
+    # compiled.StepCalls fills a pattern made from the template once per set of arguments
+    # present: the same text as rendering the template per step, whatever the values hold
+    from flowlane.compiler import compiled
+
+    text = ("kind: flow\nslug: f\nsteps:\n  a:\n    handler: m:f\n"
+            "  b:\n    flow: other\n    needs: [a]\n"
+            "  c:\n    handler: m:g\n    needs: [b]\n    if: {b: {x: \"100% %s {0} %(a)s\"}}\n"
+            "---\nkind: flow\nslug: other\nsteps:\n  a:\n    handler: m:f\n")
+    flow = api.project_from_text(text).flow("f")
+    steps = [compiled.quoted_step(step) for step in flow.steps]
+    assert [step.child_flow is None for step in steps] == [True, False, True]
+    slug = sqltext.literal(flow.slug)
+    env = compiled.environment()
+    odd = env.from_string("-- 100% {x} {{ step.queue_name }}%s\n({{ flow_slug }}, {{ step.slug }}, "
+                          "{{ step.required_input_pattern }}, {{ step.slug }}{% if step.child_flow "
+                          "is not none %}, child => {{ step.child_flow }}{% endif %})\n")
+    for template in (env.get_template("add_step.sql.j2"), odd):
+        expected = "".join(template.render(flow_slug=slug, step=step) for step in steps)
+        assert compiled.StepCalls(template).render(slug, steps) == expected
+    assert "'{\"b\":{\"x\":\"100% %s {0} %(a)s\"}}'::jsonb" in compiled.render_flow(flow)
 
 
 def test_timeout_bound_matches_the_sql_core() -> None:
