@@ -104,6 +104,7 @@ returns setof flowlane.runs
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
 as $$
 declare
   v_ids uuid[];
@@ -181,6 +182,7 @@ create function flowlane._progress_runs(p_run_ids uuid[]) returns void
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
 as $$
 declare
   v_run uuid;
