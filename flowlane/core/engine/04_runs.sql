@@ -580,17 +580,57 @@ end;
 $$;
 
 -- flowlane_run_finished: a notification per finished run, from one trigger call per statement (same channel,
--- same payload: the run's id)
+-- same payload: the run's id), while a session listens through listen_run_finished. Nobody
+-- listening, none is sent: a commit that notifies holds the lock that serialises every
+-- notifying commit in the cluster through its WAL flush, and starts (the queue's insert
+-- notification) already take their turns there.
 create function flowlane._notify_run_finished() returns trigger
 language plpgsql volatile
 set search_path = ''
 as $$
+declare
+  v_ended uuid[];
 begin
-  perform pg_notify('flowlane_run_finished', n.run_id::text)
+  select array_agg(n.run_id order by n.run_id) into v_ended
   from new_runs n join old_runs o on o.run_id = n.run_id
-  where o.status = 'started' and n.status <> 'started'
-  order by n.run_id;
+  where o.status = 'started' and n.status <> 'started';
+  -- the listeners' lock taken here (free: nobody listens) is held until this transaction
+  -- ends, so that a session starting to listen meanwhile waits, then reads the runs as ended
+  if v_ended is null or pg_try_advisory_xact_lock(hashtext('flowlane.run_finished_listeners'), 0) then
+    return null;
+  end if;
+  perform pg_notify('flowlane_run_finished', e.run_id::text)
+  from unnest(v_ended) with ordinality as e (run_id, ord)
+  order by e.ord;
   return null;
+end;
+$$;
+
+-- LISTEN flowlane_run_finished and count as a listener (a shared lock held by the session
+-- until unlisten_run_finished or its end); then read the runs it waits for
+create function flowlane.listen_run_finished() returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  if 'flowlane_run_finished' = any (array(select pg_listening_channels())) then
+    return;
+  end if;
+  perform pg_advisory_lock_shared(hashtext('flowlane.run_finished_listeners'), 0);
+  listen flowlane_run_finished;
+end;
+$$;
+
+create function flowlane.unlisten_run_finished() returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  if not 'flowlane_run_finished' = any (array(select pg_listening_channels())) then
+    return;
+  end if;
+  unlisten flowlane_run_finished;
+  perform pg_advisory_unlock_shared(hashtext('flowlane.run_finished_listeners'), 0);
 end;
 $$;
 

@@ -148,11 +148,12 @@ select coalesce(
              union select a.alias from flowlane.aliases a order by 1) as known
 
 -- name: client_listen_finished
--- notified by the SQL Core (0007) with the run id when a run ends
-listen flowlane_run_finished
+-- notified by the SQL Core (0007) with the run id when a run ends, while a session listens
+-- this way (0024)
+select flowlane.listen_run_finished()
 
 -- name: client_unlisten_finished
-unlisten flowlane_run_finished
+select flowlane.unlisten_run_finished()
 
 -- name: client_cancel_run
 select * from flowlane.cancel_run(%(run_id)s::uuid, %(reason)s)

@@ -1,10 +1,12 @@
--- flowlane SQL Core 0024: single results by key.
+-- flowlane SQL Core 0024: single results and run listeners.
 -- Drafted by `python -m flowlane.core.draft_migration` from the engine source; reviewed by a person.
 -- A single complete_task / fail_task (or a batch of one) takes its rows by key: the item's
 -- run, step state and task locked and updated one statement each, its step's end and the
 -- next steps of its run without the batch's arrays; anything but the plain case (late,
 -- fenced, an output a map checks, a failure out of attempts) still goes the batch way.
 -- _progress_runs, _create_runs and _batch_rows were planned on every call: generic plans.
+-- flowlane_run_finished is notified only while a session listens through the new
+-- listen_run_finished (a plain LISTEN alone no longer makes runs notify).
 
 -- new runs of one concrete flow (inputs checked by the caller); returns them in input order
 -- p_start_at in the future: the runs wait (status waiting) for the maintenance tick;
@@ -75,6 +77,61 @@ begin
              where r.run_id = any (p_run_ids) and r.status = 'started' and r.remaining_steps = 0) then
     perform flowlane._maybe_complete_runs(p_run_ids);
   end if;
+end;
+$$;
+
+-- flowlane_run_finished: a notification per finished run, from one trigger call per statement (same channel,
+-- same payload: the run's id), while a session listens through listen_run_finished. Nobody
+-- listening, none is sent: a commit that notifies holds the lock that serialises every
+-- notifying commit in the cluster through its WAL flush, and starts (the queue's insert
+-- notification) already take their turns there.
+create or replace function flowlane._notify_run_finished() returns trigger
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_ended uuid[];
+begin
+  select array_agg(n.run_id order by n.run_id) into v_ended
+  from new_runs n join old_runs o on o.run_id = n.run_id
+  where o.status = 'started' and n.status <> 'started';
+  -- the listeners' lock taken here (free: nobody listens) is held until this transaction
+  -- ends, so that a session starting to listen meanwhile waits, then reads the runs as ended
+  if v_ended is null or pg_try_advisory_xact_lock(hashtext('flowlane.run_finished_listeners'), 0) then
+    return null;
+  end if;
+  perform pg_notify('flowlane_run_finished', e.run_id::text)
+  from unnest(v_ended) with ordinality as e (run_id, ord)
+  order by e.ord;
+  return null;
+end;
+$$;
+
+-- LISTEN flowlane_run_finished and count as a listener (a shared lock held by the session
+-- until unlisten_run_finished or its end); then read the runs it waits for
+create or replace function flowlane.listen_run_finished() returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  if 'flowlane_run_finished' = any (array(select pg_listening_channels())) then
+    return;
+  end if;
+  perform pg_advisory_lock_shared(hashtext('flowlane.run_finished_listeners'), 0);
+  listen flowlane_run_finished;
+end;
+$$;
+
+create or replace function flowlane.unlisten_run_finished() returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  if not 'flowlane_run_finished' = any (array(select pg_listening_channels())) then
+    return;
+  end if;
+  unlisten flowlane_run_finished;
+  perform pg_advisory_unlock_shared(hashtext('flowlane.run_finished_listeners'), 0);
 end;
 $$;
 
