@@ -353,7 +353,9 @@ class Engine:
         return n / float(row[0]), per_task
 
 
-def latency(dsns: dict[str, str], repos: dict[str, Path], samples: int, notify: bool) -> dict[str, list[float]]:
+def latency(
+    dsns: dict[str, str], repos: dict[str, Path], samples: int, notify: bool
+) -> dict[str, list[float]]:
     """Milliseconds from start_flow's commit to the handler's start, per version: one idle
     worker per version (each on its own database), the versions' samples alternating."""
     pools = {
@@ -523,7 +525,8 @@ class Bench:
             for name in names:
                 d = delays[name]
                 print(
-                    f"  {label} {name:<6}: p50 {percentile(d, 0.5):7.1f} ms   p95 {percentile(d, 0.95):7.1f} ms"
+                    f"  {label} {name:<6}: p50 {percentile(d, 0.5):7.1f} ms"
+                    f"   p95 {percentile(d, 0.95):7.1f} ms"
                     f"   p99 {percentile(d, 0.99):7.1f} ms   ({len(d)} samples)"
                 )
 

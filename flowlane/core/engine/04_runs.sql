@@ -325,8 +325,6 @@ set plan_cache_mode = force_generic_plan
 as $$
 declare
   v_started flowlane.step_states[];
-  v_group record;
-  v_n int;
 begin
   with ready as (
     select ss.run_id, ss.step_slug
@@ -347,23 +345,38 @@ begin
      where ss.run_id = ready.run_id and ss.step_slug = ready.step_slug and ss.run_id = any (p_run_ids)
     returning ss
   ) select coalesce(array_agg(st.ss), '{}') into v_started from started st;
-  if cardinality(v_started) = 0 then
-    return;
+  if cardinality(v_started) > 0 then
+    perform flowlane._enqueue_started(v_started);
   end if;
+end;
+$$;
+
+-- the tasks of steps just started (their runs' locks held): one send_batch per (queue, start
+-- delay), one step_tasks insert per queue; wait and child-flow steps begin instead
+create function flowlane._enqueue_started(p_started flowlane.step_states[]) returns void
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+  v_group record;
+  v_n int;
+begin
   for v_group in
     select s.queue_name, coalesce(s.opt_start_delay, 0) as start_delay,
            array_agg(jsonb_build_object('flow_slug', st.flow_slug, 'run_id', st.run_id,
                                         'step_slug', st.step_slug, 'task_index', k)
                      order by st.run_id, s.step_index, k) as bodies
-    from unnest(v_started) st
+    from unnest(p_started) st
     join flowlane.steps s on s.flow_slug = st.flow_slug and s.step_slug = st.step_slug
     cross join lateral generate_series(0, st.initial_tasks - 1) as k
     group by 1, 2
     order by 1, 2
   loop
     if v_group.queue_name is null then  -- wait and child-flow steps: no task (17_waits.sql, 18_children.sql)
-      perform flowlane._begin_waits(v_started);
-      perform flowlane._start_children(v_started);
+      perform flowlane._begin_waits(p_started);
+      perform flowlane._start_children(p_started);
       continue;
     end if;
     insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)

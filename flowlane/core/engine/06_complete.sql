@@ -414,7 +414,9 @@ begin
 end;
 $$;
 
--- _steps_done of one step of a started run whose lock the caller holds
+-- _steps_done of one step of a started run whose lock the caller holds. The dependents it
+-- makes ready are started in the same update when each is a plain task step (a queue, no
+-- condition, tasks to run); any other one takes _progress_runs, as in the batch path.
 create function flowlane._step_done_one(p_step flowlane.step_states) returns void
 language plpgsql volatile
 set search_path = ''
@@ -422,6 +424,11 @@ set plan_cache_mode = force_generic_plan
 as $$
 declare
   v_status text;
+  v_children text[];
+  v_tasks int[];
+  v_ready int;
+  v_plain boolean;
+  v_started flowlane.step_states[];
 begin
   update flowlane.runs r
      set remaining_steps = r.remaining_steps - 1,
@@ -432,19 +439,53 @@ begin
                        else r.output end
    where r.run_id = p_step.run_id
   returning r.status into v_status;
-  update flowlane.step_states cs
-     set remaining_deps = cs.remaining_deps - 1,
-         initial_tasks = case
-           when cs.status <> 'created' or cs.initial_tasks is not null or cst.step_type <> 'map' then cs.initial_tasks
-           when jsonb_typeof(p_step.output) = 'array' then jsonb_array_length(p_step.output)
-           else cs.initial_tasks end
-    from flowlane.deps d, flowlane.steps cst
-   where cs.run_id = p_step.run_id
-     and d.flow_slug = p_step.flow_slug and d.dep_slug = p_step.step_slug and d.step_slug = cs.step_slug
-     and cst.flow_slug = d.flow_slug and cst.step_slug = d.step_slug;
-  if v_status = 'started' then  -- a completed run has nothing left to start or skip
+  -- each dependent's initial_tasks once this step is done (a map child takes the length of
+  -- its parent's array), and whether the ones it makes ready are all plain
+  select array_agg(c.step_slug order by c.step_slug), array_agg(c.tasks order by c.step_slug),
+         count(*) filter (where c.ready), coalesce(bool_and(c.plain) filter (where c.ready), true)
+    into v_children, v_tasks, v_ready, v_plain
+  from (
+    select cs.step_slug, t.tasks,
+           v_status = 'started' and cs.status = 'created' and cs.remaining_deps = 1 as ready,
+           cst.queue_name is not null and cst.required_input_pattern is null
+             and cst.forbidden_input_pattern is null and t.tasks > 0 as plain
+    from flowlane.deps d
+    join flowlane.steps cst on cst.flow_slug = d.flow_slug and cst.step_slug = d.step_slug
+    join flowlane.step_states cs on cs.run_id = p_step.run_id and cs.step_slug = d.step_slug
+    cross join lateral (
+      select case
+        when cs.status <> 'created' or cs.initial_tasks is not null or cst.step_type <> 'map' then cs.initial_tasks
+        when jsonb_typeof(p_step.output) = 'array' then jsonb_array_length(p_step.output)
+        else cs.initial_tasks end as tasks) t
+    where d.flow_slug = p_step.flow_slug and d.dep_slug = p_step.step_slug
+  ) c;
+  if v_children is null then  -- a leaf step
+    return;
+  end if;
+  v_plain := v_plain and v_ready > 0;
+  with counted as (
+    update flowlane.step_states cs
+       set remaining_deps = cs.remaining_deps - 1,
+           initial_tasks = x.tasks,
+           status = case when v_plain and cs.status = 'created' and cs.remaining_deps = 1 then 'started'
+                         else cs.status end,
+           started_at = case when v_plain and cs.status = 'created' and cs.remaining_deps = 1 then now()
+                             else cs.started_at end,
+           remaining_tasks = case when v_plain and cs.status = 'created' and cs.remaining_deps = 1 then x.tasks
+                                  else cs.remaining_tasks end
+      from unnest(v_children, v_tasks) as x (step_slug, tasks)
+     where cs.run_id = p_step.run_id and cs.step_slug = x.step_slug
+    returning cs
+  ) select coalesce(array_agg(c.cs order by (c.cs).step_slug)
+                      filter (where v_plain and (c.cs).status = 'started' and (c.cs).remaining_deps = 0), '{}')
+      into v_started from counted c;
+  if v_plain then
+    perform flowlane._enqueue_started(v_started);
+  elsif v_ready > 0 then
     perform flowlane._progress_runs(array[p_step.run_id]);
   end if;
+  -- no dependent made ready: nothing to start, skip or complete (the run's other ready
+  -- steps were started when they became ready; its last step completed it above)
 end;
 $$;
 

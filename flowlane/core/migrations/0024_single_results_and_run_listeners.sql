@@ -2,9 +2,11 @@
 -- Drafted by `python -m flowlane.core.draft_migration` from the engine source; reviewed by a person.
 -- A single complete_task / fail_task (or a batch of one) takes its rows by key: the item's
 -- run, step state and task locked and updated one statement each, its step's end and the
--- next steps of its run without the batch's arrays; anything but the plain case (late,
--- fenced, an output a map checks, a failure out of attempts) still goes the batch way.
+-- plain dependents it makes ready started in one update, without the batch's arrays;
+-- anything but the plain case (late, fenced, an output a map checks, a failure out of
+-- attempts, a dependent with a condition, no tasks or no queue) still goes the batch way.
 -- _progress_runs, _create_runs and _batch_rows were planned on every call: generic plans.
+-- _enqueue_started is _start_ready_steps' second half, shared with the one-item path.
 -- flowlane_run_finished is notified only while a session listens through the new
 -- listen_run_finished (a plain LISTEN alone no longer makes runs notify).
 
@@ -77,6 +79,85 @@ begin
              where r.run_id = any (p_run_ids) and r.status = 'started' and r.remaining_steps = 0) then
     perform flowlane._maybe_complete_runs(p_run_ids);
   end if;
+end;
+$$;
+
+-- the ready steps of the given started runs (callers hold the run locks, or
+-- the runs are new): one step_states update, one send_batch per (queue, start
+-- delay) for all runs, one step_tasks insert per queue
+create or replace function flowlane._start_ready_steps(p_run_ids uuid[]) returns void
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+  v_started flowlane.step_states[];
+begin
+  with ready as (
+    select ss.run_id, ss.step_slug
+    from flowlane.step_states ss
+    join flowlane.runs r on r.run_id = ss.run_id and r.status = 'started' and r.run_id = any (p_run_ids)
+    join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+    where ss.run_id = any (p_run_ids) and ss.status = 'created' and ss.remaining_deps = 0
+      and ss.initial_tasks > 0
+      -- _condition_met is a call per row (never inlined): only for a step with a condition
+      and case when s.required_input_pattern is null and s.forbidden_input_pattern is null then true
+               else flowlane._condition_met(ss.run_id, ss.step_slug) end
+    order by ss.run_id, ss.step_slug
+    for update of ss
+  ), started as (
+    update flowlane.step_states ss
+       set status = 'started', started_at = now(), remaining_tasks = ss.initial_tasks
+      from ready
+     where ss.run_id = ready.run_id and ss.step_slug = ready.step_slug and ss.run_id = any (p_run_ids)
+    returning ss
+  ) select coalesce(array_agg(st.ss), '{}') into v_started from started st;
+  if cardinality(v_started) > 0 then
+    perform flowlane._enqueue_started(v_started);
+  end if;
+end;
+$$;
+
+-- the tasks of steps just started (their runs' locks held): one send_batch per (queue, start
+-- delay), one step_tasks insert per queue; wait and child-flow steps begin instead
+create or replace function flowlane._enqueue_started(p_started flowlane.step_states[]) returns void
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+  v_group record;
+  v_n int;
+begin
+  for v_group in
+    select s.queue_name, coalesce(s.opt_start_delay, 0) as start_delay,
+           array_agg(jsonb_build_object('flow_slug', st.flow_slug, 'run_id', st.run_id,
+                                        'step_slug', st.step_slug, 'task_index', k)
+                     order by st.run_id, s.step_index, k) as bodies
+    from unnest(p_started) st
+    join flowlane.steps s on s.flow_slug = st.flow_slug and s.step_slug = st.step_slug
+    cross join lateral generate_series(0, st.initial_tasks - 1) as k
+    group by 1, 2
+    order by 1, 2
+  loop
+    if v_group.queue_name is null then  -- wait and child-flow steps: no task (17_waits.sql, 18_children.sql)
+      perform flowlane._begin_waits(p_started);
+      perform flowlane._start_children(p_started);
+      continue;
+    end if;
+    insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)
+    select b.body ->> 'flow_slug', (b.body ->> 'run_id')::uuid, b.body ->> 'step_slug',
+           (b.body ->> 'task_index')::int, v_group.queue_name, m.id
+    from pgmq.send_batch(v_group.queue_name, v_group.bodies, v_group.start_delay) with ordinality as m (id, ord)
+    join unnest(v_group.bodies) with ordinality as b (body, ord) on b.ord = m.ord;
+    get diagnostics v_n = row_count;
+    if v_n <> cardinality(v_group.bodies) then
+      raise exception 'internal error: sent % messages to queue % for % tasks',
+        v_n, v_group.queue_name, cardinality(v_group.bodies);
+    end if;
+  end loop;
 end;
 $$;
 
@@ -349,7 +430,9 @@ begin
 end;
 $$;
 
--- _steps_done of one step of a started run whose lock the caller holds
+-- _steps_done of one step of a started run whose lock the caller holds. The dependents it
+-- makes ready are started in the same update when each is a plain task step (a queue, no
+-- condition, tasks to run); any other one takes _progress_runs, as in the batch path.
 create or replace function flowlane._step_done_one(p_step flowlane.step_states) returns void
 language plpgsql volatile
 set search_path = ''
@@ -357,6 +440,11 @@ set plan_cache_mode = force_generic_plan
 as $$
 declare
   v_status text;
+  v_children text[];
+  v_tasks int[];
+  v_ready int;
+  v_plain boolean;
+  v_started flowlane.step_states[];
 begin
   update flowlane.runs r
      set remaining_steps = r.remaining_steps - 1,
@@ -367,19 +455,53 @@ begin
                        else r.output end
    where r.run_id = p_step.run_id
   returning r.status into v_status;
-  update flowlane.step_states cs
-     set remaining_deps = cs.remaining_deps - 1,
-         initial_tasks = case
-           when cs.status <> 'created' or cs.initial_tasks is not null or cst.step_type <> 'map' then cs.initial_tasks
-           when jsonb_typeof(p_step.output) = 'array' then jsonb_array_length(p_step.output)
-           else cs.initial_tasks end
-    from flowlane.deps d, flowlane.steps cst
-   where cs.run_id = p_step.run_id
-     and d.flow_slug = p_step.flow_slug and d.dep_slug = p_step.step_slug and d.step_slug = cs.step_slug
-     and cst.flow_slug = d.flow_slug and cst.step_slug = d.step_slug;
-  if v_status = 'started' then  -- a completed run has nothing left to start or skip
+  -- each dependent's initial_tasks once this step is done (a map child takes the length of
+  -- its parent's array), and whether the ones it makes ready are all plain
+  select array_agg(c.step_slug order by c.step_slug), array_agg(c.tasks order by c.step_slug),
+         count(*) filter (where c.ready), coalesce(bool_and(c.plain) filter (where c.ready), true)
+    into v_children, v_tasks, v_ready, v_plain
+  from (
+    select cs.step_slug, t.tasks,
+           v_status = 'started' and cs.status = 'created' and cs.remaining_deps = 1 as ready,
+           cst.queue_name is not null and cst.required_input_pattern is null
+             and cst.forbidden_input_pattern is null and t.tasks > 0 as plain
+    from flowlane.deps d
+    join flowlane.steps cst on cst.flow_slug = d.flow_slug and cst.step_slug = d.step_slug
+    join flowlane.step_states cs on cs.run_id = p_step.run_id and cs.step_slug = d.step_slug
+    cross join lateral (
+      select case
+        when cs.status <> 'created' or cs.initial_tasks is not null or cst.step_type <> 'map' then cs.initial_tasks
+        when jsonb_typeof(p_step.output) = 'array' then jsonb_array_length(p_step.output)
+        else cs.initial_tasks end as tasks) t
+    where d.flow_slug = p_step.flow_slug and d.dep_slug = p_step.step_slug
+  ) c;
+  if v_children is null then  -- a leaf step
+    return;
+  end if;
+  v_plain := v_plain and v_ready > 0;
+  with counted as (
+    update flowlane.step_states cs
+       set remaining_deps = cs.remaining_deps - 1,
+           initial_tasks = x.tasks,
+           status = case when v_plain and cs.status = 'created' and cs.remaining_deps = 1 then 'started'
+                         else cs.status end,
+           started_at = case when v_plain and cs.status = 'created' and cs.remaining_deps = 1 then now()
+                             else cs.started_at end,
+           remaining_tasks = case when v_plain and cs.status = 'created' and cs.remaining_deps = 1 then x.tasks
+                                  else cs.remaining_tasks end
+      from unnest(v_children, v_tasks) as x (step_slug, tasks)
+     where cs.run_id = p_step.run_id and cs.step_slug = x.step_slug
+    returning cs
+  ) select coalesce(array_agg(c.cs order by (c.cs).step_slug)
+                      filter (where v_plain and (c.cs).status = 'started' and (c.cs).remaining_deps = 0), '{}')
+      into v_started from counted c;
+  if v_plain then
+    perform flowlane._enqueue_started(v_started);
+  elsif v_ready > 0 then
     perform flowlane._progress_runs(array[p_step.run_id]);
   end if;
+  -- no dependent made ready: nothing to start, skip or complete (the run's other ready
+  -- steps were started when they became ready; its last step completed it above)
 end;
 $$;
 
