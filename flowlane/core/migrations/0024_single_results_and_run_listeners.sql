@@ -176,9 +176,17 @@ begin
   select array_agg(n.run_id order by n.run_id) into v_ended
   from new_runs n join old_runs o on o.run_id = n.run_id
   where o.status = 'started' and n.status <> 'started';
-  -- the listeners' lock taken here (free: nobody listens) is held until this transaction
-  -- ends, so that a session starting to listen meanwhile waits, then reads the runs as ended
-  if v_ended is null or pg_try_advisory_xact_lock(hashtext('flowlane.run_finished_listeners'), 0) then
+  if v_ended is null then
+    return null;
+  end if;
+  -- held until this transaction ends (notifiers share it): a session that starts listening
+  -- meanwhile waits for this commit, then reads the runs as ended
+  perform pg_advisory_xact_lock_shared(hashtext('flowlane.run_finished_notifiers'), 0);
+  -- free for an instant: no session listens (each holds it shared while it listens; this
+  -- one's own shared hold would not conflict, hence the channel check)
+  if not 'flowlane_run_finished' = any (array(select pg_listening_channels()))
+     and pg_try_advisory_lock(hashtext('flowlane.run_finished_listeners'), 0) then
+    perform pg_advisory_unlock(hashtext('flowlane.run_finished_listeners'), 0);
     return null;
   end if;
   perform pg_notify('flowlane_run_finished', e.run_id::text)
@@ -188,8 +196,8 @@ begin
 end;
 $$;
 
--- LISTEN flowlane_run_finished and count as a listener (a shared lock held by the session
--- until unlisten_run_finished or its end); then read the runs it waits for
+-- LISTEN flowlane_run_finished and count as a listener (the listeners' lock, shared, held by
+-- the session until unlisten_run_finished or its end); then read the runs it waits for
 create or replace function flowlane.listen_run_finished() returns void
 language plpgsql volatile
 set search_path = ''
@@ -199,6 +207,10 @@ begin
     return;
   end if;
   perform pg_advisory_lock_shared(hashtext('flowlane.run_finished_listeners'), 0);
+  -- the runs that ended before this session counted may not have been notified: wait until
+  -- their transactions end, so that reading them afterwards finds them ended
+  perform pg_advisory_lock(hashtext('flowlane.run_finished_notifiers'), 0);
+  perform pg_advisory_unlock(hashtext('flowlane.run_finished_notifiers'), 0);
   listen flowlane_run_finished;
 end;
 $$;
