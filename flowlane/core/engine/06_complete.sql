@@ -317,21 +317,16 @@ end;
 $$;
 
 -- what a batch call returns: the task of every item (in key order), as it is now
--- (plpgsql, not sql: a language sql function with set clauses plans its statement on every call)
 create function flowlane._batch_rows(p_items flowlane._result_item[])
 returns setof flowlane.step_tasks
-language plpgsql stable
+language sql stable
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
-set plan_cache_mode = force_generic_plan
 as $$
-begin
-  return query
   select t.* from unnest(p_items) i
   join flowlane.step_tasks t on t.run_id = i.run_id and t.step_slug = i.step_slug and t.task_index = i.task_index
    and t.run_id = any (array(select j.run_id from unnest(p_items) j))
-  order by i.run_id, i.step_slug, i.task_index, i.pos;
-end;
+  order by i.run_id, i.step_slug, i.task_index, i.pos
 $$;
 
 -- One result (complete_task, fail_task, a batch of one): the item's rows by key, one

@@ -5,7 +5,7 @@
 -- plain dependents it makes ready started in one update, without the batch's arrays;
 -- anything but the plain case (late, fenced, an output a map checks, a failure out of
 -- attempts, a dependent with a condition, no tasks or no queue) still goes the batch way.
--- _progress_runs, _create_runs and _batch_rows were planned on every call: generic plans.
+-- _progress_runs and _create_runs were planned on every call: generic plans.
 -- _enqueue_started is _start_ready_steps' second half, shared with the one-item path.
 -- flowlane_run_finished is notified only while a session listens through the new
 -- listen_run_finished (a plain LISTEN alone no longer makes runs notify).
@@ -346,24 +346,6 @@ begin
     perform flowlane._steps_done(v_steps);
   end if;
   return query select * from flowlane._batch_rows(p_items);
-end;
-$$;
-
--- what a batch call returns: the task of every item (in key order), as it is now
--- (plpgsql, not sql: a language sql function with set clauses plans its statement on every call)
-create or replace function flowlane._batch_rows(p_items flowlane._result_item[])
-returns setof flowlane.step_tasks
-language plpgsql stable
-set search_path = ''
-set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
-set plan_cache_mode = force_generic_plan
-as $$
-begin
-  return query
-  select t.* from unnest(p_items) i
-  join flowlane.step_tasks t on t.run_id = i.run_id and t.step_slug = i.step_slug and t.task_index = i.task_index
-   and t.run_id = any (array(select j.run_id from unnest(p_items) j))
-  order by i.run_id, i.step_slug, i.task_index, i.pos;
 end;
 $$;
 
