@@ -27,8 +27,10 @@ to head, interleaved with the raw PGMQ figures in the same run. Measured:
    rounds, one and four consumers in alternating order; each figure is the
    median of its rounds;
 3. latency from start_flow's commit to the handler starting, one run at a
-   time on an idle worker, with PGMQ insert notifications on and off
-   (polling fallback: read_with_poll, 100 ms interval): p50 / p95.
+   time on an idle worker, with PGMQ insert notifications on (--samples) and
+   off (--samples-off; polling fallback: read_with_poll, 100 ms interval):
+   p50 / p95 / p99; with --before, one idle worker per version, their samples
+   alternating.
 
 Every measurement runs on a new database cloned from its version's template
 (migrated, benchmark flows applied) and dropped afterwards: the tables a
@@ -351,30 +353,47 @@ class Engine:
         return n / float(row[0]), per_task
 
 
-def latency(dsn: str, samples: int, notify: bool) -> tuple[float, float]:
-    pool = Workers(dsn, 1, *([] if notify else ["--no-notify"]))
-    delays: list[float] = []
+def latency(
+    dsns: dict[str, str], repos: dict[str, Path], samples: int, notify: bool
+) -> dict[str, list[float]]:
+    """Milliseconds from start_flow's commit to the handler's start, per version: one idle
+    worker per version (each on its own database), the versions' samples alternating."""
+    pools = {
+        name: Workers(dsn, 1, *([] if notify else ["--no-notify"]), repo=repos[name])
+        for name, dsn in dsns.items()
+    }
+    delays: dict[str, list[float]] = {name: [] for name in dsns}
+    conns = {name: psycopg.connect(dsn, autocommit=True) for name, dsn in dsns.items()}
     try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            time.sleep(0.5)  # let the idle worker settle into its wait
-            for _ in range(samples):
-                row = conn.execute(b"select run_id from flowlane.start_flow('bench_noop', '{}')").fetchone()
-                committed = time.time()
-                assert row is not None
-                while True:
-                    out = conn.execute(
-                        b"select output from flowlane.runs where run_id = %s and status = 'completed'",
-                        (row[0],),
-                    ).fetchone()
-                    if out:
-                        break
-                    time.sleep(0.02)  # the handler stamps the time: slow polling adds no error
-                delays.append((out[0]["only"]["t"] - committed) * 1000)
-                time.sleep(0.15)  # idle gap: the worker is back in its wait when the next run starts
+        time.sleep(0.5)  # let the idle workers settle into their wait
+        for _ in range(samples):
+            for name, conn in conns.items():
+                delays[name].append(_pickup(conn))
+                time.sleep(0.1)  # idle gap: the worker is back in its wait when the next run starts
     finally:
-        pool.stop()
-    delays.sort()
-    return statistics.median(delays), delays[int(len(delays) * 0.95) - 1]
+        for conn in conns.values():
+            conn.close()
+        for pool in pools.values():
+            pool.stop()
+    return delays
+
+
+def _pickup(conn: psycopg.Connection[Any]) -> float:
+    row = conn.execute(b"select run_id from flowlane.start_flow('bench_noop', '{}')").fetchone()
+    committed = time.time()
+    assert row is not None
+    while True:
+        out = conn.execute(
+            b"select output from flowlane.runs where run_id = %s and status = 'completed'", (row[0],)
+        ).fetchone()
+        if out:
+            return float((out[0]["only"]["t"] - committed) * 1000)
+        time.sleep(0.02)  # the handler stamps the time: slow polling adds no error
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(len(ordered) * p) - 1)]
 
 
 def _cpu(value: float | None) -> str:
@@ -489,15 +508,27 @@ class Bench:
         print(f"{med['raw']:>10.0f}{line}")
 
     def latency(self) -> None:
-        print(
-            "pickup latency, start_flow commit -> handler start, idle worker "
-            f"({self.args.samples} samples, this checkout)"
-        )
-        for notify in (True, False):
-            with fresh_database(self.admin, self.engines["after"].template) as dsn:
-                p50, p95 = latency(dsn, self.args.samples, notify)
+        names = self.names
+        print("pickup latency, start_flow commit -> handler start, one idle worker per version,")
+        print("the versions' samples alternating")
+        for notify, samples in ((True, self.args.samples), (False, self.args.samples_off)):
+            if samples < 1:
+                continue
+            with contextlib.ExitStack() as stack:
+                dsns = {
+                    name: stack.enter_context(fresh_database(self.admin, engine.template))
+                    for name, engine in self.engines.items()
+                }
+                repos = {name: engine.repo for name, engine in self.engines.items()}
+                delays = latency(dsns, repos, samples, notify)
             label = "notifications on " if notify else "notifications off"
-            print(f"  {label}: p50 {p50:7.1f} ms   p95 {p95:7.1f} ms")
+            for name in names:
+                d = delays[name]
+                print(
+                    f"  {label} {name:<6}: p50 {percentile(d, 0.5):7.1f} ms"
+                    f"   p95 {percentile(d, 0.95):7.1f} ms"
+                    f"   p99 {percentile(d, 0.99):7.1f} ms   ({len(d)} samples)"
+                )
 
 
 def main() -> None:
@@ -507,7 +538,8 @@ def main() -> None:
     parser.add_argument("--dsn", help="admin DSN (may CREATE DATABASE); default: a temporary embedded server")
     parser.add_argument("--tasks", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the drain measurement (medians)")
-    parser.add_argument("--samples", type=int, default=40)
+    parser.add_argument("--samples", type=int, default=1000, help="pickup latency samples, notifications on")
+    parser.add_argument("--samples-off", type=int, default=100, help="the same, notifications off (0: skip)")
     parser.add_argument("--raw-batch", type=int, default=50, help="raw PGMQ batched read size")
     parser.add_argument("--before", type=Path, help="a checkout of an older flowlane to compare")
     parser.add_argument("--worker-args", default="", help="extra arguments for this checkout's workers")

@@ -9,9 +9,10 @@ the answers into results and errors. The two clients only carry those requests o
 blocking, one awaiting, and take every public method (name, signature, docstring) from
 its plan (tests/runtime/test_client_parity.py holds them equal).
 
-``wait`` LISTENs on ``flowlane_run_finished`` (notified by the SQL Core when a
-run ends) and re-reads the run only when woken, with a slow fallback poll in
-case a notification cannot arrive (e.g. behind a transaction-pooling proxy).
+``wait`` listens on ``flowlane_run_finished`` through ``flowlane.listen_run_finished``
+(the SQL Core notifies a run's end only while a session listens that way) and
+re-reads the run only when woken, with a slow fallback poll in case a
+notification cannot arrive (e.g. behind a transaction-pooling proxy).
 """
 
 from __future__ import annotations

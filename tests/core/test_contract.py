@@ -182,6 +182,9 @@ EXPECTED = {
         "",
         "text[]",
     ),
+    # 0024_single_results_and_run_listeners
+    "listen_run_finished": ("", "void"),
+    "unlisten_run_finished": ("", "void"),
     # 0020_time
     "maintenance_tick": ("p_now timestamp with time zone DEFAULT now()", "jsonb"),
     "run_deadline": ("run_id uuid", "timestamp with time zone"),

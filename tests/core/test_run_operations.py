@@ -208,11 +208,36 @@ def test_retry_reevaluates_a_failed_condition(engine: Engine) -> None:
 def test_finished_run_notifies(engine: Engine, dsn: str) -> None:
     engine.define("f", [("a", [], {})])
     with psycopg.connect(dsn, autocommit=True) as listener:
-        listener.execute("listen flowlane_run_finished")
+        listener.execute("select flowlane.listen_run_finished()")
         run_id = engine.start("f", {})
         engine.drive("f", lambda t: 1)
         payloads = [n.payload for n in listener.notifies(timeout=10, stop_after=1)]
     assert payloads == [str(run_id)]
+
+
+def test_a_run_ended_while_nobody_listens_is_read_by_the_next_listener(
+    engine: Engine, dsn: str
+) -> None:
+    """Nobody listening, the run's end notifies nobody; a session that starts listening
+    meanwhile waits for that commit (lock_timeout makes the wait an error here), then
+    reads the run as ended."""
+    engine.define("f", [("a", [], {})])
+    run_id = engine.start("f", {})
+    [task] = engine.claim("f")
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        with engine.conn.transaction():
+            engine.complete(task, 1)
+            assert engine.run(run_id)["status"] == "completed"
+            listener.execute("set lock_timeout = '50ms'")
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                listener.execute("select flowlane.listen_run_finished()")
+        listener.execute("select flowlane.listen_run_finished()")
+        status = listener.execute(
+            "select status from flowlane.runs where run_id = %s", (run_id,)
+        ).fetchone()
+        assert status == ("completed",)
+        listener.execute("select flowlane.unlisten_run_finished()")
+        assert listener.execute("select pg_listening_channels()").fetchall() == []
 
 
 def test_upgrade_to_0007_keeps_runs_and_lets_old_failures_be_retried(

@@ -104,6 +104,7 @@ returns setof flowlane.runs
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
 as $$
 declare
   v_ids uuid[];
@@ -181,6 +182,7 @@ create function flowlane._progress_runs(p_run_ids uuid[]) returns void
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
 as $$
 declare
   v_run uuid;
@@ -323,8 +325,6 @@ set plan_cache_mode = force_generic_plan
 as $$
 declare
   v_started flowlane.step_states[];
-  v_group record;
-  v_n int;
 begin
   with ready as (
     select ss.run_id, ss.step_slug
@@ -345,23 +345,38 @@ begin
      where ss.run_id = ready.run_id and ss.step_slug = ready.step_slug and ss.run_id = any (p_run_ids)
     returning ss
   ) select coalesce(array_agg(st.ss), '{}') into v_started from started st;
-  if cardinality(v_started) = 0 then
-    return;
+  if cardinality(v_started) > 0 then
+    perform flowlane._enqueue_started(v_started);
   end if;
+end;
+$$;
+
+-- the tasks of steps just started (their runs' locks held): one send_batch per (queue, start
+-- delay), one step_tasks insert per queue; wait and child-flow steps begin instead
+create function flowlane._enqueue_started(p_started flowlane.step_states[]) returns void
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+  v_group record;
+  v_n int;
+begin
   for v_group in
     select s.queue_name, coalesce(s.opt_start_delay, 0) as start_delay,
            array_agg(jsonb_build_object('flow_slug', st.flow_slug, 'run_id', st.run_id,
                                         'step_slug', st.step_slug, 'task_index', k)
                      order by st.run_id, s.step_index, k) as bodies
-    from unnest(v_started) st
+    from unnest(p_started) st
     join flowlane.steps s on s.flow_slug = st.flow_slug and s.step_slug = st.step_slug
     cross join lateral generate_series(0, st.initial_tasks - 1) as k
     group by 1, 2
     order by 1, 2
   loop
     if v_group.queue_name is null then  -- wait and child-flow steps: no task (17_waits.sql, 18_children.sql)
-      perform flowlane._begin_waits(v_started);
-      perform flowlane._start_children(v_started);
+      perform flowlane._begin_waits(p_started);
+      perform flowlane._start_children(p_started);
       continue;
     end if;
     insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)
@@ -578,17 +593,69 @@ end;
 $$;
 
 -- flowlane_run_finished: a notification per finished run, from one trigger call per statement (same channel,
--- same payload: the run's id)
+-- same payload: the run's id), while a session listens through listen_run_finished. Nobody
+-- listening, none is sent: a commit that notifies holds the lock that serialises every
+-- notifying commit in the cluster through its WAL flush, and starts (the queue's insert
+-- notification) already take their turns there.
 create function flowlane._notify_run_finished() returns trigger
 language plpgsql volatile
 set search_path = ''
 as $$
+declare
+  v_ended uuid[];
 begin
-  perform pg_notify('flowlane_run_finished', n.run_id::text)
+  select array_agg(n.run_id order by n.run_id) into v_ended
   from new_runs n join old_runs o on o.run_id = n.run_id
-  where o.status = 'started' and n.status <> 'started'
-  order by n.run_id;
+  where o.status = 'started' and n.status <> 'started';
+  if v_ended is null then
+    return null;
+  end if;
+  -- held until this transaction ends (notifiers share it): a session that starts listening
+  -- meanwhile waits for this commit, then reads the runs as ended
+  perform pg_advisory_xact_lock_shared(hashtext('flowlane.run_finished_notifiers'), 0);
+  -- free for an instant: no session listens (each holds it shared while it listens; this
+  -- one's own shared hold would not conflict, hence the channel check)
+  if not 'flowlane_run_finished' = any (array(select pg_listening_channels()))
+     and pg_try_advisory_lock(hashtext('flowlane.run_finished_listeners'), 0) then
+    perform pg_advisory_unlock(hashtext('flowlane.run_finished_listeners'), 0);
+    return null;
+  end if;
+  perform pg_notify('flowlane_run_finished', e.run_id::text)
+  from unnest(v_ended) with ordinality as e (run_id, ord)
+  order by e.ord;
   return null;
+end;
+$$;
+
+-- LISTEN flowlane_run_finished and count as a listener (the listeners' lock, shared, held by
+-- the session until unlisten_run_finished or its end); then read the runs it waits for
+create function flowlane.listen_run_finished() returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  if 'flowlane_run_finished' = any (array(select pg_listening_channels())) then
+    return;
+  end if;
+  perform pg_advisory_lock_shared(hashtext('flowlane.run_finished_listeners'), 0);
+  -- the runs that ended before this session counted may not have been notified: wait until
+  -- their transactions end, so that reading them afterwards finds them ended
+  perform pg_advisory_lock(hashtext('flowlane.run_finished_notifiers'), 0);
+  perform pg_advisory_unlock(hashtext('flowlane.run_finished_notifiers'), 0);
+  listen flowlane_run_finished;
+end;
+$$;
+
+create function flowlane.unlisten_run_finished() returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  if not 'flowlane_run_finished' = any (array(select pg_listening_channels())) then
+    return;
+  end if;
+  unlisten flowlane_run_finished;
+  perform pg_advisory_unlock_shared(hashtext('flowlane.run_finished_listeners'), 0);
 end;
 $$;
 

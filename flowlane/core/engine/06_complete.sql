@@ -210,8 +210,16 @@ declare
   v_task flowlane.step_tasks;
   v_done flowlane.step_tasks[];
   v_steps flowlane.step_states[];
-  v_runs uuid[] := array(select distinct i.run_id from unnest(p_items) i);
+  v_runs uuid[];
 begin
+  if cardinality(p_items) = 1 then  -- one result: the plain case costs what it does
+    v_task := flowlane._complete_one(p_items[1]);
+    if v_task.run_id is not null then
+      return next v_task;
+      return;
+    end if;
+  end if;
+  v_runs := array(select distinct i.run_id from unnest(p_items) i);
   v_classes := flowlane._lock_and_classify(p_items);
 
   -- a single step feeding a map must output an array: such an item fails its run
@@ -319,6 +327,161 @@ as $$
   join flowlane.step_tasks t on t.run_id = i.run_id and t.step_slug = i.step_slug and t.task_index = i.task_index
    and t.run_id = any (array(select j.run_id from unnest(p_items) j))
   order by i.run_id, i.step_slug, i.task_index, i.pos
+$$;
+
+-- One result (complete_task, fail_task, a batch of one): the item's rows by key, one
+-- statement per row, planned once per connection. The plain case only; anything else
+-- (late, fenced or unknown, an output a map must check, a failure out of attempts) is
+-- left to the batch path, which then finds the locks already held.
+
+-- lock the item's run, step state and task (the lock order of _lock_and_classify);
+-- the task when the item acts on it (started, owned by this worker and attempt), else null
+create function flowlane._lock_one(p_item flowlane._result_item) returns flowlane.step_tasks
+language plpgsql volatile
+set search_path = ''
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+  v_run_status text;
+  v_state_status text;
+  v_task flowlane.step_tasks;
+begin
+  select r.status into v_run_status from flowlane.runs r where r.run_id = p_item.run_id for update;
+  select ss.status into v_state_status from flowlane.step_states ss
+  where ss.run_id = p_item.run_id and ss.step_slug = p_item.step_slug
+  for update;
+  select t.* into v_task from flowlane.step_tasks t
+  where t.run_id = p_item.run_id and t.step_slug = p_item.step_slug and t.task_index = p_item.task_index
+  for update;
+  if v_task.status = 'started' and v_run_status = 'started' and v_state_status = 'started'
+     and (p_item.worker_id is null or v_task.last_worker_id is not distinct from p_item.worker_id)
+     and (p_item.attempt is null or v_task.attempts_count is not distinct from p_item.attempt) then
+    return v_task;
+  end if;
+  return null;
+end;
+$$;
+
+-- _complete_batch of one item; null (nothing done) when it is not the plain case
+create function flowlane._complete_one(p_item flowlane._result_item) returns flowlane.step_tasks
+language plpgsql volatile
+set search_path = ''
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+  v_task flowlane.step_tasks := flowlane._lock_one(p_item);
+  v_step_type text;
+  v_state flowlane.step_states;
+begin
+  if v_task.run_id is null then
+    return null;
+  end if;
+  select s.step_type into v_step_type from flowlane.steps s
+  where s.flow_slug = v_task.flow_slug and s.step_slug = v_task.step_slug;
+  if v_step_type = 'single' and exists (  -- its output's type is checked by the batch path
+       select 1 from flowlane.deps d
+       join flowlane.steps ch on ch.flow_slug = d.flow_slug and ch.step_slug = d.step_slug and ch.step_type = 'map'
+       where d.flow_slug = v_task.flow_slug and d.dep_slug = v_task.step_slug) then
+    return null;
+  end if;
+  update flowlane.step_tasks t
+     set status = 'completed', completed_at = now(), output = p_item.output
+   where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index
+  returning t.* into v_task;
+  if v_task.message_id is not null then
+    perform pgmq.archive(flowlane._task_queue(v_task), v_task.message_id);
+  end if;
+  update flowlane.step_states ss
+     set remaining_tasks = ss.remaining_tasks - 1,
+         status = case when ss.remaining_tasks = 1 then 'completed' else ss.status end,
+         completed_at = case when ss.remaining_tasks = 1 then now() end,
+         output = case when ss.remaining_tasks <> 1 then null
+                       when v_step_type = 'single' then p_item.output
+                       else (select coalesce(jsonb_agg(t.output order by t.task_index), '[]'::jsonb)
+                             from flowlane.step_tasks t
+                             where t.run_id = ss.run_id and t.step_slug = ss.step_slug) end
+   where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug
+  returning ss.* into v_state;
+  if v_state.status = 'completed' then
+    perform flowlane._step_done_one(v_state);
+  end if;
+  return v_task;
+end;
+$$;
+
+-- _steps_done of one step of a started run whose lock the caller holds. The dependents it
+-- makes ready are started in the same update when each is a plain task step (a queue, no
+-- condition, tasks to run); any other one takes _progress_runs, as in the batch path.
+create function flowlane._step_done_one(p_step flowlane.step_states) returns void
+language plpgsql volatile
+set search_path = ''
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+  v_status text;
+  v_children text[];
+  v_tasks int[];
+  v_ready int;
+  v_plain boolean;
+  v_started flowlane.step_states[];
+begin
+  update flowlane.runs r
+     set remaining_steps = r.remaining_steps - 1,
+         status = case when r.remaining_steps = 1 then 'completed' else r.status end,
+         completed_at = case when r.remaining_steps = 1 then now() else r.completed_at end,
+         output = case when r.remaining_steps = 1
+                       then coalesce((select o.output from flowlane._run_outputs(array[r.run_id]) o), '{}'::jsonb)
+                       else r.output end
+   where r.run_id = p_step.run_id
+  returning r.status into v_status;
+  -- each dependent's initial_tasks once this step is done (a map child takes the length of
+  -- its parent's array), and whether the ones it makes ready are all plain
+  select array_agg(c.step_slug order by c.step_slug), array_agg(c.tasks order by c.step_slug),
+         count(*) filter (where c.ready), coalesce(bool_and(c.plain) filter (where c.ready), true)
+    into v_children, v_tasks, v_ready, v_plain
+  from (
+    select cs.step_slug, t.tasks,
+           v_status = 'started' and cs.status = 'created' and cs.remaining_deps = 1 as ready,
+           cst.queue_name is not null and cst.required_input_pattern is null
+             and cst.forbidden_input_pattern is null and t.tasks > 0 as plain
+    from flowlane.deps d
+    join flowlane.steps cst on cst.flow_slug = d.flow_slug and cst.step_slug = d.step_slug
+    join flowlane.step_states cs on cs.run_id = p_step.run_id and cs.step_slug = d.step_slug
+    cross join lateral (
+      select case
+        when cs.status <> 'created' or cs.initial_tasks is not null or cst.step_type <> 'map' then cs.initial_tasks
+        when jsonb_typeof(p_step.output) = 'array' then jsonb_array_length(p_step.output)
+        else cs.initial_tasks end as tasks) t
+    where d.flow_slug = p_step.flow_slug and d.dep_slug = p_step.step_slug
+  ) c;
+  if v_children is null then  -- a leaf step
+    return;
+  end if;
+  v_plain := v_plain and v_ready > 0;
+  with counted as (
+    update flowlane.step_states cs
+       set remaining_deps = cs.remaining_deps - 1,
+           initial_tasks = x.tasks,
+           status = case when v_plain and cs.status = 'created' and cs.remaining_deps = 1 then 'started'
+                         else cs.status end,
+           started_at = case when v_plain and cs.status = 'created' and cs.remaining_deps = 1 then now()
+                             else cs.started_at end,
+           remaining_tasks = case when v_plain and cs.status = 'created' and cs.remaining_deps = 1 then x.tasks
+                                  else cs.remaining_tasks end
+      from unnest(v_children, v_tasks) as x (step_slug, tasks)
+     where cs.run_id = p_step.run_id and cs.step_slug = x.step_slug
+    returning cs
+  ) select coalesce(array_agg(c.cs order by (c.cs).step_slug)
+                      filter (where v_plain and (c.cs).status = 'started' and (c.cs).remaining_deps = 0), '{}')
+      into v_started from counted c;
+  if v_plain then
+    perform flowlane._enqueue_started(v_started);
+  elsif v_ready > 0 then
+    perform flowlane._progress_runs(array[p_step.run_id]);
+  end if;
+  -- no dependent made ready: nothing to start, skip or complete (the run's other ready
+  -- steps were started when they became ready; its last step completed it above)
+end;
 $$;
 
 create function flowlane._steps_done(p_steps flowlane.step_states[]) returns void

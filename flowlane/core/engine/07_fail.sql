@@ -47,8 +47,16 @@ declare
   v_task flowlane.step_tasks;
   v_retried flowlane.step_tasks[];
   v_delays int[];
-  v_runs uuid[] := array(select distinct i.run_id from unnest(p_items) i);
+  v_runs uuid[];
 begin
+  if cardinality(p_items) = 1 then  -- one failure with attempts left: a retry, by key
+    v_task := flowlane._fail_one(p_items[1]);
+    if v_task.run_id is not null then
+      return next v_task;
+      return;
+    end if;
+  end if;
+  v_runs := array(select distinct i.run_id from unnest(p_items) i);
   v_classes := flowlane._lock_and_classify(p_items);
   perform set_config('flowlane.attempt_details', coalesce((
     select jsonb_object_agg(format('%s/%s/%s', (c.task).run_id, (c.task).step_slug, (c.task).task_index),
@@ -98,6 +106,41 @@ begin
 
   perform set_config('flowlane.attempt_details', '', true);
   return query select * from flowlane._batch_rows(p_items);
+end;
+$$;
+
+-- _fail_batch of one item that retries (see _lock_one); null (nothing done) otherwise
+create function flowlane._fail_one(p_item flowlane._result_item) returns flowlane.step_tasks
+language plpgsql volatile
+set search_path = ''
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+  v_task flowlane.step_tasks := flowlane._lock_one(p_item);
+  v_base_delay int;
+begin
+  if v_task.run_id is null then
+    return null;
+  end if;
+  select o.base_delay into v_base_delay from flowlane.step_options o
+  where o.flow_slug = v_task.flow_slug and o.step_slug = v_task.step_slug
+    and v_task.attempts_count < o.max_attempts;
+  if not found or p_item.error_type is not distinct from 'OutputContractViolation' then
+    return null;  -- exhausted: when_exhausted is applied by the batch path
+  end if;
+  perform set_config('flowlane.attempt_details', jsonb_build_object(
+    format('%s/%s/%s', v_task.run_id, v_task.step_slug, v_task.task_index),
+    jsonb_build_object('type', p_item.error_type, 'traceback', p_item.traceback))::text, true);
+  update flowlane.step_tasks t
+     set status = 'queued', started_at = null, error_message = p_item.error_message
+   where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index
+  returning t.* into v_task;
+  perform set_config('flowlane.attempt_details', '', true);
+  if v_task.message_id is not null then
+    perform pgmq.set_vt(flowlane._task_queue(v_task), v_task.message_id,
+                        flowlane.calculate_retry_delay(v_base_delay, v_task.attempts_count));
+  end if;
+  return v_task;
 end;
 $$;
 

@@ -8,8 +8,9 @@ select queue_name, depth, oldest_age_seconds, live_workers, disabled_deployments
 from flowlane.queue_metrics(%(stale_after)s)
 
 -- name: observability_listen_runs
--- the engine notifies each run that ends, with its id as the payload
-listen flowlane_run_finished
+-- the engine notifies each run that ends, with its id as the payload (to sessions that listen
+-- through listen_run_finished)
+select flowlane.listen_run_finished()
 
 -- name: observability_run_durations
 -- the runs of one batch of notifications that ended, by their key

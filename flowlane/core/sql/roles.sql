@@ -27,7 +27,8 @@ declare
     'get_run_attempts', 'get_run_waits', 'get_run_family', 'stuck_runs', 'json_limits', 'json_depth_exceeds',
     'calculate_retry_delay', 'is_valid_slug', 'is_valid_queue_name',
     'is_valid_deployment_name', 'resolve_flow', 'prunable_runs', 'queue_metrics',
-    'trace_parents', 'queue_depth', 'run_deadline', 'contract_keywords', 'contract_violation'];
+    'trace_parents', 'queue_depth', 'run_deadline', 'contract_keywords', 'contract_violation',
+    'listen_run_finished', 'unlisten_run_finished'];  -- Client.wait, run durations
   v_admin constant text[] := array[
     'create_flow', 'add_step', 'ensure_flow_shape', 'ensure_flow_compiled', 'set_alias', 'set_contract',
     'delete_flow_and_data', 'adopt_queue', 'begin_rollout', 'finish_rollout',

@@ -62,14 +62,20 @@ select msg_id
 from pgmq.read_with_poll(%(queue_name)s, %(vt)s, %(qty)s, %(max_poll_seconds)s, %(poll_interval_ms)s)
 
 -- name: worker_start_tasks
+-- a claim commits without waiting for its WAL flush (this transaction only): lost in a crash,
+-- its tasks are simply claimable again, and the result's commit, which does wait, makes the
+-- claim durable first (WAL is flushed in order)
 select c.outcome, c.flow_slug, c.step_slug, c.queue_name, c.run_id, c.task_index, c.input, c.flow_input,
        c.attempt, c.msg_id, case when c.outcome = 'claimed' then flowlane.run_deadline(c.run_id) end as deadline_at
 from flowlane.start_tasks(%(queue_name)s, %(msg_ids)s::bigint[], %(worker_id)s::uuid, %(pairs)s::jsonb) c
+where (select set_config('synchronous_commit', 'off', true)) = 'off'
 
 -- name: worker_claim_tasks
+-- (a claim commits without waiting for its WAL flush: see worker_start_tasks)
 select c.outcome, c.flow_slug, c.step_slug, c.queue_name, c.run_id, c.task_index, c.input, c.flow_input,
        c.attempt, c.msg_id, case when c.outcome = 'claimed' then flowlane.run_deadline(c.run_id) end as deadline_at
 from flowlane.claim_tasks(%(queue_name)s, %(qty)s, %(worker_id)s::uuid, %(pairs)s::jsonb) c
+where (select set_config('synchronous_commit', 'off', true)) = 'off'
 
 -- name: worker_complete_tasks
 select run_id, step_slug, task_index, status, attempts_count, last_worker_id, error_message
@@ -142,11 +148,12 @@ select coalesce(
              union select a.alias from flowlane.aliases a order by 1) as known
 
 -- name: client_listen_finished
--- notified by the SQL Core (0007) with the run id when a run ends
-listen flowlane_run_finished
+-- notified by the SQL Core (0007) with the run id when a run ends, while a session listens
+-- this way (0024)
+select flowlane.listen_run_finished()
 
 -- name: client_unlisten_finished
-unlisten flowlane_run_finished
+select flowlane.unlisten_run_finished()
 
 -- name: client_cancel_run
 select * from flowlane.cancel_run(%(run_id)s::uuid, %(reason)s)
