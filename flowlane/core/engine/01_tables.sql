@@ -500,6 +500,7 @@ create table flowlane.queue_limits (
   tokens double precision default 0 not null,
   refilled_at timestamptz default now() not null,
   updated_at timestamptz default now() not null,
+  last_grant int default 0 not null,
   constraint queue_limits_pkey primary key (queue_name),
   constraint queue_limits_concurrency_positive check ((concurrency is null) or (concurrency >= 1)),
   constraint queue_limits_rate_positive check ((rate_limit is null) or ((rate_limit >= 1) and (rate_per >= 1))),

@@ -63,14 +63,10 @@ begin
   select coalesce(max(o.claim_visibility), 0) into v_lease
   from flowlane._pairs(supported_pairs) p
   join flowlane.step_options o on o.flow_slug = p.flow_slug and o.step_slug = p.step_slug;
-  if exists (select 1 from flowlane.queues q
-             where q.queue_name = claim_tasks.queue_name
-               and (q.prioritized or exists (select 1 from flowlane.queue_limits l where l.queue_name = q.queue_name))) then
-    v_gate := flowlane._open_queue_gate(claim_tasks.queue_name, qty);
-    if (v_gate.refusal).outcome is not null then
-      return next v_gate.refusal;
-      return;
-    end if;
+  v_gate := flowlane._open_queue_gate(claim_tasks.queue_name, qty);
+  if (v_gate.refusal).outcome is not null then
+    return next v_gate.refusal;
+    return;
   end if;
   if coalesce(v_gate.prioritized, false) then
     select coalesce(array_agg(m.msg_id) filter (where m.enqueued_at <= now()), '{}'),
@@ -81,7 +77,7 @@ begin
     select coalesce(array_agg(m.msg_id) filter (where m.enqueued_at <= now()), '{}'),
            coalesce(array_agg(m.msg_id) filter (where m.enqueued_at > now()), '{}')
       into v_ids, v_later
-    from pgmq.read(claim_tasks.queue_name, v_lease, coalesce(v_gate.allowed, qty)) m;
+    from pgmq.read(claim_tasks.queue_name, v_lease, v_gate.allowed) m;
   end if;
   if cardinality(v_later) > 0 then
     -- enqueued by a transaction that committed after this one began (the read takes a
@@ -93,7 +89,7 @@ begin
     perform flowlane._close_queue_gate(v_gate, 0);
     return;
   end if;
-  if not coalesce(v_gate.limited, false) then
+  if not v_gate.limited then
     return query select * from flowlane._claim_batch(claim_tasks.queue_name, v_ids, claim_tasks.worker_id,
                                                      supported_pairs, v_lease, null);
     return;

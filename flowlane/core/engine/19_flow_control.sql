@@ -94,6 +94,12 @@ begin
   end if;
   select f.opt_concurrency_limit into v_limit from flowlane.flows f where f.flow_slug = p_flow;
   perform flowlane._lock_slots('run:' || p_flow, p_keys);
+  -- (under the locks: every run held for these keys before is committed and seen here)
+  if not exists (select 1 from flowlane.runs r
+                 where r.flow_slug = p_flow and r.concurrency_key = any (p_keys) and r.status = 'waiting'
+                   and r.hold_seq is not null) then
+    return '{}';
+  end if;
   with free as (
     select k.key, case when v_limit is null then 2147483647 else greatest(0, v_limit - (
              select count(*) from flowlane.runs r
@@ -492,44 +498,49 @@ $$;
 -- == queue limits ==============================================================================
 
 -- a claim's view of its queue's limits: how many messages it may read, the time its starts
--- are recorded at (a rate-limited queue: the bucket's clock), the row to return instead of
--- reading (the limits allow nothing now), and whether to read in priority order
+-- are recorded at (a rate-limited queue: the bucket's clock), the tokens it took, the row to
+-- return instead of reading (the limits allow nothing now), and whether to read in priority
+-- order
 create type flowlane._queue_gate as (
   queue_name text,
   allowed int,
   started_at timestamptz,
-  tokens double precision,
+  reserved int,
   refusal flowlane.claim_record,
   prioritized boolean,
   limited boolean
 );
 
--- lock the queue's limits (claims on a limited queue take turns: exact under any number of
--- claimers) and say how many tasks may start
+-- say how many tasks may start. Claims on a queue with a concurrency limit take turns (its
+-- limits row locked, then its started tasks counted: exact under any number of claimers); a
+-- rate limit's tokens are taken up front, in the one statement that locks the row (the
+-- claim gives back what it did not start, _close_queue_gate)
 create function flowlane._open_queue_gate(p_queue text, p_qty int) returns flowlane._queue_gate
 language plpgsql volatile
 set search_path = ''
 as $$
 declare
-  v_limits flowlane.queue_limits;
   v_gate flowlane._queue_gate;
+  v_limits flowlane.queue_limits;
   v_started int;
+  v_now timestamptz;
 begin
   v_gate.queue_name := p_queue;
   v_gate.allowed := p_qty;
-  v_gate.limited := false;
-  select q.prioritized into v_gate.prioritized from flowlane.queues q where q.queue_name = p_queue;
+  select coalesce(q.prioritized, false), l.queue_name is not null, l.concurrency, l.rate_limit
+    into v_gate.prioritized, v_gate.limited, v_limits.concurrency, v_limits.rate_limit
+  from flowlane.queues q left join flowlane.queue_limits l on l.queue_name = q.queue_name
+  where q.queue_name = p_queue;
   v_gate.prioritized := coalesce(v_gate.prioritized, false);
-  select * into v_limits from flowlane.queue_limits l where l.queue_name = p_queue for update;
-  if not found then
+  v_gate.limited := coalesce(v_gate.limited, false);
+  if not v_gate.limited then
     return v_gate;
   end if;
-  v_gate.limited := true;
   if v_limits.concurrency is not null then
+    select * into v_limits from flowlane.queue_limits l where l.queue_name = p_queue for update;
     select count(*) into v_started from flowlane.task_leases t where t.queue_name = p_queue;
     v_gate.allowed := least(v_gate.allowed, v_limits.concurrency - v_started);
     if v_gate.allowed < 1 then
-      v_gate.limited := false;  -- nothing to write back
       v_gate.refusal := row('at_capacity', null, null, p_queue, null, null,
                             jsonb_build_object('started', v_started, 'concurrency', v_limits.concurrency),
                             null, null, null)::flowlane.claim_record;
@@ -537,30 +548,39 @@ begin
     end if;
   end if;
   if v_limits.rate_limit is not null then
-    v_gate.started_at := greatest(clock_timestamp(), v_limits.refilled_at);
-    v_gate.tokens := flowlane._bucket_tokens(v_limits, v_gate.started_at);
-    if v_gate.tokens < 1 then
+    -- (the clock read before the row's lock: a claim that waited records its starts at the
+    -- bucket's time, never earlier than the claim before it)
+    v_now := clock_timestamp();
+    update flowlane.queue_limits l
+       set refilled_at = greatest(v_now, l.refilled_at),
+           last_grant = greatest(0, least(v_gate.allowed,
+                          floor(flowlane._bucket_tokens(l, greatest(v_now, l.refilled_at)))))::int,
+           tokens = flowlane._bucket_tokens(l, greatest(v_now, l.refilled_at))
+                    - greatest(0, least(v_gate.allowed, floor(flowlane._bucket_tokens(l, greatest(v_now, l.refilled_at)))))
+     where l.queue_name = p_queue
+    returning * into v_limits;
+    v_gate.started_at := v_limits.refilled_at;
+    v_gate.reserved := v_limits.last_grant;
+    v_gate.allowed := v_limits.last_grant;
+    if v_gate.allowed < 1 then
       v_gate.refusal := row('rate_limited', null, null, p_queue, null, null,
                             jsonb_build_object('wait_ms',
-                              ceil(1000 * flowlane._next_start_in(v_limits, v_gate.started_at))::int),
+                              ceil(1000 * flowlane._next_start_in(v_limits, v_limits.refilled_at))::int),
                             null, null, null)::flowlane.claim_record;
-      perform flowlane._close_queue_gate(v_gate, 0);
-      return v_gate;
     end if;
-    v_gate.allowed := least(v_gate.allowed, floor(v_gate.tokens)::int);
   end if;
   return v_gate;
 end;
 $$;
 
--- the claim is over: a rate-limited queue's bucket keeps what the claim started
+-- the claim is over: the tokens it took and did not use go back to the bucket
 create function flowlane._close_queue_gate(p_gate flowlane._queue_gate, p_started int) returns void
 language plpgsql volatile
 set search_path = ''
 as $$
 begin
-  if p_gate.limited and p_gate.tokens is not null then
-    update flowlane.queue_limits l set tokens = p_gate.tokens - p_started, refilled_at = p_gate.started_at
+  if p_gate.reserved > p_started then
+    update flowlane.queue_limits l set tokens = least(l.rate_limit, l.tokens + (p_gate.reserved - p_started))
      where l.queue_name = p_gate.queue_name;
   end if;
 end;

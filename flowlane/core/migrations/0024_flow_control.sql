@@ -92,6 +92,7 @@ create table flowlane.queue_limits (
   tokens double precision default 0 not null,
   refilled_at timestamptz default now() not null,
   updated_at timestamptz default now() not null,
+  last_grant int default 0 not null,
   constraint queue_limits_pkey primary key (queue_name),
   constraint queue_limits_concurrency_positive check ((concurrency is null) or (concurrency >= 1)),
   constraint queue_limits_rate_positive check ((rate_limit is null) or ((rate_limit >= 1) and (rate_per >= 1))),
@@ -104,7 +105,7 @@ create type flowlane._queue_gate as (
   queue_name text,
   allowed int,
   started_at timestamptz,
-  tokens double precision,
+  reserved int,
   refusal flowlane.claim_record,
   prioritized boolean,
   limited boolean
@@ -612,14 +613,10 @@ begin
   select coalesce(max(o.claim_visibility), 0) into v_lease
   from flowlane._pairs(supported_pairs) p
   join flowlane.step_options o on o.flow_slug = p.flow_slug and o.step_slug = p.step_slug;
-  if exists (select 1 from flowlane.queues q
-             where q.queue_name = claim_tasks.queue_name
-               and (q.prioritized or exists (select 1 from flowlane.queue_limits l where l.queue_name = q.queue_name))) then
-    v_gate := flowlane._open_queue_gate(claim_tasks.queue_name, qty);
-    if (v_gate.refusal).outcome is not null then
-      return next v_gate.refusal;
-      return;
-    end if;
+  v_gate := flowlane._open_queue_gate(claim_tasks.queue_name, qty);
+  if (v_gate.refusal).outcome is not null then
+    return next v_gate.refusal;
+    return;
   end if;
   if coalesce(v_gate.prioritized, false) then
     select coalesce(array_agg(m.msg_id) filter (where m.enqueued_at <= now()), '{}'),
@@ -630,7 +627,7 @@ begin
     select coalesce(array_agg(m.msg_id) filter (where m.enqueued_at <= now()), '{}'),
            coalesce(array_agg(m.msg_id) filter (where m.enqueued_at > now()), '{}')
       into v_ids, v_later
-    from pgmq.read(claim_tasks.queue_name, v_lease, coalesce(v_gate.allowed, qty)) m;
+    from pgmq.read(claim_tasks.queue_name, v_lease, v_gate.allowed) m;
   end if;
   if cardinality(v_later) > 0 then
     -- enqueued by a transaction that committed after this one began (the read takes a
@@ -642,7 +639,7 @@ begin
     perform flowlane._close_queue_gate(v_gate, 0);
     return;
   end if;
-  if not coalesce(v_gate.limited, false) then
+  if not v_gate.limited then
     return query select * from flowlane._claim_batch(claim_tasks.queue_name, v_ids, claim_tasks.worker_id,
                                                      supported_pairs, v_lease, null);
     return;
@@ -880,6 +877,52 @@ begin
 end;
 $$;
 
+-- runs that are started but have no task that can move them: every started
+-- run needs a queued task (visible, delayed or retry-delayed), a started
+-- (leased) task whose message is still on its queue, or a held task
+create or replace function flowlane.stuck_runs()
+returns table (run_id uuid, flow_slug text, started_at timestamptz, reason text)
+language plpgsql stable
+set search_path = ''
+as $$
+declare
+  v_queue record;
+  v_ids bigint[];
+  v_live_queues text[] := '{}';
+  v_live_ids bigint[] := '{}';
+begin
+  for v_queue in
+    select t.queue_name, array_agg(t.message_id) as ids
+    from flowlane.step_tasks t join flowlane.runs r on r.run_id = t.run_id
+    where r.status = 'started' and t.status in ('queued', 'started')
+    group by t.queue_name order by t.queue_name
+  loop
+    execute format('select coalesce(array_agg(m.msg_id), ''{}'') from pgmq.%I m where m.msg_id = any($1)',
+                   pgmq.format_table_name(v_queue.queue_name, 'q'))
+      into v_ids using v_queue.ids;
+    v_live_queues := v_live_queues || array_fill(v_queue.queue_name, array[cardinality(v_ids)]);
+    v_live_ids := v_live_ids || v_ids;
+  end loop;
+  return query
+    select r.run_id, r.flow_slug, r.started_at,
+           case when exists (select 1 from flowlane.step_tasks t
+                             where t.run_id = r.run_id and t.status in ('queued', 'started'))
+                then 'its queued and started tasks have no message on their queue'
+                else 'no queued or started task' end
+    from flowlane.runs r
+    where r.status = 'started'
+      and not flowlane._waits_outside_queues(r.run_id)
+      -- a task held for its step's concurrency is sent when a task of its key ends
+      and not exists (select 1 from flowlane.held_tasks h where h.run_id = r.run_id)
+      and not exists (
+        select 1 from flowlane.step_tasks t
+        join unnest(v_live_queues, v_live_ids) as l(queue_name, msg_id)
+          on l.queue_name = t.queue_name and l.msg_id = t.message_id
+        where t.run_id = r.run_id and t.status in ('queued', 'started'))
+    order by r.started_at, r.run_id;
+end;
+$$;
+
 -- resume a failed run: failed steps (and steps the failure ended after they
 -- started) start over with a fresh attempt budget; completed
 -- steps and completed map tasks keep their outputs. A failed step that never
@@ -1087,6 +1130,12 @@ begin
   end if;
   select f.opt_concurrency_limit into v_limit from flowlane.flows f where f.flow_slug = p_flow;
   perform flowlane._lock_slots('run:' || p_flow, p_keys);
+  -- (under the locks: every run held for these keys before is committed and seen here)
+  if not exists (select 1 from flowlane.runs r
+                 where r.flow_slug = p_flow and r.concurrency_key = any (p_keys) and r.status = 'waiting'
+                   and r.hold_seq is not null) then
+    return '{}';
+  end if;
   with free as (
     select k.key, case when v_limit is null then 2147483647 else greatest(0, v_limit - (
              select count(*) from flowlane.runs r
@@ -1468,32 +1517,36 @@ begin
 end;
 $$;
 
--- lock the queue's limits (claims on a limited queue take turns: exact under any number of
--- claimers) and say how many tasks may start
+-- say how many tasks may start. Claims on a queue with a concurrency limit take turns (its
+-- limits row locked, then its started tasks counted: exact under any number of claimers); a
+-- rate limit's tokens are taken up front, in the one statement that locks the row (the
+-- claim gives back what it did not start, _close_queue_gate)
 create or replace function flowlane._open_queue_gate(p_queue text, p_qty int) returns flowlane._queue_gate
 language plpgsql volatile
 set search_path = ''
 as $$
 declare
-  v_limits flowlane.queue_limits;
   v_gate flowlane._queue_gate;
+  v_limits flowlane.queue_limits;
   v_started int;
+  v_now timestamptz;
 begin
   v_gate.queue_name := p_queue;
   v_gate.allowed := p_qty;
-  v_gate.limited := false;
-  select q.prioritized into v_gate.prioritized from flowlane.queues q where q.queue_name = p_queue;
+  select coalesce(q.prioritized, false), l.queue_name is not null, l.concurrency, l.rate_limit
+    into v_gate.prioritized, v_gate.limited, v_limits.concurrency, v_limits.rate_limit
+  from flowlane.queues q left join flowlane.queue_limits l on l.queue_name = q.queue_name
+  where q.queue_name = p_queue;
   v_gate.prioritized := coalesce(v_gate.prioritized, false);
-  select * into v_limits from flowlane.queue_limits l where l.queue_name = p_queue for update;
-  if not found then
+  v_gate.limited := coalesce(v_gate.limited, false);
+  if not v_gate.limited then
     return v_gate;
   end if;
-  v_gate.limited := true;
   if v_limits.concurrency is not null then
+    select * into v_limits from flowlane.queue_limits l where l.queue_name = p_queue for update;
     select count(*) into v_started from flowlane.task_leases t where t.queue_name = p_queue;
     v_gate.allowed := least(v_gate.allowed, v_limits.concurrency - v_started);
     if v_gate.allowed < 1 then
-      v_gate.limited := false;  -- nothing to write back
       v_gate.refusal := row('at_capacity', null, null, p_queue, null, null,
                             jsonb_build_object('started', v_started, 'concurrency', v_limits.concurrency),
                             null, null, null)::flowlane.claim_record;
@@ -1501,30 +1554,39 @@ begin
     end if;
   end if;
   if v_limits.rate_limit is not null then
-    v_gate.started_at := greatest(clock_timestamp(), v_limits.refilled_at);
-    v_gate.tokens := flowlane._bucket_tokens(v_limits, v_gate.started_at);
-    if v_gate.tokens < 1 then
+    -- (the clock read before the row's lock: a claim that waited records its starts at the
+    -- bucket's time, never earlier than the claim before it)
+    v_now := clock_timestamp();
+    update flowlane.queue_limits l
+       set refilled_at = greatest(v_now, l.refilled_at),
+           last_grant = greatest(0, least(v_gate.allowed,
+                          floor(flowlane._bucket_tokens(l, greatest(v_now, l.refilled_at)))))::int,
+           tokens = flowlane._bucket_tokens(l, greatest(v_now, l.refilled_at))
+                    - greatest(0, least(v_gate.allowed, floor(flowlane._bucket_tokens(l, greatest(v_now, l.refilled_at)))))
+     where l.queue_name = p_queue
+    returning * into v_limits;
+    v_gate.started_at := v_limits.refilled_at;
+    v_gate.reserved := v_limits.last_grant;
+    v_gate.allowed := v_limits.last_grant;
+    if v_gate.allowed < 1 then
       v_gate.refusal := row('rate_limited', null, null, p_queue, null, null,
                             jsonb_build_object('wait_ms',
-                              ceil(1000 * flowlane._next_start_in(v_limits, v_gate.started_at))::int),
+                              ceil(1000 * flowlane._next_start_in(v_limits, v_limits.refilled_at))::int),
                             null, null, null)::flowlane.claim_record;
-      perform flowlane._close_queue_gate(v_gate, 0);
-      return v_gate;
     end if;
-    v_gate.allowed := least(v_gate.allowed, floor(v_gate.tokens)::int);
   end if;
   return v_gate;
 end;
 $$;
 
--- the claim is over: a rate-limited queue's bucket keeps what the claim started
+-- the claim is over: the tokens it took and did not use go back to the bucket
 create or replace function flowlane._close_queue_gate(p_gate flowlane._queue_gate, p_started int) returns void
 language plpgsql volatile
 set search_path = ''
 as $$
 begin
-  if p_gate.limited and p_gate.tokens is not null then
-    update flowlane.queue_limits l set tokens = p_gate.tokens - p_started, refilled_at = p_gate.started_at
+  if p_gate.reserved > p_started then
+    update flowlane.queue_limits l set tokens = least(l.rate_limit, l.tokens + (p_gate.reserved - p_started))
      where l.queue_name = p_gate.queue_name;
   end if;
 end;
@@ -1730,49 +1792,6 @@ begin
     v_n := v_n + flowlane._release_held_tasks(v_group.flow_slug, v_group.step_slug, v_group.keys);
   end loop;
   return v_n;
-end;
-$$;
-
-create or replace function flowlane.stuck_runs()
-returns table (run_id uuid, flow_slug text, started_at timestamptz, reason text)
-language plpgsql stable
-set search_path = ''
-as $$
-declare
-  v_queue record;
-  v_ids bigint[];
-  v_live_queues text[] := '{}';
-  v_live_ids bigint[] := '{}';
-begin
-  for v_queue in
-    select t.queue_name, array_agg(t.message_id) as ids
-    from flowlane.step_tasks t join flowlane.runs r on r.run_id = t.run_id
-    where r.status = 'started' and t.status in ('queued', 'started')
-    group by t.queue_name order by t.queue_name
-  loop
-    execute format('select coalesce(array_agg(m.msg_id), ''{}'') from pgmq.%I m where m.msg_id = any($1)',
-                   pgmq.format_table_name(v_queue.queue_name, 'q'))
-      into v_ids using v_queue.ids;
-    v_live_queues := v_live_queues || array_fill(v_queue.queue_name, array[cardinality(v_ids)]);
-    v_live_ids := v_live_ids || v_ids;
-  end loop;
-  return query
-    select r.run_id, r.flow_slug, r.started_at,
-           case when exists (select 1 from flowlane.step_tasks t
-                             where t.run_id = r.run_id and t.status in ('queued', 'started'))
-                then 'its queued and started tasks have no message on their queue'
-                else 'no queued or started task' end
-    from flowlane.runs r
-    where r.status = 'started'
-      and not flowlane._waits_outside_queues(r.run_id)
-      -- a task held for its step's concurrency is sent when a task of its key ends
-      and not exists (select 1 from flowlane.held_tasks h where h.run_id = r.run_id)
-      and not exists (
-        select 1 from flowlane.step_tasks t
-        join unnest(v_live_queues, v_live_ids) as l(queue_name, msg_id)
-          on l.queue_name = t.queue_name and l.msg_id = t.message_id
-        where t.run_id = r.run_id and t.status in ('queued', 'started'))
-    order by r.started_at, r.run_id;
 end;
 $$;
 
