@@ -1253,45 +1253,53 @@ set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
-  v_items record;
+  v_group record;
   v_send jsonb[];
 begin
-  create temporary table if not exists _flowlane_gate (
-    ord int, body jsonb, flow_slug text, step_slug text, run_id uuid, task_index int,
-    lim int, key text, send boolean) on commit drop;
-  truncate _flowlane_gate;
-  insert into _flowlane_gate
-  select b.ord, b.body, s.flow_slug, s.step_slug, (b.body ->> 'run_id')::uuid, (b.body ->> 'task_index')::int,
-         s.opt_concurrency_limit,
-         case when s.opt_concurrency_limit is not null
-              then flowlane._concurrency_key(s.opt_concurrency_key, r.input) end,
-         s.opt_concurrency_limit is null
-  from unnest(p_bodies) with ordinality b (body, ord)
-  join flowlane.steps s on s.flow_slug = b.body ->> 'flow_slug' and s.step_slug = b.body ->> 'step_slug'
-  join flowlane.runs r on r.run_id = (b.body ->> 'run_id')::uuid;
-  for v_items in
-    select g.flow_slug, g.step_slug, array_agg(distinct g.key) as keys
-    from _flowlane_gate g where not g.send group by 1, 2 order by 1, 2
+  for v_group in
+    select s.flow_slug, s.step_slug,
+           array_agg(distinct flowlane._concurrency_key(s.opt_concurrency_key, r.input)) as keys
+    from unnest(p_bodies) b
+    join flowlane.steps s on s.flow_slug = b ->> 'flow_slug' and s.step_slug = b ->> 'step_slug'
+    join flowlane.runs r on r.run_id = (b ->> 'run_id')::uuid
+    where s.opt_concurrency_limit is not null
+    group by 1, 2 order by 1, 2
   loop
-    perform flowlane._lock_slots('step:' || v_items.flow_slug || '/' || v_items.step_slug, v_items.keys);
+    perform flowlane._lock_slots('step:' || v_group.flow_slug || '/' || v_group.step_slug, v_group.keys);
   end loop;
-  update _flowlane_gate g set send = true
-    from (select x.ord, row_number() over (partition by x.flow_slug, x.step_slug, x.key order by x.ord) as rank,
-                 x.lim - (select count(*) from flowlane.step_slots s
-                          where s.flow_slug = x.flow_slug and s.step_slug = x.step_slug
-                            and s.concurrency_key = x.key) as free,
-                 exists (select 1 from flowlane.held_tasks h
-                         where h.flow_slug = x.flow_slug and h.step_slug = x.step_slug
-                           and h.concurrency_key = x.key) as queue_ahead
-          from _flowlane_gate x where not x.send) f
-   where g.ord = f.ord and not f.queue_ahead and f.rank <= f.free;
-  insert into flowlane.step_slots (run_id, step_slug, task_index, flow_slug, concurrency_key)
-  select g.run_id, g.step_slug, g.task_index, g.flow_slug, g.key from _flowlane_gate g
-  where g.send and g.key is not null order by 1, 2, 3;
-  insert into flowlane.held_tasks (run_id, step_slug, task_index, flow_slug, concurrency_key)
-  select g.run_id, g.step_slug, g.task_index, g.flow_slug, g.key from _flowlane_gate g
-  where not g.send order by g.ord;
-  select coalesce(array_agg(g.body order by g.ord), '{}') into v_send from _flowlane_gate g where g.send;
+  -- (under the locks: the slots and held tasks of these keys are what earlier holders committed)
+  with items as (
+    select b.ord, b.body, s.flow_slug, s.step_slug, (b.body ->> 'run_id')::uuid as run_id,
+           (b.body ->> 'task_index')::int as task_index, s.opt_concurrency_limit as lim,
+           case when s.opt_concurrency_limit is not null
+                then flowlane._concurrency_key(s.opt_concurrency_key, r.input) end as key
+    from unnest(p_bodies) with ordinality b (body, ord)
+    join flowlane.steps s on s.flow_slug = b.body ->> 'flow_slug' and s.step_slug = b.body ->> 'step_slug'
+    join flowlane.runs r on r.run_id = (b.body ->> 'run_id')::uuid
+  ), ranked as (
+    select i.*,
+           i.lim is null or (
+             not exists (select 1 from flowlane.held_tasks h
+                         where h.flow_slug = i.flow_slug and h.step_slug = i.step_slug and h.concurrency_key = i.key)
+             and row_number() over (partition by i.flow_slug, i.step_slug, i.key order by i.ord)
+                 <= i.lim - (select count(*) from flowlane.step_slots x
+                             where x.flow_slug = i.flow_slug and x.step_slug = i.step_slug
+                               and x.concurrency_key = i.key)) as send
+    from items i
+  ), slots as (
+    insert into flowlane.step_slots (run_id, step_slug, task_index, flow_slug, concurrency_key)
+    select k.run_id, k.step_slug, k.task_index, k.flow_slug, k.key from ranked k
+    where k.send and k.key is not null order by 1, 2, 3
+    returning 1
+  ), held as (
+    insert into flowlane.held_tasks (run_id, step_slug, task_index, flow_slug, concurrency_key)
+    select k.run_id, k.step_slug, k.task_index, k.flow_slug, k.key from ranked k
+    where not k.send order by k.ord
+    returning 1
+  )
+  select coalesce(array_agg(k.body order by k.ord) filter (where k.send), '{}') into v_send
+  from ranked k
+  where (select count(*) from slots) + (select count(*) from held) >= 0;  -- (both inserts run)
   return v_send;
 end;
 $$;
@@ -1380,14 +1388,12 @@ language plpgsql volatile
 set search_path = ''
 as $$
 declare
+  v_freed record;
   v_group record;
 begin
   if not exists (select 1 from flowlane.step_slots) then
     return null;
   end if;
-  create temporary table if not exists _flowlane_freed (flow_slug text, step_slug text, key text, run_key text)
-    on commit drop;
-  truncate _flowlane_freed;
   with freed as (
     delete from flowlane.step_slots s
      using old_tasks o join new_tasks n
@@ -1396,21 +1402,24 @@ begin
        and s.run_id = o.run_id and s.step_slug = o.step_slug and s.task_index = o.task_index
     returning s.*
   )
-  insert into _flowlane_freed
-  select f.flow_slug, f.step_slug, f.concurrency_key, r.concurrency_key
+  select coalesce(array_agg(f.flow_slug), '{}') as flows, coalesce(array_agg(f.step_slug), '{}') as steps,
+         coalesce(array_agg(f.concurrency_key), '{}') as keys, coalesce(array_agg(r.concurrency_key), '{}') as run_keys
+    into v_freed
   from freed f join flowlane.runs r on r.run_id = f.run_id;
   -- run keys first (the lock order): this transaction may end the runs too
   for v_group in
-    select f.flow_slug, array_agg(distinct f.run_key) as keys from _flowlane_freed f
+    select f.flow, array_agg(distinct f.run_key) as keys
+    from unnest(v_freed.flows, v_freed.run_keys) f (flow, run_key)
     where f.run_key is not null group by 1 order by 1
   loop
-    perform flowlane._lock_slots('run:' || v_group.flow_slug, v_group.keys);
+    perform flowlane._lock_slots('run:' || v_group.flow, v_group.keys);
   end loop;
   for v_group in
-    select f.flow_slug, f.step_slug, array_agg(distinct f.key) as keys from _flowlane_freed f
+    select f.flow, f.step, array_agg(distinct f.key) as keys
+    from unnest(v_freed.flows, v_freed.steps, v_freed.keys) f (flow, step, key)
     group by 1, 2 order by 1, 2
   loop
-    perform flowlane._release_held_tasks(v_group.flow_slug, v_group.step_slug, v_group.keys);
+    perform flowlane._release_held_tasks(v_group.flow, v_group.step, v_group.keys);
   end loop;
   return null;
 end;
