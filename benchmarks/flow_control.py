@@ -31,7 +31,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.worker_throughput import (  # noqa: E402
+from benchmarks.worker_throughput import (
     REPO,
     ServerCpu,
     Workers,
@@ -44,13 +44,15 @@ from benchmarks.worker_throughput import (  # noqa: E402
 
 CELLS = {
     "plain": (),
-    "keyed": ("select flowlane.create_flow('bench_noop', timeout => 30, base_delay => 0, "
-              "concurrency_limit => 1, concurrency_key => '/i')",),
+    "keyed": (("select flowlane.create_flow('bench_noop', timeout => 30, "
+               "base_delay => 0, concurrency_limit => 1, concurrency_key => '/i')"),),
     "rate limited": ("select flowlane.set_queue_limits('bench_noop', null, 1000000, 1)",),
 }
 
 
-def drain(admin: str, template: str, n: int, setup: tuple[str, ...], cpu: ServerCpu) -> tuple[float, float | None]:
+def drain(
+    admin: str, template: str, n: int, setup: tuple[str, ...], cpu: ServerCpu
+) -> tuple[float, float | None]:
     """(tasks/s, server CPU ms per task) of one worker draining n runs committed at once."""
     with fresh_database(admin, template) as dsn:
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -66,8 +68,9 @@ def drain(admin: str, template: str, n: int, setup: tuple[str, ...], cpu: Server
                 wait_drained(conn)
                 cpu1 = cpu.seconds()
                 row: Any = conn.execute(
-                    b"select extract(epoch from max(completed_at) - %s), count(*) filter (where status = 'completed') "
-                    b"from flowlane.runs", (mark[0],)).fetchone()
+                    b"select extract(epoch from max(completed_at) - %s), "
+                    b"count(*) filter (where status = 'completed') from flowlane.runs",
+                    (mark[0],)).fetchone()
                 assert row[1] == n, f"{row[1]} of {n} runs completed"
         finally:
             pool.stop()

@@ -71,7 +71,8 @@ class FlowControlMachine(RuleBasedStateMachine):
     def define(self, run_limit: int, step_limit: int, queue_limit: int) -> None:
         self.engine.create_flow(self.flow, concurrency_limit=run_limit, concurrency_key="/0", base_delay=0,
                                 max_attempts=2)
-        self.engine.add_step(self.flow, "m", step_type="map", concurrency_limit=step_limit, concurrency_key="/0")
+        self.engine.add_step(self.flow, "m", step_type="map", concurrency_limit=step_limit,
+                             concurrency_key="/0")
         self.engine.add_step(self.flow, "b", ["m"])
         self.engine.scalar("select flowlane.set_queue_limits(%s, %s, null, null)", (self.flow, queue_limit))
         self.pairs = Jsonb([[self.flow, "m"], [self.flow, "b"]])
@@ -104,7 +105,8 @@ class FlowControlMachine(RuleBasedStateMachine):
     @rule(key=st.integers(0, KEYS - 1), n=st.integers(1, 3))
     def start(self, key: int, n: int) -> None:
         inputs = [Jsonb([str(key), str(key)]) for _ in range(n)]
-        rows = self.engine.rows("select run_id from flowlane.start_flows(%s, %s::jsonb[])", (self.flow, inputs))
+        rows = self.engine.rows("select run_id from flowlane.start_flows(%s, %s::jsonb[])",
+                                (self.flow, inputs))
         self.runs += [r["run_id"] for r in rows]
 
     @rule(qtys=st.lists(st.integers(1, 4), min_size=CLAIMERS, max_size=CLAIMERS))
@@ -117,7 +119,7 @@ class FlowControlMachine(RuleBasedStateMachine):
             try:
                 barrier.wait(timeout=30)
                 found[i] = _claim(self.claimers[i], self.flow, qtys[i], self.workers[i], self.pairs)
-            except BaseException as exc:  # noqa: BLE001 - reported below
+            except BaseException as exc:
                 errors.append(exc)
 
         threads = [threading.Thread(target=claimer, args=(i,)) for i in range(CLAIMERS)]
@@ -186,20 +188,24 @@ class FlowControlMachine(RuleBasedStateMachine):
             "select ss.run_id, ss.step_slug from flowlane.step_states ss "
             "join flowlane.runs r on r.run_id = ss.run_id and r.status = 'started' "
             "where ss.flow_slug = %s and ss.status = 'started' and ss.initial_tasks <> "
-            "  (select count(*) from flowlane.step_tasks t where t.run_id = ss.run_id and t.step_slug = ss.step_slug)"
-            "  + (select count(*) from flowlane.held_tasks h where h.run_id = ss.run_id and h.step_slug = ss.step_slug)",
+            "  (select count(*) from flowlane.step_tasks t"
+            "   where t.run_id = ss.run_id and t.step_slug = ss.step_slug)"
+            "  + (select count(*) from flowlane.held_tasks h"
+            "     where h.run_id = ss.run_id and h.step_slug = ss.step_slug)",
             (self.flow,))
         assert lost == [], f"tasks neither sent nor held: {lost}"
         # a held task never had a message or an attempt; a held run has no task
         assert self.engine.scalar(
-            "select count(*) from flowlane.held_tasks h join flowlane.step_tasks t using (run_id, step_slug, task_index) "
+            "select count(*) from flowlane.held_tasks h "
+            "join flowlane.step_tasks t using (run_id, step_slug, task_index) "
             "where h.flow_slug = %s", (self.flow,)) == 0
         assert self.engine.scalar(
             "select count(*) from flowlane.runs r join flowlane.step_tasks t on t.run_id = r.run_id "
             "where r.flow_slug = %s and r.status = 'waiting' and r.retry_count = 0", (self.flow,)) == 0
         # the step slots are exactly the sent, unfinished tasks of the limited step
         assert self.engine.scalar(
-            "select count(*) from (select run_id, step_slug, task_index from flowlane.step_slots where flow_slug = %s "
+            "select count(*) from (select run_id, step_slug, task_index from flowlane.step_slots "
+            "  where flow_slug = %s "
             "  except select run_id, step_slug, task_index from flowlane.step_tasks "
             "  where flow_slug = %s and step_slug = 'm' and status in ('queued', 'started')) x",
             (self.flow, self.flow)) == 0
@@ -227,11 +233,13 @@ class FlowControlMachine(RuleBasedStateMachine):
             self.claim_at_once([4] * CLAIMERS)
             self.limits_hold_and_nothing_is_lost()
             if not self.in_hand and self.engine.scalar(
-                "select count(*) from flowlane.runs where flow_slug = %s and status in ('started', 'waiting')",
+                "select count(*) from flowlane.runs where flow_slug = %s "
+                "and status in ('started', 'waiting')",
                 (self.flow,)) == 0:
                 return
         open_runs = self.engine.rows(
-            "select run_id, status from flowlane.runs where flow_slug = %s and status in ('started', 'waiting')",
+            "select run_id, status from flowlane.runs where flow_slug = %s "
+            "and status in ('started', 'waiting')",
             (self.flow,))
         raise AssertionError(f"runs still open after draining: {open_runs}")
 

@@ -1,6 +1,6 @@
 -- Flow control: concurrency limits per key on flows (started runs) and steps (sent tasks),
 -- a queue's concurrency and rate limit across all workers (enforced in claim_tasks), and
--- priorities (claims on a queue take higher priorities first). docs/flow-control.md says
+-- priorities (claims on a queue take higher priorities first). docs/flow-control-internals.md says
 -- what each limit means; this file is how the SQL Core keeps them exactly.
 --
 -- Exactness: every change of the number of started runs (or sent tasks) of a key happens
