@@ -285,3 +285,33 @@ def test_a_big_backlog_of_one_key_does_not_delay_the_other_keys(engine: Engine) 
     begun = engine.rows("select input ->> 'n' as n from flowlane.runs where input ->> 'customer' = 'big' "
                         "and status <> 'waiting' order by started_at, hold_seq")
     assert sorted(int(r["n"]) for r in begun) == list(range(len(begun)))
+
+
+def test_at_capacity_the_end_of_a_started_task_wakes_the_queues_listeners(engine: Engine, dsn: str) -> None:
+    engine.define("f", [("a", [], {})])
+    engine.scalar("select flowlane.set_queue_limits('f', 1, null, null)")
+    engine.start("f", {})
+    engine.start("f", {})
+    [task] = claimed(claim(engine, "f"))
+    [refused] = claim(engine, "f")
+    assert refused["outcome"] == "at_capacity"
+    channel = engine.scalar("select 'pgmq.' || pgmq.format_table_name('f', 'q') || '.INSERT'")
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute(psycopg.sql.SQL("listen {}").format(psycopg.sql.Identifier(channel)))
+        engine.complete(task, 1)  # no new message: the run had one step
+        woken = list(listener.notifies(timeout=10, stop_after=1))
+    assert [n.channel for n in woken] == [channel]
+    assert len(claimed(claim(engine, "f"))) == 1
+
+
+def test_strict_priorities_starve_lower_ones_while_higher_ones_are_visible(engine: Engine) -> None:
+    engine.define("f", [("a", [], {})])
+    low = engine.start("f", {"n": "low"})
+    for n in range(5):  # a permanent higher-priority load: one new urgent run per claim
+        urgent = engine.scalar("select run_id from flowlane.start_flow('f', %s, priority => 1)",
+                               (Jsonb({"n": n}),))
+        [task] = claimed(claim(engine, "f", 1))
+        assert task["run_id"] == urgent
+        engine.complete(task, 1)
+    [task] = claimed(claim(engine, "f", 1))
+    assert task["run_id"] == low
