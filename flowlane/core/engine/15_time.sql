@@ -110,17 +110,19 @@ declare
   v_held uuid[];
 begin
   with due as (
-    select r.run_id from flowlane.runs r
+    select r.run_id, r.start_at from flowlane.runs r
     where r.status = 'waiting' and r.start_at <= p_now and r.hold_seq is null
     order by r.start_at, r.run_id
     for update skip locked
+  ), numbered as (  -- (the sequence is read after the sort: held in the order they became due)
+    select d.run_id, nextval('flowlane.hold_seq') as seq from due d order by d.start_at, d.run_id
   ), begun as (
     update flowlane.runs r
        set status = case when r.concurrency_key is null then 'started' else 'waiting' end,
-           hold_seq = case when r.concurrency_key is null then null else nextval('flowlane.hold_seq') end,
+           hold_seq = case when r.concurrency_key is null then null else n.seq end,
            started_at = now(),
            deadline_at = case when r.concurrency_key is null then flowlane._run_deadline(r.flow_slug, now()) end
-      from (select d.run_id from due d order by d.run_id) due where r.run_id = due.run_id
+      from numbered n where r.run_id = n.run_id
     returning r.run_id, r.status
   ) select coalesce(array_agg(b.run_id order by b.run_id) filter (where b.status = 'started'), '{}'),
            coalesce(array_agg(b.run_id order by b.run_id) filter (where b.status = 'waiting'), '{}')

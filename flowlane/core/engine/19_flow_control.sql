@@ -466,7 +466,8 @@ $$;
 -- == priorities ================================================================================
 
 -- the first message with a priority on a queue switches its claims to the ordered read
--- (_read_by_priority) and gives its PGMQ table the index that read follows
+-- (_read_by_priority) and gives its PGMQ table the index that read follows (built in the
+-- sending transaction, once: it holds the queue's writers until that transaction commits)
 create function flowlane._prioritize_queue(p_queue text) returns void
 language plpgsql volatile
 security definer
@@ -479,8 +480,12 @@ begin
    where q.queue_name = p_queue and not q.prioritized
   returning q.pgmq_queue_name into v_pgmq;
   if v_pgmq is not null then
-    execute format('create index if not exists %I on pgmq.%I ((coalesce((message ->> ''priority'')::int, 0)) desc, msg_id)',
-                   pgmq.format_table_name(v_pgmq, 'q') || '_priority_idx', pgmq.format_table_name(v_pgmq, 'q'));
+    begin
+      execute format('create index if not exists %I on pgmq.%I ((coalesce((message ->> ''priority'')::int, 0)) desc, msg_id)',
+                     pgmq.format_table_name(v_pgmq, 'q') || '_priority_idx', pgmq.format_table_name(v_pgmq, 'q'));
+    exception when insufficient_privilege then
+      null;  -- an adopted queue owned by another role: read in order without the index
+    end;
   end if;
 end;
 $$;

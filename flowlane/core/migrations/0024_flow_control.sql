@@ -1007,17 +1007,19 @@ declare
   v_held uuid[];
 begin
   with due as (
-    select r.run_id from flowlane.runs r
+    select r.run_id, r.start_at from flowlane.runs r
     where r.status = 'waiting' and r.start_at <= p_now and r.hold_seq is null
     order by r.start_at, r.run_id
     for update skip locked
+  ), numbered as (  -- (the sequence is read after the sort: held in the order they became due)
+    select d.run_id, nextval('flowlane.hold_seq') as seq from due d order by d.start_at, d.run_id
   ), begun as (
     update flowlane.runs r
        set status = case when r.concurrency_key is null then 'started' else 'waiting' end,
-           hold_seq = case when r.concurrency_key is null then null else nextval('flowlane.hold_seq') end,
+           hold_seq = case when r.concurrency_key is null then null else n.seq end,
            started_at = now(),
            deadline_at = case when r.concurrency_key is null then flowlane._run_deadline(r.flow_slug, now()) end
-      from (select d.run_id from due d order by d.run_id) due where r.run_id = due.run_id
+      from numbered n where r.run_id = n.run_id
     returning r.run_id, r.status
   ) select coalesce(array_agg(b.run_id order by b.run_id) filter (where b.status = 'started'), '{}'),
            coalesce(array_agg(b.run_id order by b.run_id) filter (where b.status = 'waiting'), '{}')
@@ -1488,7 +1490,8 @@ end;
 $$;
 
 -- the first message with a priority on a queue switches its claims to the ordered read
--- (_read_by_priority) and gives its PGMQ table the index that read follows
+-- (_read_by_priority) and gives its PGMQ table the index that read follows (built in the
+-- sending transaction, once: it holds the queue's writers until that transaction commits)
 create or replace function flowlane._prioritize_queue(p_queue text) returns void
 language plpgsql volatile
 security definer
@@ -1501,8 +1504,12 @@ begin
    where q.queue_name = p_queue and not q.prioritized
   returning q.pgmq_queue_name into v_pgmq;
   if v_pgmq is not null then
-    execute format('create index if not exists %I on pgmq.%I ((coalesce((message ->> ''priority'')::int, 0)) desc, msg_id)',
-                   pgmq.format_table_name(v_pgmq, 'q') || '_priority_idx', pgmq.format_table_name(v_pgmq, 'q'));
+    begin
+      execute format('create index if not exists %I on pgmq.%I ((coalesce((message ->> ''priority'')::int, 0)) desc, msg_id)',
+                     pgmq.format_table_name(v_pgmq, 'q') || '_priority_idx', pgmq.format_table_name(v_pgmq, 'q'));
+    exception when insufficient_privilege then
+      null;  -- an adopted queue owned by another role: read in order without the index
+    end;
   end if;
 end;
 $$;
