@@ -474,9 +474,9 @@ $$;
 -- new runs of one concrete flow (inputs checked by the caller); returns them in input order
 -- p_start_at in the future: the runs wait (status waiting) for the maintenance tick;
 -- p_keys: each run's idempotency key within p_called (the name the caller started);
--- p_priority: the runs' priority (null: the flow's). A flow with a concurrency limit: each
--- run is created held for its key (waiting, hold_seq in input order), and those that have
--- room begin at once (_begin_new_held_runs), behind any held before them
+-- p_priority: the runs' priority (null: the flow's). A flow with a concurrency limit: under
+-- the keys' locks, a run begins while its key has room and no run held before it; the
+-- others are held (waiting, hold_seq in input order)
 create or replace function flowlane._create_runs(p_flow text, p_inputs jsonb[], p_run_ids uuid[],
                                       p_start_at timestamptz = null, p_keys text[] = null,
                                       p_called text = null, p_priority int = null)
@@ -489,22 +489,38 @@ declare
   v_ids uuid[];
   v_waiting boolean := coalesce(p_start_at > now(), false);
   v_flow flowlane.flows;
-  v_held boolean;
+  v_slot_keys text[];
+  v_begins boolean[];
 begin
   perform flowlane._check_contract_inputs(p_flow, p_inputs);
   select * into v_flow from flowlane.flows f where f.flow_slug = p_flow;
-  v_held := v_flow.opt_concurrency_limit is not null and not v_waiting;
   v_ids := array(select coalesce(p_run_ids[i], gen_random_uuid()) from generate_subscripts(p_inputs, 1) i order by i);
+  if v_flow.opt_concurrency_limit is not null then
+    v_slot_keys := array(select flowlane._concurrency_key(v_flow.opt_concurrency_key, p_inputs[i])
+                         from generate_subscripts(p_inputs, 1) i order by i);
+  end if;
+  if v_flow.opt_concurrency_limit is not null and not v_waiting then
+    perform flowlane._lock_slots('run:' || p_flow, v_slot_keys);
+    v_begins := array(
+      select x.rank <= case when exists (select 1 from flowlane.runs h
+                                         where h.flow_slug = p_flow and h.concurrency_key = x.key
+                                           and h.status = 'waiting' and h.hold_seq is not null) then 0
+                            else v_flow.opt_concurrency_limit - (
+                              select count(*) from flowlane.runs r
+                              where r.flow_slug = p_flow and r.concurrency_key = x.key and r.status = 'started') end
+      from (select i, v_slot_keys[i] as key, row_number() over (partition by v_slot_keys[i] order by i) as rank
+            from generate_subscripts(p_inputs, 1) i) x
+      order by x.i);
+  end if;
   insert into flowlane.runs (run_id, flow_slug, input, remaining_steps, trace_parent, status, start_at,
                              deadline_at, called_as, idempotency_key, priority, concurrency_key, hold_seq)
   select v_ids[i], p_flow, p_inputs[i], (select count(*) from flowlane.steps s where s.flow_slug = p_flow),
-         flowlane._trace_parent(), case when v_waiting or v_held then 'waiting' else 'started' end, p_start_at,
-         case when v_waiting or v_held then null else flowlane._run_deadline(p_flow, now()) end,
+         flowlane._trace_parent(),
+         case when v_waiting or not coalesce(v_begins[i], true) then 'waiting' else 'started' end, p_start_at,
+         case when v_waiting or not coalesce(v_begins[i], true) then null else flowlane._run_deadline(p_flow, now()) end,
          case when p_keys[i] is not null then p_called end, p_keys[i],
-         coalesce(p_priority, v_flow.opt_priority, 0),
-         case when v_flow.opt_concurrency_limit is not null
-              then flowlane._concurrency_key(v_flow.opt_concurrency_key, p_inputs[i]) end,
-         case when v_held then nextval('flowlane.hold_seq') end
+         coalesce(p_priority, v_flow.opt_priority, 0), v_slot_keys[i],
+         case when not v_waiting and not coalesce(v_begins[i], true) then nextval('flowlane.hold_seq') end
   from generate_subscripts(p_inputs, 1) i order by i;
   insert into flowlane.step_states (flow_slug, run_id, step_slug, remaining_deps, initial_tasks)
   select p_flow, v_ids[i], s.step_slug, s.deps_count,
@@ -514,10 +530,9 @@ begin
   from generate_subscripts(p_inputs, 1) i, flowlane.steps s
   where s.flow_slug = p_flow
   order by v_ids[i], s.step_slug;
-  if v_held then
-    perform flowlane._begin_new_held_runs(v_ids);
-  elsif not v_waiting then
-    perform flowlane._progress_runs(v_ids);
+  if not v_waiting then
+    perform flowlane._progress_runs(array(select v_ids[i] from generate_subscripts(v_ids, 1) i
+                                          where coalesce(v_begins[i], true) order by i));
   end if;
   return query select r.* from unnest(v_ids) with ordinality as u (run_id, ord)
                join flowlane.runs r on r.run_id = u.run_id and r.run_id = any (v_ids) order by u.ord;
