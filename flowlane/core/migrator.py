@@ -2,8 +2,8 @@
 
 Migrations are ``flowlane/core/migrations/NNNN_name.sql``. Applied ones are
 recorded with their sha256 in ``flowlane.schema_migrations``; a recorded
-migration whose file changed is refused. A session advisory lock serialises
-concurrent ``migrate`` calls.
+migration whose file changed is refused, except for an opening comment reworded after
+release (``_REWORDED``). A session advisory lock serialises concurrent ``migrate`` calls.
 """
 
 from __future__ import annotations
@@ -24,6 +24,26 @@ from flowlane.core.queries import query
 
 _FILENAME = re.compile(r"^(?P<version>[0-9]{4})_(?P<name>[a-z0-9_]+)\.sql$")
 
+# Migrations whose opening comment was reworded after databases recorded them: version ->
+# (the digest recorded for the earlier text, the digest of the statements both texts share).
+# The earlier digest stays valid only while the statements are byte for byte the same.
+_REWORDED: dict[str, tuple[str, str]] = {
+    "0010": ("f58feec04888aeacdc1c1eeb8e3c82f45f4e9b487ed83a9fb8473aedbd4ea28b",
+             "16a6a932c253a93a666eb41e22373edf20cabaae2ab6118c1637cac47a2a3d7d"),
+}
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def statements_of(sql: str) -> str:
+    """A migration's text after its opening comment block: what it runs."""
+    lines = sql.splitlines(keepends=True)
+    first = next((i for i, line in enumerate(lines)
+                  if line.strip() and not line.lstrip().startswith("--")), len(lines))
+    return "".join(lines[first:])
+
 
 @dataclass(frozen=True)
 class Migration:
@@ -37,7 +57,14 @@ class Migration:
 
     @property
     def checksum(self) -> str:
-        return hashlib.sha256(self.sql.encode("utf-8")).hexdigest()
+        return _sha256(self.sql)
+
+    def matches(self, recorded_checksum: str) -> bool:
+        """Whether a database that recorded this digest applied this migration's statements."""
+        if recorded_checksum == self.checksum:
+            return True
+        earlier, statements = _REWORDED.get(self.version, (None, None))
+        return recorded_checksum == earlier and _sha256(statements_of(self.sql)) == statements
 
 
 @dataclass(frozen=True)
@@ -57,7 +84,7 @@ class MigrationState:
         return (
             self.migration is not None
             and self.recorded_checksum is not None
-            and self.recorded_checksum != self.migration.checksum
+            and not self.migration.matches(self.recorded_checksum)
         )
 
 
@@ -187,7 +214,7 @@ def _apply_one(conn: psycopg.Connection[Any], migration: Migration) -> None:
 def _refuse_modified(available: Sequence[Migration], recorded: dict[str, Any]) -> None:
     for migration in available:
         row = recorded.get(migration.version)
-        if row and row["checksum"] != migration.checksum:
+        if row and not migration.matches(row["checksum"]):
             raise errors.MigrationError(
                 f"migration {migration.filename} was applied with checksum "
                 f"{row['checksum'][:12]} but the file now has {migration.checksum[:12]}",

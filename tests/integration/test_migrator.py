@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import secrets
+import subprocess
 import threading
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -17,6 +20,8 @@ from flowlane import cli, errors
 from flowlane.core import migrator
 from tests.conftest import Cluster
 from tests.core.engine import Engine
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _versions(conn: psycopg.Connection[Any]) -> list[str]:
@@ -65,6 +70,40 @@ def test_edited_applied_migration_is_refused(conn: psycopg.Connection[Any]) -> N
     assert "never edit an applied migration" in (caught.value.hint or "")
     modified = [s.version for s in migrator.status(conn) if s.modified]
     assert modified == ["0001"]
+
+
+def _texts_in_history(path: str) -> set[str]:
+    """The sha256 of every committed text of ``path`` (the repository's own history)."""
+    commits = subprocess.run(["git", "log", "--format=%H", "--", path], cwd=REPO,
+                             capture_output=True, text=True, check=True).stdout.split()
+    return {hashlib.sha256(subprocess.run(["git", "show", f"{c}:{path}"], cwd=REPO, capture_output=True,
+                                          check=True).stdout).hexdigest() for c in commits}
+
+
+@pytest.mark.parametrize("version", sorted(migrator._REWORDED))
+def test_a_reworded_migration_names_an_earlier_text_of_its_own_file(version: str) -> None:
+    migration = next(m for m in migrator.discover() if m.version == version)
+    earlier, _ = migrator._REWORDED[version]
+    assert earlier != migration.checksum
+    assert earlier in _texts_in_history(f"flowlane/core/migrations/{migration.filename}")
+    assert migration.matches(earlier)
+
+
+def test_an_earlier_digest_is_refused_once_a_statement_changes() -> None:
+    version, (earlier, _) = next(iter(migrator._REWORDED.items()))
+    migration = next(m for m in migrator.discover() if m.version == version)
+    changed = migrator.Migration(version, migration.name, migration.sql.replace("0.02", "0.03", 1))
+    assert changed.sql != migration.sql
+    assert not changed.matches(earlier)
+    reworded_again = migrator.Migration(version, migration.name, "-- another opening\n" + migration.sql)
+    assert reworded_again.matches(earlier)
+
+
+def test_a_database_that_applied_the_earlier_wording_migrates_on(conn: psycopg.Connection[Any]) -> None:
+    version, (earlier, _) = next(iter(migrator._REWORDED.items()))
+    conn.execute("update flowlane.schema_migrations set checksum = %s where version = %s", (earlier, version))
+    assert migrator.migrate(conn) == []
+    assert not [s.version for s in migrator.status(conn) if s.modified]
 
 
 def test_failed_migration_rolls_back_and_is_not_recorded(

@@ -6,7 +6,7 @@
 -- rows are the bulk of the table between autovacuum visits. A fixed threshold and no cost delay
 -- make each visit cheap and complete. The engine tables grow with history: 2 % instead of 20 %
 -- keeps their dead rows proportional to the recent work rather than to all history.
--- fillfactor is left to 0009 (issue 10), which sets it on the same tables.
+-- fillfactor is left to 0009, which sets it on the same tables.
 
 alter table flowlane.step_tasks set (
   autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02);
