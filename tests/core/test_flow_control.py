@@ -315,3 +315,31 @@ def test_strict_priorities_starve_lower_ones_while_higher_ones_are_visible(engin
         engine.complete(task, 1)
     [task] = claimed(claim(engine, "f", 1))
     assert task["run_id"] == low
+
+
+def test_child_runs_of_a_limited_flow_wait_for_their_key_and_the_parent_collects_them(engine: Engine) -> None:
+    engine.define("child", [("double", [], {})], concurrency_limit=1)
+    engine.define("parent", [("each", [], {"step_type": "map", "child_flow": "child"})])
+    run_id = engine.start("parent", [3, 1, 2])
+    children = engine.rows("select run_id, status from flowlane.runs where parent_run_id = %s "
+                           "order by parent_task_index", (run_id,))
+    assert [c["status"] for c in children] == ["started", "waiting", "waiting"]
+    assert engine.rows("select * from flowlane.stuck_runs()") == []
+    for _ in range(3):
+        [task] = claimed(claim(engine, "child"))
+        engine.complete(task, task["input"] * 10)
+    assert engine.run(run_id)["output"] == {"each": [{"double": 30}, {"double": 10}, {"double": 20}]}
+    # a parent that ends cancels its held children too
+    other = engine.start("parent", [5, 6])
+    engine.scalar("select flowlane.cancel_run(%s)", (other,))
+    assert [r["status"] for r in engine.rows(
+        "select status from flowlane.runs where parent_run_id = %s", (other,))] == ["cancelled", "cancelled"]
+    assert_invariants(engine)
+
+
+def test_retention_never_prunes_a_held_run(engine: Engine) -> None:
+    engine.define("f", [("a", [], {})], concurrency_limit=1, retention=60)
+    engine.start("f", {})
+    held = engine.start("f", {})
+    pruned = engine.scalar("select runs_deleted from flowlane.prune_runs(p_now => now() + interval '1 day')")
+    assert pruned == 0 and status(engine, held) == "waiting"

@@ -1069,6 +1069,85 @@ begin
 end;
 $$;
 
+-- one child run for task p_index of a child-flow step (its input is what a handler would
+-- get). A child that cannot start (no such flow, an input it refuses) is a failed attempt.
+create or replace function flowlane._start_child(p_run_id uuid, p_step_slug text, p_index int) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_named text;
+  v_flow text;
+  v_task flowlane.step_tasks;
+  v_input jsonb;
+  v_child flowlane.runs;
+begin
+  perform 1 from flowlane.step_states ss join flowlane.runs r on r.run_id = ss.run_id
+  where ss.run_id = p_run_id and ss.step_slug = p_step_slug and ss.status = 'started' and r.status = 'started';
+  if not found then
+    return;  -- an earlier child of the step could not start and ended the step or the run
+  end if;
+  select s.child_flow into v_named from flowlane.runs r
+  join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = p_step_slug
+  where r.run_id = p_run_id;
+  v_task.run_id := p_run_id;
+  v_task.step_slug := p_step_slug;
+  v_task.task_index := p_index;
+  select c.input into v_input from flowlane._claimed_inputs(array[v_task]) c;
+  begin
+    v_flow := flowlane.resolve_flow(v_named);
+    perform flowlane._check_start_input(v_flow, v_input,
+      format('child flow %s of step %s', v_flow, p_step_slug));
+    select * into v_child from flowlane._create_runs(v_flow, array[v_input], array[null::uuid]);
+  exception when others then
+    perform flowlane._child_step_exhausted(p_run_id, p_step_slug,
+      format('cannot start child flow %s: %s', v_named, sqlerrm));
+    return;
+  end;
+  update flowlane.runs r
+     set parent_run_id = p_run_id, parent_step_slug = p_step_slug, parent_task_index = p_index
+   where r.run_id = v_child.run_id
+  returning * into v_child;
+  -- (a child of a flow with a concurrency limit may wait for its key: it has not ended)
+  if v_child.status not in ('started', 'waiting') then  -- it ended while it was created, before it had a parent
+    perform flowlane._child_ended(v_child);
+  end if;
+end;
+$$;
+
+-- a child-flow step out of attempts: its other started children are cancelled and
+-- when_exhausted applies (fail: the step and its run fail; skip, skip-cascade: the run goes on)
+create or replace function flowlane._child_step_exhausted(p_run_id uuid, p_step_slug text, p_error text) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  -- (a failed run cancels all its children itself: runs_end_children)
+  perform flowlane.cancel_run(c.run_id, format('step %s of parent run %s gave up', p_step_slug, p_run_id))
+  from flowlane.runs c
+  join flowlane.runs p on p.run_id = p_run_id
+  join flowlane.steps s on s.flow_slug = p.flow_slug and s.step_slug = p_step_slug and s.when_exhausted <> 'fail'
+  where c.parent_run_id = p_run_id and c.parent_step_slug = p_step_slug and c.status in ('started', 'waiting')
+  order by c.run_id;
+  perform flowlane._give_up_step(p_run_id, p_step_slug, p_error, 'handler_failed');
+end;
+$$;
+
+-- a parent that fails or is cancelled cancels its started children (and those held for
+-- their flow's concurrency key)
+create or replace function flowlane._end_children() returns trigger
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  perform flowlane.cancel_run(c.run_id, format('parent run %s %s', new.run_id, new.status))
+  from flowlane.runs c
+  where c.parent_run_id = new.run_id and c.status in ('started', 'waiting')
+  order by c.run_id;
+  return null;
+end;
+$$;
+
 create or replace function flowlane._check_priority(p_what text, p_priority int) returns void
 language plpgsql immutable
 set search_path = ''
@@ -1827,6 +1906,15 @@ end;
 $$;
 
 -- hand-written: the triggers that need the functions above
+-- a child held for its flow's concurrency key (waiting) that ends reports to its parent too
+drop trigger runs_report_to_parent on flowlane.runs;
+create trigger runs_report_to_parent
+  after update of status on flowlane.runs
+  for each row
+  when (old.status in ('started', 'waiting') and new.status not in ('started', 'waiting')
+        and new.parent_run_id is not null)
+  execute function flowlane._report_to_parent();
+
 create trigger runs_slots_freed
   after update on flowlane.runs
   referencing old table as old_runs new table as new_runs
