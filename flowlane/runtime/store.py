@@ -66,6 +66,10 @@ class Claim:
     tasks: list[ClaimedTask] = field(default_factory=list)
     unsupported: list[Unsupported] = field(default_factory=list)
     batch: list[int] = field(default_factory=list)  # every message read (claim_tasks)
+    # the queue's limits allowed no start: its concurrency is reached (a task's end wakes
+    # the queue's listeners), or its rate limit allows the next start in rate_limited_ms
+    at_capacity: bool = False
+    rate_limited_ms: int | None = None
 
 
 def channel(queue_name: str) -> str:
@@ -272,6 +276,12 @@ def _claim(rows: list[Row]) -> Claim:
     claim = Claim()
     run_inputs: dict[str, Any] = {}
     for r in rows:
+        if r["outcome"] == "at_capacity":
+            claim.at_capacity = True
+            continue
+        if r["outcome"] == "rate_limited":
+            claim.rate_limited_ms = max(1, int((r["input"] or {}).get("wait_ms") or 1))
+            continue
         claim.batch.append(int(r["msg_id"]))
         if r["outcome"] == "claimed":
             run_id = str(r["run_id"])

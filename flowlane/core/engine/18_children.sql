@@ -5,7 +5,7 @@
 -- the child's output (a map step: the array of its children's outputs, in element order).
 -- A child that fails or is cancelled is an attempt of its element: another child starts
 -- while the step has attempts left (max_attempts), else when_exhausted applies. A parent
--- that fails or is cancelled cancels its started children.
+-- that fails or is cancelled cancels its started children (and those held for their key).
 --
 -- Both directions are row triggers on runs.status: whichever function ends a run (a
 -- completion, a failure, cancel_run, a deadline) reports it, once, in its transaction.
@@ -71,7 +71,8 @@ begin
      set parent_run_id = p_run_id, parent_step_slug = p_step_slug, parent_task_index = p_index
    where r.run_id = v_child.run_id
   returning * into v_child;
-  if v_child.status <> 'started' then  -- it ended while it was created, before it had a parent
+  -- (a child of a flow with a concurrency limit may wait for its key: it has not ended)
+  if v_child.status not in ('started', 'waiting') then  -- it ended while it was created, before it had a parent
     perform flowlane._child_ended(v_child);
   end if;
 end;
@@ -90,7 +91,8 @@ $$;
 create trigger runs_report_to_parent
   after update of status on flowlane.runs
   for each row
-  when (old.status = 'started' and new.status <> 'started' and new.parent_run_id is not null)
+  when (old.status in ('started', 'waiting') and new.status not in ('started', 'waiting')
+        and new.parent_run_id is not null)
   execute function flowlane._report_to_parent();
 
 -- a child run ended: its output completes its element (the step, with the last one), its
@@ -189,13 +191,14 @@ begin
   from flowlane.runs c
   join flowlane.runs p on p.run_id = p_run_id
   join flowlane.steps s on s.flow_slug = p.flow_slug and s.step_slug = p_step_slug and s.when_exhausted <> 'fail'
-  where c.parent_run_id = p_run_id and c.parent_step_slug = p_step_slug and c.status = 'started'
+  where c.parent_run_id = p_run_id and c.parent_step_slug = p_step_slug and c.status in ('started', 'waiting')
   order by c.run_id;
   perform flowlane._give_up_step(p_run_id, p_step_slug, p_error, 'handler_failed');
 end;
 $$;
 
--- a parent that fails or is cancelled cancels its started children
+-- a parent that fails or is cancelled cancels its started children (and those held for
+-- their flow's concurrency key)
 create function flowlane._end_children() returns trigger
 language plpgsql volatile
 set search_path = ''
@@ -203,7 +206,7 @@ as $$
 begin
   perform flowlane.cancel_run(c.run_id, format('parent run %s %s', new.run_id, new.status))
   from flowlane.runs c
-  where c.parent_run_id = new.run_id and c.status = 'started'
+  where c.parent_run_id = new.run_id and c.status in ('started', 'waiting')
   order by c.run_id;
   return null;
 end;
