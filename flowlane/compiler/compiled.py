@@ -23,12 +23,13 @@ import jinja2
 from flowlane import defaults
 from flowlane.compiler import shape as shapes
 from flowlane.compiler import sqltext
-from flowlane.compiler.model import Flow, Project, Step
+from flowlane.compiler.model import Concurrency, Flow, Project, Step
 from flowlane.compiler.sqltext import Sql
 
 FORMAT = 2
 ALIASES_FILE = "aliases.sql"
 SCHEDULES_FILE = "schedules.sql"  # written only for a project with schedules
+QUEUES_FILE = "queues.sql"  # written only for a project with queue documents
 FLOWS_DIR = "flows"
 HEADER_PREFIX = "-- flowlane-compiled: "
 HEADER_LIMIT = 4096  # bytes read to recognise a file: its header line is far shorter
@@ -40,7 +41,7 @@ _FORMAT1_SHA = re.compile(r"^-- shape sha256: (?P<sha>[0-9a-f]{64})$", re.MULTIL
 # the shape argument of ensure_flow_shape (every format); the last call is the flow's shape
 _SHAPE_ARGUMENT = re.compile(r"\bshape => (?P<literal>E?'(?:[^']|'')*')::jsonb")
 
-Kind = Literal["flow", "aliases", "schedules"]
+Kind = Literal["flow", "aliases", "schedules", "queues"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ def environment() -> jinja2.Environment:
         text_array=sqltext.text_array,
         int_array=sqltext.int_array,
         comment=sqltext.comment,
+        concurrency=concurrency_arguments,
     )
     return env
 
@@ -105,7 +107,8 @@ class QuotedStep(NamedTuple):
     Steps are the bulk of every flow file: quoting their values here, with the same
     :mod:`sqltext` functions the templates' filters are, spares the template a filter call
     per value. ``child_flow`` is None for a step without one (the template leaves the
-    argument out; output would refuse a None).
+    argument out; output would refuse a None), and so is ``concurrency`` for a step without
+    a limit (else its arguments, written out: one template expression for both).
     """
 
     slug: Sql
@@ -121,6 +124,7 @@ class QuotedStep(NamedTuple):
     when_exhausted: Sql
     queue_name: Sql
     child_flow: Sql | None
+    concurrency: Sql | None
 
 
 def quoted_step(step: Step) -> QuotedStep:
@@ -139,7 +143,17 @@ def quoted_step(step: Step) -> QuotedStep:
         when_exhausted=literal(step.when_exhausted),
         queue_name=literal(step.queue),
         child_flow=None if step.flow is None else literal(step.flow),
+        concurrency=None if step.concurrency is None else concurrency_arguments(step.concurrency),
     )
+
+
+def concurrency_arguments(concurrency: Concurrency) -> Sql:
+    """The ``concurrency_limit`` (and ``concurrency_key``) arguments of a call, each on a
+    line of its own after a comma."""
+    text = f",\n  concurrency_limit => {sqltext.literal(concurrency.limit)}"
+    if concurrency.key is not None:
+        text += f",\n  concurrency_key => {sqltext.literal(concurrency.key)}"
+    return Sql(text)
 
 
 def render_flow(flow: Flow) -> str:
@@ -169,12 +183,21 @@ def render_schedules(project: Project) -> str:
     )
 
 
+def render_queues(project: Project) -> str:
+    header = Header(FORMAT, "queues")
+    return environment().get_template("queues.sql.j2").render(
+        header=sqltext.comment(header.line()), queues=project.queue_limits
+    )
+
+
 def render_project(project: Project) -> dict[str, str]:
     """Relative output path -> file text; the same project always gives the same bytes."""
     files = {flow_path(f.slug): render_flow(f) for f in sorted(project.flows, key=lambda f: f.slug)}
     files[ALIASES_FILE] = render_aliases(project)
     if project.schedules:
         files[SCHEDULES_FILE] = render_schedules(project)
+    if project.queue_limits:
+        files[QUEUES_FILE] = render_queues(project)
     return files
 
 
@@ -199,7 +222,7 @@ def _parse_header(text: str) -> Header | None:
     if not isinstance(fields, dict) or not isinstance(fields.get("format"), int):
         return None
     kind, slug, sha = fields.get("kind"), fields.get("slug"), fields.get("shape_sha256")
-    if kind in ("aliases", "schedules"):
+    if kind in ("aliases", "schedules", "queues"):
         return Header(fields["format"], kind)
     if kind == "flow" and isinstance(slug, str) and isinstance(sha, str):
         return Header(fields["format"], "flow", slug, sha)
