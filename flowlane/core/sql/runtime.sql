@@ -86,16 +86,23 @@ select s.run_id, s.flow_slug, s.status, s.start_at,
        s.run_id::text is not distinct from current_setting('flowlane.found_run', true) as existed
 from flowlane.start_flow(%(flow)s, %(input)s::jsonb, %(run_id)s::uuid,
                          coalesce(%(start_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
-                         %(key)s::text) s
+                         %(key)s::text, priority => %(priority)s::int) s
 
 -- name: client_start_flows
 select run_id from flowlane.start_flows(%(flow)s, %(inputs)s::jsonb[],
-  coalesce(%(start_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)))
+  coalesce(%(start_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+  priority => %(priority)s::int)
 
 -- name: client_list_runs
 -- newest first; a page ends with the run whose id is passed as %(before)s next time
+-- waiting_for: what the run (held for its flow's concurrency) or its first waiting task is
+-- held back by (flowlane.run_holds); a delayed start says so with its start_at already
 select r.run_id, r.flow_slug, r.status, r.remaining_steps, r.started_at, r.completed_at, r.failed_at,
-       r.cancelled_at, r.start_at
+       r.cancelled_at, r.start_at, r.hold_seq is not null as held,
+       case when r.status in ('waiting', 'started') then
+         (select h.waiting_for from flowlane.run_holds(array[r.run_id]) h
+          where h.step_slug is not null or h.place is not null
+          order by h.step_slug nulls first, h.task_index limit 1) end as waiting_for
 from flowlane.runs r
 where (%(flows)s::text[] is null or r.flow_slug = any(%(flows)s::text[]))
   and (%(status)s::text is null or r.status = %(status)s::text)
@@ -159,7 +166,9 @@ select run_id, flow_slug, started_at, reason from flowlane.stuck_runs()
 -- name: client_get_run
 select flowlane.get_run_with_states(%(run_id)s::uuid)
        || jsonb_build_object('attempts', flowlane.get_run_attempts(%(run_id)s::uuid),
-                             'waits', flowlane.get_run_waits(%(run_id)s::uuid))
+                             'waits', flowlane.get_run_waits(%(run_id)s::uuid),
+                             'holds', (select coalesce(jsonb_agg(to_jsonb(h)), '[]')
+                                       from flowlane.run_holds(array[%(run_id)s::uuid]) h))
        || flowlane.get_run_family(%(run_id)s::uuid) as run
 
 -- name: client_signal
