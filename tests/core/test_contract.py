@@ -15,7 +15,8 @@ EXPECTED = {
             "forbidden_input_pattern jsonb DEFAULT NULL::jsonb, "
             "when_unmet text DEFAULT 'skip'::text, "
             "when_exhausted text DEFAULT 'fail'::text, queue_name text DEFAULT NULL::text, "
-            "child_flow text DEFAULT NULL::text"
+            "child_flow text DEFAULT NULL::text, concurrency_limit integer DEFAULT NULL::integer, "
+            "concurrency_key text DEFAULT NULL::text"
         ),
         "flowlane.steps",
     ),
@@ -39,7 +40,8 @@ EXPECTED = {
             "queue_mode text DEFAULT 'flow'::text, "
             "retention integer DEFAULT flowlane._flow_option_default('retention'::text), "
             "deadline integer DEFAULT NULL::integer, "
-            "dedup_key text DEFAULT NULL::text"
+            "dedup_key text DEFAULT NULL::text, concurrency_limit integer DEFAULT NULL::integer, "
+            "concurrency_key text DEFAULT NULL::text, priority integer DEFAULT NULL::integer"
         ),
         "flowlane.flows",
     ),
@@ -77,14 +79,15 @@ EXPECTED = {
     ),
     "start_flows": (
         ("flow_slug text, inputs jsonb[], "
-         "start_at timestamp with time zone DEFAULT NULL::timestamp with time zone"),
+         "start_at timestamp with time zone DEFAULT NULL::timestamp with time zone, "
+         "priority integer DEFAULT NULL::integer"),
         "SETOF flowlane.runs",
     ),
     "start_flow": (
         (
             "flow_slug text, input jsonb, run_id uuid DEFAULT NULL::uuid, "
             "start_at timestamp with time zone DEFAULT NULL::timestamp with time zone, "
-            "idempotency_key text DEFAULT NULL::text"
+            "idempotency_key text DEFAULT NULL::text, priority integer DEFAULT NULL::integer"
         ),
         "flowlane.runs",
     ),
@@ -201,6 +204,23 @@ EXPECTED = {
     "set_schedule_paused": (
         "schedule_name text, paused boolean, reason text DEFAULT NULL::text", "flowlane.schedules"),
     "trigger_schedule": ("schedule_name text, input jsonb DEFAULT NULL::jsonb", "flowlane.runs"),
+    # 0024_flow_control
+    "set_queue_limits": (
+        "queue_name text, concurrency integer, rate_limit integer, rate_per integer",
+        "flowlane.queue_limits",
+    ),
+    "keep_only_queue_limits": ("queue_names text[]", "text[]"),
+    "run_holds": (
+        "run_ids uuid[]",
+        "TABLE(run_id uuid, step_slug text, task_index integer, waiting_for text, place bigint)",
+    ),
+    "queue_flow_control": (
+        "",
+        (
+            "TABLE(queue_name text, concurrency integer, started bigint, rate_limit integer, "
+            "rate_per integer, tokens double precision, next_start_in double precision, waiting_for text)"
+        ),
+    ),
 }
 
 

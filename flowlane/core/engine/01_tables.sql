@@ -8,6 +8,7 @@ create table flowlane.queues (
   created_at timestamptz default now() not null,
   pgmq_queue_name text not null,
   adopted_at timestamptz,
+  prioritized boolean default false not null,
   constraint queues_pkey primary key (queue_name),
   constraint queues_name_canonical check (flowlane.is_valid_queue_name(queue_name)),
   constraint queues_owner_iff_owned check ((ownership = 'owned') = (owner_flow_slug is not null)),
@@ -28,6 +29,9 @@ create table flowlane.flows (
   opt_retention int default flowlane._flow_option_default('retention'),
   opt_deadline int,
   opt_dedup_key text,
+  opt_concurrency_limit int,
+  opt_concurrency_key text,
+  opt_priority int,
   constraint flows_pkey primary key (flow_slug),
   constraint flows_base_delay_nonnegative check (opt_base_delay >= 0),
   constraint flows_deadline_positive check ((opt_deadline is null) or (opt_deadline >= 1)),
@@ -37,7 +41,11 @@ create table flowlane.flows (
   constraint flows_retention_positive check ((opt_retention is null) or (opt_retention >= 1)),
   constraint flows_slug_valid check (flowlane.is_valid_slug(flow_slug)),
   constraint flows_timeout_at_most_2147483617 check (opt_timeout <= 2147483617),
-  constraint flows_timeout_positive check (opt_timeout >= 1)
+  constraint flows_timeout_positive check (opt_timeout >= 1),
+  constraint flows_concurrency_limit_positive check ((opt_concurrency_limit is null) or (opt_concurrency_limit >= 1)),
+  constraint flows_concurrency_key_pointer check ((opt_concurrency_key is null) or (opt_concurrency_key ~ '^(/([^~/]|~[01])*)+$')),
+  constraint flows_concurrency_key_needs_limit check ((opt_concurrency_key is null) or (opt_concurrency_limit is not null)),
+  constraint flows_priority_range check ((opt_priority is null) or (opt_priority between -1000 and 1000))
 );
 
 create unique index flows_slug_ci_unique on flowlane.flows (lower(flow_slug));
@@ -59,6 +67,8 @@ create table flowlane.steps (
   created_at timestamptz default now() not null,
   queue_name text,
   child_flow text,
+  opt_concurrency_limit int,
+  opt_concurrency_key text,
   constraint steps_index_unique unique (flow_slug, step_index),
   constraint steps_pkey primary key (flow_slug, step_slug),
   constraint steps_base_delay_nonnegative check ((opt_base_delay is null) or (opt_base_delay >= 0)),
@@ -78,6 +88,10 @@ create table flowlane.steps (
   constraint steps_when_exhausted_valid check (when_exhausted in ('fail', 'skip', 'skip-cascade')),
   constraint steps_when_unmet_needs_pattern check ((when_unmet = 'skip') or (required_input_pattern is not null) or (forbidden_input_pattern is not null)),
   constraint steps_when_unmet_valid check (when_unmet in ('skip', 'skip-cascade', 'fail')),
+  constraint steps_concurrency_limit_positive check ((opt_concurrency_limit is null) or (opt_concurrency_limit >= 1)),
+  constraint steps_concurrency_key_pointer check ((opt_concurrency_key is null) or (opt_concurrency_key ~ '^(/([^~/]|~[01])*)+$')),
+  constraint steps_concurrency_key_needs_limit check ((opt_concurrency_key is null) or (opt_concurrency_limit is not null)),
+  constraint steps_concurrency_needs_tasks check ((opt_concurrency_limit is null) or (queue_name is not null)),
   constraint steps_flow_slug_fkey foreign key (flow_slug) references flowlane.flows(flow_slug),
   constraint steps_queue_registered foreign key (queue_name) references flowlane.queues(queue_name)
 );
@@ -163,6 +177,9 @@ create table flowlane.runs (
   parent_run_id uuid,
   parent_step_slug text,
   parent_task_index int,
+  concurrency_key text,
+  hold_seq bigint,
+  priority int default 0 not null,
   constraint runs_pkey primary key (run_id),
   constraint runs_parent_complete check (((parent_run_id is null) = (parent_step_slug is null)) and ((parent_run_id is null) = (parent_task_index is null))),
   constraint runs_cancel_reason_only_cancelled check ((cancel_reason is null) or (status = 'cancelled')),
@@ -178,7 +195,9 @@ create table flowlane.runs (
   constraint runs_key_scoped check ((idempotency_key is null) or (called_as is not null)),
   constraint runs_schedule_slot_named check ((schedule_slot is null) or (schedule_name is not null)),
   constraint runs_status_valid check (status in ('waiting', 'started', 'completed', 'failed', 'cancelled')),
-  constraint runs_waiting_has_start_at check ((status <> 'waiting') or (start_at is not null)),
+  constraint runs_waiting_has_reason check ((status <> 'waiting') or (start_at is not null) or (hold_seq is not null)),
+  constraint runs_held_has_key check ((hold_seq is null) or (concurrency_key is not null)),
+  constraint runs_priority_range check (priority between -1000 and 1000),
   constraint runs_flow_slug_fkey foreign key (flow_slug) references flowlane.flows(flow_slug)
 )
 with (fillfactor='85', autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02');
@@ -198,7 +217,12 @@ create index runs_started_idx on flowlane.runs (started_at desc, run_id);
 create unique index runs_key_unique on flowlane.runs (called_as, idempotency_key) where (idempotency_key is not null);
 
 -- the maintenance tick's probes: delayed runs that are due, started runs past their deadline
-create index runs_waiting_idx on flowlane.runs (start_at) where (status = 'waiting');
+create index runs_waiting_idx on flowlane.runs (start_at) where ((status = 'waiting') and (hold_seq is null));
+
+-- flow concurrency (19_flow_control.sql): the started runs of a key, and the runs held for it in order
+create index runs_slots_idx on flowlane.runs (flow_slug, concurrency_key) where ((status = 'started') and (concurrency_key is not null));
+
+create index runs_held_idx on flowlane.runs (flow_slug, concurrency_key, hold_seq) where ((status = 'waiting') and (hold_seq is not null));
 
 create index runs_deadline_idx on flowlane.runs (deadline_at) where (status = 'started' and deadline_at is not null);
 
@@ -303,9 +327,13 @@ create table flowlane.task_leases (
   step_slug text not null,
   task_index int not null,
   started_at timestamptz not null,
+  queue_name text,
   constraint task_leases_pkey primary key (run_id, step_slug, task_index)
 )
 with (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_cost_delay='0');
+
+-- a queue's started tasks, which its concurrency limit counts (19_flow_control.sql)
+create index task_leases_queue_idx on flowlane.task_leases (queue_name);
 
 comment on table flowlane.task_leases is 'the started tasks (kept by trigger from step_tasks.status): what stalled recovery scans';
 
@@ -426,4 +454,56 @@ create table flowlane.schedule_overrides (
   reason text,
   changed_at timestamptz default now() not null,
   constraint schedule_overrides_pkey primary key (schedule_name)
+);
+
+-- == flow control (19_flow_control.sql) ======================================================
+
+-- the order of held runs and held tasks: first held, first begun (FIFO per key)
+create sequence flowlane.hold_seq;
+
+-- tasks of a step with a concurrency limit that wait for a slot of their key: no PGMQ message
+-- yet (so no attempt, no lease, no stall); sent when a task of the same step and key ends
+create table flowlane.held_tasks (
+  run_id uuid not null,
+  step_slug text not null,
+  task_index int not null,
+  flow_slug text not null,
+  concurrency_key text not null,
+  hold_seq bigint default nextval('flowlane.hold_seq') not null,
+  held_at timestamptz default now() not null,
+  constraint held_tasks_pkey primary key (run_id, step_slug, task_index),
+  constraint held_tasks_run_id_fkey foreign key (run_id) references flowlane.runs(run_id) on delete cascade
+);
+
+create index held_tasks_order_idx on flowlane.held_tasks (flow_slug, step_slug, concurrency_key, hold_seq);
+
+-- the sent, unfinished tasks of steps with a concurrency limit (a slot each), by key
+create table flowlane.step_slots (
+  run_id uuid not null,
+  step_slug text not null,
+  task_index int not null,
+  flow_slug text not null,
+  concurrency_key text not null,
+  constraint step_slots_pkey primary key (run_id, step_slug, task_index),
+  constraint step_slots_run_id_fkey foreign key (run_id) references flowlane.runs(run_id) on delete cascade
+);
+
+create index step_slots_key_idx on flowlane.step_slots (flow_slug, step_slug, concurrency_key);
+
+-- a physical queue's limits across all workers, written only by reviewed compiled SQL
+-- (set_queue_limits); tokens and refilled_at are the rate limit's bucket, kept by the claims
+create table flowlane.queue_limits (
+  queue_name text not null,
+  concurrency int,
+  rate_limit int,
+  rate_per int,
+  tokens double precision default 0 not null,
+  refilled_at timestamptz default now() not null,
+  updated_at timestamptz default now() not null,
+  constraint queue_limits_pkey primary key (queue_name),
+  constraint queue_limits_concurrency_positive check ((concurrency is null) or (concurrency >= 1)),
+  constraint queue_limits_rate_positive check ((rate_limit is null) or ((rate_limit >= 1) and (rate_per >= 1))),
+  constraint queue_limits_rate_complete check ((rate_limit is null) = (rate_per is null)),
+  constraint queue_limits_some_limit check ((concurrency is not null) or (rate_limit is not null)),
+  constraint queue_limits_queue_name_fkey foreign key (queue_name) references flowlane.queues(queue_name) on delete cascade
 );

@@ -13,13 +13,17 @@ create function flowlane.create_flow(
   queue_mode text = 'flow',
   retention int = flowlane._flow_option_default('retention'),
   deadline int = null,
-  dedup_key text = null
+  dedup_key text = null,
+  concurrency_limit int = null,
+  concurrency_key text = null,
+  priority int = null
 ) returns flowlane.flows
 language plpgsql volatile
 set search_path = ''
 as $$
 declare
   v_flow flowlane.flows;
+  v_old flowlane.flows;
   v_other text;
   v_mode text := coalesce(create_flow.queue_mode, 'flow');
 begin
@@ -33,6 +37,8 @@ begin
       create_flow.flow_slug using errcode = '22023', hint = 'use a shorter slug, or per-step/explicit queues';
   end if;
   perform flowlane._check_start_options(create_flow.flow_slug, create_flow.deadline, create_flow.dedup_key);
+  perform flowlane._check_flow_control_options(format('flow "%s"', create_flow.flow_slug),
+    create_flow.concurrency_limit, create_flow.concurrency_key, create_flow.priority);
   perform pg_advisory_xact_lock(hashtext('flowlane.flow'), hashtext(lower(create_flow.flow_slug)));
   select f.flow_slug into v_other from flowlane.flows f
   where lower(f.flow_slug) = lower(create_flow.flow_slug) and f.flow_slug <> create_flow.flow_slug;
@@ -41,6 +47,7 @@ begin
       create_flow.flow_slug, v_other using errcode = '23505';
   end if;
   select * into v_flow from flowlane.flows f where f.flow_slug = create_flow.flow_slug for update;
+  v_old := v_flow;
   if found and v_flow.queue_mode <> v_mode then
     raise exception 'FLOWLANE_SHAPE_MISMATCH: flow "%" exists with queue_mode %, not %',
       create_flow.flow_slug, v_flow.queue_mode, v_mode
@@ -52,19 +59,28 @@ begin
       create_flow.flow_slug, create_flow.retention using errcode = '22023';
   end if;
   insert into flowlane.flows as f (flow_slug, opt_max_attempts, opt_base_delay, opt_timeout, queue_mode,
-                                   opt_retention, opt_deadline, opt_dedup_key)
+                                   opt_retention, opt_deadline, opt_dedup_key, opt_concurrency_limit,
+                                   opt_concurrency_key, opt_priority)
   values (create_flow.flow_slug, coalesce(max_attempts, flowlane._flow_option_default('max_attempts')),
           coalesce(base_delay, flowlane._flow_option_default('base_delay')),
           coalesce(timeout, flowlane._flow_option_default('timeout')), v_mode, create_flow.retention,
-          create_flow.deadline, create_flow.dedup_key)
+          create_flow.deadline, create_flow.dedup_key, create_flow.concurrency_limit,
+          nullif(create_flow.concurrency_key, ''), create_flow.priority)
   on conflict on constraint flows_pkey do update
     set opt_max_attempts = excluded.opt_max_attempts,
         opt_base_delay = excluded.opt_base_delay,
         opt_timeout = excluded.opt_timeout,
         opt_retention = excluded.opt_retention,
         opt_deadline = excluded.opt_deadline,
-        opt_dedup_key = excluded.opt_dedup_key
+        opt_dedup_key = excluded.opt_dedup_key,
+        opt_concurrency_limit = excluded.opt_concurrency_limit,
+        opt_concurrency_key = excluded.opt_concurrency_key,
+        opt_priority = excluded.opt_priority
   returning * into v_flow;
+  if v_old.flow_slug is not null and (v_old.opt_concurrency_limit, v_old.opt_concurrency_key)
+     is distinct from (v_flow.opt_concurrency_limit, v_flow.opt_concurrency_key) then
+    perform flowlane._flow_limits_changed(v_flow.flow_slug);
+  end if;
   return v_flow;
 end;
 $$;
@@ -96,7 +112,9 @@ create function flowlane.add_step(
   when_unmet text = 'skip',
   when_exhausted text = 'fail',
   queue_name text = null,
-  child_flow text = null
+  child_flow text = null,
+  concurrency_limit int = null,
+  concurrency_key text = null
 ) returns flowlane.steps
 language plpgsql volatile
 set search_path = ''
@@ -169,6 +187,12 @@ begin
     select coalesce(max(s.step_index) + 1, 0) into v_index from flowlane.steps s where s.flow_slug = v_flow;
   end if;
   perform flowlane._check_child_flow(v_flow, v_step, v_type, add_step.child_flow);
+  perform flowlane._check_flow_control_options(format('step "%s" of flow "%s"', v_step, v_flow),
+    add_step.concurrency_limit, add_step.concurrency_key, null);
+  if add_step.concurrency_limit is not null and (v_type = 'wait' or add_step.child_flow is not null) then
+    raise exception 'step "%" of flow "%": a concurrency limit needs a step with a handler (a wait or child-flow step has no tasks)',
+      v_step, v_flow using errcode = '22023';
+  end if;
   v_queue := flowlane._step_queue(v_flow, v_step, v_index, v_mode, v_type, add_step.queue_name,
                                   add_step.child_flow);
 
@@ -206,9 +230,15 @@ begin
     end if;
     update flowlane.steps s
        set opt_max_attempts = max_attempts, opt_base_delay = base_delay,
-           opt_timeout = timeout, opt_start_delay = start_delay
+           opt_timeout = timeout, opt_start_delay = start_delay,
+           opt_concurrency_limit = add_step.concurrency_limit,
+           opt_concurrency_key = nullif(add_step.concurrency_key, '')
      where s.flow_slug = v_flow and s.step_slug = v_step
     returning * into v_row;
+    if (v_existing.opt_concurrency_limit, v_existing.opt_concurrency_key)
+       is distinct from (v_row.opt_concurrency_limit, v_row.opt_concurrency_key) then
+      perform flowlane._step_limits_changed(v_flow, v_step);
+    end if;
     return v_row;
   end if;
 
@@ -239,10 +269,11 @@ begin
   end if;
   insert into flowlane.steps (flow_slug, step_slug, step_type, step_index, deps_count,
     opt_max_attempts, opt_base_delay, opt_timeout, opt_start_delay,
-    required_input_pattern, forbidden_input_pattern, when_unmet, when_exhausted, queue_name, child_flow)
+    required_input_pattern, forbidden_input_pattern, when_unmet, when_exhausted, queue_name, child_flow,
+    opt_concurrency_limit, opt_concurrency_key)
   values (v_flow, v_step, v_type, v_index, cardinality(v_sorted_deps), max_attempts, base_delay, timeout,
     start_delay, required_input_pattern, forbidden_input_pattern, v_unmet, v_exhausted, v_queue,
-    add_step.child_flow)
+    add_step.child_flow, add_step.concurrency_limit, nullif(add_step.concurrency_key, ''))
   returning * into v_row;
   insert into flowlane.deps (flow_slug, dep_slug, step_slug)
   select v_flow, d, v_step from unnest(v_sorted_deps) d;

@@ -5,7 +5,8 @@
 -- idempotency_key (or the flow's dedup pointer into the input): a second start with the same
 -- (called name, key) returns the first run
 create function flowlane.start_flow(flow_slug text, input jsonb, run_id uuid = null,
-                                    start_at timestamptz = null, idempotency_key text = null)
+                                    start_at timestamptz = null, idempotency_key text = null,
+                                    priority int = null)
 returns flowlane.runs
 language plpgsql volatile
 set search_path = ''
@@ -16,6 +17,7 @@ declare
   v_key text;
 begin
   perform flowlane._check_start_input(v_flow, input, format('start_flow(%s)', v_flow));
+  perform flowlane._check_priority(format('start_flow(%s)', v_flow), start_flow.priority);
   v_key := flowlane._start_key(v_flow, input, start_flow.idempotency_key, format('start_flow(%s)', v_flow));
   if v_key is not null then
     v_run := flowlane._keyed_run(start_flow.flow_slug, v_key);
@@ -36,14 +38,16 @@ begin
     end if;
   end if;
   select * into v_run from flowlane._create_runs(v_flow, array[input], array[start_flow.run_id],
-                                                 start_flow.start_at, array[v_key], start_flow.flow_slug);
+                                                 start_flow.start_at, array[v_key], start_flow.flow_slug,
+                                                 start_flow.priority);
   return v_run;
 end;
 $$;
 
 -- many runs of one flow or alias in one call; returns the runs in input order.
 -- All or nothing: a bad input raises naming its position and starts no run.
-create function flowlane.start_flows(flow_slug text, inputs jsonb[], start_at timestamptz = null)
+create function flowlane.start_flows(flow_slug text, inputs jsonb[], start_at timestamptz = null,
+                                     priority int = null)
 returns setof flowlane.runs
 language plpgsql volatile
 set search_path = ''
@@ -58,6 +62,7 @@ begin
   if cardinality(inputs) = 0 then
     return;
   end if;
+  perform flowlane._check_priority(format('start_flows(%s)', v_flow), start_flows.priority);
   for v_i in select i from generate_subscripts(inputs, 1) i
              where inputs[i] is null or jsonb_typeof(inputs[i]) <> 'array' order by i loop
     perform flowlane._check_start_input(v_flow, inputs[v_i], format('start_flows(%s): input %s', v_flow, v_i - 1));
@@ -65,11 +70,13 @@ begin
   if exists (select 1 from flowlane.flows f where f.flow_slug = v_flow and f.opt_dedup_key is not null) then
     -- each input's key may name an earlier run (or an earlier input of this call)
     for v_i in select i from generate_subscripts(inputs, 1) i order by i loop
-      return next flowlane.start_flow(start_flows.flow_slug, inputs[v_i], null, start_flows.start_at);
+      return next flowlane.start_flow(start_flows.flow_slug, inputs[v_i], null, start_flows.start_at, null,
+                                      start_flows.priority);
     end loop;
     return;
   end if;
-  return query select * from flowlane._create_runs(v_flow, inputs, '{}', start_flows.start_at);
+  return query select * from flowlane._create_runs(v_flow, inputs, '{}', start_flows.start_at, null, null,
+                                                   start_flows.priority);
 end;
 $$;
 
@@ -96,10 +103,13 @@ $$;
 
 -- new runs of one concrete flow (inputs checked by the caller); returns them in input order
 -- p_start_at in the future: the runs wait (status waiting) for the maintenance tick;
--- p_keys: each run's idempotency key within p_called (the name the caller started)
+-- p_keys: each run's idempotency key within p_called (the name the caller started);
+-- p_priority: the runs' priority (null: the flow's). A flow with a concurrency limit: each
+-- run is created held for its key (waiting, hold_seq in input order), and those that have
+-- room begin at once (_begin_new_held_runs), behind any held before them
 create function flowlane._create_runs(p_flow text, p_inputs jsonb[], p_run_ids uuid[],
                                       p_start_at timestamptz = null, p_keys text[] = null,
-                                      p_called text = null)
+                                      p_called text = null, p_priority int = null)
 returns setof flowlane.runs
 language plpgsql volatile
 set search_path = ''
@@ -108,15 +118,23 @@ as $$
 declare
   v_ids uuid[];
   v_waiting boolean := coalesce(p_start_at > now(), false);
+  v_flow flowlane.flows;
+  v_held boolean;
 begin
   perform flowlane._check_contract_inputs(p_flow, p_inputs);
+  select * into v_flow from flowlane.flows f where f.flow_slug = p_flow;
+  v_held := v_flow.opt_concurrency_limit is not null and not v_waiting;
   v_ids := array(select coalesce(p_run_ids[i], gen_random_uuid()) from generate_subscripts(p_inputs, 1) i order by i);
   insert into flowlane.runs (run_id, flow_slug, input, remaining_steps, trace_parent, status, start_at,
-                             deadline_at, called_as, idempotency_key)
+                             deadline_at, called_as, idempotency_key, priority, concurrency_key, hold_seq)
   select v_ids[i], p_flow, p_inputs[i], (select count(*) from flowlane.steps s where s.flow_slug = p_flow),
-         flowlane._trace_parent(), case when v_waiting then 'waiting' else 'started' end, p_start_at,
-         case when v_waiting then null else flowlane._run_deadline(p_flow, now()) end,
-         case when p_keys[i] is not null then p_called end, p_keys[i]
+         flowlane._trace_parent(), case when v_waiting or v_held then 'waiting' else 'started' end, p_start_at,
+         case when v_waiting or v_held then null else flowlane._run_deadline(p_flow, now()) end,
+         case when p_keys[i] is not null then p_called end, p_keys[i],
+         coalesce(p_priority, v_flow.opt_priority, 0),
+         case when v_flow.opt_concurrency_limit is not null
+              then flowlane._concurrency_key(v_flow.opt_concurrency_key, p_inputs[i]) end,
+         case when v_held then nextval('flowlane.hold_seq') end
   from generate_subscripts(p_inputs, 1) i order by i;
   insert into flowlane.step_states (flow_slug, run_id, step_slug, remaining_deps, initial_tasks)
   select p_flow, v_ids[i], s.step_slug, s.deps_count,
@@ -126,7 +144,9 @@ begin
   from generate_subscripts(p_inputs, 1) i, flowlane.steps s
   where s.flow_slug = p_flow
   order by v_ids[i], s.step_slug;
-  if not v_waiting then
+  if v_held then
+    perform flowlane._begin_new_held_runs(v_ids);
+  elsif not v_waiting then
     perform flowlane._progress_runs(v_ids);
   end if;
   return query select r.* from unnest(v_ids) with ordinality as u (run_id, ord)
@@ -324,7 +344,6 @@ as $$
 declare
   v_started flowlane.step_states[];
   v_group record;
-  v_n int;
 begin
   with ready as (
     select ss.run_id, ss.step_slug
@@ -352,9 +371,13 @@ begin
     select s.queue_name, coalesce(s.opt_start_delay, 0) as start_delay,
            array_agg(jsonb_build_object('flow_slug', st.flow_slug, 'run_id', st.run_id,
                                         'step_slug', st.step_slug, 'task_index', k)
-                     order by st.run_id, s.step_index, k) as bodies
+                     || case when r.priority <> 0 then jsonb_build_object('priority', r.priority)
+                             else '{}'::jsonb end
+                     order by st.run_id, s.step_index, k) as bodies,
+           bool_or(s.opt_concurrency_limit is not null) as limited
     from unnest(v_started) st
     join flowlane.steps s on s.flow_slug = st.flow_slug and s.step_slug = st.step_slug
+    join flowlane.runs r on r.run_id = st.run_id and r.run_id = any (p_run_ids)
     cross join lateral generate_series(0, st.initial_tasks - 1) as k
     group by 1, 2
     order by 1, 2
@@ -364,16 +387,10 @@ begin
       perform flowlane._start_children(v_started);
       continue;
     end if;
-    insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)
-    select b.body ->> 'flow_slug', (b.body ->> 'run_id')::uuid, b.body ->> 'step_slug',
-           (b.body ->> 'task_index')::int, v_group.queue_name, m.id
-    from pgmq.send_batch(v_group.queue_name, v_group.bodies, v_group.start_delay) with ordinality as m (id, ord)
-    join unnest(v_group.bodies) with ordinality as b (body, ord) on b.ord = m.ord;
-    get diagnostics v_n = row_count;
-    if v_n <> cardinality(v_group.bodies) then
-      raise exception 'internal error: sent % messages to queue % for % tasks',
-        v_n, v_group.queue_name, cardinality(v_group.bodies);
-    end if;
+    -- a step with a concurrency limit: tasks over its key's limit are held (19_flow_control.sql)
+    perform flowlane._send_tasks(v_group.queue_name,
+      case when v_group.limited then flowlane._take_step_slots(v_group.bodies) else v_group.bodies end,
+      v_group.start_delay);
   end loop;
 end;
 $$;

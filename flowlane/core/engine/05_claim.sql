@@ -2,7 +2,7 @@
 -- started task holds a lease until its stall deadline.
 
 create type flowlane.claim_record as (
-  outcome text,         -- 'claimed' | 'unsupported'
+  outcome text,         -- 'claimed' | 'unsupported' | 'handed_back' | 'at_capacity' | 'rate_limited'
   flow_slug text,       -- null for a foreign message (no task on this queue)
   step_slug text,
   queue_name text,
@@ -38,7 +38,11 @@ from (select s.flow_slug, s.step_slug,
       from flowlane.steps s join flowlane.flows f on f.flow_slug = s.flow_slug) o;
 
 -- a worker's claim: read up to qty messages of its queue and start their tasks, in one round
--- trip; the claim keeps the visibility the read gave (see _start_tasks)
+-- trip; the claim keeps the visibility the read gave (see _start_tasks). A queue with limits
+-- (19_flow_control.sql) reads at most what they allow; when they allow nothing the claim
+-- returns one row instead: 'at_capacity' (the queue's concurrency is reached: a task's end
+-- wakes the queue's listeners) or 'rate_limited' (input {"wait_ms": N}: no start is allowed
+-- for N ms). A queue that has seen a priority is read in priority order.
 create function flowlane.claim_tasks(queue_name text, qty int, worker_id uuid, supported_pairs jsonb)
 returns setof flowlane.claim_record
 language plpgsql volatile
@@ -49,6 +53,8 @@ declare
   v_lease int;
   v_ids bigint[];
   v_later bigint[];
+  v_gate flowlane._queue_gate;
+  v_rows flowlane.claim_record[];
 begin
   perform flowlane._check_queue_argument('claim_tasks', claim_tasks.queue_name);
   if qty is null or qty < 1 then
@@ -57,10 +63,26 @@ begin
   select coalesce(max(o.claim_visibility), 0) into v_lease
   from flowlane._pairs(supported_pairs) p
   join flowlane.step_options o on o.flow_slug = p.flow_slug and o.step_slug = p.step_slug;
-  select coalesce(array_agg(m.msg_id) filter (where m.enqueued_at <= now()), '{}'),
-         coalesce(array_agg(m.msg_id) filter (where m.enqueued_at > now()), '{}')
-    into v_ids, v_later
-  from pgmq.read(claim_tasks.queue_name, v_lease, qty) m;
+  if exists (select 1 from flowlane.queues q
+             where q.queue_name = claim_tasks.queue_name
+               and (q.prioritized or exists (select 1 from flowlane.queue_limits l where l.queue_name = q.queue_name))) then
+    v_gate := flowlane._open_queue_gate(claim_tasks.queue_name, qty);
+    if (v_gate.refusal).outcome is not null then
+      return next v_gate.refusal;
+      return;
+    end if;
+  end if;
+  if coalesce(v_gate.prioritized, false) then
+    select coalesce(array_agg(m.msg_id) filter (where m.enqueued_at <= now()), '{}'),
+           coalesce(array_agg(m.msg_id) filter (where m.enqueued_at > now()), '{}')
+      into v_ids, v_later
+    from flowlane._read_by_priority(claim_tasks.queue_name, v_lease, v_gate.allowed) m;
+  else
+    select coalesce(array_agg(m.msg_id) filter (where m.enqueued_at <= now()), '{}'),
+           coalesce(array_agg(m.msg_id) filter (where m.enqueued_at > now()), '{}')
+      into v_ids, v_later
+    from pgmq.read(claim_tasks.queue_name, v_lease, coalesce(v_gate.allowed, qty)) m;
+  end if;
   if cardinality(v_later) > 0 then
     -- enqueued by a transaction that committed after this one began (the read takes a
     -- new snapshot): a claim now would start the task before it was queued. Visible
@@ -68,33 +90,53 @@ begin
     perform pgmq.set_vt(claim_tasks.queue_name, v_later, 0);
   end if;
   if cardinality(v_ids) = 0 then
+    perform flowlane._close_queue_gate(v_gate, 0);
     return;
   end if;
-  return query
-    with c as (
-      select * from flowlane._start_tasks(claim_tasks.queue_name, v_ids, claim_tasks.worker_id, supported_pairs,
-                                          v_lease)
-    )
-    select c.outcome, c.flow_slug, c.step_slug, c.queue_name, c.run_id, c.task_index, c.input,
-           case when row_number() over (partition by c.run_id order by c.msg_id) = 1 then c.flow_input end,
-           c.attempt, c.msg_id
-    from c
-    union all
-    -- a refused batch: the other messages read, handed back visible with it (ids only)
-    select 'handed_back', null, null, claim_tasks.queue_name, null, null, null, null, null, m.id
-    from unnest(v_ids) as m (id)
-    where exists (select 1 from c where c.outcome = 'unsupported')
-      and not exists (select 1 from c where c.msg_id = m.id)
-    order by 10;
+  if not coalesce(v_gate.limited, false) then
+    return query select * from flowlane._claim_batch(claim_tasks.queue_name, v_ids, claim_tasks.worker_id,
+                                                     supported_pairs, v_lease, null);
+    return;
+  end if;
+  v_rows := array(select c from flowlane._claim_batch(claim_tasks.queue_name, v_ids, claim_tasks.worker_id,
+                                                      supported_pairs, v_lease, v_gate.started_at) c);
+  perform flowlane._close_queue_gate(v_gate, (select count(*)::int from unnest(v_rows) r where r.outcome = 'claimed'));
+  return query select * from unnest(v_rows);
 end;
 $$;
 
 create function flowlane.start_tasks(queue_name text, msg_ids bigint[], worker_id uuid, supported_pairs jsonb)
 returns setof flowlane.claim_record
-language sql volatile
+language plpgsql volatile
 set search_path = ''
 as $$
-  select * from flowlane._start_tasks(queue_name, msg_ids, worker_id, supported_pairs, null)
+declare
+  v_gate flowlane._queue_gate;
+  v_ids bigint[];
+  v_rows flowlane.claim_record[];
+begin
+  perform flowlane._check_queue_argument('start_tasks', start_tasks.queue_name);
+  if not exists (select 1 from flowlane.queue_limits l where l.queue_name = start_tasks.queue_name) then
+    return query select * from flowlane._start_tasks(start_tasks.queue_name, msg_ids, worker_id, supported_pairs, null);
+    return;
+  end if;
+  -- a queue with limits: the first messages it allows start, the others are handed back visible
+  v_gate := flowlane._open_queue_gate(start_tasks.queue_name, greatest(1, coalesce(cardinality(msg_ids), 0)));
+  v_ids := array(select distinct m from unnest(msg_ids) m where m is not null order by m);
+  if (v_gate.refusal).outcome is not null then
+    perform pgmq.set_vt(start_tasks.queue_name, v_ids, 0);
+    return next v_gate.refusal;
+    return;
+  end if;
+  if cardinality(v_ids) > v_gate.allowed then
+    perform pgmq.set_vt(start_tasks.queue_name, v_ids[v_gate.allowed + 1:], 0);
+    v_ids := v_ids[1:v_gate.allowed];
+  end if;
+  select coalesce(array_agg(c), '{}') into v_rows
+  from flowlane._start_tasks(start_tasks.queue_name, v_ids, worker_id, supported_pairs, null, v_gate.started_at) c;
+  perform flowlane._close_queue_gate(v_gate, (select count(*)::int from unnest(v_rows) r where r.outcome = 'claimed'));
+  return query select * from unnest(v_rows);
+end;
 $$;
 
 -- the claim of a batch of read messages, classified as a whole before anything changes (a
@@ -102,7 +144,7 @@ $$;
 -- return are read from the unnested claim, the leases looked up once per (flow, step), the
 -- inputs from _claimed_inputs
 create function flowlane._start_tasks(p_queue text, p_msg_ids bigint[], p_worker_id uuid, p_pairs jsonb,
-                                      p_read_vt int)
+                                      p_read_vt int, p_started_at timestamptz = null)
 returns setof flowlane.claim_record
 language plpgsql volatile
 set search_path = ''
@@ -184,7 +226,7 @@ begin
 
   with claimed as (
     update flowlane.step_tasks t
-       set status = 'started', attempts_count = t.attempts_count + 1, started_at = now(),
+       set status = 'started', attempts_count = t.attempts_count + 1, started_at = coalesce(p_started_at, now()),
            last_worker_id = p_worker_id
       from unnest(v_batch) c
      where c.claimable and t.run_id = (c.task).run_id and t.step_slug = (c.task).step_slug
@@ -220,6 +262,29 @@ begin
       on i.run_id = c.run_id and i.step_slug = c.step_slug and i.task_index = c.task_index
     order by c.message_id;
 end;
+$$;
+
+-- the rows of a claim of the messages read: the claimed tasks (a run's input on its first row
+-- only) and, for a refused batch, the other messages read, handed back visible (ids only)
+create function flowlane._claim_batch(p_queue text, p_ids bigint[], p_worker_id uuid, p_pairs jsonb,
+                                      p_lease int, p_started_at timestamptz)
+returns setof flowlane.claim_record
+language sql volatile
+set search_path = ''
+as $$
+  with c as (
+    select * from flowlane._start_tasks(p_queue, p_ids, p_worker_id, p_pairs, p_lease, p_started_at)
+  )
+  select c.outcome, c.flow_slug, c.step_slug, c.queue_name, c.run_id, c.task_index, c.input,
+         case when row_number() over (partition by c.run_id order by c.msg_id) = 1 then c.flow_input end,
+         c.attempt, c.msg_id
+  from c
+  union all
+  select 'handed_back', null, null, p_queue, null, null, null, null, null, m.id
+  from unnest(p_ids) as m (id)
+  where exists (select 1 from c where c.outcome = 'unsupported')
+    and not exists (select 1 from c where c.msg_id = m.id)
+  order by 10
 $$;
 
 -- the stall deadline of a started task: its step's stall_after seconds (step_options) after
@@ -263,11 +328,13 @@ create function flowlane._track_leases() returns trigger
 language plpgsql volatile
 set search_path = ''
 as $$
+declare
+  v_woken bigint;
 begin
   -- (each statement names only the transition tables its event has)
   if tg_op = 'INSERT' then
-    insert into flowlane.task_leases (run_id, step_slug, task_index, started_at)
-    select n.run_id, n.step_slug, n.task_index, n.started_at
+    insert into flowlane.task_leases (run_id, step_slug, task_index, started_at, queue_name)
+    select n.run_id, n.step_slug, n.task_index, n.started_at, n.queue_name
     from new_tasks n where n.status = 'started' order by 1, 2, 3;
   elsif tg_op = 'DELETE' then
     delete from flowlane.task_leases l
@@ -275,14 +342,21 @@ begin
      where o.status = 'started'
        and l.run_id = o.run_id and l.step_slug = o.step_slug and l.task_index = o.task_index;
   else
-    delete from flowlane.task_leases l
-     using old_tasks o join new_tasks n
-           on n.run_id = o.run_id and n.step_slug = o.step_slug and n.task_index = o.task_index
-     where o.status = 'started'
-       and (n.status <> 'started' or n.started_at is distinct from o.started_at)
-       and l.run_id = o.run_id and l.step_slug = o.step_slug and l.task_index = o.task_index;
-    insert into flowlane.task_leases (run_id, step_slug, task_index, started_at)
-    select n.run_id, n.step_slug, n.task_index, n.started_at
+    -- a started task that ends frees a slot of its queue's concurrency: its workers look again
+    with gone as (
+      delete from flowlane.task_leases l
+       using old_tasks o join new_tasks n
+             on n.run_id = o.run_id and n.step_slug = o.step_slug and n.task_index = o.task_index
+       where o.status = 'started'
+         and (n.status <> 'started' or n.started_at is distinct from o.started_at)
+         and l.run_id = o.run_id and l.step_slug = o.step_slug and l.task_index = o.task_index
+      returning l.queue_name
+    )
+    select count(flowlane._wake_queue(g.queue_name)) into v_woken
+    from (select distinct g.queue_name from gone g) g
+    where exists (select 1 from flowlane.queue_limits q where q.queue_name = g.queue_name and q.concurrency is not null);
+    insert into flowlane.task_leases (run_id, step_slug, task_index, started_at, queue_name)
+    select n.run_id, n.step_slug, n.task_index, n.started_at, n.queue_name
     from new_tasks n join old_tasks o
          on o.run_id = n.run_id and o.step_slug = n.step_slug and o.task_index = n.task_index
     where n.status = 'started'

@@ -148,8 +148,6 @@ set search_path = ''
 as $$
 declare
   v_run flowlane.runs;
-  v_group record;
-  v_ids bigint[];
 begin
   select * into v_run from flowlane.runs r where r.run_id = retry_run.run_id for update;
   if not found then
@@ -172,6 +170,7 @@ begin
      and not exists (select 1 from flowlane.step_tasks t
                      where t.run_id = ss.run_id and t.step_slug = ss.step_slug);
   perform flowlane._reopen_waits(v_run.run_id);
+  delete from flowlane.held_tasks h where h.run_id = v_run.run_id;  -- held again when their steps restart
   -- unfinished tasks are replaced by fresh ones (a message id is an immutable identity);
   -- their attempts stay in flowlane.task_attempts
   delete from flowlane.step_tasks t
@@ -185,36 +184,24 @@ begin
                                                where t.run_id = ss.run_id and t.step_slug = ss.step_slug
                                                  and t.status = 'completed')
    where ss.run_id = v_run.run_id and ss.status in ('failed', 'started', 'cancelled');
+  if v_run.concurrency_key is not null then
+    -- a flow with a concurrency limit: the retried run waits for its key like a new one
+    -- (its tasks are sent when it begins, _begin_held_runs)
+    update flowlane.runs r
+       set status = 'waiting', failed_at = null, error_message = null, deadline_at = null,
+           retry_count = r.retry_count + 1, retried_at = now(), hold_seq = nextval('flowlane.hold_seq')
+     where r.run_id = v_run.run_id;
+    perform flowlane._begin_new_held_runs(array[v_run.run_id]);
+    select * into v_run from flowlane.runs r where r.run_id = v_run.run_id;
+    return v_run;
+  end if;
   update flowlane.runs r
      set status = 'started', failed_at = null, error_message = null,
          retry_count = r.retry_count + 1, retried_at = now(),
          deadline_at = flowlane._run_deadline(r.flow_slug, now())  -- a fresh deadline from the retry
    where r.run_id = v_run.run_id;
-
-  -- one send_batch per queue, tasks in step order
-  for v_group in
-    select s.queue_name,
-           array_agg(ss.step_slug order by s.step_index, k) as slugs,
-           array_agg(k order by s.step_index, k) as indexes
-    from flowlane.step_states ss
-    join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
-    cross join lateral generate_series(0, ss.initial_tasks - 1) as k
-    where ss.run_id = v_run.run_id and ss.status = 'started'
-      and not exists (select 1 from flowlane.step_tasks t
-                      where t.run_id = ss.run_id and t.step_slug = ss.step_slug and t.task_index = k)
-    group by s.queue_name
-    order by s.queue_name
-  loop
-    select array_agg(m.id order by m.ord) into v_ids
-    from pgmq.send_batch(v_group.queue_name,
-           array(select jsonb_build_object('flow_slug', v_run.flow_slug, 'run_id', v_run.run_id,
-                                           'step_slug', v_group.slugs[j], 'task_index', v_group.indexes[j])
-                 from generate_subscripts(v_group.slugs, 1) as j order by j),
-           0) with ordinality as m(id, ord);
-    insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)
-    select v_run.flow_slug, v_run.run_id, v_group.slugs[j], v_group.indexes[j], v_group.queue_name, v_ids[j]
-    from generate_subscripts(v_group.slugs, 1) as j;
-  end loop;
+  -- one send_batch per queue, tasks in step order (held for their slot on a limited step)
+  perform flowlane._send_missing_tasks(v_run.run_id);
   perform flowlane._progress(v_run.run_id);
   select * into v_run from flowlane.runs r where r.run_id = v_run.run_id;
   return v_run;

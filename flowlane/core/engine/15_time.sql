@@ -97,7 +97,9 @@ language sql stable
 set search_path = ''
 as $$ select r.deadline_at from flowlane.runs r where r.run_id = run_deadline.run_id $$;
 
--- delayed runs whose time has come begin; returns how many
+-- delayed runs whose time has come begin; returns how many. A run of a flow with a
+-- concurrency limit is held for its key instead (in the order the runs became due), and
+-- begins now if its key has room
 create function flowlane._begin_due_runs(p_now timestamptz) returns int
 language plpgsql volatile
 set search_path = ''
@@ -105,22 +107,31 @@ set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_ids uuid[];
+  v_held uuid[];
 begin
   with due as (
     select r.run_id from flowlane.runs r
-    where r.status = 'waiting' and r.start_at <= p_now
+    where r.status = 'waiting' and r.start_at <= p_now and r.hold_seq is null
     order by r.start_at, r.run_id
     for update skip locked
   ), begun as (
     update flowlane.runs r
-       set status = 'started', started_at = now(), deadline_at = flowlane._run_deadline(r.flow_slug, now())
-      from due where r.run_id = due.run_id
-    returning r.run_id
-  ) select coalesce(array_agg(b.run_id order by b.run_id), '{}') into v_ids from begun b;
+       set status = case when r.concurrency_key is null then 'started' else 'waiting' end,
+           hold_seq = case when r.concurrency_key is null then null else nextval('flowlane.hold_seq') end,
+           started_at = now(),
+           deadline_at = case when r.concurrency_key is null then flowlane._run_deadline(r.flow_slug, now()) end
+      from (select d.run_id from due d order by d.run_id) due where r.run_id = due.run_id
+    returning r.run_id, r.status
+  ) select coalesce(array_agg(b.run_id order by b.run_id) filter (where b.status = 'started'), '{}'),
+           coalesce(array_agg(b.run_id order by b.run_id) filter (where b.status = 'waiting'), '{}')
+      into v_ids, v_held from begun b;
   if cardinality(v_ids) > 0 then
     perform flowlane._progress_runs(v_ids);
   end if;
-  return cardinality(v_ids);
+  if cardinality(v_held) > 0 then
+    perform flowlane._begin_new_held_runs(v_held);
+  end if;
+  return cardinality(v_ids) + cardinality(v_held);
 end;
 $$;
 
@@ -532,9 +543,10 @@ declare
   v_begun int := flowlane._begin_due_runs(p_now);
   v_failed int := flowlane._fail_overdue_runs(p_now);
   v_expired int := flowlane.expire_waits(p_now);
+  v_released int := flowlane._release_held(p_now);
   v_pruned int := (select p.runs_deleted from flowlane.prune_runs(p_now) p);
 begin
   return jsonb_build_object('fired', v_fired, 'begun', v_begun, 'failed', v_failed,
-                            'waits_expired', v_expired, 'pruned', v_pruned);
+                            'waits_expired', v_expired, 'released', v_released, 'pruned', v_pruned);
 end;
 $$;
