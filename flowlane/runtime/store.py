@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +66,9 @@ class Claim:
     tasks: list[ClaimedTask] = field(default_factory=list)
     unsupported: list[Unsupported] = field(default_factory=list)
     batch: list[int] = field(default_factory=list)  # every message read (claim_tasks)
+    # the queue's limits allowed no start (claim_tasks read nothing): seconds until its rate
+    # limit allows one, or 0 at its concurrency limit (a task's end wakes the poller)
+    held_back: float | None = None
 
 
 def channel(queue_name: str) -> str:
@@ -266,12 +269,22 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     set_json_loads(safe_loads, conn)
 
 
+# claim_tasks' answer when a queue's limits (kind: queue) allow no start now: how long to wait
+HELD_BACK: dict[str, Callable[[dict[str, Any]], float]] = {
+    "at_capacity": lambda detail: 0.0,
+    "rate_limited": lambda detail: max(float(detail.get("wait_ms") or 0), 1.0) / 1000,
+}
+
+
 def _claim(rows: list[Row]) -> Claim:
     """The rows of start_tasks / claim_tasks. claim_tasks sends a run's input once per
     batch (null on the run's later rows): those tasks share the first row's object."""
     claim = Claim()
     run_inputs: dict[str, Any] = {}
     for r in rows:
+        if r["outcome"] in HELD_BACK:
+            claim.held_back = HELD_BACK[r["outcome"]](r["input"] or {})
+            continue
         claim.batch.append(int(r["msg_id"]))
         if r["outcome"] == "claimed":
             run_id = str(r["run_id"])

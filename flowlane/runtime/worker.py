@@ -500,9 +500,23 @@ class Worker:
             parents = await self._trace_parents(session, claim.tasks)
             for task in claim.tasks:
                 self._spawn(session, task, parents.get(task.run_id))
-            if not claim.batch and notified and not session.stopping.is_set():
+            if claim.held_back is not None and not session.stopping.is_set():
+                await self._held_back(session, claim.held_back)
+            elif not claim.batch and notified and not session.stopping.is_set():
                 log.event(DEBUG, "poller_idle", wait=f"{self.config.poll_interval:g}s")
                 await session.pause(self.config.poll_interval, session.wake)
+
+    async def _held_back(self, session: Session, seconds: float) -> None:
+        """The queue's limits allow no start now. A rate limit says when the next start is
+        allowed: sleep that long (new messages would not help), at most the poll interval (a
+        limit changed by apply is seen then). At its concurrency limit a task's end (of any
+        worker) wakes the queue's listeners like a new message; the poll interval is the
+        fallback."""
+        log.event(DEBUG, "poller_held_back", wait=f"{seconds:g}s" if seconds else "a task's end")
+        if seconds:
+            await session.pause(min(seconds, self.config.poll_interval))
+        else:
+            await session.pause(self.config.poll_interval, session.wake)
 
     async def _trace_parents(self, session: Session, tasks: list[ClaimedTask]) -> dict[str, str]:
         """The trace contexts the tasks' runs were started in (asked only when tracing)."""
