@@ -96,22 +96,29 @@ select run_id from flowlane.start_flows(%(flow)s, %(inputs)s::jsonb[],
 -- name: client_list_runs
 -- newest first; a page ends with the run whose id is passed as %(before)s next time
 -- waiting_for: what the run (held for its flow's concurrency) or its first waiting task is
--- held back by (flowlane.run_holds); a delayed start says so with its start_at already
-select r.run_id, r.flow_slug, r.status, r.remaining_steps, r.started_at, r.completed_at, r.failed_at,
-       r.cancelled_at, r.start_at, r.hold_seq is not null as held,
-       case when r.status in ('waiting', 'started') then
-         (select h.waiting_for from flowlane.run_holds(array[r.run_id]) h
-          where h.step_slug is not null or h.place is not null
-          order by h.step_slug nulls first, h.task_index limit 1) end as waiting_for
-from flowlane.runs r
-where (%(flows)s::text[] is null or r.flow_slug = any(%(flows)s::text[]))
-  and (%(status)s::text is null or r.status = %(status)s::text)
-  and (%(since)s::timestamptz is null or r.started_at >= %(since)s::timestamptz)
-  and (%(parent)s::uuid is null or r.parent_run_id = %(parent)s::uuid)
-  and (%(before)s::uuid is null or (r.started_at, r.run_id) < (
-         select b.started_at, b.run_id from flowlane.runs b where b.run_id = %(before)s::uuid))
-order by r.started_at desc, r.run_id desc
-limit %(limit)s
+-- held back by (flowlane.run_holds, asked once for the page); a delayed start says so with
+-- its start_at already
+with page as (
+  select r.run_id, r.flow_slug, r.status, r.remaining_steps, r.started_at, r.completed_at, r.failed_at,
+         r.cancelled_at, r.start_at, r.hold_seq is not null as held
+  from flowlane.runs r
+  where (%(flows)s::text[] is null or r.flow_slug = any(%(flows)s::text[]))
+    and (%(status)s::text is null or r.status = %(status)s::text)
+    and (%(since)s::timestamptz is null or r.started_at >= %(since)s::timestamptz)
+    and (%(parent)s::uuid is null or r.parent_run_id = %(parent)s::uuid)
+    and (%(before)s::uuid is null or (r.started_at, r.run_id) < (
+           select b.started_at, b.run_id from flowlane.runs b where b.run_id = %(before)s::uuid))
+  order by r.started_at desc, r.run_id desc
+  limit %(limit)s
+), holds as (
+  select distinct on (h.run_id) h.run_id, h.waiting_for
+  from flowlane.run_holds(array(select p.run_id from page p where p.status in ('waiting', 'started'))) h
+  where h.step_slug is not null or h.place is not null
+  order by h.run_id, h.step_slug nulls first, h.task_index
+)
+select p.*, h.waiting_for
+from page p left join holds h on h.run_id = p.run_id
+order by p.started_at desc, p.run_id desc
 
 -- name: client_schedules
 -- every schedule: its next firing (UTC and wall time in its zone), its last run, its pause
