@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,9 +66,10 @@ class Claim:
     tasks: list[ClaimedTask] = field(default_factory=list)
     unsupported: list[Unsupported] = field(default_factory=list)
     batch: list[int] = field(default_factory=list)  # every message read (claim_tasks)
-    # the queue's limits allowed no start (claim_tasks read nothing): seconds until its rate
-    # limit allows one, or 0 at its concurrency limit (a task's end wakes the poller)
-    held_back: float | None = None
+    # the queue's limits allowed no start: its concurrency is reached (a task's end wakes
+    # the queue's listeners), or its rate limit allows the next start in rate_limited_ms
+    at_capacity: bool = False
+    rate_limited_ms: int | None = None
 
 
 def channel(queue_name: str) -> str:
@@ -269,21 +270,17 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     set_json_loads(safe_loads, conn)
 
 
-# claim_tasks' answer when a queue's limits (kind: queue) allow no start now: how long to wait
-HELD_BACK: dict[str, Callable[[dict[str, Any]], float]] = {
-    "at_capacity": lambda detail: 0.0,
-    "rate_limited": lambda detail: max(float(detail.get("wait_ms") or 0), 1.0) / 1000,
-}
-
-
 def _claim(rows: list[Row]) -> Claim:
     """The rows of start_tasks / claim_tasks. claim_tasks sends a run's input once per
     batch (null on the run's later rows): those tasks share the first row's object."""
     claim = Claim()
     run_inputs: dict[str, Any] = {}
     for r in rows:
-        if r["outcome"] in HELD_BACK:
-            claim.held_back = HELD_BACK[r["outcome"]](r["input"] or {})
+        if r["outcome"] == "at_capacity":
+            claim.at_capacity = True
+            continue
+        if r["outcome"] == "rate_limited":
+            claim.rate_limited_ms = max(1, int((r["input"] or {}).get("wait_ms") or 1))
             continue
         claim.batch.append(int(r["msg_id"]))
         if r["outcome"] == "claimed":

@@ -16,7 +16,11 @@ asyncio tasks on one loop:
   stops for a restart with the current YAML (exit status 4), otherwise it
   disables its deployment and stops (exit status 3). It wakes on PGMQ's
   insert notification and polls every ``poll_interval`` as a fallback; while
-  the notification connection is down it uses ``pgmq.read_with_poll``;
+  the notification connection is down it uses ``pgmq.read_with_poll``. On a
+  queue with limits (``kind: queue``) a claim the limits refuse says so: at
+  its concurrency the poller waits for the end of a started task (notified on
+  the same channel); rate-limited it sleeps exactly until the next start is
+  allowed;
 - flusher: sends results as they finish, completions batched through
   ``complete_tasks``, failures through ``fail_tasks``, both fenced by worker id
   and attempt; up to two commits in flight;
@@ -500,23 +504,19 @@ class Worker:
             parents = await self._trace_parents(session, claim.tasks)
             for task in claim.tasks:
                 self._spawn(session, task, parents.get(task.run_id))
-            if claim.held_back is not None and not session.stopping.is_set():
-                await self._held_back(session, claim.held_back)
-            elif not claim.batch and notified and not session.stopping.is_set():
+            if claim.rate_limited_ms is not None:
+                # the queue's rate limit allows the next start then: sleep exactly until it
+                # (a new message's notification cannot make it sooner)
+                log.event(DEBUG, "poller_rate_limited", wait=f"{claim.rate_limited_ms}ms")
+                await session.pause(claim.rate_limited_ms / 1000)
+                continue
+            if claim.at_capacity and not notified:  # nothing wakes this poller: poll
+                await session.pause(self.config.poll_interval, session.wake)
+                continue
+            # (at capacity: the end of a started task on the queue notifies its listeners)
+            if not claim.batch and notified and not session.stopping.is_set():
                 log.event(DEBUG, "poller_idle", wait=f"{self.config.poll_interval:g}s")
                 await session.pause(self.config.poll_interval, session.wake)
-
-    async def _held_back(self, session: Session, seconds: float) -> None:
-        """The queue's limits allow no start now. A rate limit says when the next start is
-        allowed: sleep that long (new messages would not help), at most the poll interval (a
-        limit changed by apply is seen then). At its concurrency limit a task's end (of any
-        worker) wakes the queue's listeners like a new message; the poll interval is the
-        fallback."""
-        log.event(DEBUG, "poller_held_back", wait=f"{seconds:g}s" if seconds else "a task's end")
-        if seconds:
-            await session.pause(min(seconds, self.config.poll_interval))
-        else:
-            await session.pause(self.config.poll_interval, session.wake)
 
     async def _trace_parents(self, session: Session, tasks: list[ClaimedTask]) -> dict[str, str]:
         """The trace contexts the tasks' runs were started in (asked only when tracing)."""

@@ -28,9 +28,9 @@ def handlers() -> Iterator[object]:
 
 def test_a_held_back_claim_says_how_long_to_wait() -> None:
     row = {"outcome": "rate_limited", "msg_id": None, "input": {"wait_ms": 400}}
-    assert _claim([row]).held_back == 0.4
+    assert _claim([row]).rate_limited_ms == 400
     full = _claim([{"outcome": "at_capacity", "msg_id": None, "input": {"started": 2}}])
-    assert full.held_back == 0 and not full.batch and not full.tasks
+    assert full.at_capacity and not full.batch and not full.tasks
 
 
 def test_the_queue_concurrency_holds_below_the_workers_slots(flows_dsn: str, handlers: object) -> None:

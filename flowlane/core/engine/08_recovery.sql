@@ -56,8 +56,8 @@ end;
 $$;
 
 -- runs that are started but have no task that can move them: every started
--- run needs a queued task (visible, delayed or retry-delayed) or a started
--- (leased) task whose message is still on its queue
+-- run needs a queued task (visible, delayed or retry-delayed), a started
+-- (leased) task whose message is still on its queue, or a held task
 create function flowlane.stuck_runs()
 returns table (run_id uuid, flow_slug text, started_at timestamptz, reason text)
 language plpgsql stable
@@ -90,6 +90,8 @@ begin
     from flowlane.runs r
     where r.status = 'started'
       and not flowlane._waits_outside_queues(r.run_id)
+      -- a task held for its step's concurrency is sent when a task of its key ends
+      and not exists (select 1 from flowlane.held_tasks h where h.run_id = r.run_id)
       and not exists (
         select 1 from flowlane.step_tasks t
         join unnest(v_live_queues, v_live_ids) as l(queue_name, msg_id)

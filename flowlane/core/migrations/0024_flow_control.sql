@@ -1733,6 +1733,49 @@ begin
 end;
 $$;
 
+create or replace function flowlane.stuck_runs()
+returns table (run_id uuid, flow_slug text, started_at timestamptz, reason text)
+language plpgsql stable
+set search_path = ''
+as $$
+declare
+  v_queue record;
+  v_ids bigint[];
+  v_live_queues text[] := '{}';
+  v_live_ids bigint[] := '{}';
+begin
+  for v_queue in
+    select t.queue_name, array_agg(t.message_id) as ids
+    from flowlane.step_tasks t join flowlane.runs r on r.run_id = t.run_id
+    where r.status = 'started' and t.status in ('queued', 'started')
+    group by t.queue_name order by t.queue_name
+  loop
+    execute format('select coalesce(array_agg(m.msg_id), ''{}'') from pgmq.%I m where m.msg_id = any($1)',
+                   pgmq.format_table_name(v_queue.queue_name, 'q'))
+      into v_ids using v_queue.ids;
+    v_live_queues := v_live_queues || array_fill(v_queue.queue_name, array[cardinality(v_ids)]);
+    v_live_ids := v_live_ids || v_ids;
+  end loop;
+  return query
+    select r.run_id, r.flow_slug, r.started_at,
+           case when exists (select 1 from flowlane.step_tasks t
+                             where t.run_id = r.run_id and t.status in ('queued', 'started'))
+                then 'its queued and started tasks have no message on their queue'
+                else 'no queued or started task' end
+    from flowlane.runs r
+    where r.status = 'started'
+      and not flowlane._waits_outside_queues(r.run_id)
+      -- a task held for its step's concurrency is sent when a task of its key ends
+      and not exists (select 1 from flowlane.held_tasks h where h.run_id = r.run_id)
+      and not exists (
+        select 1 from flowlane.step_tasks t
+        join unnest(v_live_queues, v_live_ids) as l(queue_name, msg_id)
+          on l.queue_name = t.queue_name and l.msg_id = t.message_id
+        where t.run_id = r.run_id and t.status in ('queued', 'started'))
+    order by r.started_at, r.run_id;
+end;
+$$;
+
 -- hand-written: the triggers that need the functions above
 create trigger runs_slots_freed
   after update on flowlane.runs
