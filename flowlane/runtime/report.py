@@ -110,6 +110,8 @@ def hold_lines(holds: list[dict[str, Any]]) -> list[tuple[str, str]]:
     and its tasks, those of one step that wait for the same thing counted on one line."""
     found: dict[tuple[str, str], int] = {}
     for hold in holds:
+        if hold["step_slug"] is None and not hold.get("place"):
+            continue  # a delayed start: the run's `starts` line says when
         if hold["step_slug"] is None:
             place = f" ({_ordinal(hold['place'])} in line)" if hold.get("place") else ""
             found[("run", hold["waiting_for"] + place)] = 1
