@@ -259,3 +259,29 @@ def test_options_are_checked(engine: Engine) -> None:
         engine.scalar("select flowlane.set_queue_limits('f', null, 5, null)")
     with pytest.raises(psycopg.errors.NoDataFound):
         engine.scalar("select flowlane.set_queue_limits('nope', 1, null, null)")
+
+
+def test_a_big_backlog_of_one_key_does_not_delay_the_other_keys(engine: Engine) -> None:
+    engine.define("f", [("a", [], {})], concurrency_limit=2, concurrency_key="/customer")
+    engine.rows("select 1 from flowlane.start_flows('f', %s::jsonb[])",
+                ([Jsonb({"customer": "big", "n": n}) for n in range(1000)],))
+    others = [engine.start("f", {"customer": f"c{k}"}) for k in range(10)]
+    assert engine.scalar("select count(*) from flowlane.runs where status = 'waiting'") == 998
+    big_done = 0
+    others_begun_at: dict[uuid.UUID, int] = {}
+    while big_done < 10:
+        tasks = claimed(claim(engine, "f", 4))
+        assert tasks, "the queue ran dry before the big key's tenth run completed"
+        for task in tasks:
+            if task["run_id"] in others:
+                others_begun_at.setdefault(task["run_id"], big_done)
+            engine.complete(task, 1)
+            if task["flow_input"] is not None and task["flow_input"].get("customer") == "big":
+                big_done += 1
+    # every other key's run started (was claimed) before the big key's tenth run completed
+    assert sorted(others_begun_at) == sorted(others)
+    assert max(others_begun_at.values()) < 10
+    # the big key's runs began in the order they were started (FIFO per key)
+    begun = engine.rows("select input ->> 'n' as n from flowlane.runs where input ->> 'customer' = 'big' "
+                        "and status <> 'waiting' order by started_at, hold_seq")
+    assert sorted(int(r["n"]) for r in begun) == list(range(len(begun)))

@@ -1,0 +1,54 @@
+"""A queue's rate limit across real worker processes: the starts recorded in the database
+never exceed the token bucket's rule (at most ``limit`` at once, then ``limit`` per ``per``
+seconds), however many workers claim."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from tests.runtime.rt_support import WorkerProcess, wait_until
+
+Spawn = Callable[..., WorkerProcess]
+LIMIT, PER, RUNS = 5, 1, 30
+
+
+def _rows(dsn: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(query, params).fetchall()
+
+
+def test_four_workers_never_start_more_than_the_rate_limit_allows(flows_dsn: str, spawn: Spawn) -> None:
+    _rows(flows_dsn, "select flowlane.set_queue_limits('rt_jobs', null, %s, %s)", LIMIT, PER)
+    workers = [spawn("--name", "rt_jobs_worker", "--poll-interval", "30") for _ in range(4)]
+    _rows(flows_dsn, "select 1 from flowlane.start_flows('rt_shared_b', %s::jsonb[])",
+          [Jsonb({"value": n}) for n in range(RUNS)])
+
+    def all_done() -> bool:
+        for w in workers:
+            assert w.proc.poll() is None, w.text()
+        return _rows(flows_dsn, "select count(*) from flowlane.runs where flow_slug = 'rt_shared_b' "
+                                "and status = 'completed'") == [(RUNS,)]
+
+    wait_until(all_done, timeout=120, interval=0.2, message="every run to complete")
+    starts = [r[0] for r in _rows(
+        flows_dsn, "select extract(epoch from started_at)::float8 from flowlane.step_tasks "
+                   "where queue_name = 'rt_jobs' and attempts_count = 1 order by started_at")]
+    assert len(starts) == RUNS
+    # the token bucket: any n consecutive starts span at least (n - LIMIT) / rate seconds, so
+    # in any window of t seconds at most LIMIT + t * LIMIT / PER start (1 s: at most 10)
+    rate = LIMIT / PER
+    for i in range(len(starts)):
+        for j in range(i, len(starts)):
+            allowed = LIMIT + (starts[j] - starts[i]) * rate + 1e-6
+            assert j - i + 1 <= allowed, f"starts {i}..{j} within {starts[j] - starts[i]:.3f} s"
+    per_second: dict[int, int] = {}
+    for t in starts:
+        per_second[int(t)] = per_second.get(int(t), 0) + 1
+    assert max(per_second.values()) <= 2 * LIMIT
+    # the throttle was the rate limit (the workers were refused and slept), not their slots
+    assert sum(w.text().count("poller_rate_limited") for w in workers) > 0
+    assert starts[-1] - starts[0] >= (RUNS - LIMIT) / rate - 1e-6
