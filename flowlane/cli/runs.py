@@ -297,6 +297,9 @@ def _report_start(args: argparse.Namespace, started: Started) -> None:
     elif started.status == "waiting" and started.start_at is not None:
         print(f"run {started.run_id} waits until {started.start_at.isoformat()} "
               "(`flowlane cancel RUN_ID` cancels it)", file=sys.stderr)
+    elif started.status == "waiting":
+        print(f"run {started.run_id} waits for a slot of its flow's concurrency limit "
+              f"(`flowlane run {started.run_id}` says which)", file=sys.stderr)
 
 
 def _explain_wait(dsn: str | None, run_id: str | None = None) -> None:

@@ -111,7 +111,10 @@ def _start(capsys: pytest.CaptureFixture[str], dsn: str, customer: int, *more: s
 def test_start_priority_and_what_runs_and_tasks_wait_for(
         dsn: str, applied: Path, capsys: pytest.CaptureFixture[str]) -> None:
     first = _start(capsys, dsn, 42, "--priority", "5")
-    held = _start(capsys, dsn, 42)
+    code, out = _cli(capsys, "start", "alerts", "--input", '{"customer_id": 42}', "--dsn", dsn)
+    held = out.split("\n", 1)[0]
+    assert code == 0 and (f"run {held} waits for a slot of its flow's concurrency limit "
+                          f"(`flowlane run {held}` says which)") in out
     other = _start(capsys, dsn, 7, "--priority", "-3")
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert dict(conn.execute("select run_id::text, priority from flowlane.runs").fetchall()) == {
