@@ -158,6 +158,10 @@ class Console:
         return waiting_reasons(
             self._rows("fleet_waiting_queues", run_id=run_id, stale_after=STALE_AFTER))
 
+    def holds(self, run_id: str) -> list[dict[str, Any]]:
+        """What the run and its tasks are held back by (concurrency, queue limits)."""
+        return self._rows("console_run_holds", run_id=run_id)
+
     def run_steps(self, run_id: str) -> list[dict[str, Any]]:
         return self._rows("console_run_steps", run_id=run_id)
 

@@ -1,10 +1,12 @@
 """``plan``, ``apply`` and ``verify``: the compiled project against a live database.
 
-Plan classifies every flow, alias and schedule: NEW_FLOW, NO_CHANGE, SAFE_OPTION_CHANGE,
-ALIAS_MOVE, NEW_VERSION_REQUIRED (refused), NEW_SCHEDULE, SCHEDULE_CHANGE and
-ONLY_IN_DATABASE (flows and aliases are never deleted; a schedule the YAML no longer
-declares is deleted by the schedules file, while the project declares any).
-Apply runs the reviewed SQL files (flows, then aliases, then schedules) in one transaction.
+Plan classifies every flow, alias, schedule and queue's limits: NEW_FLOW, NO_CHANGE,
+SAFE_OPTION_CHANGE (options of a flow or its steps, concurrency and priority among them, and
+a queue's limits), ALIAS_MOVE, NEW_VERSION_REQUIRED (refused), NEW_SCHEDULE, SCHEDULE_CHANGE
+and ONLY_IN_DATABASE (flows and aliases are never deleted; a schedule or a queue's limits the
+YAML no longer declares is deleted by the schedules or queues file, while the project
+declares any). Apply runs the reviewed SQL files (flows, then aliases, schedules and queue
+limits) in one transaction.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from psycopg.types.json import Jsonb
 
 from flowlane import errors, project_root
 from flowlane.compiler import api, check, compiled, contracts, names, shape
-from flowlane.compiler.model import Flow, Project, Schedule
+from flowlane.compiler.model import Concurrency, Flow, Project, QueueLimits, Schedule
 from flowlane.core import db, definitions
 from flowlane.core.queries import query
 
@@ -34,7 +36,8 @@ NEW_SCHEDULE = "NEW_SCHEDULE"
 SCHEDULE_CHANGE = "SCHEDULE_CHANGE"
 DRIFT = frozenset({NEW_FLOW, SAFE_OPTION_CHANGE, ALIAS_MOVE, NEW_VERSION_REQUIRED, NEW_SCHEDULE,
                    SCHEDULE_CHANGE})
-_OPTIONS = ("max_attempts", "base_delay", "timeout", "retention", "deadline", "dedup_key")
+_OPTIONS = ("max_attempts", "base_delay", "timeout", "retention", "deadline", "dedup_key",
+            "priority")
 _STEP_OPTIONS = ("max_attempts", "base_delay", "timeout", "start_delay")
 
 
@@ -102,6 +105,7 @@ class _State:
     steps: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     aliases: dict[str, dict[str, Any]] = field(default_factory=dict)
     schedules: dict[str, dict[str, Any]] = field(default_factory=dict)
+    queue_limits: dict[str, dict[str, Any]] = field(default_factory=dict)
     differences: dict[str, list[str]] = field(default_factory=dict)  # of the flows' shapes
 
 
@@ -122,6 +126,8 @@ def _read_state(conn: psycopg.Connection[Any], flows: Iterable[Flow]) -> _State:
             state.aliases[row["alias"]] = row
         for row in cur.execute(query("deploy_schedules")).fetchall():
             state.schedules[row["schedule_name"]] = row
+        for row in cur.execute(query("deploy_queue_limits")).fetchall():
+            state.queue_limits[row["queue_name"]] = row
         shapes = {f.slug: shape.flow_shape(f) for f in flows if f.slug in state.flows}
         for row in cur.execute(query("deploy_shape_differences"),
                                {"shapes": Jsonb(shapes)}).fetchall():
@@ -152,6 +158,7 @@ def _option_differences(flow: Flow, row: dict[str, Any], state: _State) -> tuple
         if old != new:
             found.append(f"{name}: {_flow_value(name, old)} in the database, "
                          f"{_flow_value(name, new)} in the YAML")
+    found += _concurrency_change("", row, flow.concurrency)
     for step in flow.steps:
         step_row = state.steps.get((flow.slug, step.slug), {})
         for name in _STEP_OPTIONS:
@@ -159,7 +166,17 @@ def _option_differences(flow: Flow, row: dict[str, Any], state: _State) -> tuple
             if old != new:
                 found.append(f"step {step.slug}: {name}: {_show(old)} in the database, "
                              f"{_show(new)} in the YAML")
+        found += _concurrency_change(f"step {step.slug}: ", step_row, step.concurrency)
     return tuple(found)
+
+
+def _concurrency_change(prefix: str, row: dict[str, Any], wanted: Concurrency | None
+                        ) -> list[str]:
+    limit = row.get("opt_concurrency_limit")
+    held = None if limit is None else Concurrency(limit, row.get("opt_concurrency_key"))
+    if held == wanted:
+        return []
+    return [f"{prefix}concurrency: {held or 'none'} in the database, {wanted or 'none'} in the YAML"]
 
 
 def _flow_value(name: str, value: Any) -> str:
@@ -253,6 +270,48 @@ def _paused(row: dict[str, Any] | None) -> tuple[str, ...]:
     return (f"paused by an operator{reason} (`flowlane schedule resume {row['schedule_name']}`)",)
 
 
+_LIMIT_FIELDS = ("concurrency", "rate_limit", "rate_per")
+
+
+def _limits_text(row: dict[str, Any]) -> str:
+    parts = []
+    if row["concurrency"] is not None:
+        parts.append(f"concurrency {row['concurrency']}")
+    if row["rate_limit"] is not None:
+        parts.append(f"rate limit {row['rate_limit']} per {row['rate_per']} s")
+    return ", ".join(parts) or "no limits"
+
+
+def _queue_limit_changes(project: Project, state: _State) -> list[Change]:
+    """A queue's limits are options: added, changed or (while the project declares any,
+    so its queues file removes the others) removed, each a SAFE_OPTION_CHANGE."""
+    changes = []
+    for limits in project.queue_limits:
+        subject = f"queue {limits.name}"
+        row, wanted = state.queue_limits.get(limits.name), _limits_row(limits)
+        if row is None:
+            changes.append(Change(SAFE_OPTION_CHANGE, subject,
+                                  (f"limits: none in the database, {_limits_text(wanted)} in the YAML",)))
+        elif any(row[name] != wanted[name] for name in _LIMIT_FIELDS):
+            changes.append(Change(SAFE_OPTION_CHANGE, subject,
+                                  ((f"limits: {_limits_text(row)} in the database, "
+                                   f"{_limits_text(wanted)} in the YAML"),)))
+        else:
+            changes.append(Change(NO_CHANGE, subject))
+    if project.queue_limits:
+        declared = {q.name for q in project.queue_limits}
+        changes += [Change(SAFE_OPTION_CHANGE, f"queue {name}",
+                           ((f"limits: {_limits_text(row)} in the database, removed by apply (no "
+                            "`kind: queue` document declares them)"),))
+                    for name, row in state.queue_limits.items() if name not in declared]
+    return changes
+
+
+def _limits_row(limits: QueueLimits) -> dict[str, Any]:
+    return {"concurrency": limits.concurrency, "rate_limit": limits.rate_limit,
+            "rate_per": limits.rate_per}
+
+
 def _only_in_database(project: Project, state: _State) -> list[Change]:
     flows = {f.slug for f in project.flows}
     aliases = {a.slug for a in project.aliases}
@@ -266,6 +325,11 @@ def _only_in_database(project: Project, state: _State) -> list[Change]:
             "`flowlane schedule pause NAME` stops it")
     found += [Change(ONLY_IN_DATABASE, f"schedule {name}", (fate, *_paused(row)))
               for name, row in state.schedules.items() if name not in declared]
+    if not project.queue_limits:  # else the queues file removes them (_queue_limit_changes)
+        found += [Change(ONLY_IN_DATABASE, f"queue {name}",
+                         ((f"limits kept ({_limits_text(row)}): the project declares no "
+                          "`kind: queue` document, so it has no queues file"),))
+                  for name, row in state.queue_limits.items()]
     return found
 
 
@@ -274,6 +338,7 @@ def plan_with(project: Project, conn: psycopg.Connection[Any]) -> Plan:
     changes = [_flow_change(f, state) for f in sorted(project.flows, key=lambda f: f.slug)]
     changes += _alias_changes(project, state)
     changes += _schedule_changes(project, state)
+    changes += _queue_limit_changes(project, state)
     changes += _only_in_database(project, state)
     return Plan(tuple(changes))
 
@@ -311,7 +376,8 @@ def _read(file: Path) -> str:
 def _ordered_files(out: Path, project: Project) -> list[Path]:
     flows = [out / compiled.flow_path(f.slug) for f in sorted(project.flows, key=lambda f: f.slug)]
     schedules = [out / compiled.SCHEDULES_FILE] if project.schedules else []
-    return [*flows, out / compiled.ALIASES_FILE, *schedules]
+    queues = [out / compiled.QUEUES_FILE] if project.queue_limits else []
+    return [*flows, out / compiled.ALIASES_FILE, *schedules, *queues]
 
 
 def refuse_stale(project: Project, out: str | os.PathLike[str]) -> None:

@@ -158,7 +158,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(note, file=sys.stderr)
     base = args.base or "HEAD"
     if args.format == "text":
-        for line in result.alias_moves:
+        for line in (*result.alias_moves, *result.option_changes):
             print(line)
     if args.format != "text":
         _report(result.all_diagnostics(base), args.format)

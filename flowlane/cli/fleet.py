@@ -118,6 +118,9 @@ def cmd_queue(args: argparse.Namespace) -> int:
         oldest = "-" if r["oldest_age"] is None else f"{r['oldest_age']}s"
         print(f"{r['queue_name']:<32}  {owner:<22}  {r['depth']:>6}  {oldest:>8}  "
               f"{r['live_workers']}")
+    for r in rows:
+        if r.get("concurrency") is not None or r.get("rate_limit") is not None:
+            print(limits_line(r))
     waiting = fleet.waiting(args.dsn)
     print_waiting(waiting)
     for r in rows:  # a queue without queued work whose worker refused to start
@@ -132,6 +135,18 @@ def print_waiting(reasons: list[str]) -> None:
     """Why queued work waits, on stderr (stdout keeps the table or JSON a script reads)."""
     for reason in reasons:
         print(f"waiting: {reason}", file=sys.stderr)
+
+
+def limits_line(row: dict[str, Any]) -> str:
+    """A queue's limits (``kind: queue``), how much of them is used, and what its queued
+    tasks wait for while it holds claims back."""
+    parts = []
+    if row.get("concurrency") is not None:
+        parts.append(f"concurrency {row['started']} of {row['concurrency']} started")
+    if row.get("rate_limit") is not None:
+        parts.append(f"rate limit {row['rate_limit']} per {row['rate_per']} s")
+    line = f"limits {row['queue_name']}: " + ", ".join(parts)
+    return line + (f"; waiting for: {row['waiting_for']}" if row.get("waiting_for") else "")
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:

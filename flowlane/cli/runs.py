@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 from flowlane import errors
 from flowlane.cli.common import add_dsn_argument, add_format, json_errors
 from flowlane.cli.fleet import print_waiting
-from flowlane.runtime.limits import MAX_INPUT_BYTES, STATUSES
+from flowlane.runtime.limits import MAX_INPUT_BYTES, MAX_PRIORITY, MIN_PRIORITY, STATUSES
 
 if TYPE_CHECKING:
-    from flowlane.runtime.client import Started
+    from flowlane.runtime.client import RunSummary, Started
 
 
 def configure(subparsers: Any) -> None:
@@ -44,6 +44,11 @@ def configure(subparsers: Any) -> None:
         "--key",
         help="idempotency key: a second start of this flow or alias with the same key returns "
         "the first run instead of starting another",
+    )
+    start.add_argument(
+        "--priority", type=int, metavar="N",
+        help=f"claim this run's tasks before those of lower priorities on the same queue "
+        f"({MIN_PRIORITY}..{MAX_PRIORITY}; default: the flow's `priority`, else 0)",
     )
     later = start.add_mutually_exclusive_group()
     later.add_argument(
@@ -205,7 +210,7 @@ def _start_many(args: argparse.Namespace) -> int:
     with stream, Client(args.dsn) as client:
         try:
             run_ids = client.start_runs(args.flow, read_jsonl(stream, source, numbers),
-                                        start_at=_start_at(args))
+                                        start_at=_start_at(args), priority=args.priority)
         except errors.UsageError as exc:
             raise _at_line(exc, source, numbers) from exc
     for run_id in run_ids:
@@ -244,7 +249,8 @@ def cmd_start(args: argparse.Namespace) -> int:
         raise errors.UsageError(f"--timeout must be more than 0, not {args.timeout:g}")
     start_at = _start_at(args)
     with Client(args.dsn) as client:
-        started = client.begin(args.flow, payload, run_id=args.run_id, key=args.key, start_at=start_at)
+        started = client.begin(args.flow, payload, run_id=args.run_id, key=args.key,
+                               start_at=start_at, priority=args.priority)
         run_id, flow_slug = started.run_id, started.flow_slug
         if not args.wait:
             _report_start(args, started)
@@ -291,6 +297,9 @@ def _report_start(args: argparse.Namespace, started: Started) -> None:
     elif started.status == "waiting" and started.start_at is not None:
         print(f"run {started.run_id} waits until {started.start_at.isoformat()} "
               "(`flowlane cancel RUN_ID` cancels it)", file=sys.stderr)
+    elif started.status == "waiting":
+        print(f"run {started.run_id} waits for a slot of its flow's concurrency limit "
+              f"(`flowlane run {started.run_id}` says which)", file=sys.stderr)
 
 
 def _explain_wait(dsn: str | None, run_id: str | None = None) -> None:
@@ -351,16 +360,28 @@ def cmd_runs(args: argparse.Namespace) -> int:
     elif not runs:
         print("no runs")
     else:
-        print(f"{'RUN ID':<36}  {'FLOW':<28}  {'STATUS':<9}  STARTED")
-        for r in runs:
-            when = r.start_at if r.status == "waiting" and r.start_at else r.started_at
-            until = "until " if r.status == "waiting" else ""
-            print(f"{r.run_id:<36}  {r.flow_slug:<28}  {r.status:<9}  {until}{when:%Y-%m-%d %H:%M:%S}")
+        _print_runs(runs)
     if runs and len(runs) == args.limit:
         print(f"next page: flowlane runs --before {runs[-1].run_id}", file=sys.stderr)
     if any(r.status == "started" for r in runs):
         _explain_wait(args.dsn)
     return 0
+
+
+def _print_runs(runs: list[RunSummary]) -> None:
+    """The table; a WAITING FOR column when some run (or a task of it) is held back."""
+    waits = any(r.waiting_for for r in runs)
+    print(_runs_header(waits))
+    for r in runs:
+        delayed = r.status == "waiting" and r.start_at is not None and not r.held
+        when = f"{'until ' if delayed else ''}{(r.start_at if delayed else r.started_at):%Y-%m-%d %H:%M:%S}"
+        line = f"{r.run_id:<36}  {r.flow_slug:<28}  {r.status:<9}  {when}"
+        print(f"{line:<106}  {r.waiting_for}" if waits and r.waiting_for else line)
+
+
+def _runs_header(waits: bool) -> str:
+    header = f"{'RUN ID':<36}  {'FLOW':<28}  {'STATUS':<9}  STARTED"
+    return f"{header:<106}  WAITING FOR" if waits else header
 
 
 @json_errors

@@ -16,9 +16,11 @@ from flowlane.compiler.diagnostics import Diagnostic
 from flowlane.compiler.loader import MAX_INT_DIGITS, Document, OutOfRange
 from flowlane.compiler.model import (
     Alias,
+    Concurrency,
     Flow,
     Location,
     Project,
+    QueueLimits,
     QueueMode,
     Schedule,
     Step,
@@ -71,6 +73,7 @@ def analyze(documents: Iterable[Document], *, complete: bool = True
     aliases = [e for e in entries if e.data["kind"] == "alias"]
     workers = [e for e in entries if e.data["kind"] == "worker"]
     schedules = [e for e in entries if e.data["kind"] == "schedule"]
+    queues = [e for e in entries if e.data["kind"] == "queue"]
     _namespace(flows, aliases, state)
     for entry in flows:
         if state.flow_entries.get(entry.slug) is entry:
@@ -81,6 +84,7 @@ def analyze(documents: Iterable[Document], *, complete: bool = True
     _child_flows(state)
     _build_workers(workers, state)
     built = _build_schedules(schedules, state)
+    limits = _build_queue_limits(queues, state)
     if state.findings:
         return None, state.findings
     project = Project(
@@ -88,6 +92,7 @@ def analyze(documents: Iterable[Document], *, complete: bool = True
         aliases=tuple(state.aliases.values()),
         workers=tuple(state.workers),
         schedules=tuple(built),
+        queue_limits=tuple(limits),
     )
     return project, []
 
@@ -521,6 +526,8 @@ class _FlowChecker:
             retention=self._retention(),
             deadline=_opt_seconds(options, "deadline"),
             dedup_key=self.entry.data.get("dedup", {}).get("key"),
+            concurrency=_concurrency(self.entry.data),
+            priority=_opt_int(self.entry.data, "priority"),
             description=self.entry.data.get("description"),
             input_schema=self.input_contract.schema if self.input_contract else None,
             location=self.entry.loc(),
@@ -552,6 +559,7 @@ class _FlowChecker:
             description=get("description"),
             output_schema=None if contract is None else contract.schema,
             flow=get("flow"),
+            concurrency=_concurrency(spec),
             location=self.entry.loc(("steps", slug), key=True),
             handler_location=(self.entry.loc(("steps", slug, "handler"))
                               if "handler" in spec else None),
@@ -559,8 +567,13 @@ class _FlowChecker:
 
 
 # step options that concern a handler, meaningless for a wait or child-flow step
-_HANDLER_OPTIONS = {"wait": ("max_attempts", "base_delay", "start_delay"),
-                    "child-flow": ("base_delay", "start_delay", "timeout")}
+_HANDLER_OPTIONS = {"wait": ("max_attempts", "base_delay", "start_delay", "concurrency"),
+                    "child-flow": ("base_delay", "start_delay", "timeout", "concurrency")}
+
+
+def _concurrency(spec: dict[str, Any]) -> Concurrency | None:
+    value = spec.get("concurrency")
+    return None if value is None else Concurrency(int(value["limit"]), value.get("key"))
 
 
 def _opt_int(spec: dict[str, Any], key: str) -> int | None:
@@ -979,3 +992,66 @@ def _check_schedule_input(entry: _Entry, flow: Flow, run_input: Any, state: Anal
 @functools.cache
 def _time_zones() -> frozenset[str]:
     return frozenset(zoneinfo.available_timezones()) | {"UTC"}
+
+
+RATE_PER_MAX = 86400  # the longest rate limit window: one day
+
+
+def _build_queue_limits(entries: list[_Entry], state: Analysis) -> list[QueueLimits]:
+    """Each queue declared once (FL182), with a limit (FL186) and a window in range
+    (FL016), routed to by some step (FL183: a misspelt name would limit nothing)."""
+    built: dict[str, QueueLimits] = {}
+    declared_by: dict[str, _Entry] = {}
+    for entry in entries:
+        limits = _build_queue_limit(entry, state)
+        if limits is None:
+            continue
+        other = built.get(limits.name)
+        if other is not None:
+            state.findings.append(entry.doc.diagnostic(
+                ("name",), "FL182", f"queue `{limits.name}` is already declared at "
+                f"{other.location}", "declare each queue's limits in one `kind: queue` document"))
+            continue
+        built[limits.name] = limits
+        declared_by[limits.name] = entry
+    _unrouted_queues(declared_by, state)
+    return [built[name] for name in sorted(built)]
+
+
+def _build_queue_limit(entry: _Entry, state: Analysis) -> QueueLimits | None:
+    data = entry.data
+    rate = data.get("rate_limit")
+    if "concurrency" not in data and rate is None:
+        state.findings.append(entry.doc.diagnostic(
+            ("name",), "FL186", f"queue `{data['name']}` declares no limit",
+            "add `concurrency: N` and/or `rate_limit: {limit: N, per: 1s}`, or delete the "
+            "document (a queue without one has no limits)"))
+        return None
+    per = None if rate is None else durations.to_seconds(rate["per"])
+    if per is not None and not 1 <= per <= RATE_PER_MAX:  # the schema checks the integer form
+        state.findings.append(entry.doc.diagnostic(
+            ("rate_limit", "per"), "FL016",
+            f"`per` is {per} seconds; it must be at least 1 and at most {RATE_PER_MAX} seconds",
+            "for example: 1s"))
+        return None
+    return QueueLimits(
+        name=str(data["name"]), concurrency=_opt_int(data, "concurrency"),
+        rate_limit=None if rate is None else int(rate["limit"]), rate_per=per,
+        description=data.get("description"), location=entry.loc(("name",)),
+    )
+
+
+def _unrouted_queues(declared: dict[str, _Entry], state: Analysis) -> None:
+    """Only when every flow was built: a flow with errors may route to the queue."""
+    if not state.complete or set(state.flows) != state.known_flows or state.declared:
+        return
+    routed = sorted({q for flow in state.flows.values() for q in flow.queues})
+    for name, entry in declared.items():
+        if name in routed:
+            continue
+        close = closest(name, routed)
+        help = (f"did you mean `{close}`?" if close else
+                "steps are routed to " + (_listing(routed) if routed else "no queue"))
+        state.findings.append(entry.doc.diagnostic(
+            ("name",), "FL183",
+            f"no step is routed to queue `{name}`: its limits would hold nothing back", help))

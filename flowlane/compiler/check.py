@@ -51,6 +51,8 @@ class CheckResult:
     notes: tuple[str, ...] = field(default=())
     # for each alias whose active version moved since the base: what that means for inputs
     alias_moves: tuple[str, ...] = field(default=())
+    # flow control options (concurrency, priority, queue limits) changed since the base
+    option_changes: tuple[str, ...] = field(default=())
 
     @property
     def ok(self) -> bool:
@@ -109,8 +111,9 @@ def check(paths: Iterable[api.PathLike] | None = None, out: api.PathLike | None 
     stale = stale_files(files, Path(out))
     versions, notes = version_changes(project, Path(out), base)
     moves = alias_moves(project, Path(out), base) if not notes else []
+    options = option_changes(project, files, Path(out), base) if not notes else []
     return CheckResult(stale=tuple(stale), versions=tuple(versions), notes=tuple(notes),
-                       alias_moves=tuple(moves))
+                       alias_moves=tuple(moves), option_changes=tuple(options))
 
 
 def stale_files(files: Mapping[str, str], out: Path) -> list[StaleFile]:
@@ -218,4 +221,74 @@ def alias_moves(project: Project, out: Path, base: str | None) -> list[str]:
             continue
         lines += [f"  {line}" for line in contracts.compatibility_lines(
             was, old_shape.get("input_schema"), alias.active, project.flow(alias.active).input_schema)]
+    return lines
+
+
+# one call of a compiled file, one argument per line (the templates' layout)
+_CALL = re.compile(r"^select flowlane\.(?P<function>create_flow|add_step|set_queue_limits)\("
+                   r"\n(?P<arguments>.*?)\n\);$", re.MULTILINE | re.DOTALL)
+_ARGUMENT = re.compile(r"^  (?P<name>[a-z_]+) => (?P<value>.*?),?$", re.MULTILINE)
+FLOW_CONTROL = ("concurrency_limit", "concurrency_key", "priority")
+_QUEUE_LIMITS = ("concurrency", "rate_limit", "rate_per")
+_NOT_SET = "none"
+
+
+def _calls(text: str) -> dict[str, dict[str, str]]:
+    """Subject (``flow F``, ``flow F step S``, ``queue Q``) -> its written arguments."""
+    found: dict[str, dict[str, str]] = {}
+    for call in _CALL.finditer(text):
+        arguments = {m["name"]: m["value"] for m in _ARGUMENT.finditer(call["arguments"])}
+        if call["function"] == "create_flow":
+            subject = f"flow {sqltext.unquote(arguments['flow_slug'])}"
+        elif call["function"] == "add_step":
+            subject = (f"flow {sqltext.unquote(arguments['flow_slug'])} "
+                       f"step {sqltext.unquote(arguments['step_slug'])}")
+        else:
+            subject = f"queue {sqltext.unquote(arguments['queue_name'])}"
+        found[subject] = arguments
+    return found
+
+
+def _shown(value: str | None) -> str:
+    if value is None or value == "null":
+        return _NOT_SET
+    return sqltext.unquote(value) if value.startswith(("'", "E'")) else value
+
+
+def _differences(old: dict[str, dict[str, str]], new: dict[str, dict[str, str]],
+                 names: tuple[str, ...], rev: str) -> list[str]:
+    lines = []
+    for subject in sorted(new.keys() & old.keys()):
+        for name in names:
+            was, now = old[subject].get(name), new[subject].get(name)
+            if _shown(was) != _shown(now):
+                lines.append(f"SAFE_OPTION_CHANGE {subject}: {name}: {_shown(was)} at {rev}, "
+                             f"{_shown(now)} in the YAML")
+    return lines
+
+
+def option_changes(project: Project, files: Mapping[str, str], out: Path,
+                   base: str | None) -> list[str]:
+    """The flow control options (concurrency, priority, a queue's limits) of committed flows
+    and queues that differ at ``base``: options, so no new version, but worth a reviewer's
+    look (they change how fast work starts)."""
+    rev = base or "HEAD"
+    paths = [out / compiled.flow_path(f.slug) for f in project.flows]
+    queues = out / compiled.QUEUES_FILE
+    committed = gitrev.show_many(rev, [*paths, queues])
+    lines = []
+    for flow in sorted(project.flows, key=lambda f: f.slug):
+        old_text = committed.get(out / compiled.flow_path(flow.slug))
+        if old_text is not None:
+            lines += _differences(_calls(old_text), _calls(files[compiled.flow_path(flow.slug)]),
+                                  FLOW_CONTROL, rev)
+    old_queues = _calls(committed.get(queues) or "")
+    new_queues = _calls(files.get(compiled.QUEUES_FILE, ""))
+    lines += _differences(old_queues, new_queues, _QUEUE_LIMITS, rev)
+    lines += [f"SAFE_OPTION_CHANGE {subject}: limits declared in the YAML, none at {rev}"
+              for subject in sorted(new_queues.keys() - old_queues.keys())]
+    fate = ("removed by apply" if new_queues else
+            "kept in the database by apply: the project has no queues file any more")
+    lines += [f"SAFE_OPTION_CHANGE {subject}: limits at {rev}, none in the YAML ({fate})"
+              for subject in sorted(old_queues.keys() - new_queues.keys())]
     return lines

@@ -72,6 +72,14 @@ CODES: dict[str, str] = {
     # child flows
     "FL140": "child flow is not a flow or alias of this project",
     "FL141": "flows start each other in a cycle",
+    # flow control (concurrency, queue limits, priorities)
+    "FL180": "concurrency or rate limit out of range",
+    "FL181": "concurrency key is not a JSON pointer",
+    "FL182": "queue declared twice",
+    "FL183": "queue document names a queue no step is routed to",
+    "FL184": "rate limit window out of range",
+    "FL185": "priority out of range",
+    "FL186": "queue document declares no limit",
     # check (compiled SQL against the YAML and the base revision)
     "FL090": "compiled SQL is stale, missing or hand-edited",
     "FL091": "NEW_VERSION_REQUIRED: a committed flow changed its shape",

@@ -26,12 +26,13 @@ import jinja2
 from flowlane import defaults
 from flowlane.compiler import shape as shapes
 from flowlane.compiler import sqltext
-from flowlane.compiler.model import Flow, Mode, Project, Step, StepType
+from flowlane.compiler.model import Concurrency, Flow, Mode, Project, Step, StepType
 from flowlane.compiler.sqltext import Sql
 
 FORMAT = 2
 ALIASES_FILE = "aliases.sql"
 SCHEDULES_FILE = "schedules.sql"  # written only for a project with schedules
+QUEUES_FILE = "queues.sql"  # written only for a project with queue documents
 FLOWS_DIR = "flows"
 HEADER_PREFIX = "-- flowlane-compiled: "
 HEADER_LIMIT = 4096  # bytes read to recognise a file: its header line is far shorter
@@ -43,7 +44,7 @@ _FORMAT1_SHA = re.compile(r"^-- shape sha256: (?P<sha>[0-9a-f]{64})$", re.MULTIL
 # the shape argument of ensure_flow_shape (every format); the last call is the flow's shape
 _SHAPE_ARGUMENT = re.compile(r"\bshape => (?P<literal>E?'(?:[^']|'')*')::jsonb")
 
-Kind = Literal["flow", "aliases", "schedules"]
+Kind = Literal["flow", "aliases", "schedules", "queues"]
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ def environment() -> jinja2.Environment:
         text_array=sqltext.text_array,
         int_array=sqltext.int_array,
         comment=sqltext.comment,
+        concurrency=concurrency_arguments,
     )
     return env
 
@@ -109,7 +111,8 @@ class QuotedStep(NamedTuple):
     Steps are the bulk of every flow file: quoting their values here, with the same
     :mod:`sqltext` functions the templates' filters are, spares the template a filter call
     per value. An optional argument is None for a step without it (the template leaves the
-    argument out); the others are never None.
+    argument out); the others are never None. ``concurrency`` is its arguments written out
+    (one hole for both).
     """
 
     slug: Sql
@@ -125,6 +128,7 @@ class QuotedStep(NamedTuple):
     when_exhausted: Sql
     queue_name: Sql
     child_flow: Sql | None
+    concurrency: Sql | None
 
 
 _NULL = sqltext.literal(None)
@@ -151,6 +155,7 @@ def quoted_step(step: Step) -> QuotedStep:
         when_exhausted=_WORDS[step.when_exhausted],
         queue_name=_NULL if step.queue is None else literal(step.queue),
         child_flow=None if step.flow is None else literal(step.flow),
+        concurrency=None if step.concurrency is None else concurrency_arguments(step.concurrency),
     )
 
 
@@ -211,6 +216,15 @@ def step_calls() -> StepCalls:
     return StepCalls(environment().get_template("add_step.sql.j2"))
 
 
+def concurrency_arguments(concurrency: Concurrency) -> Sql:
+    """The ``concurrency_limit`` (and ``concurrency_key``) arguments of a call, each on a
+    line of its own after a comma."""
+    text = f",\n  concurrency_limit => {sqltext.literal(concurrency.limit)}"
+    if concurrency.key is not None:
+        text += f",\n  concurrency_key => {sqltext.literal(concurrency.key)}"
+    return Sql(text)
+
+
 def render_flow(flow: Flow) -> str:
     # one canonical text of the shape gives its digest and its literal
     canonical = shapes.canonical_text(shapes.flow_shape(flow))
@@ -239,12 +253,21 @@ def render_schedules(project: Project) -> str:
     )
 
 
+def render_queues(project: Project) -> str:
+    header = Header(FORMAT, "queues")
+    return environment().get_template("queues.sql.j2").render(
+        header=sqltext.comment(header.line()), queues=project.queue_limits
+    )
+
+
 def render_project(project: Project) -> dict[str, str]:
     """Relative output path -> file text; the same project always gives the same bytes."""
     files = {flow_path(f.slug): render_flow(f) for f in sorted(project.flows, key=lambda f: f.slug)}
     files[ALIASES_FILE] = render_aliases(project)
     if project.schedules:
         files[SCHEDULES_FILE] = render_schedules(project)
+    if project.queue_limits:
+        files[QUEUES_FILE] = render_queues(project)
     return files
 
 
@@ -269,7 +292,7 @@ def _parse_header(text: str) -> Header | None:
     if not isinstance(fields, dict) or not isinstance(fields.get("format"), int):
         return None
     kind, slug, sha = fields.get("kind"), fields.get("slug"), fields.get("shape_sha256")
-    if kind in ("aliases", "schedules"):
+    if kind in ("aliases", "schedules", "queues"):
         return Header(fields["format"], kind)
     if kind == "flow" and isinstance(slug, str) and isinstance(sha, str):
         return Header(fields["format"], "flow", slug, sha)

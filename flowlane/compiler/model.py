@@ -26,6 +26,18 @@ class Location:
 
 
 @dataclass(frozen=True)
+class Concurrency:
+    """At most ``limit`` started at once per value of the run input at ``key`` (a JSON
+    pointer; None: one bucket)."""
+
+    limit: int
+    key: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.limit} per {self.key}" if self.key else f"{self.limit}"
+
+
+@dataclass(frozen=True)
 class Step:
     """One step of a concrete flow, with its resolved queue. A wait step and a child-flow
     step (``flow``: a flow slug or alias) have neither a handler nor a queue."""
@@ -47,6 +59,7 @@ class Step:
     description: str | None = None
     output_schema: Mapping[str, Any] | None = None  # the contract's shape form
     flow: str | None = None
+    concurrency: Concurrency | None = None
     location: Location | None = field(default=None, compare=False)
     handler_location: Location | None = field(default=None, compare=False)
 
@@ -64,6 +77,8 @@ class Flow:
     retention: int | None = defaults.RETENTION  # seconds; None keeps finished runs for ever
     deadline: int | None = None  # seconds a run may take from its start
     dedup_key: str | None = None  # JSON pointer into the input: each run's idempotency key
+    concurrency: Concurrency | None = None  # started runs at once, per key value
+    priority: int | None = None  # claims on a queue take higher priorities first
     description: str | None = None
     input_schema: Mapping[str, Any] | None = None  # the contract's shape form
     location: Location | None = field(default=None, compare=False)
@@ -140,6 +155,19 @@ class Schedule:
 
 
 @dataclass(frozen=True)
+class QueueLimits:
+    """A ``kind: queue`` document: a queue's limits across all workers (None: no such limit);
+    ``rate_limit`` starts per ``rate_per`` seconds."""
+
+    name: str
+    concurrency: int | None = None
+    rate_limit: int | None = None
+    rate_per: int | None = None
+    description: str | None = None
+    location: Location | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
 class HandlerRef:
     """A (flow, step) pair, its queue and the ``module:callable`` that runs it."""
 
@@ -164,6 +192,7 @@ class Project:
     aliases: tuple[Alias, ...] = ()
     workers: tuple[WorkerDoc, ...] = ()
     schedules: tuple[Schedule, ...] = ()
+    queue_limits: tuple[QueueLimits, ...] = ()  # sorted by name
 
     def flow(self, slug: str) -> Flow:
         """The concrete flow named ``slug`` (exact match)."""

@@ -28,8 +28,11 @@ SECTIONS = [
     ("`kind: flow`", ("flow",), "One concrete, immutable flow version."),
     ("`defaults` (in a flow)", ("flow", "defaults"), None),
     ("`steps.<step>` (in a flow)", ("flow", "steps", "<step>"), None),
+    ("`concurrency` (in a flow or a step)", ("concurrency",), None),
     ("`kind: alias`", ("alias",), None),
     ("`kind: worker`", ("worker",), None),
+    ("`kind: queue`", ("queue_limits",), None),
+    ("`rate_limit` (in a queue)", ("queue_limits", "rate_limit"), None),
 ]
 
 

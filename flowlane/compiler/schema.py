@@ -216,7 +216,8 @@ def repaired_flow(data: dict[str, Any]) -> dict[str, Any] | None:
             if path[1] in _step_keys():
                 return None  # an under-indented option: the step list itself is wrong
             fixed_steps[path[1]] = _placeholder_step(steps[path[1]])
-        elif path[:1] in (("defaults",), ("description",), ("format",)):
+        elif path[:1] in (("defaults",), ("description",), ("format",), ("concurrency",),
+                          ("priority",)):
             repaired.pop(path[0], None)
         elif path != ():  # () = unknown top-level keys, dropped above
             return None

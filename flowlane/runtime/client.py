@@ -54,6 +54,8 @@ class RunSummary:
     failed_at: datetime | None
     cancelled_at: datetime | None = None
     start_at: datetime | None = None  # a delayed start: when the run begins (or began)
+    held: bool = False  # waiting for a slot of its flow's concurrency limit
+    waiting_for: str | None = None  # what the run or its first waiting task is held back by
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -66,6 +68,8 @@ class RunSummary:
             "failed_at": _iso(self.failed_at),
             "cancelled_at": _iso(self.cancelled_at),
             "start_at": _iso(self.start_at),
+            "held": self.held,
+            "waiting_for": self.waiting_for,
         }
 
     @classmethod
@@ -80,6 +84,8 @@ class RunSummary:
             failed_at=r["failed_at"],
             cancelled_at=r["cancelled_at"],
             start_at=r.get("start_at"),
+            held=bool(r.get("held")),
+            waiting_for=r.get("waiting_for"),
         )
 
 
@@ -137,6 +143,20 @@ class ScheduleSummary:
 
 
 StartAt = datetime | timedelta | None  # a time, or a delay on the database's clock
+
+
+def _priority(priority: int | None) -> int | None:
+    """A run's priority, checked here as the SQL Core checks it (a clear error, no round
+    trip)."""
+    if priority is None:
+        return None
+    if isinstance(priority, bool) or not isinstance(priority, int) \
+            or not limits.MIN_PRIORITY <= priority <= limits.MAX_PRIORITY:
+        raise errors.UsageError(f"priority must be an integer from {limits.MIN_PRIORITY} to "
+                                f"{limits.MAX_PRIORITY}, not {priority!r}",
+                                hint="higher priorities are claimed first; the default is the "
+                                "flow's `priority` (0 when it has none)")
+    return priority
 
 
 def _start_time(start_at: StartAt) -> dict[str, Any]:
@@ -406,12 +426,14 @@ class Operations:
 
     @staticmethod
     def begin(flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
-              start_at: StartAt = None) -> Plan[Started]:
+              start_at: StartAt = None, priority: int | None = None) -> Plan[Started]:
         """Start a run, now or at ``start_at``; with ``key`` (or the flow's dedup key) a second
-        start with the same (name, key) returns the first run (``existed``)."""
+        start with the same (name, key) returns the first run (``existed``). ``priority``
+        (default: the flow's) orders its tasks' claims: higher first, FIFO within one."""
         payload = encode_input(input)
         run_id = _run_id(run_id) if run_id is not None else None
-        params = {"flow": flow, "input": payload, "run_id": run_id, "key": key, **_start_time(start_at)}
+        params = {"flow": flow, "input": payload, "run_id": run_id, "key": key,
+                  "priority": _priority(priority), **_start_time(start_at)}
         trace_parent = current_traceparent()
         if trace_parent:  # the connection is in autocommit: set for the session, then reset
             yield _trace_parent(flow, trace_parent, local=False)
@@ -434,14 +456,15 @@ class Operations:
 
     @staticmethod
     def start_run(flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
-                  start_at: StartAt = None) -> Plan[str]:
+                  start_at: StartAt = None, priority: int | None = None) -> Plan[str]:
         """Start a run of a concrete flow or an alias; return its id (see ``begin``)."""
-        started = yield from Operations.begin(flow, input, run_id=run_id, key=key, start_at=start_at)
+        started = yield from Operations.begin(flow, input, run_id=run_id, key=key, start_at=start_at,
+                                              priority=priority)
         return started.run_id
 
     @staticmethod
     def start_runs(flow: str, inputs: Iterable[Any], *, chunk_size: int = START_CHUNK,
-                   start_at: StartAt = None) -> Plan[list[str]]:
+                   start_at: StartAt = None, priority: int | None = None) -> Plan[list[str]]:
         """Start one run per input (any iterable, consumed in chunks of ``chunk_size``
         through ``flowlane.start_flows``); return the run ids in input order. All or
         nothing: the chunks share one transaction, so a bad input starts no run."""
@@ -455,7 +478,8 @@ class Operations:
         for offset, chunk in _chunks(inputs, chunk_size):
             try:
                 rows = yield Fetch("client_start_flows", f"cannot start {flow}",
-                                   {"flow": flow, "inputs": chunk, **_start_time(start_at)})
+                                   {"flow": flow, "inputs": chunk, "priority": _priority(priority),
+                                    **_start_time(start_at)})
             except errors.DatabaseError as exc:
                 raise _chunk_error(exc, offset) from exc
             run_ids.extend(str(r["run_id"]) for r in rows)

@@ -17,6 +17,9 @@ MAX_BYTES = 64 * 1024 * 1024  # of JSON text
 MAX_INPUT_BYTES = 1024 * 1024  # the run input as JSON text; documented in README
 TERMINAL = ("completed", "failed", "cancelled")  # the statuses a run ends in
 STATUSES = ("waiting", "started", *TERMINAL)  # waiting: a delayed start, not begun yet
+# a run's priority (the flow option `priority`, `start --priority`); the JSON Schema states
+# the same range for the YAML (tests/runtime keep the two equal)
+MIN_PRIORITY, MAX_PRIORITY = -1000, 1000
 
 
 @dataclass(frozen=True)

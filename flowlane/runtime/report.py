@@ -42,6 +42,7 @@ def render_run(state: dict[str, Any]) -> str:
                      f"step {parent['step_slug']}[{parent['task_index']}])")
     lines.append("")
     lines.extend(_step_table(state))
+    lines.extend(_holds(state))
     lines.extend(_waits(state))
     lines.extend(_children(state))
     failed = state.get("attempts") or []
@@ -65,7 +66,7 @@ def render_run(state: dict[str, Any]) -> str:
 def _time_lines(run: dict[str, Any]) -> list[str]:
     """A delayed start, a deadline, an idempotency key, a schedule: when the run has one."""
     lines = []
-    if run.get("status") == "waiting":
+    if run.get("status") == "waiting" and run.get("start_at"):
         lines.append(f"{'starts':<10}{run.get('start_at')}")
     if run.get("deadline_at"):
         lines.append(f"{'deadline':<10}{run['deadline_at']}")
@@ -98,6 +99,42 @@ def _waits(state: dict[str, Any]) -> list[str]:
     lines += [f"  {w['step_slug']:<22} {wait_note(w)}" for w in waits]
     if any(w["status"] == "started" for w in waits):
         lines.append(f"  (`flowlane signal {state['run']['run_id']} STEP --data JSON` completes one)")
+    return lines
+
+
+HOLDS_SHOWN = 10  # lines of "waiting for"; the JSON output has every task
+
+
+def hold_lines(holds: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(what, why) for each thing a run holds back: the run itself (with its place in line)
+    and its tasks, those of one step that wait for the same thing counted on one line."""
+    found: dict[tuple[str, str], int] = {}
+    for hold in holds:
+        if hold["step_slug"] is None and not hold.get("place"):
+            continue  # a delayed start: the run's `starts` line says when
+        if hold["step_slug"] is None:
+            place = f" ({_ordinal(hold['place'])} in line)" if hold.get("place") else ""
+            found[("run", hold["waiting_for"] + place)] = 1
+        else:
+            key = (hold["step_slug"], hold["waiting_for"])
+            found[key] = found.get(key, 0) + 1
+    return [(what if what == "run" else f"{what}: {plural(n, 'task')}", why)
+            for (what, why), n in found.items()]
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _holds(state: dict[str, Any]) -> list[str]:
+    shown = hold_lines(state.get("holds") or [])
+    if not shown:
+        return []
+    lines = ["", "waiting for"]
+    lines += [f"  {what:<24} {why}" for what, why in shown[:HOLDS_SHOWN]]
+    if len(shown) > HOLDS_SHOWN:
+        lines.append(f"  ... and {len(shown) - HOLDS_SHOWN} more (`--format json` lists them)")
     return lines
 
 

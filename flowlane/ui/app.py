@@ -35,6 +35,7 @@ from flowlane.app.fleet import STALE_AFTER
 from flowlane.app.observability import ConsoleProbe
 from flowlane.compiler import diagram
 from flowlane.runtime.limits import STATUSES, TERMINAL
+from flowlane.runtime.report import hold_lines
 from flowlane.ui import layout, pages, security
 
 
@@ -139,6 +140,8 @@ def create_app(console: Console, settings: Settings) -> Starlette:
             "graph": layout.layout(model, {s["step_slug"]: s["status"] for s in steps}),
             "terminal": run["status"] in TERMINAL,
             "waiting": console.waiting(run_id) if run["status"] == "started" else [],
+            "holds": (hold_lines(console.holds(run_id)) if run["status"] in ("waiting", "started")
+                      else []),
             "family": console.family(run_id),
         }
 

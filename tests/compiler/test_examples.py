@@ -32,3 +32,12 @@ def test_every_example_handler_is_importable() -> None:
     for ref in project.handlers():
         module = importlib.import_module(ref.handler.partition(":")[0])
         assert callable(getattr(module, ref.handler.partition(":")[2])), ref
+
+
+def test_the_flow_control_example_compiles_and_its_handlers_import() -> None:
+    project = load_project(ROOT / "examples" / "flow_control")
+    assert [q.name for q in project.queue_limits] == ["deliver_slack_alerts"]
+    assert "queues.sql" in compiler.compile_project(project)
+    for ref in project.handlers():
+        module = importlib.import_module(ref.handler.partition(":")[0])
+        assert callable(getattr(module, ref.handler.partition(":")[2])), ref

@@ -26,3 +26,19 @@ def test_time_facts_of_a_run() -> None:
 def test_a_plain_run_has_none() -> None:
     text = render_run(_state())
     assert all(word not in text for word in ("deadline", "key ", "schedule", "starts"))
+
+
+def test_hold_lines_name_the_run_its_place_and_count_tasks_per_reason() -> None:
+    from flowlane.runtime.report import hold_lines
+
+    why = "queue concurrency q: 2 of 2 started"
+    holds = [{"step_slug": None, "task_index": None, "waiting_for": "start at 2026-05-01", "place": None},
+             {"step_slug": None, "task_index": None, "waiting_for": "concurrency k=1: 1 of 1 started",
+              "place": 2},
+             *({"step_slug": "deliver", "task_index": i, "waiting_for": why, "place": None}
+               for i in range(3)),
+             {"step_slug": "render", "task_index": 0, "waiting_for": why, "place": None}]
+    assert hold_lines(holds) == [("run", "concurrency k=1: 1 of 1 started (2nd in line)"),
+                                 ("deliver: 3 tasks", why), ("render: 1 task", why)]
+    eleventh = hold_lines([{**holds[1], "place": 11}])
+    assert eleventh == [("run", "concurrency k=1: 1 of 1 started (11th in line)")]

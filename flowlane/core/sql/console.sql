@@ -77,10 +77,16 @@ limit %(limit)s
 select r.run_id, r.flow_slug, r.status, r.remaining_steps, r.started_at, r.completed_at, r.failed_at,
        coalesce(r.completed_at, r.failed_at, r.cancelled_at) as ended_at, r.error_message,
        r.cancel_reason, r.retry_count, r.retried_at, r.start_at, r.deadline_at, r.called_as,
-       r.idempotency_key, r.schedule_name, r.schedule_slot,
+       r.idempotency_key, r.schedule_name, r.schedule_slot, r.hold_seq is not null as held,
        octet_length(r.input::text) as input_bytes, octet_length(r.output::text) as output_bytes
 from flowlane.runs r
 where r.run_id = %(run_id)s::uuid
+
+-- name: console_run_holds
+-- what the run (held for its flow's concurrency) and its tasks are held back by
+select h.step_slug, h.task_index, h.waiting_for, h.place
+from flowlane.run_holds(array[%(run_id)s::uuid]) h
+where h.step_slug is not null or h.place is not null
 
 -- name: console_run_steps
 select s.step_slug, s.step_index, s.step_type, s.queue_name, s.child_flow,
@@ -172,9 +178,11 @@ select coalesce(q.queue_name, m.queue_name) as queue_name, q.ownership, q.owner_
        (select count(*) from flowlane.steps s where s.queue_name = q.queue_name) as routed_steps,
        (select count(*) from flowlane.workers w
          where w.queue_name = q.queue_name and w.stopped_at is null
-           and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s)) as live_workers
+           and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s)) as live_workers,
+       l.concurrency, l.started, l.rate_limit, l.rate_per, l.waiting_for
 from flowlane.queues q
 full join pgmq.metrics_all() m on m.queue_name = q.pgmq_queue_name
+left join flowlane.queue_flow_control() l on l.queue_name = q.queue_name
 order by 1
 
 -- name: console_queue_throughput

@@ -4,7 +4,7 @@ select to_regclass('flowlane.aliases') is not null
 
 -- name: deploy_flows
 select f.flow_slug, f.opt_max_attempts, f.opt_base_delay, f.opt_timeout, f.opt_retention,
-       f.opt_deadline, f.opt_dedup_key
+       f.opt_deadline, f.opt_dedup_key, f.opt_concurrency_limit, f.opt_concurrency_key, f.opt_priority
 from flowlane.flows f
 order by f.flow_slug collate "C"
 
@@ -19,7 +19,7 @@ from jsonb_each(%(shapes)s::jsonb) given
 
 -- name: deploy_steps
 select s.flow_slug, s.step_slug, s.opt_max_attempts, s.opt_base_delay, s.opt_timeout,
-       s.opt_start_delay
+       s.opt_start_delay, s.opt_concurrency_limit, s.opt_concurrency_key
 from flowlane.steps s
 order by s.flow_slug collate "C", s.step_index
 
@@ -34,6 +34,11 @@ select s.schedule_name, s.flow_name, s.cron, s.every_seconds, s.timezone, s.inpu
 from flowlane.schedules s
 left join flowlane.schedule_overrides o on o.schedule_name = s.schedule_name
 order by s.schedule_name collate "C"
+
+-- name: deploy_queue_limits
+select l.queue_name, l.concurrency, l.rate_limit, l.rate_per
+from flowlane.queue_limits l
+order by l.queue_name collate "C"
 
 -- name: deploy_lock
 select pg_advisory_xact_lock(hashtext('flowlane.apply'))

@@ -92,25 +92,39 @@ select s.run_id, s.flow_slug, s.status, s.start_at,
        s.run_id::text is not distinct from current_setting('flowlane.found_run', true) as existed
 from flowlane.start_flow(%(flow)s, %(input)s::jsonb, %(run_id)s::uuid,
                          coalesce(%(start_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
-                         %(key)s::text) s
+                         %(key)s::text, priority => %(priority)s::int) s
 
 -- name: client_start_flows
 select run_id from flowlane.start_flows(%(flow)s, %(inputs)s::jsonb[],
-  coalesce(%(start_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)))
+  coalesce(%(start_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+  priority => %(priority)s::int)
 
 -- name: client_list_runs
 -- newest first; a page ends with the run whose id is passed as %(before)s next time
-select r.run_id, r.flow_slug, r.status, r.remaining_steps, r.started_at, r.completed_at, r.failed_at,
-       r.cancelled_at, r.start_at
-from flowlane.runs r
-where (%(flows)s::text[] is null or r.flow_slug = any(%(flows)s::text[]))
-  and (%(status)s::text is null or r.status = %(status)s::text)
-  and (%(since)s::timestamptz is null or r.started_at >= %(since)s::timestamptz)
-  and (%(parent)s::uuid is null or r.parent_run_id = %(parent)s::uuid)
-  and (%(before)s::uuid is null or (r.started_at, r.run_id) < (
-         select b.started_at, b.run_id from flowlane.runs b where b.run_id = %(before)s::uuid))
-order by r.started_at desc, r.run_id desc
-limit %(limit)s
+-- waiting_for: what the run (held for its flow's concurrency) or its first waiting task is
+-- held back by (flowlane.run_holds, asked once for the page); a delayed start says so with
+-- its start_at already
+with page as (
+  select r.run_id, r.flow_slug, r.status, r.remaining_steps, r.started_at, r.completed_at, r.failed_at,
+         r.cancelled_at, r.start_at, r.hold_seq is not null as held
+  from flowlane.runs r
+  where (%(flows)s::text[] is null or r.flow_slug = any(%(flows)s::text[]))
+    and (%(status)s::text is null or r.status = %(status)s::text)
+    and (%(since)s::timestamptz is null or r.started_at >= %(since)s::timestamptz)
+    and (%(parent)s::uuid is null or r.parent_run_id = %(parent)s::uuid)
+    and (%(before)s::uuid is null or (r.started_at, r.run_id) < (
+           select b.started_at, b.run_id from flowlane.runs b where b.run_id = %(before)s::uuid))
+  order by r.started_at desc, r.run_id desc
+  limit %(limit)s
+), holds as (
+  select distinct on (h.run_id) h.run_id, h.waiting_for
+  from flowlane.run_holds(array(select p.run_id from page p where p.status in ('waiting', 'started'))) h
+  where h.step_slug is not null or h.place is not null
+  order by h.run_id, h.step_slug nulls first, h.task_index
+)
+select p.*, h.waiting_for
+from page p left join holds h on h.run_id = p.run_id
+order by p.started_at desc, p.run_id desc
 
 -- name: client_schedules
 -- every schedule: its next firing (UTC and wall time in its zone), its last run, its pause
@@ -166,7 +180,9 @@ select run_id, flow_slug, started_at, reason from flowlane.stuck_runs()
 -- name: client_get_run
 select flowlane.get_run_with_states(%(run_id)s::uuid)
        || jsonb_build_object('attempts', flowlane.get_run_attempts(%(run_id)s::uuid),
-                             'waits', flowlane.get_run_waits(%(run_id)s::uuid))
+                             'waits', flowlane.get_run_waits(%(run_id)s::uuid),
+                             'holds', (select coalesce(jsonb_agg(to_jsonb(h)), '[]')
+                                       from flowlane.run_holds(array[%(run_id)s::uuid]) h))
        || flowlane.get_run_family(%(run_id)s::uuid) as run
 
 -- name: client_signal

@@ -1,0 +1,42 @@
+"""The console says what a run or task waits for under flow control (a real `flowlane ui`
+process over HTTP): a run held for its flow's concurrency key, a task held back by its
+queue's concurrency, and the queue's limits on the queues page."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from tests.ui import ui_support
+
+
+def test_run_and_queue_pages_say_what_waits_for_what(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("select flowlane.create_flow('alerts', concurrency_limit => 1, "
+                     "concurrency_key => '/customer_id')")
+        conn.execute("select flowlane.add_step('alerts', 'deliver', queue_name => 'alerts')")
+        conn.execute("select flowlane.set_queue_limits('alerts', 1, null, null)")
+        first, held, other = (conn.execute("select run_id from flowlane.start_flow('alerts', %s)",
+                                           (Jsonb({"customer_id": c}),)).fetchone()[0]  # type: ignore[index]
+                              for c in (42, 42, 7))
+        claimed = conn.execute("select count(*) from flowlane.claim_tasks('alerts', 10, %s, %s) "
+                               "where outcome = 'claimed'",
+                               (uuid.uuid4(), Jsonb([["alerts", "deliver"]]))).fetchone()
+        assert claimed == (1,)
+    with ui_support.ui_server(dsn) as console:
+        held_page = ui_support.fetch(f"{console.url}/runs/{held}").body
+        assert ('<p class="facts waiting" data-held="run">waiting for: concurrency customer_id=42: '
+                '1 of 1 started (1st in line)</p>') in held_page
+        assert 'id="start-at"' not in held_page  # held, not a delayed start
+        other_page = ui_support.fetch(f"{console.url}/runs/{other}").body
+        assert ('waiting for: queue concurrency alerts: 1 of 1 started '
+                '<span class="muted">(deliver: 1 task)</span>') in other_page
+        assert "data-held" not in ui_support.fetch(f"{console.url}/runs/{first}").body
+        queues = ui_support.fetch(console.url + "/queues").body
+        row = re.search(r'<tr data-queue="alerts">.*?</tr>', queues, re.DOTALL)
+        assert row is not None
+        assert ('<td class="limits">1 of 1 started<br><span class="muted" data-held="1">waiting '
+                'for: queue concurrency alerts: 1 of 1 started</span></td>') in row[0], row[0]
