@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 
@@ -193,22 +193,42 @@ def _apply_pending(conn: psycopg.Connection[Any], available: Sequence[Migration]
     return applied
 
 
+# A migration that changes tables takes their strongest lock; workers that keep running
+# through an upgrade lock the same tables in their own order, so PostgreSQL may end the
+# migration's transaction as a deadlock's victim (or a lock wait as too long). Nothing of it
+# was applied then: it is run again, a bounded number of times.
+RETRIED_SQLSTATES = frozenset({"40P01", "55P03"})  # deadlock_detected, lock_not_available
+ATTEMPTS = 5
+
+
 def _apply_one(conn: psycopg.Connection[Any], migration: Migration) -> None:
-    try:
-        with conn.transaction():
-            conn.execute(migration.sql)  # package data, vouched for
-            conn.execute(query("record_migration"), {
-                "version": migration.version, "name": migration.name,
-                "checksum": migration.checksum,
-            })
-    except psycopg.Error as exc:
-        raise errors.MigrationError(
-            f"migration {migration.filename} failed and was rolled back: "
-            f"{exc.diag.message_primary or exc}",
-            detail=exc.diag.message_detail,
-            hint=exc.diag.message_hint,
-            sqlstate=exc.sqlstate,
-        ) from exc
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            _run_in_transaction(conn, migration)
+            return
+        except psycopg.Error as exc:
+            if exc.sqlstate in RETRIED_SQLSTATES and attempt < ATTEMPTS:
+                continue
+            _raise_failed(migration, exc)
+
+
+def _run_in_transaction(conn: psycopg.Connection[Any], migration: Migration) -> None:
+    with conn.transaction():
+        conn.execute(migration.sql)  # package data, vouched for
+        conn.execute(query("record_migration"), {
+            "version": migration.version, "name": migration.name,
+            "checksum": migration.checksum,
+        })
+
+
+def _raise_failed(migration: Migration, exc: psycopg.Error) -> NoReturn:
+    raise errors.MigrationError(
+        f"migration {migration.filename} failed and was rolled back: "
+        f"{exc.diag.message_primary or exc}",
+        detail=exc.diag.message_detail,
+        hint=exc.diag.message_hint,
+        sqlstate=exc.sqlstate,
+    ) from exc
 
 
 def _refuse_modified(available: Sequence[Migration], recorded: dict[str, Any]) -> None:

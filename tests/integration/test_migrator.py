@@ -20,6 +20,7 @@ from flowlane import cli, errors
 from flowlane.core import migrator
 from tests.conftest import Cluster
 from tests.core.engine import Engine
+from tests.runtime.rt_support import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -104,6 +105,46 @@ def test_a_database_that_applied_the_earlier_wording_migrates_on(conn: psycopg.C
     conn.execute("update flowlane.schema_migrations set checksum = %s where version = %s", (earlier, version))
     assert migrator.migrate(conn) == []
     assert not [s.version for s in migrator.status(conn) if s.modified]
+
+
+def test_a_migration_ended_as_a_deadlocks_victim_is_run_again(
+    db_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction (a worker's, in an upgrade) locks the migration's tables in the other
+    order: PostgreSQL ends the migration, which waited first and so checks for the deadlock
+    first; the migrator runs it again once the other transaction is done."""
+    dsn = db_factory()
+    with psycopg.connect(dsn, autocommit=True) as setup:
+        setup.execute("create table public.first_t (x int); create table public.second_t (x int)")
+    two_locks = migrator.Migration("9000", "two_locks", "lock table public.first_t;\n"
+                                   "lock table public.second_t;\ncreate table flowlane.after_locks (x int);")
+    real = migrator.discover
+    monkeypatch.setattr(migrator, "discover", lambda: [*real(), two_locks])
+    outcome: list[object] = []
+
+    def migrate() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            try:
+                outcome.append(migrator.migrate(conn))
+            except errors.MigrationError as exc:
+                outcome.append(exc)
+
+    with psycopg.connect(dsn) as other:
+        other.execute("set deadlock_timeout = '60s'")  # the migration is the one that checks
+        other.execute("lock table public.second_t")
+        thread = threading.Thread(target=migrate)
+        thread.start()
+        wait_until(lambda: other.execute("select 1 from pg_locks where not granted and relation = "
+                                         "'public.second_t'::regclass").fetchone(),
+                   message="the migration waiting for the second table")
+        other.execute("lock table public.first_t")  # granted once the migration is ended
+        assert thread.is_alive() and not outcome
+        other.commit()
+        thread.join(timeout=60)
+    assert [[m.version for m in applied] for applied in outcome if isinstance(applied, list)] == [["9000"]]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        made = conn.execute("select to_regclass('flowlane.after_locks')::text").fetchone()
+    assert made == ("flowlane.after_locks",)
 
 
 def test_failed_migration_rolls_back_and_is_not_recorded(
