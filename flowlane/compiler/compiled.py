@@ -26,7 +26,7 @@ import jinja2
 from flowlane import defaults
 from flowlane.compiler import shape as shapes
 from flowlane.compiler import sqltext
-from flowlane.compiler.model import Concurrency, Flow, Mode, Project, Step, StepType
+from flowlane.compiler.model import Flow, Mode, Project, Step, StepType
 from flowlane.compiler.sqltext import Sql
 
 FORMAT = 2
@@ -96,7 +96,6 @@ def environment() -> jinja2.Environment:
         text_array=sqltext.text_array,
         int_array=sqltext.int_array,
         comment=sqltext.comment,
-        concurrency=concurrency_arguments,
     )
     return env
 
@@ -111,8 +110,7 @@ class QuotedStep(NamedTuple):
     Steps are the bulk of every flow file: quoting their values here, with the same
     :mod:`sqltext` functions the templates' filters are, spares the template a filter call
     per value. An optional argument is None for a step without it (the template leaves the
-    argument out); the others are never None. ``concurrency`` is its arguments written out
-    (one hole for both).
+    argument out); the others are never None.
     """
 
     slug: Sql
@@ -128,7 +126,8 @@ class QuotedStep(NamedTuple):
     when_exhausted: Sql
     queue_name: Sql
     child_flow: Sql | None
-    concurrency: Sql | None
+    concurrency_limit: Sql | None
+    concurrency_key: Sql | None
 
 
 _NULL = sqltext.literal(None)
@@ -155,7 +154,9 @@ def quoted_step(step: Step) -> QuotedStep:
         when_exhausted=_WORDS[step.when_exhausted],
         queue_name=_NULL if step.queue is None else literal(step.queue),
         child_flow=None if step.flow is None else literal(step.flow),
-        concurrency=None if step.concurrency is None else concurrency_arguments(step.concurrency),
+        concurrency_limit=None if step.concurrency is None else literal(step.concurrency.limit),
+        concurrency_key=(None if step.concurrency is None or step.concurrency.key is None
+                         else literal(step.concurrency.key)),
     )
 
 
@@ -215,14 +216,6 @@ class StepCalls:
 def step_calls() -> StepCalls:
     return StepCalls(environment().get_template("add_step.sql.j2"))
 
-
-def concurrency_arguments(concurrency: Concurrency) -> Sql:
-    """The ``concurrency_limit`` (and ``concurrency_key``) arguments of a call, each on a
-    line of its own after a comma."""
-    text = f",\n  concurrency_limit => {sqltext.literal(concurrency.limit)}"
-    if concurrency.key is not None:
-        text += f",\n  concurrency_key => {sqltext.literal(concurrency.key)}"
-    return Sql(text)
 
 
 def render_flow(flow: Flow) -> str:
