@@ -386,8 +386,9 @@ begin
 end;
 $$;
 
--- the tasks of steps just started (their runs' locks held): one send_batch per (queue, start
--- delay), one step_tasks insert per queue; wait and child-flow steps begin instead
+-- the tasks of steps just started (their runs' locks held): one _send_tasks per (queue, start
+-- delay), which holds back those over a step's concurrency limit; wait and child-flow steps
+-- begin instead
 create function flowlane._enqueue_started(p_started flowlane.step_states[]) returns void
 language plpgsql volatile
 set search_path = ''
