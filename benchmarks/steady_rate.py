@@ -1,11 +1,13 @@
 """Pickup latency at a steady rate: does it stay flat over time, or creep?
 
     PYTHONPATH=. python benchmarks/steady_rate.py [--rate 200] [--seconds 120] [--workers 2]
-        [--window 30] [--dsn DSN]
+        [--producers 4] [--window 30] [--dsn DSN]
 
-One producer starts one-step runs (`start_flow`, one per transaction) at --rate per second
-for --seconds (600 for ten minutes) while --workers real worker processes (no-op handler,
-notifications on) serve them. Pickup latency is start_flow's commit to the handler's start
+Producers start one-step runs (`start_flow`, one per transaction) at --rate per second in
+all, spread over --producers connections (one connection waits for each start's WAL flush,
+which on this machine's shared disk caps it near 120 starts per second), for --seconds (600
+for ten minutes) while --workers real worker processes (no-op handler, notifications on)
+serve them. Pickup latency is start_flow's commit to the handler's start
 (the handler stamps the time). Printed per --window seconds: runs, pickup p50 / p99, the
 producer's lag behind its schedule, and what the server's backends waited on (pg_stat_activity
 sampled every 100 ms: wait events of the workers' and the producer's connections); then the
@@ -52,24 +54,50 @@ def sample_waits(dsn: str, stop: threading.Event, samples: list[tuple[float, str
             time.sleep(0.1)
 
 
-def produce(dsn: str, rate: float, seconds: float) -> tuple[dict[Any, float], list[float]]:
-    """Start runs on schedule; each run's commit time, and how late each start began."""
+def produce(
+    dsn: str, rate: float, seconds: float, producers: int
+) -> tuple[dict[Any, float], list[tuple[float, float]]]:
+    """Start runs on schedule from ``producers`` connections (start i on connection i mod
+    producers, as a web application's request handlers would); each run's commit time, and
+    (due time, how late its start began) of every start."""
     committed: dict[Any, float] = {}
-    lags: list[float] = []
-    interval = 1.0 / rate
+    lags: list[tuple[float, float]] = []
+    begin = time.time() + 0.5
+    threads = [
+        threading.Thread(
+            target=_produce_share,
+            args=(dsn, begin, rate, int(rate * seconds), k, producers, committed, lags),
+        )
+        for k in range(producers)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return committed, sorted(lags)
+
+
+def _produce_share(
+    dsn: str,
+    begin: float,
+    rate: float,
+    total: int,
+    first: int,
+    step: int,
+    committed: dict[Any, float],
+    lags: list[tuple[float, float]],
+) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        begin = time.time()
-        for i in range(int(rate * seconds)):
-            due = begin + i * interval
+        for i in range(first, total, step):
+            due = begin + i / rate
             delay = due - time.time()
             if delay > 0:
                 time.sleep(delay)
-            lags.append(max(0.0, -delay))
+            lags.append((due, max(0.0, -delay)))
             row = conn.execute(
                 b"select run_id from flowlane.start_flow('bench_noop', %s)", (Jsonb({"i": i}),)
             )
             committed[row.fetchone()[0]] = time.time()  # type: ignore[index]
-    return committed, lags
 
 
 def collect(dsn: str, committed: dict[Any, float]) -> list[tuple[float, float]]:
@@ -92,7 +120,10 @@ def percentile(values: list[float], p: float) -> float:
 
 
 def report(
-    pickups: list[tuple[float, float]], lags: list[float], waits: list[tuple[float, str]], window: float
+    pickups: list[tuple[float, float]],
+    lags: list[tuple[float, float]],
+    waits: list[tuple[float, str]],
+    window: float,
 ) -> None:
     begin = pickups[0][0]
     windows: dict[int, list[float]] = collections.defaultdict(list)
@@ -102,11 +133,13 @@ def report(
     for at, event in waits:
         if at >= begin:
             wait_counts[int((at - begin) // window)][event] += 1
-    per_window = max(1, len(lags) // max(1, len(windows)))
+    window_lags: dict[int, list[float]] = collections.defaultdict(list)
+    for due, lag in lags:
+        window_lags[int((due - begin) // window)].append(lag)
     print(f"{'window':>8} {'runs':>6} {'p50 ms':>7} {'p99 ms':>7} {'lag p99 ms':>10}  waits (samples)")
     for w in sorted(windows):
         values = windows[w]
-        lag = 1000 * percentile(lags[w * per_window : (w + 1) * per_window] or [0.0], 0.99)
+        lag = 1000 * percentile(window_lags[w] or [0.0], 0.99)
         top = ", ".join(f"{e} {n}" for e, n in wait_counts[w].most_common(4))
         print(
             f"{w * window:>7.0f}s {len(values):>6} {statistics.median(values):>7.1f}"
@@ -127,6 +160,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=200.0, help="runs started per second")
     parser.add_argument("--seconds", type=float, default=120.0, help="how long (600: ten minutes)")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--producers", type=int, default=4, help="connections the starts are spread over")
     parser.add_argument("--window", type=float, default=30.0, help="seconds per reported window")
     args = parser.parse_args()
     with admin_server(args.dsn, "flowlane-steady-") as (admin, _):
@@ -137,14 +171,15 @@ def main() -> None:
             sampler = threading.Thread(target=sample_waits, args=(dsn, stop, waits))
             sampler.start()
             try:
-                committed, lags = produce(dsn, args.rate, args.seconds)
+                committed, lags = produce(dsn, args.rate, args.seconds, args.producers)
                 pickups = collect(dsn, committed)
             finally:
                 stop.set()
                 sampler.join()
                 pool.stop()
         print(
-            f"{args.workers} workers, {args.rate:g} runs/s for {args.seconds:g} s, "
+            f"{args.workers} workers, {args.rate:g} runs/s from {args.producers} connections"
+            f" for {args.seconds:g} s, "
             f"load average {os.getloadavg()[0]:.1f} at the end"
         )
         report(pickups, lags, waits, args.window)

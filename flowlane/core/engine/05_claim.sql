@@ -145,6 +145,7 @@ returns setof flowlane.claim_record
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
 as $$
 declare
   v_ids bigint[];
