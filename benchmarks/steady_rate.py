@@ -1,18 +1,19 @@
 """Pickup latency at a steady rate: does it stay flat over time, or creep?
 
     PYTHONPATH=. python benchmarks/steady_rate.py [--rate 200] [--seconds 120] [--workers 2]
-        [--producers 4] [--window 30] [--dsn DSN]
+        [--producers 4] [--no-flush] [--window 30] [--dsn DSN]
 
 Producers start one-step runs (`start_flow`, one per transaction) at --rate per second in
 all, spread over --producers connections (one connection waits for each start's WAL flush,
 which on this machine's shared disk caps it near 120 starts per second), for --seconds (600
 for ten minutes) while --workers real worker processes (no-op handler, notifications on)
-serve them. Pickup latency is start_flow's commit to the handler's start
-(the handler stamps the time). Printed per --window seconds: runs, pickup p50 / p99, the
-producer's lag behind its schedule, and what the server's backends waited on (pg_stat_activity
-sampled every 100 ms: wait events of the workers' and the producer's connections); then the
-last window against the first. The database is new, so the tables grow from empty as in a
-fresh deployment.
+serve them. --no-flush: the producers' commits do not wait for their WAL flush, which tells
+the flush's share of what a run shows. Pickup latency is start_flow's commit to the
+handler's start (the handler stamps the time). Printed per --window seconds: runs, pickup
+p50 / p99, the producers' lag behind their schedule, and what the server's backends waited
+on (pg_stat_activity sampled every 100 ms: wait events of the workers' and the producers'
+connections); then the last window against the first. The database is new, so the tables
+grow from empty as in a fresh deployment.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def sample_waits(dsn: str, stop: threading.Event, samples: list[tuple[float, str
 
 
 def produce(
-    dsn: str, rate: float, seconds: float, producers: int
+    dsn: str, rate: float, seconds: float, producers: int, flush: bool = True
 ) -> tuple[dict[Any, float], list[tuple[float, float]]]:
     """Start runs on schedule from ``producers`` connections (start i on connection i mod
     producers, as a web application's request handlers would); each run's commit time, and
@@ -66,7 +67,7 @@ def produce(
     threads = [
         threading.Thread(
             target=_produce_share,
-            args=(dsn, begin, rate, int(rate * seconds), k, producers, committed, lags),
+            args=(dsn, begin, rate, int(rate * seconds), k, producers, flush, committed, lags),
         )
         for k in range(producers)
     ]
@@ -84,10 +85,13 @@ def _produce_share(
     total: int,
     first: int,
     step: int,
+    flush: bool,
     committed: dict[Any, float],
     lags: list[tuple[float, float]],
 ) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
+        if not flush:
+            conn.execute(b"set synchronous_commit = off")
         for i in range(first, total, step):
             due = begin + i / rate
             delay = due - time.time()
@@ -161,6 +165,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=120.0, help="how long (600: ten minutes)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--producers", type=int, default=4, help="connections the starts are spread over")
+    parser.add_argument(
+        "--no-flush",
+        action="store_true",
+        help="the producers' commits do not wait for their WAL flush (tells the flush's share)",
+    )
     parser.add_argument("--window", type=float, default=30.0, help="seconds per reported window")
     args = parser.parse_args()
     with admin_server(args.dsn, "flowlane-steady-") as (admin, _):
@@ -171,7 +180,7 @@ def main() -> None:
             sampler = threading.Thread(target=sample_waits, args=(dsn, stop, waits))
             sampler.start()
             try:
-                committed, lags = produce(dsn, args.rate, args.seconds, args.producers)
+                committed, lags = produce(dsn, args.rate, args.seconds, args.producers, not args.no_flush)
                 pickups = collect(dsn, committed)
             finally:
                 stop.set()
@@ -179,7 +188,7 @@ def main() -> None:
                 pool.stop()
         print(
             f"{args.workers} workers, {args.rate:g} runs/s from {args.producers} connections"
-            f" for {args.seconds:g} s, "
+            f"{' (commits not flushed)' if args.no_flush else ''} for {args.seconds:g} s, "
             f"load average {os.getloadavg()[0]:.1f} at the end"
         )
         report(pickups, lags, waits, args.window)
