@@ -12,14 +12,16 @@ like a web request, a trigger or a worker in another language. Cases, interleave
   start one           start_flow of a one-step flow
   start three         start_flow of a three-step chain
   start map10         start_flow of a flow whose root step maps its input (10 elements)
+  raw read            pgmq.read of one message
   complete chain      complete_task of a chain's first step (enqueues its successor)
   fail retry          fail_task of a one-step flow's task with attempts left (a retry)
+  claim one           a worker's claim (its query, claim_tasks) of one queued one-step task
 
 Printed per case and database: calls/s, the backend's CPU per call (/proc/<pid>/schedstat,
 nanoseconds), the server's execution time per call (pg_stat_statements, top level) and both
 as a ratio to their raw PGMQ baseline (starts to `raw send`, completions and failures to
-`raw archive+send`). --functions adds, per database, a pass with track_functions = 'all':
-each function's own time per call of every case.
+`raw archive+send`, the claim to `raw read`). --functions adds, per database, a pass with
+track_functions = 'all': each function's own time per call of every case.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from benchmarks.engine_throughput import (
     scalar,
     statements_server,
 )
+from flowlane.core.queries import query
 
 RAW = "bench_single_raw"
 FLOWS = {
@@ -58,6 +61,7 @@ BASELINE = {
     "start map10": "raw send",
     "complete chain": "raw archive+send",
     "fail retry": "raw archive+send",
+    "claim one": "raw read",
 }
 EXEC_TIME = b"""
 select coalesce(sum(total_exec_time), 0), coalesce(sum(calls), 0) from pg_stat_statements
@@ -109,7 +113,7 @@ class Case:
         return list(range(10)) if flow == "bench_map10" else {"i": self.serial}
 
     def prepare(self, name: str, n: int) -> list[Any]:
-        if name == "raw archive+send":
+        if name in ("raw archive+send", "raw read"):
             bodies = [json.dumps({"i": i}) for i in range(n)]
             return [
                 r[0] for r in self.conn.execute(b"select pgmq.send_batch(%s, %s::jsonb[])", (RAW, bodies))
@@ -126,6 +130,11 @@ class Case:
                     (flow, self.worker, self.pairs[flow]),
                 ).fetchall()
             return claimed
+        if name == "claim one":
+            inputs = [json.dumps(self.next_input("bench_one")) for _ in range(n)]
+            self.conn.execute(
+                b"select count(*) from flowlane.start_flows('bench_one', %s::jsonb[])", (inputs,)
+            )
         return [None] * n
 
     def call(self, name: str, item: Any) -> None:
@@ -138,6 +147,11 @@ class Case:
                 b"select pgmq.archive(%s, %s::bigint), pgmq.send(%s, %s)",
                 (RAW, item, RAW, Jsonb({"i": item})),
             )
+        elif name == "raw read":
+            execute(b"select msg_id from pgmq.read(%s, 30, 1)", (RAW,))
+        elif name == "claim one":
+            params = {"queue_name": "bench_one", "qty": 1, "worker_id": self.worker}
+            execute(query("worker_claim_tasks"), {**params, "pairs": self.pairs["bench_one"]})
         elif name in STARTS:
             flow = STARTS[name]
             execute(b"select run_id from flowlane.start_flow(%s, %s)", (flow, Jsonb(self.next_input(flow))))
@@ -157,7 +171,8 @@ class Case:
             raise ValueError(name)
 
 
-CASES = ["raw send", "raw archive+send", *STARTS, "complete chain", "fail retry"]
+CASES = ["raw send", "raw archive+send", "raw read", *STARTS, "complete chain", "fail retry", "claim one"]
+ENGINE_CASES = [name for name in CASES if not name.startswith("raw ")]
 
 
 def timed(case: Case, name: str, n: int, cell: Cell) -> None:
@@ -179,7 +194,7 @@ def timed(case: Case, name: str, n: int, cell: Cell) -> None:
 
 def function_profile(case: Case, n: int) -> None:
     conn = case.conn
-    for name in CASES[2:]:
+    for name in ENGINE_CASES:
         items = case.prepare(name, n)
         conn.execute(b"select pg_stat_reset()")
         conn.execute(b"set track_functions = 'all'")
@@ -213,7 +228,7 @@ def report(cells: dict[tuple[str, str], Cell], versions: list[str]) -> None:
             print(f"{name:<18} {version:<7} {1 / wall:8.0f} {1e6 * cpu:11.0f} {1000 * ex:12.0f}{ratios}")
     print()
     if len(versions) == 2:
-        for name in CASES[2:]:
+        for name in ENGINE_CASES:
             before, after = (cells[(v, name)] for v in versions)
             print(
                 f"{name}: after/before cpu per call "
