@@ -1,0 +1,91 @@
+"""A SQL change's cost on one task's cycle (start, claim, completion), with and without it, in one run.
+
+    PYTHONPATH=. python benchmarks/cycle_ab.py CHANGE.sql [--cycles 200] [--rounds 5]
+
+One embedded PostgreSQL, two databases migrated to head: `a` as it is, `b` with CHANGE.sql
+applied (e.g. an `alter function ... set ...`, or a `create or replace function` to try). In
+each, one connection runs cycles of a one-step flow: `start_flow`, the worker's claim query
+(`claim_tasks`, qty 100, one task queued), `complete_task`, each its own transaction. The two
+databases alternate by rounds, in turn first. Printed: the backend's CPU per call (median, from
+/proc/<pid>/schedstat) of each call in each database, and b / a. To measure a migration
+before it is merged, pass the statements it adds (the head of `b` then has them twice, which
+a `create or replace` or an `alter` allows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import uuid
+from pathlib import Path
+
+from psycopg.types.json import Jsonb
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.engine_throughput import Conn, migrated_database, statements_server
+from flowlane.core.queries import query
+
+CALLS = ("start", "claim", "complete")
+
+
+def cpu_ns(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+
+
+def cycle(conn: Conn, worker: uuid.UUID) -> dict[str, int]:
+    """One start, claim and completion; the backend CPU (ns) of each."""
+    pid = conn.info.backend_pid
+    spent: dict[str, int] = {}
+    before = cpu_ns(pid)
+    conn.execute(b"select flowlane.start_flow('bench_ab', '{}')")
+    spent["start"], before = cpu_ns(pid) - before, cpu_ns(pid)
+    params = {"queue_name": "bench_ab", "qty": 100, "worker_id": worker}
+    rows = conn.execute(query("worker_claim_tasks"), {**params, "pairs": Jsonb([["bench_ab", "s0"]])})
+    claimed = [r for r in rows.fetchall() if r[0] == "claimed"]
+    spent["claim"], before = cpu_ns(pid) - before, cpu_ns(pid)
+    for row in claimed:
+        conn.execute(
+            b"select flowlane.complete_task(%s, %s, %s, '{}'::jsonb, %s, %s)",
+            (row[4], row[2], row[5], worker, row[8]),
+        )
+    spent["complete"] = cpu_ns(pid) - before
+    return spent
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("change", type=Path, help="SQL applied to database b")
+    parser.add_argument("--cycles", type=int, default=200, help="cycles per database and round")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    change = args.change.read_text()
+    with statements_server("flowlane-ab-") as admin:
+        conns = {name: migrated_database(admin, f"bench_ab_{name}", None) for name in ("a", "b")}
+        for name, conn in conns.items():
+            conn.execute(b"select flowlane.create_flow('bench_ab')")
+            conn.execute(b"select flowlane.add_step('bench_ab', 's0')")
+            if name == "b":
+                conn.execute(change.encode())
+        worker = uuid.uuid4()
+        spent: dict[str, dict[str, list[int]]] = {n: {c: [] for c in CALLS} for n in conns}
+        for conn in conns.values():
+            for _ in range(50):  # warm-up: plans and caches made outside the measurement
+                cycle(conn, worker)
+        for r in range(args.rounds):
+            for name in ("a", "b") if r % 2 == 0 else ("b", "a"):
+                for _ in range(args.cycles):
+                    for call, ns in cycle(conns[name], worker).items():
+                        spent[name][call].append(ns)
+        for conn in conns.values():
+            conn.close()
+    print(f"{args.rounds} rounds of {args.cycles} cycles per database; backend CPU per call, medians")
+    for call in CALLS:
+        a, b = (statistics.median(spent[n][call]) / 1000 for n in ("a", "b"))
+        print(f"{call:9} a {a:7.0f} µs   b {b:7.0f} µs   b/a {b / a:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
