@@ -9,10 +9,10 @@ like a web request, a trigger or a worker in another language. Cases, interleave
 
   raw send            pgmq.send of the start's payload ({"i": n})
   raw archive+send    pgmq.archive of one message and pgmq.send of one, in one transaction
+  raw read            pgmq.read of one message
   start one           start_flow of a one-step flow
   start three         start_flow of a three-step chain
   start map10         start_flow of a flow whose root step maps its input (10 elements)
-  raw read            pgmq.read of one message
   complete chain      complete_task of a chain's first step (enqueues its successor)
   fail retry          fail_task of a one-step flow's task with attempts left (a retry)
   claim one           a worker's claim (its query, claim_tasks) of one queued one-step task
