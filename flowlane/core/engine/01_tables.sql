@@ -152,6 +152,61 @@ create table flowlane.alias_history (
 
 create index alias_history_alias_idx on flowlane.alias_history (alias, id);
 
+-- a row rule's failure, raised as the CHECK it stands for would be
+create function flowlane._rule_broken(p_table text, p_rule text) returns void
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  raise exception 'new row for relation "%" violates check constraint "%"', p_table, p_rule
+    using errcode = 'check_violation', schema = 'flowlane', table = p_table, constraint = p_table || '_rules';
+end;
+$$;
+
+-- The rules a run keeps, as one CHECK (runs_rules) calling this function rather than a CHECK
+-- each: PostgreSQL prepares every CHECK expression again for each statement that writes the
+-- table, about 90 µs for these rules on every one-row write; the function's expression is
+-- planned once per connection (see "Row rules" in flowlane/core/engine/README.md)
+create function flowlane._runs_rules(status text, started_at timestamptz, completed_at timestamptz,
+                                     failed_at timestamptz, cancelled_at timestamptz, cancel_reason text,
+                                     has_output boolean, remaining_steps int, retry_count int,
+                                     called_as text, idempotency_key text, start_at timestamptz,
+                                     schedule_name text, schedule_slot timestamptz, parent_run_id uuid,
+                                     parent_step_slug text, parent_task_index int, concurrency_key text,
+                                     hold_seq bigint, priority int)
+returns boolean
+language plpgsql immutable
+set search_path = ''
+as $$
+declare
+  v_broken text := case
+    when not (status in ('waiting', 'started', 'completed', 'failed', 'cancelled')) then 'runs_status_valid'
+    when not ((status = 'completed') = (completed_at is not null)) then 'runs_completed_at'
+    when not ((status = 'failed') = (failed_at is not null)) then 'runs_failed_at'
+    when not ((status = 'cancelled') = (cancelled_at is not null)) then 'runs_cancelled_at'
+    when not ((completed_at is null) or (completed_at >= started_at)) then 'runs_completed_after_start'
+    when not ((failed_at is null) or (failed_at >= started_at)) then 'runs_failed_after_start'
+    when not ((cancelled_at is null) or (cancelled_at >= started_at)) then 'runs_cancelled_after_start'
+    when not ((cancel_reason is null) or (status = 'cancelled')) then 'runs_cancel_reason_only_cancelled'
+    when not (not has_output or (status = 'completed')) then 'runs_output_only_completed'
+    when not (remaining_steps >= 0) then 'runs_remaining_steps_nonnegative'
+    when not (retry_count >= 0) then 'runs_retry_count_nonnegative'
+    when not ((idempotency_key is null) or (called_as is not null)) then 'runs_key_scoped'
+    when not ((schedule_slot is null) or (schedule_name is not null)) then 'runs_schedule_slot_named'
+    when not ((status <> 'waiting') or (start_at is not null) or (hold_seq is not null)) then 'runs_waiting_has_reason'
+    when not ((hold_seq is null) or (concurrency_key is not null)) then 'runs_held_has_key'
+    when not (priority between -1000 and 1000) then 'runs_priority_range'
+    when not (((parent_run_id is null) = (parent_step_slug is null))
+              and ((parent_run_id is null) = (parent_task_index is null))) then 'runs_parent_complete'
+  end;
+begin
+  if v_broken is not null then
+    perform flowlane._rule_broken('runs', v_broken);
+  end if;
+  return true;
+end;
+$$;
+
 create table flowlane.runs (
   run_id uuid default gen_random_uuid() not null,
   flow_slug text not null,
@@ -181,23 +236,10 @@ create table flowlane.runs (
   hold_seq bigint,
   priority int default 0 not null,
   constraint runs_pkey primary key (run_id),
-  constraint runs_parent_complete check (((parent_run_id is null) = (parent_step_slug is null)) and ((parent_run_id is null) = (parent_task_index is null))),
-  constraint runs_cancel_reason_only_cancelled check ((cancel_reason is null) or (status = 'cancelled')),
-  constraint runs_cancelled_after_start check ((cancelled_at is null) or (cancelled_at >= started_at)),
-  constraint runs_cancelled_at check ((status = 'cancelled') = (cancelled_at is not null)),
-  constraint runs_completed_after_start check ((completed_at is null) or (completed_at >= started_at)),
-  constraint runs_completed_at check ((status = 'completed') = (completed_at is not null)),
-  constraint runs_failed_after_start check ((failed_at is null) or (failed_at >= started_at)),
-  constraint runs_failed_at check ((status = 'failed') = (failed_at is not null)),
-  constraint runs_output_only_completed check ((output is null) or (status = 'completed')),
-  constraint runs_remaining_steps_nonnegative check (remaining_steps >= 0),
-  constraint runs_retry_count_nonnegative check (retry_count >= 0),
-  constraint runs_key_scoped check ((idempotency_key is null) or (called_as is not null)),
-  constraint runs_schedule_slot_named check ((schedule_slot is null) or (schedule_name is not null)),
-  constraint runs_status_valid check (status in ('waiting', 'started', 'completed', 'failed', 'cancelled')),
-  constraint runs_waiting_has_reason check ((status <> 'waiting') or (start_at is not null) or (hold_seq is not null)),
-  constraint runs_held_has_key check ((hold_seq is null) or (concurrency_key is not null)),
-  constraint runs_priority_range check (priority between -1000 and 1000),
+  constraint runs_rules check (flowlane._runs_rules(status, started_at, completed_at, failed_at, cancelled_at,
+    cancel_reason, output is not null, remaining_steps, retry_count, called_as, idempotency_key, start_at,
+    schedule_name, schedule_slot, parent_run_id, parent_step_slug, parent_task_index, concurrency_key, hold_seq,
+    priority)),
   constraint runs_flow_slug_fkey foreign key (flow_slug) references flowlane.flows(flow_slug)
 )
 with (fillfactor='85', autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02');
@@ -231,6 +273,47 @@ create unique index runs_schedule_slot_unique on flowlane.runs (schedule_name, s
 
 create index runs_parent_idx on flowlane.runs (parent_run_id, parent_step_slug, parent_task_index) where (parent_run_id is not null);
 
+-- the rules a step state keeps (one CHECK, as for runs)
+create function flowlane._step_states_rules(status text, remaining_deps int, initial_tasks int, remaining_tasks int,
+                                            has_output boolean, skip_reason text, created_at timestamptz,
+                                            started_at timestamptz, completed_at timestamptz,
+                                            failed_at timestamptz, skipped_at timestamptz,
+                                            cancelled_at timestamptz)
+returns boolean
+language plpgsql immutable
+set search_path = ''
+as $$
+declare
+  v_broken text := case
+    when not (status in ('created', 'started', 'completed', 'failed', 'skipped', 'cancelled')) then 'step_states_status_valid'
+    when not ((status = 'completed') = (completed_at is not null)) then 'step_states_completed_at'
+    when not ((status = 'failed') = (failed_at is not null)) then 'step_states_failed_at'
+    when not ((status = 'skipped') = (skipped_at is not null)) then 'step_states_skipped_at'
+    when not ((status = 'cancelled') = (cancelled_at is not null)) then 'step_states_cancelled_at'
+    when not ((started_at is null) or (started_at >= created_at)) then 'step_states_started_after_created'
+    when not ((completed_at is null) or (completed_at >= coalesce(started_at, created_at))) then 'step_states_completed_after_started'
+    when not ((failed_at is null) or (failed_at >= coalesce(started_at, created_at))) then 'step_states_failed_after_created'
+    when not ((skipped_at is null) or (skipped_at >= created_at)) then 'step_states_skipped_after_created'
+    when not ((cancelled_at is null) or (cancelled_at >= coalesce(started_at, created_at))) then 'step_states_cancelled_after_created'
+    when not (remaining_deps >= 0) then 'step_states_remaining_deps_nonnegative'
+    when not ((initial_tasks is null) or (initial_tasks >= 0)) then 'step_states_initial_tasks_nonnegative'
+    when not ((remaining_tasks is null) or (remaining_tasks >= 0)) then 'step_states_remaining_tasks_nonnegative'
+    when not ((status <> 'started') or ((initial_tasks is not null) and (remaining_tasks is not null))) then 'step_states_started_sized'
+    when not ((status <> all (array['created', 'skipped'])) or (remaining_tasks is null)) then 'step_states_unstarted_no_remaining'
+    when not ((status <> 'completed') or (remaining_tasks = 0)) then 'step_states_completed_no_remaining'
+    when not (not has_output or (status = 'completed')) then 'step_states_output_only_completed'
+    when not ((status = 'skipped') = (skip_reason is not null)) then 'step_states_skip_reason'
+    when not ((skip_reason is null)
+              or (skip_reason in ('condition_unmet', 'handler_failed', 'dependency_skipped', 'wait_timeout'))) then 'step_states_skip_reason_valid'
+  end;
+begin
+  if v_broken is not null then
+    perform flowlane._rule_broken('step_states', v_broken);
+  end if;
+  return true;
+end;
+$$;
+
 create table flowlane.step_states (
   flow_slug text not null,
   run_id uuid not null,
@@ -249,25 +332,9 @@ create table flowlane.step_states (
   skipped_at timestamptz,
   cancelled_at timestamptz,
   constraint step_states_pkey primary key (run_id, step_slug),
-  constraint step_states_cancelled_after_created check ((cancelled_at is null) or (cancelled_at >= coalesce(started_at, created_at))),
-  constraint step_states_cancelled_at check ((status = 'cancelled') = (cancelled_at is not null)),
-  constraint step_states_completed_after_started check ((completed_at is null) or (completed_at >= coalesce(started_at, created_at))),
-  constraint step_states_completed_at check ((status = 'completed') = (completed_at is not null)),
-  constraint step_states_completed_no_remaining check ((status <> 'completed') or (remaining_tasks = 0)),
-  constraint step_states_failed_after_created check ((failed_at is null) or (failed_at >= coalesce(started_at, created_at))),
-  constraint step_states_failed_at check ((status = 'failed') = (failed_at is not null)),
-  constraint step_states_initial_tasks_nonnegative check ((initial_tasks is null) or (initial_tasks >= 0)),
-  constraint step_states_output_only_completed check ((output is null) or (status = 'completed')),
-  constraint step_states_remaining_deps_nonnegative check (remaining_deps >= 0),
-  constraint step_states_remaining_tasks_nonnegative check ((remaining_tasks is null) or (remaining_tasks >= 0)),
-  constraint step_states_skip_reason check ((status = 'skipped') = (skip_reason is not null)),
-  constraint step_states_skip_reason_valid check ((skip_reason is null) or (skip_reason in ('condition_unmet', 'handler_failed', 'dependency_skipped', 'wait_timeout'))),
-  constraint step_states_skipped_after_created check ((skipped_at is null) or (skipped_at >= created_at)),
-  constraint step_states_skipped_at check ((status = 'skipped') = (skipped_at is not null)),
-  constraint step_states_started_after_created check ((started_at is null) or (started_at >= created_at)),
-  constraint step_states_started_sized check ((status <> 'started') or ((initial_tasks is not null) and (remaining_tasks is not null))),
-  constraint step_states_status_valid check (status in ('created', 'started', 'completed', 'failed', 'skipped', 'cancelled')),
-  constraint step_states_unstarted_no_remaining check ((status <> all (array['created', 'skipped'])) or (remaining_tasks is null)),
+  constraint step_states_rules check (flowlane._step_states_rules(status, remaining_deps, initial_tasks,
+    remaining_tasks, output is not null, skip_reason, created_at, started_at, completed_at, failed_at, skipped_at,
+    cancelled_at)),
   constraint step_states_flow_slug_fkey foreign key (flow_slug) references flowlane.flows(flow_slug),
   constraint step_states_flow_slug_step_slug_fkey foreign key (flow_slug, step_slug) references flowlane.steps(flow_slug, step_slug),
   constraint step_states_run_id_fkey foreign key (run_id) references flowlane.runs(run_id)
@@ -275,6 +342,41 @@ create table flowlane.step_states (
 with (autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', fillfactor='50');
 
 create index step_states_flow_idx on flowlane.step_states (flow_slug);
+
+-- the rules a task keeps (one CHECK, as for runs)
+create function flowlane._step_tasks_rules(status text, task_index int, attempts_count int, requeued_count int,
+                                           has_output boolean, queued_at timestamptz, started_at timestamptz,
+                                           completed_at timestamptz, failed_at timestamptz,
+                                           skipped_at timestamptz, cancelled_at timestamptz)
+returns boolean
+language plpgsql immutable
+set search_path = ''
+as $$
+declare
+  v_broken text := case
+    when not (status in ('queued', 'started', 'completed', 'failed', 'skipped', 'cancelled')) then 'step_tasks_status_valid'
+    when not ((status = 'completed') = (completed_at is not null)) then 'step_tasks_completed_at'
+    when not ((status = 'failed') = (failed_at is not null)) then 'step_tasks_failed_at'
+    when not ((status = 'skipped') = (skipped_at is not null)) then 'step_tasks_skipped_at'
+    when not ((status = 'cancelled') = (cancelled_at is not null)) then 'step_tasks_cancelled_at'
+    when not ((status <> 'started') or (started_at is not null)) then 'step_tasks_started_at'
+    when not ((started_at is null) or (started_at >= queued_at)) then 'step_tasks_started_after_queued'
+    when not ((completed_at is null) or (completed_at >= coalesce(started_at, queued_at))) then 'step_tasks_completed_after_started'
+    when not ((failed_at is null) or (failed_at >= queued_at)) then 'step_tasks_failed_after_queued'
+    when not ((skipped_at is null) or (skipped_at >= queued_at)) then 'step_tasks_skipped_after_queued'
+    when not ((cancelled_at is null) or (cancelled_at >= queued_at)) then 'step_tasks_cancelled_after_queued'
+    when not (not has_output or (status in ('completed', 'failed'))) then 'step_tasks_output_only_done'
+    when not (task_index >= 0) then 'step_tasks_task_index_nonnegative'
+    when not (attempts_count >= 0) then 'step_tasks_attempts_nonnegative'
+    when not (requeued_count >= 0) then 'step_tasks_requeued_nonnegative'
+  end;
+begin
+  if v_broken is not null then
+    perform flowlane._rule_broken('step_tasks', v_broken);
+  end if;
+  return true;
+end;
+$$;
 
 create table flowlane.step_tasks (
   flow_slug text not null,
@@ -300,21 +402,8 @@ create table flowlane.step_tasks (
   lease_renewed_at timestamptz,
   constraint step_tasks_pkey primary key (run_id, step_slug, task_index),
   constraint step_tasks_queue_message_unique unique (queue_name, message_id),
-  constraint step_tasks_attempts_nonnegative check (attempts_count >= 0),
-  constraint step_tasks_cancelled_after_queued check ((cancelled_at is null) or (cancelled_at >= queued_at)),
-  constraint step_tasks_cancelled_at check ((status = 'cancelled') = (cancelled_at is not null)),
-  constraint step_tasks_completed_after_started check ((completed_at is null) or (completed_at >= coalesce(started_at, queued_at))),
-  constraint step_tasks_completed_at check ((status = 'completed') = (completed_at is not null)),
-  constraint step_tasks_failed_after_queued check ((failed_at is null) or (failed_at >= queued_at)),
-  constraint step_tasks_failed_at check ((status = 'failed') = (failed_at is not null)),
-  constraint step_tasks_output_only_done check ((output is null) or (status in ('completed', 'failed'))),
-  constraint step_tasks_requeued_nonnegative check (requeued_count >= 0),
-  constraint step_tasks_skipped_after_queued check ((skipped_at is null) or (skipped_at >= queued_at)),
-  constraint step_tasks_skipped_at check ((status = 'skipped') = (skipped_at is not null)),
-  constraint step_tasks_started_after_queued check ((started_at is null) or (started_at >= queued_at)),
-  constraint step_tasks_started_at check ((status <> 'started') or (started_at is not null)),
-  constraint step_tasks_status_valid check (status in ('queued', 'started', 'completed', 'failed', 'skipped', 'cancelled')),
-  constraint step_tasks_task_index_nonnegative check (task_index >= 0),
+  constraint step_tasks_rules check (flowlane._step_tasks_rules(status, task_index, attempts_count, requeued_count,
+    output is not null, queued_at, started_at, completed_at, failed_at, skipped_at, cancelled_at)),
   constraint step_tasks_run_id_fkey foreign key (run_id) references flowlane.runs(run_id),
   constraint step_tasks_run_id_step_slug_fkey foreign key (run_id, step_slug) references flowlane.step_states(run_id, step_slug)
 )
