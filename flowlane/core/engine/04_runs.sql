@@ -181,9 +181,9 @@ $$;
 -- _create_runs for one run that begins now, of a flow without a concurrency limit whose root
 -- steps need nothing resolved first (no condition, no map over the input, a queue): the run
 -- and its step states are written in their final state, root steps started, one statement
--- each, instead of the batch's generic statements (about half a single start's cost). Null
--- when the flow does not qualify: the caller takes the batch path. The differential test
--- (tests/core/test_differential.py) compares the two.
+-- each, instead of the batch's generic statements. Null when the flow does not qualify: the
+-- caller takes the batch path. tests/core/test_one_start.py and the differential test
+-- (tests/core/test_differential.py) compare the two.
 create function flowlane._start_one_run(p_flow flowlane.flows, p_input jsonb, p_run_id uuid,
                                         p_start_at timestamptz, p_key text, p_called text, p_priority int)
 returns flowlane.runs
