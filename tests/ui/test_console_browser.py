@@ -85,23 +85,21 @@ def test_run_page_shows_the_failed_step_error_and_colours_the_graph(
 
 def test_run_page_follows_a_running_run_until_it_ends(
         driver: Any, console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded]) -> None:
-    dsn = seeded_db[0]
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        engine = Engine(conn)
-        run_id = engine.start("ping", {"late": True})
-        driver.get(f"{console.url}/runs/{run_id}")
-        assert driver.find_element(By.ID, "run-status").text == "started"
-        node = driver.find_element(By.CSS_SELECTOR, "svg.graph g.node")
-        assert node.get_attribute("data-status") == "started"
-        # this run's message only: the seeded queued run on the same queue stays queued
-        engine.complete(ui_support.claim_only(engine, "ping", run_id), {"pong": True})
-
     def status(d: Any) -> list[str]:
         # one script: the region is replaced while we look
         found: list[str] = d.execute_script(
             "return [document.getElementById('run-status').textContent,"
             " document.querySelector('svg.graph g.node').dataset.status]")
         return found
+
+    dsn = seeded_db[0]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        engine = Engine(conn)
+        run_id = engine.start("ping", {"late": True})
+        driver.get(f"{console.url}/runs/{run_id}")
+        assert status(driver) == ["started", "started"]
+        # this run's message only: the seeded queued run on the same queue stays queued
+        engine.complete(ui_support.claim_only(engine, "ping", run_id), {"pong": True})
 
     WebDriverWait(driver, WAIT).until(lambda d: status(d) == ["completed", "completed"])
 
