@@ -17,10 +17,8 @@ begin
 end;
 $$;
 
--- The rules a run keeps, as one CHECK (runs_rules) calling this function rather than a CHECK
--- each: PostgreSQL prepares every CHECK expression again for each statement that writes the
--- table, about 90 µs for these rules on every one-row write; the function's expression is
--- planned once per connection (see "Row rules" in flowlane/core/engine/README.md)
+-- the rules a run keeps, as one CHECK (runs_rules) calling this function: why one, see
+-- "Row rules" in flowlane/core/engine/README.md
 create function flowlane._runs_rules(status text, started_at timestamptz, completed_at timestamptz,
                                      failed_at timestamptz, cancelled_at timestamptz, cancel_reason text,
                                      has_output boolean, remaining_steps int, retry_count int,
