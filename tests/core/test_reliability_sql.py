@@ -152,6 +152,19 @@ def test_start_flow_refuses_input_nested_past_the_limit(engine: Engine) -> None:
     assert engine.scalar("select count(*) from flowlane.runs") == 1
 
 
+def test_depth_counts_objects_and_arrays_not_brackets_in_strings(engine: Engine) -> None:
+    engine.define("f", [("a", [], {})])
+    text = "[{" * (limits.MAX_DEPTH + 1)
+    run_id = engine.start("f", {"text": text, "ok": nested(limits.MAX_DEPTH - 1)})
+    assert engine.scalar("select input ->> 'text' from flowlane.runs where run_id = %s", (run_id,)) == text
+    objects: Any = 1
+    for _ in range(limits.MAX_DEPTH + 1):
+        objects = {"a": objects}
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="nested deeper than 100"):
+        engine.start("f", objects)
+    assert engine.scalar("select count(*) from flowlane.runs") == 1
+
+
 def test_start_flow_refuses_input_past_the_size_limit(engine: Engine) -> None:
     engine.define("f", [("a", [], {})])
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="more than the limit"):

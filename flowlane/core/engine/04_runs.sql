@@ -248,13 +248,16 @@ as $$
 declare
   v_max_depth int := (flowlane.json_limits() ->> 'max_depth')::int;
   v_max_bytes int := (flowlane.json_limits() ->> 'max_bytes')::int;
-  v_bytes int := octet_length(p_value::text);
+  v_text text := p_value::text;
+  v_bytes int := octet_length(v_text);
 begin
   if v_bytes > v_max_bytes then
     raise exception '% is % bytes of JSON, more than the limit of % bytes', p_what, v_bytes, v_max_bytes
       using errcode = '22023', hint = 'pass a reference (a URL, a storage key) instead of the data itself';
   end if;
-  if flowlane.json_depth_exceeds(p_value, v_max_depth) then
+  -- a value cannot be nested deeper than its text has '[' and '{': most never need the walk
+  if length(v_text) - length(translate(v_text, '[{', '')) > v_max_depth
+     and flowlane.json_depth_exceeds(p_value, v_max_depth) then
     raise exception '% is nested deeper than % levels', p_what, v_max_depth
       using errcode = '22023', hint = p_flatten_hint;
   end if;
