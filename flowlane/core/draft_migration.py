@@ -101,8 +101,11 @@ def draft(difference: Difference, name: str, version: str, source_dir: Path | No
               "-- Drafted by `python -m flowlane.core.draft_migration` from the engine source; "
               "reviewed by a person.\n-- (Say here what changes and why.)")]
     parts += [f"drop function {identity};" for identity in difference.dropped]
-    for function in sorted(difference.created, key=order.index):
+    for function in sorted((f for f in difference.created if f in sources), key=order.index):
         parts.append(_create_or_replace(sources[function]))
+    for function in sorted(f for f in difference.created if f not in sources):
+        parts.append(f"{FLAG} function {function} is written by the source at run time, not defined in it;"
+                     " call the function that writes it")
     for title, (migrated, source) in difference.flagged.items():
         parts.append(_flag(title, migrated, source))
     return "\n\n".join(parts) + "\n"

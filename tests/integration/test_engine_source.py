@@ -77,6 +77,19 @@ def test_a_changed_function_is_drafted_and_the_draft_brings_the_migrations_to_th
     assert schema_dump.dump(migrated) == schema_dump.dump(built)
 
 
+def test_a_function_the_source_writes_at_run_time_is_flagged_with_what_writes_it(
+    db_factory: Callable[..., str], source_copy: Path,
+) -> None:
+    _edit(source_copy / "02_queues.sql", "  return pgmq.archive(p_queue, p_msg_id);",
+          "  return coalesce(pgmq.archive(p_queue, p_msg_id), false);")
+    found = draft_migration.difference(db_factory(), _built_from_source(db_factory, source_copy))
+    assert sorted(found.created) == ["_queue_archive", "_write_queue_ops"]
+    text = draft_migration.draft(found, "archive_false", "0099", source_copy)
+    assert "create or replace function flowlane._write_queue_ops(" in text
+    assert (f"{draft_migration.FLAG} function _queue_archive is written by the source at run time, "
+            "not defined in it") in text
+
+
 def test_a_table_change_is_flagged_for_a_person_and_check_fails_until_it_is_written(
     cluster: Cluster, db_factory: Callable[..., str], source_copy: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -290,3 +290,111 @@ begin
   return v_total;
 end;
 $$;
+
+-- The one-at-a-time paths' queue operations: a claim's read, a completion's archive, a lone
+-- task's send. PGMQ's functions name the queue's table at run time, so they build and plan
+-- their statement on every call (120-250 µs here, more than the statement itself). These
+-- three are written by _write_queue_ops with one branch per registered queue, each branch a
+-- static statement PL/pgSQL plans once per connection; a queue without a branch (not
+-- registered, or its table made after the last rewrite) goes to PGMQ's function. Each branch
+-- means what PGMQ's call means (tests/core/test_queue_ops.py compares them).
+create function flowlane._write_queue_ops() returns void
+language plpgsql volatile
+security definer  -- the functions it writes keep one owner, whoever registers a queue
+set search_path = ''
+as $$
+declare
+  v_read text;
+  v_archive text;
+  v_send text;
+begin
+  perform pg_advisory_xact_lock(hashtext('flowlane.queue_ops'));
+  with queues as (
+    select q.queue_name, pgmq.format_table_name(q.queue_name, 'q') as q_table,
+           pgmq.format_table_name(q.queue_name, 'a') as a_table
+    from flowlane.queues q
+  )
+  select
+    string_agg(format($b$if p_queue = %L then
+    return query
+      with cte as (select q.msg_id from pgmq.%I q where q.vt <= clock_timestamp()
+                   order by q.msg_id limit p_qty for update skip locked)
+      update pgmq.%2$I m
+         set last_read_at = clock_timestamp(), vt = clock_timestamp() + make_interval(secs => p_vt),
+             read_ct = m.read_ct + 1
+        from cte where m.msg_id = cte.msg_id
+      returning m.msg_id, m.read_ct, m.enqueued_at, m.last_read_at, m.vt, m.message, m.headers;
+    return;
+  end if;$b$, x.queue_name, x.q_table), E'\n  ' order by x.queue_name),
+    string_agg(format($b$if p_queue = %L then
+    with archived as (delete from pgmq.%I q where q.msg_id = p_msg_id
+                      returning q.msg_id, q.vt, q.read_ct, q.enqueued_at, q.last_read_at, q.message, q.headers)
+    insert into pgmq.%I (msg_id, vt, read_ct, enqueued_at, last_read_at, message, headers)
+    select a.msg_id, a.vt, a.read_ct, a.enqueued_at, a.last_read_at, a.message, a.headers from archived a
+    returning msg_id into v_id;
+    return v_id is not null;
+  end if;$b$, x.queue_name, x.q_table, x.a_table), E'\n  ' order by x.queue_name),
+    string_agg(format($b$if p_queue = %L then
+    insert into pgmq.%I (vt, message, headers)
+    values (clock_timestamp() + make_interval(secs => p_delay), p_msg, null)
+    returning msg_id into v_id;
+    return v_id;
+  end if;$b$, x.queue_name, x.q_table), E'\n  ' order by x.queue_name)
+    into v_read, v_archive, v_send
+  from queues x
+  where to_regclass(format('pgmq.%I', x.q_table)) is not null
+    and to_regclass(format('pgmq.%I', x.a_table)) is not null;
+  execute format($f$
+  create or replace function flowlane._queue_read(p_queue text, p_vt int, p_qty int)
+returns setof pgmq.message_record
+language plpgsql volatile
+set search_path = ''
+as $body$
+begin
+  %s
+  return query select * from pgmq.read(p_queue, p_vt, p_qty);
+end;
+$body$;
+  create or replace function flowlane._queue_archive(p_queue text, p_msg_id bigint) returns boolean
+language plpgsql volatile
+set search_path = ''
+as $body$
+declare
+  v_id bigint;
+begin
+  %s
+  return pgmq.archive(p_queue, p_msg_id);
+end;
+$body$;
+  create or replace function flowlane._queue_send(p_queue text, p_msg jsonb, p_delay int) returns bigint
+language plpgsql volatile
+set search_path = ''
+as $body$
+declare
+  v_id bigint;
+begin
+  %s
+  select m.id into v_id from pgmq.send(p_queue, p_msg, p_delay) m (id);
+  return v_id;
+end;
+$body$;$f$, coalesce(v_read, ''), coalesce(v_archive, ''), coalesce(v_send, ''));
+end;
+$$;
+
+select flowlane._write_queue_ops();
+
+-- a queue registered (its PGMQ table made in the same transaction) gets its branches
+create function flowlane._queue_ops_registered() returns trigger
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  perform flowlane._write_queue_ops();
+  return null;
+end;
+$$;
+
+create constraint trigger queue_ops_registered
+after insert on flowlane.queues
+deferrable initially deferred
+for each row execute function flowlane._queue_ops_registered();

@@ -77,7 +77,7 @@ begin
     select coalesce(array_agg(m.msg_id) filter (where m.enqueued_at <= now()), '{}'),
            coalesce(array_agg(m.msg_id) filter (where m.enqueued_at > now()), '{}')
       into v_ids, v_later
-    from pgmq.read(claim_tasks.queue_name, v_lease, v_gate.allowed) m;
+    from flowlane._queue_read(claim_tasks.queue_name, v_lease, v_gate.allowed) m;
   end if;
   if cardinality(v_later) > 0 then
     -- enqueued by a transaction that committed after this one began (the read takes a

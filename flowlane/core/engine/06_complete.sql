@@ -389,7 +389,7 @@ begin
    where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index
   returning t.* into v_task;
   if v_task.message_id is not null then
-    perform pgmq.archive(flowlane._task_queue(v_task), v_task.message_id);
+    perform flowlane._queue_archive(flowlane._task_queue(v_task), v_task.message_id);
   end if;
   update flowlane.step_states ss
      set remaining_tasks = ss.remaining_tasks - 1,

@@ -289,11 +289,10 @@ begin
   if exists (select 1 from unnest(p_bodies) b where b ? 'priority') then
     perform flowlane._prioritize_queue(p_queue);
   end if;
-  if cardinality(p_bodies) = 1 then  -- a single start or completion: fewer layers than send_batch's
+  if cardinality(p_bodies) = 1 then  -- a single start or completion (02_queues.sql: _queue_send)
     insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)
-    select p_bodies[1] ->> 'flow_slug', (p_bodies[1] ->> 'run_id')::uuid, p_bodies[1] ->> 'step_slug',
-           (p_bodies[1] ->> 'task_index')::int, p_queue, m.id
-    from pgmq.send(p_queue, p_bodies[1], p_delay) m (id);
+    values (p_bodies[1] ->> 'flow_slug', (p_bodies[1] ->> 'run_id')::uuid, p_bodies[1] ->> 'step_slug',
+            (p_bodies[1] ->> 'task_index')::int, p_queue, flowlane._queue_send(p_queue, p_bodies[1], p_delay));
     return;
   end if;
   insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)

@@ -1,0 +1,92 @@
+"""The one-at-a-time paths' queue operations (_queue_read, _queue_archive, _queue_send): a
+registered queue gets a static branch of its own when its registration commits, and every
+branch means what PGMQ's call means. Each case runs the same calls on a registered queue
+(its branch) and on a queue only PGMQ knows (PGMQ's function) and compares what they leave."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from tests.core.engine import Engine
+
+MESSAGE_COLUMNS = "msg_id, read_ct, message, headers, last_read_at is not null as read"
+
+
+def register(engine: Engine, queue: str) -> None:
+    engine.define(queue, [("a", [], {})])  # the flow's own queue, named after it
+
+
+def branches(engine: Engine, function: str) -> list[str]:
+    source = engine.scalar("select prosrc from pg_proc where oid = %s::regproc", (f"flowlane.{function}",))
+    return re.findall(r"if p_queue = '([a-z_]+)' then", source)
+
+
+def queue_rows(engine: Engine, table: str) -> list[dict[str, Any]]:
+    return engine.rows(f"select {MESSAGE_COLUMNS} from pgmq.{table} order by msg_id")
+
+
+def test_a_registered_queue_gets_its_branches_when_its_registration_commits(
+    engine: Engine, dsn: str
+) -> None:
+    engine.conn.execute("select pgmq.create('plain')")  # PGMQ's only: no branch
+    register(engine, "flow_a")
+    assert branches(engine, "_queue_read") == ["flow_a"]
+    with psycopg.connect(dsn) as other:
+        for flow in ("flow_c", "flow_b"):
+            other.execute("select flowlane.create_flow(%s)", (flow,))
+            other.execute("select flowlane.add_step(%s, 'a', '{}')", (flow,))
+            assert branches(engine, "_queue_read") == ["flow_a"]  # not committed yet
+            if flow == "flow_c":
+                other.rollback()
+        other.commit()
+    for function in ("_queue_read", "_queue_archive", "_queue_send"):
+        assert branches(engine, function) == ["flow_a", "flow_b"], function
+
+
+def test_read_archive_and_send_leave_what_pgmq_leaves(engine: Engine) -> None:
+    register(engine, "flow_a")
+    engine.conn.execute("select pgmq.create('plain')")
+    results = {}
+    for queue in ("flow_a", "plain"):
+        sent = [engine.scalar("select flowlane._queue_send(%s, %s, 0)", (queue, Jsonb({"n": n})))
+                for n in range(4)]
+        delayed = engine.scalar("select flowlane._queue_send(%s, %s, 60)", (queue, Jsonb({"n": 9})))
+        read = engine.rows("select msg_id, read_ct, message from flowlane._queue_read(%s, 30, 3)",
+                           (queue,))
+        hidden = engine.scalar(
+            f"select bool_and(vt > clock_timestamp() + interval '25 seconds') from pgmq.q_{queue}"
+            " where msg_id = any (%s)", ([r["msg_id"] for r in read],))
+        delayed_hidden = engine.scalar(
+            f"select vt > clock_timestamp() + interval '55 seconds' from pgmq.q_{queue} where msg_id = %s",
+            (delayed,))
+        archived = [engine.scalar("select flowlane._queue_archive(%s, %s)", (queue, msg_id))
+                    for msg_id in (sent[0], sent[0], 999)]
+        again = engine.rows("select msg_id from flowlane._queue_read(%s, 30, 5)", (queue,))
+        results[queue] = {
+            "sent": sent, "delayed": delayed, "read": read, "hidden": hidden,
+            "delayed_hidden": delayed_hidden, "archived": archived, "again": again,
+            "queue": queue_rows(engine, f"q_{queue}"), "archive": queue_rows(engine, f"a_{queue}"),
+        }
+    assert results["flow_a"] == results["plain"]
+    a = results["flow_a"]
+    assert [r["msg_id"] for r in a["read"]] == a["sent"][:3]
+    assert [r["read_ct"] for r in a["read"]] == [1, 1, 1]
+    assert a["hidden"] is True and a["delayed_hidden"] is True
+    assert a["archived"] == [True, False, False]
+    assert [r["msg_id"] for r in a["again"]] == [a["sent"][3]]
+    assert [r["msg_id"] for r in a["archive"]] == [a["sent"][0]]
+    assert a["archive"][0]["read_ct"] == 1 and a["archive"][0]["message"] == {"n": 0}
+
+
+def test_a_read_skips_messages_another_transaction_has_locked(engine: Engine, dsn: str) -> None:
+    register(engine, "flow_a")
+    ids = [engine.scalar("select flowlane._queue_send('flow_a', %s, 0)", (Jsonb({"n": n}),))
+           for n in range(2)]
+    with psycopg.connect(dsn) as other:
+        locked = other.execute("select msg_id from flowlane._queue_read('flow_a', 30, 1)").fetchall()
+        assert locked == [(ids[0],)]
+        assert engine.rows("select msg_id from flowlane._queue_read('flow_a', 30, 5)") == [{"msg_id": ids[1]}]
