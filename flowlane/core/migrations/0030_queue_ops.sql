@@ -64,6 +64,7 @@ begin
 returns setof pgmq.message_record
 language plpgsql volatile
 set search_path = ''
+set plan_cache_mode = force_generic_plan
 as $body$
 begin
   %s
@@ -73,6 +74,7 @@ $body$;
   create or replace function flowlane._queue_archive(p_queue text, p_msg_id bigint) returns boolean
 language plpgsql volatile
 set search_path = ''
+set plan_cache_mode = force_generic_plan
 as $body$
 declare
   v_id bigint;
@@ -84,6 +86,7 @@ $body$;
   create or replace function flowlane._queue_send(p_queue text, p_msg jsonb, p_delay int) returns bigint
 language plpgsql volatile
 set search_path = ''
+set plan_cache_mode = force_generic_plan
 as $body$
 declare
   v_id bigint;
