@@ -48,8 +48,11 @@ returns setof flowlane.claim_record
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
 as $$
 declare
+  v_flows text[];
+  v_steps text[];
   v_lease int;
   v_ids bigint[];
   v_later bigint[];
@@ -60,8 +63,10 @@ begin
   if qty is null or qty < 1 then
     raise exception 'claim_tasks: qty must be at least 1' using errcode = '22023';
   end if;
+  select coalesce(array_agg(p.flow_slug), '{}'), coalesce(array_agg(p.step_slug), '{}') into v_flows, v_steps
+  from flowlane._pairs(supported_pairs) p;
   select coalesce(max(o.claim_visibility), 0) into v_lease
-  from flowlane._pairs(supported_pairs) p
+  from unnest(v_flows, v_steps) as p (flow_slug, step_slug)
   join flowlane.step_options o on o.flow_slug = p.flow_slug and o.step_slug = p.step_slug;
   v_gate := flowlane._open_queue_gate(claim_tasks.queue_name, qty);
   if (v_gate.refusal).outcome is not null then
@@ -91,11 +96,11 @@ begin
   end if;
   if not v_gate.limited then
     return query select * from flowlane._claim_batch(claim_tasks.queue_name, v_ids, claim_tasks.worker_id,
-                                                     supported_pairs, v_lease, null);
+                                                     v_flows, v_steps, v_lease, null);
     return;
   end if;
   v_rows := array(select c from flowlane._claim_batch(claim_tasks.queue_name, v_ids, claim_tasks.worker_id,
-                                                      supported_pairs, v_lease, v_gate.started_at) c);
+                                                      v_flows, v_steps, v_lease, v_gate.started_at) c);
   perform flowlane._close_queue_gate(v_gate, (select count(*)::int from unnest(v_rows) r where r.outcome = 'claimed'));
   return query select * from unnest(v_rows);
 end;
@@ -105,15 +110,20 @@ create function flowlane.start_tasks(queue_name text, msg_ids bigint[], worker_i
 returns setof flowlane.claim_record
 language plpgsql volatile
 set search_path = ''
+set plan_cache_mode = force_generic_plan
 as $$
 declare
+  v_flows text[];
+  v_steps text[];
   v_gate flowlane._queue_gate;
   v_ids bigint[];
   v_rows flowlane.claim_record[];
 begin
   perform flowlane._check_queue_argument('start_tasks', start_tasks.queue_name);
+  select coalesce(array_agg(p.flow_slug), '{}'), coalesce(array_agg(p.step_slug), '{}') into v_flows, v_steps
+  from flowlane._pairs(supported_pairs) p;
   if not exists (select 1 from flowlane.queue_limits l where l.queue_name = start_tasks.queue_name) then
-    return query select * from flowlane._start_tasks(start_tasks.queue_name, msg_ids, worker_id, supported_pairs, null);
+    return query select * from flowlane._start_tasks(start_tasks.queue_name, msg_ids, worker_id, v_flows, v_steps, null);
     return;
   end if;
   -- a queue with limits: the first messages it allows start, the others are handed back visible
@@ -129,7 +139,7 @@ begin
     v_ids := v_ids[1:v_gate.allowed];
   end if;
   select coalesce(array_agg(c), '{}') into v_rows
-  from flowlane._start_tasks(start_tasks.queue_name, v_ids, worker_id, supported_pairs, null, v_gate.started_at) c;
+  from flowlane._start_tasks(start_tasks.queue_name, v_ids, worker_id, v_flows, v_steps, null, v_gate.started_at) c;
   perform flowlane._close_queue_gate(v_gate, (select count(*)::int from unnest(v_rows) r where r.outcome = 'claimed'));
   return query select * from unnest(v_rows);
 end;
@@ -138,8 +148,10 @@ $$;
 -- the claim of a batch of read messages, classified as a whole before anything changes (a
 -- batch with a message this worker cannot handle claims nothing); the tasks to hide and to
 -- return are read from the unnested claim, the leases looked up once per (flow, step), the
--- inputs from _claimed_inputs
-create function flowlane._start_tasks(p_queue text, p_msg_ids bigint[], p_worker_id uuid, p_pairs jsonb,
+-- inputs from _claimed_inputs. The worker's (flow, step) pairs come as two arrays, checked
+-- by the caller (_pairs), like the queue's name.
+create function flowlane._start_tasks(p_queue text, p_msg_ids bigint[], p_worker_id uuid,
+                                      p_flows text[], p_steps text[],
                                       p_read_vt int, p_started_at timestamptz = null)
 returns setof flowlane.claim_record
 language plpgsql volatile
@@ -156,7 +168,6 @@ declare
   v_offsets int[];
   v_updated int;
 begin
-  perform flowlane._check_queue_argument('start_tasks', p_queue);
   if p_worker_id is null then
     raise exception 'start_tasks: worker_id is required (it fences the results of the claimed tasks)'
       using errcode = '22023';
@@ -164,7 +175,6 @@ begin
   if p_msg_ids is null or array_position(p_msg_ids, null) is not null then
     raise exception 'start_tasks: msg_ids must be an array of message ids without nulls' using errcode = '22023';
   end if;
-  perform flowlane._pairs(p_pairs);  -- validates before anything is locked
   v_ids := array(select distinct m from unnest(p_msg_ids) m order by m);
   if cardinality(v_ids) = 0 then
     return;
@@ -189,7 +199,8 @@ begin
   from unnest(v_ids) as b (msg_id)
   left join flowlane.step_tasks t
     on t.queue_name = p_queue and t.message_id = b.msg_id and t.message_id = any (v_ids)
-  left join flowlane._pairs(p_pairs) p on p.flow_slug = t.flow_slug and p.step_slug = t.step_slug
+  left join unnest(p_flows, p_steps) as p (flow_slug, step_slug)
+    on p.flow_slug = t.flow_slug and p.step_slug = t.step_slug
   left join flowlane.runs r on r.run_id = t.run_id
   left join flowlane.step_states ss on ss.run_id = t.run_id and ss.step_slug = t.step_slug;
 
@@ -263,14 +274,14 @@ $$;
 
 -- the rows of a claim of the messages read: the claimed tasks (a run's input on its first row
 -- only) and, for a refused batch, the other messages read, handed back visible (ids only)
-create function flowlane._claim_batch(p_queue text, p_ids bigint[], p_worker_id uuid, p_pairs jsonb,
-                                      p_lease int, p_started_at timestamptz)
+create function flowlane._claim_batch(p_queue text, p_ids bigint[], p_worker_id uuid, p_flows text[],
+                                      p_steps text[], p_lease int, p_started_at timestamptz)
 returns setof flowlane.claim_record
 language sql volatile
 set search_path = ''
 as $$
   with c as (
-    select * from flowlane._start_tasks(p_queue, p_ids, p_worker_id, p_pairs, p_lease, p_started_at)
+    select * from flowlane._start_tasks(p_queue, p_ids, p_worker_id, p_flows, p_steps, p_lease, p_started_at)
   )
   select c.outcome, c.flow_slug, c.step_slug, c.queue_name, c.run_id, c.task_index, c.input,
          case when row_number() over (partition by c.run_id order by c.msg_id) = 1 then c.flow_input end,
