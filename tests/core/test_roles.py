@@ -179,6 +179,9 @@ def test_a_queue_registered_later_is_granted_to_the_worker(
         Engine(roles_conn).define("later_flow", [("only", [], {})])
     assert not denied(roles_conn, "select * from pgmq.read('later_flow', 30, 1)",
                       "flowlane_worker")
+    queue_read = roles_conn.execute(
+        "select prosrc from pg_proc where oid = 'flowlane._queue_read'::regproc").fetchone()
+    assert queue_read is not None and "p_queue = 'later_flow'" in queue_read[0]
 
 
 def test_roles_are_idempotent(roles_conn: psycopg.Connection[Any]) -> None:

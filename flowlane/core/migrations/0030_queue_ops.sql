@@ -99,9 +99,12 @@ $body$;$f$, coalesce(v_read, ''), coalesce(v_archive, ''), coalesce(v_send, ''))
 end;
 $$;
 
--- a queue registered (its PGMQ table made in the same transaction) gets its branches
+-- a queue registered (its PGMQ table made in the same transaction) gets its branches; as the
+-- owner, like the other deferred triggers of flowlane.queues: it fires at commit, where the
+-- role that registered the queue may not run _write_queue_ops
 create or replace function flowlane._queue_ops_registered() returns trigger
 language plpgsql volatile
+security definer
 set search_path = ''
 as $$
 begin
