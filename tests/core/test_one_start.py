@@ -42,7 +42,8 @@ SHAPES: dict[str, tuple[dict[str, Any], list[tuple[str, list[str], dict[str, Any
         {"go": False},
         False,
     ),
-    "root_map": ({}, [("m", [], {"step_type": "map"}), ("b", [], {})], [1, 2, 3], False),
+    "root_map": ({}, [("m", [], {"step_type": "map"}), ("b", [], {}), ("c", ["m"], {})], [1, 2, 3], True),
+    "root_map_empty": ({}, [("m", [], {"step_type": "map"}), ("b", [], {}), ("c", ["m"], {})], [], False),
     "wait_root": ({}, [("w", [], {"step_type": "wait"}), ("b", ["w"], {})], {}, False),
     "flow_limit": ({"concurrency_limit": 2}, [("a", [], {})], {}, False),
 }

@@ -179,11 +179,11 @@ end;
 $$;
 
 -- _create_runs for one run that begins now, of a flow without a concurrency limit whose root
--- steps need nothing resolved first (no condition, no map over the input, a queue): the run
--- and its step states are written in their final state, root steps started, one statement
--- each, instead of the batch's generic statements. Null when the flow does not qualify: the
--- caller takes the batch path. tests/core/test_one_start.py and the differential test
--- (tests/core/test_differential.py) compare the two.
+-- steps need nothing resolved first (a queue, no condition, no map over an empty input): the
+-- run and its step states are written in their final state, root steps started, one
+-- statement each, instead of the batch's generic statements. Null when the flow does not
+-- qualify: the caller takes the batch path. tests/core/test_one_start.py and the differential
+-- test (tests/core/test_differential.py) compare the two.
 create function flowlane._start_one_run(p_flow flowlane.flows, p_input jsonb, p_run_id uuid,
                                         p_start_at timestamptz, p_key text, p_called text, p_priority int)
 returns flowlane.runs
@@ -195,11 +195,13 @@ as $$
 declare
   v_steps int;
   v_plain boolean;
+  v_elements int := case when jsonb_typeof(p_input) = 'array' then jsonb_array_length(p_input) end;
   v_run flowlane.runs;
   v_started flowlane.step_states[];
 begin
-  select count(*), coalesce(bool_and(s.deps_count > 0 or (s.step_type = 'single' and s.queue_name is not null
-                                     and s.required_input_pattern is null and s.forbidden_input_pattern is null)), false)
+  select count(*), coalesce(bool_and(s.deps_count > 0 or (s.queue_name is not null
+                                     and s.required_input_pattern is null and s.forbidden_input_pattern is null
+                                     and (s.step_type = 'single' or (s.step_type = 'map' and v_elements > 0)))), false)
     into v_steps, v_plain
   from flowlane.steps s where s.flow_slug = (p_flow).flow_slug;
   if not v_plain then
@@ -215,10 +217,10 @@ begin
     insert into flowlane.step_states as ss (flow_slug, run_id, step_slug, remaining_deps, initial_tasks, status,
                                             started_at, remaining_tasks)
     select s.flow_slug, v_run.run_id, s.step_slug, s.deps_count,
-           case when s.step_type <> 'map' then 1 end,
+           case when s.step_type <> 'map' then 1 when s.deps_count = 0 then v_elements end,
            case when s.deps_count = 0 then 'started' else 'created' end,
            case when s.deps_count = 0 then now() end,
-           case when s.deps_count = 0 then 1 end
+           case when s.deps_count = 0 and s.step_type <> 'map' then 1 when s.deps_count = 0 then v_elements end
     from flowlane.steps s where s.flow_slug = (p_flow).flow_slug
     order by s.step_slug
     returning ss
