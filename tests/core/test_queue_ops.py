@@ -1,4 +1,4 @@
-"""The one-at-a-time paths' queue operations (_queue_read, _queue_archive, _queue_send): a
+"""The queue operations (_queue_read, _queue_archive, _queue_send, _queue_send_batch): a
 registered queue gets a static branch of its own when its registration commits, and every
 branch means what PGMQ's call means. Each case runs the same calls on a registered queue
 (its branch) and on a queue only PGMQ knows (PGMQ's function) and compares what they leave."""
@@ -43,7 +43,7 @@ def test_a_registered_queue_gets_its_branches_when_its_registration_commits(
             if flow == "flow_c":
                 other.rollback()
         other.commit()
-    for function in ("_queue_read", "_queue_archive", "_queue_send"):
+    for function in ("_queue_read", "_queue_archive", "_queue_send", "_queue_send_batch"):
         assert branches(engine, function) == ["flow_a", "flow_b"], function
 
 
@@ -66,9 +66,16 @@ def test_read_archive_and_send_leave_what_pgmq_leaves(engine: Engine) -> None:
         archived = [engine.scalar("select flowlane._queue_archive(%s, %s)", (queue, msg_id))
                     for msg_id in (sent[0], sent[0], 999)]
         again = engine.rows("select msg_id from flowlane._queue_read(%s, 30, 5)", (queue,))
+        batch = [r["id"] for r in engine.rows(
+            "select m.id from flowlane._queue_send_batch(%s, %s::jsonb[], 60) m (id)",
+            (queue, [Jsonb({"b": n}) for n in range(3)]))]
+        batch_vt = engine.scalar(
+            f"select count(distinct vt) = 1 and bool_and(vt > clock_timestamp() + interval '55 seconds')"
+            f" from pgmq.q_{queue} where msg_id = any (%s)", (batch,))
         results[queue] = {
             "sent": sent, "delayed": delayed, "read": read, "hidden": hidden,
             "delayed_hidden": delayed_hidden, "archived": archived, "again": again,
+            "batch": batch, "batch_vt": batch_vt,
             "queue": queue_rows(engine, f"q_{queue}"), "archive": queue_rows(engine, f"a_{queue}"),
         }
     assert results["flow_a"] == results["plain"]
@@ -78,6 +85,7 @@ def test_read_archive_and_send_leave_what_pgmq_leaves(engine: Engine) -> None:
     assert a["hidden"] is True and a["delayed_hidden"] is True
     assert a["archived"] == [True, False, False]
     assert [r["msg_id"] for r in a["again"]] == [a["sent"][3]]
+    assert a["batch"] == [a["delayed"] + n for n in (1, 2, 3)] and a["batch_vt"] is True
     assert [r["msg_id"] for r in a["archive"]] == [a["sent"][0]]
     assert a["archive"][0]["read_ct"] == 1 and a["archive"][0]["message"] == {"n": 0}
 

@@ -291,13 +291,14 @@ begin
 end;
 $$;
 
--- The one-at-a-time paths' queue operations: a claim's read, a completion's archive, a lone
--- task's send. PGMQ's functions name the queue's table at run time, so they build and plan
--- their statement on every call (120-250 µs here, more than the statement itself). These
--- three are written by _write_queue_ops with one branch per registered queue, each branch a
--- static statement PL/pgSQL plans once per connection; a queue without a branch (not
--- registered, or its table made after the last rewrite) goes to PGMQ's function. Each branch
--- means what PGMQ's call means (tests/core/test_queue_ops.py compares them).
+-- The queue operations of the one-at-a-time paths and of sending tasks: a claim's read, a
+-- completion's archive, a task's send and a batch's. PGMQ's functions name the queue's table
+-- at run time, so they build and plan their statement on every call (120-250 µs here, more
+-- than the statement itself). These four are written by _write_queue_ops with one branch per
+-- registered queue, each branch a static statement PL/pgSQL plans once per connection; a
+-- queue without a branch (not registered, or its table made after the last rewrite) goes to
+-- PGMQ's function. Each branch means what PGMQ's call means (tests/core/test_queue_ops.py
+-- compares them).
 create function flowlane._write_queue_ops() returns void
 language plpgsql volatile
 security definer  -- the functions it writes keep one owner, whoever registers a queue
@@ -307,6 +308,7 @@ declare
   v_read text;
   v_archive text;
   v_send text;
+  v_send_batch text;
 begin
   perform pg_advisory_xact_lock(hashtext('flowlane.queue_ops'));
   with queues as (
@@ -339,8 +341,15 @@ begin
     values (clock_timestamp() + make_interval(secs => p_delay), p_msg, null)
     returning msg_id into v_id;
     return v_id;
+  end if;$b$, x.queue_name, x.q_table), E'\n  ' order by x.queue_name),
+    string_agg(format($b$if p_queue = %L then
+    return query
+      insert into pgmq.%I (vt, message, headers)
+      select v_vt, m.msg, null from unnest(p_msgs) as m (msg)
+      returning msg_id;
+    return;
   end if;$b$, x.queue_name, x.q_table), E'\n  ' order by x.queue_name)
-    into v_read, v_archive, v_send
+    into v_read, v_archive, v_send, v_send_batch
   from queues x
   where to_regclass(format('pgmq.%I', x.q_table)) is not null
     and to_regclass(format('pgmq.%I', x.a_table)) is not null;
@@ -380,7 +389,20 @@ begin
   select m.id into v_id from pgmq.send(p_queue, p_msg, p_delay) m (id);
   return v_id;
 end;
-$body$;$f$, coalesce(v_read, ''), coalesce(v_archive, ''), coalesce(v_send, ''));
+$body$;
+  create or replace function flowlane._queue_send_batch(p_queue text, p_msgs jsonb[], p_delay int)
+returns setof bigint
+language plpgsql volatile
+set search_path = ''
+set plan_cache_mode = force_generic_plan
+as $body$
+declare
+  v_vt timestamptz := clock_timestamp() + make_interval(secs => p_delay);
+begin
+  %s
+  return query select * from pgmq.send_batch(p_queue, p_msgs, p_delay);
+end;
+$body$;$f$, coalesce(v_read, ''), coalesce(v_archive, ''), coalesce(v_send, ''), coalesce(v_send_batch, ''));
 end;
 $$;
 

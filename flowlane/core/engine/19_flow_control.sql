@@ -298,7 +298,7 @@ begin
   insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)
   select b.body ->> 'flow_slug', (b.body ->> 'run_id')::uuid, b.body ->> 'step_slug',
          (b.body ->> 'task_index')::int, p_queue, m.id
-  from pgmq.send_batch(p_queue, p_bodies, p_delay) with ordinality as m (id, ord)
+  from flowlane._queue_send_batch(p_queue, p_bodies, p_delay) with ordinality as m (id, ord)
   join unnest(p_bodies) with ordinality as b (body, ord) on b.ord = m.ord;
   get diagnostics v_n = row_count;
   if v_n <> cardinality(p_bodies) then
