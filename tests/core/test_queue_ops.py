@@ -98,3 +98,15 @@ def test_a_read_skips_messages_another_transaction_has_locked(engine: Engine, ds
         locked = other.execute("select msg_id from flowlane._queue_read('flow_a', 30, 1)").fetchall()
         assert locked == [(ids[0],)]
         assert engine.rows("select msg_id from flowlane._queue_read('flow_a', 30, 5)") == [{"msg_id": ids[1]}]
+
+
+def test_a_read_touches_the_messages_it_reads_not_the_whole_queue(engine: Engine) -> None:
+    register(engine, "flow_a")
+    engine.conn.execute("select pgmq.send_batch('flow_a', array_fill('{}'::jsonb, array[500]))")
+    with engine.conn.transaction():
+        assert len(engine.rows("select * from flowlane._queue_read('flow_a', 30, 2)")) == 2
+        touched = engine.row(
+            "select seq_tup_read, idx_tup_fetch from pg_stat_xact_user_tables"
+            " where schemaname = 'pgmq' and relname = 'q_flow_a'")
+    assert touched is not None and touched["seq_tup_read"] == 0
+    assert touched["idx_tup_fetch"] <= 4  # the two read, found once to lock and once to update

@@ -318,13 +318,13 @@ begin
   )
   select
     string_agg(format($b$if p_queue = %L then
+    v_ids := array(select q.msg_id from pgmq.%I q where q.vt <= clock_timestamp()
+                   order by q.msg_id limit p_qty for update skip locked);
     return query
-      with cte as (select q.msg_id from pgmq.%I q where q.vt <= clock_timestamp()
-                   order by q.msg_id limit p_qty for update skip locked)
       update pgmq.%2$I m
          set last_read_at = clock_timestamp(), vt = clock_timestamp() + make_interval(secs => p_vt),
              read_ct = m.read_ct + 1
-        from cte where m.msg_id = cte.msg_id
+       where m.msg_id = any (v_ids)
       returning m.msg_id, m.read_ct, m.enqueued_at, m.last_read_at, m.vt, m.message, m.headers;
     return;
   end if;$b$, x.queue_name, x.q_table), E'\n  ' order by x.queue_name),
@@ -360,6 +360,8 @@ language plpgsql volatile
 set search_path = ''
 set plan_cache_mode = force_generic_plan
 as $body$
+declare
+  v_ids bigint[];  -- two statements: a generic plan of PGMQ's one joins the whole queue
 begin
   %s
   return query select * from pgmq.read(p_queue, p_vt, p_qty);
