@@ -358,6 +358,7 @@ begin
 returns setof pgmq.message_record
 language plpgsql volatile
 set search_path = ''
+set enable_seqscan = off  -- a plan made while the queue was small stays on its keys
 set plan_cache_mode = force_generic_plan
 as $body$
 declare
@@ -370,6 +371,7 @@ $body$;
   create or replace function flowlane._queue_archive(p_queue text, p_msg_id bigint) returns boolean
 language plpgsql volatile
 set search_path = ''
+set enable_seqscan = off  -- a plan made while the queue was small stays on its keys
 set plan_cache_mode = force_generic_plan
 as $body$
 declare
@@ -382,6 +384,7 @@ $body$;
   create or replace function flowlane._queue_send(p_queue text, p_msg jsonb, p_delay int) returns bigint
 language plpgsql volatile
 set search_path = ''
+set enable_seqscan = off  -- a plan made while the queue was small stays on its keys
 set plan_cache_mode = force_generic_plan
 as $body$
 declare
@@ -396,6 +399,7 @@ $body$;
 returns setof bigint
 language plpgsql volatile
 set search_path = ''
+set enable_seqscan = off  -- a plan made while the queue was small stays on its keys
 set plan_cache_mode = force_generic_plan
 as $body$
 declare

@@ -74,6 +74,7 @@ begin
 returns setof pgmq.message_record
 language plpgsql volatile
 set search_path = ''
+set enable_seqscan = off  -- a plan made while the queue was small stays on its keys
 set plan_cache_mode = force_generic_plan
 as $body$
 declare
@@ -86,6 +87,7 @@ $body$;
   create or replace function flowlane._queue_archive(p_queue text, p_msg_id bigint) returns boolean
 language plpgsql volatile
 set search_path = ''
+set enable_seqscan = off  -- a plan made while the queue was small stays on its keys
 set plan_cache_mode = force_generic_plan
 as $body$
 declare
@@ -98,6 +100,7 @@ $body$;
   create or replace function flowlane._queue_send(p_queue text, p_msg jsonb, p_delay int) returns bigint
 language plpgsql volatile
 set search_path = ''
+set enable_seqscan = off  -- a plan made while the queue was small stays on its keys
 set plan_cache_mode = force_generic_plan
 as $body$
 declare
@@ -112,6 +115,7 @@ $body$;
 returns setof bigint
 language plpgsql volatile
 set search_path = ''
+set enable_seqscan = off  -- a plan made while the queue was small stays on its keys
 set plan_cache_mode = force_generic_plan
 as $body$
 declare
