@@ -1,6 +1,6 @@
 """The one-at-a-time paths against raw PGMQ: a single start, completion and failure, in one run.
 
-    python benchmarks/single_call_profile.py [--calls 500] [--rounds 3] [--before 0016] [--functions]
+    python benchmarks/single_call_profile.py [--calls 500] [--rounds 3] [--before NNNN] [--functions]
 
 One embedded PostgreSQL (pg_stat_statements preloaded), two databases: `before` migrated to
 --before, `after` to head. Every call is its own autocommit transaction on one connection,
@@ -46,6 +46,7 @@ from benchmarks.engine_throughput import (
     scalar,
     statements_server,
 )
+from flowlane.core import migrator
 from flowlane.core.queries import query
 
 RAW = "bench_single_raw"
@@ -261,7 +262,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=500, help="calls per case and round")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians)")
-    parser.add_argument("--before", default="0016", help="the migration the 'before' database stops at")
+    parser.add_argument("--before", default=migrator.discover()[-2].version,
+                        help="the migration the 'before' database stops at (default: the one before last)")
     parser.add_argument("--functions", action="store_true", help="each function's own time per call")
     args = parser.parse_args()
     with (
