@@ -301,7 +301,6 @@ $$;
 -- compares them).
 create function flowlane._write_queue_ops() returns void
 language plpgsql volatile
-security definer  -- the functions it writes keep one owner, whoever registers a queue
 set search_path = ''
 as $$
 declare

@@ -216,12 +216,14 @@ begin
   with written as (
     insert into flowlane.step_states as ss (flow_slug, run_id, step_slug, remaining_deps, initial_tasks, status,
                                             started_at, remaining_tasks)
-    select s.flow_slug, v_run.run_id, s.step_slug, s.deps_count,
-           case when s.step_type <> 'map' then 1 when s.deps_count = 0 then v_elements end,
+    select s.flow_slug, v_run.run_id, s.step_slug, s.deps_count, t.tasks,
            case when s.deps_count = 0 then 'started' else 'created' end,
            case when s.deps_count = 0 then now() end,
-           case when s.deps_count = 0 and s.step_type <> 'map' then 1 when s.deps_count = 0 then v_elements end
-    from flowlane.steps s where s.flow_slug = (p_flow).flow_slug
+           case when s.deps_count = 0 then t.tasks end
+    from flowlane.steps s
+    cross join lateral (  -- a dependent map's count is known when its parent completes
+      select case when s.step_type <> 'map' then 1 when s.deps_count = 0 then v_elements end as tasks) t
+    where s.flow_slug = (p_flow).flow_slug
     order by s.step_slug
     returning ss
   ) select array_agg(w.ss) filter (where (w.ss).status = 'started') into v_started from written w;
