@@ -58,6 +58,7 @@ declare
   v_later bigint[];
   v_gate flowlane._queue_gate;
   v_rows flowlane.claim_record[];
+  v_one flowlane.claim_record;
 begin
   perform flowlane._check_queue_argument('claim_tasks', claim_tasks.queue_name);
   if qty is null or qty < 1 then
@@ -94,6 +95,17 @@ begin
     perform flowlane._close_queue_gate(v_gate, 0);
     return;
   end if;
+  if cardinality(v_ids) = 1 then
+    v_one := flowlane._claim_one(claim_tasks.queue_name, v_ids[1], claim_tasks.worker_id, v_flows, v_steps,
+                                 v_lease, v_gate.started_at);
+    if v_one.outcome is not null then
+      if v_gate.limited then
+        perform flowlane._close_queue_gate(v_gate, 1);
+      end if;
+      return next v_one;
+      return;
+    end if;
+  end if;
   if not v_gate.limited then
     return query select * from flowlane._claim_batch(claim_tasks.queue_name, v_ids, claim_tasks.worker_id,
                                                      v_flows, v_steps, v_lease, null);
@@ -118,11 +130,19 @@ declare
   v_gate flowlane._queue_gate;
   v_ids bigint[];
   v_rows flowlane.claim_record[];
+  v_one flowlane.claim_record;
 begin
   perform flowlane._check_queue_argument('start_tasks', start_tasks.queue_name);
   select coalesce(array_agg(p.flow_slug), '{}'), coalesce(array_agg(p.step_slug), '{}') into v_flows, v_steps
   from flowlane._pairs(supported_pairs) p;
   if not exists (select 1 from flowlane.queue_limits l where l.queue_name = start_tasks.queue_name) then
+    if cardinality(msg_ids) = 1 and msg_ids[1] is not null then
+      v_one := flowlane._claim_one(start_tasks.queue_name, msg_ids[1], worker_id, v_flows, v_steps, null, null);
+      if v_one.outcome is not null then
+        return next v_one;
+        return;
+      end if;
+    end if;
     return query select * from flowlane._start_tasks(start_tasks.queue_name, msg_ids, worker_id, v_flows, v_steps, null);
     return;
   end if;
@@ -164,9 +184,7 @@ declare
   v_batch flowlane._claim_item[];
   v_duplicates flowlane.step_tasks[];
   v_claimed flowlane.step_tasks[];
-  v_hide flowlane.step_tasks[];
   v_offsets int[];
-  v_updated int;
 begin
   if p_worker_id is null then
     raise exception 'start_tasks: worker_id is required (it fences the results of the claimed tasks)'
@@ -245,22 +263,7 @@ begin
   if cardinality(v_claimed) = 0 then
     return;
   end if;
-  select coalesce(array_agg(c order by c.message_id), '{}'), coalesce(array_agg(l.lease order by c.message_id), '{}')
-    into v_hide, v_offsets
-  from unnest(v_claimed) c
-  join (select o.flow_slug, o.step_slug, o.claim_visibility as lease
-        from (select distinct x.flow_slug, x.step_slug from unnest(v_claimed) x) p
-        join flowlane.step_options o on o.flow_slug = p.flow_slug and o.step_slug = p.step_slug) l
-    on l.flow_slug = c.flow_slug and l.step_slug = c.step_slug
-  where p_read_vt is null or l.lease > p_read_vt;
-  if cardinality(v_hide) > 0 then
-    v_updated := flowlane._set_tasks_vt(v_hide, v_offsets);
-    if v_updated <> cardinality(v_hide) then
-      raise exception 'claim aborted: % tasks claimed but % queue messages got their visibility extended',
-        cardinality(v_hide), v_updated
-        using errcode = '40001', hint = 'a task''s message is missing from its queue; the claim was rolled back';
-    end if;
-  end if;
+  perform flowlane._hide_claimed(v_claimed, p_read_vt);
 
   return query
     select 'claimed', c.flow_slug, c.step_slug, c.queue_name, c.run_id, c.task_index,
@@ -269,6 +272,84 @@ begin
     join flowlane._claimed_inputs(v_claimed) i
       on i.run_id = c.run_id and i.step_slug = c.step_slug and i.task_index = c.task_index
     order by c.message_id;
+end;
+$$;
+
+-- claimed tasks are hidden for their lease (claim_visibility) where it outlasts the visibility
+-- their messages were read with (p_read_vt; null: start_tasks, whose caller read them)
+create function flowlane._hide_claimed(p_claimed flowlane.step_tasks[], p_read_vt int) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_hide flowlane.step_tasks[];
+  v_offsets int[];
+  v_updated int;
+begin
+  select coalesce(array_agg(c order by c.message_id), '{}'), coalesce(array_agg(l.lease order by c.message_id), '{}')
+    into v_hide, v_offsets
+  from unnest(p_claimed) c
+  join (select o.flow_slug, o.step_slug, o.claim_visibility as lease
+        from (select distinct x.flow_slug, x.step_slug from unnest(p_claimed) x) p
+        join flowlane.step_options o on o.flow_slug = p.flow_slug and o.step_slug = p.step_slug) l
+    on l.flow_slug = c.flow_slug and l.step_slug = c.step_slug
+  where p_read_vt is null or l.lease > p_read_vt;
+  if cardinality(v_hide) = 0 then
+    return;
+  end if;
+  v_updated := flowlane._set_tasks_vt(v_hide, v_offsets);
+  if v_updated <> cardinality(v_hide) then
+    raise exception 'claim aborted: % tasks claimed but % queue messages got their visibility extended',
+      cardinality(v_hide), v_updated
+      using errcode = '40001', hint = 'a task''s message is missing from its queue; the claim was rolled back';
+  end if;
+end;
+$$;
+
+-- the claim of one message, the common case (a worker's claim when one task is queued), without
+-- the batch's machinery: the message's task when _start_tasks would claim it (the same locks in
+-- the same order, the same classification), else null and no change, for the batch path to
+-- decide (a foreign message, an unsupported pair, a duplicate, a task or run that has ended).
+-- tests/core/test_claim_one.py holds the two paths equal.
+create function flowlane._claim_one(p_queue text, p_msg_id bigint, p_worker_id uuid, p_flows text[],
+                                    p_steps text[], p_read_vt int, p_started_at timestamptz)
+returns flowlane.claim_record
+language plpgsql volatile
+set search_path = ''
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+  v_task flowlane.step_tasks;
+  v_run_status text;
+  v_step_status text;
+  v_row flowlane.claim_record;
+begin
+  select t.* into v_task from flowlane.step_tasks t where t.queue_name = p_queue and t.message_id = p_msg_id;
+  if not found or not exists (select 1 from unnest(p_flows, p_steps) as p (flow_slug, step_slug)
+                              where p.flow_slug = v_task.flow_slug and p.step_slug = v_task.step_slug) then
+    return null;
+  end if;
+  -- lock order: the run (shared), then the task
+  select r.status into v_run_status from flowlane.runs r where r.run_id = v_task.run_id for share;
+  select t.* into v_task from flowlane.step_tasks t
+  where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index
+  for update;
+  select ss.status into v_step_status from flowlane.step_states ss
+  where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug;
+  if not (v_task.status = 'queued' and v_run_status = 'started' and v_step_status = 'started') then
+    return null;
+  end if;
+  update flowlane.step_tasks t
+     set status = 'started', attempts_count = t.attempts_count + 1, started_at = coalesce(p_started_at, now()),
+         last_worker_id = p_worker_id
+   where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index
+  returning t.* into v_task;
+  perform flowlane._hide_claimed(array[v_task], p_read_vt);
+  select 'claimed', v_task.flow_slug, v_task.step_slug, v_task.queue_name, v_task.run_id, v_task.task_index,
+         i.input, i.flow_input, v_task.attempts_count, v_task.message_id
+    into v_row
+  from flowlane._claimed_inputs(array[v_task]) i;
+  return v_row;
 end;
 $$;
 

@@ -1,0 +1,322 @@
+-- flowlane SQL Core 0033: the claim of one message.
+-- claim_tasks (a read that returned one message) and start_tasks (one message id) claim its
+-- task through _claim_one: the batch's locks and classification for one row, without
+-- _claim_batch and _start_tasks around them. Whatever _claim_one would not claim takes the
+-- batch path, unchanged. The hiding of claimed tasks for their lease is _hide_claimed, for
+-- both paths.
+
+-- a worker's claim: read up to qty messages of its queue and start their tasks, in one round
+-- trip; the claim keeps the visibility the read gave (see _start_tasks). A queue with limits
+-- (19_flow_control.sql) reads at most what they allow; when they allow nothing the claim
+-- returns one row instead: 'at_capacity' (the queue's concurrency is reached: a task's end
+-- wakes the queue's listeners) or 'rate_limited' (input {"wait_ms": N}: no start is allowed
+-- for N ms). A queue that has seen a priority is read in priority order.
+create or replace function flowlane.claim_tasks(queue_name text, qty int, worker_id uuid, supported_pairs jsonb)
+returns setof flowlane.claim_record
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+  v_flows text[];
+  v_steps text[];
+  v_lease int;
+  v_ids bigint[];
+  v_later bigint[];
+  v_gate flowlane._queue_gate;
+  v_rows flowlane.claim_record[];
+  v_one flowlane.claim_record;
+begin
+  perform flowlane._check_queue_argument('claim_tasks', claim_tasks.queue_name);
+  if qty is null or qty < 1 then
+    raise exception 'claim_tasks: qty must be at least 1' using errcode = '22023';
+  end if;
+  select coalesce(array_agg(p.flow_slug), '{}'), coalesce(array_agg(p.step_slug), '{}') into v_flows, v_steps
+  from flowlane._pairs(supported_pairs) p;
+  select coalesce(max(o.claim_visibility), 0) into v_lease
+  from unnest(v_flows, v_steps) as p (flow_slug, step_slug)
+  join flowlane.step_options o on o.flow_slug = p.flow_slug and o.step_slug = p.step_slug;
+  v_gate := flowlane._open_queue_gate(claim_tasks.queue_name, qty);
+  if (v_gate.refusal).outcome is not null then
+    return next v_gate.refusal;
+    return;
+  end if;
+  if coalesce(v_gate.prioritized, false) then
+    select coalesce(array_agg(m.msg_id) filter (where m.enqueued_at <= now()), '{}'),
+           coalesce(array_agg(m.msg_id) filter (where m.enqueued_at > now()), '{}')
+      into v_ids, v_later
+    from flowlane._read_by_priority(claim_tasks.queue_name, v_lease, v_gate.allowed) m;
+  else
+    select coalesce(array_agg(m.msg_id) filter (where m.enqueued_at <= now()), '{}'),
+           coalesce(array_agg(m.msg_id) filter (where m.enqueued_at > now()), '{}')
+      into v_ids, v_later
+    from flowlane._queue_read(claim_tasks.queue_name, v_lease, v_gate.allowed) m;
+  end if;
+  if cardinality(v_later) > 0 then
+    -- enqueued by a transaction that committed after this one began (the read takes a
+    -- new snapshot): a claim now would start the task before it was queued. Visible
+    -- again at once; the next poll, a new transaction, claims it.
+    perform pgmq.set_vt(claim_tasks.queue_name, v_later, 0);
+  end if;
+  if cardinality(v_ids) = 0 then
+    perform flowlane._close_queue_gate(v_gate, 0);
+    return;
+  end if;
+  if cardinality(v_ids) = 1 then
+    v_one := flowlane._claim_one(claim_tasks.queue_name, v_ids[1], claim_tasks.worker_id, v_flows, v_steps,
+                                 v_lease, v_gate.started_at);
+    if v_one.outcome is not null then
+      if v_gate.limited then
+        perform flowlane._close_queue_gate(v_gate, 1);
+      end if;
+      return next v_one;
+      return;
+    end if;
+  end if;
+  if not v_gate.limited then
+    return query select * from flowlane._claim_batch(claim_tasks.queue_name, v_ids, claim_tasks.worker_id,
+                                                     v_flows, v_steps, v_lease, null);
+    return;
+  end if;
+  v_rows := array(select c from flowlane._claim_batch(claim_tasks.queue_name, v_ids, claim_tasks.worker_id,
+                                                      v_flows, v_steps, v_lease, v_gate.started_at) c);
+  perform flowlane._close_queue_gate(v_gate, (select count(*)::int from unnest(v_rows) r where r.outcome = 'claimed'));
+  return query select * from unnest(v_rows);
+end;
+$$;
+
+create or replace function flowlane.start_tasks(queue_name text, msg_ids bigint[], worker_id uuid, supported_pairs jsonb)
+returns setof flowlane.claim_record
+language plpgsql volatile
+set search_path = ''
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+  v_flows text[];
+  v_steps text[];
+  v_gate flowlane._queue_gate;
+  v_ids bigint[];
+  v_rows flowlane.claim_record[];
+  v_one flowlane.claim_record;
+begin
+  perform flowlane._check_queue_argument('start_tasks', start_tasks.queue_name);
+  select coalesce(array_agg(p.flow_slug), '{}'), coalesce(array_agg(p.step_slug), '{}') into v_flows, v_steps
+  from flowlane._pairs(supported_pairs) p;
+  if not exists (select 1 from flowlane.queue_limits l where l.queue_name = start_tasks.queue_name) then
+    if cardinality(msg_ids) = 1 and msg_ids[1] is not null then
+      v_one := flowlane._claim_one(start_tasks.queue_name, msg_ids[1], worker_id, v_flows, v_steps, null, null);
+      if v_one.outcome is not null then
+        return next v_one;
+        return;
+      end if;
+    end if;
+    return query select * from flowlane._start_tasks(start_tasks.queue_name, msg_ids, worker_id, v_flows, v_steps, null);
+    return;
+  end if;
+  -- a queue with limits: the first messages it allows start, the others are handed back visible
+  v_gate := flowlane._open_queue_gate(start_tasks.queue_name, greatest(1, coalesce(cardinality(msg_ids), 0)));
+  v_ids := array(select distinct m from unnest(msg_ids) m where m is not null order by m);
+  if (v_gate.refusal).outcome is not null then
+    perform pgmq.set_vt(start_tasks.queue_name, v_ids, 0);
+    return next v_gate.refusal;
+    return;
+  end if;
+  if cardinality(v_ids) > v_gate.allowed then
+    perform pgmq.set_vt(start_tasks.queue_name, v_ids[v_gate.allowed + 1:], 0);
+    v_ids := v_ids[1:v_gate.allowed];
+  end if;
+  select coalesce(array_agg(c), '{}') into v_rows
+  from flowlane._start_tasks(start_tasks.queue_name, v_ids, worker_id, v_flows, v_steps, null, v_gate.started_at) c;
+  perform flowlane._close_queue_gate(v_gate, (select count(*)::int from unnest(v_rows) r where r.outcome = 'claimed'));
+  return query select * from unnest(v_rows);
+end;
+$$;
+
+-- the claim of a batch of read messages, classified as a whole before anything changes (a
+-- batch with a message this worker cannot handle claims nothing); the tasks to hide and to
+-- return are read from the unnested claim, the leases looked up once per (flow, step), the
+-- inputs from _claimed_inputs. The worker's (flow, step) pairs come as two arrays, checked
+-- by the caller (_pairs), like the queue's name.
+create or replace function flowlane._start_tasks(p_queue text, p_msg_ids bigint[], p_worker_id uuid,
+                                      p_flows text[], p_steps text[],
+                                      p_read_vt int, p_started_at timestamptz = null)
+returns setof flowlane.claim_record
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+  v_ids bigint[];
+  v_batch flowlane._claim_item[];
+  v_duplicates flowlane.step_tasks[];
+  v_claimed flowlane.step_tasks[];
+  v_offsets int[];
+begin
+  if p_worker_id is null then
+    raise exception 'start_tasks: worker_id is required (it fences the results of the claimed tasks)'
+      using errcode = '22023';
+  end if;
+  if p_msg_ids is null or array_position(p_msg_ids, null) is not null then
+    raise exception 'start_tasks: msg_ids must be an array of message ids without nulls' using errcode = '22023';
+  end if;
+  v_ids := array(select distinct m from unnest(p_msg_ids) m order by m);
+  if cardinality(v_ids) = 0 then
+    return;
+  end if;
+
+  -- lock order: runs (shared: claims do not block each other), then the batch's tasks
+  perform 1 from flowlane.runs r
+  where r.run_id in (select t.run_id from flowlane.step_tasks t
+                     where t.queue_name = p_queue and t.message_id = any (v_ids))
+  order by r.run_id
+  for share;
+  perform 1 from flowlane.step_tasks t
+  where t.queue_name = p_queue and t.message_id = any (v_ids)
+  order by t.run_id, t.step_slug, t.task_index
+  for update;
+
+  -- classify every message before any change
+  select array_agg(row(b.msg_id, t, t.run_id is not null and p.flow_slug is not null,
+                       t.status = 'queued' and r.status = 'started' and ss.status = 'started'
+                   )::flowlane._claim_item order by b.msg_id)
+    into v_batch
+  from unnest(v_ids) as b (msg_id)
+  left join flowlane.step_tasks t
+    on t.queue_name = p_queue and t.message_id = b.msg_id and t.message_id = any (v_ids)
+  left join unnest(p_flows, p_steps) as p (flow_slug, step_slug)
+    on p.flow_slug = t.flow_slug and p.step_slug = t.step_slug
+  left join flowlane.runs r on r.run_id = t.run_id
+  left join flowlane.step_states ss on ss.run_id = t.run_id and ss.step_slug = t.step_slug;
+
+  if exists (select 1 from unnest(v_batch) c where not c.supported) then
+    perform pgmq.set_vt(p_queue, v_ids, 0);
+    return query
+      select 'unsupported', (c.task).flow_slug, (c.task).step_slug, p_queue, (c.task).run_id,
+             (c.task).task_index, null::jsonb, null::jsonb, null::int, c.msg_id
+      from unnest(v_batch) c where not c.supported order by c.msg_id;
+    return;
+  end if;
+
+  -- terminal tasks: their message is archived (idempotent)
+  if exists (select 1 from unnest(v_batch) c
+             where (c.task).status in ('completed', 'failed', 'skipped', 'cancelled')) then
+    perform pgmq.archive(p_queue, array(
+      select c.msg_id from unnest(v_batch) c
+      where (c.task).status in ('completed', 'failed', 'skipped', 'cancelled') order by c.msg_id));
+  end if;
+  -- still started (a visible duplicate): no attempt; hidden until stalled recovery may take it
+  if exists (select 1 from unnest(v_batch) c where (c.task).status = 'started') then
+    select array_agg(c.task order by c.msg_id),
+           array_agg(greatest(1, ceil(extract(epoch from
+                       flowlane._stall_deadline(c.task, o.stall_after) - clock_timestamp()))::int) order by c.msg_id)
+      into v_duplicates, v_offsets
+    from unnest(v_batch) c
+    join flowlane.step_options o on o.flow_slug = (c.task).flow_slug and o.step_slug = (c.task).step_slug
+    where (c.task).status = 'started';
+    perform flowlane._set_tasks_vt(v_duplicates, v_offsets);
+  end if;
+
+  with claimed as (
+    update flowlane.step_tasks t
+       set status = 'started', attempts_count = t.attempts_count + 1, started_at = coalesce(p_started_at, now()),
+           last_worker_id = p_worker_id
+      from unnest(v_batch) c
+     where c.claimable and t.run_id = (c.task).run_id and t.step_slug = (c.task).step_slug
+       and t.task_index = (c.task).task_index
+    returning t
+  ) select coalesce(array_agg(c.t order by (c.t).message_id), '{}') into v_claimed from claimed c;
+
+  if cardinality(v_claimed) = 0 then
+    return;
+  end if;
+  perform flowlane._hide_claimed(v_claimed, p_read_vt);
+
+  return query
+    select 'claimed', c.flow_slug, c.step_slug, c.queue_name, c.run_id, c.task_index,
+           i.input, i.flow_input, c.attempts_count, c.message_id
+    from unnest(v_claimed) c
+    join flowlane._claimed_inputs(v_claimed) i
+      on i.run_id = c.run_id and i.step_slug = c.step_slug and i.task_index = c.task_index
+    order by c.message_id;
+end;
+$$;
+
+-- claimed tasks are hidden for their lease (claim_visibility) where it outlasts the visibility
+-- their messages were read with (p_read_vt; null: start_tasks, whose caller read them)
+create or replace function flowlane._hide_claimed(p_claimed flowlane.step_tasks[], p_read_vt int) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_hide flowlane.step_tasks[];
+  v_offsets int[];
+  v_updated int;
+begin
+  select coalesce(array_agg(c order by c.message_id), '{}'), coalesce(array_agg(l.lease order by c.message_id), '{}')
+    into v_hide, v_offsets
+  from unnest(p_claimed) c
+  join (select o.flow_slug, o.step_slug, o.claim_visibility as lease
+        from (select distinct x.flow_slug, x.step_slug from unnest(p_claimed) x) p
+        join flowlane.step_options o on o.flow_slug = p.flow_slug and o.step_slug = p.step_slug) l
+    on l.flow_slug = c.flow_slug and l.step_slug = c.step_slug
+  where p_read_vt is null or l.lease > p_read_vt;
+  if cardinality(v_hide) = 0 then
+    return;
+  end if;
+  v_updated := flowlane._set_tasks_vt(v_hide, v_offsets);
+  if v_updated <> cardinality(v_hide) then
+    raise exception 'claim aborted: % tasks claimed but % queue messages got their visibility extended',
+      cardinality(v_hide), v_updated
+      using errcode = '40001', hint = 'a task''s message is missing from its queue; the claim was rolled back';
+  end if;
+end;
+$$;
+
+-- the claim of one message, the common case (a worker's claim when one task is queued), without
+-- the batch's machinery: the message's task when _start_tasks would claim it (the same locks in
+-- the same order, the same classification), else null and no change, for the batch path to
+-- decide (a foreign message, an unsupported pair, a duplicate, a task or run that has ended).
+-- tests/core/test_claim_one.py holds the two paths equal.
+create or replace function flowlane._claim_one(p_queue text, p_msg_id bigint, p_worker_id uuid, p_flows text[],
+                                    p_steps text[], p_read_vt int, p_started_at timestamptz)
+returns flowlane.claim_record
+language plpgsql volatile
+set search_path = ''
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+  v_task flowlane.step_tasks;
+  v_run_status text;
+  v_step_status text;
+  v_row flowlane.claim_record;
+begin
+  select t.* into v_task from flowlane.step_tasks t where t.queue_name = p_queue and t.message_id = p_msg_id;
+  if not found or not exists (select 1 from unnest(p_flows, p_steps) as p (flow_slug, step_slug)
+                              where p.flow_slug = v_task.flow_slug and p.step_slug = v_task.step_slug) then
+    return null;
+  end if;
+  -- lock order: the run (shared), then the task
+  select r.status into v_run_status from flowlane.runs r where r.run_id = v_task.run_id for share;
+  select t.* into v_task from flowlane.step_tasks t
+  where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index
+  for update;
+  select ss.status into v_step_status from flowlane.step_states ss
+  where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug;
+  if not (v_task.status = 'queued' and v_run_status = 'started' and v_step_status = 'started') then
+    return null;
+  end if;
+  update flowlane.step_tasks t
+     set status = 'started', attempts_count = t.attempts_count + 1, started_at = coalesce(p_started_at, now()),
+         last_worker_id = p_worker_id
+   where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index
+  returning t.* into v_task;
+  perform flowlane._hide_claimed(array[v_task], p_read_vt);
+  select 'claimed', v_task.flow_slug, v_task.step_slug, v_task.queue_name, v_task.run_id, v_task.task_index,
+         i.input, i.flow_input, v_task.attempts_count, v_task.message_id
+    into v_row
+  from flowlane._claimed_inputs(array[v_task]) i;
+  return v_row;
+end;
+$$;
