@@ -1,4 +1,5 @@
-"""The queue operations (_queue_read, _queue_archive, _queue_send, _queue_send_batch): a
+"""The queue operations (_queue_read, _queue_archive, _queue_archive_batch, _queue_set_vt,
+_queue_send, _queue_send_batch): a
 registered queue gets a static branch of its own when its registration commits, and every
 branch means what PGMQ's call means. Each case runs the same calls on a registered queue
 (its branch) and on a queue only PGMQ knows (PGMQ's function) and compares what they leave."""
@@ -14,6 +15,8 @@ from psycopg.types.json import Jsonb
 from tests.core.engine import Engine
 
 MESSAGE_COLUMNS = "msg_id, read_ct, message, headers, last_read_at is not null as read"
+OPERATIONS = ("_queue_read", "_queue_archive", "_queue_archive_batch", "_queue_set_vt", "_queue_send",
+              "_queue_send_batch")
 
 
 def register(engine: Engine, queue: str) -> None:
@@ -43,7 +46,7 @@ def test_a_registered_queue_gets_its_branches_when_its_registration_commits(
             if flow == "flow_c":
                 other.rollback()
         other.commit()
-    for function in ("_queue_read", "_queue_archive", "_queue_send", "_queue_send_batch"):
+    for function in OPERATIONS:
         assert branches(engine, function) == ["flow_a", "flow_b"], function
 
 
@@ -72,10 +75,18 @@ def test_read_archive_and_send_leave_what_pgmq_leaves(engine: Engine) -> None:
         batch_vt = engine.scalar(
             f"select count(distinct vt) = 1 and bool_and(vt > clock_timestamp() + interval '55 seconds')"
             f" from pgmq.q_{queue} where msg_id = any (%s)", (batch,))
+        archived_batch = [r["id"] for r in engine.rows(
+            "select m.id from flowlane._queue_archive_batch(%s, %s) m (id) order by 1",
+            (queue, [sent[2], sent[1], sent[0], 999]))]
+        moved = engine.scalar("select flowlane._queue_set_vt(%s, %s, 120)", (queue, [sent[3], batch[0], 999]))
+        moved_vt = engine.scalar(
+            f"select bool_and(vt > clock_timestamp() + interval '115 seconds') from pgmq.q_{queue}"
+            " where msg_id = any (%s)", ([sent[3], batch[0]],))
         results[queue] = {
             "sent": sent, "delayed": delayed, "read": read, "hidden": hidden,
             "delayed_hidden": delayed_hidden, "archived": archived, "again": again,
-            "batch": batch, "batch_vt": batch_vt,
+            "batch": batch, "batch_vt": batch_vt, "archived_batch": archived_batch,
+            "moved": moved, "moved_vt": moved_vt,
             "queue": queue_rows(engine, f"q_{queue}"), "archive": queue_rows(engine, f"a_{queue}"),
         }
     assert results["flow_a"] == results["plain"]
@@ -86,7 +97,9 @@ def test_read_archive_and_send_leave_what_pgmq_leaves(engine: Engine) -> None:
     assert a["archived"] == [True, False, False]
     assert [r["msg_id"] for r in a["again"]] == [a["sent"][3]]
     assert a["batch"] == [a["delayed"] + n for n in (1, 2, 3)] and a["batch_vt"] is True
-    assert [r["msg_id"] for r in a["archive"]] == [a["sent"][0]]
+    assert a["archived_batch"] == a["sent"][1:3]  # not the one archived before, nor an unknown id
+    assert a["moved"] == 2 and a["moved_vt"] is True
+    assert [r["msg_id"] for r in a["archive"]] == a["sent"][:3]
     assert a["archive"][0]["read_ct"] == 1 and a["archive"][0]["message"] == {"n": 0}
 
 

@@ -237,7 +237,7 @@ language sql stable
 set search_path = ''
 as $$ select ($1).queue_name $$;
 
--- archive the messages of the given tasks, one pgmq.archive call per queue
+-- archive the messages of the given tasks, one call per queue
 create function flowlane._archive_tasks(tasks flowlane.step_tasks[]) returns int
 language plpgsql volatile
 set search_path = ''
@@ -254,7 +254,7 @@ begin
     group by 1
     order by 1
   loop
-    select count(*) into v_n from pgmq.archive(v_group.queue_name, v_group.ids);
+    select count(*) into v_n from flowlane._queue_archive_batch(v_group.queue_name, v_group.ids);
     v_total := v_total + v_n;
   end loop;
   return v_total;
@@ -284,17 +284,17 @@ begin
     group by 1, 2
     order by 1, 2
   loop
-    select count(*) into v_n from pgmq.set_vt(v_group.queue_name, v_group.ids, v_group.vt_offset);
+    v_n := flowlane._queue_set_vt(v_group.queue_name, v_group.ids, v_group.vt_offset);
     v_total := v_total + v_n;
   end loop;
   return v_total;
 end;
 $$;
 
--- The queue operations of the one-at-a-time paths and of sending tasks: a claim's read, a
--- completion's archive, a task's send and a batch's. PGMQ's functions name the queue's table
--- at run time, so they build and plan their statement on every call (120-250 µs here, more
--- than the statement itself). These four are written by _write_queue_ops with one branch per
+-- The queue operations: a claim's read, the archive of one message and of a batch, the
+-- visibility of a batch, a task's send and a batch's. PGMQ's functions name the queue's table
+-- at run time, so they build and plan their statement on every call (120-450 µs here, more
+-- than the statement itself). These six are written by _write_queue_ops with one branch per
 -- registered queue, each branch a static statement PL/pgSQL plans once per connection; a
 -- queue without a branch (not registered, or its table made after the last rewrite) goes to
 -- PGMQ's function. Each branch means what PGMQ's call means (tests/core/test_queue_ops.py
@@ -308,6 +308,8 @@ declare
   v_archive text;
   v_send text;
   v_send_batch text;
+  v_archive_batch text;
+  v_set_vt text;
 begin
   perform pg_advisory_xact_lock(hashtext('flowlane.queue_ops'));
   with queues as (
@@ -347,8 +349,22 @@ begin
       select v_vt, m.msg, null from unnest(p_msgs) as m (msg)
       returning msg_id;
     return;
+  end if;$b$, x.queue_name, x.q_table), E'\n  ' order by x.queue_name),
+    string_agg(format($b$if p_queue = %L then
+    return query
+      with archived as (delete from pgmq.%I q where q.msg_id = any (p_msg_ids)
+                        returning q.msg_id, q.vt, q.read_ct, q.enqueued_at, q.last_read_at, q.message, q.headers)
+      insert into pgmq.%I (msg_id, vt, read_ct, enqueued_at, last_read_at, message, headers)
+      select a.msg_id, a.vt, a.read_ct, a.enqueued_at, a.last_read_at, a.message, a.headers from archived a
+      returning msg_id;
+    return;
+  end if;$b$, x.queue_name, x.q_table, x.a_table), E'\n  ' order by x.queue_name),
+    string_agg(format($b$if p_queue = %L then
+    update pgmq.%I m set vt = clock_timestamp() + make_interval(secs => p_vt) where m.msg_id = any (p_msg_ids);
+    get diagnostics v_n = row_count;
+    return v_n;
   end if;$b$, x.queue_name, x.q_table), E'\n  ' order by x.queue_name)
-    into v_read, v_archive, v_send, v_send_batch
+    into v_read, v_archive, v_send, v_send_batch, v_archive_batch, v_set_vt
   from queues x
   where to_regclass(format('pgmq.%I', x.q_table)) is not null
     and to_regclass(format('pgmq.%I', x.a_table)) is not null;
@@ -407,7 +423,34 @@ begin
   %s
   return query select * from pgmq.send_batch(p_queue, p_msgs, p_delay);
 end;
-$body$;$f$, coalesce(v_read, ''), coalesce(v_archive, ''), coalesce(v_send, ''), coalesce(v_send_batch, ''));
+$body$;
+  create or replace function flowlane._queue_archive_batch(p_queue text, p_msg_ids bigint[])
+returns setof bigint
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- a plan made while the queue was small stays on its keys
+set plan_cache_mode = force_generic_plan
+as $body$
+begin
+  %s
+  return query select * from pgmq.archive(p_queue, p_msg_ids);
+end;
+$body$;
+  create or replace function flowlane._queue_set_vt(p_queue text, p_msg_ids bigint[], p_vt int) returns int
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- a plan made while the queue was small stays on its keys
+set plan_cache_mode = force_generic_plan
+as $body$
+declare
+  v_n int;
+begin
+  %s
+  select count(*) into v_n from pgmq.set_vt(p_queue, p_msg_ids, p_vt);
+  return v_n;
+end;
+$body$;$f$, coalesce(v_read, ''), coalesce(v_archive, ''), coalesce(v_send, ''), coalesce(v_send_batch, ''),
+  coalesce(v_archive_batch, ''), coalesce(v_set_vt, ''));
 end;
 $$;
 
