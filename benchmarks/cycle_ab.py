@@ -1,15 +1,16 @@
 """A SQL change's cost on one task's cycle (start, claim, completion), with and without it, in one run.
 
-    PYTHONPATH=. python benchmarks/cycle_ab.py CHANGE.sql [--cycles 200] [--rounds 5]
+    PYTHONPATH=. python benchmarks/cycle_ab.py CHANGE.sql [--cycles 200] [--rounds 5] [--pairs 1]
 
 One embedded PostgreSQL, two databases migrated to head: `a` as it is, `b` with CHANGE.sql
 applied (e.g. an `alter function ... set ...`, or a `create or replace function` to try). In
 each, one connection runs cycles of a one-step flow: `start_flow`, the worker's claim query
 (`claim_tasks`, qty 100, one task queued), `complete_task`, each its own transaction. The two
 databases alternate by rounds, in turn first. Printed: the backend's CPU per call (median, from
-/proc/<pid>/schedstat) of each call in each database, and b / a. To measure a migration
-before it is merged, pass the statements it adds (the head of `b` then has them twice, which
-a `create or replace` or an `alter` allows).
+/proc/<pid>/schedstat) of each call in each database, and b / a. --pairs N: the worker serves
+N (flow, step) pairs, the one-step flow's and N - 1 steps of another flow. To measure a
+migration before it is merged, pass the statements it adds (the head of `b` then has them
+twice, which a `create or replace` or an `alter` allows).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def cpu_ns(pid: int) -> int:
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
 
 
-def cycle(conn: Conn, worker: uuid.UUID) -> dict[str, int]:
+def cycle(conn: Conn, worker: uuid.UUID, pairs: list[list[str]]) -> dict[str, int]:
     """One start, claim and completion; the backend CPU (ns) of each."""
     pid = conn.info.backend_pid
     spent: dict[str, int] = {}
@@ -42,7 +43,7 @@ def cycle(conn: Conn, worker: uuid.UUID) -> dict[str, int]:
     conn.execute(b"select flowlane.start_flow('bench_ab', '{}')")
     spent["start"], before = cpu_ns(pid) - before, cpu_ns(pid)
     params = {"queue_name": "bench_ab", "qty": 100, "worker_id": worker}
-    rows = conn.execute(query("worker_claim_tasks"), {**params, "pairs": Jsonb([["bench_ab", "s0"]])})
+    rows = conn.execute(query("worker_claim_tasks"), {**params, "pairs": Jsonb(pairs)})
     claimed = [r for r in rows.fetchall() if r[0] == "claimed"]
     spent["claim"], before = cpu_ns(pid) - before, cpu_ns(pid)
     for row in claimed:
@@ -59,6 +60,7 @@ def main() -> int:
     parser.add_argument("change", type=Path, help="SQL applied to database b")
     parser.add_argument("--cycles", type=int, default=200, help="cycles per database and round")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--pairs", type=int, default=1, help="(flow, step) pairs the worker serves")
     args = parser.parse_args()
     change = args.change.read_text()
     with statements_server("flowlane-ab-") as admin:
@@ -66,17 +68,23 @@ def main() -> int:
         for name, conn in conns.items():
             conn.execute(b"select flowlane.create_flow('bench_ab')")
             conn.execute(b"select flowlane.add_step('bench_ab', 's0')")
+            if args.pairs > 1:
+                conn.execute(b"select flowlane.create_flow('bench_ab_more')")
+            for n in range(1, args.pairs):
+                conn.execute(b"select flowlane.add_step('bench_ab_more', %s)", (f"s{n}",))
+            conn.execute(b"analyze flowlane.steps")  # as autovacuum would have, for the plans
             if name == "b":
                 conn.execute(change.encode())
         worker = uuid.uuid4()
+        pairs = [["bench_ab", "s0"], *(["bench_ab_more", f"s{n}"] for n in range(1, args.pairs))]
         spent: dict[str, dict[str, list[int]]] = {n: {c: [] for c in CALLS} for n in conns}
         for conn in conns.values():
             for _ in range(50):  # warm-up: plans and caches made outside the measurement
-                cycle(conn, worker)
+                cycle(conn, worker, pairs)
         for r in range(args.rounds):
             for name in ("a", "b") if r % 2 == 0 else ("b", "a"):
                 for _ in range(args.cycles):
-                    for call, ns in cycle(conns[name], worker).items():
+                    for call, ns in cycle(conns[name], worker, pairs).items():
                         spent[name][call].append(ns)
         for conn in conns.values():
             conn.close()

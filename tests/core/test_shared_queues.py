@@ -135,6 +135,8 @@ def test_terminal_task_message_is_archived_and_nothing_changes(engine: Engine) -
         ([["a"]], "item 0 must be a pair of slugs"),
         ([["a", "one"], ["a", 1]], "item 1 must be a pair of slugs"),
         ([["a", "bad slug"]], "item 0 must be a pair of slugs"),
+        ([["a", "one", "one"]], "item 0 must be a pair of slugs"),  # a defined step, and more
+        ([["a", "one"], ["run", "one"]], "item 1 must be a pair of slugs"),  # not defined, not a slug
     ],
 )
 def test_bad_supported_pairs_are_refused_before_anything_changes(
