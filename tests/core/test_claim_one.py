@@ -21,7 +21,7 @@ from tests.core.engine import Engine
 WORKER = uuid.uuid4()
 
 
-def _message(engine: Engine, queue: str, run_id: Any, step: str, index: int = 0) -> int:
+def _message(engine: Engine, run_id: Any, step: str, index: int = 0) -> int:
     return int(
         engine.scalar(
             "select message_id from flowlane.step_tasks where run_id = %s and step_slug = %s "
@@ -53,20 +53,20 @@ def _put_back(engine: Engine, queue: str, msg_id: int) -> None:
 def _queued(engine: Engine) -> tuple[str, int]:
     engine.define("one", [("a", [], {})])
     run = engine.start("one", {"n": 1})
-    return "one", _message(engine, "one", run, "a")
+    return "one", _message(engine, run, "a")
 
 
 def _dependent(engine: Engine) -> tuple[str, int]:
     engine.define("chain", [("a", [], {}), ("b", ["a"], {})])
     run = engine.start("chain", {"n": 2})
     engine.complete(engine.claim("chain")[0], {"out": 3})
-    return "chain", _message(engine, "chain", run, "b")
+    return "chain", _message(engine, run, "b")
 
 
 def _map_element(engine: Engine) -> tuple[str, int]:
     engine.define("mapped", [("m", [], {"step_type": "map"})])
     run = engine.start("mapped", [10, 20, 30])
-    return "mapped", _message(engine, "mapped", run, "m", 1)
+    return "mapped", _message(engine, run, "m", 1)
 
 
 def _started(engine: Engine) -> tuple[str, int]:
@@ -85,7 +85,7 @@ def _completed(engine: Engine) -> tuple[str, int]:
 def _cancelled_run(engine: Engine) -> tuple[str, int]:
     engine.define("cancelled", [("a", [], {})])
     run = engine.start("cancelled")
-    msg_id = _message(engine, "cancelled", run, "a")
+    msg_id = _message(engine, run, "a")
     engine.conn.execute("select flowlane.cancel_run(%s)", (run,))
     if not engine.queue_messages("cancelled"):
         _put_back(engine, "cancelled", msg_id)
@@ -97,18 +97,14 @@ def _foreign(engine: Engine) -> tuple[str, int]:
     return "one", int(engine.scalar("select pgmq.send('one', '{\"not\": \"a task\"}')"))
 
 
-def _pending(engine: Engine) -> tuple[str, int]:
-    return _queued(engine)
-
-
 # scenario: (state, the worker's pairs, the read's visibility, claimed by the one-message path)
 SCENARIOS: dict[str, tuple[Callable[[Engine], tuple[str, int]], list[tuple[str, str]], int | None, bool]] = {
     "queued": (_queued, [("one", "a")], 62, True),
     "dependent": (_dependent, [("chain", "a"), ("chain", "b")], 62, True),
     "map_element": (_map_element, [("mapped", "m")], 62, True),
-    "lease_outlasts_read": (_pending, [("one", "a")], 5, True),
-    "start_tasks": (_pending, [("one", "a")], None, True),
-    "unsupported": (_pending, [("one", "b")], 62, False),
+    "lease_outlasts_read": (_queued, [("one", "a")], 5, True),
+    "start_tasks": (_queued, [("one", "a")], None, True),
+    "unsupported": (_queued, [("one", "b")], 62, False),
     "started": (_started, [("one", "a")], 62, False),
     "completed": (_completed, [("one", "a")], 62, False),
     "cancelled_run": (_cancelled_run, [("cancelled", "a")], 62, False),

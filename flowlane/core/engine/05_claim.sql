@@ -336,7 +336,7 @@ begin
   for update;
   select ss.status into v_step_status from flowlane.step_states ss
   where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug;
-  if not (v_task.status = 'queued' and v_run_status = 'started' and v_step_status = 'started') then
+  if (v_task.status = 'queued' and v_run_status = 'started' and v_step_status = 'started') is not true then
     return null;
   end if;
   update flowlane.step_tasks t
