@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,13 +87,13 @@ class Store:
     """The worker's connection pool and its calls.
 
     Handlers never hold a connection: the poller, the lease loop and the
-    maintenance loop each use at most one at a time, the completion flusher at
-    most two (two commits in flight), so the pool is sized to those five, not to
+    maintenance loop each use at most one at a time (the poller keeps its own
+    between calls, ``_polling``), the completion flusher at most two (two
+    commits in flight), so the pool is sized to those five, not to
     ``max_concurrent``. The four busy while tasks flow (poller, two flushes,
-    leases) are opened at start: a connection
-    opened during a burst costs the burst its setup and a cold backend (one
-    worker draining 6,000 queued tasks: 5.3-5.7k tasks/s with one connection
-    open at start, 6.2-6.6k with three).
+    leases) are opened at start: a connection opened during a burst costs the
+    burst its setup and a cold backend (one worker draining 6,000 queued tasks:
+    5.3-5.7k tasks/s with one connection open at start, 6.2-6.6k with three).
     """
 
     def __init__(
@@ -119,6 +120,7 @@ class Store:
             connection_class=psycopg.AsyncConnection[Row],
             name=application_name,
         )
+        self._poller: psycopg.AsyncConnection[Row] | None = None
 
     async def open(self, timeout: float = 10.0) -> None:
         # one direct connection first: its error says why (the pool's only says "timed out")
@@ -129,7 +131,32 @@ class Store:
         await self.pool.open(wait=True, timeout=timeout)
 
     async def close(self) -> None:
+        if self._poller is not None:
+            await self.pool.putconn(self._poller)
+            self._poller = None
         await self.pool.close(timeout=2.0)
+
+    @contextlib.asynccontextmanager
+    async def _polling(self) -> AsyncIterator[psycopg.AsyncConnection[Row]]:
+        """The poller's connection, kept between its calls. The pool hands its idle
+        connections out in turn, so an idle worker's claim met a backend that had not run
+        one for a while (its caches cold: the claim's round trip is most of a pickup). A
+        call that fails gives the connection back (the pool drops a broken one); the next
+        takes another."""
+        if self._poller is None:
+            self._poller = await self.pool.getconn()
+        conn = self._poller
+        try:
+            yield conn
+        except BaseException:
+            self._poller = None
+            await self.pool.putconn(conn)
+            raise
+
+    async def _poll(self, name: str, **params: Any) -> list[Row]:
+        async with self._polling() as conn:
+            cur = await conn.execute(query(name), params)
+            return await cur.fetchall()
 
     async def fetch(self, name: str, **params: Any) -> list[Row]:
         async with self.pool.connection() as conn:
@@ -203,9 +230,9 @@ class Store:
         self, queue_name: str, *, vt: int, qty: int, poll_seconds: int | None
     ) -> list[int]:
         if poll_seconds is None:
-            rows = await self.fetch("worker_read", queue_name=queue_name, vt=vt, qty=qty)
+            rows = await self._poll("worker_read", queue_name=queue_name, vt=vt, qty=qty)
         else:
-            rows = await self.fetch(
+            rows = await self._poll(
                 "worker_read_with_poll",
                 queue_name=queue_name,
                 vt=vt,
@@ -218,7 +245,7 @@ class Store:
     async def start_tasks(
         self, queue_name: str, msg_ids: Sequence[int], worker_id: str, pairs: Pairs
     ) -> Claim:
-        rows = await self.fetch(
+        rows = await self._poll(
             "worker_start_tasks",
             queue_name=queue_name,
             msg_ids=list(msg_ids),
@@ -229,7 +256,7 @@ class Store:
 
     async def claim_tasks(self, queue_name: str, qty: int, worker_id: str, pairs: Pairs) -> Claim:
         """Read and claim in one round trip (``flowlane.claim_tasks``)."""
-        rows = await self.fetch(
+        rows = await self._poll(
             "worker_claim_tasks",
             queue_name=queue_name,
             qty=qty,
