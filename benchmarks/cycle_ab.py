@@ -25,7 +25,7 @@ from psycopg.types.json import Jsonb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.engine_throughput import Conn, migrated_database, statements_server
+from benchmarks.engine_throughput import Conn, migrated_database, pin_backends, statements_server
 from flowlane.core.queries import query
 
 CALLS = ("start", "claim", "complete")
@@ -75,6 +75,7 @@ def main() -> int:
             conn.execute(b"analyze flowlane.steps")  # as autovacuum would have, for the plans
             if name == "b":
                 conn.execute(change.encode())
+        pin_backends(conns.values())
         worker = uuid.uuid4()
         pairs = [["bench_ab", "s0"], *(["bench_ab_more", f"s{n}"] for n in range(1, args.pairs))]
         spent: dict[str, dict[str, list[int]]] = {n: {c: [] for c in CALLS} for n in conns}

@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.engine_throughput import (
     Conn,
     before_and_after,
+    pin_backends,
     scalar,
     statements_server,
 )
@@ -270,6 +271,7 @@ def main() -> int:
         statements_server("flowlane-single-") as admin,
         before_and_after(admin, "single", args.before) as conns,
     ):
+        pin_backends(conns.values())
         print(f"{args.calls} calls per case and round, {args.rounds} rounds, medians\n")
         measure(conns, args.calls, args.rounds, args.functions)
     return 0
