@@ -80,8 +80,8 @@ def test_a_changed_function_is_drafted_and_the_draft_brings_the_migrations_to_th
 def test_a_function_the_source_writes_at_run_time_is_flagged_with_what_writes_it(
     db_factory: Callable[..., str], source_copy: Path,
 ) -> None:
-    _edit(source_copy / "02_queues.sql", "  return pgmq.archive(p_queue, p_msg_id);",
-          "  return coalesce(pgmq.archive(p_queue, p_msg_id), false);")
+    _edit(source_copy / "02_queues.sql", "$r$return pgmq.archive(p_queue, p_msg_id);$r$",
+          "$r$return coalesce(pgmq.archive(p_queue, p_msg_id), false);$r$")
     found = draft_migration.difference(db_factory(), _built_from_source(db_factory, source_copy))
     assert sorted(found.created) == ["_queue_archive", "_write_queue_ops"]
     text = draft_migration.draft(found, "archive_false", "0099", source_copy)

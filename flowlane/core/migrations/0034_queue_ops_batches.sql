@@ -77,6 +77,7 @@ declare
   v_send_batch text;
   v_archive_batch text;
   v_set_vt text;
+  v_op record;
 begin
   perform pg_advisory_xact_lock(hashtext('flowlane.queue_ops'));
   with queues as (
@@ -135,89 +136,40 @@ begin
   from queues x
   where to_regclass(format('pgmq.%I', x.q_table)) is not null
     and to_regclass(format('pgmq.%I', x.a_table)) is not null;
-  execute format($f$
-  create or replace function flowlane._queue_read(p_queue text, p_vt int, p_qty int)
-returns setof pgmq.message_record
+  for v_op in
+    select * from (values
+      ($h$_queue_read(p_queue text, p_vt int, p_qty int) returns setof pgmq.message_record$h$,
+       $l$v_ids bigint[];  -- two statements: a generic plan of PGMQ's one joins the whole queue$l$,
+       v_read, $r$return query select * from pgmq.read(p_queue, p_vt, p_qty);$r$),
+      ($h$_queue_archive(p_queue text, p_msg_id bigint) returns boolean$h$, $l$v_id bigint;$l$,
+       v_archive, $r$return pgmq.archive(p_queue, p_msg_id);$r$),
+      ($h$_queue_archive_batch(p_queue text, p_msg_ids bigint[]) returns setof bigint$h$, '',
+       v_archive_batch, $r$return query select * from pgmq.archive(p_queue, p_msg_ids);$r$),
+      ($h$_queue_set_vt(p_queue text, p_msg_ids bigint[], p_vt int) returns int$h$, $l$v_n int;$l$,
+       v_set_vt, $r$select count(*) into v_n from pgmq.set_vt(p_queue, p_msg_ids, p_vt);
+  return v_n;$r$),
+      ($h$_queue_send(p_queue text, p_msg jsonb, p_delay int) returns bigint$h$, $l$v_id bigint;$l$,
+       v_send, $r$select m.id into v_id from pgmq.send(p_queue, p_msg, p_delay) m (id);
+  return v_id;$r$),
+      ($h$_queue_send_batch(p_queue text, p_msgs jsonb[], p_delay int) returns setof bigint$h$,
+       $l$v_vt timestamptz := clock_timestamp() + make_interval(secs => p_delay);$l$,
+       v_send_batch, $r$return query select * from pgmq.send_batch(p_queue, p_msgs, p_delay);$r$)
+    ) as o (head, locals, branches, fallback)
+  loop
+    execute format($f$create or replace function flowlane.%s
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- a plan made while the queue was small stays on its keys
 set plan_cache_mode = force_generic_plan
 as $body$
 declare
-  v_ids bigint[];  -- two statements: a generic plan of PGMQ's one joins the whole queue
+  %s
 begin
   %s
-  return query select * from pgmq.read(p_queue, p_vt, p_qty);
-end;
-$body$;
-  create or replace function flowlane._queue_archive(p_queue text, p_msg_id bigint) returns boolean
-language plpgsql volatile
-set search_path = ''
-set enable_seqscan = off  -- a plan made while the queue was small stays on its keys
-set plan_cache_mode = force_generic_plan
-as $body$
-declare
-  v_id bigint;
-begin
   %s
-  return pgmq.archive(p_queue, p_msg_id);
 end;
-$body$;
-  create or replace function flowlane._queue_send(p_queue text, p_msg jsonb, p_delay int) returns bigint
-language plpgsql volatile
-set search_path = ''
-set enable_seqscan = off  -- a plan made while the queue was small stays on its keys
-set plan_cache_mode = force_generic_plan
-as $body$
-declare
-  v_id bigint;
-begin
-  %s
-  select m.id into v_id from pgmq.send(p_queue, p_msg, p_delay) m (id);
-  return v_id;
-end;
-$body$;
-  create or replace function flowlane._queue_send_batch(p_queue text, p_msgs jsonb[], p_delay int)
-returns setof bigint
-language plpgsql volatile
-set search_path = ''
-set enable_seqscan = off  -- a plan made while the queue was small stays on its keys
-set plan_cache_mode = force_generic_plan
-as $body$
-declare
-  v_vt timestamptz := clock_timestamp() + make_interval(secs => p_delay);
-begin
-  %s
-  return query select * from pgmq.send_batch(p_queue, p_msgs, p_delay);
-end;
-$body$;
-  create or replace function flowlane._queue_archive_batch(p_queue text, p_msg_ids bigint[])
-returns setof bigint
-language plpgsql volatile
-set search_path = ''
-set enable_seqscan = off  -- a plan made while the queue was small stays on its keys
-set plan_cache_mode = force_generic_plan
-as $body$
-begin
-  %s
-  return query select * from pgmq.archive(p_queue, p_msg_ids);
-end;
-$body$;
-  create or replace function flowlane._queue_set_vt(p_queue text, p_msg_ids bigint[], p_vt int) returns int
-language plpgsql volatile
-set search_path = ''
-set enable_seqscan = off  -- a plan made while the queue was small stays on its keys
-set plan_cache_mode = force_generic_plan
-as $body$
-declare
-  v_n int;
-begin
-  %s
-  select count(*) into v_n from pgmq.set_vt(p_queue, p_msg_ids, p_vt);
-  return v_n;
-end;
-$body$;$f$, coalesce(v_read, ''), coalesce(v_archive, ''), coalesce(v_send, ''), coalesce(v_send_batch, ''),
-  coalesce(v_archive_batch, ''), coalesce(v_set_vt, ''));
+$body$;$f$, v_op.head, v_op.locals, coalesce(v_op.branches, ''), v_op.fallback);
+  end loop;
 end;
 $$;
 
