@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg import sql
 
@@ -196,3 +197,19 @@ def test_a_claim_of_one_message_takes_the_one_message_path(engine: Engine) -> No
         )
     assert row["outcome"] == "claimed"
     assert calls == {"one": 1, "batch": 0}
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "select * from flowlane.claim_tasks('one', 1, null, '[[\"one\", \"a\"]]'::jsonb)",
+        "select * from flowlane.start_tasks('one', array[%s::bigint], null, '[[\"one\", \"a\"]]'::jsonb)",
+    ],
+)
+def test_a_claim_of_one_message_without_a_worker_id_is_refused(engine: Engine, call: str) -> None:
+    _, msg_id = _queued(engine)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="worker_id is required"):
+        engine.rows(call, (msg_id,) if "%s" in call else None)
+    assert (
+        engine.scalar("select status from flowlane.step_tasks where message_id = %s", (msg_id,)) == "queued"
+    )

@@ -62,6 +62,19 @@ begin
 end;
 $$;
 
+-- a claim's worker id fences the results of the tasks it claims: without one, nothing is claimed
+create function flowlane._check_worker_argument(p_function text, p_worker_id uuid) returns void
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  if p_worker_id is null then
+    raise exception '%: worker_id is required (it fences the results of the claimed tasks)', p_function
+      using errcode = '22023';
+  end if;
+end;
+$$;
+
 create function flowlane.is_valid_deployment_name(deployment_name text) returns boolean
 language sql immutable parallel safe
 set search_path = ''

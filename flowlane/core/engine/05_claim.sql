@@ -61,6 +61,7 @@ declare
   v_one flowlane.claim_record;
 begin
   perform flowlane._check_queue_argument('claim_tasks', claim_tasks.queue_name);
+  perform flowlane._check_worker_argument('claim_tasks', claim_tasks.worker_id);
   if qty is null or qty < 1 then
     raise exception 'claim_tasks: qty must be at least 1' using errcode = '22023';
   end if;
@@ -133,6 +134,7 @@ declare
   v_one flowlane.claim_record;
 begin
   perform flowlane._check_queue_argument('start_tasks', start_tasks.queue_name);
+  perform flowlane._check_worker_argument('start_tasks', start_tasks.worker_id);
   select coalesce(array_agg(p.flow_slug), '{}'), coalesce(array_agg(p.step_slug), '{}') into v_flows, v_steps
   from flowlane._pairs(supported_pairs) p;
   if not exists (select 1 from flowlane.queue_limits l where l.queue_name = start_tasks.queue_name) then
@@ -169,7 +171,7 @@ $$;
 -- batch with a message this worker cannot handle claims nothing); the tasks to hide and to
 -- return are read from the unnested claim, the leases looked up once per (flow, step), the
 -- inputs from _claimed_inputs. The worker's (flow, step) pairs come as two arrays, checked
--- by the caller (_pairs), like the queue's name.
+-- by the caller (_pairs), like the queue's name and the worker id.
 create function flowlane._start_tasks(p_queue text, p_msg_ids bigint[], p_worker_id uuid,
                                       p_flows text[], p_steps text[],
                                       p_read_vt int, p_started_at timestamptz = null)
@@ -186,10 +188,6 @@ declare
   v_claimed flowlane.step_tasks[];
   v_offsets int[];
 begin
-  if p_worker_id is null then
-    raise exception 'start_tasks: worker_id is required (it fences the results of the claimed tasks)'
-      using errcode = '22023';
-  end if;
   if p_msg_ids is null or array_position(p_msg_ids, null) is not null then
     raise exception 'start_tasks: msg_ids must be an array of message ids without nulls' using errcode = '22023';
   end if;

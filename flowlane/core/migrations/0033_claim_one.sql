@@ -3,7 +3,21 @@
 -- task through _claim_one: the batch's locks and classification for one row, without
 -- _claim_batch and _start_tasks around them. Whatever _claim_one would not claim takes the
 -- batch path, unchanged. The hiding of claimed tasks for their lease is _hide_claimed, for
--- both paths.
+-- both paths. The worker id is checked by claim_tasks and start_tasks on entry
+-- (_check_worker_argument), before either path.
+
+-- a claim's worker id fences the results of the tasks it claims: without one, nothing is claimed
+create function flowlane._check_worker_argument(p_function text, p_worker_id uuid) returns void
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  if p_worker_id is null then
+    raise exception '%: worker_id is required (it fences the results of the claimed tasks)', p_function
+      using errcode = '22023';
+  end if;
+end;
+$$;
 
 -- a worker's claim: read up to qty messages of its queue and start their tasks, in one round
 -- trip; the claim keeps the visibility the read gave (see _start_tasks). A queue with limits
@@ -29,6 +43,7 @@ declare
   v_one flowlane.claim_record;
 begin
   perform flowlane._check_queue_argument('claim_tasks', claim_tasks.queue_name);
+  perform flowlane._check_worker_argument('claim_tasks', claim_tasks.worker_id);
   if qty is null or qty < 1 then
     raise exception 'claim_tasks: qty must be at least 1' using errcode = '22023';
   end if;
@@ -101,6 +116,7 @@ declare
   v_one flowlane.claim_record;
 begin
   perform flowlane._check_queue_argument('start_tasks', start_tasks.queue_name);
+  perform flowlane._check_worker_argument('start_tasks', start_tasks.worker_id);
   select coalesce(array_agg(p.flow_slug), '{}'), coalesce(array_agg(p.step_slug), '{}') into v_flows, v_steps
   from flowlane._pairs(supported_pairs) p;
   if not exists (select 1 from flowlane.queue_limits l where l.queue_name = start_tasks.queue_name) then
@@ -137,7 +153,7 @@ $$;
 -- batch with a message this worker cannot handle claims nothing); the tasks to hide and to
 -- return are read from the unnested claim, the leases looked up once per (flow, step), the
 -- inputs from _claimed_inputs. The worker's (flow, step) pairs come as two arrays, checked
--- by the caller (_pairs), like the queue's name.
+-- by the caller (_pairs), like the queue's name and the worker id.
 create or replace function flowlane._start_tasks(p_queue text, p_msg_ids bigint[], p_worker_id uuid,
                                       p_flows text[], p_steps text[],
                                       p_read_vt int, p_started_at timestamptz = null)
@@ -154,10 +170,6 @@ declare
   v_claimed flowlane.step_tasks[];
   v_offsets int[];
 begin
-  if p_worker_id is null then
-    raise exception 'start_tasks: worker_id is required (it fences the results of the claimed tasks)'
-      using errcode = '22023';
-  end if;
   if p_msg_ids is null or array_position(p_msg_ids, null) is not null then
     raise exception 'start_tasks: msg_ids must be an array of message ids without nulls' using errcode = '22023';
   end if;
