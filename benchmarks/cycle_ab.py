@@ -1,6 +1,6 @@
 """A SQL change's cost on one task's cycle (start, claim, completion), with and without it, in one run.
 
-    PYTHONPATH=. python benchmarks/cycle_ab.py CHANGE.sql [--cycles 200] [--rounds 5] [--pairs 1]
+    PYTHONPATH=. python benchmarks/cycle_ab.py CHANGE.sql [--cycles 200] [--rounds 5] [--pairs 1] [--map 0]
 
 One embedded PostgreSQL, two databases migrated to head: `a` as it is, `b` with CHANGE.sql
 applied (e.g. an `alter function ... set ...`, or a `create or replace function` to try). In
@@ -8,7 +8,9 @@ each, one connection runs cycles of a one-step flow: `start_flow`, the worker's 
 (`claim_tasks`, qty 100, one task queued), `complete_task`, each its own transaction. The two
 databases alternate by rounds, in turn first. Printed: the backend's CPU per call (median, from
 /proc/<pid>/schedstat) of each call in each database, and b / a. --pairs N: the worker serves
-N (flow, step) pairs, the one-step flow's and N - 1 steps of another flow. To measure a
+N (flow, step) pairs, the one-step flow's and N - 1 steps of another flow. --map N: the step
+maps the run input, an array of N elements (a start sends N tasks, a claim takes them all and
+"complete" is their N completions). To measure a
 migration before it is merged, pass the statements it adds (the head of `b` then has them
 twice, which a `create or replace` or an `alter` allows).
 """
@@ -35,12 +37,12 @@ def cpu_ns(pid: int) -> int:
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
 
 
-def cycle(conn: Conn, worker: uuid.UUID, pairs: list[list[str]]) -> dict[str, int]:
+def cycle(conn: Conn, worker: uuid.UUID, pairs: list[list[str]], run_input: Jsonb) -> dict[str, int]:
     """One start, claim and completion; the backend CPU (ns) of each."""
     pid = conn.info.backend_pid
     spent: dict[str, int] = {}
     before = cpu_ns(pid)
-    conn.execute(b"select flowlane.start_flow('bench_ab', '{}')")
+    conn.execute(b"select flowlane.start_flow('bench_ab', %s)", (run_input,))
     spent["start"], before = cpu_ns(pid) - before, cpu_ns(pid)
     params = {"queue_name": "bench_ab", "qty": 100, "worker_id": worker}
     rows = conn.execute(query("worker_claim_tasks"), {**params, "pairs": Jsonb(pairs)})
@@ -61,13 +63,15 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=200, help="cycles per database and round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--pairs", type=int, default=1, help="(flow, step) pairs the worker serves")
+    parser.add_argument("--map", type=int, default=0, help="the step maps an input of this many elements")
     args = parser.parse_args()
     change = args.change.read_text()
     with statements_server("flowlane-ab-") as admin:
         conns = {name: migrated_database(admin, f"bench_ab_{name}", None) for name in ("a", "b")}
         for name, conn in conns.items():
             conn.execute(b"select flowlane.create_flow('bench_ab')")
-            conn.execute(b"select flowlane.add_step('bench_ab', 's0')")
+            conn.execute(b"select flowlane.add_step('bench_ab', 's0', step_type => %s)",
+                         ("map" if args.map else "single",))
             if args.pairs > 1:
                 conn.execute(b"select flowlane.create_flow('bench_ab_more')")
             for n in range(1, args.pairs):
@@ -78,14 +82,15 @@ def main() -> int:
         pin_backends(conns.values())
         worker = uuid.uuid4()
         pairs = [["bench_ab", "s0"], *(["bench_ab_more", f"s{n}"] for n in range(1, args.pairs))]
+        run_input = Jsonb(list(range(args.map)) if args.map else {})
         spent: dict[str, dict[str, list[int]]] = {n: {c: [] for c in CALLS} for n in conns}
         for conn in conns.values():
             for _ in range(50):  # warm-up: plans and caches made outside the measurement
-                cycle(conn, worker, pairs)
+                cycle(conn, worker, pairs, run_input)
         for r in range(args.rounds):
             for name in ("a", "b") if r % 2 == 0 else ("b", "a"):
                 for _ in range(args.cycles):
-                    for call, ns in cycle(conns[name], worker, pairs).items():
+                    for call, ns in cycle(conns[name], worker, pairs, run_input).items():
                         spent[name][call].append(ns)
         for conn in conns.values():
             conn.close()

@@ -333,7 +333,6 @@ create table flowlane.step_states (
   constraint step_states_rules check (flowlane._step_states_rules(status, remaining_deps, initial_tasks,
     remaining_tasks, output is not null, skip_reason, created_at, started_at, completed_at, failed_at, skipped_at,
     cancelled_at)),
-  constraint step_states_flow_slug_fkey foreign key (flow_slug) references flowlane.flows(flow_slug),
   constraint step_states_flow_slug_step_slug_fkey foreign key (flow_slug, step_slug) references flowlane.steps(flow_slug, step_slug),
   constraint step_states_run_id_fkey foreign key (run_id) references flowlane.runs(run_id)
 )
@@ -402,7 +401,6 @@ create table flowlane.step_tasks (
   constraint step_tasks_queue_message_unique unique (queue_name, message_id),
   constraint step_tasks_rules check (flowlane._step_tasks_rules(status, task_index, attempts_count, requeued_count,
     output is not null, queued_at, started_at, completed_at, failed_at, skipped_at, cancelled_at)),
-  constraint step_tasks_run_id_fkey foreign key (run_id) references flowlane.runs(run_id),
   constraint step_tasks_run_id_step_slug_fkey foreign key (run_id, step_slug) references flowlane.step_states(run_id, step_slug)
 )
 with (autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', fillfactor='50');
