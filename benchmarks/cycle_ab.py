@@ -1,18 +1,19 @@
-"""A SQL change's cost on one task's cycle (start, claim, completion), with and without it, in one run.
+"""A SQL change's cost on one task's cycle (start, claim, completion, tick), with and without it, in one run.
 
     PYTHONPATH=. python benchmarks/cycle_ab.py CHANGE.sql [--cycles 200] [--rounds 5] [--pairs 1] [--map 0]
 
-One embedded PostgreSQL, two databases migrated to head: `a` as it is, `b` with CHANGE.sql
-applied (e.g. an `alter function ... set ...`, or a `create or replace function` to try). In
-each, one connection runs cycles of a one-step flow: `start_flow`, the worker's claim query
-(`claim_tasks`, qty 100, one task queued), `complete_task`, each its own transaction. The two
-databases alternate by rounds, in turn first. Printed: the backend's CPU per call (median, from
-/proc/<pid>/schedstat) of each call in each database, and b / a. --pairs N: the worker serves
-N (flow, step) pairs, the one-step flow's and N - 1 steps of another flow. --map N: the step
-maps the run input, an array of N elements (a start sends N tasks, a claim takes them all and
-"complete" is their N completions). To measure a
-migration before it is merged, pass the statements it adds (the head of `b` then has them
-twice, which a `create or replace` or an `alter` allows).
+One embedded PostgreSQL (FLOWLANE_PG_BINDIR picks another installation's, as for the tests),
+two databases migrated to head: `a` as it is, `b` with CHANGE.sql applied (e.g. an `alter
+function ... set ...`, or a `create or replace function` to try). In each, one connection runs
+cycles of a one-step flow: `start_flow`, the worker's claim query (`claim_tasks`, qty 100, one
+task queued), `complete_task` and the maintenance tick every worker runs each second
+(`maintenance_tick`), each its own transaction. The two databases alternate by rounds, in turn
+first. Printed: the backend's CPU per call (median, from /proc/<pid>/schedstat) of each call in
+each database, and b / a. --pairs N: the worker serves N (flow, step) pairs, the one-step
+flow's and N - 1 steps of another flow. --map N: the step maps the run input, an array of N
+elements (a start sends N tasks, a claim takes them all and "complete" is their N
+completions). To measure a migration before it is merged, pass the statements it adds (the
+head of `b` then has them twice, which a `create or replace` or an `alter` allows).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.engine_throughput import Conn, migrated_database, pin_backends, statements_server
 from flowlane.core.queries import query
 
-CALLS = ("start", "claim", "complete")
+CALLS = ("start", "claim", "complete", "tick")
 
 
 def cpu_ns(pid: int) -> int:
@@ -38,7 +39,7 @@ def cpu_ns(pid: int) -> int:
 
 
 def cycle(conn: Conn, worker: uuid.UUID, pairs: list[list[str]], run_input: Jsonb) -> dict[str, int]:
-    """One start, claim and completion; the backend CPU (ns) of each."""
+    """One start, claim, completion and maintenance tick; the backend CPU (ns) of each."""
     pid = conn.info.backend_pid
     spent: dict[str, int] = {}
     before = cpu_ns(pid)
@@ -53,7 +54,9 @@ def cycle(conn: Conn, worker: uuid.UUID, pairs: list[list[str]], run_input: Json
             b"select flowlane.complete_task(%s, %s, %s, '{}'::jsonb, %s, %s)",
             (row[4], row[2], row[5], worker, row[8]),
         )
-    spent["complete"] = cpu_ns(pid) - before
+    spent["complete"], before = cpu_ns(pid) - before, cpu_ns(pid)
+    conn.execute(b"select flowlane.maintenance_tick()")
+    spent["tick"] = cpu_ns(pid) - before
     return spent
 
 

@@ -279,6 +279,19 @@ def test_functions_pin_search_path(engine: Engine) -> None:
     assert unpinned == []
 
 
+
+def test_functions_planned_on_keys_are_never_jit_compiled(engine: Engine) -> None:
+    # before PostgreSQL 18 a disabled sequential scan is priced past jit_above_cost: a
+    # statement that kept one was compiled on every execution wherever JIT is available
+    settings = engine.rows(
+        "select p.proname, coalesce(p.proconfig @> array['enable_seqscan=off'], false) as on_keys, "
+        "coalesce(p.proconfig @> array['jit=off'], false) as no_jit "
+        "from pg_proc p join pg_namespace n on n.oid = p.pronamespace where n.nspname = 'flowlane'"
+    )
+    on_keys = {s["proname"] for s in settings if s["on_keys"]}
+    assert {"claim_tasks", "prune_runs", "_queue_read", "_fire_schedules"} <= on_keys
+    assert {s["proname"] for s in settings if s["on_keys"] and not s["no_jit"]} == set()
+
 def test_workers(engine: Engine) -> None:
     import uuid
 

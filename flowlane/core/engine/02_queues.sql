@@ -393,6 +393,7 @@ begin
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- a plan made while the queue was small stays on its keys
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
 set plan_cache_mode = force_generic_plan
 as $body$
 declare

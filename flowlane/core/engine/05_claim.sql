@@ -49,6 +49,7 @@ language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 set plan_cache_mode = force_generic_plan
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_flows text[];
@@ -180,6 +181,7 @@ language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 set plan_cache_mode = force_generic_plan
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_ids bigint[];
@@ -391,6 +393,7 @@ returns table (run_id uuid, step_slug text, task_index int, input jsonb, flow_in
 language sql stable
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
   select t.run_id, t.step_slug, t.task_index,
          case

@@ -38,6 +38,7 @@ returns setof flowlane.step_tasks
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_classes flowlane._result_class[];

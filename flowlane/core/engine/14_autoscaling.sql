@@ -9,6 +9,7 @@ create function flowlane.queue_depth(p_queue text) returns bigint
 language plpgsql stable
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_table text;

@@ -104,6 +104,7 @@ create function flowlane._begin_due_runs(p_now timestamptz) returns int
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_ids uuid[];
@@ -143,6 +144,7 @@ create function flowlane._fail_overdue_runs(p_now timestamptz) returns int
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_run record;
@@ -296,6 +298,7 @@ create function flowlane._fire_schedules(p_now timestamptz) returns int
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_due flowlane.schedules[];

@@ -83,6 +83,7 @@ create function flowlane._begin_held_runs(p_flow text, p_keys text[]) returns uu
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_limit int;
@@ -192,6 +193,7 @@ create function flowlane._flow_limits_changed(p_flow text) returns void
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_flow flowlane.flows;
@@ -222,6 +224,7 @@ create function flowlane._take_step_slots(p_bodies jsonb[]) returns jsonb[]
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_group record;
@@ -313,6 +316,7 @@ create function flowlane._release_held_tasks(p_flow text, p_step text, p_keys te
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_step flowlane.steps;
@@ -778,6 +782,7 @@ create function flowlane._release_held(p_now timestamptz) returns int
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_group record;
