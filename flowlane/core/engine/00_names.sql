@@ -40,13 +40,15 @@ end;
 $$;
 
 create function flowlane.is_valid_queue_name(queue_name text) returns boolean
-language sql immutable parallel safe
+language plpgsql immutable parallel safe
 set search_path = ''
 as $$
-  select queue_name is not null
+begin
+  return queue_name is not null
      and length(queue_name) between 1 and 47
      and queue_name ~ '^[a-z][a-z0-9_]*$'
-     and right(queue_name, 1) <> '_'
+     and right(queue_name, 1) <> '_';
+end;
 $$;
 
 create function flowlane._check_queue_argument(p_function text, p_queue text) returns void
@@ -131,9 +133,9 @@ end;
 $$;
 
 create function flowlane.json_limits() returns jsonb
-language sql immutable parallel safe
+language plpgsql immutable parallel safe
 set search_path = ''
-as $$ select '{"max_depth": 100, "max_bytes": 67108864}'::jsonb $$;
+as $$ begin return '{"max_depth": 100, "max_bytes": 67108864}'::jsonb; end $$;
 
 -- depth: a scalar is 0, [] and {} are 1, [[1]] is 2
 create function flowlane.json_depth_exceeds(value jsonb, max_depth int) returns boolean

@@ -233,9 +233,9 @@ $$;
 
 -- the queue a task's message lives on: its immutable snapshot
 create function flowlane._task_queue(task flowlane.step_tasks) returns text
-language sql stable
+language plpgsql stable
 set search_path = ''
-as $$ select ($1).queue_name $$;
+as $$ begin return task.queue_name; end $$;
 
 -- archive the messages of the given tasks, one call per queue
 create function flowlane._archive_tasks(tasks flowlane.step_tasks[]) returns int

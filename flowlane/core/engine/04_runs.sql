@@ -376,18 +376,21 @@ $$;
 -- the value a step's condition is tested against: the run input for a root
 -- step, {dep: output} of its completed deps otherwise
 create function flowlane._condition_subject(p_run_id uuid, p_step_slug text) returns jsonb
-language sql stable
+language plpgsql stable
 set search_path = ''
 as $$
-  select case when s.deps_count = 0 then r.input else
-    coalesce((select jsonb_object_agg(d.dep_slug, ps.output)
-              from flowlane.deps d
-              join flowlane.step_states ps on ps.run_id = p_run_id and ps.step_slug = d.dep_slug
-              where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug and ps.status = 'completed'),
-             '{}'::jsonb) end
-  from flowlane.runs r
-  join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = p_step_slug
-  where r.run_id = p_run_id
+begin
+  return (
+    select case when s.deps_count = 0 then r.input else
+      coalesce((select jsonb_object_agg(d.dep_slug, ps.output)
+                from flowlane.deps d
+                join flowlane.step_states ps on ps.run_id = p_run_id and ps.step_slug = d.dep_slug
+                where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug and ps.status = 'completed'),
+               '{}'::jsonb) end
+    from flowlane.runs r
+    join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = p_step_slug
+    where r.run_id = p_run_id);
+end;
 $$;
 
 create function flowlane._condition_met(p_run_id uuid, p_step_slug text) returns boolean

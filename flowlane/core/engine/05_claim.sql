@@ -358,9 +358,11 @@ $$;
 create function flowlane._claim_batch(p_queue text, p_ids bigint[], p_worker_id uuid, p_flows text[],
                                       p_steps text[], p_lease int, p_started_at timestamptz)
 returns setof flowlane.claim_record
-language sql volatile
+language plpgsql volatile
 set search_path = ''
 as $$
+begin
+  return query
   with c as (
     select * from flowlane._start_tasks(p_queue, p_ids, p_worker_id, p_flows, p_steps, p_lease, p_started_at)
   )
@@ -373,7 +375,8 @@ as $$
   from unnest(p_ids) as m (id)
   where exists (select 1 from c where c.outcome = 'unsupported')
     and not exists (select 1 from c where c.msg_id = m.id)
-  order by 10
+  order by 10;
+end;
 $$;
 
 -- the stall deadline of a started task: its step's stall_after seconds (step_options) after
@@ -390,11 +393,14 @@ $$;
 -- for a root single step; otherwise {dep: output} of the completed deps), and the run input
 create function flowlane._claimed_inputs(p_tasks flowlane.step_tasks[])
 returns table (run_id uuid, step_slug text, task_index int, input jsonb, flow_input jsonb)
-language sql stable
+language plpgsql stable
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 set jit = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
+#variable_conflict use_column
+begin
+  return query
   select t.run_id, t.step_slug, t.task_index,
          case
            when s.step_type = 'map' and s.deps_count = 0 then r.input -> t.task_index
@@ -410,7 +416,8 @@ as $$
   from unnest(p_tasks) t
   join flowlane.runs r
     on r.run_id = t.run_id and r.run_id = any (array(select x.run_id from unnest(p_tasks) x))
-  join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = t.step_slug
+  join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = t.step_slug;
+end;
 $$;
 
 -- the leases, kept per statement: a task has a lease while it is started, renewed (deleted and inserted again) when a started task gets a new started_at

@@ -49,11 +49,14 @@ $$;
 create function flowlane.complete_task(
   run_id uuid, step_slug text, task_index int, output jsonb, worker_id uuid = null, attempt int = null
 ) returns setof flowlane.step_tasks
-language sql volatile
+language plpgsql volatile
 set search_path = ''
 as $$
-  select * from flowlane._complete_batch(array[row(0, run_id, step_slug, task_index, output, worker_id, attempt,
-                                                   null, null, null)::flowlane._result_item])
+begin
+  return query select * from flowlane._complete_batch(array[row(0, complete_task.run_id, complete_task.step_slug,
+    complete_task.task_index, complete_task.output, complete_task.worker_id, complete_task.attempt,
+    null, null, null)::flowlane._result_item]);
+end;
 $$;
 
 -- the items of a complete_tasks/fail_tasks argument, validated together before
@@ -178,10 +181,11 @@ $$;
 
 create function flowlane._sequential_runs(p_classes flowlane._result_class[], p_enders flowlane._result_class[])
 returns uuid[]
-language sql stable
+language plpgsql stable
 set search_path = ''
 as $$
-  select coalesce(array_agg(distinct e.run_id), '{}')
+begin
+  return (select coalesce(array_agg(distinct e.run_id), '{}')
   from (
     select (x.task).run_id from unnest(p_enders) x
     union all
@@ -193,7 +197,8 @@ as $$
         and (s.required_input_pattern is not null or s.forbidden_input_pattern is not null))
   ) e
   where (select count(*) from unnest(p_classes) c
-         where c.actionable and (c.task).run_id = e.run_id) > 1
+         where c.actionable and (c.task).run_id = e.run_id) > 1);
+end;
 $$;
 
 create function flowlane._complete_batch(p_items flowlane._result_item[])
@@ -321,15 +326,18 @@ $$;
 -- what a batch call returns: the task of every item (in key order), as it is now
 create function flowlane._batch_rows(p_items flowlane._result_item[])
 returns setof flowlane.step_tasks
-language sql stable
+language plpgsql stable
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 set jit = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
+begin
+  return query
   select t.* from unnest(p_items) i
   join flowlane.step_tasks t on t.run_id = i.run_id and t.step_slug = i.step_slug and t.task_index = i.task_index
    and t.run_id = any (array(select j.run_id from unnest(p_items) j))
-  order by i.run_id, i.step_slug, i.task_index, i.pos
+  order by i.run_id, i.step_slug, i.task_index, i.pos;
+end;
 $$;
 
 -- One result (complete_task, fail_task, a batch of one): the item's rows by key, one

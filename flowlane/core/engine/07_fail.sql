@@ -16,21 +16,29 @@ $$;
 create function flowlane.fail_task(
   run_id uuid, step_slug text, task_index int, error_message text, worker_id uuid = null, attempt int = null
 ) returns setof flowlane.step_tasks
-language sql volatile
+language plpgsql volatile
 set search_path = ''
 as $$
-  select * from flowlane.fail_task_detailed(run_id, step_slug, task_index, error_message, worker_id, attempt)
+begin
+  return query select * from flowlane._fail_batch(array[row(0, fail_task.run_id, fail_task.step_slug,
+    fail_task.task_index, null, fail_task.worker_id, fail_task.attempt, fail_task.error_message,
+    null, null)::flowlane._result_item]);
+end;
 $$;
 
 create function flowlane.fail_task_detailed(
   run_id uuid, step_slug text, task_index int, error_message text, worker_id uuid = null, attempt int = null,
   error_type text = null, traceback text = null
 ) returns setof flowlane.step_tasks
-language sql volatile
+language plpgsql volatile
 set search_path = ''
 as $$
-  select * from flowlane._fail_batch(array[row(0, run_id, step_slug, task_index, null, worker_id, attempt,
-                                               error_message, error_type, traceback)::flowlane._result_item])
+begin
+  return query select * from flowlane._fail_batch(array[row(0, fail_task_detailed.run_id,
+    fail_task_detailed.step_slug, fail_task_detailed.task_index, null, fail_task_detailed.worker_id,
+    fail_task_detailed.attempt, fail_task_detailed.error_message, fail_task_detailed.error_type,
+    fail_task_detailed.traceback)::flowlane._result_item]);
+end;
 $$;
 
 create function flowlane._fail_batch(p_items flowlane._result_item[])
@@ -148,14 +156,16 @@ $$;
 -- 2^attempts overflowed numeric for attempts near 2^31; the delay is capped
 -- at 2147483647 s, reached from attempts = 31 on for any base_delay >= 1
 create function flowlane.calculate_retry_delay(base_delay int, attempts int) returns int
-language sql immutable parallel safe
+language plpgsql immutable parallel safe
 set search_path = ''
 as $$
-  select case
+begin
+  return case
     when coalesce(base_delay, 0) <= 0 then 0
     when attempts >= 31 then 2147483647
     else least(floor(base_delay * power(2::numeric, greatest(attempts, 0))), 2147483647)::int
-  end
+  end;
+end;
 $$;
 
 -- a task out of attempts (fail_tasks or stalled recovery): failed, message

@@ -26,9 +26,12 @@ $$;
 -- narrows to those flows; p_limit null = all
 create function flowlane._prunable_runs(p_now timestamptz, p_flows text[], p_older_than int, p_limit int)
 returns table (run_id uuid, flow_slug text, ended_at timestamptz)
-language sql stable
+language plpgsql stable
 set search_path = ''
 as $$
+#variable_conflict use_column
+begin
+  return query
   select r.run_id, r.flow_slug, r.ended_at
   from flowlane.flows f
   cross join lateral (
@@ -44,7 +47,8 @@ as $$
     limit p_limit
   ) r
   where c.cutoff is not null and (p_flows is null or f.flow_slug = any (p_flows))
-  limit p_limit
+  limit p_limit;
+end;
 $$;
 
 -- what a prune would delete now, per flow (read only)

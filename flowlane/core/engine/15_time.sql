@@ -85,17 +85,23 @@ $$;
 
 -- when a run of the flow that begins at p_started has to be finished (null: no deadline)
 create function flowlane._run_deadline(p_flow text, p_started timestamptz) returns timestamptz
-language sql stable
+language plpgsql stable
 set search_path = ''
 as $$
-  select p_started + make_interval(secs => f.opt_deadline) from flowlane.flows f where f.flow_slug = p_flow
+begin
+  return (select p_started + make_interval(secs => f.opt_deadline) from flowlane.flows f where f.flow_slug = p_flow);
+end;
 $$;
 
 -- when a run has to be finished: a claimed task's handler reads it (ctx.deadline)
 create function flowlane.run_deadline(run_id uuid) returns timestamptz
-language sql stable
+language plpgsql stable
 set search_path = ''
-as $$ select r.deadline_at from flowlane.runs r where r.run_id = run_deadline.run_id $$;
+as $$
+begin
+  return (select r.deadline_at from flowlane.runs r where r.run_id = run_deadline.run_id);
+end;
+$$;
 
 -- delayed runs whose time has come begin; returns how many. A run of a flow with a
 -- concurrency limit is held for its key instead (in the order the runs became due), and
