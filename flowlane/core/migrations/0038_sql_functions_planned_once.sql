@@ -166,9 +166,8 @@ language plpgsql volatile
 set search_path = ''
 as $$
 begin
-  return query select * from flowlane._fail_batch(array[row(0, fail_task.run_id, fail_task.step_slug,
-    fail_task.task_index, null, fail_task.worker_id, fail_task.attempt, fail_task.error_message,
-    null, null)::flowlane._result_item]);
+  return query select * from flowlane.fail_task_detailed(fail_task.run_id, fail_task.step_slug,
+    fail_task.task_index, fail_task.error_message, fail_task.worker_id, fail_task.attempt);
 end;
 $$;
 
