@@ -55,6 +55,9 @@ def test_a_finished_run_past_its_retention_goes_with_everything_it_owns(engine: 
     running = engine.start("month")
     assert _archived(engine, "month") == 2 and _count(engine, "flowlane.task_attempts", old) == 2
 
+    nothing = _prune(engine, 6)  # within every retention
+    assert nothing == {"runs_deleted": 0, "steps_deleted": 0, "tasks_deleted": 0,
+                       "attempts_deleted": 0, "messages_deleted": 0}
     assert _prune(engine, 8) == {"runs_deleted": 1, "steps_deleted": 1, "tasks_deleted": 1,
                                  "attempts_deleted": 0, "messages_deleted": 1}
     assert _count(engine, "flowlane.runs", week) == 0 and _count(engine, "flowlane.runs", old) == 2
