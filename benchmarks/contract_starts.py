@@ -28,7 +28,7 @@ from psycopg.types.json import Jsonb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.engine_throughput import migrated_database, statements_server
+from benchmarks.engine_throughput import backend_cpu_ns, migrated_database, statements_server
 from flowlane.compiler import api, compiled
 
 SCHEMA = {
@@ -80,10 +80,6 @@ def order(n: int) -> dict[str, Any]:
             "tags": ["web", "returning"], "lines": lines}
 
 
-def cpu_ns(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
-
-
 def many(conn: psycopg.Connection[Any], flow: str, inputs: list[Jsonb], batch: int) -> None:
     for start in range(0, len(inputs), batch):
         conn.execute("select count(*) from flowlane.start_flows(%s, %s::jsonb[])",
@@ -115,10 +111,10 @@ def main() -> int:
             for way, flow in cells[round_ % len(cells):] + cells[:round_ % len(cells)]:
                 chosen = inputs if way == "start_flows" else inputs[: max(1, args.runs // 10)]
                 call = many if way == "start_flows" else single
-                before_cpu, before = cpu_ns(pid), time.perf_counter()
+                before_cpu, before = backend_cpu_ns(pid), time.perf_counter()
                 call(conn, flow, chosen, args.batch)
                 wall[(way, flow)].append((time.perf_counter() - before) / len(chosen))
-                cpu[(way, flow)].append((cpu_ns(pid) - before_cpu) / len(chosen))
+                cpu[(way, flow)].append((backend_cpu_ns(pid) - before_cpu) / len(chosen))
         conn.close()
     print(f"{args.runs} runs per start_flows cell (batches of {args.batch}), {args.runs // 10} single "
           f"starts per cell, {args.rounds} rounds; medians")

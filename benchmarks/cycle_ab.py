@@ -28,35 +28,37 @@ from psycopg.types.json import Jsonb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.engine_throughput import Conn, migrated_database, pin_backends, statements_server
+from benchmarks.engine_throughput import (
+    Conn,
+    backend_cpu_ns,
+    migrated_database,
+    pin_backends,
+    statements_server,
+)
 from flowlane.core.queries import query
 
 CALLS = ("start", "claim", "complete", "tick")
-
-
-def cpu_ns(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
 
 
 def cycle(conn: Conn, worker: uuid.UUID, pairs: list[list[str]], run_input: Jsonb) -> dict[str, int]:
     """One start, claim, completion and maintenance tick; the backend CPU (ns) of each."""
     pid = conn.info.backend_pid
     spent: dict[str, int] = {}
-    before = cpu_ns(pid)
+    before = backend_cpu_ns(pid)
     conn.execute(b"select flowlane.start_flow('bench_ab', %s)", (run_input,))
-    spent["start"], before = cpu_ns(pid) - before, cpu_ns(pid)
+    spent["start"], before = backend_cpu_ns(pid) - before, backend_cpu_ns(pid)
     params = {"queue_name": "bench_ab", "qty": 100, "worker_id": worker}
     rows = conn.execute(query("worker_claim_tasks"), {**params, "pairs": Jsonb(pairs)})
     claimed = [r for r in rows.fetchall() if r[0] == "claimed"]
-    spent["claim"], before = cpu_ns(pid) - before, cpu_ns(pid)
+    spent["claim"], before = backend_cpu_ns(pid) - before, backend_cpu_ns(pid)
     for row in claimed:
         conn.execute(
             b"select flowlane.complete_task(%s, %s, %s, '{}'::jsonb, %s, %s)",
             (row[4], row[2], row[5], worker, row[8]),
         )
-    spent["complete"], before = cpu_ns(pid) - before, cpu_ns(pid)
+    spent["complete"], before = backend_cpu_ns(pid) - before, backend_cpu_ns(pid)
     conn.execute(b"select flowlane.maintenance_tick()")
-    spent["tick"] = cpu_ns(pid) - before
+    spent["tick"] = backend_cpu_ns(pid) - before
     return spent
 
 

@@ -354,6 +354,11 @@ def migrated_database(admin: str, name: str, to: str | None) -> Conn:
     return conn
 
 
+def backend_cpu_ns(pid: int) -> int:
+    """CPU time (ns) a backend process has used so far, from /proc/<pid>/schedstat."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+
+
 def pin_backends(conns: Iterable[Conn]) -> None:
     """The client on the first CPU, the databases' backends together on the second: two
     backends the scheduler placed apart measured up to 1.3x apart with the same code."""

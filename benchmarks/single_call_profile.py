@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.engine_throughput import (
     Conn,
+    backend_cpu_ns,
     before_and_after,
     pin_backends,
     scalar,
@@ -74,10 +75,6 @@ FUNCTION_TIMES = b"""
 select schemaname || '.' || funcname, calls, self_time from pg_stat_user_functions
 where self_time > 0 order by self_time desc
 """
-
-
-def cpu_ns(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
 
 
 @dataclass
@@ -182,10 +179,10 @@ def timed(case: Case, name: str, n: int, cell: Cell) -> None:
     conn = case.conn
     pid = scalar(conn, "backend_pid")
     conn.execute(b"select pg_stat_statements_reset()")
-    cpu0, start = cpu_ns(pid), time.perf_counter()
+    cpu0, start = backend_cpu_ns(pid), time.perf_counter()
     for item in items:
         case.call(name, item)
-    wall, cpu = time.perf_counter() - start, cpu_ns(pid) - cpu0
+    wall, cpu = time.perf_counter() - start, backend_cpu_ns(pid) - cpu0
     row = conn.execute(EXEC_TIME).fetchone()
     assert row is not None
     cell.calls += n

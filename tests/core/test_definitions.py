@@ -288,7 +288,6 @@ def test_a_task_cycle_calls_no_sql_function(engine: Engine) -> None:
                             ("last", ["each"], {})])
     pairs = Jsonb([["cycle", step] for step in ("first", "each", "last")])
     claim = "select * from flowlane.claim_tasks('cycle', 10, %s, %s) where outcome = 'claimed'"
-    keys = ("run_id", "step_slug", "task_index", "attempt")
     with engine.conn.transaction():
         engine.conn.execute("set local track_functions = 'all'")
         run_id = engine.start("cycle", {"n": 1})
@@ -298,8 +297,9 @@ def test_a_task_cycle_calls_no_sql_function(engine: Engine) -> None:
         (task,) = engine.rows(claim, (engine.worker_id, pairs))
         engine.complete(task, [1, 2])
         mapped = engine.rows(claim, (engine.worker_id, pairs))
-        results = [{**{k: str(t[k]) if k == "run_id" else t[k] for k in keys},
-                    "output": t["task_index"], "worker_id": str(engine.worker_id)} for t in mapped]
+        results = [{"run_id": str(t["run_id"]), "step_slug": t["step_slug"], "task_index": t["task_index"],
+                    "attempt": t["attempt"], "output": t["task_index"], "worker_id": str(engine.worker_id)}
+                   for t in mapped]
         engine.scalar("select count(*) from flowlane.complete_tasks(%s)", (Jsonb(results),))
         (task,) = engine.rows(claim, (engine.worker_id, pairs))
         engine.complete(task, {})

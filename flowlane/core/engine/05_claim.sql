@@ -398,7 +398,6 @@ set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 set jit = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
-#variable_conflict use_column
 begin
   return query
   select t.run_id, t.step_slug, t.task_index,

@@ -29,7 +29,6 @@ returns table (run_id uuid, flow_slug text, ended_at timestamptz)
 language plpgsql stable
 set search_path = ''
 as $$
-#variable_conflict use_column
 begin
   return query
   select r.run_id, r.flow_slug, r.ended_at

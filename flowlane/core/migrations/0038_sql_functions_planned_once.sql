@@ -85,7 +85,6 @@ set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 set jit = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
-#variable_conflict use_column
 begin
   return query
   select t.run_id, t.step_slug, t.task_index,
@@ -209,7 +208,6 @@ returns table (run_id uuid, flow_slug text, ended_at timestamptz)
 language plpgsql stable
 set search_path = ''
 as $$
-#variable_conflict use_column
 begin
   return query
   select r.run_id, r.flow_slug, r.ended_at
