@@ -3,17 +3,22 @@
     PYTHONPATH=. python benchmarks/cycle_ab.py CHANGE.sql [--cycles 200] [--rounds 5] [--pairs 1] [--map 0]
 
 One embedded PostgreSQL (FLOWLANE_PG_BINDIR picks another installation's, as for the tests),
-two databases migrated to head: `a` as it is, `b` with CHANGE.sql applied (e.g. an `alter
-function ... set ...`, or a `create or replace function` to try). In each, one connection runs
+four databases migrated to head, created in the order a1, b1, b2, a2: the `a` pair as it is,
+the `b` pair with CHANGE.sql applied (e.g. an `alter function ... set ...`, or a `create or
+replace function` to try). Two databases with the same code measured up to 1.1x apart in one
+run, whichever was created first; each side measured in one early and one late database
+cancels that, and the A/A and B/B lines print what is left of it. In each, one connection runs
 cycles of a one-step flow: `start_flow`, the worker's claim query (`claim_tasks`, qty 100, one
 task queued), `complete_task` and the maintenance tick every worker runs each second
-(`maintenance_tick`), each its own transaction. The two databases alternate by rounds, in turn
-first. Printed: the backend's CPU per call (median, from /proc/<pid>/schedstat) of each call in
-each database, and b / a. --pairs N: the worker serves N (flow, step) pairs, the one-step
-flow's and N - 1 steps of another flow. --map N: the step maps the run input, an array of N
-elements (a start sends N tasks, a claim takes them all and "complete" is their N
-completions). To measure a migration before it is merged, pass the statements it adds (the
-head of `b` then has them twice, which a `create or replace` or an `alter` allows).
+(`maintenance_tick`), each its own transaction. The databases take turns by rounds, each
+round starting with the next one. Printed: the backend's CPU per call (median, from
+/proc/<pid>/schedstat) of each call on each side, b / a, and a2 / a1 and b2 / b1. --pairs N:
+the worker serves N (flow, step) pairs, the one-step flow's and N - 1 steps of another flow.
+--map N: the step maps the run input, an array of N elements (a start sends N tasks, a claim
+takes them all and "complete" is their N completions). To measure a migration before it is
+merged, pass the statements it adds (the head of `b` then has them twice, which a `create or
+replace` or an `alter` allows); to measure one already merged, pass what undoes it (the
+functions as they were) and read b / a the other way round.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from benchmarks.engine_throughput import (
 from flowlane.core.queries import query
 
 CALLS = ("start", "claim", "complete", "tick")
+DATABASES = ["a1", "b1", "b2", "a2"]  # in the order they are created
 
 
 def cycle(conn: Conn, worker: uuid.UUID, pairs: list[list[str]], run_input: Jsonb) -> dict[str, int]:
@@ -72,7 +78,7 @@ def main() -> int:
     args = parser.parse_args()
     change = args.change.read_text()
     with statements_server("flowlane-ab-") as admin:
-        conns = {name: migrated_database(admin, f"bench_ab_{name}", None) for name in ("a", "b")}
+        conns = {name: migrated_database(admin, f"bench_ab_{name}", None) for name in DATABASES}
         for name, conn in conns.items():
             conn.execute(b"select flowlane.create_flow('bench_ab')")
             conn.execute(b"select flowlane.add_step('bench_ab', 's0', step_type => %s)",
@@ -82,7 +88,7 @@ def main() -> int:
             for n in range(1, args.pairs):
                 conn.execute(b"select flowlane.add_step('bench_ab_more', %s)", (f"s{n}",))
             conn.execute(b"analyze flowlane.steps")  # as autovacuum would have, for the plans
-            if name == "b":
+            if name.startswith("b"):
                 conn.execute(change.encode())
         pin_backends(conns.values())
         worker = uuid.uuid4()
@@ -93,7 +99,7 @@ def main() -> int:
             for _ in range(50):  # warm-up: plans and caches made outside the measurement
                 cycle(conn, worker, pairs, run_input)
         for r in range(args.rounds):
-            for name in ("a", "b") if r % 2 == 0 else ("b", "a"):
+            for name in DATABASES[r % 4 :] + DATABASES[: r % 4]:
                 for _ in range(args.cycles):
                     for call, ns in cycle(conns[name], worker, pairs, run_input).items():
                         spent[name][call].append(ns)
@@ -101,8 +107,13 @@ def main() -> int:
             conn.close()
     print(f"{args.rounds} rounds of {args.cycles} cycles per database; backend CPU per call, medians")
     for call in CALLS:
-        a, b = (statistics.median(spent[n][call]) / 1000 for n in ("a", "b"))
-        print(f"{call:9} a {a:7.0f} µs   b {b:7.0f} µs   b/a {b / a:.2f}")
+        us = {n: statistics.median(spent[n][call]) / 1000 for n in DATABASES}
+        a = statistics.median(spent["a1"][call] + spent["a2"][call]) / 1000
+        b = statistics.median(spent["b1"][call] + spent["b2"][call]) / 1000
+        print(
+            f"{call:9} a {a:7.0f} µs   b {b:7.0f} µs   b/a {b / a:.2f}"
+            f"   (A/A a2/a1 {us['a2'] / us['a1']:.2f}, B/B b2/b1 {us['b2'] / us['b1']:.2f})"
+        )
     return 0
 
 
