@@ -172,10 +172,12 @@ begin
   order by v_ids[i], s.step_slug;
   if not v_waiting then
     perform flowlane._progress_runs(array(select v_ids[i] from generate_subscripts(v_ids, 1) i
-                                          where coalesce(v_begins[i], true) order by i));
+                                          where coalesce(v_begins[i], true) order by v_ids[i]));
   end if;
   return query select r.* from unnest(v_ids) with ordinality as u (run_id, ord)
-               join flowlane.runs r on r.run_id = u.run_id and r.run_id = any (v_ids) order by u.ord;
+               join flowlane.runs r
+                 on r.run_id = u.run_id and r.run_id = any (array(select x from unnest(v_ids) x order by 1))
+               order by u.ord;
 end;
 $$;
 

@@ -414,7 +414,7 @@ begin
          r.input
   from unnest(p_tasks) t
   join flowlane.runs r
-    on r.run_id = t.run_id and r.run_id = any (array(select x.run_id from unnest(p_tasks) x))
+    on r.run_id = t.run_id and r.run_id = any (array(select distinct x.run_id from unnest(p_tasks) x order by 1))
   join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = t.step_slug;
 end;
 $$;

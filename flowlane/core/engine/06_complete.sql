@@ -134,7 +134,7 @@ declare
   v_classes flowlane._result_class[];
   -- every lookup below also filters on run_id = any (v_runs): an index path whose cost
   -- follows the batch, whatever the planner thinks of unnest()'s row count
-  v_runs uuid[] := array(select distinct i.run_id from unnest(p_items) i);
+  v_runs uuid[] := array(select distinct i.run_id from unnest(p_items) i order by 1);
 begin
   perform 1 from flowlane.runs r
   where r.run_id = any (v_runs)
@@ -226,7 +226,7 @@ begin
       return;
     end if;
   end if;
-  v_runs := array(select distinct i.run_id from unnest(p_items) i);
+  v_runs := array(select distinct i.run_id from unnest(p_items) i order by 1);
   v_classes := flowlane._lock_and_classify(p_items);
 
   -- a single step feeding a map must output an array: such an item fails its run
@@ -335,7 +335,7 @@ begin
   return query
   select t.* from unnest(p_items) i
   join flowlane.step_tasks t on t.run_id = i.run_id and t.step_slug = i.step_slug and t.task_index = i.task_index
-   and t.run_id = any (array(select j.run_id from unnest(p_items) j))
+   and t.run_id = any (array(select distinct j.run_id from unnest(p_items) j order by 1))
   order by i.run_id, i.step_slug, i.task_index, i.pos;
 end;
 $$;

@@ -64,7 +64,7 @@ begin
       return;
     end if;
   end if;
-  v_runs := array(select distinct i.run_id from unnest(p_items) i);
+  v_runs := array(select distinct i.run_id from unnest(p_items) i order by 1);
   v_classes := flowlane._lock_and_classify(p_items);
   perform set_config('flowlane.attempt_details', coalesce((
     select jsonb_object_agg(format('%s/%s/%s', (c.task).run_id, (c.task).step_slug, (c.task).task_index),
