@@ -187,6 +187,53 @@ def test_complete_tasks_names_a_bad_item(engine: Engine) -> None:
         )
 
 
+BAD_ITEMS = {
+    # the first bad item by position is named, whatever is wrong with a later one
+    "a later item is not an object": (
+        [{"task_index": "x"}, 5],
+        'item 0: task_index must be an integer, got "x"',
+    ),
+    "an integer out of range": (
+        [{"task_index": "99999999999"}, {"run_id": "nope"}],
+        r"item 0: task_index must be an integer, got \"99999999999\"",
+    ),
+    "a run id that is not a uuid": ([{}, {"run_id": "nope"}], "item 1: run_id must be a uuid"),
+    "a worker id that is not a uuid": ([{}, {"worker_id": 7}], "item 1: worker_id must be a uuid"),
+    "an item that is not an object": ([{}, [1]], "item 1 must be an object .*, got array"),
+    "a missing key": ([{}, {"step_slug": None}], "item 1 has no step_slug"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ITEMS))
+def test_complete_and_fail_tasks_name_the_first_bad_item(engine: Engine, case: str) -> None:
+    changes, message = BAD_ITEMS[case]
+    items: list[Any] = []
+    for change in changes:
+        item = {"run_id": str(uuid.uuid4()), "step_slug": "a", "task_index": 0}
+        item["worker_id"] = str(uuid.uuid4())
+        items.append({**item, **change} if isinstance(change, dict) else change)
+    for send in (_complete_tasks, _fail_tasks):
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
+            send(engine, items)
+
+
+def test_complete_tasks_reads_every_spelling_its_casts_accept(engine: Engine) -> None:
+    engine.define("one", [("a", [], {})])
+    run_id = engine.start("one", {})
+    [task] = engine.claim("one")
+    item = {
+        "run_id": "{" + str(run_id).upper() + "}",  # braces and capitals: still a uuid
+        "step_slug": "a",
+        "task_index": " 0",
+        "worker_id": str(engine.worker_id).replace("-", ""),
+        "attempt": str(task["attempt"]),
+        "output": {"ok": True},
+    }
+    [row] = _complete_tasks(engine, [item])
+    assert (row["status"], engine.run(run_id)["status"]) == ("completed", "completed")
+    assert_invariants(engine)
+
+
 def test_upgrade_from_0007_completes_in_flight_claims_in_a_batch(db_factory: Any) -> None:
     from flowlane.core import migrator
 

@@ -70,23 +70,32 @@ declare
   v_bad record;
   v_key text;
   v_items flowlane._result_item[];
+  v_misshapen boolean;
 begin
   if p_results is null or jsonb_typeof(p_results) <> 'array' then
     raise exception '%: results must be a JSON array of %', p_function, p_shape using errcode = '22023';
   end if;
-  -- fast check of every item in one pass; only a suspicious item gets the exact (slow) check
+  -- every item in one pass: its casts are its check (a value that is not a uuid or an integer
+  -- raises); only a batch with a bad item takes the exact check, item by item, in order
+  begin
+    select coalesce(array_agg(row(o - 1, (e ->> 'run_id')::uuid, e ->> 'step_slug', (e ->> 'task_index')::int,
+                                  e -> 'output', (e ->> 'worker_id')::uuid, (e ->> 'attempt')::int,
+                                  e ->> 'error_message', e ->> 'error_type', e ->> 'traceback'
+                                 )::flowlane._result_item order by o), '{}'),
+           coalesce(bool_or(jsonb_typeof(e) <> 'object'
+                            or coalesce(jsonb_typeof(e -> 'run_id'), 'null') = 'null'
+                            or coalesce(jsonb_typeof(e -> 'step_slug'), 'null') = 'null'
+                            or coalesce(jsonb_typeof(e -> 'task_index'), 'null') = 'null'), false)
+      into v_items, v_misshapen
+    from jsonb_array_elements(p_results) with ordinality as a (e, o);
+  exception when invalid_text_representation or numeric_value_out_of_range then
+    v_misshapen := true;
+  end;
+  if not v_misshapen then
+    return v_items;
+  end if;
   for v_bad in
-    select e, o - 1 as pos from jsonb_array_elements(p_results) with ordinality as a (e, o)
-    where jsonb_typeof(e) <> 'object'
-       or coalesce(jsonb_typeof(e -> 'run_id'), 'null') = 'null'
-       or coalesce(jsonb_typeof(e -> 'step_slug'), 'null') = 'null'
-       or coalesce(jsonb_typeof(e -> 'task_index'), 'null') = 'null'
-       or (e ->> 'run_id') !~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
-       or coalesce(e ->> 'worker_id', '00000000-0000-0000-0000-000000000000')
-            !~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
-       or (e ->> 'task_index') !~ '^-?[0-9]{1,9}$'
-       or coalesce(e ->> 'attempt', '0') !~ '^-?[0-9]{1,9}$'
-    order by o
+    select e, o - 1 as pos from jsonb_array_elements(p_results) with ordinality as a (e, o) order by o
   loop
     if jsonb_typeof(v_bad.e) <> 'object' then
       raise exception '%: item % must be an object %, got %', p_function, v_bad.pos, p_shape,
@@ -111,13 +120,7 @@ begin
       end;
     end loop;
   end loop;
-  select coalesce(array_agg(row(o - 1, (e ->> 'run_id')::uuid, e ->> 'step_slug', (e ->> 'task_index')::int,
-                                e -> 'output', (e ->> 'worker_id')::uuid, (e ->> 'attempt')::int,
-                                e ->> 'error_message', e ->> 'error_type', e ->> 'traceback'
-                               )::flowlane._result_item order by o), '{}')
-    into v_items
-  from jsonb_array_elements(p_results) with ordinality as a (e, o);
-  return v_items;
+  raise exception '%: an item could not be read', p_function using errcode = 'XX000';
 end;
 $$;
 
