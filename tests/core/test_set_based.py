@@ -187,7 +187,7 @@ def test_complete_tasks_names_a_bad_item(engine: Engine) -> None:
         )
 
 
-BAD_ITEMS = {
+BAD_ITEMS: dict[str, tuple[list[Any], str]] = {
     # the first bad item by position is named, whatever is wrong with a later one
     "a later item is not an object": (
         [{"task_index": "x"}, 5],
