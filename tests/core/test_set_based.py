@@ -170,6 +170,23 @@ def test_claim_tasks_hands_back_a_batch_with_unsupported_work(engine: Engine) ->
     assert all(engine.vt_in("two", m) <= 0 for m in ids)
 
 
+def test_a_batch_claim_reads_only_the_tasks_of_its_messages(engine: Engine) -> None:
+    # a generic plan of PostgreSQL 15 kept `message_id = any (...)` as a filter and read every
+    # task the queue had, completed ones included, in each lookup of the claim
+    engine.define("one", [("a", [], {})])
+    _start_flows(engine, "one", [{"i": i} for i in range(200)])
+    for task in engine.claim("one"):
+        engine.complete(task, {})
+    _start_flows(engine, "one", [{"i": i} for i in range(3)])
+    index_reads = "select pg_stat_get_xact_tuples_returned('flowlane.step_tasks_queue_message_unique'::regclass)"
+    with engine.conn.transaction():
+        before = engine.scalar(index_reads)
+        assert len(engine.claim("one", qty=10)) == 3
+        read = engine.scalar(index_reads) - before
+    assert 3 <= read <= 3 * 3  # each of the claim's three lookups reads the batch's three tasks
+    assert_invariants(engine)
+
+
 def test_claim_tasks_refuses_a_bad_quantity(engine: Engine) -> None:
     engine.define("one", [("a", [], {})])
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="qty must be at least 1"):

@@ -201,11 +201,13 @@ begin
   -- lock order: runs (shared: claims do not block each other), then the batch's tasks
   perform 1 from flowlane.runs r
   where r.run_id in (select t.run_id from flowlane.step_tasks t
-                     where t.queue_name = p_queue and t.message_id = any (v_ids))
+                     where t.queue_name = p_queue and t.message_id = any (v_ids)
+                       and t.message_id between v_ids[1] and v_ids[cardinality(v_ids)])
   order by r.run_id
   for share;
   perform 1 from flowlane.step_tasks t
   where t.queue_name = p_queue and t.message_id = any (v_ids)
+    and t.message_id between v_ids[1] and v_ids[cardinality(v_ids)]
   order by t.run_id, t.step_slug, t.task_index
   for update;
 
@@ -217,6 +219,7 @@ begin
   from unnest(v_ids) as b (msg_id)
   left join flowlane.step_tasks t
     on t.queue_name = p_queue and t.message_id = b.msg_id and t.message_id = any (v_ids)
+   and t.message_id between v_ids[1] and v_ids[cardinality(v_ids)]
   left join unnest(p_flows, p_steps) as p (flow_slug, step_slug)
     on p.flow_slug = t.flow_slug and p.step_slug = t.step_slug
   left join flowlane.runs r on r.run_id = t.run_id
