@@ -178,7 +178,9 @@ def test_a_batch_claim_reads_only_the_tasks_of_its_messages(engine: Engine) -> N
     for task in engine.claim("one"):
         engine.complete(task, {})
     _start_flows(engine, "one", [{"i": i} for i in range(3)])
-    index_reads = "select pg_stat_get_xact_tuples_returned('flowlane.step_tasks_queue_message_unique'::regclass)"
+    index_reads = (
+        "select pg_stat_get_xact_tuples_returned('flowlane.step_tasks_queue_message_unique'::regclass)"
+    )
     with engine.conn.transaction():
         before = engine.scalar(index_reads)
         assert len(engine.claim("one", qty=10)) == 3
