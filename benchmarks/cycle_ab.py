@@ -5,9 +5,10 @@
 One embedded PostgreSQL (FLOWLANE_PG_BINDIR picks another installation's, as for the tests),
 four databases migrated to head, created in the order a1, b1, b2, a2: the `a` pair as it is,
 the `b` pair with CHANGE.sql applied (e.g. an `alter function ... set ...`, or a `create or
-replace function` to try). Two databases with the same code measured up to 1.1x apart in one
-run, whichever was created first; each side measured in one early and one late database
-cancels that, and the A/A and B/B lines print what is left of it. In each, one connection runs
+replace function` to try). Two databases with the same code have measured up to 1.1x apart
+here (and 1.4x in a script like it), in either direction, changing from one server start to
+the next: each side measured in an early and a late database evens out an order effect, and
+the A/A and B/B figures show how far apart the pairs were in this run. In each, one connection runs
 cycles of a one-step flow: `start_flow`, the worker's claim query (`claim_tasks`, qty 100, one
 task queued), `complete_task` and the maintenance tick every worker runs each second
 (`maintenance_tick`), each its own transaction. The databases take turns by rounds, each
