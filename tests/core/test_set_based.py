@@ -189,6 +189,25 @@ def test_a_batch_claim_reads_only_the_tasks_of_its_messages(engine: Engine) -> N
     assert_invariants(engine)
 
 
+def test_a_batch_claim_reads_only_the_runs_of_its_tasks(engine: Engine) -> None:
+    # a generic plan of PostgreSQL 15 joined the claimed tasks' steps to their runs by flow:
+    # through runs_flow_idx, every run of the flow for every task. It took that plan when the
+    # runs had been analyzed while there were none (autovacuum does so on a new database) and
+    # a few thousand had been written since, at the first claim of the session.
+    engine.define("one", [("a", [], {})])
+    engine.conn.execute("analyze flowlane.runs")
+    _start_flows(engine, "one", [{"i": i} for i in range(4000)])
+    runs_read = (  # index entries of runs that scans returned in this transaction
+        "select sum(pg_stat_get_xact_tuples_returned(i.indexrelid)) from pg_index i"
+        " where i.indrelid = 'flowlane.runs'::regclass"
+    )
+    with engine.conn.transaction():
+        before = engine.scalar(runs_read)
+        assert len(engine.claim("one", qty=100)) == 100
+        read = engine.scalar(runs_read) - before
+    assert read <= 100 * 10  # a few reads of each claimed task's run, not the flow's 4,000 runs
+
+
 def test_claim_tasks_refuses_a_bad_quantity(engine: Engine) -> None:
     engine.define("one", [("a", [], {})])
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="qty must be at least 1"):

@@ -418,7 +418,9 @@ begin
   from unnest(p_tasks) t
   join flowlane.runs r
     on r.run_id = t.run_id and r.run_id = any (array(select distinct x.run_id from unnest(p_tasks) x order by 1))
-  join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = t.step_slug;
+  -- the step by the task's flow, not the run's: joined on r.flow_slug, a generic plan of
+  -- PostgreSQL 15 reached the runs from the steps, through every run of the flow
+  join flowlane.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug;
 end;
 $$;
 
