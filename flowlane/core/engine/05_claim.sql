@@ -394,6 +394,7 @@ $$;
 -- what claimed tasks are handed, for a batch in one statement: a task's input (the element
 -- of the run input for a root map, of the parent's output for a dependent map; the run input
 -- for a root single step; otherwise {dep: output} of the completed deps), and the run input
+-- (of each task it reads run_id, flow_slug, step_slug and task_index)
 create function flowlane._claimed_inputs(p_tasks flowlane.step_tasks[])
 returns table (run_id uuid, step_slug text, task_index int, input jsonb, flow_input jsonb)
 language plpgsql stable

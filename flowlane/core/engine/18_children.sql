@@ -50,7 +50,7 @@ begin
   if not found then
     return;  -- an earlier child of the step could not start and ended the step or the run
   end if;
-  select s.child_flow into v_named from flowlane.runs r
+  select s.child_flow, r.flow_slug into v_named, v_task.flow_slug from flowlane.runs r
   join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = p_step_slug
   where r.run_id = p_run_id;
   v_task.run_id := p_run_id;
