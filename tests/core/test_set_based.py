@@ -170,6 +170,16 @@ def test_claim_tasks_hands_back_a_batch_with_unsupported_work(engine: Engine) ->
     assert all(engine.vt_in("two", m) <= 0 for m in ids)
 
 
+def _index_entries_read_by_claim(engine: Engine, queue: str, qty: int, indexes: str) -> tuple[int, int]:
+    """Tasks claimed by one claim of ``qty``, and the entries that scans of the indexes
+    ``indexes`` selects (a condition on pg_index ``i``) returned during it."""
+    read = f"select sum(pg_stat_get_xact_tuples_returned(i.indexrelid)) from pg_index i where {indexes}"
+    with engine.conn.transaction():
+        before = engine.scalar(read)
+        claimed = len(engine.claim(queue, qty=qty))
+        return claimed, engine.scalar(read) - before
+
+
 def test_a_batch_claim_reads_only_the_tasks_of_its_messages(engine: Engine) -> None:
     # a generic plan of PostgreSQL 15 kept `message_id = any (...)` as a filter and read every
     # task the queue had, completed ones included, in each lookup of the claim
@@ -178,13 +188,9 @@ def test_a_batch_claim_reads_only_the_tasks_of_its_messages(engine: Engine) -> N
     for task in engine.claim("one"):
         engine.complete(task, {})
     _start_flows(engine, "one", [{"i": i} for i in range(3)])
-    index_reads = (
-        "select pg_stat_get_xact_tuples_returned('flowlane.step_tasks_queue_message_unique'::regclass)"
-    )
-    with engine.conn.transaction():
-        before = engine.scalar(index_reads)
-        assert len(engine.claim("one", qty=10)) == 3
-        read = engine.scalar(index_reads) - before
+    index = "flowlane.step_tasks_queue_message_unique"
+    claimed, read = _index_entries_read_by_claim(engine, "one", 10, f"i.indexrelid = '{index}'::regclass")
+    assert claimed == 3
     assert 3 <= read <= 3 * 3  # each of the claim's three lookups reads the batch's three tasks
     assert_invariants(engine)
 
@@ -197,14 +203,8 @@ def test_a_batch_claim_reads_only_the_runs_of_its_tasks(engine: Engine) -> None:
     engine.define("one", [("a", [], {})])
     engine.conn.execute("analyze flowlane.runs")
     _start_flows(engine, "one", [{"i": i} for i in range(4000)])
-    runs_read = (  # index entries of runs that scans returned in this transaction
-        "select sum(pg_stat_get_xact_tuples_returned(i.indexrelid)) from pg_index i"
-        " where i.indrelid = 'flowlane.runs'::regclass"
-    )
-    with engine.conn.transaction():
-        before = engine.scalar(runs_read)
-        assert len(engine.claim("one", qty=100)) == 100
-        read = engine.scalar(runs_read) - before
+    claimed, read = _index_entries_read_by_claim(engine, "one", 100, "i.indrelid = 'flowlane.runs'::regclass")
+    assert claimed == 100
     assert read <= 100 * 10  # a few reads of each claimed task's run, not the flow's 4,000 runs
 
 
@@ -245,11 +245,8 @@ BAD_ITEMS: dict[str, tuple[list[Any], str]] = {
 @pytest.mark.parametrize("case", list(BAD_ITEMS))
 def test_complete_and_fail_tasks_name_the_first_bad_item(engine: Engine, case: str) -> None:
     changes, message = BAD_ITEMS[case]
-    items: list[Any] = []
-    for change in changes:
-        item = {"run_id": str(uuid.uuid4()), "step_slug": "a", "task_index": 0}
-        item["worker_id"] = str(uuid.uuid4())
-        items.append({**item, **change} if isinstance(change, dict) else change)
+    good = {"run_id": str(uuid.uuid4()), "step_slug": "a", "task_index": 0, "worker_id": str(uuid.uuid4())}
+    items = [{**good, **change} if isinstance(change, dict) else change for change in changes]
     for send in (_complete_tasks, _fail_tasks):
         with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
             send(engine, items)

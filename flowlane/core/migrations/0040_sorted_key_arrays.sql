@@ -2,7 +2,7 @@
 -- A join that looks rows up by key also filters on `run_id = any (<the batch's runs>)` (see
 -- "Plans" in the engine's README). The index scan sorts that array again on every rescan, once
 -- per row of the outer side: n log n comparisons each time for an unsorted array, n for a
--- sorted one. In a batch of 100 completions the sorting took about a quarter of the server's
+-- sorted one. In a batch of 100 completions the sorting took about a sixth of the server's
 -- CPU. The arrays that completions, failures, claims and batched starts built in the batch's
 -- (random) order are now built in key order; nothing else changes.
 
