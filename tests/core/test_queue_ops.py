@@ -2,7 +2,8 @@
 _queue_send, _queue_send_batch): a
 registered queue gets a static branch of its own when its registration commits, and every
 branch means what PGMQ's call means. Each case runs the same calls on a registered queue
-(its branch) and on a queue only PGMQ knows (PGMQ's function) and compares what they leave."""
+(its branch) and on a queue only PGMQ knows (PGMQ's function) and compares what they leave.
+A task's cycle, one call at a time, goes through the branches only."""
 
 from __future__ import annotations
 
@@ -123,3 +124,33 @@ def test_a_read_touches_the_messages_it_reads_not_the_whole_queue(engine: Engine
             " where schemaname = 'pgmq' and relname = 'q_flow_a'")
     assert touched is not None and touched["seq_tup_read"] == 0
     assert touched["idx_tup_fetch"] <= 4  # the two read, found once to lock and once to update
+
+
+def _pgmq_calls(engine: Engine) -> int:
+    """PGMQ's functions called in this transaction (track_functions = 'all')."""
+    return int(engine.scalar(
+        "select coalesce(sum(pg_stat_get_xact_function_calls(p.oid)), 0) from pg_proc p"
+        " where p.pronamespace = 'pgmq'::regnamespace"))
+
+
+def test_a_tasks_one_at_a_time_cycle_calls_no_pgmq_function(engine: Engine) -> None:
+    # each of PGMQ's calls builds and plans its statement; a registered queue's branch does not
+    engine.define("cycle", [("a", [], {"max_attempts": 2}), ("b", ["a"], {"max_attempts": 1})])
+    pairs = Jsonb([["cycle", "a"], ["cycle", "b"]])
+    claim = "select * from flowlane.claim_tasks('cycle', 1, %s, %s) where outcome = 'claimed'"
+    with engine.conn.transaction():
+        engine.conn.execute("set local track_functions = 'all'")
+        run_id = engine.start("cycle")
+        first = engine.row(claim, (engine.worker_id, pairs))
+        assert first is not None and first["step_slug"] == "a"
+        engine.fail(first)  # a retry: its message hidden for the retry delay
+        visible_now = "select flowlane._queue_set_vt('cycle', array[%s::bigint], 0)"
+        engine.conn.execute(visible_now, (first["msg_id"],))
+        again = engine.row(claim, (engine.worker_id, pairs))
+        assert again is not None and again["attempt"] == 2
+        engine.complete(again, {"ok": True})  # enqueues b
+        second = engine.row(claim, (engine.worker_id, pairs))
+        assert second is not None and second["step_slug"] == "b"
+        engine.fail(second)  # out of attempts: archived, the run fails
+        assert engine.run(run_id)["status"] == "failed"
+        assert _pgmq_calls(engine) == 0

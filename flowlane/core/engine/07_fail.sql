@@ -145,8 +145,8 @@ begin
   returning t.* into v_task;
   perform set_config('flowlane.attempt_details', '', true);
   if v_task.message_id is not null then
-    perform pgmq.set_vt(flowlane._task_queue(v_task), v_task.message_id,
-                        flowlane.calculate_retry_delay(v_base_delay, v_task.attempts_count));
+    perform flowlane._queue_set_vt(flowlane._task_queue(v_task), array[v_task.message_id],
+                                   flowlane.calculate_retry_delay(v_base_delay, v_task.attempts_count));
   end if;
   return v_task;
 end;
