@@ -23,7 +23,8 @@ to head, interleaved with the raw PGMQ figures in the same run. Measured:
    version older than start_flows) and the drain is timed in the
    database, from that commit to the last completion (so starting 4
    processes costs nothing of it); the database server's CPU time per task
-   during the drain (all its processes, from /proc; embedded only). --rounds
+   during the drain (all its processes, from /proc; embedded only) and the
+   worker processes' own (from /proc). --rounds
    rounds, one and four consumers in alternating order; each figure is the
    median of its rounds;
 3. latency from start_flow's commit to the handler starting, one run at a
@@ -244,6 +245,14 @@ class Workers:
                         raise SystemExit(f"worker did not start:\n{path.read_text()}")
                 time.sleep(0.05)
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds the worker processes have used so far."""
+        total = 0
+        for proc in self.procs:
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        return total / TICK
+
     def stop(self) -> None:
         for proc in self.procs:
             proc.terminate()
@@ -321,17 +330,17 @@ class Engine:
 
     def drain(
         self, n: int, workers: int, cpu: ServerCpu, flow: str = "bench_noop", extra: tuple[str, ...] = ()
-    ) -> tuple[float, float | None]:
+    ) -> tuple[float, float | None, float]:
         """(tasks/s of the workers draining a backlog, server CPU ms per task during the
-        drain). The workers start on an empty queue; the backlog is committed in one
-        transaction once all of them are registered, and the drain is timed in the
-        database, from that commit to the last run's completion."""
+        drain, the workers' own CPU ms per task). The workers start on an empty queue; the
+        backlog is committed in one transaction once all of them are registered, and the
+        drain is timed in the database, from that commit to the last run's completion."""
         with fresh_database(self.admin, self.template) as dsn:
             return self._drain(dsn, n, workers, cpu, flow, extra)
 
     def _drain(
         self, dsn: str, n: int, workers: int, cpu: ServerCpu, flow: str, extra: tuple[str, ...]
-    ) -> tuple[float, float | None]:
+    ) -> tuple[float, float | None, float]:
         pool = Workers(dsn, workers, *self.extra, *extra, repo=self.repo, flow=flow)
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
@@ -339,9 +348,9 @@ class Engine:
                     start_runs(conn, n, 500 if self.batched_starts else 1, flow)
                 mark = conn.execute(b"select clock_timestamp()").fetchone()
                 assert mark is not None
-                cpu0 = cpu.seconds()
+                cpu0, own0 = cpu.seconds(), pool.cpu_seconds()
                 wait_drained(conn)
-                cpu1 = cpu.seconds()
+                cpu1, own1 = cpu.seconds(), pool.cpu_seconds()
                 row = conn.execute(
                     b"select extract(epoch from max(completed_at) - %s) from flowlane.runs",
                     (mark[0],),
@@ -350,7 +359,7 @@ class Engine:
         finally:
             pool.stop()
         per_task = None if cpu0 is None or cpu1 is None else 1000 * (cpu1 - cpu0) / n
-        return n / float(row[0]), per_task
+        return n / float(row[0]), per_task, 1000 * (own1 - own0) / n
 
 
 def latency(
@@ -457,14 +466,16 @@ class Bench:
         cols, ratios = self._columns()
         print("drain only: consumers idle on an empty queue, then the backlog committed in one")
         print(f"transaction; timed from that commit; medians of {rounds} round(s)")
-        cpu_cols = "".join(f"  {name + ' cpu ms/task':>19}" for name in names)
+        cpu_cols = "".join(f"  {name + ' cpu ms/task':>19}  {name + ' worker ms':>16}" for name in names)
         print(f"{'consumers':>9}  {'raw1 msg/s':>10}  {f'raw{q} msg/s':>11}{cols}{ratios}{cpu_cols}")
         for c in (1, 4):
             line = "".join(f"  {med[c, n]:>15.0f}" for n in names)
             line += "".join(
                 f"  {med[c, n] / med[c, 'raw1']:>12.2f}  {med[c, n] / med[c, 'rawq']:>12.2f}" for n in names
             )
-            line += "".join(f"  {_cpu(med.get((c, n + ' cpu'))):>19}" for n in names)
+            line += "".join(
+                f"  {_cpu(med.get((c, n + ' cpu'))):>19}  {med[c, n + ' worker cpu']:>16.3f}" for n in names
+            )
             print(f"{c:>9}  {med[c, 'raw1']:>10.0f}  {med[c, 'rawq']:>11.0f}{line}")
         four = "".join(f"  {med[4, n] / med[1, n]:>15.2f}" for n in names)
         raw = f"{med[4, 'raw1'] / med[1, 'raw1']:>10.2f}  {med[4, 'rawq'] / med[1, 'rawq']:>11.2f}"
@@ -476,8 +487,9 @@ class Bench:
             "rawq": self.raw(consumers, self.q, backlog=True),
         }
         for name, engine in self.engines.items():
-            rate, cpu_ms = engine.drain(self.args.tasks, consumers, self.cpu)
+            rate, cpu_ms, worker_ms = engine.drain(self.args.tasks, consumers, self.cpu)
             values[name] = rate
+            values[name + " worker cpu"] = worker_ms
             if cpu_ms is not None:
                 values[name + " cpu"] = cpu_ms
         return values
@@ -494,7 +506,7 @@ class Bench:
                 raw = raw_pgmq(dsn, self.args.tasks, SLOTS, 1, backlog=True, work=0.001)
             cells.setdefault("raw", []).append(raw)
             for name, engine in self.engines.items():
-                rate, _ = engine.drain(self.args.tasks, 1, self.cpu, "bench_sleep", extra)
+                rate, _, _ = engine.drain(self.args.tasks, 1, self.cpu, "bench_sleep", extra)
                 cells.setdefault(name, []).append(rate)
         med = {key: statistics.median(values) for key, values in cells.items()}
         print(f"{SLOTS} handler slots, 1 ms handlers, drain (as above); raw: {SLOTS} consumers, each")
