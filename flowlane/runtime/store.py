@@ -12,6 +12,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
+from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from flowlane.core.queries import query
@@ -295,6 +296,9 @@ class Store:
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     # a claimed input nested too deep for json.loads fails its task, not the whole batch
     set_json_loads(safe_loads, conn)
+    # ids as PostgreSQL writes them (lowercase, dashed: what str(UUID) gives), the form the
+    # worker keys and sends them in, without a UUID object per id and row to format again
+    conn.adapters.register_loader("uuid", TextLoader)
 
 
 def _claim(rows: list[Row]) -> Claim:
