@@ -4,24 +4,33 @@
 
 One embedded PostgreSQL (pg_stat_statements preloaded), two databases: `before` migrated to
 --before, `after` to head. Every call is its own autocommit transaction on one connection,
-like a web request, a trigger or a worker in another language. Cases, interleaved in
---rounds rounds with a rotating order (a shared machine's load hits all alike):
+like a web request, a trigger or a worker in another language. Cases, each paired with its
+raw PGMQ baseline:
+
+  start one           start_flow of a one-step flow                       raw send
+  start three         start_flow of a three-step chain                    raw send
+  start map10         start_flow of a flow whose root step maps its input raw send
+                      (10 elements)
+  complete chain      complete_task of a chain's first step (enqueues     raw archive+send
+                      its successor)
+  fail retry          fail_task of a one-step flow's task with attempts   raw archive+send
+                      left (a retry)
+  claim one           a worker's claim (its query, claim_tasks) of one    raw read
+                      queued one-step task
 
   raw send            pgmq.send of the start's payload ({"i": n})
   raw archive+send    pgmq.archive of one message and pgmq.send of one, in one transaction
   raw read            pgmq.read of one message
-  start one           start_flow of a one-step flow
-  start three         start_flow of a three-step chain
-  start map10         start_flow of a flow whose root step maps its input (10 elements)
-  complete chain      complete_task of a chain's first step (enqueues its successor)
-  fail retry          fail_task of a one-step flow's task with attempts left (a retry)
-  claim one           a worker's claim (its query, claim_tasks) of one queued one-step task
 
-Printed per case and database: calls/s, the backend's CPU per call (/proc/<pid>/schedstat,
-nanoseconds), the server's execution time per call (pg_stat_statements, top level) and both
-as a ratio to their raw PGMQ baseline (starts to `raw send`, completions and failures to
-`raw archive+send`, the claim to `raw read`). --functions adds, per database, a pass with
-track_functions = 'all': each function's own time per call of every case.
+A case's calls alternate with its baseline's, one each in turn, and the backend's CPU
+(/proc/<pid>/schedstat, nanoseconds) is read around every call: this machine's speed drifts
+from one second to the next (a raw send measured 150 or 240 µs depending on when it ran), and
+a call and its baseline side by side drift together. The cases run in --rounds rounds with a
+rotating order, the databases interleaved. Printed per case and database (medians over the
+rounds): calls/s, the backend's CPU per call, the server's execution time per call
+(pg_stat_statements, top level), the same two for its baseline, and the ratios of the case
+to its baseline. --functions adds, per database, a pass with track_functions = 'all': each
+function's own time per call of every case.
 """
 
 from __future__ import annotations
@@ -66,8 +75,11 @@ BASELINE = {
     "fail retry": "raw archive+send",
     "claim one": "raw read",
 }
+# the engine's statements call flowlane's functions, the baselines' only PGMQ's
 EXEC_TIME = b"""
-select coalesce(sum(total_exec_time), 0), coalesce(sum(calls), 0) from pg_stat_statements
+select coalesce(sum(total_exec_time) filter (where query ~ 'flowlane[.]'), 0),
+       coalesce(sum(total_exec_time) filter (where query !~ 'flowlane[.]'), 0)
+from pg_stat_statements
 where dbid = (select oid from pg_database where datname = current_database())
   and query !~* 'pg_stat_statements|pg_backend_pid|pg_stat_'
 """
@@ -78,11 +90,31 @@ where self_time > 0 order by self_time desc
 
 
 @dataclass
-class Cell:
-    calls: int = 0
-    wall: list[float] = field(default_factory=list)  # seconds per call, per round
+class Side:
+    """One side of a pairing, per round: wall and backend CPU seconds, execution ms, per call."""
+
+    wall: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
     exec_ms: list[float] = field(default_factory=list)
+
+    def add(self, calls: int, wall: float, cpu_ns: int, exec_ms: float) -> None:
+        self.wall.append(wall / calls)
+        self.cpu.append(cpu_ns / 1e9 / calls)
+        self.exec_ms.append(exec_ms / calls)
+
+
+@dataclass
+class Cell:
+    """A case and its baseline, measured side by side in each round."""
+
+    case: Side = field(default_factory=Side)
+    raw: Side = field(default_factory=Side)
+
+    def ratio(self, measure: str) -> float:
+        """The median over the rounds of the case's per-call figure over its baseline's."""
+        case: list[float] = getattr(self.case, measure)
+        raw: list[float] = getattr(self.raw, measure)
+        return statistics.median(c / r for c, r in zip(case, raw, strict=True))
 
 
 class Case:
@@ -125,8 +157,8 @@ class Case:
             while len(claimed) < n:
                 claimed += self.conn.execute(
                     b"select run_id, step_slug, task_index, attempt"
-                    b" from flowlane.claim_tasks(%s, 100, %s, %s::jsonb) where outcome = 'claimed'",
-                    (flow, self.worker, self.pairs[flow]),
+                    b" from flowlane.claim_tasks(%s, %s, %s, %s::jsonb) where outcome = 'claimed'",
+                    (flow, min(100, n - len(claimed)), self.worker, self.pairs[flow]),
                 ).fetchall()
             return claimed
         if name == "claim one":
@@ -170,30 +202,34 @@ class Case:
             raise ValueError(name)
 
 
-CASES = ["raw send", "raw archive+send", "raw read", *STARTS, "complete chain", "fail retry", "claim one"]
-ENGINE_CASES = [name for name in CASES if not name.startswith("raw ")]
+CASES = [*STARTS, "complete chain", "fail retry", "claim one"]
+CHUNK = 50
 
 
 def timed(case: Case, name: str, n: int, cell: Cell) -> None:
-    items = case.prepare(name, n)
+    """n calls of the case and n of its baseline, in turns of CHUNK calls."""
+    baseline = BASELINE[name]
+    pairs = list(zip(case.prepare(baseline, n), case.prepare(name, n), strict=True))
     conn = case.conn
     pid = scalar(conn, "backend_pid")
     conn.execute(b"select pg_stat_statements_reset()")
-    cpu0, start = backend_cpu_ns(pid), time.perf_counter()
-    for item in items:
-        case.call(name, item)
-    wall, cpu = time.perf_counter() - start, backend_cpu_ns(pid) - cpu0
+    wall, cpu = [0.0, 0.0], [0, 0]
+    for first in range(0, n, CHUNK):
+        for side, call in enumerate((baseline, name)):
+            cpu0, start = backend_cpu_ns(pid), time.perf_counter()
+            for pair in pairs[first:first + CHUNK]:
+                case.call(call, pair[side])
+            wall[side] += time.perf_counter() - start
+            cpu[side] += backend_cpu_ns(pid) - cpu0
     row = conn.execute(EXEC_TIME).fetchone()
     assert row is not None
-    cell.calls += n
-    cell.wall.append(wall / n)
-    cell.cpu.append(cpu / 1e9 / n)
-    cell.exec_ms.append(float(row[0]) / n)
+    cell.raw.add(n, wall[0], cpu[0], float(row[1]))
+    cell.case.add(n, wall[1], cpu[1], float(row[0]))
 
 
 def function_profile(case: Case, n: int) -> None:
     conn = case.conn
-    for name in ENGINE_CASES:
+    for name in CASES:
         items = case.prepare(name, n)
         conn.execute(b"select pg_stat_reset()")
         conn.execute(b"set track_functions = 'all'")
@@ -211,24 +247,25 @@ def function_profile(case: Case, n: int) -> None:
 
 def report(cells: dict[tuple[str, str], Cell], versions: list[str]) -> None:
     print(
-        f"{'case':<18} {'db':<7} {'calls/s':>8} {'cpu µs/call':>11} {'exec µs/call':>12}"
-        f" {'cpu/raw':>8} {'exec/raw':>8}"
+        f"{'case':<15} {'db':<7} {'calls/s':>8} {'cpu µs/call':>11} {'exec µs/call':>12}"
+        f"   {'baseline':<16} {'cpu µs':>6} {'exec µs':>7} {'cpu/raw':>8} {'exec/raw':>8}"
     )
     for name in CASES:
         for version in versions:
             cell = cells[(version, name)]
-            cpu, ex, wall = (statistics.median(x) for x in (cell.cpu, cell.exec_ms, cell.wall))
-            ratios = ""
-            if name in BASELINE:
-                base = cells[(version, BASELINE[name])]
-                ratios = (
-                    f" {cpu / statistics.median(base.cpu):8.1f} {ex / statistics.median(base.exec_ms):8.1f}"
-                )
-            print(f"{name:<18} {version:<7} {1 / wall:8.0f} {1e6 * cpu:11.0f} {1000 * ex:12.0f}{ratios}")
+            case, raw = (
+                [statistics.median(x) for x in (side.wall, side.cpu, side.exec_ms)]
+                for side in (cell.case, cell.raw)
+            )
+            print(
+                f"{name:<15} {version:<7} {1 / case[0]:8.0f} {1e6 * case[1]:11.0f} {1000 * case[2]:12.0f}"
+                f"   {BASELINE[name]:<16} {1e6 * raw[1]:6.0f} {1000 * raw[2]:7.0f}"
+                f" {cell.ratio('cpu'):8.1f} {cell.ratio('exec_ms'):8.1f}"
+            )
     print()
     if len(versions) == 2:
-        for name in ENGINE_CASES:
-            before, after = (cells[(v, name)] for v in versions)
+        for name in CASES:
+            before, after = (cells[(v, name)].case for v in versions)
             print(
                 f"{name}: after/before cpu per call "
                 f"{statistics.median(after.cpu) / statistics.median(before.cpu):5.2f}x, exec "
@@ -243,7 +280,7 @@ def measure(conns: dict[str, Conn], calls: int, rounds: int, functions: bool) ->
         case.conn.execute(b"set pg_stat_statements.track = 'top'")
         for name in CASES:  # warm-up: plans and caches made outside the measurement
             timed(case, name, 20, Cell())
-    cells = {(version, name): Cell() for version in conns for name in CASES}
+    cells = {(version, name): Cell() for name in CASES for version in conns}
     order: list[tuple[str, str]] = list(cells)
     for r in range(rounds):
         shift = (r * 3) % len(order)
