@@ -22,15 +22,16 @@ raw PGMQ baseline:
   raw archive+send    pgmq.archive of one message and pgmq.send of one, in one transaction
   raw read            pgmq.read of one message
 
-A case's calls alternate with its baseline's, one each in turn, and the backend's CPU
-(/proc/<pid>/schedstat, nanoseconds) is read around every call: this machine's speed drifts
-from one second to the next (a raw send measured 150 or 240 µs depending on when it ran), and
-a call and its baseline side by side drift together. The cases run in --rounds rounds with a
-rotating order, the databases interleaved. Printed per case and database (medians over the
-rounds): calls/s, the backend's CPU per call, the server's execution time per call
-(pg_stat_statements, top level), the same two for its baseline, and the ratios of the case
-to its baseline. --functions adds, per database, a pass with track_functions = 'all': each
-function's own time per call of every case.
+A case's calls take turns with its baseline's, 50 calls of one, then 50 of the other, the
+backend's CPU (/proc/<pid>/schedstat, nanoseconds) read around each turn, and the ratio is
+taken per round: this machine's speed drifts from one second to the next (a raw send
+measured 150 or 240 µs depending on when it ran), and turns side by side drift together.
+(Turns of one call measure a send whose caches the start has just taken: 2-3x slower.) The
+cases run in --rounds rounds with a rotating order, the databases interleaved. Printed per
+case and database (medians over the rounds): calls/s, the backend's CPU per call, the
+server's execution time per call (pg_stat_statements, top level), the same two for its
+baseline, and the ratios of the case to its baseline. --functions adds, per database, a
+pass with track_functions = 'all': each function's own time per call of every case.
 """
 
 from __future__ import annotations
