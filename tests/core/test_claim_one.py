@@ -70,6 +70,14 @@ def _map_element(engine: Engine) -> tuple[str, int]:
     return "mapped", _message(engine, run, "m", 1)
 
 
+def _quick(engine: Engine) -> tuple[str, int]:
+    """A task whose lease (12 s) is shorter than the read's visibility a worker serving a slower
+    step on the queue reads with (claim_tasks reads with the longest lease of its pairs)."""
+    engine.define("quick", [("a", [], {"timeout": 10})])
+    run = engine.start("quick", {"n": 1})
+    return "quick", _message(engine, run, "a")
+
+
 def _started(engine: Engine) -> tuple[str, int]:
     queue, msg_id = _queued(engine)
     engine.claim(queue)
@@ -103,7 +111,7 @@ SCENARIOS: dict[str, tuple[Callable[[Engine], tuple[str, int]], list[tuple[str, 
     "queued": (_queued, [("one", "a")], 62, True),
     "dependent": (_dependent, [("chain", "a"), ("chain", "b")], 62, True),
     "map_element": (_map_element, [("mapped", "m")], 62, True),
-    "lease_outlasts_read": (_queued, [("one", "a")], 5, True),
+    "read_outlasts_lease": (_quick, [("quick", "a")], 62, True),
     "start_tasks": (_queued, [("one", "a")], None, True),
     "unsupported": (_queued, [("one", "b")], 62, False),
     "started": (_started, [("one", "a")], 62, False),

@@ -315,6 +315,20 @@ def test_claim_visibility_set_on_task_queue(engine: Engine) -> None:
     assert 10 < engine.vt_in("q2", b["msg_id"]) <= 12
 
 
+@pytest.mark.parametrize("qty", [1, 2])  # one message at a time (its own path), both at once
+def test_a_workers_claim_keeps_the_longest_lease_of_its_pairs(engine: Engine, qty: int) -> None:
+    # claim_tasks reads with the longest lease of the pairs the worker serves: a task of a step
+    # with a shorter one keeps it (start_tasks, whose caller read the message, sets the task's own)
+    explicit(engine, "f", {"slow": "q", "quick": "q"}, timeout=60)
+    engine.conn.execute("update flowlane.steps set opt_timeout = 10 where step_slug = 'quick'")
+    engine.start("f", {})
+    claim = "select * from flowlane.claim_tasks('q', %s, %s, %s::jsonb) where outcome = 'claimed'"
+    claimed = [row for _ in range(2 // qty)
+               for row in engine.rows(claim, (qty, engine.worker_id, '[["f", "slow"], ["f", "quick"]]'))]
+    assert sorted(c["step_slug"] for c in claimed) == ["quick", "slow"]
+    assert all(60 < engine.vt_in("q", c["msg_id"]) <= 62 for c in claimed)
+
+
 # -- every PGMQ operation on the task's own queue --------------------------------
 
 

@@ -172,7 +172,11 @@ $$;
 -- batch with a message this worker cannot handle claims nothing); the tasks to hide and to
 -- return are read from the unnested claim, the leases looked up once per (flow, step), the
 -- inputs from _claimed_inputs. The worker's (flow, step) pairs come as two arrays, checked
--- by the caller (_pairs), like the queue's name and the worker id.
+-- by the caller (_pairs), like the queue's name and the worker id. p_read_vt: the visibility
+-- claim_tasks read the messages with, the longest lease of the pairs it serves, which every
+-- claimed task's lease fits in: the messages keep it. Null (start_tasks, whose caller read
+-- the messages with a visibility of its own): each claimed task's message is hidden for its
+-- lease (_hide_claimed).
 create function flowlane._start_tasks(p_queue text, p_msg_ids bigint[], p_worker_id uuid,
                                       p_flows text[], p_steps text[],
                                       p_read_vt int, p_started_at timestamptz = null)
@@ -266,7 +270,9 @@ begin
   if cardinality(v_claimed) = 0 then
     return;
   end if;
-  perform flowlane._hide_claimed(v_claimed, p_read_vt);
+  if p_read_vt is null then
+    perform flowlane._hide_claimed(v_claimed);
+  end if;
 
   return query
     select 'claimed', c.flow_slug, c.step_slug, c.queue_name, c.run_id, c.task_index,
@@ -278,9 +284,9 @@ begin
 end;
 $$;
 
--- claimed tasks are hidden for their lease (claim_visibility) where it outlasts the visibility
--- their messages were read with (p_read_vt; null: start_tasks, whose caller read them)
-create function flowlane._hide_claimed(p_claimed flowlane.step_tasks[], p_read_vt int) returns void
+-- claimed tasks are hidden for their lease (claim_visibility): the claims whose caller read
+-- the messages (start_tasks), with a visibility of its own
+create function flowlane._hide_claimed(p_claimed flowlane.step_tasks[]) returns void
 language plpgsql volatile
 set search_path = ''
 as $$
@@ -295,8 +301,7 @@ begin
   join (select o.flow_slug, o.step_slug, o.claim_visibility as lease
         from (select distinct x.flow_slug, x.step_slug from unnest(p_claimed) x) p
         join flowlane.step_options o on o.flow_slug = p.flow_slug and o.step_slug = p.step_slug) l
-    on l.flow_slug = c.flow_slug and l.step_slug = c.step_slug
-  where p_read_vt is null or l.lease > p_read_vt;
+    on l.flow_slug = c.flow_slug and l.step_slug = c.step_slug;
   if cardinality(v_hide) = 0 then
     return;
   end if;
@@ -347,7 +352,9 @@ begin
          last_worker_id = p_worker_id
    where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index
   returning t.* into v_task;
-  perform flowlane._hide_claimed(array[v_task], p_read_vt);
+  if p_read_vt is null then
+    perform flowlane._hide_claimed(array[v_task]);
+  end if;
   select 'claimed', v_task.flow_slug, v_task.step_slug, v_task.queue_name, v_task.run_id, v_task.task_index,
          i.input, i.flow_input, v_task.attempts_count, v_task.message_id
     into v_row
