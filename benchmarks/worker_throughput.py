@@ -126,6 +126,12 @@ def _env(repo: Path) -> dict[str, str]:
     return env
 
 
+def _stat(stat: Path) -> tuple[int, int]:
+    """(parent pid, user + system clock ticks) of a process, from its /proc/<pid>/stat."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return int(fields[1]), int(fields[11]) + int(fields[12])
+
+
 class ServerCpu:
     """CPU seconds of every process of the embedded server (postmaster and its children)."""
 
@@ -138,12 +144,11 @@ class ServerCpu:
         total = 0
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
+                parent, ticks = _stat(stat)
             except OSError:
                 continue
-            pid = int(stat.parent.name)
-            if pid == self.pid or int(fields[1]) == self.pid:
-                total += int(fields[11]) + int(fields[12])
+            if int(stat.parent.name) == self.pid or parent == self.pid:
+                total += ticks
         return total / TICK
 
 
@@ -247,11 +252,7 @@ class Workers:
 
     def cpu_seconds(self) -> float:
         """CPU seconds the worker processes have used so far."""
-        total = 0
-        for proc in self.procs:
-            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        return total / TICK
+        return sum(_stat(Path(f"/proc/{proc.pid}/stat"))[1] for proc in self.procs) / TICK
 
     def stop(self) -> None:
         for proc in self.procs:
