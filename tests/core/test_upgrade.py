@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -388,3 +389,42 @@ def test_upgrade_to_0016_lets_an_alias_adopt_a_flow_with_runs_in_flight(
                      (uuid.uuid4(),))
         assert engine.scalar("select count(*) from flowlane.worker_refusals") == 0
         assert_invariants(engine)
+
+
+def _blocked(watcher: psycopg.Connection[Any], pid: int) -> bool:
+    return bool(watcher.execute("select cardinality(pg_blocking_pids(%s)) > 0", (pid,)).fetchone()[0])  # type: ignore[index]
+
+
+@pytest.mark.parametrize("messages", [1, 2], ids=["one message", "a batch"])
+def test_a_claim_in_flight_when_the_newest_migration_commits_completes(
+    db_factory: Callable[..., str], messages: int,
+) -> None:
+    # the previous release's workers claim while `migrate` runs: a claim that entered the
+    # previous schema's functions before the newest migration committed runs their old bodies
+    # to the end, so every function those call must still exist when it reaches them
+    *_, previous, newest = migrator.discover()
+    dsn = db_factory(previous.version)
+    with (psycopg.connect(dsn, autocommit=True) as conn,
+          psycopg.connect(dsn, autocommit=True) as claimer,
+          psycopg.connect(dsn, autocommit=True) as migrating,
+          psycopg.connect(dsn) as holder):
+        engine = Engine(conn)
+        engine.define("inflight", [("a", [], {})])
+        runs = [engine.start("inflight", {"n": n}) for n in range(messages)]
+        # the claim reads its messages, then waits for the runs' rows, which holder has locked
+        holder.execute("select 1 from flowlane.runs where run_id = any(%s) for update", (runs,))
+        with ThreadPoolExecutor(2) as pool:
+            claim = pool.submit(lambda: claimer.execute(
+                "select * from flowlane.claim_tasks('inflight', 10, %s, '[[\"inflight\", \"a\"]]'::jsonb)",
+                (uuid.uuid4(),)).fetchall())
+            while not _blocked(conn, claimer.info.backend_pid):
+                assert not claim.done(), claim.result()
+            migrated = pool.submit(migrator.migrate, migrating)
+            # a migration that needs a lock the claim holds waits for it: let the claim go on
+            while not migrated.done() and not _blocked(conn, migrating.info.backend_pid):
+                pass
+            holder.rollback()
+            claimed = claim.result()
+            assert [m.version for m in migrated.result()] == [newest.version]
+        assert sorted(r[4] for r in claimed if r[0] == "claimed") == sorted(runs)
+        assert {engine.task(run, "a")["status"] for run in runs} == {"started"}

@@ -271,7 +271,7 @@ begin
     return;
   end if;
   if p_read_vt is null then
-    perform flowlane._hide_claimed(v_claimed);
+    perform flowlane._hide_claimed(v_claimed, p_read_vt);
   end if;
 
   return query
@@ -284,9 +284,9 @@ begin
 end;
 $$;
 
--- claimed tasks are hidden for their lease (claim_visibility): the claims whose caller read
--- the messages (start_tasks), with a visibility of its own
-create function flowlane._hide_claimed(p_claimed flowlane.step_tasks[]) returns void
+-- claimed tasks are hidden for their lease (claim_visibility) where it outlasts the visibility
+-- their messages were read with (p_read_vt; null: start_tasks, whose caller read them)
+create function flowlane._hide_claimed(p_claimed flowlane.step_tasks[], p_read_vt int) returns void
 language plpgsql volatile
 set search_path = ''
 as $$
@@ -301,7 +301,8 @@ begin
   join (select o.flow_slug, o.step_slug, o.claim_visibility as lease
         from (select distinct x.flow_slug, x.step_slug from unnest(p_claimed) x) p
         join flowlane.step_options o on o.flow_slug = p.flow_slug and o.step_slug = p.step_slug) l
-    on l.flow_slug = c.flow_slug and l.step_slug = c.step_slug;
+    on l.flow_slug = c.flow_slug and l.step_slug = c.step_slug
+  where p_read_vt is null or l.lease > p_read_vt;
   if cardinality(v_hide) = 0 then
     return;
   end if;
@@ -353,7 +354,7 @@ begin
    where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index
   returning t.* into v_task;
   if p_read_vt is null then
-    perform flowlane._hide_claimed(array[v_task]);
+    perform flowlane._hide_claimed(array[v_task], p_read_vt);
   end if;
   select 'claimed', v_task.flow_slug, v_task.step_slug, v_task.queue_name, v_task.run_id, v_task.task_index,
          i.input, i.flow_input, v_task.attempts_count, v_task.message_id

@@ -3,10 +3,9 @@
 -- no claimed task's lease outlasts it; yet every claim asked _hide_claimed which tasks to
 -- hide longer, a lookup of their leases that never found one. Only start_tasks, whose caller
 -- read the messages with a visibility of its own, hides its claimed tasks for their lease
--- now; _hide_claimed loses its p_read_vt. A single claim costs 0.91x of the backend CPU it
+-- now. _hide_claimed keeps its signature: a claim that entered the previous bodies before
+-- this migration commits still calls it. A single claim costs 0.91x of the backend CPU it
 -- did on PostgreSQL 18 and 0.90x on 15, a claim of 100 0.96x (benchmarks/cycle_ab.py).
-
-drop function flowlane._hide_claimed(flowlane.step_tasks[],integer);
 
 -- the claim of a batch of read messages, classified as a whole before anything changes (a
 -- batch with a message this worker cannot handle claims nothing); the tasks to hide and to
@@ -111,7 +110,7 @@ begin
     return;
   end if;
   if p_read_vt is null then
-    perform flowlane._hide_claimed(v_claimed);
+    perform flowlane._hide_claimed(v_claimed, p_read_vt);
   end if;
 
   return query
@@ -121,36 +120,6 @@ begin
     join flowlane._claimed_inputs(v_claimed) i
       on i.run_id = c.run_id and i.step_slug = c.step_slug and i.task_index = c.task_index
     order by c.message_id;
-end;
-$$;
-
--- claimed tasks are hidden for their lease (claim_visibility): the claims whose caller read
--- the messages (start_tasks), with a visibility of its own
-create or replace function flowlane._hide_claimed(p_claimed flowlane.step_tasks[]) returns void
-language plpgsql volatile
-set search_path = ''
-as $$
-declare
-  v_hide flowlane.step_tasks[];
-  v_offsets int[];
-  v_updated int;
-begin
-  select coalesce(array_agg(c order by c.message_id), '{}'), coalesce(array_agg(l.lease order by c.message_id), '{}')
-    into v_hide, v_offsets
-  from unnest(p_claimed) c
-  join (select o.flow_slug, o.step_slug, o.claim_visibility as lease
-        from (select distinct x.flow_slug, x.step_slug from unnest(p_claimed) x) p
-        join flowlane.step_options o on o.flow_slug = p.flow_slug and o.step_slug = p.step_slug) l
-    on l.flow_slug = c.flow_slug and l.step_slug = c.step_slug;
-  if cardinality(v_hide) = 0 then
-    return;
-  end if;
-  v_updated := flowlane._set_tasks_vt(v_hide, v_offsets);
-  if v_updated <> cardinality(v_hide) then
-    raise exception 'claim aborted: % tasks claimed but % queue messages got their visibility extended',
-      cardinality(v_hide), v_updated
-      using errcode = '40001', hint = 'a task''s message is missing from its queue; the claim was rolled back';
-  end if;
 end;
 $$;
 
@@ -193,7 +162,7 @@ begin
    where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index
   returning t.* into v_task;
   if p_read_vt is null then
-    perform flowlane._hide_claimed(array[v_task]);
+    perform flowlane._hide_claimed(array[v_task], p_read_vt);
   end if;
   select 'claimed', v_task.flow_slug, v_task.step_slug, v_task.queue_name, v_task.run_id, v_task.task_index,
          i.input, i.flow_input, v_task.attempts_count, v_task.message_id
