@@ -15,6 +15,7 @@ from psycopg.types.json import Jsonb
 
 from flowlane import errors
 from flowlane.core import migrator
+from flowlane.core.queries import query
 from tests.core.engine import Engine, assert_invariants
 
 REPAIR_DOC = Path(__file__).resolve().parents[2] / "docs" / "upgrade-repair.md"
@@ -395,36 +396,52 @@ def _blocked(watcher: psycopg.Connection[Any], pid: int) -> bool:
     return bool(watcher.execute("select cardinality(pg_blocking_pids(%s)) > 0", (pid,)).fetchone()[0])  # type: ignore[index]
 
 
-@pytest.mark.parametrize("messages", [1, 2], ids=["one message", "a batch"])
-def test_a_claim_in_flight_when_the_newest_migration_commits_completes(
-    db_factory: Callable[..., str], messages: int,
+def _worker_call(engine: Engine, call: str) -> tuple[str, dict[str, Any]]:
+    """The worker's query for ``call`` over the queue's tasks, and its parameters."""
+    pairs = Jsonb([["inflight", "a"]])
+    if call == "claim":
+        return query("worker_claim_tasks"), {"queue_name": "inflight", "qty": 10,
+                                              "worker_id": engine.worker_id, "pairs": pairs}
+    claimed = engine.rows(query("worker_claim_tasks"), {"queue_name": "inflight", "qty": 10,
+                                                         "worker_id": engine.worker_id, "pairs": pairs})
+    result = "output" if call == "complete" else "error"
+    items = [{"run_id": str(t["run_id"]), "step_slug": "a", "task_index": 0, "attempt": t["attempt"],
+              "worker_id": str(engine.worker_id), result: "done"} for t in claimed]
+    sends = {"complete": query("worker_complete_tasks"), "fail": query("worker_fail_tasks")}
+    return sends[call], {"results": Jsonb(items)}
+
+
+@pytest.mark.parametrize("call", ["claim", "complete", "fail"])
+@pytest.mark.parametrize("tasks", [1, 2], ids=["one task", "a batch"])
+def test_a_workers_call_in_flight_when_the_newest_migration_commits_finishes(
+    db_factory: Callable[..., str], call: str, tasks: int,
 ) -> None:
-    # the previous release's workers claim while `migrate` runs: a claim that entered the
-    # previous schema's functions before the newest migration committed runs their old bodies
-    # to the end, so every function those call must still exist when it reaches them
+    # the previous release's workers claim and complete while `migrate` runs: a call that
+    # entered the previous schema's functions before the newest migration committed runs
+    # their old bodies to the end, so every function those call must still exist then
     *_, previous, newest = migrator.discover()
     dsn = db_factory(previous.version)
     with (psycopg.connect(dsn, autocommit=True) as conn,
-          psycopg.connect(dsn, autocommit=True) as claimer,
+          psycopg.connect(dsn, autocommit=True) as worker,
           psycopg.connect(dsn, autocommit=True) as migrating,
           psycopg.connect(dsn) as holder):
         engine = Engine(conn)
-        engine.define("inflight", [("a", [], {})])
-        runs = [engine.start("inflight", {"n": n}) for n in range(messages)]
-        # the claim reads its messages, then waits for the runs' rows, which holder has locked
+        engine.define("inflight", [("a", [], {})], max_attempts=1)
+        runs = [engine.start("inflight", {"n": n}) for n in range(tasks)]
+        statement, params = _worker_call(engine, call)
+        # the call waits inside the engine's functions for the runs' rows, which holder locks
         holder.execute("select 1 from flowlane.runs where run_id = any(%s) for update", (runs,))
         with ThreadPoolExecutor(2) as pool:
-            claim = pool.submit(lambda: claimer.execute(
-                "select * from flowlane.claim_tasks('inflight', 10, %s, '[[\"inflight\", \"a\"]]'::jsonb)",
-                (uuid.uuid4(),)).fetchall())
-            while not _blocked(conn, claimer.info.backend_pid):
-                assert not claim.done(), claim.result()
+            answer = pool.submit(lambda: worker.execute(statement, params).fetchall())
+            while not _blocked(conn, worker.info.backend_pid):
+                assert not answer.done(), answer.result()
             migrated = pool.submit(migrator.migrate, migrating)
-            # a migration that needs a lock the claim holds waits for it: let the claim go on
+            # a migration that needs a lock the call holds waits for it: let the call go on
             while not migrated.done() and not _blocked(conn, migrating.info.backend_pid):
                 pass
             holder.rollback()
-            claimed = claim.result()
+            rows = answer.result()
             assert [m.version for m in migrated.result()] == [newest.version]
-        assert sorted(r[4] for r in claimed if r[0] == "claimed") == sorted(runs)
-        assert {engine.task(run, "a")["status"] for run in runs} == {"started"}
+        ended = {"claim": "started", "complete": "completed", "fail": "failed"}[call]
+        assert len(rows) == tasks
+        assert {engine.task(run, "a")["status"] for run in runs} == {ended}
