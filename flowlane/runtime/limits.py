@@ -46,19 +46,26 @@ def depth_exceeds(value: Any, limit: int = MAX_DEPTH) -> bool:
     return False
 
 
+# one encoder for every output: json.dumps with an option builds a new one per call
+_ENCODER = json.JSONEncoder(allow_nan=False)
+_TOO_DEEP = f"handler returned JSON nested deeper than {MAX_DEPTH} levels (the limit)"
+
+
 def check_output(output: Any) -> str | None:
-    """None when a handler's ``output`` can be stored, else why not."""
-    if depth_exceeds(output):
-        return f"handler returned JSON nested deeper than {MAX_DEPTH} levels (the limit)"
+    """None when a handler's ``output`` can be stored, else why not (too deep a nesting
+    first, whatever else is wrong with it)."""
     try:
-        text = json.dumps(output, allow_nan=False)
+        text = _ENCODER.encode(output)
     except (TypeError, ValueError, RecursionError) as exc:
-        return f"handler returned a value that is not JSON-serialisable: {exc}"
+        return _TOO_DEEP if depth_exceeds(output) else (
+            f"handler returned a value that is not JSON-serialisable: {exc}")
+    # each level of nesting opens a bracket: only a text with more of them needs the walk
+    if text.count("[") + text.count("{") > MAX_DEPTH and depth_exceeds(output):
+        return _TOO_DEEP
     if "\\u0000" in text:
         return "handler returned a string containing \\u0000, which PostgreSQL jsonb cannot store"
-    size = len(text.encode())
-    if size > MAX_BYTES:
-        return f"handler returned {size} bytes of JSON, more than the limit of {MAX_BYTES} bytes"
+    if len(text) > MAX_BYTES:  # ASCII (the encoder escapes the rest): a character is a byte
+        return f"handler returned {len(text)} bytes of JSON, more than the limit of {MAX_BYTES} bytes"
     return None
 
 

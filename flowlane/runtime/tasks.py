@@ -12,6 +12,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from flowlane.compiler import contracts
@@ -43,9 +44,9 @@ class ClaimedTask:
     msg_id: int
     deadline: datetime | None = None  # when the run has to be finished (the flow's deadline)
 
-    @property
+    @cached_property  # a task logs it two or three times (started, finished, its handler's log)
     def fields(self) -> dict[str, Any]:
-        """Identifiers for log lines (never the payload)."""
+        """Identifiers for log lines (never the payload); read-only."""
         return {
             "run_id": self.run_id,
             "flow": self.flow_slug,

@@ -606,7 +606,7 @@ class Worker:
             worker_id=self.worker_id,
             shutdown=self._shutdown,
             log=logging.LoggerAdapter(
-                logging.getLogger(f"flowlane.handler.{task.flow_slug}"), task.fields
+                logging.getLogger(f"flowlane.handler.{task.flow_slug}"), dict(task.fields)
             ),
             deadline=task.deadline,
         )
