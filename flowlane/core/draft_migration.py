@@ -6,7 +6,9 @@
 Two scratch databases are built, one by the migrations and one from the engine source
 (``flowlane/core/engine``), and compared. Functions are drafted: a changed or new one as
 its source text (``create or replace function``), a removed one as ``drop function``, one
-whose arguments (types, names or defaults) or result changed as a drop and a create.
+whose arguments (types, names or defaults) or result changed as a drop and a create. A
+dropped signature that other functions of the migrated schema call is flagged with their
+names: a call in flight when the migration commits runs their old bodies, which call it.
 Every other difference (tables, columns, constraints, indexes, views, types, triggers,
 comments) is flagged in the draft as a comment with the two ``pg_dump`` texts, for a
 person to write: the tool never writes ``alter table``. Review the draft, run ``--check``
@@ -53,6 +55,8 @@ class Difference:
 
     created: list[str] = field(default_factory=list)  # function names, new or changed
     dropped: list[str] = field(default_factory=list)  # identities
+    # dropped identity -> the functions of the migrated schema whose bodies call it by name
+    called_by: dict[str, list[str]] = field(default_factory=dict)
     flagged: dict[str, tuple[str, str]] = field(default_factory=dict)  # object title -> (migrated, source)
 
     @property
@@ -85,6 +89,8 @@ def difference(migrated_dsn: str, source_dsn: str) -> Difference:
         replaced = new.get(identity)
         if replaced is None or (replaced.arguments, replaced.result) != (function.arguments, function.result):
             result.dropped.append(identity)
+    result.called_by = {identity: callers for identity in result.dropped
+                        if (callers := _callers(old, identity))}
     for identity, function in new.items():
         before = old.get(identity)
         if before is None or before.definition != function.definition or identity in result.dropped:
@@ -100,7 +106,12 @@ def draft(difference: Difference, name: str, version: str, source_dir: Path | No
     parts = [(f"-- flowlane SQL Core {version}: {name.replace('_', ' ')}.\n"
               "-- Drafted by `python -m flowlane.core.draft_migration` from the engine source; "
               "reviewed by a person.\n-- (Say here what changes and why.)")]
-    parts += [f"drop function {identity};" for identity in difference.dropped]
+    for identity in difference.dropped:
+        if identity in difference.called_by:
+            parts.append(f"{FLAG} {identity} is called by {', '.join(difference.called_by[identity])}: a call"
+                         " in flight when this migration commits runs their old bodies to the end and"
+                         " fails without it; keep the signature (CONTRIBUTING, rules for migrations)")
+        parts.append(f"drop function {identity};")
     for function in sorted((f for f in difference.created if f in sources), key=order.index):
         parts.append(_create_or_replace(sources[function]))
     for function in sorted(f for f in difference.created if f not in sources):
@@ -113,6 +124,14 @@ def draft(difference: Difference, name: str, version: str, source_dir: Path | No
 
 def next_version() -> str:
     return f"{int(migrator.discover()[-1].version) + 1:04d}"
+
+
+def _callers(functions: dict[str, Function], identity: str) -> list[str]:
+    """The other functions whose bodies call the one ``identity`` names (by name: any signature)."""
+    name = functions[identity].name
+    call = re.compile(rf"\bflowlane\.{re.escape(name)}\s*\(")
+    return sorted(caller for caller, function in functions.items()
+                  if function.name != name and call.search(function.definition))
 
 
 def _functions(dsn: str) -> dict[str, Function]:

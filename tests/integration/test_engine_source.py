@@ -77,6 +77,24 @@ def test_a_changed_function_is_drafted_and_the_draft_brings_the_migrations_to_th
     assert schema_dump.dump(migrated) == schema_dump.dump(built)
 
 
+def test_a_dropped_signature_that_other_functions_call_is_flagged_with_its_callers(
+    db_factory: Callable[..., str], source_copy: Path,
+) -> None:
+    # a call in flight when the migration commits runs the callers' old bodies, which still
+    # call the old signature
+    hide = "function flowlane._hide_claimed(p_claimed flowlane.step_tasks[], p_read_vt int"
+    _edit(source_copy / "05_claim.sql", f"{hide})", f"{hide}, p_note text = null)")
+    found = draft_migration.difference(db_factory(), _built_from_source(db_factory, source_copy))
+    old = "flowlane._hide_claimed(flowlane.step_tasks[],integer)"
+    assert found.dropped == [old]
+    assert found.called_by == {old: [
+        "flowlane._claim_one(text,bigint,uuid,text[],text[],integer,timestamp with time zone)",
+        "flowlane._start_tasks(text,bigint[],uuid,text[],text[],integer,timestamp with time zone)"]}
+    text = draft_migration.draft(found, "hide_note", "0099", source_copy)
+    assert (f"{draft_migration.FLAG} {old} is called by flowlane._claim_one(") in text
+    assert text.index(draft_migration.FLAG) < text.index(f"drop function {old};")
+
+
 def test_a_function_the_source_writes_at_run_time_is_flagged_with_what_writes_it(
     db_factory: Callable[..., str], source_copy: Path,
 ) -> None:
