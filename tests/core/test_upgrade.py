@@ -398,12 +398,11 @@ def _blocked(watcher: psycopg.Connection[Any], pid: int) -> bool:
 
 def _worker_call(engine: Engine, call: str) -> tuple[str, dict[str, Any]]:
     """The worker's query for ``call`` over the queue's tasks, and its parameters."""
-    pairs = Jsonb([["inflight", "a"]])
+    claim = query("worker_claim_tasks"), {"queue_name": "inflight", "qty": 10,
+                                          "worker_id": engine.worker_id, "pairs": Jsonb([["inflight", "a"]])}
     if call == "claim":
-        return query("worker_claim_tasks"), {"queue_name": "inflight", "qty": 10,
-                                              "worker_id": engine.worker_id, "pairs": pairs}
-    claimed = engine.rows(query("worker_claim_tasks"), {"queue_name": "inflight", "qty": 10,
-                                                         "worker_id": engine.worker_id, "pairs": pairs})
+        return claim
+    claimed = engine.rows(*claim)
     result = "output" if call == "complete" else "error"
     items = [{"run_id": str(t["run_id"]), "step_slug": "a", "task_index": 0, "attempt": t["attempt"],
               "worker_id": str(engine.worker_id), result: "done"} for t in claimed]
