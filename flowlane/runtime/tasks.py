@@ -200,15 +200,12 @@ Outcome = tuple[asyncio.Future[Any], Any, BaseException | None]  # a handler's, 
 
 
 class HandlerThreads:
-    """Daemon threads for sync handlers: at most one per handler slot, started as the
-    handlers running at once need them, and kept.
+    """A fixed set of daemon threads for sync handlers (one per handler slot).
 
     Daemon threads, not a ``ThreadPoolExecutor``: a handler abandoned at
     shutdown must never keep the process alive (its task is left to stalled
-    recovery). Kept, not one per task: starting a thread blocks the event loop
-    until the new thread is scheduled. Started on demand, not all at once: a
-    worker whose handlers are ``async def`` starts none, and a large
-    ``max_concurrent`` costs the threads its busiest moment used.
+    recovery). Started once: starting a thread per task blocks the event loop
+    until the new thread is scheduled.
 
     Finished handlers wake the loop once per burst, not once per task: a
     thread queues its outcome and schedules ``_settle_done`` only when none is
@@ -221,34 +218,26 @@ class HandlerThreads:
         # outcomes waiting for their loop, per loop: present while a _settle_done is scheduled
         self._settling: dict[asyncio.AbstractEventLoop, list[Outcome]] = {}
         self._lock = threading.Lock()
-        self._size = size
-        self._threads: list[threading.Thread] = []
-        self._spare = 0  # threads free to take a job, less the jobs queued (under _lock)
+        self._threads = [
+            threading.Thread(target=self._work, name=f"flowlane-handler-{i}", daemon=True)
+            for i in range(size)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, func: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        thread = None
-        with self._lock:
-            self._spare -= 1
-            if self._spare < 0 and len(self._threads) < self._size:  # every thread is busy
-                name = f"flowlane-handler-{len(self._threads)}"
-                thread = threading.Thread(target=self._work, name=name, daemon=True)
-                self._threads.append(thread)  # free once it asks for its first job
         self._jobs.put((loop, future, func, args))
-        if thread is not None:
-            thread.start()
         return future
 
     def close(self) -> None:
         """Let idle threads exit; busy (abandoned) ones end with the process."""
-        with self._lock:
-            started = len(self._threads)
-        for _ in range(started):
+        for _ in self._threads:
             self._jobs.put(None)
 
     def _work(self) -> None:
-        while (job := self._next_job()) is not None:
+        while (job := self._jobs.get()) is not None:
             loop, future, func, args = job
             value: Any = None
             error: BaseException | None = None
@@ -263,12 +252,6 @@ class HandlerThreads:
             except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt in a handler
                 error = HandlerCrashed(describe(exc))
             self._queue_outcome(loop, (future, value, error))
-
-    def _next_job(self) -> tuple[Any, ...] | None:
-        """The next job (None: exit); a thread asking for one is free again."""
-        with self._lock:
-            self._spare += 1
-        return self._jobs.get()
 
     def _queue_outcome(self, loop: asyncio.AbstractEventLoop, outcome: Outcome) -> None:
         with self._lock:

@@ -301,45 +301,6 @@ def test_handler_threads_run_sync_handlers_side_by_side() -> None:
     assert all(name.startswith("flowlane-handler-") for _, name in results)
 
 
-def test_handler_threads_start_as_the_handlers_running_at_once_need_them() -> None:
-    threads = HandlerThreads(4)
-    running, most = 0, 0
-    counting = threading.Lock()
-
-    def handler(together: threading.Barrier | None) -> str:
-        nonlocal running, most
-        with counting:
-            running += 1
-            most = max(most, running)
-        if together is not None:
-            together.wait()  # breaks unless its parties run at once
-        with counting:
-            running -= 1
-        return threading.current_thread().name
-
-    async def at_once(waits: list[threading.Barrier | None]) -> list[str]:
-        return list(await asyncio.gather(*(threads.submit(handler, w) for w in waits)))
-
-    async def one_by_one(count: int) -> list[str]:
-        return [await threads.submit(handler, None) for _ in range(count)]
-
-    try:
-        assert threads._threads == []  # none before a sync handler runs
-        three = threading.Barrier(3, timeout=30)
-        _in_loop(lambda: at_once([three] * 3))
-        assert len(threads._threads) == 3
-        _in_loop(lambda: one_by_one(5))  # the threads are kept for the next handlers
-        assert len(threads._threads) == 3
-        four = threading.Barrier(4, timeout=30)
-        most = 0
-        # six at once on four slots: the first four run together, the last two after them
-        names = _in_loop(lambda: at_once([four] * 4 + [None] * 2))
-    finally:
-        threads.close()
-    assert len(threads._threads) == 4 and most == 4
-    assert len(set(names)) == 4 and all(name.startswith("flowlane-handler-") for name in names)
-
-
 def test_handler_threads_carry_errors_to_the_loop() -> None:
     threads = HandlerThreads(1)
 
