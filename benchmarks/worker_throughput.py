@@ -31,7 +31,8 @@ to head, interleaved with the raw PGMQ figures in the same run. Measured:
    time on an idle worker, with PGMQ insert notifications on (--samples) and
    off (--samples-off; polling fallback: read_with_poll, 100 ms interval):
    p50 / p95 / p99; with --before, one idle worker per version, their samples
-   alternating.
+   alternating. Between samples the worker idles 100-200 ms (uniformly drawn),
+   so that starts land anywhere in a polling worker's interval.
 
 Every measurement runs on a new database cloned from its version's template
 (migrated, benchmark flows applied) and dropped afterwards: the tables a
@@ -47,6 +48,7 @@ import json
 import math
 import multiprocessing
 import os
+import random
 import shlex
 import statistics
 import subprocess
@@ -69,6 +71,7 @@ from flowlane.core import db  # noqa: E402
 FLOWS = REPO / "benchmarks" / "flows"
 RAW_QUEUE = "bench_raw"
 TICK = os.sysconf("SC_CLK_TCK")
+POLL_INTERVAL = 0.1  # seconds: read_with_poll's interval, a worker's without notifications
 SLOTS = 8  # handler slots of the one worker, and raw consumers, of the slots case
 MIGRATE = (
     "import sys, psycopg; from flowlane.core import migrator; "
@@ -283,7 +286,12 @@ def start_runs(conn: psycopg.Connection[Any], n: int, per_call: int = 1, flow: s
 
 
 def has_start_flows(conn: psycopg.Connection[Any]) -> bool:
-    query = b"select to_regprocedure('flowlane.start_flows(text, jsonb[])') is not null"
+    """Whether the version has the batched start, by name: later versions added arguments
+    with defaults (start_at, priority), which the benchmark's two-argument call leaves out."""
+    query = (
+        b"select exists (select 1 from pg_proc where proname = 'start_flows'"
+        b" and pronamespace = 'flowlane'::regnamespace)"
+    )
     row = conn.execute(query).fetchone()
     return bool(row and row[0])
 
@@ -379,7 +387,10 @@ def latency(
         for _ in range(samples):
             for name, conn in conns.items():
                 delays[name].append(_pickup(conn))
-                time.sleep(0.1)  # idle gap: the worker is back in its wait when the next run starts
+                # idle gap: the worker is back in its wait when the next run starts; its random
+                # part spreads the starts over a polling worker's 100 ms interval (a fixed gap
+                # of 100 ms started each run at the same point of it, late)
+                time.sleep(0.1 + random.uniform(0, POLL_INTERVAL))
     finally:
         for conn in conns.values():
             conn.close()
