@@ -65,13 +65,14 @@ import psycopg
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.engine_throughput import scalar as engine_scalar  # noqa: E402
+from flowlane import defaults  # noqa: E402
 from flowlane.compiler import compile_project, load_project  # noqa: E402
 from flowlane.core import db  # noqa: E402
 
 FLOWS = REPO / "benchmarks" / "flows"
 RAW_QUEUE = "bench_raw"
 TICK = os.sysconf("SC_CLK_TCK")
-POLL_INTERVAL = 0.1  # seconds: read_with_poll's interval, a worker's without notifications
 SLOTS = 8  # handler slots of the one worker, and raw consumers, of the slots case
 MIGRATE = (
     "import sys, psycopg; from flowlane.core import migrator; "
@@ -288,12 +289,7 @@ def start_runs(conn: psycopg.Connection[Any], n: int, per_call: int = 1, flow: s
 def has_start_flows(conn: psycopg.Connection[Any]) -> bool:
     """Whether the version has the batched start, by name: later versions added arguments
     with defaults (start_at, priority), which the benchmark's two-argument call leaves out."""
-    query = (
-        b"select exists (select 1 from pg_proc where proname = 'start_flows'"
-        b" and pronamespace = 'flowlane'::regnamespace)"
-    )
-    row = conn.execute(query).fetchone()
-    return bool(row and row[0])
+    return bool(engine_scalar(conn, "has_function", name="start_flows"))
 
 
 def wait_drained(conn: psycopg.Connection[Any]) -> None:
@@ -388,9 +384,9 @@ def latency(
             for name, conn in conns.items():
                 delays[name].append(_pickup(conn))
                 # idle gap: the worker is back in its wait when the next run starts; its random
-                # part spreads the starts over a polling worker's 100 ms interval (a fixed gap
-                # of 100 ms started each run at the same point of it, late)
-                time.sleep(0.1 + random.uniform(0, POLL_INTERVAL))
+                # part spreads the starts over a polling worker's interval (a fixed gap as long
+                # as the interval started each run at the same point of it, late)
+                time.sleep(0.1 + random.uniform(0, defaults.READ_POLL_MS / 1000))
     finally:
         for conn in conns.values():
             conn.close()

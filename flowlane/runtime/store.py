@@ -15,6 +15,7 @@ from psycopg.types.json import set_json_loads
 from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from flowlane import defaults
 from flowlane.core.queries import query
 from flowlane.runtime import log
 from flowlane.runtime.limits import safe_loads
@@ -239,7 +240,7 @@ class Store:
                 vt=vt,
                 qty=qty,
                 max_poll_seconds=poll_seconds,
-                poll_interval_ms=100,
+                poll_interval_ms=defaults.READ_POLL_MS,
             )
         return [int(r["msg_id"]) for r in rows]
 
