@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import math
-import re
 import shutil
 import statistics
 import subprocess
@@ -33,7 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, LiteralString
+from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import psycopg
@@ -41,24 +40,13 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.engine_throughput import load_queries  # noqa: E402
 from flowlane.app.console import encode_cursor  # noqa: E402
 from flowlane.compiler import load_project  # noqa: E402
 from flowlane.compiler.compiled import render_project  # noqa: E402
 from flowlane.core import db, migrator  # noqa: E402
 
-_HEADER = re.compile(r"^-- name: (?P<name>[a-z_]+)\s*$", re.MULTILINE)
-
-
-def load_queries() -> dict[str, LiteralString]:
-    text = Path(__file__).with_suffix(".sql").read_text(encoding="utf-8")
-    headers = list(_HEADER.finditer(text))
-    return {
-        h["name"]: text[h.end(): (n.start() if n else len(text))].strip()  # type: ignore[misc]
-        for h, n in zip(headers, [*headers[1:], None], strict=True)
-    }
-
-
-Q = load_queries()
+Q = load_queries(Path(__file__).with_suffix(".sql"))
 
 
 def seed(conn: psycopg.Connection[Any], runs: int) -> float:

@@ -32,7 +32,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -49,22 +48,17 @@ from psycopg.types.json import Jsonb
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flowlane.core import db, migrator
+from flowlane.core.queries import named_blocks
 
-_HEADER = re.compile(r"^-- name: (?P<name>[a-z_]+)\s*$", re.MULTILINE)
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def load_queries() -> dict[str, LiteralString]:
-    text = Path(__file__).with_suffix(".sql").read_text(encoding="utf-8")
-    headers = list(_HEADER.finditer(text))
-    queries = {}
-    for header, following in zip(headers, [*headers[1:], None], strict=True):
-        end = following.start() if following else len(text)
-        queries[header["name"]] = text[header.end() : end].strip()
-    return queries
+def load_queries(path: Path) -> dict[str, LiteralString]:
+    """A benchmark's named statements, in the package's format (the .sql file beside it)."""
+    return dict(named_blocks(path.read_text(encoding="utf-8")))
 
 
-Q = load_queries()
+Q = load_queries(Path(__file__).with_suffix(".sql"))
 Conn = psycopg.Connection[Any]
 
 

@@ -15,20 +15,25 @@ from typing import LiteralString
 _HEADER = re.compile(r"^-- name: (?P<name>[a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 
 
+def named_blocks(text: str) -> list[tuple[str, str]]:
+    """The (name, query) blocks of a file in this format, in their order."""
+    headers = list(_HEADER.finditer(text))
+    return [
+        (header["name"], text[header.end() : following.start() if following else len(text)].strip())
+        for header, following in zip(headers, [*headers[1:], None], strict=True)
+    ]
+
+
 @functools.cache
 def _load() -> dict[str, str]:
     found: dict[str, str] = {}
     for entry in sorted(resources.files("flowlane.core.sql").iterdir(), key=lambda e: e.name):
         if not entry.name.endswith(".sql"):
             continue
-        text = entry.read_text(encoding="utf-8")
-        headers = list(_HEADER.finditer(text))
-        for header, following in zip(headers, [*headers[1:], None], strict=True):
-            end = following.start() if following else len(text)
-            name = header["name"]
+        for name, text in named_blocks(entry.read_text(encoding="utf-8")):
             if name in found:
                 raise RuntimeError(f"query {name!r} is defined twice")
-            found[name] = text[header.end() : end].strip()
+            found[name] = text
     return found
 
 
