@@ -4,7 +4,7 @@
 
 One embedded PostgreSQL with pg_stat_statements, two databases: `before` migrated to
 --before, `after` to head. In each, --runs one-step runs are queued, then drained by one loop
-of claim_tasks + complete_tasks (batches of 50, like a worker's poller and flusher on one
+of claim_tasks + complete_tasks (batches of --batch, 50 by default, like a worker's poller and flusher on one
 connection), with pg_stat_statements.track = all. Printed per database: tasks/s, the backend's
 CPU per task (/proc), statements per task (nested ones included) and the --top statements by
 server time per task, with their calls per task. A warm-up drain of the same size runs first,
@@ -40,8 +40,8 @@ order by total_exec_time desc
 """
 
 
-def profile(conn: Conn, runs: int, top: int) -> None:
-    driver = Driver(conn, True, 50, 10)
+def profile(conn: Conn, runs: int, top: int, batch: int) -> None:
+    driver = Driver(conn, True, batch, 10)
     for measured in (False, True):
         driver.start("bench_one", runs)
         if measured:
@@ -67,6 +67,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3000, help="one-step runs queued, then drained")
     parser.add_argument("--before", default="0012", help="the migration the 'before' database stops at")
+    parser.add_argument("--batch", type=int, default=50, help="tasks per claim and per completion")
     parser.add_argument("--top", type=int, default=15, help="statements listed per database")
     args = parser.parse_args()
     with statements_server("flowlane-profile-") as admin:
@@ -76,7 +77,7 @@ def main() -> int:
                 print(
                     f"{version} (migrations {scalar(conn, 'migration_versions')}), {args.runs} queued runs:"
                 )
-                profile(conn, args.runs, args.top)
+                profile(conn, args.runs, args.top, args.batch)
     return 0
 
 
