@@ -1,14 +1,14 @@
 """Where a worker's loop spends the server's time: pg_stat_statements per statement, before and after.
 
-    python benchmarks/statement_profile.py [--runs 3000] [--before 0012] [--top 15]
+    python benchmarks/statement_profile.py [--runs 3000] [--before 0012] [--batch 50] [--top 15]
 
 One embedded PostgreSQL with pg_stat_statements, two databases: `before` migrated to
 --before, `after` to head. In each, --runs one-step runs are queued, then drained by one loop
 of claim_tasks + complete_tasks (batches of --batch, 50 by default, like a worker's poller
-and flusher on one connection), with pg_stat_statements.track = all. Printed per database: tasks/s, the backend's
-CPU per task (/proc), statements per task (nested ones included) and the --top statements by
-server time per task, with their calls per task. A warm-up drain of the same size runs first,
-so that plans and caches are made outside the measurement.
+and flusher on one connection), with pg_stat_statements.track = all. Printed per database:
+tasks/s, the backend's CPU per task (/proc), statements per task (nested ones included) and
+the --top statements by server time per task, with their calls per task. A warm-up drain of
+the same size runs first, so that plans and caches are made outside the measurement.
 """
 
 from __future__ import annotations
