@@ -91,7 +91,7 @@ def test_sigkill_mid_task_is_recovered_by_a_worker(
     assert state["run"]["status"] == "completed"
     (hold,) = tasks(state, "hold")
     assert hold["attempts_count"] == 2 and hold["requeued_count"] == 1
-    assert "stalled_tasks_requeued" in survivor.text()
+    wait_until(lambda: "stalled_tasks_requeued" in survivor.text(), message="the requeue's log line")
     assert (tmp_path / "record.log").read_text().count(run_id) == 1
 
 
