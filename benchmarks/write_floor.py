@@ -11,7 +11,8 @@ rounds, each round starting with the next one; a first round warms them up unmea
   bare         the same runs; the rows their tasks change written by plain statements, in the
                same two transactions per batch (write_floor.sql): pgmq.read and the tasks
                started; then the tasks completed, pgmq.archive, the step states and the runs
-               completed. No fencing, locks, classification, run input, successors or
+               completed, with the settings the engine's functions run with (enable_seqscan
+               and jit off). No fencing, locks, classification, run input, successors or
                returned rows: what the tables' writes cost (indexes, row rules, triggers)
   bare, no triggers   the same with session_replication_role = replica: the tables'
                triggers (leases, flow control's, the run-finished notification) and foreign
@@ -79,6 +80,8 @@ def engine(conn: Conn, tasks: int, batch: int) -> dict[str, int]:
 def bare(conn: Conn, tasks: int, batch: int, triggers: bool) -> dict[str, int]:
     Driver(conn, True, batch, 0).start("bench_one", tasks)
     conn.execute(b"set session_replication_role = " + (b"origin" if triggers else b"replica"))
+    # the settings the engine's functions run with, which the triggers they fire inherit
+    conn.execute(b"set enable_seqscan = off; set jit = off")
     timed, worker, done = Timed(conn), uuid.uuid4(), 0
     while True:
         with conn.transaction():
@@ -93,7 +96,7 @@ def bare(conn: Conn, tasks: int, batch: int, triggers: bool) -> dict[str, int]:
             timed.run("step completed", BARE["step_completed"], runs=runs)
             timed.run("run completed", BARE["run_completed"], runs=runs)
         done += len(runs)
-    conn.execute(b"set session_replication_role = origin")
+    conn.execute(b"reset session_replication_role; reset enable_seqscan; reset jit")
     assert done == tasks
     return {**timed.spent, "total": sum(timed.spent.values())}
 
