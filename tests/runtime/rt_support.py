@@ -82,6 +82,11 @@ class WorkerProcess:
     def text(self) -> str:
         return self.log.read_text()
 
+    def wait_logged(self, event: str, message: str) -> None:
+        """Wait until the worker's log holds ``event``: a line the worker writes once a
+        database call returns can come after that call's commit is visible to the test."""
+        wait_until(lambda: event in self.text(), message=message)
+
     def wait_ready(self, timeout: float = 60.0) -> WorkerProcess:
         def ready() -> bool:
             if self.proc.poll() is not None:

@@ -83,7 +83,7 @@ def test_cancel_during_a_running_handler(flows_dsn: str, spawn: Spawn, tmp_path:
     assert queue_depth(flows_dsn, "rt_slow") == 0
 
     (tmp_path / "release").write_text("")
-    wait_until(lambda: "result_rejected" in worker.text(), message="late completion rejected")
+    worker.wait_logged("result_rejected", "late completion rejected")
     with Client(flows_dsn) as client:
         state = client.get_run(run_id)
     assert state["run"]["status"] == "cancelled"

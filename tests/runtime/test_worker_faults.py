@@ -37,7 +37,7 @@ def test_sigterm_lets_the_running_handler_finish(
     run_id = start_run(flows_dsn, "rt_slow", {"dir": str(tmp_path)})
     wait_until(_started(tmp_path, run_id, 1), message="hold to start")
     worker.signal(signal.SIGTERM)
-    wait_until(lambda: "worker_stopping" in worker.text(), message="the worker to begin stopping")
+    worker.wait_logged("worker_stopping", "the worker to begin stopping")
     (tmp_path / "release").touch()
     assert worker.wait(30) == 0
     log = worker.text()
@@ -91,7 +91,7 @@ def test_sigkill_mid_task_is_recovered_by_a_worker(
     assert state["run"]["status"] == "completed"
     (hold,) = tasks(state, "hold")
     assert hold["attempts_count"] == 2 and hold["requeued_count"] == 1
-    wait_until(lambda: "stalled_tasks_requeued" in survivor.text(), message="the requeue's log line")
+    survivor.wait_logged("stalled_tasks_requeued", "the requeue's log line")
     assert (tmp_path / "record.log").read_text().count(run_id) == 1
 
 
@@ -111,7 +111,7 @@ def test_stale_completion_is_rejected(flows_dsn: str, spawn: Spawn, tmp_path: Pa
     completed_at = hold["completed_at"]
 
     (tmp_path / "release").touch()  # attempt 1 returns now, far too late
-    wait_until(lambda: "result_rejected" in slow.text(), message="the stale result to be rejected")
+    slow.wait_logged("result_rejected", "the stale result to be rejected")
     state = _state(flows_dsn, run_id)
     (hold,) = tasks(state, "hold")
     assert hold["output"]["attempt"] == 2 and hold["completed_at"] == completed_at

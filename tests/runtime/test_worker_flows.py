@@ -4,15 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tests.runtime.rt_support import (
-    WorkerProcess,
-    queue_depth,
-    start_run,
-    step,
-    tasks,
-    wait_run,
-    wait_until,
-)
+from tests.runtime.rt_support import WorkerProcess, queue_depth, start_run, step, tasks, wait_run
 
 Spawn = Callable[..., WorkerProcess]
 
@@ -52,8 +44,7 @@ def test_retries_until_success_with_attempt_in_context(flows_dsn: str, spawn: Sp
     (task,) = tasks(state, "flaky")
     assert task["attempts_count"] == 3
     assert task["output"] == {"succeeded_on_attempt": 3}
-    # logged once the retry's call returns, which may be after the run's end is visible
-    wait_until(lambda: "task_retry_scheduled" in worker.text(), message="the retry's log line")
+    worker.wait_logged("task_retry_scheduled", "the retry's log line")
 
 
 def test_exhausted_step_is_skipped_or_fails_the_run(flows_dsn: str, spawn: Spawn) -> None:
@@ -76,9 +67,7 @@ def test_exhausted_step_is_skipped_or_fails_the_run(flows_dsn: str, spawn: Spawn
     assert state["run"]["status"] == "failed"
     assert "boom on attempt 2" in state["run"]["error_message"]
     assert step(state, "after")["status"] != "completed"
-    # logged once the failure's call returns: the run's failure, in the same commit, can be
-    # seen first
-    wait_until(lambda: "task_exhausted" in fail.text(), message="the exhausted task's log line")
+    fail.wait_logged("task_exhausted", "the exhausted task's log line")
 
 
 def test_per_step_queues_one_worker_process_per_step(flows_dsn: str, spawn: Spawn) -> None:

@@ -21,7 +21,7 @@ Spawn = Callable[..., WorkerProcess]
 
 def test_insert_notification_wakes_an_idle_worker(flows_dsn: str, spawn: Spawn) -> None:
     worker = spawn("--flow", "rt_diamond", "--poll-interval", "600")
-    wait_until(lambda: "poller_idle" in worker.text(), message="the worker to go idle")
+    worker.wait_logged("poller_idle", "the worker to go idle")
     began = time.monotonic()
     run_id = start_run(flows_dsn, "rt_diamond", {"numbers": [1, 2]})
     state = wait_run(flows_dsn, run_id, timeout=60, workers=[worker])

@@ -35,7 +35,7 @@ def test_a_resumed_zombie_changes_nothing(
     finally:
         zombie.signal(signal.SIGCONT)
     (tmp_path / "release").touch()  # the zombie's handler returns (or raises) now
-    wait_until(lambda: "result_rejected" in zombie.text(), message="the zombie's late result")
+    zombie.wait_logged("result_rejected", "the zombie's late result")
     after = rt_support.run_state(flows_dsn, run_id)
     assert after == state  # outputs, statuses, attempts: exactly what the live worker left
     assert rt_support.tasks(after, "hold")[0]["output"]["attempt"] == 2
