@@ -111,13 +111,26 @@ def _no_durability(conn: psycopg.Connection[Any]) -> None:
     conn.execute("select pg_reload_conf()")
 
 
+MEMORY_DIR = Path("/dev/shm")
+MEMORY_DIR_ROOM = 4 << 30  # bytes free that the servers' data directories may take
+
+
+def _servers_tmp_root() -> Path | None:
+    """Where the tests' PostgreSQL servers keep their data: in memory when the machine has a
+    tmpfs with room, else the system's temporary directory. On a disk, the writes of a
+    database per test wait for the disk: a clone of the migrated template took 130-510 ms
+    on one machine, 15-30 ms in memory (the suite's speed, not its meaning)."""
+    usable = MEMORY_DIR.is_dir() and os.access(MEMORY_DIR, os.W_OK)
+    return MEMORY_DIR if usable and shutil.disk_usage(MEMORY_DIR).free >= MEMORY_DIR_ROOM else None
+
+
 def reachable_tmp_dir(prefix: str) -> Path:
     """A new private directory (0711) that the embedded server's account can walk into.
 
     Run as root, the embedded PostgreSQL runs as another account and flowlane never
     opens up directories it does not own; pytest's ``tmp_path`` is under a 0700 basetemp.
     """
-    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=_servers_tmp_root()))
     path.chmod(0o711)
     return path
 
