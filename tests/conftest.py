@@ -117,9 +117,9 @@ MEMORY_DIR_ROOM = 4 << 30  # bytes free that the servers' data directories may t
 
 def _servers_tmp_root() -> Path | None:
     """Where the tests' PostgreSQL servers keep their data: in memory (``/dev/shm``) when it
-    has room, else the system's temporary directory. On a disk, the writes of a database per
-    test wait for the disk: a clone of the migrated template took 131-510 ms
-    on one machine, 14-32 ms in memory (the suite's speed, not its meaning)."""
+    has room, else the system's temporary directory. On a disk, creating a database per test
+    waits for the disk's writes, even with fsync off (CONTRIBUTING has the figures); the
+    suite's speed, not its meaning."""
     usable = MEMORY_DIR.is_dir() and os.access(MEMORY_DIR, os.W_OK)
     return MEMORY_DIR if usable and shutil.disk_usage(MEMORY_DIR).free >= MEMORY_DIR_ROOM else None
 
