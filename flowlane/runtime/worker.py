@@ -102,6 +102,9 @@ MAX_POLL_WINDOW = 2  # seconds
 LEASE_INTERVAL = 2.0  # seconds
 PROGRESS_INTERVAL = 5.0  # seconds between INFO counter lines (per-task lines are DEBUG)
 FLUSHES = 2  # result commits in flight at once (the pool's fourth connection takes the second)
+# seconds a finished result waits for handlers still running to finish too, so that a burst
+# shares one commit (a lone result does not wait)
+RESULT_GATHER = 0.001
 
 
 @dataclass
@@ -636,17 +639,22 @@ class Worker:
     async def _flush_loop(self, session: Session) -> None:
         """Send what has finished at once, up to ``FLUSHES`` commits in flight: a result
         waits for about one commit, not for the commit before it as well; under load the
-        results that finish meanwhile make the next batch."""
+        results that finish meanwhile make the next batch. A result waits at most
+        ``RESULT_GATHER`` for handlers still running: handlers claimed together finish
+        together, and their results then share one call instead of one call each."""
+        loop = asyncio.get_running_loop()
         in_flight: set[asyncio.Task[None]] = set()
         try:
             while True:
                 first = await _next_result(session, in_flight)
+                gathered_by = loop.time() + RESULT_GATHER
                 while len(in_flight) >= FLUSHES:  # both commits in flight: the results wait
                     full = asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                     await _settle_flushes(in_flight, full)
                 batch = [first]
                 while not session.results.empty():
                     batch.append(session.results.get_nowait())
+                await _gather_running(session, batch, gathered_by)
                 items = [item for item in batch if item is not None]
                 if items:
                     in_flight.add(asyncio.create_task(self._flush(session, items)))
@@ -800,6 +808,26 @@ async def _settle_flushes(in_flight: set[asyncio.Task[None]], waiting: Awaitable
         in_flight.discard(flush)
         flush.result()
     return set(done)
+
+
+async def _gather_running(session: Session, batch: list[Pending | None], until: float) -> None:
+    """Add to ``batch`` the results of the handlers still running that finish before ``until``
+    (loop time)."""
+    loop = asyncio.get_running_loop()
+    while None not in batch and any(held.running for held in session.held.values()):
+        left = until - loop.time()
+        if left <= 0:
+            return
+        getter = asyncio.ensure_future(session.results.get())
+        try:
+            await asyncio.wait({getter}, timeout=left)
+        finally:
+            getter.cancel()  # a no-op once it has its item
+        if not getter.done() or getter.cancelled():
+            return
+        batch.append(getter.result())
+        while not session.results.empty():
+            batch.append(session.results.get_nowait())
 
 
 async def _next_result(session: Session, in_flight: set[asyncio.Task[None]]) -> Pending | None:

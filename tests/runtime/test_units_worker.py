@@ -25,6 +25,7 @@ from flowlane import defaults, errors
 from flowlane.cli import build_parser, main
 from flowlane.cli.worker import worker_config
 from flowlane.compiler import WorkerDoc, project_from_text
+from flowlane.runtime import worker as worker_module
 from flowlane.runtime.backoff import JITTER, Backoff
 from flowlane.runtime.config import WorkerConfig
 from flowlane.runtime.results import Counters, ResultSender
@@ -734,6 +735,87 @@ def test_a_result_commits_while_an_earlier_commit_is_still_in_flight() -> None:
         await flusher
         assert [len(items) for _, items in store.calls] == [1, 1]
         assert session.counters.completed == 2
+
+    _in_loop(body)
+
+
+def _running_handlers(session: Session, count: int) -> list[Held]:
+    """``count`` handlers that hold a slot and still run (their tasks' indexes 0..count-1)."""
+    loop = asyncio.get_running_loop()
+    helds = [Held(_task(i), 0.0) for i in range(count)]
+    for held in helds:
+        session.held[loop.create_future()] = held  # type: ignore[index]
+    return helds
+
+
+def _finish(session: Session, held: Held) -> asyncio.Future[None]:
+    """The handler of ``held`` returns: its result goes to the flusher."""
+    held.running = False
+    committed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    session.results.put_nowait((TaskResult(held.task, ok=True, output=held.task.task_index), committed))
+    return committed
+
+
+async def _turns(n: int = 20) -> None:
+    """Let the other tasks of the loop take ``n`` turns (no time passes)."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+def test_results_of_handlers_finishing_together_share_one_commit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(worker_module, "RESULT_GATHER", 30.0)  # only turns a hang into a failure
+    worker = Worker(project_from_text(SHUTDOWN_FLOW), queue="f", handle_signals=False)
+    store = FakeStore()
+
+    async def body() -> None:
+        session = Session(None, None, ResultSender(store, WORKER), None)  # type: ignore[arg-type]
+        first, second = _running_handlers(session, 2)
+        flusher = asyncio.create_task(worker._flush_loop(session))
+        first_committed = _finish(session, first)
+        await _turns()
+        assert store.calls == []  # the other handler still runs: the result waits for it
+        second_committed = _finish(session, second)
+        await asyncio.wait_for(asyncio.gather(first_committed, second_committed), 30)
+        session.results.put_nowait(None)
+        await flusher
+        assert [[item["task_index"] for item in items] for _, items in store.calls] == [[0, 1]]
+
+    _in_loop(body)
+
+
+def test_a_result_with_no_handler_left_running_is_sent_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(worker_module, "RESULT_GATHER", 30.0)  # a wait for nothing would hang the test
+    worker = Worker(project_from_text(SHUTDOWN_FLOW), queue="f", handle_signals=False)
+    store = FakeStore()
+
+    async def body() -> None:
+        session = Session(None, None, ResultSender(store, WORKER), None)  # type: ignore[arg-type]
+        (only,) = _running_handlers(session, 1)
+        flusher = asyncio.create_task(worker._flush_loop(session))
+        await asyncio.wait_for(_finish(session, only), 30)
+        session.results.put_nowait(None)
+        await flusher
+        assert [len(items) for _, items in store.calls] == [1]
+
+    _in_loop(body)
+
+
+def test_a_result_waits_for_running_handlers_at_most_the_gather(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(worker_module, "RESULT_GATHER", 0.0)
+    worker = Worker(project_from_text(SHUTDOWN_FLOW), queue="f", handle_signals=False)
+    store = FakeStore()
+
+    async def body() -> None:
+        session = Session(None, None, ResultSender(store, WORKER), None)  # type: ignore[arg-type]
+        first, slow = _running_handlers(session, 2)
+        flusher = asyncio.create_task(worker._flush_loop(session))
+        await asyncio.wait_for(_finish(session, first), 30)
+        assert slow.running
+        assert [[item["task_index"] for item in items] for _, items in store.calls] == [[0]]
+        await asyncio.wait_for(_finish(session, slow), 30)
+        session.results.put_nowait(None)
+        await flusher
+        assert [[item["task_index"] for item in items] for _, items in store.calls] == [[0], [1]]
 
     _in_loop(body)
 
