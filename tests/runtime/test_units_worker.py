@@ -762,62 +762,56 @@ async def _turns(n: int = 20) -> None:
         await asyncio.sleep(0)
 
 
-def test_results_of_handlers_finishing_together_share_one_commit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(worker_module, "RESULT_GATHER", 30.0)  # only turns a hang into a failure
+Scenario = Callable[[Session, list[Held], FakeStore], Coroutine[Any, Any, None]]
+
+
+def _flush_calls(
+    monkeypatch: pytest.MonkeyPatch, gather: float, running: int, scenario: Scenario
+) -> list[list[int]]:
+    """Run the flusher with ``RESULT_GATHER = gather`` and ``running`` handlers still running
+    through ``scenario``, then stop it: the task indexes of each ``complete_tasks`` call."""
+    monkeypatch.setattr(worker_module, "RESULT_GATHER", gather)
     worker = Worker(project_from_text(SHUTDOWN_FLOW), queue="f", handle_signals=False)
     store = FakeStore()
 
     async def body() -> None:
         session = Session(None, None, ResultSender(store, WORKER), None)  # type: ignore[arg-type]
-        first, second = _running_handlers(session, 2)
+        helds = _running_handlers(session, running)
         flusher = asyncio.create_task(worker._flush_loop(session))
-        first_committed = _finish(session, first)
-        await _turns()
-        assert store.calls == []  # the other handler still runs: the result waits for it
-        second_committed = _finish(session, second)
-        await asyncio.wait_for(asyncio.gather(first_committed, second_committed), 30)
+        await scenario(session, helds, store)
         session.results.put_nowait(None)
         await flusher
-        assert [[item["task_index"] for item in items] for _, items in store.calls] == [[0, 1]]
 
     _in_loop(body)
+    return [[item["task_index"] for item in items] for _, items in store.calls]
+
+
+def test_results_of_handlers_finishing_together_share_one_commit(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def scenario(session: Session, helds: list[Held], store: FakeStore) -> None:
+        first = _finish(session, helds[0])
+        await _turns()
+        assert store.calls == []  # the other handler still runs: the result waits for it
+        await asyncio.wait_for(asyncio.gather(first, _finish(session, helds[1])), 30)
+
+    # a gather of 30 s: its end would only turn a hang into a failure
+    assert _flush_calls(monkeypatch, 30.0, 2, scenario) == [[0, 1]]
 
 
 def test_a_result_with_no_handler_left_running_is_sent_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(worker_module, "RESULT_GATHER", 30.0)  # a wait for nothing would hang the test
-    worker = Worker(project_from_text(SHUTDOWN_FLOW), queue="f", handle_signals=False)
-    store = FakeStore()
+    async def scenario(session: Session, helds: list[Held], store: FakeStore) -> None:
+        await asyncio.wait_for(_finish(session, helds[0]), 30)  # a wait for nothing would hang
 
-    async def body() -> None:
-        session = Session(None, None, ResultSender(store, WORKER), None)  # type: ignore[arg-type]
-        (only,) = _running_handlers(session, 1)
-        flusher = asyncio.create_task(worker._flush_loop(session))
-        await asyncio.wait_for(_finish(session, only), 30)
-        session.results.put_nowait(None)
-        await flusher
-        assert [len(items) for _, items in store.calls] == [1]
-
-    _in_loop(body)
+    assert _flush_calls(monkeypatch, 30.0, 1, scenario) == [[0]]
 
 
 def test_a_result_waits_for_running_handlers_at_most_the_gather(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(worker_module, "RESULT_GATHER", 0.0)
-    worker = Worker(project_from_text(SHUTDOWN_FLOW), queue="f", handle_signals=False)
-    store = FakeStore()
-
-    async def body() -> None:
-        session = Session(None, None, ResultSender(store, WORKER), None)  # type: ignore[arg-type]
-        first, slow = _running_handlers(session, 2)
-        flusher = asyncio.create_task(worker._flush_loop(session))
+    async def scenario(session: Session, helds: list[Held], store: FakeStore) -> None:
+        first, slow = helds
         await asyncio.wait_for(_finish(session, first), 30)
-        assert slow.running
-        assert [[item["task_index"] for item in items] for _, items in store.calls] == [[0]]
+        assert slow.running and len(store.calls) == 1  # sent without the slow handler's result
         await asyncio.wait_for(_finish(session, slow), 30)
-        session.results.put_nowait(None)
-        await flusher
-        assert [[item["task_index"] for item in items] for _, items in store.calls] == [[0], [1]]
 
-    _in_loop(body)
+    assert _flush_calls(monkeypatch, 0.0, 2, scenario) == [[0], [1]]
 
 
 def test_a_flush_that_crashes_stops_the_flusher_without_waiting_for_another_result() -> None:
