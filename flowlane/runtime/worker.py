@@ -640,7 +640,7 @@ class Worker:
         """Send what has finished at once, up to ``FLUSHES`` commits in flight: a result
         waits for about one commit, not for the commit before it as well; under load the
         results that finish meanwhile make the next batch. A result waits at most
-        ``RESULT_GATHER`` for handlers still running: handlers claimed together finish
+        ``RESULT_GATHER`` for handlers still running: handlers claimed together often finish
         together, and their results then share one call instead of one call each."""
         loop = asyncio.get_running_loop()
         in_flight: set[asyncio.Task[None]] = set()
