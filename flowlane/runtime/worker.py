@@ -102,8 +102,8 @@ MAX_POLL_WINDOW = 2  # seconds
 LEASE_INTERVAL = 2.0  # seconds
 PROGRESS_INTERVAL = 5.0  # seconds between INFO counter lines (per-task lines are DEBUG)
 FLUSHES = 2  # result commits in flight at once (the pool's fourth connection takes the second)
-# seconds a finished result waits for handlers still running to finish too, so that a burst
-# shares one commit (a lone result does not wait)
+# seconds a finished result waits for the handlers claimed with it that still run, so that
+# their results share one commit (a result with none left running does not wait)
 RESULT_GATHER = 0.001
 
 
@@ -505,8 +505,9 @@ class Worker:
                 await self._unsupported(session, claim.batch, claim.unsupported)
                 return
             parents = await self._trace_parents(session, claim.tasks)
+            claimed_at = time.monotonic()  # shared by the claim's tasks: they were claimed together
             for task in claim.tasks:
-                self._spawn(session, task, parents.get(task.run_id))
+                self._spawn(session, task, claimed_at, parents.get(task.run_id))
             if claim.rate_limited_ms is not None:
                 # the queue's rate limit allows the next start then: sleep exactly until it
                 # (a new message's notification cannot make it sooner)
@@ -591,7 +592,9 @@ class Worker:
         )
         self._request_stop()
 
-    def _spawn(self, session: Session, task: ClaimedTask, trace_parent: str | None = None) -> None:
+    def _spawn(
+        self, session: Session, task: ClaimedTask, claimed_at: float, trace_parent: str | None = None
+    ) -> None:
         session.counters.claimed += 1
         metrics.task_started(task)
         registered = session.registry.get(task.flow_slug, task.step_slug)
@@ -626,7 +629,7 @@ class Worker:
             session.results.put_nowait((result, committed))
             await committed  # the slot stays taken until the result is in the database
 
-        held = Held(task, time.monotonic())
+        held = Held(task, claimed_at)
         handle = asyncio.create_task(run_one(held))
         session.held[handle] = held
         handle.add_done_callback(session.finished)
@@ -640,8 +643,9 @@ class Worker:
         """Send what has finished at once, up to ``FLUSHES`` commits in flight: a result
         waits for about one commit, not for the commit before it as well; under load the
         results that finish meanwhile make the next batch. A result waits at most
-        ``RESULT_GATHER`` for handlers still running: handlers claimed together often finish
-        together, and their results then share one call instead of one call each."""
+        ``RESULT_GATHER`` for the handlers claimed with it that still run: handlers claimed
+        together often finish together, and their results then share one call instead of
+        one call each."""
         loop = asyncio.get_running_loop()
         in_flight: set[asyncio.Task[None]] = set()
         try:
@@ -811,10 +815,10 @@ async def _settle_flushes(in_flight: set[asyncio.Task[None]], waiting: Awaitable
 
 
 async def _gather_running(session: Session, batch: list[Pending | None], until: float) -> None:
-    """Add to ``batch`` the results of the handlers still running that finish before ``until``
-    (loop time)."""
+    """Add to ``batch`` the results that finish before ``until`` (loop time) while a handler
+    claimed with one of its tasks still runs."""
     loop = asyncio.get_running_loop()
-    while None not in batch and any(held.running for held in session.held.values()):
+    while None not in batch and _claim_mates_running(session, batch):
         left = until - loop.time()
         if left <= 0:
             return
@@ -828,6 +832,13 @@ async def _gather_running(session: Session, batch: list[Pending | None], until: 
         batch.append(getter.result())
         while not session.results.empty():
             batch.append(session.results.get_nowait())
+
+
+def _claim_mates_running(session: Session, batch: list[Pending | None]) -> bool:
+    """Whether a handler still runs that was claimed together with a task of ``batch``."""
+    tasks = {id(item[0].task) for item in batch if item is not None}
+    claims = {held.claimed_at for held in session.held.values() if id(held.task) in tasks}
+    return any(held.running and held.claimed_at in claims for held in session.held.values())
 
 
 async def _next_result(session: Session, in_flight: set[asyncio.Task[None]]) -> Pending | None:

@@ -739,10 +739,11 @@ def test_a_result_commits_while_an_earlier_commit_is_still_in_flight() -> None:
     _in_loop(body)
 
 
-def _running_handlers(session: Session, count: int) -> list[Held]:
-    """``count`` handlers that hold a slot and still run (their tasks' indexes 0..count-1)."""
+def _running_handlers(session: Session, claims: list[float]) -> list[Held]:
+    """Handlers that hold a slot and still run, claimed at ``claims`` (the same time: claimed
+    together); their tasks' indexes are their positions."""
     loop = asyncio.get_running_loop()
-    helds = [Held(_task(i), 0.0) for i in range(count)]
+    helds = [Held(_task(i), claimed_at) for i, claimed_at in enumerate(claims)]
     for held in helds:
         session.held[loop.create_future()] = held  # type: ignore[index]
     return helds
@@ -766,17 +767,18 @@ Scenario = Callable[[Session, list[Held], FakeStore], Coroutine[Any, Any, None]]
 
 
 def _flush_calls(
-    monkeypatch: pytest.MonkeyPatch, gather: float, running: int, scenario: Scenario
+    monkeypatch: pytest.MonkeyPatch, gather: float, claims: list[float], scenario: Scenario
 ) -> list[list[int]]:
-    """Run the flusher with ``RESULT_GATHER = gather`` and ``running`` handlers still running
-    through ``scenario``, then stop it: the task indexes of each ``complete_tasks`` call."""
+    """Run the flusher with ``RESULT_GATHER = gather`` and handlers still running, claimed at
+    ``claims``, through ``scenario``, then stop it: the task indexes of each
+    ``complete_tasks`` call."""
     monkeypatch.setattr(worker_module, "RESULT_GATHER", gather)
     worker = Worker(project_from_text(SHUTDOWN_FLOW), queue="f", handle_signals=False)
     store = FakeStore()
 
     async def body() -> None:
         session = Session(None, None, ResultSender(store, WORKER), None)  # type: ignore[arg-type]
-        helds = _running_handlers(session, running)
+        helds = _running_handlers(session, claims)
         flusher = asyncio.create_task(worker._flush_loop(session))
         await scenario(session, helds, store)
         session.results.put_nowait(None)
@@ -794,14 +796,14 @@ def test_results_of_handlers_finishing_together_share_one_commit(monkeypatch: py
         await asyncio.wait_for(asyncio.gather(first, _finish(session, helds[1])), 30)
 
     # a gather of 30 s: its end would only turn a hang into a failure
-    assert _flush_calls(monkeypatch, 30.0, 2, scenario) == [[0, 1]]
+    assert _flush_calls(monkeypatch, 30.0, [0.0, 0.0], scenario) == [[0, 1]]
 
 
 def test_a_result_with_no_handler_left_running_is_sent_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     async def scenario(session: Session, helds: list[Held], store: FakeStore) -> None:
         await asyncio.wait_for(_finish(session, helds[0]), 30)  # a wait for nothing would hang
 
-    assert _flush_calls(monkeypatch, 30.0, 1, scenario) == [[0]]
+    assert _flush_calls(monkeypatch, 30.0, [0.0], scenario) == [[0]]
 
 
 def test_a_result_waits_for_running_handlers_at_most_the_gather(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -811,7 +813,17 @@ def test_a_result_waits_for_running_handlers_at_most_the_gather(monkeypatch: pyt
         assert slow.running and len(store.calls) == 1  # sent without the slow handler's result
         await asyncio.wait_for(_finish(session, slow), 30)
 
-    assert _flush_calls(monkeypatch, 0.0, 2, scenario) == [[0], [1]]
+    assert _flush_calls(monkeypatch, 0.0, [0.0, 0.0], scenario) == [[0], [1]]
+
+
+def test_a_result_does_not_wait_for_handlers_of_another_claim(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def scenario(session: Session, helds: list[Held], store: FakeStore) -> None:
+        first, other = helds
+        await asyncio.wait_for(_finish(session, first), 30)  # a wait for the other would hang
+        assert other.running and len(store.calls) == 1
+        await asyncio.wait_for(_finish(session, other), 30)
+
+    assert _flush_calls(monkeypatch, 30.0, [0.0, 1.0], scenario) == [[0], [1]]
 
 
 def test_a_flush_that_crashes_stops_the_flusher_without_waiting_for_another_result() -> None:
