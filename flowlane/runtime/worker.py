@@ -837,8 +837,14 @@ async def _gather_running(session: Session, batch: list[Pending | None], until: 
 def _claim_mates_running(session: Session, batch: list[Pending | None]) -> bool:
     """Whether a handler still runs that was claimed together with a task of ``batch``."""
     tasks = {id(item[0].task) for item in batch if item is not None}
-    claims = {held.claimed_at for held in session.held.values() if id(held.task) in tasks}
-    return any(held.running and held.claimed_at in claims for held in session.held.values())
+    claims: set[float] = set()
+    running: set[float] = set()
+    for held in session.held.values():
+        if id(held.task) in tasks:
+            claims.add(held.claimed_at)
+        elif held.running:
+            running.add(held.claimed_at)
+    return not claims.isdisjoint(running)
 
 
 async def _next_result(session: Session, in_flight: set[asyncio.Task[None]]) -> Pending | None:
