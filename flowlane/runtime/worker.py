@@ -656,9 +656,7 @@ class Worker:
                     full = asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                     await _settle_flushes(in_flight, full)
                 batch = [first]
-                while not session.results.empty():
-                    batch.append(session.results.get_nowait())
-                await _gather_running(session, batch, gathered_by)
+                await _gather_results(session, batch, gathered_by)
                 items = [item for item in batch if item is not None]
                 if items:
                     in_flight.add(asyncio.create_task(self._flush(session, items)))
@@ -814,13 +812,15 @@ async def _settle_flushes(in_flight: set[asyncio.Task[None]], waiting: Awaitable
     return set(done)
 
 
-async def _gather_running(session: Session, batch: list[Pending | None], until: float) -> None:
-    """Add to ``batch`` the results that finish before ``until`` (loop time) while a handler
-    claimed with one of its tasks still runs."""
+async def _gather_results(session: Session, batch: list[Pending | None], until: float) -> None:
+    """Add to ``batch`` the results already queued, then those that finish before ``until``
+    (loop time) while a handler claimed with one of its tasks still runs."""
     loop = asyncio.get_running_loop()
-    while None not in batch and _claim_mates_running(session, batch):
+    while True:
+        while not session.results.empty():
+            batch.append(session.results.get_nowait())
         left = until - loop.time()
-        if left <= 0:
+        if None in batch or left <= 0 or not _claim_mates_running(session, batch):
             return
         getter = asyncio.ensure_future(session.results.get())
         try:
@@ -830,8 +830,6 @@ async def _gather_running(session: Session, batch: list[Pending | None], until: 
         if not getter.done() or getter.cancelled():
             return
         batch.append(getter.result())
-        while not session.results.empty():
-            batch.append(session.results.get_nowait())
 
 
 def _claim_mates_running(session: Session, batch: list[Pending | None]) -> bool:
