@@ -1,13 +1,16 @@
 """End-to-end worker throughput and pickup latency, next to raw PGMQ on the same database.
 
     PYTHONPATH=. python benchmarks/worker_throughput.py [--tasks 2000] [--dsn DSN]
-        [--before DIR] [--worker-args "--batch-size 50 ..."]
+        [--before DIR] [--worker-args "--batch-size 50 ..."] [--after-sql FILE ...]
 
 Without --dsn it starts a throwaway embedded PostgreSQL. With --before DIR (a
 checkout of an older flowlane, e.g. `git archive main | tar -x -C DIR`) the
 flowlane columns are measured for both: workers from DIR on a database
 migrated by DIR's migrations, and workers from this checkout on one migrated
-to head, interleaved with the raw PGMQ figures in the same run. Measured:
+to head, interleaved with the raw PGMQ figures in the same run. --after-sql FILE
+(repeatable) runs FILE on this checkout's database after its migrations: a
+schema experiment (an index or trigger dropped, say) measured against the
+same code without it, before anyone writes it as a migration. Measured:
 
 1. end to end: one producer sends N messages (raw PGMQ, one pgmq.send per
    transaction) or starts N one-step runs while 1 / 4 consumer processes
@@ -56,7 +59,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,8 +98,9 @@ def admin_server(dsn: str | None, prefix: str) -> Iterator[tuple[str, Path | Non
         db.EmbeddedDatabase.stop_at(pgdata)
 
 
-def template_database(admin_dsn: str, repo: Path) -> str:
-    """A database migrated by ``repo``'s migrations, with the benchmark flows applied."""
+def template_database(admin_dsn: str, repo: Path, experiments: Sequence[Path] = ()) -> str:
+    """A database migrated by ``repo``'s migrations, then changed by the ``experiments``' SQL,
+    with the benchmark flows applied."""
     name = f"flowlane_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(f'create database "{name}"'.encode())
@@ -104,6 +108,8 @@ def template_database(admin_dsn: str, repo: Path) -> str:
     # cwd too: "python -c" puts the working directory ahead of PYTHONPATH
     subprocess.run([sys.executable, "-c", MIGRATE, dsn], check=True, env=_env(repo), cwd=repo)
     with psycopg.connect(dsn, autocommit=True) as conn:
+        for experiment in experiments:
+            conn.execute(experiment.read_bytes())
         for path, text in sorted(compile_project(load_project([FLOWS])).items()):
             if path.startswith("flows/"):
                 conn.execute(text.encode())
@@ -306,11 +312,11 @@ def wait_drained(conn: psycopg.Connection[Any]) -> None:
 class Engine:
     """One flowlane version: its code (workers) and a database migrated by it."""
 
-    def __init__(self, admin: str, repo: Path, extra: list[str]) -> None:
+    def __init__(self, admin: str, repo: Path, extra: list[str], experiments: list[Path]) -> None:
         self.admin = admin
         self.repo = repo
         self.extra = extra
-        self.template = template_database(admin, repo)
+        self.template = template_database(admin, repo, experiments)
         with psycopg.connect(self.template) as conn:
             self.batched_starts = has_start_flows(conn)
 
@@ -424,9 +430,9 @@ class Bench:
         self.args = args
         self.admin = admin
         self.cpu = cpu
-        self.engines = {"after": Engine(admin, REPO, shlex.split(args.worker_args))}
+        self.engines = {"after": Engine(admin, REPO, shlex.split(args.worker_args), args.after_sql)}
         if args.before:
-            self.engines = {"before": Engine(admin, args.before.resolve(), []), **self.engines}
+            self.engines = {"before": Engine(admin, args.before.resolve(), [], []), **self.engines}
         self.names = list(self.engines)
         self.q = args.raw_batch
 
@@ -569,6 +575,10 @@ def main() -> None:
     parser.add_argument("--raw-batch", type=int, default=50, help="raw PGMQ batched read size")
     parser.add_argument("--before", type=Path, help="a checkout of an older flowlane to compare")
     parser.add_argument("--worker-args", default="", help="extra arguments for this checkout's workers")
+    parser.add_argument(
+        "--after-sql", type=Path, action="append", default=[], metavar="FILE",
+        help="SQL run on this checkout's database after its migrations (repeatable)",
+    )
     parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--skip-end-to-end", action="store_true")
     parser.add_argument("--skip-drain", action="store_true")
@@ -576,11 +586,15 @@ def main() -> None:
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    for path in args.after_sql:
+        if not path.is_file():
+            parser.error(f"--after-sql {path}: no such file")
     with admin_server(args.dsn, "flowlane-bench-") as (admin, pgdata):
         bench = Bench(args, admin, ServerCpu(pgdata))
         print(
             f"tasks per measurement: {args.tasks}; cpus: {os.cpu_count()}; "
             f"after's worker arguments: {args.worker_args or '(defaults)'}"
+            + "".join(f"; after's database: {path}" for path in args.after_sql)
         )
         if not args.skip_end_to_end:
             bench.end_to_end()
