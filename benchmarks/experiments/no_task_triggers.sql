@@ -1,5 +1,5 @@
 -- An experiment for worker_throughput.py --after-sql, never a migration: what a task would
--- cost if its claim and completion fired none of the triggers that the leases' leave
+-- cost if its claim and completion fired no trigger but the leases' three
 -- (no_lease_rows.sql drops those). Flow control's freed slots, the attempts' history, the
 -- finished runs' notifications and child flows stop working on a database changed by it.
 drop trigger step_tasks_slots_freed on flowlane.step_tasks;
