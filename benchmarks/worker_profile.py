@@ -4,9 +4,10 @@
 
 Starts a throwaway embedded PostgreSQL and one real worker process (`flowlane worker`, the
 benchmarks' no-op handler, default limits), attaches `py-spy record --gil` to it, commits
---tasks one-step runs in one transaction and waits until they are drained. Printed: the
-drain's tasks/s and the worker's CPU per task (both slowed by the sampling, which stops the
-process to read its stack), then the --top frames by the share of samples spent in them
+--tasks one-step runs in one transaction and waits until they are drained, measured as
+worker_throughput.py measures a drain. Printed: the drain's tasks/s and the server's and the
+worker's CPU per task (all changed by the sampling, which stops the process to read its
+stack), then the --top frames by the share of samples spent in them
 (inclusive; the entry point and the event loop, in nearly every sample, left out) and in
 their own code (self). Only samples that hold the GIL are taken: the time the worker spends
 in Python, not waiting on the database.
@@ -24,21 +25,18 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-
-import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.worker_throughput import (
     REPO,
+    ServerCpu,
     Workers,
     admin_server,
     fresh_database,
-    start_runs,
     template_database,
-    wait_drained,
+    timed_drain,
 )
 
 LINE_NUMBER = re.compile(r":\d+\)$")
@@ -54,9 +52,11 @@ def py_spy() -> str:
     return found
 
 
-def profile_drain(dsn: str, tasks: int, rate: int, samples: Path) -> tuple[float, float]:
-    """(tasks/s, the worker's CPU ms per task) of one worker draining ``tasks`` runs under
-    py-spy, whose raw samples go to ``samples``."""
+def profile_drain(
+    dsn: str, tasks: int, rate: int, cpu: ServerCpu, samples: Path
+) -> tuple[float, float | None, float]:
+    """worker_throughput.py's drain of one worker (tasks/s, server and worker CPU ms per
+    task) under py-spy, whose raw samples go to ``samples``."""
     pool = Workers(dsn, 1)
     try:
         spy = subprocess.Popen(
@@ -65,21 +65,14 @@ def profile_drain(dsn: str, tasks: int, rate: int, samples: Path) -> tuple[float
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            cpu_before = pool.cpu_seconds()
-            with conn.transaction():
-                start_runs(conn, tasks, per_call=100)
-            started = time.perf_counter()
-            wait_drained(conn)
-            elapsed = time.perf_counter() - started
-            cpu = pool.cpu_seconds() - cpu_before
+        drained = timed_drain(dsn, pool, tasks, 100, cpu)
         spy.send_signal(signal.SIGINT)
         _, err = spy.communicate(timeout=60)
         if not samples.exists():
             raise SystemExit(f"py-spy wrote no samples:\n{err.decode(errors='replace')}")
     finally:
         pool.stop()
-    return tasks / elapsed, 1000 * cpu / tasks
+    return drained
 
 
 def shares(samples: Path) -> tuple[int, collections.Counter[str], collections.Counter[str]]:
@@ -121,14 +114,15 @@ def main() -> int:
     py_spy()  # before a server starts: a missing tool is the first thing said
     with (
         tempfile.TemporaryDirectory(prefix="flowlane-profile-") as folder,
-        admin_server(None, "flowlane-profile-") as (admin, _),
+        admin_server(None, "flowlane-profile-") as (admin, pgdata),
         fresh_database(admin, template_database(admin, REPO)) as dsn,
     ):
         samples = Path(folder) / "samples.txt"
-        rate, cpu_ms = profile_drain(dsn, args.tasks, args.rate, samples)
+        rate, server_ms, worker_ms = profile_drain(dsn, args.tasks, args.rate, ServerCpu(pgdata), samples)
         total, inclusive, own = shares(samples)
-    print(f"one worker drained {args.tasks} one-step runs at {rate:.0f} tasks/s, "
-          f"worker CPU {cpu_ms:.3f} ms/task (both under py-spy); {total} samples holding the GIL")
+    print(f"one worker drained {args.tasks} one-step runs at {rate:.0f} tasks/s, CPU per task: "
+          f"server {server_ms:.3f} ms, worker {worker_ms:.3f} ms (all under py-spy); "
+          f"{total} samples holding the GIL")
     report(total, inclusive, args.top, "inclusive (a frame and what it calls)")
     report(total, own, args.top, "self (a frame's own code)")
     return 0
