@@ -1,14 +1,20 @@
 """Apply the SQL Core migrations in order, each in its own transaction.
 
-Migrations are ``flowlane/core/migrations/NNNN_name.sql``. Applied ones are
-recorded with their sha256 in ``flowlane.schema_migrations``; a recorded
-migration whose file changed is refused, except for an opening comment reworded after
-release (``_REWORDED``). A session advisory lock serialises concurrent ``migrate`` calls.
+Migrations are ``flowlane/core/migrations/NNNN_name.sql``; ``released.json`` beside them
+records the checksum of every migration a release shipped, by release (a released migration
+never changes). Each release adds one migration; the one that no release lists yet is
+pending: it is drafted again from the engine source until its release.
+
+Applied migrations are recorded with their sha256 in ``flowlane.schema_migrations``. A
+database that recorded a migration this flowlane does not ship as it was applied was built
+by a development build: it is refused before anything runs. A session advisory lock
+serialises concurrent ``migrate`` calls.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,25 +30,11 @@ from flowlane.core.queries import query
 
 _FILENAME = re.compile(r"^(?P<version>[0-9]{4})_(?P<name>[a-z0-9_]+)\.sql$")
 
-# Migrations whose opening comment was reworded after databases recorded them: version ->
-# (the digest recorded for the earlier text, the digest of the statements both texts share).
-# The earlier digest stays valid only while the statements are byte for byte the same.
-_REWORDED: dict[str, tuple[str, str]] = {
-    "0010": ("f58feec04888aeacdc1c1eeb8e3c82f45f4e9b487ed83a9fb8473aedbd4ea28b",
-             "16a6a932c253a93a666eb41e22373edf20cabaae2ab6118c1637cac47a2a3d7d"),
-}
-
-
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def statements_of(sql: str) -> str:
-    """A migration's text after its opening comment block: what it runs."""
-    lines = sql.splitlines(keepends=True)
-    first = next((i for i, line in enumerate(lines)
-                  if line.strip() and not line.lstrip().startswith("--")), len(lines))
-    return "".join(lines[first:])
+RELEASED = "released.json"
 
 
 @dataclass(frozen=True)
@@ -50,6 +42,7 @@ class Migration:
     version: str
     name: str
     sql: str
+    release: str | None = None  # the release that shipped it; None while it is pending
 
     @property
     def filename(self) -> str:
@@ -59,12 +52,9 @@ class Migration:
     def checksum(self) -> str:
         return _sha256(self.sql)
 
-    def matches(self, recorded_checksum: str) -> bool:
-        """Whether a database that recorded this digest applied this migration's statements."""
-        if recorded_checksum == self.checksum:
-            return True
-        earlier, statements = _REWORDED.get(self.version, (None, None))
-        return recorded_checksum == earlier and _sha256(statements_of(self.sql)) == statements
+    def applied_as(self, name: str, checksum: str) -> bool:
+        """Whether a database that recorded ``name`` and ``checksum`` applied this file."""
+        return name == self.name and checksum == self.checksum
 
 
 @dataclass(frozen=True)
@@ -80,21 +70,21 @@ class MigrationState:
         return self.applied_at is not None
 
     @property
-    def modified(self) -> bool:
-        return (
-            self.migration is not None
-            and self.recorded_checksum is not None
-            and not self.migration.matches(self.recorded_checksum)
-        )
+    def foreign(self) -> bool:
+        """Applied, but not as this flowlane ships it: a development build applied it."""
+        return self.applied and (self.migration is None or not self.migration.applied_as(
+            self.name, self.recorded_checksum or ""))
 
 
 def discover() -> list[Migration]:
     """Every migration shipped with the package, in version order."""
+    release_of = {filename: release for release, files in released().items() for filename in files}
     found = []
     for entry in resources.files("flowlane.core.migrations").iterdir():
         match = _FILENAME.match(entry.name)
         if match:
-            found.append(Migration(match["version"], match["name"], entry.read_text("utf-8")))
+            found.append(Migration(match["version"], match["name"], entry.read_text("utf-8"),
+                                   release_of.get(entry.name)))
         elif entry.name.endswith(".sql"):
             raise errors.MigrationError(f"badly named migration file {entry.name}",
                                         hint="name migrations NNNN_lower_snake_name.sql")
@@ -103,6 +93,18 @@ def discover() -> list[Migration]:
     if len(set(versions)) != len(versions):
         raise errors.MigrationError(f"duplicate migration versions in {versions}")
     return found
+
+
+def released() -> dict[str, dict[str, str]]:
+    """The released migrations' checksums (``released.json``): release -> file name -> sha256."""
+    text = resources.files("flowlane.core.migrations").joinpath(RELEASED).read_text("utf-8")
+    manifest: dict[str, dict[str, str]] = json.loads(text)
+    return manifest
+
+
+def pending() -> Migration | None:
+    """The migration no release has shipped yet, if there is one."""
+    return next((m for m in discover() if m.release is None), None)
 
 
 def ensure_pgmq(conn: psycopg.Connection[Any]) -> str | None:
@@ -132,7 +134,7 @@ def status(conn: psycopg.Connection[Any]) -> list[MigrationState]:
     states = []
     for migration in discover():
         row = recorded.pop(migration.version, None)
-        states.append(MigrationState(migration, migration.version, migration.name,
+        states.append(MigrationState(migration, migration.version, row["name"] if row else migration.name,
                                      row["applied_at"] if row else None,
                                      row["checksum"] if row else None))
     for version, row in sorted(recorded.items()):
@@ -181,7 +183,11 @@ def roles_applied(conn: psycopg.Connection[Any]) -> bool:
 def _apply_pending(conn: psycopg.Connection[Any], available: Sequence[Migration],
                    to: str | None) -> list[Migration]:
     recorded = _recorded(conn)
-    _refuse_modified(available, recorded)
+    by_version = {m.version: m for m in available}
+    foreign = [f"{version}_{row['name']}" for version, row in sorted(recorded.items())
+               if (m := by_version.get(version)) is None or not m.applied_as(row["name"], row["checksum"])]
+    if foreign:
+        raise development_build(foreign)
     applied = []
     for migration in available:
         if to is not None and migration.version > to:
@@ -231,16 +237,32 @@ def _raise_failed(migration: Migration, exc: psycopg.Error) -> NoReturn:
     ) from exc
 
 
-def _refuse_modified(available: Sequence[Migration], recorded: dict[str, Any]) -> None:
-    for migration in available:
-        row = recorded.get(migration.version)
-        if row and not migration.matches(row["checksum"]):
-            raise errors.MigrationError(
-                f"migration {migration.filename} was applied with checksum "
-                f"{row['checksum'][:12]} but the file now has {migration.checksum[:12]}",
-                hint="never edit an applied migration: restore the file and add a new "
-                "migration with the change (see CONTRIBUTING.md, 'Migrations')",
-            )
+def development_build(foreign: Sequence[str]) -> errors.MigrationError:
+    """The refusal of a database that applied ``foreign``, migrations no release ships as applied."""
+    return errors.MigrationError(
+        "this database was built by a development build of flowlane: it applied "
+        f"{', '.join(foreign)}, which no release of flowlane ships as it was applied, so no "
+        "migration can bring it up to date",
+        hint="a development database: `flowlane db reset --yes` drops its flows, runs and "
+        "queues and migrates it again (then `flowlane apply`); a database whose runs you need: "
+        "restore the backup taken before that build, or migrate a new database and start "
+        "the runs there")
+
+
+def reset(conn: psycopg.Connection[Any]) -> list[Migration]:
+    """Drop schemas ``flowlane`` and ``pgmq`` with everything in them, then migrate again;
+    the roles are set up again where they were."""
+    if not conn.autocommit:
+        raise errors.UsageError("reset needs an autocommit connection")
+    roles = roles_applied(conn)
+    with db.wrap_errors("resetting the database"):
+        conn.execute(query("migrate_lock"))
+        try:
+            with conn.transaction():
+                conn.execute(query("drop_flowlane_and_pgmq"))
+        finally:
+            conn.execute(query("migrate_unlock"))
+    return migrate(conn, roles=roles)
 
 
 def _recorded(conn: psycopg.Connection[Any]) -> dict[str, Any]:

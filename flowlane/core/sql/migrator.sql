@@ -45,3 +45,8 @@ select p.oid::regprocedure::text as identity, p.proname::text as name,
 from pg_proc p
 where p.pronamespace = 'flowlane'::regnamespace
 order by 1
+
+-- name: drop_flowlane_and_pgmq
+drop schema if exists flowlane cascade;
+drop extension if exists pgmq cascade;
+drop schema if exists pgmq cascade
