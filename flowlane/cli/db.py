@@ -36,6 +36,11 @@ def configure(subparsers: Any) -> None:
     status = commands.add_parser("status", help="list applied and pending core migrations")
     add_dsn_argument(status)
     status.set_defaults(func=cmd_status)
+    reset = commands.add_parser(
+        "reset", help="drop every flow, run and queue of a development database and migrate it again")
+    add_dsn_argument(reset)
+    reset.add_argument("--yes", action="store_true", help="confirm: the database's runs are lost")
+    reset.set_defaults(func=cmd_reset)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -46,8 +51,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     url = embedded.up()
     print(f"embedded PostgreSQL {'already running' if was_running else 'started'}: {url}")
     with db.connect(url, autocommit=True) as conn:
-        pending = [s for s in migrator.status(conn) if not s.applied]
-    if pending:
+        states = migrator.status(conn)
+    pending = [s for s in states if not s.applied]
+    if foreign := [f"{s.version}_{s.name}" for s in states if s.foreign]:
+        _print_error(migrator.development_build(foreign))
+    elif pending:
         print(f"{len(pending)} core migration(s) pending; next: `flowlane db migrate`")
     else:
         print("core migrations are up to date; next: `flowlane apply`")
@@ -101,15 +109,39 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"database: {db.redact(target.dsn)} ({target.source})")
     pending = 0
     for state in states:
-        if state.migration is None:
-            label = "applied, file missing from this flowlane"
-        elif state.modified:
-            label = "applied, FILE CHANGED since"
+        if state.foreign:
+            label = "applied by a development build: no release ships it"
         elif state.applied:
             label = f"applied {state.applied_at:%Y-%m-%d %H:%M:%S%z}"
         else:
             label = "pending"
             pending += 1
         print(f"  {state.version}_{state.name:<24} {label}")
+    if foreign := [f"{s.version}_{s.name}" for s in states if s.foreign]:
+        _print_error(migrator.development_build(foreign))
+        return 1
     print(f"{pending} pending" if pending else "up to date")
-    return 1 if any(s.modified for s in states) else 0
+    return 0
+
+
+def cmd_reset(args: argparse.Namespace) -> int:
+    from flowlane import errors
+    from flowlane.core import db, migrator
+
+    target = db.resolve(args.dsn)
+    if not args.yes:
+        raise errors.UsageError(
+            f"flowlane db reset drops every flow, run and queue in {db.redact(target.dsn)}",
+            hint="run it again with --yes where that is what you want (a development database)")
+    with db.connect(target, autocommit=True) as conn:
+        applied = migrator.reset(conn)
+    print(f"dropped schemas flowlane and pgmq; applied {len(applied)} migration(s); next: `flowlane apply`")
+    return 0
+
+
+def _print_error(error: Exception) -> None:
+    from flowlane import errors
+
+    print(f"error: {error}")
+    if isinstance(error, errors.FlowlaneError) and error.hint:
+        print(f"hint: {error.hint}")

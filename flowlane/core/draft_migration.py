@@ -120,7 +120,8 @@ def draft(difference: Difference, name: str, version: str, source_dir: Path | No
               "-- Drafted by `python -m flowlane.core.draft_migration` from the engine source; "
               "reviewed by a person.\n-- (Say here what changes and why.)")
     flags = [_flag(title, migrated, source) for title, (migrated, source) in difference.flagged.items()]
-    return "\n\n".join([header, BEFORE, DRAFTED, drafted_functions(difference, source_dir), AFTER, *flags]) + "\n"
+    functions = drafted_functions(difference, source_dir)
+    return "\n\n".join([header, BEFORE, DRAFTED, functions, AFTER, *flags]) + "\n"
 
 
 def redraft(text: str, difference: Difference, source_dir: Path | None = None) -> str:
@@ -141,7 +142,8 @@ def drafted_functions(difference: Difference, source_dir: Path | None = None) ->
     parts = ["set local check_function_bodies = off;"]
     for identity in difference.dropped:
         if identity in difference.called_by:
-            parts.append(f"{REVIEW} {identity} is called by {', '.join(difference.called_by[identity])}: a call"
+            callers = ", ".join(difference.called_by[identity])
+            parts.append(f"{REVIEW} {identity} is called by {callers}: a call"
                          " in flight when this migration commits runs their old bodies to the end and"
                          " fails without it; keep the signature while the previous release's workers"
                          " may call them (CONTRIBUTING, rules for migrations)")

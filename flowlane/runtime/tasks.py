@@ -22,7 +22,7 @@ from flowlane.runtime.limits import check_output, undecodable_field
 from flowlane.runtime.registry import Registered
 
 MAX_ERROR_CHARS = 4000
-MAX_TRACEBACK_CHARS = 16000  # the attempt history's bound (0007_run_operations.sql)
+MAX_TRACEBACK_CHARS = 16000  # the attempt history's bound (task_attempts_bounded)
 LOGGED_MESSAGE_CHARS = 200
 # the error type of an output that breaks its step's output_schema: the SQL Core never retries it
 OUTPUT_CONTRACT_VIOLATION = "OutputContractViolation"

@@ -1,4 +1,4 @@
-"""Migration 0003_aliases: set_alias, alias history, resolve_flow, one slug namespace."""
+"""Aliases: set_alias, alias history, resolve_flow, one slug namespace."""
 
 from __future__ import annotations
 

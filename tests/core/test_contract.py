@@ -72,7 +72,7 @@ EXPECTED = {
     ),
     "requeue_stalled_tasks": ("", "integer"),
     "resolve_flow": ("flow_slug_or_alias text", "text"),
-    # 0003_aliases
+    # aliases
     "set_alias": (
         "alias text, flow_slug text, draining text[] DEFAULT '{}'::text[]",
         "flowlane.aliases",
@@ -100,7 +100,7 @@ EXPECTED = {
         "queue_name text, msg_ids bigint[], worker_id uuid, supported_pairs jsonb",
         "SETOF flowlane.claim_record",
     ),
-    # 0005_shared_queues
+    # shared queues and worker deployments
     "adopt_queue": ("queue_name text", "flowlane.queues"),
     "begin_rollout": ("deployments text[]", "flowlane.rollouts"),
     "coverage": (
@@ -122,7 +122,7 @@ EXPECTED = {
         "flowlane.worker_deployments",
     ),
     "verify_flow": ("flow_slug text, shape jsonb", "jsonb"),
-    # 0007_run_operations
+    # run operations
     "cancel_run": ("run_id uuid, reason text DEFAULT NULL::text", "flowlane.runs"),
     "fail_task_detailed": (
         (
@@ -138,7 +138,7 @@ EXPECTED = {
     "signal": ("run_id uuid, step_slug text, payload jsonb DEFAULT '{}'::jsonb", "flowlane.signals"),
     "expire_waits": ("p_now timestamp with time zone DEFAULT now()", "integer"),
     "retry_run": ("run_id uuid", "flowlane.runs"),
-    # 0018_retention_metrics_traces
+    # retention, metrics and traces
     "prune_runs": (
         (
             "p_now timestamp with time zone DEFAULT now(), p_flows text[] DEFAULT NULL::text[], "
@@ -167,12 +167,12 @@ EXPECTED = {
         "run_ids uuid[]",
         "TABLE(run_id uuid, trace_parent text)",
     ),
-    # 0019_queue_depth
+    # queue depth
     "queue_depth": (
         "p_queue text",
         "bigint",
     ),
-    # 0021_data_contracts
+    # data contracts
     "set_contract": (
         "flow_slug text, step_slug text, schema jsonb",
         "void",
@@ -185,10 +185,10 @@ EXPECTED = {
         "",
         "text[]",
     ),
-    # 0024_single_results_and_run_listeners
+    # single results and run listeners
     "listen_run_finished": ("", "void"),
     "unlisten_run_finished": ("", "void"),
-    # 0020_time
+    # time
     "maintenance_tick": ("p_now timestamp with time zone DEFAULT now()", "jsonb"),
     "run_deadline": ("run_id uuid", "timestamp with time zone"),
     "set_schedule": (
@@ -207,7 +207,7 @@ EXPECTED = {
     "set_schedule_paused": (
         "schedule_name text, paused boolean, reason text DEFAULT NULL::text", "flowlane.schedules"),
     "trigger_schedule": ("schedule_name text, input jsonb DEFAULT NULL::jsonb", "flowlane.runs"),
-    # 0025_flow_control
+    # flow control
     "set_queue_limits": (
         "queue_name text, concurrency integer, rate_limit integer, rate_per integer",
         "flowlane.queue_limits",

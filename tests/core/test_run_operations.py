@@ -240,10 +240,10 @@ def test_a_run_ended_while_nobody_listens_is_read_by_the_next_listener(
         assert listener.execute("select pg_listening_channels()").fetchall() == []
 
 
-def test_upgrade_to_0007_keeps_runs_and_lets_old_failures_be_retried(
+def test_the_upgrade_from_the_original_core_keeps_runs_and_lets_old_failures_be_retried(
     db_factory: Callable[..., str],
 ) -> None:
-    with psycopg.connect(db_factory("0005"), autocommit=True) as conn:
+    with psycopg.connect(db_factory("0002"), autocommit=True) as conn:
         engine = Engine(conn)
         engine.define("f", [("a", [], {"max_attempts": 1}), ("b", ["a"], {})])
         failed = engine.start("f", {})
@@ -251,11 +251,11 @@ def test_upgrade_to_0007_keeps_runs_and_lets_old_failures_be_retried(
         engine.fail(task, "before the upgrade")
         running = engine.start("f", {})
         [claimed] = engine.claim("f")
-        assert [m.version for m in migrator.migrate(conn, to="0007")][-1] == "0007"
+        assert [m.version for m in migrator.migrate(conn)] == ["0003"]
 
         assert engine.run(failed)["status"] == "failed"
         assert engine.run(running)["status"] == "started"
-        assert _attempts(engine, failed) == []  # history starts with 0007
+        assert _attempts(engine, failed) == []  # the attempt history starts with the upgrade
         engine.complete(claimed, "a")  # an in-flight claim completes across the upgrade
         engine.drive("f", lambda t: "b")
         assert engine.run(running)["status"] == "completed"

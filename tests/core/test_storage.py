@@ -29,8 +29,8 @@ def test_a_new_queue_table_is_tuned_when_its_step_is_added(engine: Engine) -> No
         assert "autovacuum_vacuum_scale_factor=0.02" in reloptions(engine.conn, table)
 
 
-def test_queues_from_before_0010_are_tuned_by_the_upgrade(db_factory: Callable[..., str]) -> None:
-    with psycopg.connect(db_factory("0007"), autocommit=True) as conn:
+def test_queues_of_the_original_core_are_tuned_by_the_upgrade(db_factory: Callable[..., str]) -> None:
+    with psycopg.connect(db_factory("0002"), autocommit=True) as conn:
         Engine(conn).define("older", [("one", [], {})])
         assert reloptions(conn, "pgmq.q_older") == set()
         migrator.migrate(conn)
@@ -44,7 +44,7 @@ def _xact_updates(engine: Engine, table: str) -> dict[str, int]:
 
 
 def test_a_claim_updates_step_tasks_in_place_and_leases_the_tasks(engine: Engine) -> None:
-    # 0011: no index covers what a claim changes, and fillfactor 50 leaves each row about
+    # no index covers what a claim changes, and fillfactor 50 leaves each row about
     # its own size free on its page: a claim is a HOT update (no new index entries) unless
     # the page ran out of room (a claimed row is 24 bytes longer: started_at, worker id)
     assert "fillfactor=50" in reloptions(engine.conn, "flowlane.step_tasks")
@@ -54,7 +54,7 @@ def test_a_claim_updates_step_tasks_in_place_and_leases_the_tasks(engine: Engine
         claimed = engine.claim("hot")
         counts = _xact_updates(engine, "flowlane.step_tasks")
     assert {t["run_id"] for t in claimed} == runs
-    assert counts["updated"] == 40 and counts["hot"] >= 30, counts  # before 0011: 0
+    assert counts["updated"] == 40 and counts["hot"] >= 30, counts  # with an index on status: 0
     leased = engine.rows("select run_id from flowlane.task_leases")
     assert {r["run_id"] for r in leased} == runs
     for task in claimed:

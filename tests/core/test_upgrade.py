@@ -1,28 +1,28 @@
-"""Upgrade from 0001 to head: backfill, in-flight runs, and the null message-id preflight."""
+"""Upgrades of the original core (0001, 0002) to this release: backfills, runs in flight, and
+the original core's preflight of message ids."""
 
 from __future__ import annotations
 
 import re
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.types.json import Jsonb
 
 from flowlane import errors
 from flowlane.core import migrator
-from flowlane.core.queries import query
 from tests.core.engine import Engine, assert_invariants
 
 REPAIR_DOC = Path(__file__).resolve().parents[2] / "docs" / "upgrade-repair.md"
 
 
 def populate_0001(engine: Engine) -> dict[str, Any]:
-    """Flows and runs in every state on a 0001 database."""
+    """Flows and runs in every state on a database of the original core (0001 or 0002)."""
+    by_flow = engine.scalar("select to_regclass('flowlane.queues') is null")  # 0001 claims by flow
+    flow_slug = "Orders" if by_flow else None
     engine.define(
         "Orders",
         [("fetch", [], {}), ("items", ["fetch"], {"step_type": "map"}), ("total", ["items"], {})],
@@ -32,7 +32,7 @@ def populate_0001(engine: Engine) -> dict[str, Any]:
     # completed run
     runs["done"] = engine.start("Orders", {"n": 0})
     engine.drive(
-        "orders", lambda t: [1, 2] if t["step_slug"] == "fetch" else t["input"], flow_slug="Orders"
+        "orders", lambda t: [1, 2] if t["step_slug"] == "fetch" else t["input"], flow_slug=flow_slug
     )
     # failed run
     runs["failed"] = engine.start("mail", {})
@@ -40,9 +40,9 @@ def populate_0001(engine: Engine) -> dict[str, Any]:
     engine.fail(send)
     # active runs: one mid-map with a started task, one untouched
     runs["active"] = engine.start("Orders", {"n": 1})
-    [fetch] = engine.claim("orders", flow_slug="Orders")
+    [fetch] = engine.claim("orders", flow_slug=flow_slug)
     engine.complete(fetch, [10, 20, 30])
-    items = engine.claim("orders", qty=2, flow_slug="Orders")
+    items = engine.claim("orders", qty=2, flow_slug=flow_slug)
     engine.complete(items[0], 11)
     runs["started_task"] = items[1]
     runs["fresh"] = engine.start("Orders", {"n": 2})
@@ -246,96 +246,127 @@ def test_upgrade_preflight_rejects_duplicate_message_identities(
         assert snapshot(engine) == before
 
 
-def test_upgrade_to_0006_ends_permanently_stalled_runs_and_converts_notifications(
+def _claimed_long_ago(engine: Engine, run_id: uuid.UUID, seconds: int) -> None:
+    """Backdate a task the original core started (it has no lease columns to clear)."""
+    engine.conn.execute(
+        "update flowlane.step_tasks set started_at = now() - make_interval(secs => %s), "
+        "queued_at = now() - make_interval(secs => %s) where run_id = %s", (seconds, seconds, run_id))
+
+
+def test_runs_in_flight_on_the_original_core_finish_after_the_upgrade(
     db_factory: Callable[..., str],
 ) -> None:
-    # 0001-0005: the fourth stall archived the message and left the task started forever
-    dsn = db_factory("0004")
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(db_factory("0002"), autocommit=True) as conn:
+        engine = Engine(conn)
+        runs = populate_0001(engine)
+        engine.define("retrying", [("a", [], {"max_attempts": 3})])
+        retrying = engine.start("retrying", {})
+        [first] = engine.claim("retrying")
+        engine.fail(first, "first attempt")
+        ended = ("status", "output", "started_at", "completed_at", "failed_at")
+        terminal = {key: {c: engine.run(runs[key])[c] for c in ended} for key in ("done", "failed")}
+        tasks_before = engine.scalar("select count(*) from flowlane.step_tasks")
+
+        assert [m.version for m in migrator.migrate(conn)] == ["0003"]
+
+        assert_invariants(engine)
+        assert engine.scalar("select count(*) from flowlane.step_tasks") == tasks_before
+        assert engine.scalar("select count(*) from flowlane.task_leases") == 1  # the started map task
+        assert {key: {c: engine.run(runs[key])[c] for c in ended} for key in ("done", "failed")} == terminal
+        assert engine.complete(runs["started_task"], 21)["status"] == "completed"
+        engine.make_visible("retrying")
+        engine.drive("orders", lambda t: [5] if t["step_slug"] == "fetch" else t["input"])
+        engine.drive("mail", lambda t: "sent")
+        engine.drive("retrying", lambda t: "second attempt")
+        assert engine.run(runs["active"])["output"] == {"total": {"items": [11, 21, 30]}}
+        assert engine.run(runs["fresh"])["output"] == {"total": {"items": [5]}}
+        assert engine.run(runs["mail_active"])["output"] == {"send": "sent"}
+        assert engine.run(retrying)["output"] == {"a": "second attempt"}
+        assert engine.task(retrying, "a")["attempts_count"] == 2
+        assert engine.queue_messages("orders") == engine.queue_messages("mail") == []
+        assert_invariants(engine)
+
+
+def test_the_upgrade_ends_permanently_stalled_tasks_and_converts_notifications(
+    db_factory: Callable[..., str],
+) -> None:
+    # the original core's fourth stall archived the message and left the task started forever
+    with psycopg.connect(db_factory("0002"), autocommit=True) as conn:
         engine = Engine(conn)
         engine.define("f", [("a", [], {"timeout": 10}), ("b", ["a"], {})], max_attempts=10)
         engine.conn.execute("select pgmq.enable_notify_insert('f', 0)")
         stuck = engine.start("f", {})
         for _ in range(4):
             engine.claim("f")
-            engine.conn.execute(  # Engine.backdate also clears 0006's lease column
-                "update flowlane.step_tasks set started_at = now() - interval '100 s', "
-                "queued_at = now() - interval '100 s' where run_id = %s", (stuck,))
+            _claimed_long_ago(engine, stuck, 100)
             engine.scalar("select flowlane.requeue_stalled_tasks()")
         row = engine.task(stuck, "a")
         assert row["status"] == "started" and row["permanently_stalled_at"] is not None
         healthy = engine.start("f", {})
         migrator.migrate(conn)
         assert engine.run(stuck)["status"] == "failed"
-        assert engine.task(stuck, "a")["error_message"].startswith("no result within 10 s, 4 attempts")
+        assert engine.task(stuck, "a")["error_message"] == (
+            "no result within 10 s, 4 attempts (the original core stopped retrying it)")
         assert engine.run(healthy)["status"] == "started"
         assert engine.rows("select * from flowlane.stuck_runs()") == []
+        # nothing is lost: the failed run can be retried, and both finish
+        assert engine.row("select * from flowlane.retry_run(%s)", (stuck,))["status"] == "started"
+        engine.drive("f", lambda t: t["step_slug"])
+        assert [engine.run(r)["status"] for r in (stuck, healthy)] == ["completed"] * 2
         assert engine.rows("select * from pgmq.list_notify_insert_throttles()") == []
         assert engine.scalar(
             "select tgname from pg_trigger where tgrelid = 'pgmq.q_f'::regclass"
         ) == "flowlane_notify_insert"
 
 
-def test_upgrade_to_0011_keeps_started_tasks_leased_fenced_and_recoverable(
+def test_tasks_started_before_the_upgrade_are_leased_fenced_and_recoverable(
     db_factory: Callable[..., str],
 ) -> None:
-    # 0011 moves "which tasks are started" from step_tasks' partial indexes to
-    # flowlane.task_leases: tasks claimed before the upgrade must keep their lease
-    with psycopg.connect(db_factory("0010"), autocommit=True) as conn:
+    # stalled recovery finds started tasks through their leases: a task claimed before the
+    # upgrade must hold one
+    with psycopg.connect(db_factory("0002"), autocommit=True) as conn:
         engine = Engine(conn)
         engine.define("f", [("a", [], {"timeout": 10})], max_attempts=3)
-        renewed_run, stalled_run, fresh_run = (engine.start("f", {"n": n}) for n in range(3))
+        recent_run, stalled_run, fresh_run = (engine.start("f", {"n": n}) for n in range(3))
         claimed = {t["run_id"]: t for t in engine.claim("f")}
-        renewed, stalled, fresh = claimed[renewed_run], claimed[stalled_run], claimed[fresh_run]
-        # both claimed long ago; one lease was extended since (0006's lease-aware deadline)
-        engine.backdate(renewed_run, "a", 100)
-        engine.backdate(stalled_run, "a", 100)
-        extended = engine.scalar(
-            "select flowlane.extend_leases(%s, %s)",
-            (engine.worker_id, Jsonb([{"run_id": str(renewed_run), "step_slug": "a", "task_index": 0,
-                                       "attempt": renewed["attempt"], "running": False}])))
-        assert extended == 1
+        recent, stalled, fresh = claimed[recent_run], claimed[stalled_run], claimed[fresh_run]
+        _claimed_long_ago(engine, stalled_run, 100)
 
         migrator.migrate(conn)
 
         assert engine.scalar("select count(*) from flowlane.task_leases") == 3
         assert_invariants(engine)  # includes: the leases are exactly the started tasks
-        # stalled recovery finds the stalled task through its lease, not the renewed one
         assert engine.scalar("select flowlane.requeue_stalled_tasks()") == 1
         assert engine.task(stalled_run, "a")["status"] == "queued"
-        assert engine.task(renewed_run, "a")["status"] == "started"
-        assert engine.scalar("select count(*) from flowlane.task_leases") == 2
+        assert engine.task(recent_run, "a")["status"] == "started"
         # fencing: the stalled attempt's late result is rejected, another worker's too
         assert engine.complete(stalled, "late")["status"] == "queued"
-        other = uuid.uuid4()
-        engine.complete_raw(fresh_run, "a", 0, "stolen", other, fresh["attempt"])
+        engine.complete_raw(fresh_run, "a", 0, "stolen", uuid.uuid4(), fresh["attempt"])
         assert engine.task(fresh_run, "a")["status"] == "started"
         # the owners' results apply; the requeued task runs again as attempt 2
-        assert engine.complete(renewed, "r")["status"] == "completed"
+        assert engine.complete(recent, "r")["status"] == "completed"
         assert engine.complete(fresh, "f")["status"] == "completed"
         [again] = engine.claim("f")
         assert again["run_id"] == stalled_run and again["attempt"] == 2
         assert engine.complete(again, "s")["status"] == "completed"
-        assert [engine.run(r)["status"] for r in (renewed_run, stalled_run, fresh_run)] == ["completed"] * 3
+        assert [engine.run(r)["status"] for r in (recent_run, stalled_run, fresh_run)] == ["completed"] * 3
         assert engine.scalar("select count(*) from flowlane.task_leases") == 0
         assert_invariants(engine)
 
 
-def test_upgrade_to_0014_keeps_each_steps_timeout_and_the_flow_defaults(
+def test_the_upgrade_keeps_each_steps_timeout_and_the_flow_options(
     db_factory: Callable[..., str],
 ) -> None:
-    # 0014 reads a step's timeout, claim visibility and stall threshold from flowlane.step_options
-    # and the flow option defaults from _flow_option_default: tasks claimed before the upgrade
-    # stall by their own step's timeout, and flows keep their options
-    with psycopg.connect(db_factory("0013"), autocommit=True) as conn:
+    # tasks claimed before the upgrade stall by their own step's timeout; flows keep their options
+    with psycopg.connect(db_factory("0002"), autocommit=True) as conn:
         engine = Engine(conn)
         engine.define("quick", [("a", [], {"timeout": 10})])
         engine.define("slow", [("a", [], {})])  # the flow's default timeout, 60 s
         quick_run, slow_run = engine.start("quick", {}), engine.start("slow", {})
         [quick] = engine.claim("quick")
         [slow] = engine.claim("slow")
-        engine.backdate(quick_run, "a", 41)  # past 10 + 30 s
-        engine.backdate(slow_run, "a", 41)  # within 60 + 30 s
+        _claimed_long_ago(engine, quick_run, 41)  # past 10 + 30 s
+        _claimed_long_ago(engine, slow_run, 41)  # within 60 + 30 s
 
         migrator.migrate(conn)
 
@@ -351,28 +382,25 @@ def test_upgrade_to_0014_keeps_each_steps_timeout_and_the_flow_defaults(
         [again] = engine.claim("quick")
         done = engine.complete(again, "ok")
         assert again["attempt"] == 2 and done is not None and done["status"] == "completed"
-        options = ("select opt_max_attempts, opt_base_delay, opt_timeout from flowlane.flows "
-                   "where flow_slug = %s")
+        options = ("select opt_max_attempts, opt_base_delay, opt_timeout, opt_retention "
+                   "from flowlane.flows where flow_slug = %s")
         assert engine.row(options, ("slow",)) == {"opt_max_attempts": 3, "opt_base_delay": 5,
-                                                  "opt_timeout": 60}
+                                                  "opt_timeout": 60, "opt_retention": 2592000}
         engine.create_flow("after_upgrade")
         assert engine.row(options, ("after_upgrade",)) == engine.row(options, ("slow",))
         assert_invariants(engine)
 
 
-def test_upgrade_to_0016_lets_an_alias_adopt_a_flow_with_runs_in_flight(
+def test_an_alias_adopts_the_name_of_a_flow_with_runs_in_flight_after_the_upgrade(
     db_factory: Callable[..., str],
 ) -> None:
-    # 0016: a bare flow with a run in flight moves behind an alias of its own name; the
-    # run finishes on it, new runs by that name start the alias's active version; a worker
-    # refusal is recorded and cleared by the next registration on the queue
-    with psycopg.connect(db_factory("0015"), autocommit=True) as conn:
+    # a bare flow with a run in flight moves behind an alias of its own name; the run
+    # finishes on it, new runs by that name start the alias's active version
+    with psycopg.connect(db_factory("0002"), autocommit=True) as conn:
         engine = Engine(conn)
         engine.define("hello", [("a", [], {})])
         engine.define("hello_v2", [("a", [], {}), ("b", ["a"], {})])
         in_flight = engine.start("hello", {})
-        with pytest.raises(psycopg.errors.UniqueViolation, match="conflicts with flow"):
-            conn.execute("select flowlane.set_alias('hello', 'hello_v2', array['hello'])")
 
         migrator.migrate(conn)
 
@@ -385,62 +413,4 @@ def test_upgrade_to_0016_lets_an_alias_adopt_a_flow_with_runs_in_flight(
         assert task["run_id"] == in_flight and done is not None and done["status"] == "completed"
         engine.drive("hello_v2", lambda task: 2)
         assert [engine.run(r)["status"] for r in (in_flight, moved)] == ["completed"] * 2
-        conn.execute("select flowlane.record_worker_refusal('hello', 'hello', 'a coverage gap')")
-        conn.execute("select flowlane.register_worker(%s, 'hello', 'w', 'hello', '[]')",
-                     (uuid.uuid4(),))
-        assert engine.scalar("select count(*) from flowlane.worker_refusals") == 0
         assert_invariants(engine)
-
-
-def _blocked(watcher: psycopg.Connection[Any], pid: int) -> bool:
-    return bool(watcher.execute("select cardinality(pg_blocking_pids(%s)) > 0", (pid,)).fetchone()[0])  # type: ignore[index]
-
-
-def _worker_call(engine: Engine, call: str) -> tuple[str, dict[str, Any]]:
-    """The worker's query for ``call`` over the queue's tasks, and its parameters."""
-    claim = query("worker_claim_tasks"), {"queue_name": "inflight", "qty": 10,
-                                          "worker_id": engine.worker_id, "pairs": Jsonb([["inflight", "a"]])}
-    if call == "claim":
-        return claim
-    claimed = engine.rows(*claim)
-    result = "output" if call == "complete" else "error"
-    items = [{"run_id": str(t["run_id"]), "step_slug": "a", "task_index": 0, "attempt": t["attempt"],
-              "worker_id": str(engine.worker_id), result: "done"} for t in claimed]
-    sends = {"complete": query("worker_complete_tasks"), "fail": query("worker_fail_tasks")}
-    return sends[call], {"results": Jsonb(items)}
-
-
-@pytest.mark.parametrize("call", ["claim", "complete", "fail"])
-@pytest.mark.parametrize("tasks", [1, 2], ids=["one task", "a batch"])
-def test_a_workers_call_in_flight_when_the_newest_migration_commits_finishes(
-    db_factory: Callable[..., str], call: str, tasks: int,
-) -> None:
-    # the previous release's workers claim and complete while `migrate` runs: a call that
-    # entered the previous schema's functions before the newest migration committed runs
-    # their old bodies to the end, so every function those call must still exist then
-    *_, previous, newest = migrator.discover()
-    dsn = db_factory(previous.version)
-    with (psycopg.connect(dsn, autocommit=True) as conn,
-          psycopg.connect(dsn, autocommit=True) as worker,
-          psycopg.connect(dsn, autocommit=True) as migrating,
-          psycopg.connect(dsn) as holder):
-        engine = Engine(conn)
-        engine.define("inflight", [("a", [], {})], max_attempts=1)
-        runs = [engine.start("inflight", {"n": n}) for n in range(tasks)]
-        statement, params = _worker_call(engine, call)
-        # the call waits inside the engine's functions for the runs' rows, which holder locks
-        holder.execute("select 1 from flowlane.runs where run_id = any(%s) for update", (runs,))
-        with ThreadPoolExecutor(2) as pool:
-            answer = pool.submit(lambda: worker.execute(statement, params).fetchall())
-            while not _blocked(conn, worker.info.backend_pid):
-                assert not answer.done(), answer.result()
-            migrated = pool.submit(migrator.migrate, migrating)
-            # a migration that needs a lock the call holds waits for it: let the call go on
-            while not migrated.done() and not _blocked(conn, migrating.info.backend_pid):
-                pass
-            holder.rollback()
-            rows = answer.result()
-            assert [m.version for m in migrated.result()] == [newest.version]
-        ended = {"claim": "started", "complete": "completed", "fail": "failed"}[call]
-        assert len(rows) == tasks
-        assert {engine.task(run, "a")["status"] for run in runs} == {ended}

@@ -61,19 +61,30 @@ def test_db_lifecycle_from_an_empty_directory(project: Path) -> None:
     assert "flowlane db up" in stopped.stderr
 
 
-def test_edited_migration_is_refused_with_its_name(project: Path, dsn: str) -> None:
+def test_a_development_builds_database_is_refused_and_reset_only_when_confirmed(
+        project: Path, dsn: str) -> None:
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            "update flowlane.schema_migrations set checksum = repeat('a', 64) where version = '0001'"
-        )
+        conn.execute("insert into flowlane.schema_migrations (version, name, checksum) "
+                     "values ('0999', 'tried_once', repeat('a', 64))")
     result = flowlane(project, "db", "migrate", "--dsn", dsn)
-    assert result.returncode == 1
-    assert "0001_core.sql" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: this database was built by a development build of flowlane: "
+                                    "it applied 0999_tried_once, which no release")
+    assert "hint: a development database: `flowlane db reset --yes`" in result.stderr
     status = flowlane(project, "db", "status", "--dsn", dsn)
     assert status.returncode == 1
-    assert "FILE CHANGED" in status.stdout
+    assert "0999_tried_once" in status.stdout and "applied by a development build" in status.stdout
+    assert "error: this database was built by a development build" in status.stdout
+    unconfirmed = flowlane(project, "db", "reset", "--dsn", dsn)
+    assert unconfirmed.returncode == 2 and "--yes" in unconfirmed.stderr
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute("select count(*) from flowlane.schema_migrations").fetchone() == (4,)
+    reset = flowlane(project, "db", "reset", "--dsn", dsn, "--yes")
+    assert reset.returncode == 0, reset.stderr
+    assert "next: `flowlane apply`" in reset.stdout
+    assert flowlane(project, "db", "status", "--dsn", dsn).stdout.rstrip().endswith("up to date")
 
 
 @pytest.mark.parametrize("how", ["--dsn", "FLOWLANE_DSN", "DATABASE_URL"])

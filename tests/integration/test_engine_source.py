@@ -91,8 +91,8 @@ def test_a_dropped_signature_that_other_functions_call_is_flagged_with_its_calle
         "flowlane._claim_one(text,bigint,uuid,text[],text[],integer,timestamp with time zone)",
         "flowlane._start_tasks(text,bigint[],uuid,text[],text[],integer,timestamp with time zone)"]}
     text = draft_migration.draft(found, "hide_note", "0099", source_copy)
-    assert (f"{draft_migration.FLAG} {old} is called by flowlane._claim_one(") in text
-    assert text.index(draft_migration.FLAG) < text.index(f"drop function {old};")
+    assert (f"{draft_migration.REVIEW} {old} is called by flowlane._claim_one(") in text
+    assert text.index(draft_migration.REVIEW) < text.index(f"drop function {old};")
 
 
 def test_a_function_the_source_writes_at_run_time_is_flagged_with_what_writes_it(
@@ -104,8 +104,29 @@ def test_a_function_the_source_writes_at_run_time_is_flagged_with_what_writes_it
     assert sorted(found.created) == ["_queue_archive", "_write_queue_ops"]
     text = draft_migration.draft(found, "archive_false", "0099", source_copy)
     assert "create or replace function flowlane._write_queue_ops(" in text
-    assert (f"{draft_migration.FLAG} function _queue_archive is written by the source at run time, "
-            "not defined in it") in text
+    assert ("-- written at run time by the source, by a function that the part written by hand below "
+            "calls: _queue_archive") in text
+
+
+def test_a_redraft_rewrites_only_the_drafted_part_of_the_pending_migration(
+    db_factory: Callable[..., str], source_copy: Path,
+) -> None:
+    _edit(source_copy / "09_fleet.sql", "greatest(now(), w.last_heartbeat_at)\n     where w.worker_id = heartbeat",
+          "greatest(clock_timestamp(), w.last_heartbeat_at)\n     where w.worker_id = heartbeat")
+    found = draft_migration.difference(db_factory(), _built_from_source(db_factory, source_copy))
+    before = "alter table flowlane.rollouts add column note text;"
+    after = "update flowlane.rollouts set note = '';"
+    stale = "create or replace function flowlane.stale() returns int;"
+    parts = ["-- 0099: notes.", draft_migration.BEFORE, before, draft_migration.DRAFTED, stale,
+             draft_migration.AFTER, after]
+    pending = "\n\n".join(parts) + "\n"
+    text = draft_migration.redraft(pending, found, source_copy)
+    heartbeat = text.index("create or replace function flowlane.heartbeat(")
+    assert text.index(before) < heartbeat < text.index(after)
+    assert "flowlane.stale" not in text
+    assert draft_migration.redraft(text, found, source_copy) == text
+    with pytest.raises(errors.MigrationError, match="lost its part markers"):
+        draft_migration.redraft(pending.replace(draft_migration.AFTER, ""), found, source_copy)
 
 
 def test_a_table_change_is_flagged_for_a_person_and_check_fails_until_it_is_written(

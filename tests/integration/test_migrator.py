@@ -23,6 +23,7 @@ from tests.core.engine import Engine
 from tests.runtime.rt_support import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
+DEVELOPMENT_COMMIT = "47dda94"  # the last commit before the first release, with 45 migrations
 
 
 def _versions(conn: psycopg.Connection[Any]) -> list[str]:
@@ -44,7 +45,7 @@ def test_migrate_applies_everything_then_is_a_noop(db_factory: Callable[..., str
         assert migrator.migrate(conn) == []
         assert _versions(conn) == [m.version for m in migrator.discover()]
         states = migrator.status(conn)
-        assert all(s.applied and not s.modified for s in states)
+        assert all(s.applied and not s.foreign for s in states)
 
 
 def test_migrate_to_stops_after_that_version(db_factory: Callable[..., str]) -> None:
@@ -63,48 +64,69 @@ def test_unknown_target_version_is_a_usage_error(conn: psycopg.Connection[Any]) 
         migrator.migrate(conn, to="9999")
 
 
-def test_edited_applied_migration_is_refused(conn: psycopg.Connection[Any]) -> None:
+def test_every_released_migration_is_shipped_unchanged() -> None:
+    shipped = {m.filename: m for m in migrator.discover()}
+    for release, files in migrator.released().items():
+        for filename, checksum in files.items():
+            assert filename in shipped, f"{filename} of release {release} is not shipped"
+            assert shipped[filename].checksum == checksum, (
+                f"{filename} was released in {release} and has changed since: a released migration "
+                "never changes; put the change into the pending migration")
+
+
+def test_only_the_newest_migration_may_be_pending() -> None:
+    unreleased = [m.filename for m in migrator.discover() if m.release is None]
+    assert unreleased in ([], [migrator.discover()[-1].filename])
+
+
+def _development_build(conn: psycopg.Connection[Any]) -> None:
+    """Make ``conn``'s database (at 0002) what a development commit's ``db migrate`` left:
+    a migration of its own, 0003_aliases, which no release ships."""
+    text = subprocess.run(["git", "show", f"{DEVELOPMENT_COMMIT}:flowlane/core/migrations/0003_aliases.sql"],
+                          cwd=REPO, capture_output=True, check=True).stdout.decode()
+    with conn.transaction():
+        conn.execute(text)  # the repository's own history
+        conn.execute("insert into flowlane.schema_migrations (version, name, checksum) "
+                     "values ('0003', 'aliases', %s)", (hashlib.sha256(text.encode()).hexdigest(),))
+
+
+def test_a_database_of_a_development_build_is_refused_and_left_as_it_was(
+    db_factory: Callable[..., str],
+) -> None:
+    with psycopg.connect(db_factory("0002"), autocommit=True) as conn:
+        _development_build(conn)
+        tables = conn.execute("select count(*) from pg_tables where schemaname = 'flowlane'").fetchone()
+        with pytest.raises(errors.MigrationError) as caught:
+            migrator.migrate(conn)
+        assert str(caught.value).startswith("this database was built by a development build of flowlane: "
+                                            "it applied 0003_aliases, which no release")
+        assert "`flowlane db reset --yes`" in (caught.value.hint or "")
+        assert "restore the backup" in (caught.value.hint or "")
+        assert _versions(conn) == ["0001", "0002", "0003"]
+        after = conn.execute("select count(*) from pg_tables where schemaname = 'flowlane'").fetchone()
+        assert after == tables
+        assert [s.version for s in migrator.status(conn) if s.foreign] == ["0003"]
+
+
+def test_a_released_migration_applied_with_another_text_is_refused(conn: psycopg.Connection[Any]) -> None:
     conn.execute("update flowlane.schema_migrations set checksum = repeat('0', 64) where version = '0001'")
-    with pytest.raises(errors.MigrationError) as caught:
+    with pytest.raises(errors.MigrationError, match="it applied 0001_core, which no release"):
         migrator.migrate(conn)
-    assert "0001_core.sql" in str(caught.value)
-    assert "never edit an applied migration" in (caught.value.hint or "")
-    modified = [s.version for s in migrator.status(conn) if s.modified]
-    assert modified == ["0001"]
+    assert [s.version for s in migrator.status(conn) if s.foreign] == ["0001"]
 
 
-def _texts_in_history(path: str) -> set[str]:
-    """The sha256 of every committed text of ``path`` (the repository's own history)."""
-    commits = subprocess.run(["git", "log", "--format=%H", "--", path], cwd=REPO,
-                             capture_output=True, text=True, check=True).stdout.split()
-    return {hashlib.sha256(subprocess.run(["git", "show", f"{c}:{path}"], cwd=REPO, capture_output=True,
-                                          check=True).stdout).hexdigest() for c in commits}
-
-
-@pytest.mark.parametrize("version", sorted(migrator._REWORDED))
-def test_a_reworded_migration_names_an_earlier_text_of_its_own_file(version: str) -> None:
-    migration = next(m for m in migrator.discover() if m.version == version)
-    earlier, _ = migrator._REWORDED[version]
-    assert earlier != migration.checksum
-    assert earlier in _texts_in_history(f"flowlane/core/migrations/{migration.filename}")
-    assert migration.matches(earlier)
-
-
-def test_an_earlier_digest_is_refused_once_a_statement_changes() -> None:
-    version, (earlier, _) = next(iter(migrator._REWORDED.items()))
-    migration = next(m for m in migrator.discover() if m.version == version)
-    changed = migrator.Migration(version, migration.name, migration.sql.replace("0.02", "0.03", 1))
-    assert changed.sql != migration.sql
-    assert not changed.matches(earlier)
-    reworded_again = migrator.Migration(version, migration.name, "-- another opening\n" + migration.sql)
-    assert reworded_again.matches(earlier)
-
-
-def test_a_database_that_applied_the_earlier_wording_migrates_on(conn: psycopg.Connection[Any]) -> None:
-    version, (earlier, _) = next(iter(migrator._REWORDED.items()))
-    conn.execute("update flowlane.schema_migrations set checksum = %s where version = %s", (earlier, version))
-    assert migrator.migrate(conn) == []
-    assert not [s.version for s in migrator.status(conn) if s.modified]
+def test_reset_rebuilds_a_development_database_and_keeps_its_roles(db_factory: Callable[..., str]) -> None:
+    with psycopg.connect(db_factory(), autocommit=True) as conn:
+        Engine(conn).define("old", [("a", [], {})])
+        migrator.apply_roles(conn)
+        conn.execute("insert into flowlane.schema_migrations (version, name, checksum) "
+                     "values ('0999', 'tried_once', repeat('a', 64))")
+        applied = migrator.reset(conn)
+        assert [m.version for m in applied] == [m.version for m in migrator.discover()]
+        assert not any(s.foreign or not s.applied for s in migrator.status(conn))
+        assert conn.execute("select count(*) from flowlane.flows").fetchone() == (0,)
+        assert conn.execute("select to_regclass('pgmq.q_old')").fetchone() == (None,)
+        assert migrator.roles_applied(conn)
 
 
 def test_a_migration_ended_as_a_deadlocks_victim_is_run_again(

@@ -218,10 +218,10 @@ def test_unreachable_database_and_unmigrated_database_are_clear_errors(
         db_factory: Callable[..., str], tmp_path: Path) -> None:
     down = run_flowlane("ui", "--port", "0", "--dsn", "postgresql://nobody@127.0.0.1:1/none", cwd=tmp_path)
     assert down.returncode == 1 and down.stderr.startswith("error: cannot connect to")
-    for version in ("none", "0006"):  # nothing migrated; not yet the newest migrations
+    for version in ("none", "0002"):  # nothing migrated; the original core
         behind = run_flowlane("ui", "--port", "0", "--dsn", db_factory(version), cwd=tmp_path)
         assert behind.returncode == 1, behind.stderr
-        assert "0008_console_indexes.sql" in behind.stderr and "`flowlane db migrate`" in behind.stderr
+        assert "0003_release_0_1_0.sql" in behind.stderr and "`flowlane db migrate`" in behind.stderr
         assert "Traceback" not in behind.stderr
     assert "Traceback" not in down.stderr
 

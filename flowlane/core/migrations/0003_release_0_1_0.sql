@@ -6625,21 +6625,46 @@ create trigger step_tasks_slots_freed
   referencing old table as old_tasks new table as new_tasks
   for each statement execute function flowlane._step_slots_freed();
 
--- The tasks started before the upgrade hold leases: stalled recovery finds them, including
--- those the original core had marked permanently stalled, and retries or fails them.
+-- The queue operations the functions call, written for the queues.
+select flowlane._write_queue_ops();
+
+-- The tasks started before the upgrade hold leases: stalled recovery finds them.
 insert into flowlane.task_leases (run_id, step_slug, task_index, started_at, queue_name)
 select t.run_id, t.step_slug, t.task_index, t.started_at, t.queue_name
 from flowlane.step_tasks t
 where t.status = 'started'
 order by 1, 2, 3;
 
+-- A task the original core marked permanently stalled lost its message and would stay
+-- started forever: it fails as exhausted, which ends its run as its step says (the run can
+-- then be retried).
+do $$
+declare
+  v_task flowlane.step_tasks;
+begin
+  for v_task in
+    select t.* from flowlane.step_tasks t
+    join flowlane.runs r on r.run_id = t.run_id and r.status = 'started'
+    where t.status = 'started' and t.permanently_stalled_at is not null
+    order by t.run_id, t.step_slug, t.task_index
+  loop
+    perform 1 from flowlane.runs r where r.run_id = v_task.run_id and r.status = 'started' for update;
+    continue when not found;
+    perform flowlane._exhaust_task(v_task, format(
+      'no result within %s s, %s attempts (the original core stopped retrying it)',
+      (select o.timeout from flowlane.step_options o
+        where o.flow_slug = v_task.flow_slug and o.step_slug = v_task.step_slug),
+      v_task.attempts_count));
+  end loop;
+end;
+$$;
+
 -- Queues that PGMQ's own insert notifications were enabled on get flowlane's instead.
 select flowlane.enable_queue_notify(t.queue_name)
 from pgmq.list_notify_insert_throttles() t
 order by t.queue_name;
 
--- Queue tables tuned like new ones, and the queue operations written for the queues.
+-- Queue tables tuned like new ones.
 select flowlane._tune_queue_table(q.pgmq_queue_name)
 from flowlane.queues q
 order by q.queue_name;
-select flowlane._write_queue_ops();
