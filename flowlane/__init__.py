@@ -13,6 +13,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Project", "Worker", "load_project"]
 
+__version__ = "0.1.0"  # the only place the version is written
+
 # nothing loads until asked for: the compiler never needs psycopg, a handler module never jinja2
 __getattr__ = _lazy.exports(__name__, {
     "flowlane.compiler.api": ("load_project",),

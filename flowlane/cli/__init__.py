@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from flowlane import errors
+from flowlane import __version__, errors
 from flowlane.cli import (
     compiler,
     db,
@@ -34,15 +34,6 @@ from flowlane.cli.common import report_error
 
 # in the order `flowlane --help` lists them
 COMMAND_GROUPS = (db, compiler, worker, runs, schedules, retention, serve, fleet, ui, manifests)
-
-
-def _version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("flowlane")
-    except metadata.PackageNotFoundError:  # a checkout on PYTHONPATH, not installed
-        return "(not installed)"
 
 
 class Parser(argparse.ArgumentParser):
@@ -73,7 +64,7 @@ def build_parser() -> Parser:
         description="Declarative YAML workflows compiled to SQL, run on PostgreSQL + PGMQ.",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
-    parser.add_argument("--version", action="version", version=f"flowlane {_version()}")
+    parser.add_argument("--version", action="version", version=f"flowlane {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for group in COMMAND_GROUPS:

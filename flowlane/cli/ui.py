@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from flowlane import errors
+from flowlane import errors, extras
 from flowlane.cli.common import add_dsn_argument
 
 
@@ -38,7 +38,9 @@ def configure(subparsers: Any) -> None:
 
 def cmd_ui(args: argparse.Namespace) -> int:
     from flowlane.core import db
-    from flowlane.ui import app, security, server
+
+    with extras.needs("console", "flowlane ui"):
+        from flowlane.ui import app, security, server
 
     if not 0 <= args.port <= 65535:
         raise errors.UsageError(f"--port must be between 0 and 65535, not {args.port}")

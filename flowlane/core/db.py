@@ -46,7 +46,11 @@ def resolve(dsn: str | None = None, project_dir: Path | None = None, *, start: b
         if value:
             return Target(value, name)
     embedded = EmbeddedDatabase(project_dir or project_root.find_root())
-    return Target(embedded.up() if start else embedded.url(), "embedded")
+    try:
+        return Target(embedded.up() if start else embedded.url(), "embedded")
+    except errors.MissingExtra as exc:  # a production install: the database is not given
+        raise errors.MissingExtra(exc.extra, "a command without --dsn, FLOWLANE_DSN or DATABASE_URL",
+                                  otherwise="set FLOWLANE_DSN to a PostgreSQL server") from exc
 
 
 class EmbeddedDatabase:

