@@ -142,7 +142,7 @@ where rank <= %(per_step)s
 order by step_slug, rank
 
 -- name: console_run_attempts
--- the failed and stalled attempts of a run (0007's history), the latest ones per step, oldest first
+-- the failed and stalled attempts of a run (the attempt history), the latest ones per step, oldest first
 select step_slug, task_index, attempt, retry_round, outcome, worker_id, error_type, error_message,
        traceback, failed_at
 from (

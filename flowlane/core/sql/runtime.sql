@@ -162,7 +162,7 @@ select coalesce(
              union select a.alias from flowlane.aliases a order by 1) as known
 
 -- name: client_listen_finished
--- notified by the SQL Core (0007) with the run id when a run ends, while a session listens
+-- notified by the SQL Core with the run id when a run ends, while a session listens
 -- this way (0024)
 select flowlane.listen_run_finished()
 
