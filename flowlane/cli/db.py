@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from flowlane import project_root
@@ -142,6 +143,6 @@ def cmd_reset(args: argparse.Namespace) -> int:
 def _print_error(error: Exception) -> None:
     from flowlane import errors
 
-    print(f"error: {error}")
+    print(f"error: {error}", file=sys.stderr)
     if isinstance(error, errors.FlowlaneError) and error.hint:
-        print(f"hint: {error.hint}")
+        print(f"hint: {error.hint}", file=sys.stderr)

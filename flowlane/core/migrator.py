@@ -239,9 +239,11 @@ def _raise_failed(migration: Migration, exc: psycopg.Error) -> NoReturn:
 
 def development_build(foreign: Sequence[str]) -> errors.MigrationError:
     """The refusal of a database that applied ``foreign``, migrations no release ships as applied."""
+    applied = (f"{', '.join(foreign)}, which no release of flowlane ships as applied" if len(foreign) <= 3
+               else f"{len(foreign)} migrations that no release of flowlane ships as applied "
+               f"({foreign[0]} … {foreign[-1]})")
     return errors.MigrationError(
-        "this database was built by a development build of flowlane: it applied "
-        f"{', '.join(foreign)}, which no release of flowlane ships as it was applied, so no "
+        f"this database was built by a development build of flowlane: it applied {applied}, so no "
         "migration can bring it up to date",
         hint="a development database: `flowlane db reset --yes` drops its flows, runs and "
         "queues and migrates it again (then `flowlane apply`); a database whose runs you need: "

@@ -76,7 +76,7 @@ def test_a_development_builds_database_is_refused_and_reset_only_when_confirmed(
     status = flowlane(project, "db", "status", "--dsn", dsn)
     assert status.returncode == 1
     assert "0999_tried_once" in status.stdout and "applied by a development build" in status.stdout
-    assert "error: this database was built by a development build" in status.stdout
+    assert status.stderr.startswith("error: this database was built by a development build")
     unconfirmed = flowlane(project, "db", "reset", "--dsn", dsn)
     assert unconfirmed.returncode == 2 and "--yes" in unconfirmed.stderr
     with psycopg.connect(dsn, autocommit=True) as conn:
