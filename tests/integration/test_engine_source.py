@@ -111,8 +111,8 @@ def test_a_function_the_source_writes_at_run_time_is_flagged_with_what_writes_it
 def test_a_redraft_rewrites_only_the_drafted_part_of_the_pending_migration(
     db_factory: Callable[..., str], source_copy: Path,
 ) -> None:
-    _edit(source_copy / "09_fleet.sql", "greatest(now(), w.last_heartbeat_at)\n     where w.worker_id = heartbeat",
-          "greatest(clock_timestamp(), w.last_heartbeat_at)\n     where w.worker_id = heartbeat")
+    where = "w.last_heartbeat_at)\n     where w.worker_id = heartbeat"
+    _edit(source_copy / "09_fleet.sql", f"greatest(now(), {where}", f"greatest(clock_timestamp(), {where}")
     found = draft_migration.difference(db_factory(), _built_from_source(db_factory, source_copy))
     before = "alter table flowlane.rollouts add column note text;"
     after = "update flowlane.rollouts set note = '';"
