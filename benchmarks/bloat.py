@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -44,9 +45,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import queued_load  # a sibling script: benchmarks/ is on sys.path when run as a script
 from psycopg.types.json import Jsonb
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.worker_throughput import REPO, template_database
 from flowlane.core import db
 
 FLOW = "bench_diamond"
@@ -60,8 +63,8 @@ PARAMETERS = ("fillfactor", "autovacuum_vacuum_scale_factor", "autovacuum_vacuum
 
 
 def fresh_database(admin_dsn: str, config: str) -> str:
-    """queued_load.py's database (migrated, benchmark flows applied), storage per ``config``."""
-    dsn = queued_load.fresh_database(admin_dsn)
+    """A new database (migrated, the benchmark flows applied), storage per ``config``."""
+    dsn = template_database(admin_dsn, REPO)
     if config == "defaults":
         with psycopg.connect(dsn, autocommit=True) as conn:
             for table in TABLES.values():
