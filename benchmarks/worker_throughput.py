@@ -19,8 +19,8 @@ same code without it, before anyone writes it as a migration. Measured:
    real worker processes (`flowlane worker`, no-op handler) that claim, run
    and complete. flowlane's producer starts one run per transaction
    (start_flow), then, in a second measurement, --raw-batch runs per
-   transaction (start_flows, the batched start; "nan" for a version older
-   than start_flows, 0009);
+   transaction (start_flows, the batched start; "nan" for a checkout
+   without start_flows);
 2. drain only: the consumers start and wait on an empty queue; the backlog
    is then committed in one transaction (one start_flow per run on a
    version older than start_flows) and the drain is timed in the
@@ -68,6 +68,7 @@ import psycopg
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.engine_throughput import migrate_with  # noqa: E402
 from benchmarks.engine_throughput import scalar as engine_scalar  # noqa: E402
 from flowlane import defaults  # noqa: E402
 from flowlane.compiler import compile_project, load_project  # noqa: E402
@@ -77,10 +78,6 @@ FLOWS = REPO / "benchmarks" / "flows"
 RAW_QUEUE = "bench_raw"
 TICK = os.sysconf("SC_CLK_TCK")
 SLOTS = 8  # handler slots of the one worker, and raw consumers, of the slots case
-MIGRATE = (
-    "import sys, psycopg; from flowlane.core import migrator; "
-    "c = psycopg.connect(sys.argv[1], autocommit=True); migrator.ensure_pgmq(c); migrator.migrate(c)"
-)
 
 
 @contextlib.contextmanager
@@ -105,8 +102,7 @@ def template_database(admin_dsn: str, repo: Path, experiments: Sequence[Path] = 
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(f'create database "{name}"'.encode())
     dsn = psycopg.conninfo.make_conninfo(admin_dsn, dbname=name)
-    # cwd too: "python -c" puts the working directory ahead of PYTHONPATH
-    subprocess.run([sys.executable, "-c", MIGRATE, dsn], check=True, env=_env(repo), cwd=repo)
+    migrate_with(repo, dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
         for experiment in experiments:
             conn.execute(experiment.read_bytes())
@@ -299,9 +295,9 @@ def has_start_flows(conn: psycopg.Connection[Any]) -> bool:
 
 
 def wait_drained(conn: psycopg.Connection[Any]) -> None:
-    """Until no run is started. Every version has an index for it (0001's status index,
-    0013's in-flight index): polling costs the server next to nothing, whereas counting
-    completed runs read them all every 10 ms, on the server being measured."""
+    """Until no run is started. An index finds the started runs: polling costs the server
+    next to nothing, whereas counting completed runs would read them all every 10 ms, on
+    the server being measured."""
     while True:
         row = conn.execute(b"select exists (select 1 from flowlane.runs where status = 'started')").fetchone()
         if not (row and row[0]):
