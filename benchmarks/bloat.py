@@ -1,6 +1,11 @@
 """Bloat and long transactions: steady load with and without a session holding a snapshot.
 
     PYTHONPATH=. python benchmarks/bloat.py [--phase 60] [--rate 10] [--claimers 2]
+    PYTHONPATH=. python benchmarks/bloat.py --retention 20 [--phase 120]
+
+What it measures: that the engine's tables stay healthy under steady load: dead rows are
+vacuumed away, a long-open snapshot slows nothing down beyond the dead rows it keeps, and
+pruning finished runs makes the tables level off.
 
 For each storage configuration, on a fresh database of one throwaway embedded PostgreSQL
 (autovacuum on, durable commits):
@@ -29,6 +34,11 @@ one where a pruner calls ``prune_runs(p_older_than => SECONDS)`` once a second (
 batch until one finds nothing), printing side by side every --phase/6 seconds the total
 size (table and indexes) of ``runs``, ``step_states``, ``step_tasks`` and the queue's
 archive, and the runs kept.
+
+How to read it: compare the rows of one run. Under ``snapshot held`` the dead tuples grow
+and must fall again once ``released`` has had its autovacuum (a phase of 60 s gives it
+time); tasks/s should match --rate x 13 in every phase. With --retention, the "pruned"
+sizes level off while the "kept" ones grow linearly.
 """
 
 from __future__ import annotations
