@@ -62,7 +62,7 @@ cross join lateral (select case
 where s.initial_tasks > 0
 
 -- name: analyze
--- the state autovacuum keeps the tables in (vacuum also summarizes the BRIN ranges of 0013's
+-- the state autovacuum keeps the tables in (vacuum also summarizes the BRIN ranges of the
 -- completed_at index; ranges filled since the last vacuum are read whole)
 vacuum analyze flowlane.runs, flowlane.step_states, flowlane.step_tasks
 

@@ -1,29 +1,35 @@
-"""The SQL Core against raw PGMQ, before and after the set-based engine, in one run.
+"""The SQL Core driven by one loop against raw PGMQ on the same database, in one run.
 
-    python benchmarks/engine_throughput.py [--runs 600] [--batch 50] [--rounds 3] [--map-items 1000]
+    PYTHONPATH=. python benchmarks/engine_throughput.py [--runs 600] [--batch 50] [--rounds 3]
+        [--map-items 1000]
 
-One embedded PostgreSQL (pg_stat_statements preloaded), two databases on it:
-`before` migrated to 0007 (the per-task engine) and `after` migrated to
-head. Every workload is driven by one loop on one connection, each call its
-own autocommit transaction (like a worker), interleaved in rounds with a
-rotating order so that load from other processes on a shared machine hits all
-alike. Figures are ratios measured in the same run.
+What it measures: the engine's own SQL cost, without worker processes: how many tasks per
+second one connection drives through the engine's functions, next to raw PGMQ moving the
+same number of messages (send, read, archive) on the same database. One embedded
+PostgreSQL (pg_stat_statements preloaded), one database migrated to head. Every workload is
+driven by one loop on one connection, each call its own autocommit transaction (like a
+worker), in --rounds rounds with a rotating order so that load from other processes on a
+shared machine hits all alike.
 
 raw single   pgmq.send one message, read 1, archive 1 (per message)
 raw batched  pgmq.send_batch of --batch, read --batch, archive the array
-per-task     start_flow per run; read --batch + start_tasks, complete_task per task
-set-based    start_flows (after; before: start_flow per run); claim_tasks (after;
-             before: read + start_tasks) and one complete_tasks per batch
+per-task     start_flow per run; read --batch + start_tasks, complete_task per task (the
+             single calls, as a web request or a worker in another language makes them)
+set-based    start_flows of the runs; claim_tasks of --batch and one complete_tasks per
+             batch (what `flowlane worker` does)
 
-Workloads: 1-step and 3-step chains (--runs runs), and a map fan-out (a step
-returning --map-items items, then a map step over them; 2 runs).
+Workloads: 1-step and 3-step chains (--runs runs per round), and a map fan-out (a step
+returning --map-items items, then a map step over them; one run per round).
 
-HOT: n_tup_hot_upd / n_tup_upd of flowlane.step_tasks over the whole run, per database.
-
-CPU ms/task is the database backend's CPU time (utime + stime from
-/proc/<pid>/stat) per completed task; statements/task counts every statement
-the server executed, nested ones included (pg_stat_statements.track = all,
-measured in a separate pass so that tracking does not slow the timed ones).
+How to read it: the columns drive/raw1 and e2e/raw1 are each workload's tasks/s over raw
+single's messages/s measured in the same run; compare those ratios between runs, never
+the absolute rates (a shared machine's speed drifts). The last lines give set-based over
+per-task for each workload. "drive" is claim + complete of queued tasks; "e2e" adds the
+starts. CPU ms/task is the database backend's CPU time (utime + stime from
+/proc/<pid>/stat) per completed task; stmts/task counts every statement the server
+executed, nested ones included (pg_stat_statements.track = all, measured in a separate
+pass so that tracking does not slow the timed ones). HOT: n_tup_hot_upd / n_tup_upd of
+flowlane.step_tasks over the whole run.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import contextlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -133,12 +140,11 @@ class Driver:
         self.batch = batch
         self.map_items = map_items
         self.worker_id = uuid.uuid4()
-        self.has_new = bool(scalar(conn, "has_function", name="start_flows"))
         self.pairs = {flow: json.dumps(scalar(conn, "pairs", queue=flow)) for flow in FLOWS}
 
     def start(self, flow: str, runs: int) -> None:
         inputs = [{"i": i} for i in range(runs)]
-        if self.set_based and self.has_new:
+        if self.set_based:
             for offset in range(0, runs, 500):
                 chunk = [json.dumps(x) for x in inputs[offset : offset + 500]]
                 self.conn.execute(Q["start_flows"], {"flow": flow, "inputs": chunk})
@@ -152,7 +158,7 @@ class Driver:
         return {"ok": True}
 
     def claim(self, flow: str) -> list[tuple[Any, ...]]:
-        if self.set_based and self.has_new:
+        if self.set_based:
             params = {
                 "queue": flow,
                 "qty": self.batch,
@@ -223,94 +229,89 @@ def count_statements(conn: Conn, work: Callable[[], int]) -> float:
 # -- the run ----------------------------------------------------------------------
 
 
-def measure(conns: dict[str, Conn], runs: int, batch: int, rounds: int, map_items: int) -> None:
-    for conn in conns.values():
-        define(conn)
-        conn.execute("set pg_stat_statements.track = 'none'")
-    raw_conn = conns["after"]
+MODES = ("per-task", "set-based")
+
+
+def measure(conn: Conn, runs: int, batch: int, rounds: int, map_items: int) -> None:
+    define(conn)
+    conn.execute("set pg_stat_statements.track = 'none'")
     raw = {"raw single": raw_single, "raw batched": raw_batched}
     raw_totals = {name: Totals() for name in raw}
-    cells = [
-        (version, mode, flow) for flow in FLOWS for version in conns for mode in ("per-task", "set-based")
-    ]
+    cells = [(mode, flow) for flow in FLOWS for mode in MODES]
     totals = {cell: Totals() for cell in cells}
-    drivers = {
-        (version, mode): Driver(conn, mode == "set-based", batch, map_items)
-        for version, conn in conns.items()
-        for mode in ("per-task", "set-based")
-    }
+    drivers = {mode: Driver(conn, mode == "set-based", batch, map_items) for mode in MODES}
     per_round = max(1, runs // rounds)
     items: list[Any] = [*raw, *cells]
     for r in range(rounds):
         shift = r % len(items)
         for item in items[shift:] + items[:shift]:
             if item in raw:
-                pid = scalar(raw_conn, "backend_pid")
+                pid = scalar(conn, "backend_pid")
                 cpu0 = backend_cpu(pid)
-                seconds, n = raw[item](raw_conn, per_round * 2, batch)
+                seconds, n = raw[item](conn, per_round * 2, batch)
                 raw_totals[item].drive_s += seconds
                 raw_totals[item].cpu_s += backend_cpu(pid) - cpu0
                 raw_totals[item].tasks += n
             else:
-                version, mode, flow = item
+                mode, flow = item
                 flow_runs = 1 if flow == "bench_map" else per_round
-                engine_round(drivers[(version, mode)], flow, flow_runs, totals[item])
+                engine_round(drivers[mode], flow, flow_runs, totals[item])
     # statements per task, in a separate pass
     for name, fn in raw.items():
-        raw_totals[name].statements = count_statements(raw_conn, lambda fn=fn: fn(raw_conn, 100, batch)[1])
+        raw_totals[name].statements = count_statements(conn, lambda fn=fn: fn(conn, 100, batch)[1])
     for cell in cells:
-        version, mode, flow = cell
-        driver = drivers[(version, mode)]
+        mode, flow = cell
+        driver = drivers[mode]
         n = 1 if flow == "bench_map" else 50
 
         def work(driver: Driver = driver, flow: str = flow, n: int = n) -> int:
             driver.start(flow, n)
             return driver.drive(flow)
 
-        totals[cell].statements = count_statements(conns[version], work)
-    report(raw_totals, totals, conns)
+        totals[cell].statements = count_statements(conn, work)
+    report(raw_totals, totals, conn)
 
 
-def report(
-    raw_totals: dict[str, Totals], totals: dict[tuple[str, str, str], Totals], conns: dict[str, Conn]
-) -> None:
+def rate(t: Totals) -> tuple[float, float]:
+    """Tasks per second: driven (claim + complete), and end to end (with the starts)."""
+    return t.tasks / t.drive_s, t.tasks / (t.start_s + t.drive_s)
+
+
+def report(raw_totals: dict[str, Totals], totals: dict[tuple[str, str], Totals], conn: Conn) -> None:
     raw1 = raw_totals["raw single"].tasks / raw_totals["raw single"].drive_s
     print("raw PGMQ, one loop (messages/s = send + read + archive):")
     for name, t in raw_totals.items():
-        rate = t.tasks / t.drive_s
+        msgs = t.tasks / t.drive_s
         print(
-            f"  {name:<12} {rate:9.0f} msg/s  ratio to raw single {rate / raw1:5.2f}"
+            f"  {name:<12} {msgs:9.0f} msg/s  ratio to raw single {msgs / raw1:5.2f}"
             f"  cpu {1000 * t.cpu_s / t.tasks:6.3f} ms/msg  statements/msg {t.statements:5.1f}"
         )
     print()
     header = (
-        f"{'workload':<12} {'engine':<7} {'mode':<10} {'start runs/s':>12} {'drive tasks/s':>13}"
+        f"{'workload':<12} {'mode':<10} {'start runs/s':>12} {'drive tasks/s':>13}"
         f" {'e2e tasks/s':>11} {'drive/raw1':>10} {'e2e/raw1':>8} {'cpu ms/task':>11} {'stmts/task':>10}"
     )
     print(header)
-    for (version, mode, flow), t in totals.items():
-        done = scalar(conns[version], "completed_runs", flow=flow)
-        drive = t.tasks / t.drive_s
-        e2e = t.tasks / (t.start_s + t.drive_s)
+    for (mode, flow), t in totals.items():
+        drive, e2e = rate(t)
         print(
-            f"{flow:<12} {version:<7} {mode:<10} {t.runs / t.start_s:12.0f} {drive:13.0f} {e2e:11.0f}"
+            f"{flow:<12} {mode:<10} {t.runs / t.start_s:12.0f} {drive:13.0f} {e2e:11.0f}"
             f" {drive / raw1:10.2f} {e2e / raw1:8.2f} {1000 * t.cpu_s / t.tasks:11.3f} {t.statements:10.1f}"
         )
-        if done < t.runs:
-            raise SystemExit(f"{version} {flow}: only {done} of {t.runs} runs completed")
-    print()
-    for version, conn in conns.items():
-        conn.execute(Q["stats_flush"])
-        updates, hot = conn.execute(Q["task_updates"]).fetchone() or (0, 0)
-        print(f"{version}: step_tasks updates {updates}, HOT {hot} ({100 * hot / max(updates, 1):.0f} %)")
     print()
     for flow in FLOWS:
-        old = totals[("before", "per-task", flow)]
-        new = totals[("after", "set-based", flow)]
+        if unfinished := scalar(conn, "unfinished_runs", flow=flow):
+            raise SystemExit(f"{flow}: {unfinished} runs did not complete")
+    conn.execute(Q["stats_flush"])
+    updates, hot = conn.execute(Q["task_updates"]).fetchone() or (0, 0)
+    print(f"step_tasks updates {updates}, HOT {hot} ({100 * hot / max(updates, 1):.0f} %)")
+    print()
+    for flow in FLOWS:
+        (old_drive, old_e2e), (new_drive, new_e2e) = (rate(totals[(mode, flow)]) for mode in MODES)
+        old, new = totals[("per-task", flow)], totals[("set-based", flow)]
         print(
-            f"{flow}: after set-based / before per-task: drive "
-            f"{(new.tasks / new.drive_s) / (old.tasks / old.drive_s):5.2f}x, end to end "
-            f"{(new.tasks / (new.start_s + new.drive_s)) / (old.tasks / (old.start_s + old.drive_s)):5.2f}x,"
+            f"{flow}: set-based / per-task: drive {new_drive / old_drive:5.2f}x,"
+            f" end to end {new_e2e / old_e2e:5.2f}x,"
             f" cpu/task {(new.cpu_s / new.tasks) / (old.cpu_s / old.tasks):5.2f}x"
         )
 
@@ -337,14 +338,33 @@ def start_server_with_statements(pgdata: Path) -> str:
     return db.EmbeddedDatabase.start_at(pgdata)
 
 
-def migrated_database(admin: str, name: str, to: str | None) -> Conn:
-    """A new database ``name`` with pg_stat_statements and PGMQ, migrated up to ``to`` (None: head)."""
+MIGRATE = (
+    "import sys, psycopg; from flowlane.core import migrator; "
+    "c = psycopg.connect(sys.argv[1], autocommit=True); migrator.ensure_pgmq(c); migrator.migrate(c)"
+)
+
+
+def migrate_with(checkout: Path, dsn: str) -> None:
+    """``dsn`` migrated to head by the migrations of ``checkout`` (another flowlane's tree)."""
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    env.pop("FLOWLANE_DSN", None)
+    # cwd too: "python -c" puts the working directory ahead of PYTHONPATH
+    subprocess.run([sys.executable, "-c", MIGRATE, dsn], check=True, env=env, cwd=checkout)
+
+
+def migrated_database(admin: str, name: str, checkout: Path | None = None) -> Conn:
+    """A new database ``name`` with pg_stat_statements and PGMQ, migrated to head by this
+    checkout's migrations, or by ``checkout``'s."""
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f"create database {name}".encode())
-    conn = psycopg.connect(psycopg.conninfo.make_conninfo(admin, dbname=name), autocommit=True)
+    dsn = psycopg.conninfo.make_conninfo(admin, dbname=name)
+    conn = psycopg.connect(dsn, autocommit=True)
     conn.execute("create extension pg_stat_statements")
-    migrator.ensure_pgmq(conn)
-    migrator.migrate(conn, to=to)
+    if checkout is None:
+        migrator.ensure_pgmq(conn)
+        migrator.migrate(conn)
+    else:
+        migrate_with(checkout, dsn)
     return conn
 
 
@@ -365,14 +385,14 @@ def pin_backends(conns: Iterable[Conn]) -> None:
 
 
 @contextlib.contextmanager
-def before_and_after(admin: str, prefix: str, before: str) -> Iterator[dict[str, Conn]]:
-    """Databases `before` (migrated up to ``before``) and `after` (head), their migrations
-    printed; their connections closed on exit."""
+def before_and_after(admin: str, prefix: str, before: Path | None) -> Iterator[dict[str, Conn]]:
+    """Database `after` (this checkout's migrations) and, given ``before`` (another
+    checkout's tree), database `before` migrated by that one's; closed on exit."""
     conns: dict[str, Conn] = {}
     try:
-        for version, to in (("before", before), ("after", None)):
-            conn = conns[version] = migrated_database(admin, f"{prefix}_{version}", to)
-            print(f"{version}: migrations {scalar(conn, 'migration_versions')}")
+        if before is not None:
+            conns["before"] = migrated_database(admin, f"{prefix}_before", before.resolve())
+        conns["after"] = migrated_database(admin, f"{prefix}_after")
         yield conns
     finally:
         for conn in conns.values():
@@ -385,17 +405,13 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=50, help="messages per read / claim")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--map-items", type=int, default=1000, help="items of the map fan-out")
-    parser.add_argument("--before", default="0007", help="the migration the 'before' database stops at")
     args = parser.parse_args()
-    with (
-        statements_server("flowlane-bench-") as admin,
-        before_and_after(admin, "bench", args.before) as conns,
-    ):
+    with statements_server("flowlane-bench-") as admin, before_and_after(admin, "bench", None) as conns:
         print(
-            f"cpus: {os.cpu_count()}, batch {args.batch}, {args.runs} runs per chain cell, "
+            f"cpus: {os.cpu_count()}, batch {args.batch}, {args.runs} runs per chain workload, "
             f"map fan-out of {args.map_items} items, {args.rounds} rounds\n"
         )
-        measure(conns, args.runs, args.batch, args.rounds, args.map_items)
+        measure(conns["after"], args.runs, args.batch, args.rounds, args.map_items)
     return 0
 
 

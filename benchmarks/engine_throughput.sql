@@ -50,8 +50,8 @@ select status from flowlane.complete_task(%(run_id)s, %(step)s, %(task_index)s, 
 -- name: complete_tasks
 select count(*) from flowlane.complete_tasks(%(results)s::jsonb)
 
--- name: completed_runs
-select count(*) from flowlane.runs where flow_slug = %(flow)s and status = 'completed'
+-- name: unfinished_runs
+select count(*) from flowlane.runs where flow_slug = %(flow)s and status <> 'completed'
 
 -- name: has_function
 select exists (select 1 from pg_proc where proname = %(name)s
@@ -67,9 +67,6 @@ select pg_stat_statements_reset()
 select coalesce(sum(calls), 0)::bigint from pg_stat_statements
 where dbid = (select oid from pg_database where datname = current_database())
   and query !~* 'pg_stat_statements'
-
--- name: migration_versions
-select string_agg(version, ',' order by version) from flowlane.schema_migrations
 
 -- name: stats_flush
 select pg_stat_force_next_flush()

@@ -1,8 +1,9 @@
 """requeue_stalled_tasks and delete_flow_and_data cost against the size of the tables.
 
-    python benchmarks/recovery_scaling.py [--sizes 10000 100000] [--work 100]
+    PYTHONPATH=. python benchmarks/recovery_scaling.py [--sizes 10000 100000] [--work 100]
 
-For each size N, a fresh database on one embedded PostgreSQL gets N finished
+What it measures: that recovering stalled tasks and deleting a flow cost what their work
+costs, not what the tables hold. For each size N, a fresh database on one embedded PostgreSQL gets N finished
 one-step runs (started with start_flows, claimed with claim_tasks, completed
 with complete_tasks), then --work more runs whose tasks are claimed and
 backdated past their stall deadline, and 5 small flows of --work runs.
@@ -11,6 +12,10 @@ call), and the median of 5 calls of requeue_stalled_tasks() with nothing to
 do and of delete_flow_and_data of a small flow. The cost should follow the
 work (the same for every N), not the tables: the ratio column divides by the
 smallest size's figure, in the same run.
+
+How to read it: with 10x the finished runs, each ratio should stay far below 10x (a scan of
+the tables would grow with them); single calls of a few ms vary by 1.5-2x on a shared
+machine, so rerun before reading a trend into one figure.
 """
 
 from __future__ import annotations

@@ -1,10 +1,15 @@
 """The one-at-a-time paths against raw PGMQ: a single start, completion and failure, in one run.
 
-    python benchmarks/single_call_profile.py [--calls 500] [--rounds 3] [--before NNNN] [--functions]
+    PYTHONPATH=. python benchmarks/single_call_profile.py [--calls 500] [--rounds 3] [--before DIR]
+        [--functions]
 
-One embedded PostgreSQL (pg_stat_statements preloaded), two databases: `before` migrated to
---before, `after` to head. Every call is its own autocommit transaction on one connection,
-like a web request, a trigger or a worker in another language. Cases, each paired with its
+What it measures: what one call of the engine costs the server when nothing batches it (a
+web request, a trigger, a worker in another language), as a multiple of the PGMQ call that
+moves the same message. One embedded PostgreSQL (pg_stat_statements preloaded), database
+`after` migrated to head by this checkout. With --before DIR (an older checkout, e.g. `git
+archive REV | tar -x -C DIR`) a database `before` migrated by DIR's migrations is measured
+beside it with the same calls (the SQL functions' signatures must match). Every call is its
+own autocommit transaction on one connection. Cases, each paired with its
 raw PGMQ baseline:
 
   start one           start_flow of a one-step flow                       raw send
@@ -32,6 +37,10 @@ case and database (medians over the rounds): calls/s, the backend's CPU per call
 server's execution time per call (pg_stat_statements, top level), the same two for its
 baseline, and the ratios of the case to its baseline. --functions adds, per database, a
 pass with track_functions = 'all': each function's own time per call of every case.
+
+How to read it: cpu/raw and exec/raw are the figures to compare between runs (each a ratio
+to its baseline measured in the same turns); the µs columns move with the machine. With
+--before, the last lines give after / before per case.
 """
 
 from __future__ import annotations
@@ -58,7 +67,6 @@ from benchmarks.engine_throughput import (
     scalar,
     statements_server,
 )
-from flowlane.core import migrator
 from flowlane.core.queries import query
 
 RAW = "bench_single_raw"
@@ -298,8 +306,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=500, help="calls per case and round")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians)")
-    parser.add_argument("--before", default=migrator.discover()[-2].version,
-                        help="the migration the 'before' database stops at (default: the one before last)")
+    parser.add_argument("--before", type=Path, help="an older checkout to measure beside this one")
     parser.add_argument("--functions", action="store_true", help="each function's own time per call")
     args = parser.parse_args()
     with (

@@ -24,11 +24,11 @@ FLOW: Final = {"max_attempts": MAX_ATTEMPTS, "base_delay": BASE_DELAY, "timeout"
 RETENTION: Final = 30 * 24 * 3600
 
 # -- worker limits ----------------------------------------------------------------
-# measured with benchmarks/worker_throughput.py (benchmarks/RESULTS.md, "Worker defaults"):
-# 10/10 left the database idle between small claims; twice as many slots as the batch keep
-# two claims in flight, so one overlaps the other's result commit; batches of 100 rather
-# than 50 mean fewer, larger transactions, which four workers sharing two cores need to
-# drain as fast as one; 300 slots slowed one worker (its reads skip more leased messages)
+# chosen with benchmarks/worker_throughput.py (docs/benchmarks.md): 10/10 left the database
+# idle between small claims; twice as many slots as the batch keep two claims in flight, so
+# one overlaps the other's result commit; batches of 100 rather than 50 mean fewer, larger
+# transactions, which four workers sharing two cores need to drain as fast as one; 300
+# slots slowed one worker (its reads skip more leased messages)
 MAX_CONCURRENT: Final = 200  # handlers running at once
 BATCH_SIZE: Final = 100  # messages claimed per poll
 # while handlers run, a worker reads again only once this share of a batch of slots is

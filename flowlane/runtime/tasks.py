@@ -209,8 +209,10 @@ class HandlerThreads:
 
     Finished handlers wake the loop once per burst, not once per task: a
     thread queues its outcome and schedules ``_settle_done`` only when none is
-    pending (one worker draining no-op handlers: about 5k -> 6.9-7.7k tasks/s,
-    benchmarks/RESULTS.md, "0013").
+    pending. A wake-up per task costs the loop a callback per task, and with
+    no-op handlers those callbacks are most of a worker's own CPU (one worker
+    draining no-op handlers: about 7k tasks/s, against 5k with a wake-up per
+    task).
     """
 
     def __init__(self, size: int) -> None:

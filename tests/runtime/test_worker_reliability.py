@@ -198,8 +198,10 @@ def test_a_running_handler_keeps_its_lease(
 def test_queued_load_has_no_deadlocks_and_no_duplicate_executions(
     flows_dsn: str, tmp_path: Path, spawn: Spawn
 ) -> None:
-    # before the fix (benchmarks/queued_load.py): 13-17 deadlocks, start_flow failing for
-    # the producer, and up to thousands of duplicate executions
+    # three workers drain a backlog of fan-out runs while a producer starts more: claims,
+    # completions and starts lock the same runs' rows, so any two of them taking those locks
+    # in different orders deadlock (failing the producer's start_flow), and a task whose
+    # claim is not fenced runs its handler more than once
     from flowlane.runtime.client import Client
 
     width, queued, arriving = 10, 600, 200

@@ -9,7 +9,7 @@
 -- walked again by contract_violation (plpgsql, slow), which names the JSON path and the rule
 -- that failed. (A jsonpath predicate was tried first: PostgreSQL runs a regular expression
 -- for every like_regex, and string lengths can only be written as one, ^.{0,500}$ costing
--- 200 us per value; the expression costs a fraction of a start. benchmarks/contract_starts.py)
+-- 200 us per value; the expression costs a fraction of a start.)
 
 -- the keywords a contract may use: the enforced subset, then annotations (not enforced)
 create function flowlane.contract_keywords() returns text[]
