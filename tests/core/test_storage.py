@@ -1,4 +1,4 @@
-"""0010: autovacuum settings of the queue and engine tables (benchmarks/bloat.py)."""
+"""Autovacuum settings of the queue and engine tables (benchmarks/bloat.py measures them)."""
 
 from __future__ import annotations
 
