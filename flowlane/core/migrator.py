@@ -29,12 +29,11 @@ from flowlane.core import db
 from flowlane.core.queries import query
 
 _FILENAME = re.compile(r"^(?P<version>[0-9]{4})_(?P<name>[a-z0-9_]+)\.sql$")
+RELEASED = "released.json"
+
 
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-RELEASED = "released.json"
 
 
 @dataclass(frozen=True)
@@ -130,9 +129,13 @@ def ensure_pgmq(conn: psycopg.Connection[Any]) -> str | None:
 def status(conn: psycopg.Connection[Any]) -> list[MigrationState]:
     """Applied and pending migrations, including recorded ones missing from the package."""
     with db.wrap_errors("reading migration status"):
-        recorded = _recorded(conn)
+        return _states(discover(), _recorded(conn))
+
+
+def _states(available: Sequence[Migration], recorded: dict[str, Any]) -> list[MigrationState]:
+    recorded = dict(recorded)
     states = []
-    for migration in discover():
+    for migration in available:
         row = recorded.pop(migration.version, None)
         states.append(MigrationState(migration, migration.version, row["name"] if row else migration.name,
                                      row["applied_at"] if row else None,
@@ -183,10 +186,7 @@ def roles_applied(conn: psycopg.Connection[Any]) -> bool:
 def _apply_pending(conn: psycopg.Connection[Any], available: Sequence[Migration],
                    to: str | None) -> list[Migration]:
     recorded = _recorded(conn)
-    by_version = {m.version: m for m in available}
-    foreign = [f"{version}_{row['name']}" for version, row in sorted(recorded.items())
-               if (m := by_version.get(version)) is None or not m.applied_as(row["name"], row["checksum"])]
-    if foreign:
+    if foreign := [f"{s.version}_{s.name}" for s in _states(available, recorded) if s.foreign]:
         raise development_build(foreign)
     applied = []
     for migration in available:
