@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Project", "Worker", "load_project"]
 
-__version__ = "0.1.0"  # the only place the version is written
+__version__ = "0.2.0.dev0"  # the only place the version is written
 
 # nothing loads until asked for: the compiler never needs psycopg, a handler module never jinja2
 __getattr__ = _lazy.exports(__name__, {

@@ -16,6 +16,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+import flowlane
 from flowlane import cli, errors
 from flowlane.core import migrator
 from tests.conftest import Cluster
@@ -72,6 +73,14 @@ def test_every_released_migration_is_shipped_unchanged() -> None:
             assert shipped[filename].checksum == checksum, (
                 f"{filename} was released in {release} and has changed since: a released migration "
                 "never changes; put the change into the pending migration")
+
+
+def test_a_released_version_ships_no_pending_migration() -> None:
+    # between releases the version is the next one's development version (0.2.0.dev0)
+    if flowlane.__version__ in migrator.released():
+        assert migrator.pending() is None
+    else:
+        assert ".dev" in flowlane.__version__, f"{flowlane.__version__}: neither released nor in development"
 
 
 def test_only_the_newest_migration_may_be_pending() -> None:
