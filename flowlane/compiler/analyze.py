@@ -358,7 +358,7 @@ class _FlowChecker:
         meaning = ("`timeout` is how long a wait step waits for its signal" if kind == "wait"
                    else "the child flow's own options govern its steps; `max_attempts` is how "
                    "many child runs an element may start")
-        for option in _HANDLER_OPTIONS[kind]:
+        for option in HANDLER_OPTIONS[kind]:
             if option in spec:
                 self.error(("steps", slug, option), "FL037",
                            f"`{option}` means nothing for {kind} step `{slug}`: it runs no handler",
@@ -567,7 +567,7 @@ class _FlowChecker:
 
 
 # step options that concern a handler, meaningless for a wait or child-flow step
-_HANDLER_OPTIONS = {"wait": ("max_attempts", "base_delay", "start_delay", "concurrency"),
+HANDLER_OPTIONS = {"wait": ("max_attempts", "base_delay", "start_delay", "concurrency"),
                     "child-flow": ("base_delay", "start_delay", "timeout", "concurrency")}
 
 
