@@ -97,6 +97,12 @@ def analyze(documents: Iterable[Document], *, complete: bool = True
     return project, []
 
 
+def _kinds() -> str:
+    first, *others = schema.published()["$defs"]["kind"]["enum"]
+    return f"`kind: {first}`, " + ", ".join(f"`{kind}`" for kind in others[:-1]) + f" or `{others[-1]}`"
+
+
+
 def _schema_valid(documents: Iterable[Document], state: Analysis) -> list[_Entry]:
     entries = []
     for doc in documents:
@@ -104,7 +110,7 @@ def _schema_valid(documents: Iterable[Document], state: Analysis) -> list[_Entry
             what = "empty" if doc.data is None else f"not a mapping ({type(doc.data).__name__})"
             state.findings.append(doc.diagnostic(
                 (), "FL007", f"YAML document {doc.index + 1} is {what}",
-                "each document must be a mapping with `kind: flow`, `alias`, `worker` or `schedule`"))
+                f"each document must be a mapping with {_kinds()}"))
             continue
         problems = schema.validate_document(doc)
         if problems and isinstance(doc.data.get("slug"), str):
