@@ -26,7 +26,8 @@ HEADER = f"""# YAML reference
 
 Every key of a flowlane document, its type, its default and what it means. Generated from
 the JSON Schema that `flowlane schema` prints (the file editors check flows against) and the
-compiler's own tables by `{COMMAND}`; edit the schema, not this file.
+compiler's own tables (cron fields, the options a step without a handler refuses) by
+`{COMMAND}`; edit those, not this file.
 
 A file holds one or more documents separated by `---`; each document has a `kind`. Unknown
 keys and duplicate keys are errors. Plain values are read YAML 1.2 style: only `true`,
@@ -180,8 +181,8 @@ def _mapping(node: dict[str, Any], path: str) -> str:
     inner = f"{path}.{_placeholder(path.rpartition('.')[2])}"
     shown = f"`{inner}` below" if "properties" in _resolve(extra) else _type(extra, inner)
     names = node.get("propertyNames")
-    keys = f" {_type(names)}" if isinstance(names, dict) else ""
-    return f"mapping of{keys} keys to {shown}{_count(node, 'Properties', 'key')}"
+    keys = f" of {_type(names)} keys" if isinstance(names, dict) else ""
+    return f"mapping{keys} to {shown}{_count(node, 'Properties', 'key')}"
 
 
 def _default(key: str, node: dict[str, Any], required: list[str]) -> str:
