@@ -6,14 +6,26 @@ one) and never a traceback unless ``--debug`` is given.
 
 from __future__ import annotations
 
+import enum
 from typing import Any
+
+
+class WorkerExit(enum.IntEnum):
+    """A worker's exit statuses (every command's are the same): what a supervisor does with a
+    worker that ended depends on them (``flowlane serve`` does; docs/runtime.md's table)."""
+
+    STOPPED = 0  # stopped on request: a signal, ``stop()``, deprecation by a rollout
+    FAILED = 1  # refused to start (handlers, shapes, coverage, database) or crashed
+    USAGE = 2  # bad arguments
+    DISABLED = 3  # the deployment is disabled: never restart until it is enabled again
+    RESTART = 4  # definitions changed beyond its registry: restart now, with the current YAML
 
 
 class FlowlaneError(Exception):
     """A flowlane operation failed."""
 
     hint: str | None = None
-    exit_code: int = 1  # the CLI's exit status for this error
+    exit_code: int = WorkerExit.FAILED  # the CLI's exit status for this error
 
     def __init__(self, message: str | None = None, *, hint: str | None = None) -> None:
         super().__init__(message or (self.__doc__ or "").strip())
@@ -24,7 +36,7 @@ class FlowlaneError(Exception):
 class UsageError(FlowlaneError):
     """The command line or a function argument is invalid."""
 
-    exit_code = 2
+    exit_code = WorkerExit.USAGE
 
 
 class MissingExtra(FlowlaneError):
@@ -100,7 +112,7 @@ class WorkerDisabled(WorkerError):
     """The worker's deployment is disabled (or was just disabled because the worker met work
     it cannot handle): a supervisor must not restart it until an operator enables it."""
 
-    exit_code = 3
+    exit_code = WorkerExit.DISABLED
 
 
 class WorkerOutdated(WorkerError):
@@ -108,4 +120,4 @@ class WorkerOutdated(WorkerError):
     serve (a new version, an alias move): it stopped before claiming that work and wants
     to be restarted with the project's current YAML."""
 
-    exit_code = 4
+    exit_code = WorkerExit.RESTART

@@ -142,14 +142,28 @@ def test_the_claim_threshold_is_a_quarter_of_a_batch_of_slots_and_at_least_one()
     assert defaults.claim_threshold(2, 100) == 1
 
 
+def _prose(path: Path) -> str:
+    """The text with every run of whitespace one space: where lines wrap is no part of it."""
+    return " ".join(path.read_text(encoding="utf-8").split())
+
+
+def _stated(pattern: str, text: str) -> list[tuple[str, float]]:
+    """``(name in flowlane.defaults, number)`` of every match of ``pattern`` (an option name
+    or flag and a number) in ``text``."""
+    return [(option.strip("-").replace("-", "_").upper(), float(value))
+            for option, value in re.findall(pattern, text)]
+
+
 def test_the_docs_state_the_defaults_of_flowlane_defaults() -> None:
-    runtime = (ROOT / "docs" / "runtime.md").read_text(encoding="utf-8")
-    assert (f"else {defaults.MAX_CONCURRENT} and {defaults.BATCH_SIZE})" in runtime)
-    for option, value in [("poll_interval", defaults.POLL_INTERVAL), ("read_vt", defaults.READ_VT),
-                          ("shutdown_timeout", defaults.SHUTDOWN_TIMEOUT),
-                          ("heartbeat_interval", defaults.HEARTBEAT_INTERVAL),
-                          ("requeue_interval", defaults.REQUEUE_INTERVAL)]:
-        assert f"`{option}` ({value:g} s)" in runtime, option
-    throughput = runtime.partition("## Throughput")[2]
-    assert (f"`max_concurrent` {defaults.MAX_CONCURRENT} and\n`batch_size` {defaults.BATCH_SIZE} "
-            "(`flowlane/defaults.py`)" in throughput)
+    runtime = _prose(ROOT / "docs" / "runtime.md")
+    seconds = _stated(r"`(\w+)` \((\d+(?:\.\d+)?) s\)", runtime)  # `poll_interval` (2 s)
+    flags = _stated(r"`(--[\w-]+)`, default (\d+)", runtime)  # `--batch-size`, default 100
+    limits = _stated(r"`(\w+)` (\d+) and", runtime) + _stated(r"and `(\w+)` (\d+)", runtime)
+    assert {name for name, _ in seconds} == {
+        "POLL_INTERVAL", "READ_VT", "SHUTDOWN_TIMEOUT", "HEARTBEAT_INTERVAL", "REQUEUE_INTERVAL"}
+    assert {name for name, _ in flags} == {name for name, _ in limits} == {
+        "MAX_CONCURRENT", "BATCH_SIZE"}
+    for name, value in seconds + flags + limits:
+        assert value == getattr(defaults, name), name
+    # a worker document without limits: "else 200 and 100"
+    assert [tuple(map(int, pair)) for pair in re.findall(r"else (\d+) and (\d+)", runtime)] == [LIMITS]

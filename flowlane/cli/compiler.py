@@ -79,7 +79,7 @@ def configure(subparsers: Any) -> None:
     init = subparsers.add_parser(
         "init", help="scaffold a project: flows/, a handler, .gitignore, CI workflow",
         description="Write flows/hello.yaml (with the editor modeline), handlers.py, "
-        "flowlane.schema.json, a .gitignore entry for .flowlane/, a CI workflow "
+        "flowlane.schema.json, .gitignore entries for .flowlane/ and .venv/, a CI workflow "
         ".github/workflows/flowlane.yml and the compiled SQL; existing files are kept.")
     init.add_argument("directory", nargs="?", default=".", metavar="DIR",
                       help="project directory (default: the current one)")

@@ -10,7 +10,6 @@ from typing import Any
 from flowlane import defaults, errors, project_root
 from flowlane.cli.common import add_dsn_argument, flow_paths
 from flowlane.cli.worker import add_metrics_port, add_worker_options, worker_config
-from flowlane.runtime.config import EXIT_DISABLED, EXIT_RESTART
 
 
 def configure(subparsers: Any) -> None:
@@ -19,9 +18,9 @@ def configure(subparsers: Any) -> None:
         help="run and supervise one worker per queue of the project",
         description="Start one worker per `kind: worker` document and per other queue the "
         "flows route to; restart a worker that exits, with backoff, except one that exits "
-        f"with status {EXIT_DISABLED} (deployment disabled or unsupported work; tried again "
+        f"with status {errors.WorkerExit.DISABLED} (deployment disabled or unsupported work; tried again "
         "when its deployment is enabled); a worker that exits with status "
-        f"{EXIT_RESTART} (definitions changed beyond its registry) is restarted at once. "
+        f"{errors.WorkerExit.RESTART} (definitions changed beyond its registry) is restarted at once. "
         "Follows the database: when definitions change (`flowlane apply`, `rollout`, "
         "`worker enable`), the workers are derived again from the project's YAML. serve "
         "never applies anything. On SIGTERM or SIGINT stop every worker gracefully. "

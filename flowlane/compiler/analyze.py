@@ -97,6 +97,12 @@ def analyze(documents: Iterable[Document], *, complete: bool = True
     return project, []
 
 
+def _kinds() -> str:
+    first, *others = schema.published()["$defs"]["kind"]["enum"]
+    return f"`kind: {first}`, " + ", ".join(f"`{kind}`" for kind in others[:-1]) + f" or `{others[-1]}`"
+
+
+
 def _schema_valid(documents: Iterable[Document], state: Analysis) -> list[_Entry]:
     entries = []
     for doc in documents:
@@ -104,7 +110,7 @@ def _schema_valid(documents: Iterable[Document], state: Analysis) -> list[_Entry
             what = "empty" if doc.data is None else f"not a mapping ({type(doc.data).__name__})"
             state.findings.append(doc.diagnostic(
                 (), "FL007", f"YAML document {doc.index + 1} is {what}",
-                "each document must be a mapping with `kind: flow`, `alias`, `worker` or `schedule`"))
+                f"each document must be a mapping with {_kinds()}"))
             continue
         problems = schema.validate_document(doc)
         if problems and isinstance(doc.data.get("slug"), str):
@@ -358,7 +364,7 @@ class _FlowChecker:
         meaning = ("`timeout` is how long a wait step waits for its signal" if kind == "wait"
                    else "the child flow's own options govern its steps; `max_attempts` is how "
                    "many child runs an element may start")
-        for option in _HANDLER_OPTIONS[kind]:
+        for option in HANDLER_OPTIONS[kind]:
             if option in spec:
                 self.error(("steps", slug, option), "FL037",
                            f"`{option}` means nothing for {kind} step `{slug}`: it runs no handler",
@@ -567,7 +573,7 @@ class _FlowChecker:
 
 
 # step options that concern a handler, meaningless for a wait or child-flow step
-_HANDLER_OPTIONS = {"wait": ("max_attempts", "base_delay", "start_delay", "concurrency"),
+HANDLER_OPTIONS = {"wait": ("max_attempts", "base_delay", "start_delay", "concurrency"),
                     "child-flow": ("base_delay", "start_delay", "timeout", "concurrency")}
 
 

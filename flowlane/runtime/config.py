@@ -22,9 +22,6 @@ from flowlane import defaults, errors
 if TYPE_CHECKING:
     from flowlane.compiler.model import WorkerDoc
 
-# a worker's exit statuses that a supervisor acts on (`flowlane serve` does)
-EXIT_DISABLED = errors.WorkerDisabled.exit_code  # 3: never restart until enabled
-EXIT_RESTART = errors.WorkerOutdated.exit_code  # 4: restart now, with the current YAML
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("text", "json")
 

@@ -4,8 +4,8 @@ the flow paths and the settings that differ from the defaults; no command line t
 again). The DSN travels in the environment (``FLOWLANE_DSN``), never in the arguments,
 where any user of the machine could read it.
 
-The exit status is the worker's: 0 after a stop, 1 an error, 2 bad options,
-:data:`EXIT_DISABLED` and :data:`EXIT_RESTART` as documented there. An error is
+The exit status is the worker's, a :class:`flowlane.errors.WorkerExit` (0 after a stop,
+1 an error, 2 bad options, 3 disabled, 4 restart with the current YAML). An error is
 printed as ``error:`` and ``hint:`` lines, the last ``error:`` line being what
 ``flowlane serve`` shows beside the worker's status.
 """
@@ -61,7 +61,7 @@ def main(argv: Sequence[str]) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
-    return 0
+    return errors.WorkerExit.STOPPED
 
 
 if __name__ == "__main__":

@@ -7,10 +7,10 @@ explicit queues alike). Workers are started from their :class:`WorkerConfig`
 (:mod:`flowlane.runtime.launch`). A worker that exits is restarted with exponential
 backoff (reset once it has run for a while), except:
 
-- :data:`EXIT_DISABLED` (3): its deployment is disabled or it met work that no
+- ``WorkerExit.DISABLED`` (3): its deployment is disabled or it met work that no
   definition explains; restarting it could only repeat that until an operator runs
   ``flowlane worker enable NAME`` (which serve notices: it tries again at once);
-- :data:`EXIT_RESTART` (4): the database now routes to its queue pairs its registry
+- ``WorkerExit.RESTART`` (4): the database now routes to its queue pairs its registry
   does not serve (a new version, an alias move); it is restarted at once, from the
   project's current YAML.
 
@@ -47,7 +47,7 @@ from flowlane import errors
 from flowlane.compiler import api
 from flowlane.compiler.model import Project
 from flowlane.runtime import launch
-from flowlane.runtime.config import EXIT_DISABLED, EXIT_RESTART, WorkerConfig
+from flowlane.runtime.config import WorkerConfig
 from flowlane.runtime.ticker import Ticker
 
 STABLE_AFTER = 60.0  # seconds a worker must run for its backoff to start over
@@ -189,14 +189,14 @@ class Supervisor:
             self.workers.remove(worker)
             return
         worker.last_error = last_error_line(worker.log_path) if code != 0 else ""
-        if code == EXIT_DISABLED and not worker.restart_now:
+        if code == errors.WorkerExit.DISABLED and not worker.restart_now:
             worker.state = "disabled"
             worker.detail = (
                 f"exit {code}: deployment disabled or unsupported work; not restarted "
                 f"(see the log; then `flowlane worker enable {worker.spec.name}`)"
             )
             return
-        if worker.restart_now or code == EXIT_RESTART:
+        if worker.restart_now or code == errors.WorkerExit.RESTART:
             worker.restarts += 1
             self._spawn(worker)  # at once: definitions changed, the project's YAML may serve them
             return

@@ -6,8 +6,8 @@ missing or different flow refuses the start; ``compile=True`` creates missing
 ones through the SQL ``apply`` runs), checks that it covers every (flow, step)
 the database routes to the queue, enables PGMQ insert notifications,
 registers the worker under its deployment (refused while the deployment is
-disabled), then serves until ``stop()``, SIGTERM or SIGINT. Serving is four
-asyncio tasks on one loop:
+disabled), then serves until ``stop()``, SIGTERM or SIGINT. Serving is five
+asyncio tasks on one loop (the listener only with notifications), beside the handlers:
 
 - poller: read and claim a batch (at most the free handler slots) in one
   round trip, ``claim_tasks`` with the exact (flow, step) pairs served, start

@@ -29,7 +29,7 @@ def test_init_scaffolds_a_project_that_validates_and_checks(tmp_path: Path) -> N
     hello = (root / "flows" / "hello.yaml").read_text()
     assert hello.startswith("# yaml-language-server: $schema=../flowlane.schema.json\n")
     assert (root / "flowlane.schema.json").read_text() == run_flowlane("schema", cwd=root).stdout
-    assert (root / ".gitignore").read_text() == ".flowlane/\n"
+    assert (root / ".gitignore").read_text() == ".flowlane/\n.venv/\n"
     assert (root / "sql" / "flows" / "hello_v1.sql").is_file()
     # alias-first: callers name `hello`, a new version moves the alias, no caller is renamed
     documents = list(yaml.safe_load_all(hello))
@@ -48,14 +48,21 @@ def test_init_scaffolds_a_project_that_validates_and_checks(tmp_path: Path) -> N
     again = run_flowlane("init", cwd=root)
     assert again.returncode == 0
     assert "created" not in again.stdout and "kept    flows/hello.yaml" in again.stdout
-    assert (root / ".gitignore").read_text() == ".flowlane/\n"
+    assert (root / ".gitignore").read_text() == ".flowlane/\n.venv/\n"
 
 
-def test_init_keeps_an_existing_gitignore_and_adds_the_entry(tmp_path: Path) -> None:
+def test_init_keeps_an_existing_gitignore_and_adds_the_entries(tmp_path: Path) -> None:
     (tmp_path / "proj").mkdir()
     (tmp_path / "proj" / ".gitignore").write_text("*.pyc")
     root = _init(tmp_path)
-    assert (root / ".gitignore").read_text() == "*.pyc\n.flowlane/\n"
+    assert (root / ".gitignore").read_text() == "*.pyc\n.flowlane/\n.venv/\n"
+
+
+def test_init_adds_only_the_entries_a_gitignore_lacks(tmp_path: Path) -> None:
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / ".gitignore").write_text(".venv\n")
+    root = _init(tmp_path)
+    assert (root / ".gitignore").read_text() == ".venv\n.flowlane/\n"
 
 
 def test_the_ci_workflow_runs_sarif_check_and_plan(tmp_path: Path) -> None:

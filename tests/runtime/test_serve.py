@@ -16,8 +16,9 @@ import pytest
 
 from flowlane import defaults
 from flowlane.compiler import api
+from flowlane.errors import WorkerExit
 from flowlane.runtime.client import Client
-from flowlane.runtime.serve import EXIT_DISABLED, Supervisor, WorkerSpec, plan_workers
+from flowlane.runtime.serve import Supervisor, WorkerSpec, plan_workers
 from tests.runtime.rt_support import env, flowlane, wait_until
 
 FLOWS = """\
@@ -171,7 +172,7 @@ def _command(code: int) -> list[str]:
 
 def test_exit_status_3_is_never_restarted_other_exits_are() -> None:
     specs = [WorkerSpec("disabled", "q1"), WorkerSpec("crashing", "q2")]
-    codes = {"disabled": EXIT_DISABLED, "crashing": 1}
+    codes = {"disabled": WorkerExit.DISABLED, "crashing": WorkerExit.FAILED}
     supervisor = Supervisor(
         specs, lambda s: _command(codes[s.name]), base_delay=0.01, max_delay=0.04,
         out=io.StringIO(),

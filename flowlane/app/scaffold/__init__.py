@@ -2,7 +2,7 @@
 
 Writes ``flows/hello.yaml`` (with the editor modeline), ``handlers.py``, the
 JSON Schema the modeline points at, editor settings mapping ``flows/**/*.yaml`` to it
-(VS Code, Helix), a ``.gitignore`` entry for ``.flowlane/``,
+(VS Code, Helix), ``.gitignore`` entries for ``.flowlane/`` and ``.venv/``,
 a CI workflow (``.github/workflows/flowlane.yml``) that installs ``requirements.txt``
 (written with flowlane as it is installed here, PEP 610), and the compiled SQL.
 Existing files are never overwritten.
@@ -30,7 +30,8 @@ FILES = {
     ".vscode/settings.json": "vscode-settings.json",
     ".helix/languages.toml": "helix-languages.toml",
 }
-IGNORED = ".flowlane/"
+# the development database's directory and the virtual environment README creates
+IGNORED = (".flowlane/", ".venv/")
 
 
 @dataclass
@@ -74,11 +75,13 @@ def _write(root: Path, relative: str, text: str, result: InitResult) -> None:
 def _ignore(root: Path, result: InitResult) -> None:
     gitignore = root / ".gitignore"
     text = gitignore.read_text(encoding="utf-8") if gitignore.exists() else ""
-    if any(line.strip() in (IGNORED, IGNORED.rstrip("/")) for line in text.splitlines()):
+    present = {line.strip().rstrip("/") for line in text.splitlines()}
+    missing = [entry for entry in IGNORED if entry.rstrip("/") not in present]
+    if not missing:
         result.kept.append(".gitignore")
         return
     separator = "" if not text or text.endswith("\n") else "\n"
-    gitignore.write_text(f"{text}{separator}{IGNORED}\n", encoding="utf-8")
+    gitignore.write_text(text + separator + "".join(f"{entry}\n" for entry in missing), encoding="utf-8")
     result.written.append(".gitignore")
 
 

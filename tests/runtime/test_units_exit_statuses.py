@@ -1,0 +1,32 @@
+"""A worker's exit statuses are ``errors.WorkerExit``: its errors carry them, and
+docs/runtime.md's table lists exactly them, in order (read as data, not as lines)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flowlane import errors
+from flowlane.errors import WorkerExit
+
+RUNTIME = Path(__file__).resolve().parents[2] / "docs" / "runtime.md"
+
+
+def _exit_status_table() -> dict[int, str]:
+    """``status -> meaning`` of the rows of the "Exit status" table."""
+    section = RUNTIME.read_text(encoding="utf-8").partition("\n## Exit status\n")[2]
+    rows = [line for line in section.partition("\n## ")[0].splitlines() if line.startswith("| ")]
+    cells = [[cell.strip() for cell in row.strip("|").split(" | ")] for row in rows[1:]]  # no heading
+    return {int(status): meaning for status, meaning, *_ in cells}
+
+
+def test_the_docs_table_lists_every_exit_status_of_the_enum_in_order() -> None:
+    table = _exit_status_table()
+    assert list(table) == [status.value for status in WorkerExit]
+    assert all(table.values())
+
+
+def test_the_worker_errors_exit_with_the_enum_statuses() -> None:
+    assert errors.WorkerError().exit_code == WorkerExit.FAILED
+    assert errors.UsageError().exit_code == WorkerExit.USAGE
+    assert errors.WorkerDisabled().exit_code == WorkerExit.DISABLED
+    assert errors.WorkerOutdated().exit_code == WorkerExit.RESTART
