@@ -107,6 +107,27 @@ def test_stable_order_takes_the_earliest_declared_ready_step() -> None:
     assert toposort.stable_order(declared, needs) == ["c", "b", "a", "d"]
 
 
+def _cycles(declared: list[str], needs: dict[str, list[str]], limit: int = 20) -> list[list[str]]:
+    placed = set(toposort.stable_order(declared, needs))
+    return toposort.find_cycles(declared, needs, placed, limit)
+
+
+def test_every_cycle_is_found_once_from_its_first_declared_step() -> None:
+    needs = {"a": ["b", "c"], "b": ["a", "c"], "c": ["a", "b"], "d": ["d"], "e": ["c"]}
+    assert _cycles(["a", "b", "c", "d", "e"], needs) == [
+        ["a", "b", "a"], ["a", "b", "c", "a"], ["a", "c", "a"], ["a", "c", "b", "a"],
+        ["b", "c", "b"], ["d", "d"],
+    ]
+
+
+def test_cycles_stop_at_the_limit_and_a_long_cycle_is_found_whole() -> None:
+    every = [f"s{i}" for i in range(12)]  # each needs every other: millions of cycles
+    assert len(_cycles(every, {s: [t for t in every if t != s] for s in every}, limit=7)) == 7
+    ring = [f"s{i}" for i in range(3000)]
+    found = _cycles(ring, {s: [ring[i - 1]] for i, s in enumerate(ring)})
+    assert found == [[*ring, "s0"]]
+
+
 def test_shape_differences_are_readable() -> None:
     old = {"queue_mode": "flow", "steps": [{"slug": "a", "type": "single"}]}
     new = {"queue_mode": "per-step", "steps": [{"slug": "a", "type": "map"}, {"slug": "b"}]}
