@@ -105,3 +105,13 @@ def test_a_broken_step_keeps_the_cycles_of_its_needs(tmp_path: Path) -> None:
                     "  b: {type: wait, timeot: 1h, needs: [a]}\n", encoding="utf-8")
     found = [d.code for d in analyze.analyze(loader.load_file(case, case.name)[0])[1]]
     assert sorted(found) == ["FL011", "FL031"]
+
+
+def test_a_key_written_with_its_value_suggests_the_colon(tmp_path: Path) -> None:
+    """``handler shop.x: y`` is one key with a space; its first word is a known key."""
+    case = tmp_path / "flow.yaml"
+    case.write_text("kind: flow\nslug: f\nsteps:\n  pack:\n    handler shop.shipping: pack\n"
+                    "    type: wait\n", encoding="utf-8")
+    found = analyze.analyze(loader.load_file(case, case.name)[0])[1]
+    assert [(d.code, d.help) for d in found] == [
+        ("FL011", "a colon is missing after `handler`: write `handler: ` and then its value")]
