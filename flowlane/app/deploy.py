@@ -22,7 +22,7 @@ from psycopg.types.json import Jsonb
 
 from flowlane import errors, project_root
 from flowlane.compiler import api, check, compiled, contracts, names, shape
-from flowlane.compiler.model import Concurrency, Flow, Project, QueueLimits, Schedule
+from flowlane.compiler.model import Alias, Concurrency, Flow, Project, QueueLimits, Schedule
 from flowlane.core import db, definitions
 from flowlane.core.queries import query
 
@@ -131,11 +131,22 @@ def _read_state(conn: psycopg.Connection[Any], flows: Iterable[Flow]) -> _State:
         shapes = {f.slug: shape.flow_shape(f) for f in flows if f.slug in state.flows}
         for row in cur.execute(query("deploy_shape_differences"),
                                {"shapes": Jsonb(shapes)}).fetchall():
-            state.differences[row["flow_slug"]] = row["differences"]
+            state.differences[row["flow_slug"]] = _by_slug(row["differences"],
+                                                           row["stored_shape"],
+                                                           shapes[row["flow_slug"]])
     return state
 
 
-def _flow_change(flow: Flow, state: _State) -> Change:
+def _by_slug(differences: list[str], stored: dict[str, Any] | None,
+             given: dict[str, Any]) -> list[str]:
+    """The database's words (verify_flow); where steps were added, removed or moved, the
+    same comparison with the steps named by slug instead of position by position."""
+    if not differences or stored is None or shape.same_steps(stored, given):
+        return differences
+    return shape.described(stored, given)
+
+
+def _flow_change(flow: Flow, state: _State, aliases: Iterable[Alias]) -> Change:
     subject = f"flow {flow.slug}"
     row = state.flows.get(flow.slug)
     if row is None:
@@ -144,8 +155,9 @@ def _flow_change(flow: Flow, state: _State) -> Change:
     differences = state.differences[flow.slug]  # the database's words (verify_flow)
     if differences:
         taken = [*state.flows, *state.aliases]
-        suggestion = ("declare the changed flow as a new version, e.g. "
-                      f"`{names.suggest_version(flow, taken)}`")
+        version = names.suggest_version(flow, taken)
+        suggestion = (f"declare the changed flow as a new version, e.g. `{version}`, and "
+                      + names.alias_advice(flow.slug, version, aliases))
         return Change(NEW_VERSION_REQUIRED, subject, (*differences, suggestion))
     options = _option_differences(flow, row, state)
     return Change(SAFE_OPTION_CHANGE, subject, options) if options else Change(NO_CHANGE, subject)
@@ -335,7 +347,8 @@ def _only_in_database(project: Project, state: _State) -> list[Change]:
 
 def plan_with(project: Project, conn: psycopg.Connection[Any]) -> Plan:
     state = _read_state(conn, project.flows)
-    changes = [_flow_change(f, state) for f in sorted(project.flows, key=lambda f: f.slug)]
+    changes = [_flow_change(f, state, project.aliases)
+               for f in sorted(project.flows, key=lambda f: f.slug)]
     changes += _alias_changes(project, state)
     changes += _schedule_changes(project, state)
     changes += _queue_limit_changes(project, state)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from flowlane import defaults
-from flowlane.compiler import contracts, cron, durations, names, schema, toposort
+from flowlane.compiler import codes, contracts, cron, durations, names, schema, toposort
 from flowlane.compiler.diagnostics import Diagnostic
 from flowlane.compiler.loader import MAX_INT_DIGITS, Document, OutOfRange
 from flowlane.compiler.model import (
@@ -129,7 +129,7 @@ def _partial_findings(doc: Document, complete: bool) -> list[Diagnostic]:
     if repaired is None:
         return []
     scratch = Analysis(complete=complete)
-    _FlowChecker(_Entry(doc, repaired), scratch).run()
+    _FlowChecker(_Entry(doc, repaired.data), scratch, repaired.placeholders).run()
     return scratch.findings
 
 
@@ -180,8 +180,10 @@ def _adopts(entry: _Entry, other: _Entry) -> bool:
 class _FlowChecker:
     """Checks one flow document and builds its model."""
 
-    def __init__(self, entry: _Entry, state: Analysis) -> None:
+    def __init__(self, entry: _Entry, state: Analysis,
+                 placeholders: frozenset[str] = frozenset()) -> None:
         self.entry = entry
+        self.placeholders = placeholders
         self.doc = entry.doc
         self.slug = entry.slug
         self.steps: dict[str, dict[str, Any]] = entry.data["steps"]
@@ -192,7 +194,17 @@ class _FlowChecker:
     def error(self, path: tuple[str | int, ...], code: str, message: str,
               help: str | None = None, *, key: bool = False) -> None:
         self.errors += 1
-        self.state.findings.append(self.doc.diagnostic(path, code, message, help, key=key))
+        if not self._about_placeholder(path):
+            self.state.findings.append(self.doc.diagnostic(path, code, message, help, key=key))
+
+    def _about_placeholder(self, path: tuple[str | int, ...]) -> bool:
+        """A finding about a step with schema errors of its own, other than its ``needs``
+        (the only part its placeholder keeps), follows from that error: the schema finding
+        is the root cause, reported alone (how the step is routed, its type, its options
+        depend on the broken part)."""
+        if len(path) < 2 or path[1] not in self.placeholders:
+            return False
+        return path[0] == "queues" or (path[0] == "steps" and path[2:3] != ("needs",))
 
     def run(self) -> Flow | None:
         self._duplicate_steps()
@@ -429,18 +441,20 @@ class _FlowChecker:
         order = toposort.stable_order(declared, needs)
         if len(order) == len(declared):
             return order
-        cycle = toposort.find_cycle(declared, needs, set(order))
-        cycle = _rotate(cycle, declared)
+        for cycle in toposort.find_cycles(declared, needs, set(order)):
+            self._cycle(cycle)
+        return None
+
+    def _cycle(self, cycle: list[str]) -> None:
         edges = list(itertools.pairwise(cycle))
         lines = [
             f"`{b}` needs `{a}` at line {self._need_line(b, a)}" for a, b in edges
         ]
         a, b = edges[0]
         index = self.steps[b]["needs"].index(a)
-        self.error(("steps", b, "needs", index), "FL031",
+        self.error(("steps", b, "needs", index), codes.DEPENDENCY_CYCLE,
                    "dependency cycle: " + " -> ".join(cycle),
                    "; ".join(lines) + "; remove one of these needs")
-        return None
 
     def _need_line(self, step: str, need: str) -> int:
         index = self.steps[step]["needs"].index(need)
@@ -496,19 +510,19 @@ class _FlowChecker:
         for step in routing:
             if step in waits:
                 kind = "wait" if self.steps[step].get("type") == "wait" else "child-flow"
-                self.error(("queues", step), "FL046",
+                self.error(("queues", step), codes.ROUTING_NAMES_QUEUELESS_STEP,
                            f"`queues` routes {kind} step `{step}`, which has no queue",
                            "remove this entry: a signal completes a wait step, a child run a "
                            "child-flow step; no worker serves either", key=True)
             elif step not in self.steps:
                 close = self.step_names.closest(step)
                 help = f"did you mean `{close}`?" if close else "remove this entry"
-                self.error(("queues", step), "FL042",
+                self.error(("queues", step), codes.ROUTING_NAMES_UNKNOWN_STEP,
                            f"`queues` routes unknown step `{step}`", help, key=True)
         queues_line = self.doc.key_at(("queues",)).line
         for step in self.steps:
             if step not in routing and step not in waits:
-                self.error(("steps", step), "FL041",
+                self.error(("steps", step), codes.ROUTING_MISSES_STEP,
                            f"step `{step}` has no entry in the explicit `queues` mapping "
                            f"(line {queues_line})",
                            f"add `{step}: <queue>` under `queues:`; an explicit mapping must "
@@ -653,13 +667,6 @@ def _listing(names: list[str]) -> str:
 
 def _short(text: str) -> str:
     return f"`{text}`" if len(text) <= 40 else f"`{text[:20]}...` ({len(text)} characters)"
-
-
-def _rotate(cycle: list[str], declared: list[str]) -> list[str]:
-    ring = cycle[:-1]
-    start = min(range(len(ring)), key=lambda i: declared.index(ring[i]))
-    ring = ring[start:] + ring[:start]
-    return [*ring, ring[0]]
 
 
 def _unstorable(value: Any) -> tuple[str, str] | None:

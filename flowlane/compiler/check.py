@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from flowlane import errors, project_root
-from flowlane.compiler import api, compiled, contracts, gitrev, names, shape, sqltext
+from flowlane.compiler import api, codes, compiled, contracts, gitrev, names, shape, sqltext
 from flowlane.compiler.diagnostics import Diagnostic
-from flowlane.compiler.model import Flow, Project
+from flowlane.compiler.model import Alias, Flow, Project
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class VersionChange:
     differences: tuple[str, ...]
     suggestion: str
     source: str
+    advice: str  # how callers reach the new version (names.alias_advice)
     line: int = 1
     col: int = 1
     source_line: str | None = None
@@ -62,7 +63,7 @@ class CheckResult:
         """Every finding as a diagnostic (for JSON and SARIF output)."""
         found = list(self.diagnostics)
         found += [_stale_diagnostic(s) for s in self.stale]
-        found += [Diagnostic(v.source, v.line, v.col, "FL091", v.message(base),
+        found += [Diagnostic(v.source, v.line, v.col, codes.NEW_VERSION_REQUIRED, v.message(base),
                              f"declare a new version `{v.suggestion}`; differences: "
                              + "; ".join(v.differences)) for v in self.versions]
         return found
@@ -73,12 +74,10 @@ class CheckResult:
         blocks = [d.to_text() for d in self.diagnostics]
         blocks += [_stale_diagnostic(s).to_text(s.diff.rstrip("\n").split("\n"))
                    for s in self.stale]
-        blocks += [Diagnostic(v.source, v.line, v.col, "FL091", v.message(base),
+        blocks += [Diagnostic(v.source, v.line, v.col, codes.NEW_VERSION_REQUIRED, v.message(base),
                               f"declare a new version `{v.suggestion}` (copy the flow, change "
-                              f"the copy) and move an alias to it (callers of a bare "
-                              f"`{v.flow_slug}` keep that name: an alias `{v.flow_slug}` with "
-                              f"`active: {v.suggestion}`, `draining: [{v.flow_slug}]`); keep "
-                              f"`{v.flow_slug}` unchanged", v.source_line).to_text([f"  {line}" for line in
+                              f"the copy) and {v.advice}; keep `{v.flow_slug}` unchanged",
+                              v.source_line).to_text([f"  {line}" for line in
                                                                    v.differences])
                    for v in self.versions]
         if not blocks:
@@ -165,13 +164,15 @@ def version_changes(project: Project, out: Path, base: str | None
     committed_files = gitrev.show_many(rev, list(paths.values()))
     for flow in project.flows:
         committed = committed_files[paths[flow.slug]]
-        change = _compare(flow, committed, taken) if committed is not None else None
+        change = (None if committed is None else
+                  _compare(flow, committed, taken, project.aliases))
         if change is not None:
             changes.append(change)
     return changes, []
 
 
-def _compare(flow: Flow, committed: str, taken: list[str]) -> VersionChange | None:
+def _compare(flow: Flow, committed: str, taken: list[str], aliases: Iterable[Alias]
+             ) -> VersionChange | None:
     current = shape.flow_shape(flow)
     old = committed_shape(committed)
     if old is not None and shape.same_json(old, current):
@@ -179,10 +180,12 @@ def _compare(flow: Flow, committed: str, taken: list[str]) -> VersionChange | No
     if old is None:
         lines = ["the committed file has no readable shape"]
     else:
-        lines = shape.differences(old, current, "the base", "the YAML")
+        lines = shape.described(old, current, "the base", "the YAML")
     line, col = (flow.location.line, flow.location.col) if flow.location else (1, 1)
-    return VersionChange(flow.slug, tuple(lines), names.suggest_version(flow, taken),
-                         flow.source, line, col, _source_line(flow.source, line))
+    suggestion = names.suggest_version(flow, taken)
+    return VersionChange(flow.slug, tuple(lines), suggestion, flow.source,
+                         names.alias_advice(flow.slug, suggestion, aliases), line, col,
+                         _source_line(flow.source, line))
 
 
 def _source_line(path: str, line: int) -> str | None:

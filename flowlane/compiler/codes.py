@@ -85,6 +85,15 @@ CODES: dict[str, str] = {
     "FL091": "NEW_VERSION_REQUIRED: a committed flow changed its shape",
 }
 
+# the codes by name, for the code that reports them
+UNKNOWN_KEY = "FL011"
+WRONG_TYPE = "FL012"
+DEPENDENCY_CYCLE = "FL031"
+ROUTING_MISSES_STEP = "FL041"
+ROUTING_NAMES_UNKNOWN_STEP = "FL042"
+ROUTING_NAMES_QUEUELESS_STEP = "FL046"
+NEW_VERSION_REQUIRED = "FL091"
+
 CHECK_CODES = frozenset({"FL090", "FL091"})
 # found by importing the handlers (`validate --handlers`), not from the YAML alone
 HANDLER_CODES = frozenset({"FL072"})

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from flowlane.compiler.model import Flow
+from flowlane.compiler.model import Alias, Flow
 
 SLUG_MAX = 128
 QUEUE_MAX = 47  # the PGMQ limit on queue names
@@ -146,6 +146,19 @@ def version_slug_limit(queue_mode: str) -> int:
 def suggest_version(flow: Flow, taken: Iterable[str] = ()) -> str:
     """The next version slug for ``flow``, short enough to be its own default queue name."""
     return next_version_slug(flow.slug, taken, version_slug_limit(flow.queue_mode))
+
+
+def alias_advice(flow_slug: str, version: str, aliases: Iterable[Alias]) -> str:
+    """How callers reach ``version``, a new version of ``flow_slug``: an alias of the project
+    whose active version is ``flow_slug`` moves to it; without one, an alias named
+    ``flow_slug`` takes over the bare name (``alias_may_take_flow_name``)."""
+    mover = next((a for a in aliases if a.active == flow_slug), None)
+    if mover is not None:
+        draining = ", ".join([flow_slug, *(d for d in mover.draining if d != version)])
+        return (f"move alias `{mover.slug}` to it (`active: {version}`, "
+                f"`draining: [{draining}]`)")
+    return (f"move an alias to it (callers of a bare `{flow_slug}` keep that name: an alias "
+            f"`{flow_slug}` with `active: {version}`, `draining: [{flow_slug}]`)")
 
 
 def per_step_queue(flow_slug: str, step_slug: str, index: int) -> str | None:

@@ -12,7 +12,7 @@ from typing import Any
 import jsonschema
 from jsonschema.exceptions import ValidationError
 
-from flowlane.compiler import fastcheck, names
+from flowlane.compiler import codes, fastcheck, names
 from flowlane.compiler.diagnostics import Diagnostic
 from flowlane.compiler.loader import Document, OutOfRange
 
@@ -163,11 +163,19 @@ def _additional(doc: Document, error: ValidationError, path: tuple[Any, ...],
         if key in allowed:
             continue
         close = difflib.get_close_matches(key, allowed, n=1)
-        help = (f"did you mean `{close[0]}`?" if close else
+        glued = _key_before_space(key, allowed)
+        help = (f"a colon is missing after `{glued}`: write `{glued}: ` and then its value"
+                if glued else f"did you mean `{close[0]}`?" if close else
                 "allowed keys: " + ", ".join(f"`{k}`" for k in allowed))
-        found.append(doc.diagnostic((*path, key), "FL011",
+        found.append(doc.diagnostic((*path, key), codes.UNKNOWN_KEY,
                                     f"unknown key `{key}` in {_field(path)}", help, key=True))
     return found
+
+
+def _key_before_space(text: str, keys: list[str]) -> str | None:
+    """``handler shop.x:y``: a known key, a space and more, where ``KEY: VALUE`` was meant."""
+    word, _, rest = text.partition(" ")
+    return word if word in keys and rest.strip() else None
 
 
 def _step_keys() -> set[str]:
@@ -201,7 +209,16 @@ def error_paths(data: Any) -> list[tuple[Any, ...]]:
     return [tuple(error.absolute_path) for error in validator.iter_errors(data)]
 
 
-def repaired_flow(data: dict[str, Any]) -> dict[str, Any] | None:
+@dataclasses.dataclass(frozen=True)
+class Repaired:
+    """A schema-valid stand-in for a flow document, and the steps it stands in for: their
+    placeholders keep only the ``needs`` of the YAML."""
+
+    data: dict[str, Any]
+    placeholders: frozenset[str]
+
+
+def repaired_flow(data: dict[str, Any]) -> Repaired | None:
     """A schema-valid stand-in for a flow document with schema errors, so that the semantic
     checks still run on the rest of it: broken steps keep only their ``needs`` (and get a
     placeholder handler), broken optional parts are dropped. None when that is not safe."""
@@ -211,18 +228,20 @@ def repaired_flow(data: dict[str, Any]) -> dict[str, Any] | None:
         return None
     repaired = {key: value for key, value in data.items() if key in flow_keys}
     fixed_steps = dict(steps)
+    placeholders = set()
     for path in error_paths(data):
         if len(path) >= 2 and path[0] == "steps" and path[1] in steps:
             if path[1] in _step_keys():
                 return None  # an under-indented option: the step list itself is wrong
             fixed_steps[path[1]] = _placeholder_step(steps[path[1]])
+            placeholders.add(str(path[1]))
         elif path[:1] in (("defaults",), ("description",), ("format",), ("concurrency",),
                           ("priority",)):
             repaired.pop(path[0], None)
         elif path != ():  # () = unknown top-level keys, dropped above
             return None
     repaired["steps"] = fixed_steps
-    return repaired if not error_paths(repaired) else None
+    return None if error_paths(repaired) else Repaired(repaired, frozenset(placeholders))
 
 
 def _placeholder_step(spec: Any) -> dict[str, Any]:
@@ -239,11 +258,31 @@ def _type(doc: Document, error: ValidationError, path: tuple[Any, ...],
     expected = error.validator_value
     wanted = [expected] if isinstance(expected, str) else _listed(expected)
     text = " or ".join(_TYPE_NAMES.get(t, t) for t in wanted)
-    return [doc.diagnostic(path, "FL012",
+    return [doc.diagnostic(path, codes.WRONG_TYPE,
                            f"{_field(path)} must be {text}, not {_kind_of(error.instance)}",
                            _empty_step_help(doc, path, error.instance)
                            or _quote_help(doc, path, error.instance, wanted)
-                           or _range_help(sub, error.instance) or _example_help(sub))]
+                           or _range_help(sub, error.instance) or _example_help(sub)
+                           or _mapping_help(path, error.instance, sub, wanted))]
+
+
+def _mapping_help(path: tuple[Any, ...], value: Any, sub: dict[str, Any],
+                  wanted: list[str]) -> str | None:
+    """A scalar where a mapping belongs: its keys go on lines of their own, indented under
+    it; ``handler shop.x:y`` (a colon missing after a key) reads as one string."""
+    if "object" not in wanted or isinstance(value, dict | list):
+        return None
+    required = [k for k in _listed(sub.get("required")) if isinstance(k, str)]
+    keys = [*required, *sorted(set(sub.get("properties", {})) - set(required))]
+    where = f"under {_field(path)}" if path else "in the document"
+    word = _key_before_space(value, keys) if isinstance(value, str) else None
+    if word is not None:
+        rest = value.partition(" ")[2].strip()
+        return (f"a colon is missing after `{word}`: write `{word}: {rest}` on a line "
+                f"of its own, indented {where}")
+    listed = ", ".join(f"`{k}`" for k in keys[:5]) + (", ..." if len(keys) > 5 else "")
+    return (f"write `key: value` lines indented {where}" + (f", with keys such as {listed}"
+                                                             if keys else ""))
 
 
 def _quote_help(doc: Document, path: tuple[Any, ...], value: Any,
@@ -285,12 +324,15 @@ def _any_of(doc: Document, error: ValidationError, path: tuple[Any, ...],
         found: list[Diagnostic] = []
         for sub_error in error.context or ():
             if sub_error.relative_schema_path[0] == index:
-                found.extend(_diagnose(doc, sub_error))
-        if found:  # a branch without examples of its own shows the option's
-            return [d if d.help else dataclasses.replace(d, help=_example_help(sub))
-                    for d in found]
+                # a branch without examples of its own shows the option's
+                help = _example_help(sub) or _bound_help(sub_error)
+                found.extend(d if d.help else dataclasses.replace(d, help=help)
+                             for d in _diagnose(doc, sub_error))
+        if found:
+            return found
     text = f"{_field(path)} is invalid: {sub.get('description', '')}".rstrip(": ")
-    return [doc.diagnostic(path, "FL013", text, _example_help(sub))]
+    return [doc.diagnostic(path, "FL013", text, _example_help(sub)
+                           or f"see {_field(path)} in docs/yaml-reference.md")]
 
 
 def _branch_fits(value: Any, wanted: str) -> bool:
@@ -334,7 +376,24 @@ def _invalid(doc: Document, error: ValidationError, path: tuple[Any, ...],
                               "write the handler as `package.module:function`")
     detail = _detail(error)
     help = sub.get("patternErrorMessage") if error.validator == "pattern" else None
-    return doc.diagnostic(path, code, f"{_field(path)} {detail}", help or _example_help(sub))
+    in_branch = error.parent is not None  # of an anyOf: the option's examples come first
+    return doc.diagnostic(path, code, f"{_field(path)} {detail}",
+                          help or _example_help(sub) or (None if in_branch else _bound_help(error)))
+
+
+def _bound_help(error: ValidationError) -> str:
+    """What a value out of the schema's bounds should be instead."""
+    value = error.validator_value
+    what = _field(tuple(error.absolute_path))
+    return {
+        "minimum": f"give {what} a value of {value} or more",
+        "maximum": f"give {what} a value of {value} or less",
+        "minItems": f"list at least {value} item{'' if value == 1 else 's'} in {what}",
+        "minProperties": f"give {what} at least {value} entr{'y' if value == 1 else 'ies'}, "
+                         "indented under it",
+        "minLength": f"give {what} at least {value} character(s)",
+        "maxLength": f"shorten {what} to {value} characters or fewer",
+    }.get(str(error.validator), f"see {what} in docs/yaml-reference.md")
 
 
 def _detail(error: ValidationError) -> str:
@@ -368,7 +427,8 @@ def _name_problem(doc: Document, path: tuple[Any, ...], sub: dict[str, Any], val
         problem = names.slug_problem(value, _what(path))
         code = "FL020"
     if problem is None:  # the schema and names.py disagree: report the schema's words
-        return doc.diagnostic(path, code, f"invalid name `{value}`", None, key=key)
+        return doc.diagnostic(path, code, f"invalid name `{value}`",
+                              "see the naming rules in docs/yaml-reference.md", key=key)
     return doc.diagnostic(path, code, problem.message, problem.help, key=key)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 from decimal import Decimal
@@ -66,15 +67,7 @@ def differences(old: dict[str, Any], new: dict[str, Any],
     ``_shape_differences`` (with the default names, exactly its text: a parity test proves
     it). Where a database is at hand, ask it instead (``verify_flow``); this copy serves the
     offline comparisons (``check --base``)."""
-    lines: list[str] = []
-    old_mode, new_mode = old.get("queue_mode", _ABSENT), new.get("queue_mode", _ABSENT)
-    if not same_json(old_mode, new_mode):
-        lines.append(f"queue_mode: {shown(old_mode)} in {old_name}, {shown(new_mode)} in {new_name}")
-    old_input, new_input = old.get("input_schema", _ABSENT), new.get("input_schema", _ABSENT)
-    if not same_json(old_input, new_input):
-        lines.append(f"input_schema: {shown(old_input)} in {old_name}, {shown(new_input)} in {new_name}")
-    lines += [f"unknown key {key} in {new_name}" for key in sorted(new)
-              if key not in ("queue_mode", "steps", "input_schema")]
+    lines = _flow_differences(old, new, old_name, new_name)
     old_steps, new_steps = old.get("steps") or [], new.get("steps") or []
     if len(old_steps) != len(new_steps):
         lines.append(f"step count: {len(old_steps)} in {old_name}, {len(new_steps)} in {new_name}")
@@ -89,13 +82,85 @@ def differences(old: dict[str, Any], new: dict[str, Any],
     return lines
 
 
+def _flow_differences(old: dict[str, Any], new: dict[str, Any], old_name: str,
+                      new_name: str) -> list[str]:
+    """The differences outside the steps."""
+    lines: list[str] = []
+    old_mode, new_mode = old.get("queue_mode", _ABSENT), new.get("queue_mode", _ABSENT)
+    if not same_json(old_mode, new_mode):
+        lines.append(f"queue_mode: {shown(old_mode)} in {old_name}, {shown(new_mode)} in {new_name}")
+    old_input, new_input = old.get("input_schema", _ABSENT), new.get("input_schema", _ABSENT)
+    if not same_json(old_input, new_input):
+        lines.append(f"input_schema: {shown(old_input)} in {old_name}, {shown(new_input)} in {new_name}")
+    lines += [f"unknown key {key} in {new_name}" for key in sorted(new)
+              if key not in ("queue_mode", "steps", "input_schema")]
+    return lines
+
+
+def described(old: dict[str, Any], new: dict[str, Any],
+              old_name: str = "the database", new_name: str = "the given shape") -> list[str]:
+    """The differences for a reader: as ``differences`` while both shapes have the same steps
+    in the same order; otherwise the steps added, removed and moved are named by slug, and
+    the steps of both are compared by slug rather than by position (an inserted step is one
+    line, not a difference at every position after it)."""
+    old_steps, new_steps = _steps_by_slug(old), _steps_by_slug(new)
+    if old_steps is None or new_steps is None or same_steps(old, new):
+        return differences(old, new, old_name, new_name)
+    lines = _flow_differences(old, new, old_name, new_name)
+    old_order, new_order = list(old_steps), list(new_steps)
+    lines += [f"step `{slug}` added in {new_name} (position {new_order.index(slug)})"
+              for slug in new_order if slug not in old_steps]
+    lines += [f"step `{slug}` removed: in {old_name} (position {old_order.index(slug)}), "
+              f"not in {new_name}" for slug in old_order if slug not in new_steps]
+    lines += [f"step `{slug}` moved: position {old_order.index(slug)} in {old_name}, "
+              f"{new_order.index(slug)} in {new_name}" for slug in _moved(old_order, new_order)]
+    for slug in new_order:
+        if slug in old_steps:
+            lines += _key_differences(f"step `{slug}`", old_steps[slug], new_steps[slug],
+                                      old_name, new_name)
+    return lines
+
+
+def same_steps(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Both shapes have steps of the same slugs in the same order (``differences`` then
+    compares them position by position, step by step)."""
+    old_steps, new_steps = _steps_by_slug(old), _steps_by_slug(new)
+    return old_steps is None or new_steps is None or list(old_steps) == list(new_steps)
+
+
+def _steps_by_slug(shape: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+    """The steps of a shape by slug, None when some step has no slug of its own."""
+    steps = shape.get("steps") or []
+    found: dict[str, dict[str, Any]] = {}
+    for step in steps if isinstance(steps, list) else [None]:
+        slug = step.get("slug") if isinstance(step, dict) else None
+        if not isinstance(step, dict) or not isinstance(slug, str) or slug in found:
+            return None
+        found[slug] = step
+    return found
+
+
+def _moved(old_order: list[str], new_order: list[str]) -> list[str]:
+    """The steps of both whose order among the others changed: those outside the longest
+    run of steps kept in the same order, in the order of ``new_order``."""
+    old_kept = [s for s in old_order if s in new_order]
+    new_kept = [s for s in new_order if s in old_order]
+    matcher = difflib.SequenceMatcher(None, old_kept, new_kept, autojunk=False)
+    in_place = {new_kept[b.b + i] for b in matcher.get_matching_blocks() for i in range(b.size)}
+    return [s for s in new_kept if s not in in_place]
+
+
 def _step_differences(index: int, old: dict[str, Any], new: dict[str, Any],
                       old_name: str, new_name: str) -> list[str]:
     old_slug, new_slug = old.get("slug", _ABSENT), new.get("slug", _ABSENT)
     if not same_json(old_slug, new_slug):
         return [(f"step {index}: slug is {shown(old_slug)} in {old_name}, "
                  f"{shown(new_slug)} in {new_name}")]
-    label = f"step {index} ({shown(old_slug)})"
+    return _key_differences(f"step {index} ({shown(old_slug)})", old, new, old_name, new_name)
+
+
+def _key_differences(label: str, old: dict[str, Any], new: dict[str, Any],
+                     old_name: str, new_name: str) -> list[str]:
     lines = [f"{label}: {key} is {shown(old.get(key, _ABSENT))} in {old_name}, "
              f"{shown(new.get(key, _ABSENT))} in {new_name}"
              for key in _STEP_KEYS[1:]

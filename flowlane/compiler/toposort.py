@@ -32,20 +32,94 @@ def stable_order(declared: Sequence[str], needs: Mapping[str, Sequence[str]]) ->
     return order
 
 
-def find_cycle(declared: Sequence[str], needs: Mapping[str, Sequence[str]],
-               placed: set[str]) -> list[str]:
-    """One cycle among the unplaced steps, as ``[a, b, ..., a]`` where each needs the previous."""
+MAX_CYCLES = 20  # cycles reported at most: a dense tangle has more than anyone reads
+
+
+def find_cycles(declared: Sequence[str], needs: Mapping[str, Sequence[str]],
+                placed: set[str], limit: int = MAX_CYCLES) -> list[list[str]]:
+    """Every elementary cycle among the unplaced steps, each once as ``[a, b, ..., a]``
+    where each step needs the previous one, starting from its earliest-declared step;
+    ordered by that step, at most ``limit`` of them (Johnson's algorithm: the time grows with
+    the cycles found, not with the paths tried)."""
     remaining = [s for s in declared if s not in placed]
-    known = set(remaining)
-    start = remaining[0]
-    # follow "needs" edges backwards from a remaining step until a step repeats
-    path: list[str] = []
-    seen: dict[str, int] = {}
-    current = start
-    while current not in seen:
-        seen[current] = len(path)
-        path.append(current)
-        current = next(n for n in needs[current] if n in known)
-    cycle_back = path[seen[current]:]  # each element needs the next one
-    cycle = list(reversed(cycle_back))  # each element is needed by the next one
-    return [*cycle, cycle[0]]
+    position = {slug: i for i, slug in enumerate(remaining)}
+    needed_by: dict[str, list[str]] = {s: [] for s in remaining}
+    for slug in remaining:
+        for need in dict.fromkeys(needs.get(slug, ())):
+            if need in position:
+                needed_by[need].append(slug)
+    found: list[list[str]] = []
+    for start in remaining:
+        if len(found) >= limit:
+            break
+        group = _strongly_connected(start, needed_by, position)
+        if group:
+            found += _cycles_through(start, {s: [c for c in needed_by[s] if c in group]
+                                             for s in group}, limit - len(found))
+    return found
+
+
+def _strongly_connected(start: str, edges: Mapping[str, Sequence[str]],
+                        position: Mapping[str, int]) -> set[str]:
+    """The steps declared no earlier than ``start`` that are on a cycle with it."""
+    later = {s for s in edges if position[s] >= position[start]}
+    forward = _reachable(start, edges, later)
+    backward_edges: dict[str, list[str]] = {s: [] for s in later}
+    for slug in later:
+        for child in edges[slug]:
+            if child in later:
+                backward_edges[child].append(slug)
+    return forward & _reachable(start, backward_edges, later) if start in forward else set()
+
+
+def _reachable(start: str, edges: Mapping[str, Sequence[str]], allowed: set[str]) -> set[str]:
+    """Steps reached from ``start`` by one edge or more."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for child in edges[todo.pop()]:
+            if child in allowed and child not in seen:
+                seen.add(child)
+                todo.append(child)
+    return seen
+
+
+def _cycles_through(start: str, edges: Mapping[str, Sequence[str]], limit: int) -> list[list[str]]:
+    """The elementary cycles through ``start`` within its strongly connected group."""
+    found: list[list[str]] = []
+    blocked = {start}
+    blockers: dict[str, set[str]] = {s: set() for s in edges}
+    path = [start]
+    closes = [False]  # per step on the path: some cycle was found through it
+    stack = [iter(edges[start])]
+    while stack and len(found) < limit:
+        child = next(stack[-1], None)
+        if child == start:
+            found.append([*path, start])
+            closes[-1] = True
+        elif child is not None and child not in blocked:
+            path.append(child)
+            closes.append(False)
+            stack.append(iter(edges[child]))
+            blocked.add(child)
+        elif child is None:
+            stack.pop()
+            step, closed = path.pop(), closes.pop()
+            if closed:
+                _unblock(step, blocked, blockers)
+                if closes:
+                    closes[-1] = True
+            else:
+                for next_step in edges[step]:
+                    blockers[next_step].add(step)
+    return found
+
+
+def _unblock(step: str, blocked: set[str], blockers: dict[str, set[str]]) -> None:
+    todo = [step]
+    while todo:
+        current = todo.pop()
+        if current in blocked:
+            blocked.discard(current)
+            todo.extend(blockers[current])
+            blockers[current].clear()

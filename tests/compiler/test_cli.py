@@ -187,6 +187,30 @@ def test_check_requires_a_new_version_for_shape_changes(project: Path,
     assert code == 2 and "git revision `no_such_rev` not found" in err
 
 
+def test_check_names_an_inserted_step_and_moves_the_alias_the_project_has(
+        project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    git(project, "init", "-q")
+    flow = HELLO.replace("slug: hello", "slug: hello_v1")
+    (project / "flows" / "hello.yaml").write_text(
+        flow + "---\nkind: alias\nslug: hello\nactive: hello_v1\n")
+    run(capsys, "compile")
+    commit_all(project)
+    inserted = flow.replace("  shout:\n    needs: [greet]\n",
+                            "  check:\n    needs: [greet]\n    handler: m:check\n"
+                            "  shout:\n    needs: [check]\n")
+    (project / "flows" / "hello.yaml").write_text(
+        inserted + "---\nkind: alias\nslug: hello\nactive: hello_v1\n")
+    run(capsys, "compile")
+    code, out, _ = run(capsys, "check", "--base", "HEAD")
+    assert code == 1 and "NEW_VERSION_REQUIRED: flow `hello_v1`" in out
+    detail = [line.strip() for line in out.splitlines() if line.startswith("  step")]
+    assert detail == ["step `check` added in the YAML (position 1)",
+                      'step `shout`: needs is ["greet"] in the base, ["check"] in the YAML']
+    assert ("\nhelp: declare a new version `hello_v2` (copy the flow, change the copy) and "
+            "move alias `hello` to it (`active: hello_v2`, `draining: [hello_v1]`); keep "
+            "`hello_v1` unchanged\n") in out
+
+
 def test_check_outside_git_notes_the_skipped_version_check(project: Path,
                                                            capsys: pytest.CaptureFixture[str]
                                                            ) -> None:

@@ -139,9 +139,11 @@ def test_plan_apply_verify_end_to_end(dsn: str, project_dir: Path,
     assert cli(capsys, "compile")[0] == 0
     code, out, _ = cli(capsys, "plan", "--dsn", dsn)
     assert code == 1 and "NEW_VERSION_REQUIRED  flow hello_world" in out
-    # the database's words, the same as a worker's startup check (verify_flow)
-    assert "\n  step count: 1 in the database, 2 in the given shape\n" in out
-    assert "\n  step 1 (wave): only in the given shape\n" in out and "`hello_world_v2`" in out
+    # the database's words (a worker's startup check, verify_flow), a step added named by slug
+    assert "\n  step `wave` added in the given shape (position 1)\n" in out
+    assert "step count" not in out
+    assert ("declare the changed flow as a new version, e.g. `hello_world_v2`, and move an "
+            "alias to it (callers of a bare `hello_world` keep that name") in out
     code, _, err = cli(capsys, "apply", "--dsn", dsn)
     assert code == 1 and "apply refused" in err
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -71,9 +71,47 @@ def test_invalid_cases_cover_every_code() -> None:
     assert seen == set(codes.CODES) - codes.CHECK_CODES - codes.HANDLER_CODES
 
 
+def test_every_finding_of_every_invalid_case_has_a_help_line() -> None:
+    """The invalid cases cover every code (the test above): each finding says what to do."""
+    without_help = []
+    for case in INVALID:
+        docs, findings = loader.load_file(case, case.name)
+        _project, more = analyze.analyze(docs)
+        without_help += [d.headline() for d in [*findings, *more] if not d.help]
+    assert without_help == []
+
+
+def test_every_named_code_is_a_code() -> None:
+    named = {name: value for name, value in vars(codes).items()
+             if name.isupper() and isinstance(value, str)}
+    assert named
+    assert set(named.values()) <= set(codes.CODES)
+
+
 def test_a_missing_expected_file_fails_and_says_how_to_write_it(tmp_path: Path) -> None:
     missing = tmp_path / "new_case.sql"
     with pytest.raises(pytest.fail.Exception, match="--update-golden") as failure:
         _compare("select 1;\n", missing, update=False)
     assert "new_case.sql is missing" in str(failure.value)
     assert not missing.exists()
+
+
+def test_a_broken_step_keeps_the_cycles_of_its_needs(tmp_path: Path) -> None:
+    """A step with a schema error stands in with its needs only: findings about its needs
+    are still reported, findings about its routing are not."""
+    case = tmp_path / "flow.yaml"
+    case.write_text("kind: flow\nslug: f\nqueues: {a: q}\nsteps:\n"
+                    "  a: {handler: m:a, needs: [b]}\n"
+                    "  b: {type: wait, timeot: 1h, needs: [a]}\n", encoding="utf-8")
+    found = [d.code for d in analyze.analyze(loader.load_file(case, case.name)[0])[1]]
+    assert sorted(found) == ["FL011", "FL031"]
+
+
+def test_a_key_written_with_its_value_suggests_the_colon(tmp_path: Path) -> None:
+    """``handler shop.x: y`` is one key with a space; its first word is a known key."""
+    case = tmp_path / "flow.yaml"
+    case.write_text("kind: flow\nslug: f\nsteps:\n  pack:\n    handler shop.shipping: pack\n"
+                    "    type: wait\n", encoding="utf-8")
+    found = analyze.analyze(loader.load_file(case, case.name)[0])[1]
+    assert [(d.code, d.help) for d in found] == [
+        ("FL011", "a colon is missing after `handler`: write `handler: ` and then its value")]

@@ -163,7 +163,7 @@ def test_structural_change_requires_a_new_version_option_change_does_not(
     assert check.committed_shape(committed) == shape.flow_shape(project.flows[0])
     for mutated in _mutations(document):
         flow = api.project_from_text(to_yaml(mutated), "f.yaml").flows[0]
-        change = check._compare(flow, committed, [flow.slug])
+        change = check._compare(flow, committed, [flow.slug], ())
         assert change is not None and change.differences
         assert change.suggestion != flow.slug
     tuned = json.loads(json.dumps(document))
@@ -173,7 +173,7 @@ def test_structural_change_requires_a_new_version_option_change_does_not(
         spec["description"] = "changed"
         spec["handler"] = "other.module:fn"
     flow = api.project_from_text(to_yaml(tuned), "f.yaml").flows[0]
-    assert check._compare(flow, committed, [flow.slug]) is None
+    assert check._compare(flow, committed, [flow.slug], ()) is None
 
 
 @pytest.mark.slow  # seconds of generated documents: the whole suite's, not the fast loop's

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from flowlane import errors
 from flowlane.compiler import api, loader, names, schema, shape, sqltext, toposort
 from flowlane.compiler.diagnostics import Diagnostic
+from flowlane.compiler.model import Alias
 from flowlane.compiler.names import next_version_slug, suggest_version
 from tests.compiler.strategies import STORABLE_CHARACTERS
 
@@ -107,6 +109,27 @@ def test_stable_order_takes_the_earliest_declared_ready_step() -> None:
     assert toposort.stable_order(declared, needs) == ["c", "b", "a", "d"]
 
 
+def _cycles(declared: list[str], needs: dict[str, list[str]], limit: int = 20) -> list[list[str]]:
+    placed = set(toposort.stable_order(declared, needs))
+    return toposort.find_cycles(declared, needs, placed, limit)
+
+
+def test_every_cycle_is_found_once_from_its_first_declared_step() -> None:
+    needs = {"a": ["b", "c"], "b": ["a", "c"], "c": ["a", "b"], "d": ["d"], "e": ["c"]}
+    assert _cycles(["a", "b", "c", "d", "e"], needs) == [
+        ["a", "b", "a"], ["a", "b", "c", "a"], ["a", "c", "a"], ["a", "c", "b", "a"],
+        ["b", "c", "b"], ["d", "d"],
+    ]
+
+
+def test_cycles_stop_at_the_limit_and_a_long_cycle_is_found_whole() -> None:
+    every = [f"s{i}" for i in range(12)]  # each needs every other: millions of cycles
+    assert len(_cycles(every, {s: [t for t in every if t != s] for s in every}, limit=7)) == 7
+    ring = [f"s{i}" for i in range(3000)]
+    found = _cycles(ring, {s: [ring[i - 1]] for i, s in enumerate(ring)})
+    assert found == [[*ring, "s0"]]
+
+
 def test_shape_differences_are_readable() -> None:
     old = {"queue_mode": "flow", "steps": [{"slug": "a", "type": "single"}]}
     new = {"queue_mode": "per-step", "steps": [{"slug": "a", "type": "map"}, {"slug": "b"}]}
@@ -116,6 +139,38 @@ def test_shape_differences_are_readable() -> None:
         "step 0 (a): type is single in the database, map in the given shape",
         "step 1 (b): only in the given shape",
     ]
+
+
+def _steps(*slugs: str, **needs: list[str]) -> dict[str, Any]:
+    return {"queue_mode": "flow",
+            "steps": [{"slug": s, "type": "single", "needs": needs.get(s, [])} for s in slugs]}
+
+
+def test_described_differences_name_added_removed_and_moved_steps_by_slug() -> None:
+    old = _steps("a", "b", "c", "d", "e")
+    new = {**_steps("a", "x", "c", "d", "b", b=["x"]), "queue_mode": "per-step"}
+    assert shape.described(old, new, "the base", "the YAML") == [
+        "queue_mode: flow in the base, per-step in the YAML",
+        "step `x` added in the YAML (position 1)",
+        "step `e` removed: in the base (position 4), not in the YAML",
+        "step `b` moved: position 1 in the base, 4 in the YAML",
+        'step `b`: needs is [] in the base, ["x"] in the YAML',
+    ]
+
+
+def test_described_differences_of_the_same_steps_are_the_positional_ones() -> None:
+    old, new = _steps("a", "b"), _steps("a", "b", b=["a"])
+    assert shape.same_steps(old, new)
+    assert shape.described(old, new) == shape.differences(old, new) == [
+        'step 1 (b): needs is [] in the database, ["a"] in the given shape']
+
+
+def test_alias_advice_moves_the_alias_whose_active_version_changes() -> None:
+    orders = Alias("orders", "orders_v2", ("orders_v1",))
+    assert names.alias_advice("orders_v2", "orders_v3", [orders]) == (
+        "move alias `orders` to it (`active: orders_v3`, `draining: [orders_v2, orders_v1]`)")
+    assert "an alias `orders_v2` with `active: orders_v3`" in names.alias_advice(
+        "orders_v2", "orders_v3", [Alias("other", "other_v1")])
 
 
 def test_next_version_slug() -> None:

@@ -12,9 +12,11 @@ order by f.flow_slug collate "C"
 select f.flow_slug from flowlane.flows f where f.flow_slug = any (%(slugs)s::text[])
 
 -- name: deploy_shape_differences
--- the words of the worker's startup check (verify_flow) for every given {slug: shape}
+-- the words of the worker's startup check (verify_flow) for every given {slug: shape}, and
+-- the stored shape (to name the steps added, removed or moved by slug)
 select given.key as flow_slug,
-       flowlane.verify_flow(given.key, given.value) -> 'differences' as differences
+       flowlane.verify_flow(given.key, given.value) -> 'differences' as differences,
+       flowlane.get_flow_shape(given.key) as stored_shape
 from jsonb_each(%(shapes)s::jsonb) given
 
 -- name: deploy_steps
