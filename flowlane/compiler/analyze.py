@@ -13,7 +13,7 @@ from typing import Any, cast
 from flowlane import defaults
 from flowlane.compiler import codes, contracts, cron, durations, names, schema, toposort
 from flowlane.compiler.diagnostics import Diagnostic
-from flowlane.compiler.loader import MAX_INT_DIGITS, Document, OutOfRange
+from flowlane.compiler.loader import Document, unstorable
 from flowlane.compiler.model import (
     Alias,
     Concurrency,
@@ -432,7 +432,7 @@ class _FlowChecker:
                            f"needs: the condition can never {outcome}", help, key=True)
 
     def _condition(self, path: tuple[str | int, ...], value: Any) -> None:
-        bad = _unstorable(value)
+        bad = unstorable(value)
         if bad is not None:
             self.error(path, "FL071", f"condition contains {bad[0]}", bad[1])
 
@@ -663,33 +663,6 @@ def _listing(names: list[str]) -> str:
     shown = ", ".join(f"`{n}`" for n in names[:SUGGESTIONS])
     more = len(names) - SUGGESTIONS
     return shown + (f" and {more} more" if more > 0 else "")
-
-
-def _short(text: str) -> str:
-    return f"`{text}`" if len(text) <= 40 else f"`{text[:20]}...` ({len(text)} characters)"
-
-
-def _unstorable(value: Any) -> tuple[str, str] | None:
-    """(what, what to do) for the first value of a condition the database cannot hold."""
-    if isinstance(value, OutOfRange):
-        what = f"the number {_short(value)}, which no JSON number flowlane stores can hold"
-        todo = f"use a finite number with at most {MAX_INT_DIGITS} digits, or quote it as text"
-        return what, todo
-    if isinstance(value, str):
-        if "\x00" in value:
-            return ("a NUL character", "PostgreSQL jsonb cannot store NUL characters; remove them")
-        return None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            found = _unstorable(key) or _unstorable(item)
-            if found:
-                return found
-    if isinstance(value, list):
-        for item in value:
-            found = _unstorable(item)
-            if found:
-                return found
-    return None
 
 
 def _build_flow(entry: _Entry, state: Analysis) -> None:

@@ -69,6 +69,7 @@ CODES: dict[str, str] = {
     "FL103": "condition can never match the schema of what it tests",
     "FL104": "map over a value whose schema is not an array",
     "FL105": "input written in the YAML that the target flow's input_schema refuses",
+    "FL106": "schema holds a value PostgreSQL cannot store",
     # child flows
     "FL140": "child flow is not a flow or alias of this project",
     "FL141": "flows start each other in a cycle",

@@ -24,7 +24,7 @@ from jsonschema.exceptions import ValidationError
 
 from flowlane import project_root
 from flowlane.compiler.diagnostics import Diagnostic
-from flowlane.compiler.loader import Document, OutOfRange, load_file
+from flowlane.compiler.loader import Document, OutOfRange, load_file, unstorable
 from flowlane.compiler.shape import jsonb_text
 
 KEYWORDS = ("type", "properties", "required", "additionalProperties", "items", "enum", "const",
@@ -118,7 +118,22 @@ def _problems(value: Any, at: Path_) -> Iterator[tuple[Path_, str, str, str | No
             yield from _problems(item, here)
         elif key == "properties":
             for name, sub in item.items():
+                yield from _unstorable((*here, name), f"property name {_shown(name)}", name, key=True)
                 yield from _problems(sub, (*here, name))
+        elif isinstance(item, list):
+            for index, element in enumerate(item):
+                yield from _unstorable((*here, index), f"`{key}`", element)
+        else:
+            yield from _unstorable(here, f"`{key}`", item)
+
+
+def _unstorable(at: Path_, what: str, value: Any, key: bool = False
+                ) -> Iterator[tuple[Path_, str, str, str | None, bool]]:
+    """FL106 when ``value`` holds what no jsonb value can (a NUL character, a number out of
+    range): the contract could not be stored."""
+    found = unstorable(value)
+    if found is not None:
+        yield at, "FL106", f"{what} holds {found[0]}: the contract cannot be stored", found[1], key
 
 
 _KEYWORD_HELP = {
@@ -154,7 +169,8 @@ def _keyword_problem(key: str, value: Any) -> str | None:
         ok = isinstance(value, int | float) and not isinstance(value, bool | OutOfRange)
         return None if ok else f"`{key}` must be a number, got {_shown(value)}"
     if key in _COUNT:
-        ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _COUNT_MAX
+        number = count(value)
+        ok = number is not None and 0 <= number <= _COUNT_MAX
         return None if ok else f"`{key}` must be a whole number from 0, got {_shown(value)}"
     if key == "pattern":
         if not isinstance(value, str):
@@ -166,22 +182,27 @@ def _keyword_problem(key: str, value: Any) -> str | None:
         return None
     if key in _SUBSCHEMA and not isinstance(value, dict | bool):
         return f"`{key}` must be a schema (a mapping or true/false), not {_kind(value)}"
-    if key == "const" or key == "enum":
-        return None
-    return _unstorable(value)
-
-
-def _unstorable(value: Any) -> str | None:
-    if isinstance(value, OutOfRange):
-        return f"the number {value[:20]} cannot be stored"
-    if isinstance(value, str) and "\x00" in value:
-        return "a NUL character cannot be stored"
     return None
 
 
+def count(value: Any) -> int | None:
+    """The whole number a count keyword (``minLength``, ``maxItems``...) holds, None when it
+    holds none: JSON Schema reads ``2.0`` as the count 2 (so does the SQL Core)."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _as_count(value: Any) -> Any:
+    """A count keyword's value as the count it means (2.0 is 2); any other value as it is."""
+    number = count(value)
+    return value if number is None else number
+
+
 def shape_form(schema: Any) -> Any:
-    """The schema without annotations (they are not part of the shape); keyword positions
-    only, so a property named ``title`` stays."""
+    """The schema without annotations (they are not part of the shape) and with each count as
+    the whole number it means (``2.0`` is stored as ``2``); keyword positions only, so a
+    property named ``title`` stays."""
     if not isinstance(schema, dict):
         return schema
     kept: dict[str, Any] = {}
@@ -192,6 +213,8 @@ def shape_form(schema: Any) -> Any:
             kept[key] = shape_form(value)
         elif key == "properties":
             kept[key] = {name: shape_form(sub) for name, sub in value.items()}
+        elif key in _COUNT:
+            kept[key] = _as_count(value)
         else:
             kept[key] = value
     return kept
@@ -256,11 +279,11 @@ def _violation(error: ValidationError) -> Violation:
         "maximum": lambda: f"{shown} is greater than the maximum {_jsonb_shown(value)}",
         "exclusiveMinimum": lambda: f"{shown} is not greater than {_jsonb_shown(value)}",
         "exclusiveMaximum": lambda: f"{shown} is not less than {_jsonb_shown(value)}",
-        "minLength": lambda: f"{shown} is shorter than {value} characters",
-        "maxLength": lambda: f"{shown} is longer than {value} characters",
+        "minLength": lambda: f"{shown} is shorter than {_as_count(value)} characters",
+        "maxLength": lambda: f"{shown} is longer than {_as_count(value)} characters",
         "pattern": lambda: f"{shown} does not match the pattern {_jsonb_shown(value)}",
-        "minItems": lambda: f"has fewer than {value} items",
-        "maxItems": lambda: f"has more than {value} items",
+        "minItems": lambda: f"has fewer than {_as_count(value)} items",
+        "maxItems": lambda: f"has more than {_as_count(value)} items",
         "required": lambda: f"required property {_missing(error)} is missing",
         "additionalProperties": lambda: f"property {_extra(error)} is not allowed "
                                         "(additionalProperties is false)",

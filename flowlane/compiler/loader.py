@@ -91,6 +91,34 @@ class OutOfRange(str):
     converts it, and the schema and the condition checks report it by what it is."""
 
 
+def _short(text: str) -> str:
+    return f"`{text}`" if len(text) <= 40 else f"`{text[:20]}...` ({len(text)} characters)"
+
+
+def unstorable(value: Any) -> tuple[str, str] | None:
+    """(what, what to do) for the first part of ``value`` (a key, a string, a number) that no
+    jsonb value can hold: a number kept as :class:`OutOfRange`, or a NUL character."""
+    if isinstance(value, OutOfRange):
+        what = f"the number {_short(value)}, which no JSON number flowlane stores can hold"
+        todo = f"use a finite number with at most {MAX_INT_DIGITS} digits, or quote it as text"
+        return what, todo
+    if isinstance(value, str):
+        if "\x00" in value:
+            return ("a NUL character", "PostgreSQL jsonb cannot store NUL characters; remove them")
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = unstorable(key) or unstorable(item)
+            if found:
+                return found
+    if isinstance(value, list):
+        for item in value:
+            found = unstorable(item)
+            if found:
+                return found
+    return None
+
+
 class Position(NamedTuple):
     """A 1-based line and column in a source file (a tuple: cheap, one per YAML node)."""
 

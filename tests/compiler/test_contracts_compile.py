@@ -91,3 +91,54 @@ def test_compiling_with_contracts_is_deterministic(schema: dict[str, Any]) -> No
     without_titles = contracts.shape_form(schema)
     assert "title" not in without_titles
     assert json.dumps(without_titles, sort_keys=True, separators=(",", ":")) in first
+
+
+COUNTED = """kind: flow
+slug: counted
+input_schema:
+  type: object
+  properties:
+    name: {{type: string, minLength: {count}, maxLength: 9}}
+    tags: {{type: array, minItems: {count}, maxItems: 9.0}}
+steps:
+  a: {{handler: m.h:a}}
+"""
+
+
+def test_a_count_written_as_a_whole_float_is_that_count() -> None:
+    written = api.project_from_text(COUNTED.format(count="2.0")).flows[0]
+    whole = api.project_from_text(COUNTED.format(count="2")).flows[0]
+    properties = written.input_schema["properties"]  # type: ignore[index]
+    assert properties["name"] == {"type": "string", "minLength": 2, "maxLength": 9}
+    assert properties["tags"] == {"type": "array", "minItems": 2, "maxItems": 9}
+    assert type(properties["tags"]["maxItems"]) is int
+    # the same shape and the same SQL as the integers: 2.0 and 2 are one contract
+    assert shape.flow_shape(written) == shape.flow_shape(whole)
+    assert compiled.render_flow(written) == compiled.render_flow(whole)
+    # the Python verdict reads and names it as 2 too
+    assert [str(v) for v in contracts.violations({"type": "string", "minLength": 2.0}, "f")] == [
+        '/: "f" is shorter than 2 characters']
+
+
+@pytest.mark.parametrize("count", ["2.5", "-1.0", "1e10", "true", '"2"'])
+def test_a_count_that_is_no_whole_number_from_0_is_fl101(count: str) -> None:
+    shown = json.dumps(json.loads(count))
+    found = api.validate_text(COUNTED.format(count=count))
+    assert [(d.code, d.line, d.message) for d in found] == [
+        ("FL101", 6, f"`minLength` must be a whole number from 0, got {shown}"),
+        ("FL101", 7, f"`minItems` must be a whole number from 0, got {shown}")]
+
+
+@pytest.mark.parametrize(("schema", "at", "what"), [
+    ('{type: string, const: "a\\0b"}', '"a', "`const` holds a NUL character"),
+    ('{enum: [x, {k: "a\\0b"}]}', "{k", "`enum` holds a NUL character"),
+    ('{const: {"k\\0": 1}}', '{"k', "`const` holds a NUL character"),
+    ('{type: string, pattern: "a\\0"}', '"a', "`pattern` holds a NUL character"),
+    ('{properties: {"a\\0": {}}}', '"a', 'property name "a\\u0000" holds a NUL character'),
+    ("{enum: [1, 1e400]}", "1e400", "`enum` holds the number `1e400`"),
+])
+def test_a_value_jsonb_cannot_hold_is_fl106(schema: str, at: str, what: str) -> None:
+    line = f"input_schema: {schema}"
+    [found] = api.validate_text(f"kind: flow\nslug: nul\n{line}\nsteps:\n  a: {{handler: m.h:a}}\n")
+    assert (found.code, found.line, found.col) == ("FL106", 3, line.index(at) + 1)
+    assert found.message.startswith(what) and found.message.endswith(": the contract cannot be stored")

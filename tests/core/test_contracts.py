@@ -130,6 +130,56 @@ def test_set_contract_refuses_keywords_outside_the_subset(conn: psycopg.Connecti
         conn.execute("""select flowlane.set_contract('loose', 'zz', '{}')""")
 
 
+@pytest.mark.parametrize(("schema", "instance", "message"), [
+    ({"minLength": 2.0}, "f", '"f" is shorter than 2 characters'),
+    ({"maxLength": 1.0}, "ff", '"ff" is longer than 1 characters'),
+    ({"minItems": 2.0}, [1], "has fewer than 2 items"),
+    ({"maxItems": 0.0}, [1], "has more than 0 items"),
+])
+def test_a_count_written_as_a_whole_float_is_that_count(
+        conn: psycopg.Connection[Any], schema: dict[str, float], instance: Any, message: str) -> None:
+    found = conn.execute("select flowlane.contract_violation(%(s)s, %(i)s),"
+                         " flowlane._contract_fast_accepts(%(s)s, %(i)s)",
+                         {"s": Jsonb(schema), "i": Jsonb(instance)}).fetchone()
+    assert found is not None and found[0]["message"] == message and found[1] is False
+    assert [str(v) for v in contracts.violations(schema, instance)] == [f"/: {message}"]
+
+
+def test_set_contract_takes_whole_float_counts_and_checks_them_as_whole_numbers(
+        conn: psycopg.Connection[Any]) -> None:
+    written = {"type": "object", "properties": {
+        "name": {"type": "string", "minLength": 2.0, "maxLength": 3.0},
+        "tags": {"type": "array", "minItems": 1.0, "maxItems": 2.0}}}
+    whole = json.loads(json.dumps(written).replace(".0", ""))
+    for flow, schema in (("floats", written), ("whole", whole)):
+        conn.execute("select flowlane.create_flow(%s)", (flow,))
+        conn.execute("select flowlane.add_step(%s, 'a')", (flow,))
+        conn.execute("select flowlane.set_contract(%s, null, %s)", (flow, Jsonb(schema)))
+    checks = conn.execute("select flow_slug, check_sql from flowlane.contracts order by flow_slug").fetchall()
+    assert checks[0][1] == checks[1][1]  # one compiled check for 2.0 and 2
+    conn.execute("select flowlane.start_flow('floats', %s)", (Jsonb({"name": "ab", "tags": ["x"]}),))
+    for refused, why in (({"name": "a"}, '/name: "a" is shorter than 2 characters'),
+                         ({"name": "abcd"}, '/name: "abcd" is longer than 3 characters'),
+                         ({"tags": []}, "/tags: has fewer than 1 items"),
+                         ({"tags": [1, 2, 3]}, "/tags: has more than 2 items")):
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match=f"input_schema: {why}\n"):
+            conn.execute("select flowlane.start_flow('floats', %s)", (Jsonb(refused),))
+    assert conn.execute("select count(*) from flowlane.runs").fetchone() == (1,)
+
+
+@pytest.mark.parametrize("key", ["minLength", "maxLength", "minItems", "maxItems"])
+def test_set_contract_refuses_a_count_that_is_not_whole(conn: psycopg.Connection[Any], key: str) -> None:
+    conn.execute("select flowlane.create_flow('halves')")
+    conn.execute("select flowlane.add_step('halves', 'a')")
+    with pytest.raises(psycopg.errors.InvalidParameterValue,
+                       match=f"is not a contract: /properties/x/{key}: {key} must be a whole number "
+                             r"from 0, got 2\.5\n"):
+        conn.execute("select flowlane.set_contract('halves', null, %s)",
+                     (Jsonb({"properties": {"x": {key: 2.5}}}),))
+    conn.rollback()
+    assert conn.execute("select count(*) from flowlane.contracts").fetchone() == (0,)
+
+
 def test_a_flow_without_contracts_starts_any_input(conn: psycopg.Connection[Any]) -> None:
     _apply(conn, FLOW.replace("input_schema", "description: none\nx_input").split("x_input")[0]
            + "steps:\n  total:\n    handler: shop.orders:total\n")
@@ -147,6 +197,11 @@ _PATTERNS = st.sampled_from(["^a", "b$", "^[a-z]+$", "[0-9]", "^.{2}$", "x*"])
 _TYPES = st.sampled_from(["null", "boolean", "object", "array", "number", "integer", "string"])
 
 
+def _counts_up_to(most: int) -> st.SearchStrategy[int | float]:
+    """A count as JSON Schema allows it: a whole number, also written with a fraction (2.0)."""
+    return st.integers(0, most) | st.integers(0, most).map(float)
+
+
 def _schemas() -> st.SearchStrategy[Any]:
     leaf = st.fixed_dictionaries({}, optional={
         "type": st.one_of(_TYPES, st.lists(_TYPES, min_size=1, max_size=3, unique=True)),
@@ -154,8 +209,8 @@ def _schemas() -> st.SearchStrategy[Any]:
         "const": _SCALARS,
         "minimum": st.integers(-3, 3), "maximum": st.sampled_from([-1, 0, 2.5, 4]),
         "exclusiveMinimum": st.sampled_from([-2, 0, 1.5]), "exclusiveMaximum": st.integers(0, 4),
-        "minLength": st.integers(0, 3), "maxLength": st.integers(0, 3), "pattern": _PATTERNS,
-        "minItems": st.integers(0, 2), "maxItems": st.integers(0, 3),
+        "minLength": _counts_up_to(3), "maxLength": _counts_up_to(3), "pattern": _PATTERNS,
+        "minItems": _counts_up_to(2), "maxItems": _counts_up_to(3),
     })
     # a `false` subschema only as additionalProperties: elsewhere jsonschema reports its
     # error at the parent's path (the SQL Core names the value itself)
@@ -165,7 +220,7 @@ def _schemas() -> st.SearchStrategy[Any]:
         "required": st.lists(_NAMES, max_size=2, unique=True),
         "additionalProperties": inner | st.just(False),
         "items": inner,
-        "minItems": st.integers(0, 2),
+        "minItems": _counts_up_to(2),
     }), max_leaves=6)
 
 

@@ -267,7 +267,8 @@ def test_runs_in_flight_on_the_original_core_finish_after_the_upgrade(
         terminal = {key: {c: engine.run(runs[key])[c] for c in ended} for key in ("done", "failed")}
         tasks_before = engine.scalar("select count(*) from flowlane.step_tasks")
 
-        assert [m.version for m in migrator.migrate(conn)] == ["0003"]
+        after_the_original_core = [m.version for m in migrator.discover() if m.version > "0002"]
+        assert [m.version for m in migrator.migrate(conn)] == after_the_original_core
 
         assert_invariants(engine)
         assert engine.scalar("select count(*) from flowlane.step_tasks") == tasks_before

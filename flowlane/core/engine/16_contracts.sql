@@ -76,7 +76,7 @@ begin
              jsonb_typeof(v_value) = 'number' and (v_value #>> '{}')::numeric >= 0
              and (v_value #>> '{}')::numeric = floor((v_value #>> '{}')::numeric)
              and (v_value #>> '{}')::numeric <= 2147483647) then
-        format('%s must be a whole number from 0', v_key)
+        format('%s must be a whole number from 0, got %s', v_key, v_value)
       when v_key = 'pattern' and jsonb_typeof(v_value) <> 'string' then
         'pattern must be a string'
       when v_key = 'pattern' and not flowlane._is_valid_regex(v_value #>> '{}') then
@@ -123,10 +123,17 @@ as $$
                         where p_pointer <> '' order by o), '{}')
 $$;
 
+-- a count (minLength, maxLength, minItems, maxItems) as a number: JSON Schema reads 2.0 as the
+-- count 2, so a whole number written with a fraction compares, compiles and is shown as 2
+create function flowlane._contract_count(p_count jsonb) returns numeric
+language sql immutable
+set search_path = ''
+as $$ select trim_scale((p_count #>> '{}')::numeric) $$;
+
 -- the schema as a SQL boolean expression over the jsonb value ``p_x`` (an expression): true
 -- only for a valid value (null is read as false: every negated part is coalesced). One
--- ``case jsonb_typeof(...)`` per schema; literals quoted with format's %L; numbers and counts
--- pass through numeric and int casts first.
+-- ``case jsonb_typeof(...)`` per schema; literals quoted with format's %L; numbers pass through
+-- a numeric cast first, counts through _contract_count.
 create function flowlane._contract_sql(p_schema jsonb, p_x text, p_depth int = 0) returns text
 language plpgsql immutable
 set search_path = ''
@@ -168,13 +175,13 @@ begin
         case when p_schema ? 'exclusiveMaximum' then format('(%s)::numeric < %s', p_x, (p_schema ->> 'exclusiveMaximum')::numeric) end], null);
     elsif v_type = 'string' then
       v_checks := array_remove(array[
-        case when p_schema ? 'minLength' then format('length(%s #>> ''{}'') >= %s', p_x, (p_schema ->> 'minLength')::int) end,
-        case when p_schema ? 'maxLength' then format('length(%s #>> ''{}'') <= %s', p_x, (p_schema ->> 'maxLength')::int) end,
+        case when p_schema ? 'minLength' then format('length(%s #>> ''{}'') >= %s', p_x, flowlane._contract_count(p_schema -> 'minLength')) end,
+        case when p_schema ? 'maxLength' then format('length(%s #>> ''{}'') <= %s', p_x, flowlane._contract_count(p_schema -> 'maxLength')) end,
         case when p_schema ? 'pattern' then format('(%s #>> ''{}'') ~ %L', p_x, p_schema ->> 'pattern') end], null);
     elsif v_type = 'array' then
       v_checks := array_remove(array[
-        case when p_schema ? 'minItems' then format('jsonb_array_length(%s) >= %s', p_x, (p_schema ->> 'minItems')::int) end,
-        case when p_schema ? 'maxItems' then format('jsonb_array_length(%s) <= %s', p_x, (p_schema ->> 'maxItems')::int) end,
+        case when p_schema ? 'minItems' then format('jsonb_array_length(%s) >= %s', p_x, flowlane._contract_count(p_schema -> 'minItems')) end,
+        case when p_schema ? 'maxItems' then format('jsonb_array_length(%s) <= %s', p_x, flowlane._contract_count(p_schema -> 'maxItems')) end,
         case when p_schema ? 'items' and p_schema -> 'items' not in ('true', '{}') then
           format('not exists (select from jsonb_array_elements(%s) %s where not coalesce(%s, false))', p_x, v_e,
                  flowlane._contract_sql(p_schema -> 'items', v_e || '.value', p_depth + 1)) end], null);
@@ -283,18 +290,18 @@ begin
     end if;
   elsif v_type = 'string' then
     v_length := length(p_value #>> '{}');
-    if v_length < (p_schema ->> 'minLength')::bigint then
-      return flowlane._contract_failure(p_at, p_schema_at, 'minLength', format('%s is shorter than %s characters', v_shown, p_schema -> 'minLength'));
-    elsif v_length > (p_schema ->> 'maxLength')::bigint then
-      return flowlane._contract_failure(p_at, p_schema_at, 'maxLength', format('%s is longer than %s characters', v_shown, p_schema -> 'maxLength'));
+    if v_length < flowlane._contract_count(p_schema -> 'minLength') then
+      return flowlane._contract_failure(p_at, p_schema_at, 'minLength', format('%s is shorter than %s characters', v_shown, flowlane._contract_count(p_schema -> 'minLength')));
+    elsif v_length > flowlane._contract_count(p_schema -> 'maxLength') then
+      return flowlane._contract_failure(p_at, p_schema_at, 'maxLength', format('%s is longer than %s characters', v_shown, flowlane._contract_count(p_schema -> 'maxLength')));
     elsif p_schema ? 'pattern' and not (p_value #>> '{}') ~ (p_schema ->> 'pattern') then
       return flowlane._contract_failure(p_at, p_schema_at, 'pattern', format('%s does not match the pattern %s', v_shown, p_schema -> 'pattern'));
     end if;
   elsif v_type = 'array' then
-    if jsonb_array_length(p_value) < (p_schema ->> 'minItems')::bigint then
-      return flowlane._contract_failure(p_at, p_schema_at, 'minItems', format('has fewer than %s items', p_schema -> 'minItems'));
-    elsif jsonb_array_length(p_value) > (p_schema ->> 'maxItems')::bigint then
-      return flowlane._contract_failure(p_at, p_schema_at, 'maxItems', format('has more than %s items', p_schema -> 'maxItems'));
+    if jsonb_array_length(p_value) < flowlane._contract_count(p_schema -> 'minItems') then
+      return flowlane._contract_failure(p_at, p_schema_at, 'minItems', format('has fewer than %s items', flowlane._contract_count(p_schema -> 'minItems')));
+    elsif jsonb_array_length(p_value) > flowlane._contract_count(p_schema -> 'maxItems') then
+      return flowlane._contract_failure(p_at, p_schema_at, 'maxItems', format('has more than %s items', flowlane._contract_count(p_schema -> 'maxItems')));
     end if;
     if p_schema ? 'items' then
       for v_i in 0 .. jsonb_array_length(p_value) - 1 loop
