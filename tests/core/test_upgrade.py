@@ -1,20 +1,24 @@
 """Upgrades of the original core (0001, 0002) to this release: backfills, runs in flight, and
-the original core's preflight of message ids."""
+the original core's preflight of message ids; and a call of the previous release's workers in
+flight while the pending migration commits."""
 
 from __future__ import annotations
 
 import re
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from flowlane import errors
 from flowlane.core import migrator
 from tests.core.engine import Engine, assert_invariants
+from tests.release_support import previous_release
 
 REPAIR_DOC = Path(__file__).resolve().parents[2] / "docs" / "upgrade-repair.md"
 
@@ -415,3 +419,58 @@ def test_an_alias_adopts_the_name_of_a_flow_with_runs_in_flight_after_the_upgrad
         engine.drive("hello_v2", lambda task: 2)
         assert [engine.run(r)["status"] for r in (in_flight, moved)] == ["completed"] * 2
         assert_invariants(engine)
+
+
+def _blocked(watcher: psycopg.Connection[Any], pid: int) -> bool:
+    return bool(watcher.execute("select cardinality(pg_blocking_pids(%s)) > 0", (pid,)).fetchone()[0])  # type: ignore[index]
+
+
+def _worker_call(engine: Engine, queries: dict[str, str], call: str) -> tuple[Any, dict[str, Any]]:
+    """The previous release's worker query for ``call`` over the queue's tasks, and its
+    parameters."""
+    pairs = Jsonb([["inflight", "a"]])
+    claim = queries["worker_claim_tasks"], {"queue_name": "inflight", "qty": 10,
+                                            "worker_id": engine.worker_id, "pairs": pairs}
+    if call == "claim":
+        return claim
+    claimed = engine.rows(*claim)
+    result = "output" if call == "complete" else "error"
+    items = [{"run_id": str(t["run_id"]), "step_slug": "a", "task_index": 0, "attempt": t["attempt"],
+              "worker_id": str(engine.worker_id), result: "done"} for t in claimed]
+    return queries[f"worker_{call}_tasks"], {"results": Jsonb(items)}
+
+
+@pytest.mark.parametrize("call", ["claim", "complete", "fail"])
+@pytest.mark.parametrize("tasks", [1, 2], ids=["one task", "a batch"])
+def test_a_workers_call_in_flight_when_the_newest_migration_commits_finishes(
+    db_factory: Callable[..., str], call: str, tasks: int,
+) -> None:
+    # the previous release's workers claim and complete while `migrate` runs: a call that
+    # entered the previous release's functions before the pending migration committed runs
+    # their old bodies to the end, so every function those call must still exist then
+    previous = previous_release()
+    dsn = db_factory(previous.last_migration)
+    with (psycopg.connect(dsn, autocommit=True) as conn,
+          psycopg.connect(dsn, autocommit=True) as worker,
+          psycopg.connect(dsn, autocommit=True) as migrating,
+          psycopg.connect(dsn) as holder):
+        engine = Engine(conn)
+        engine.define("inflight", [("a", [], {})], max_attempts=1)
+        runs = [engine.start("inflight", {"n": n}) for n in range(tasks)]
+        statement, params = _worker_call(engine, previous.queries(), call)
+        # the call waits inside the engine's functions for the runs' rows, which holder locks
+        holder.execute("select 1 from flowlane.runs where run_id = any(%s) for update", (runs,))
+        with ThreadPoolExecutor(2) as pool:
+            answer = pool.submit(lambda: worker.execute(statement, params).fetchall())
+            while not _blocked(conn, worker.info.backend_pid):
+                assert not answer.done(), answer.result()
+            migrated = pool.submit(migrator.migrate, migrating)
+            # a migration that needs a lock the call holds waits for it: let the call go on
+            while not migrated.done() and not _blocked(conn, migrating.info.backend_pid):
+                pass
+            holder.rollback()
+            rows = answer.result()
+            assert [m.version for m in migrated.result()] == [previous.upgrade.version]
+        ended = {"claim": "started", "complete": "completed", "fail": "failed"}[call]
+        assert len(rows) == tasks
+        assert {engine.task(run, "a")["status"] for run in runs} == {ended}
