@@ -251,7 +251,7 @@ def test_the_upgrade_from_the_original_core_keeps_runs_and_lets_old_failures_be_
         engine.fail(task, "before the upgrade")
         running = engine.start("f", {})
         [claimed] = engine.claim("f")
-        assert [m.version for m in migrator.migrate(conn)] == ["0003"]
+        assert [m.version for m in migrator.migrate(conn)] == [m.version for m in migrator.discover()][2:]
 
         assert engine.run(failed)["status"] == "failed"
         assert engine.run(running)["status"] == "started"

@@ -279,7 +279,7 @@ def test_claims_in_flight_across_the_upgrade_from_the_original_core_complete_in_
         run_id = engine.start("fan", [1, 2, 3])
         failing = engine.start("fan", [9])
         claimed = engine.claim("fan")
-        assert [m.version for m in migrator.migrate(conn)] == ["0003"]
+        assert [m.version for m in migrator.migrate(conn)] == [m.version for m in migrator.discover()][2:]
         mine = [t for t in claimed if t["run_id"] == run_id]
         [other] = [t for t in claimed if t["run_id"] == failing]
         _complete_tasks(engine, [_item(engine, t, output=t["input"] * 10) for t in mine])

@@ -30,7 +30,7 @@ def test_upgrade_keeps_the_tasks_and_the_chart_reads_only_recent_ones(
         engine.define("ping", [("ping", [], {})])
         runs = [engine.start("ping", {"n": n}) for n in range(3)]
         engine.drive("ping", lambda task: {"pong": True})
-        assert [m.version for m in migrator.migrate(conn)] == ["0003"]
+        assert [m.version for m in migrator.migrate(conn)] == [m.version for m in migrator.discover()][2:]
         assert migrator.migrate(conn) == []  # twice changes nothing
         done = conn.execute("select count(*) from flowlane.step_tasks where status = 'completed' "
                             "and run_id = any(%s)", (runs,)).fetchone()
