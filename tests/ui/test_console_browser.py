@@ -381,6 +381,13 @@ def test_run_page_fits_1400_px_without_edges_through_boxes_and_badges_read_well(
         assert geometry["left"] >= 0 and geometry["right"] <= geometry["viewport"], geometry
         assert not geometry["scrollable"]
         assert geometry["crossings"] == []
+        size = "return document.querySelector('svg.graph').getBoundingClientRect().width"
+        fitted = chromium.execute_script(size)
+        chromium.find_element(By.CSS_SELECTOR, "[data-graph-size]").click()  # full size: it scrolls
+        assert chromium.execute_script(size) > fitted
+        assert chromium.find_element(By.CSS_SELECTOR, "[data-graph-size]").text == "fit to page"
+        chromium.find_element(By.CSS_SELECTOR, "[data-graph-size]").click()
+        assert chromium.execute_script(size) == fitted
         badges = chromium.execute_script(COLOURS)
         texts = {text for text, _, _ in badges}
         assert {"started", "completed", "created", "wait", "flow: review", "[0] started"} <= texts, texts
