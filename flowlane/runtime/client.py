@@ -57,7 +57,7 @@ class RunSummary:
     cancelled_at: datetime | None = None
     start_at: datetime | None = None  # a delayed start: when the run begins (or began)
     held: bool = False  # waiting for a slot of its flow's concurrency limit
-    waiting_for: str | None = None  # what the run or its first waiting task is held back by
+    waiting_for: str | None = None  # the first thing the run waits for (the `run_waits` query)
 
     def as_dict(self) -> dict[str, Any]:
         return {
