@@ -53,6 +53,9 @@ SHUTDOWN_TIMEOUT: Final = 30.0  # seconds in-flight handlers get after SIGTERM
 # kills a stopping worker: the time to commit the last results and mark the worker stopped
 SHUTDOWN_MARGIN: Final = 10.0
 HEARTBEAT_INTERVAL: Final = 5.0  # seconds
+# seconds without a heartbeat after which a worker counts as gone (its started tasks wait
+# for stalled recovery)
+STALE_AFTER: Final = 30.0
 REQUEUE_INTERVAL: Final = 15.0  # seconds between stalled-task recoveries
 # seconds between maintenance ticks (schedules fire, delayed runs begin, overdue runs fail):
 # a schedule's run or a delayed start is late by at most this much while any worker, `serve`

@@ -16,9 +16,11 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from flowlane import errors
-from flowlane.app.fleet import STALE_AFTER, waiting_reasons
+from flowlane.app.fleet import waiting_reasons
 from flowlane.core import db, migrator
 from flowlane.core.queries import query
+from flowlane.defaults import STALE_AFTER
+from flowlane.runtime.report import first_waits
 
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
@@ -140,9 +142,16 @@ class Console:
         else:
             rows = self._rows("console_runs", **params)
         more = len(rows) > limit
-        rows = rows[:limit]
+        rows = self._with_waits(rows[:limit])
         last = rows[-1] if more else None
         return RunPage(rows, encode_cursor(last["started_at"], last["run_id"]) if last else None)
+
+    def _with_waits(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The runs with what each waits for first (``waiting_for``), as `flowlane runs` says."""
+        waiting = [r["run_id"] for r in rows if r["status"] in ("started", "waiting")]
+        waits = first_waits(self._rows("run_waits", run_ids=waiting, stale_after=STALE_AFTER)
+                            if waiting else [])
+        return [{**r, "waiting_for": waits.get(str(r["run_id"]))} for r in rows]
 
     def run(self, run_id: str) -> dict[str, Any] | None:
         return self._row("console_run", run_id=run_id)
@@ -159,8 +168,9 @@ class Console:
             self._rows("fleet_waiting_queues", run_id=run_id, stale_after=STALE_AFTER))
 
     def holds(self, run_id: str) -> list[dict[str, Any]]:
-        """What the run and its tasks are held back by (concurrency, queue limits)."""
-        return self._rows("console_run_holds", run_id=run_id)
+        """What the run and its steps and tasks wait for (``run_waits``: concurrency, queue
+        limits, a signal, a child run, a stale worker's task)."""
+        return self._rows("run_waits", run_ids=[run_id], stale_after=STALE_AFTER)
 
     def run_steps(self, run_id: str) -> list[dict[str, Any]]:
         return self._rows("console_run_steps", run_id=run_id)

@@ -27,9 +27,9 @@ from flowlane.compiler import api
 from flowlane.compiler.model import Project
 from flowlane.core import db
 from flowlane.core.queries import query
+from flowlane.defaults import STALE_AFTER
 
 Row = dict[str, Any]
-STALE_AFTER = 30.0  # seconds without a heartbeat after which a worker counts as gone
 
 
 def _rows(dsn: str | None, name: str, context: str, **params: Any) -> list[Row]:

@@ -25,9 +25,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from flowlane.app.fleet import STALE_AFTER
 from flowlane.core import db
 from flowlane.core.queries import query
+from flowlane.defaults import STALE_AFTER
 
 if TYPE_CHECKING:  # the console imports this module and never runs a worker
     from flowlane.runtime.launch import Beside

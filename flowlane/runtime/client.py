@@ -36,8 +36,10 @@ from psycopg.rows import dict_row
 from flowlane import errors
 from flowlane.core import db
 from flowlane.core.queries import query
+from flowlane.defaults import STALE_AFTER
 from flowlane.runtime import hints, limits
 from flowlane.runtime.limits import MAX_INPUT_BYTES, STATUSES, TERMINAL
+from flowlane.runtime.report import first_waits
 from flowlane.runtime.tracing import current_traceparent
 
 FALLBACK_POLL_SECONDS = 5.0
@@ -55,7 +57,7 @@ class RunSummary:
     cancelled_at: datetime | None = None
     start_at: datetime | None = None  # a delayed start: when the run begins (or began)
     held: bool = False  # waiting for a slot of its flow's concurrency limit
-    waiting_for: str | None = None  # what the run or its first waiting task is held back by
+    waiting_for: str | None = None  # the first thing the run waits for (the `run_waits` query)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -576,7 +578,9 @@ class Operations:
                                 {"run_id": params["before"]})
             _check_page(found, params["before"])
         rows = yield Fetch("client_list_runs", "cannot list runs", params)
-        return [RunSummary.from_row(r) for r in rows]
+        waiting = [str(r["run_id"]) for r in rows if r["status"] in ("started", "waiting")]
+        waits = first_waits((yield from _run_waits(waiting))) if waiting else {}
+        return [RunSummary.from_row({**r, "waiting_for": waits.get(str(r["run_id"]))}) for r in rows]
 
     @staticmethod
     def stuck_runs() -> Plan[list[StuckRun]]:
@@ -591,7 +595,9 @@ class Operations:
         when there is no such run."""
         run_id = _run_id(run_id)
         rows = yield Fetch("client_get_run", "cannot read the run", {"run_id": run_id})
-        return _run_state(rows, run_id)
+        state = _run_state(rows, run_id)
+        state["holds"] = (yield from _run_waits([run_id]))
+        return state
 
     @staticmethod
     def wait(run_id: str, *, timeout: float = 60.0) -> Plan[dict[str, Any]]:
@@ -609,6 +615,13 @@ class Operations:
             if remaining <= 0:
                 raise _timed_out(run_id, state["run"]["status"], timeout)
             yield Notified(listener, run_id, min(remaining, FALLBACK_POLL_SECONDS))
+
+
+def _run_waits(run_ids: list[str]) -> Plan[list[dict[str, Any]]]:
+    """What each of these runs waits for (``run_waits``): one row per waiting thing."""
+    rows: list[dict[str, Any]] = yield Fetch("run_waits", "cannot read what runs wait for",
+                                             {"run_ids": run_ids, "stale_after": STALE_AFTER})
+    return rows
 
 
 def _pause(name: str, paused: bool, reason: str | None) -> Plan[None]:

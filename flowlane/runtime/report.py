@@ -106,20 +106,39 @@ HOLDS_SHOWN = 10  # lines of "waiting for"; the JSON output has every task
 
 
 def hold_lines(holds: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """(what, why) for each thing a run holds back: the run itself (with its place in line)
-    and its tasks, those of one step that wait for the same thing counted on one line."""
-    found: dict[tuple[str, str], int] = {}
+    """(what, why) for each thing a run waits for (``run_waits`` rows): the run itself (with
+    its place in line), its steps (a signal, a child run) and its tasks, those of one step
+    that wait for the same thing counted on one line."""
+    found: dict[tuple[str, str], int | None] = {}
     for hold in holds:
         if hold["step_slug"] is None and not hold.get("place"):
             continue  # a delayed start: the run's `starts` line says when
         if hold["step_slug"] is None:
-            place = f" ({_ordinal(hold['place'])} in line)" if hold.get("place") else ""
-            found[("run", hold["waiting_for"] + place)] = 1
+            found[("run", _run_reason(hold))] = None
+        elif hold["task_index"] is None:
+            found[(hold["step_slug"], hold["waiting_for"])] = None
         else:
             key = (hold["step_slug"], hold["waiting_for"])
-            found[key] = found.get(key, 0) + 1
-    return [(what if what == "run" else f"{what}: {plural(n, 'task')}", why)
+            found[key] = (found.get(key) or 0) + 1
+    return [(what if n is None else f"{what}: {plural(n, 'task')}", why)
             for (what, why), n in found.items()]
+
+
+def first_waits(holds: list[dict[str, Any]]) -> dict[str, str]:
+    """Per run id, the first thing it waits for (``run_waits`` rows, in their order): the
+    WAITING FOR of a runs list. A delayed start is left out (the list shows its start), and a
+    held run's place in line (`flowlane run` says it)."""
+    first: dict[str, str] = {}
+    for hold in holds:
+        if hold["step_slug"] is None and not hold.get("place"):
+            continue
+        first.setdefault(str(hold["run_id"]), hold["waiting_for"])
+    return first
+
+
+def _run_reason(hold: dict[str, Any]) -> str:
+    place = f" ({_ordinal(hold['place'])} in line)" if hold.get("place") else ""
+    return str(hold["waiting_for"]) + place
 
 
 def _ordinal(n: int) -> str:

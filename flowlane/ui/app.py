@@ -31,9 +31,9 @@ from flowlane.app.console import (
     Console,
     parse_run_id,
 )
-from flowlane.app.fleet import STALE_AFTER
 from flowlane.app.observability import ConsoleProbe
 from flowlane.compiler import diagram
+from flowlane.defaults import STALE_AFTER
 from flowlane.runtime.limits import STATUSES, TERMINAL
 from flowlane.runtime.report import hold_lines
 from flowlane.ui import layout, pages, security

@@ -3,7 +3,10 @@
 Layers are columns (a step sits one column right of its deepest need); lanes are bands,
 one per queue in the order of ``flowlane graph``; steps of one lane and column stack.
 Marks follow ``flowlane graph``: map steps are stacked boxes, conditional steps hexagons
-with dashed incoming edges.
+with dashed incoming edges. No edge crosses a box: an edge to the next column curves through
+the gap between the columns; a longer one runs along the gaps only, out of its source's
+column, along the free band at a lane's edge (no box reaches it), into its target's column.
+The page scales the drawing down to its width (``svg.graph`` in ``static/console.css``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ LANE_PAD = 14
 LABEL_W = 150
 STACK = 5  # offset of the boxes behind a map step
 MAX_TEXT = 24
+SIDE_BY_SIDE = (0, -4, 4)  # offsets of the edges along one corridor: each band is 8 px or more
 
 
 @dataclass(frozen=True)
@@ -108,16 +112,33 @@ def layout(flow: Flow, statuses: Mapping[str, str | None] | None = None) -> Layo
         height = 2 * LANE_PAD + rows * (NODE_H + ROW_GAP + STACK) - ROW_GAP
         lanes.append(Lane(queue, top, height))
         top += height
+    height = max(top, NODE_H)
+    corridors = {y: 0 for y in _corridors(lanes, height)}  # each with the edges along it
     edges = tuple(
-        _edge(nodes[need], nodes[step.slug], diagram.is_conditional(step))
+        _edge(nodes[need], nodes[step.slug], diagram.is_conditional(step), corridors)
         for step in flow.steps for need in sorted(step.needs)
     )
-    return Layout(width, max(top, NODE_H), tuple(lanes), tuple(nodes.values()), edges)
+    return Layout(width, height, tuple(lanes), tuple(nodes.values()), edges)
 
 
-def _edge(source: Node, target: Node, conditional: bool) -> Edge:
+def _corridors(lanes: list[Lane], height: int) -> list[int]:
+    """The heights no box reaches: each lane's edge (the top and the bottom of the drawing
+    inside it), where a lane's first row (with a map step's boxes behind it) starts
+    LANE_PAD + STACK - 2 * STACK below the edge and its last row ends LANE_PAD above the next."""
+    above = (LANE_PAD + STACK - 2 * STACK) // 2
+    return [max(lane.y, above) for lane in lanes] + [height - LANE_PAD // 2]
+
+
+def _edge(source: Node, target: Node, conditional: bool, corridors: dict[int, int]) -> Edge:
     x1, y1 = source.x + NODE_W, source.y + NODE_H // 2
     x2, y2 = target.x, target.y + NODE_H // 2
-    bend = max((x2 - x1) // 2, 20)
-    path = f"M{x1},{y1} C{x1 + bend},{y1} {x2 - bend},{y2} {x2 - 6},{y2}"
+    if x2 - x1 <= COL_GAP:  # the next column: a curve inside the gap between the two
+        bend = max((x2 - x1) // 2, 20)
+        path = f"M{x1},{y1} C{x1 + bend},{y1} {x2 - bend},{y2} {x2 - 6},{y2}"
+    else:  # boxes in between: down the gaps, along a corridor, down the gap before the target
+        corridor = min(corridors, key=lambda c: (abs(y1 - c) + abs(c - y2), abs(y1 - c)))
+        y = corridor + SIDE_BY_SIDE[corridors[corridor] % len(SIDE_BY_SIDE)]  # apart, in the band
+        corridors[corridor] += 1
+        out, into = x1 + COL_GAP // 2, x2 - COL_GAP // 2
+        path = f"M{x1},{y1} H{out} V{y} H{into} V{y2} H{x2 - 6}"
     return Edge(source.slug, target.slug, path, conditional)

@@ -314,3 +314,83 @@ def test_screenshots_of_the_main_pages(
     assert [p.name for p in shots] == [f"console-{name}.png" for name in ui_support.SCREENSHOTS]
     for shot in shots:
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- the run page fits: a 7-step run with a wait step and a child flow at 1400 px ----------
+
+GEOMETRY = """
+const svg = document.querySelector('svg.graph');
+const nodes = [...svg.querySelectorAll('g.node')].map(g => ({
+  step: g.dataset.step, boxes: [...g.querySelectorAll('.box')].map(b => b.getBoundingClientRect())}));
+const crossings = [];
+let sampled = 0;
+for (const edge of svg.querySelectorAll('path.edge')) {
+  const toScreen = edge.getScreenCTM(), length = edge.getTotalLength();
+  for (let at = 0; at <= length; at += 1, sampled += 1) {
+    const local = edge.getPointAtLength(at);
+    const p = new DOMPoint(local.x, local.y).matrixTransform(toScreen);
+    for (const node of nodes) {
+      if (node.step === edge.dataset.from || node.step === edge.dataset.to) continue;
+      if (node.boxes.some(b => p.x > b.left && p.x < b.right && p.y > b.top && p.y < b.bottom))
+        crossings.push(`${edge.dataset.from} -> ${edge.dataset.to} crosses ${node.step}`);
+    }
+  }
+}
+const box = svg.getBoundingClientRect();
+return {left: box.left, right: box.right, viewport: document.documentElement.clientWidth,
+        scrollable: document.documentElement.scrollWidth > document.documentElement.clientWidth,
+        nodes: nodes.length, edges: svg.querySelectorAll('path.edge').length, sampled: sampled,
+        crossings: [...new Set(crossings)]};
+"""
+
+# each badge (and what is in it): its text colour and the first background behind it
+COLOURS = """
+const opaque = el => { for (; el; el = el.parentElement) {
+  const bg = getComputedStyle(el).backgroundColor;
+  if (!/^rgba\\(.*, 0\\)$/.test(bg) && bg !== 'transparent') return bg; } return 'rgb(255, 255, 255)'; };
+return [...document.querySelectorAll('.status, .tag, .child-run, .status *, .tag *, .child-run *')]
+  .filter(el => el.textContent.trim())
+  .map(el => [el.textContent.trim(), getComputedStyle(el).color, opaque(el)]);
+"""
+
+
+def _luminance(css: str) -> float:
+    channels = [int(float(c)) / 255 for c in css[css.index("(") + 1:css.index(")")].split(",")[:3]]
+    linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def contrast(foreground: str, background: str) -> float:
+    """The WCAG contrast ratio of two computed CSS colours."""
+    light, dark = sorted((_luminance(foreground), _luminance(background)), reverse=True)
+    return (light + 0.05) / (dark + 0.05)
+
+
+def test_contrast_follows_wcag() -> None:
+    assert round(contrast("rgb(0, 0, 0)", "rgb(255, 255, 255)"), 1) == 21.0
+    assert round(contrast("rgb(47, 95, 208)", "rgb(30, 142, 78)"), 2) == 1.37  # blue on green
+
+
+def test_run_page_fits_1400_px_without_edges_through_boxes_and_badges_read_well(dsn: str) -> None:
+    waits = ui_support.seed_waits(dsn)
+    with ui_support.ui_server(dsn) as console, ui_support.browser(width=1400) as chromium:
+        chromium.get(f"{console.url}/runs/{waits.parent}")
+        chromium.save_screenshot("/tmp/flowlane-run-page-1400.png")
+        geometry = chromium.execute_script(GEOMETRY)
+        assert geometry["nodes"] == 7 and geometry["edges"] == 8 and geometry["sampled"] > 1000
+        assert geometry["left"] >= 0 and geometry["right"] <= geometry["viewport"], geometry
+        assert not geometry["scrollable"]
+        assert geometry["crossings"] == []
+        size = "return document.querySelector('svg.graph').getBoundingClientRect().width"
+        fitted = chromium.execute_script(size)
+        chromium.find_element(By.CSS_SELECTOR, "[data-graph-size]").click()  # full size: it scrolls
+        assert chromium.execute_script(size) > fitted
+        assert chromium.find_element(By.CSS_SELECTOR, "[data-graph-size]").text == "fit to page"
+        chromium.find_element(By.CSS_SELECTOR, "[data-graph-size]").click()
+        assert chromium.execute_script(size) == fitted
+        badges = chromium.execute_script(COLOURS)
+        texts = {text for text, _, _ in badges}
+        assert {"started", "completed", "created", "wait", "flow: review", "[0] started"} <= texts, texts
+        low = [(text, fg, bg, round(contrast(fg, bg), 2)) for text, fg, bg in badges
+               if contrast(fg, bg) < 4.5]
+        assert low == []

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -251,3 +252,85 @@ def screenshots(driver: Any, url: str, seeded: Seeded, out: Path) -> list[Path]:
             raise AssertionError(f"the browser could not take a screenshot of {pages[name]}")
         written.append(path)
     return written
+
+
+@dataclass
+class Waits:
+    """Runs that wait for something other than flow control (``seed_waits``)."""
+
+    approval: uuid.UUID  # `review`: its wait step `approve` waits for a signal
+    parent: uuid.UUID  # `pipeline`: 7 steps, waits for its approval and for a child run
+    child: uuid.UUID  # the `review` run the parent's step `child` started
+    stale: uuid.UUID  # `crunch`: its task was started by a worker whose heartbeat is stale
+    stale_worker: uuid.UUID
+
+
+def seed_waits(dsn: str) -> Waits:
+    """A wait step's run, a 7-step run waiting for its approval and its child run (with a long
+    and a conditional edge in its graph), and a run whose started task's worker went stale:
+    its claim backdated by a minute, its worker's heartbeat by 10 (never slept for)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        engine = Engine(conn)
+        engine.define("review", [("draft", [], {"queue_name": "reviews"}),
+                                 ("approve", ["draft"], {"step_type": "wait", "timeout": 3600})],
+                      queue_mode="explicit")
+        engine.define("pipeline", [
+            ("load", [], {"queue_name": "reviews"}),
+            ("check", ["load"], {"queue_name": "reviews"}),
+            ("child", ["load"], {"child_flow": "review"}),
+            ("approve", ["check"], {"step_type": "wait"}),
+            ("merge", ["approve", "child"], {"queue_name": "reviews"}),
+            ("ship", ["merge"], {"queue_name": "reviews"}),
+            ("notify", ["load", "ship"], {"queue_name": "reviews",
+                                          "required_input_pattern": {"load": {"urgent": True}}}),
+        ], queue_mode="explicit")
+        engine.define("crunch", [("work", [], {"queue_name": "crunching", "timeout": 60})],
+                      queue_mode="explicit")
+        approval = engine.start("review", {"doc": 1})
+        parent = engine.start("pipeline", {"order": 1})
+        engine.drive("reviews", lambda task: {"urgent": True})  # draft, load, check, the child's draft
+        child = engine.scalar("select run_id from flowlane.runs where parent_run_id = %s", (parent,))
+        stale = engine.start("crunch", {})
+        stale_worker = uuid.uuid4()
+        conn.execute("select flowlane.register_worker(%s, 'crunching', 'crunch-worker', 'crunchers', %s)",
+                     (stale_worker, Jsonb([["crunch", "work"]])))
+        assert len(engine.claim("crunching", worker_id=stale_worker)) == 1
+        conn.execute("update flowlane.workers set started_at = now() - interval '10 minutes', "
+                     "last_heartbeat_at = now() - interval '10 minutes' where worker_id = %s",
+                     (stale_worker,))
+        # claimed a minute ago: stalled recovery hands the task out again 30 s from now
+        conn.execute("update flowlane.step_tasks set queued_at = queued_at - interval '1 minute', "
+                     "started_at = started_at - interval '1 minute' where run_id = %s", (stale,))
+        conn.execute("update flowlane.task_leases set started_at = started_at - interval '1 minute' "
+                     "where run_id = %s", (stale,))
+        return Waits(approval, parent, uuid.UUID(str(child)), stale, stale_worker)
+
+
+def utc(moment: datetime) -> str:
+    """A time as the waiting reasons write it."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") + " UTC"
+
+
+def _signal_reason(conn: psycopg.Connection[Any], run_id: uuid.UUID) -> str:
+    """Its wait step `approve`: since when it waits, and its timeout when it has one."""
+    row = conn.execute(
+        "select s.started_at, w.expires_at from flowlane.step_states s left join flowlane.wait_deadlines w "
+        "using (run_id, step_slug) where s.run_id = %s and s.step_slug = 'approve'", (run_id,)).fetchone()
+    assert row is not None
+    return f"signal approve since {utc(row[0])}" + (f", times out at {utc(row[1])}" if row[1] else "")
+
+
+def wait_reasons(dsn: str, waits: Waits) -> dict[str, str]:
+    """The reasons, from the rows they are about (the stall deadline: the claim + timeout + 30 s)."""
+    with psycopg.connect(dsn) as conn:
+        claimed = conn.execute("select started_at from flowlane.step_tasks where run_id = %s",
+                               (waits.stale,)).fetchone()
+        assert claimed is not None
+        return {
+            "approval": _signal_reason(conn, waits.approval),
+            "child_signal": _signal_reason(conn, waits.child),
+            "parent_signal": _signal_reason(conn, waits.parent),
+            "child": f"child run {waits.child} (of step child)",
+            "stale": f"task work[0] of stale worker {str(waits.stale_worker)[:8]} to be handed out "
+                     f"again at {utc(claimed[0] + timedelta(seconds=60 + 30))}",
+        }

@@ -82,12 +82,6 @@ select r.run_id, r.flow_slug, r.status, r.remaining_steps, r.started_at, r.compl
 from flowlane.runs r
 where r.run_id = %(run_id)s::uuid
 
--- name: console_run_holds
--- what the run (held for its flow's concurrency) and its tasks are held back by
-select h.step_slug, h.task_index, h.waiting_for, h.place
-from flowlane.run_holds(array[%(run_id)s::uuid]) h
-where h.step_slug is not null or h.place is not null
-
 -- name: console_run_steps
 select s.step_slug, s.step_index, s.step_type, s.queue_name, s.child_flow,
        o.max_attempts, o.timeout,

@@ -100,31 +100,68 @@ select run_id from flowlane.start_flows(%(flow)s, %(inputs)s::jsonb[],
   priority => %(priority)s::int)
 
 -- name: client_list_runs
--- newest first; a page ends with the run whose id is passed as %(before)s next time
--- waiting_for: what the run (held for its flow's concurrency) or its first waiting task is
--- held back by (flowlane.run_holds, asked once for the page); a delayed start says so with
--- its start_at already
-with page as (
-  select r.run_id, r.flow_slug, r.status, r.remaining_steps, r.started_at, r.completed_at, r.failed_at,
-         r.cancelled_at, r.start_at, r.hold_seq is not null as held
-  from flowlane.runs r
-  where (%(flows)s::text[] is null or r.flow_slug = any(%(flows)s::text[]))
-    and (%(status)s::text is null or r.status = %(status)s::text)
-    and (%(since)s::timestamptz is null or r.started_at >= %(since)s::timestamptz)
-    and (%(parent)s::uuid is null or r.parent_run_id = %(parent)s::uuid)
-    and (%(before)s::uuid is null or (r.started_at, r.run_id) < (
-           select b.started_at, b.run_id from flowlane.runs b where b.run_id = %(before)s::uuid))
-  order by r.started_at desc, r.run_id desc
-  limit %(limit)s
-), holds as (
-  select distinct on (h.run_id) h.run_id, h.waiting_for
-  from flowlane.run_holds(array(select p.run_id from page p where p.status in ('waiting', 'started'))) h
-  where h.step_slug is not null or h.place is not null
-  order by h.run_id, h.step_slug nulls first, h.task_index
+-- newest first; a page ends with the run whose id is passed as %(before)s next time (what
+-- its waiting runs wait for: run_waits, asked once for the page)
+select r.run_id, r.flow_slug, r.status, r.remaining_steps, r.started_at, r.completed_at, r.failed_at,
+       r.cancelled_at, r.start_at, r.hold_seq is not null as held
+from flowlane.runs r
+where (%(flows)s::text[] is null or r.flow_slug = any(%(flows)s::text[]))
+  and (%(status)s::text is null or r.status = %(status)s::text)
+  and (%(since)s::timestamptz is null or r.started_at >= %(since)s::timestamptz)
+  and (%(parent)s::uuid is null or r.parent_run_id = %(parent)s::uuid)
+  and (%(before)s::uuid is null or (r.started_at, r.run_id) < (
+         select b.started_at, b.run_id from flowlane.runs b where b.run_id = %(before)s::uuid))
+order by r.started_at desc, r.run_id desc
+limit %(limit)s
+
+-- name: run_waits
+-- what each of the given runs waits for, one row per waiting thing: the one definition that
+-- `flowlane runs`, `flowlane run` and the console's Runs and Run pages show. The run held
+-- for its flow's concurrency or its delayed start, held tasks and tasks behind a queue's
+-- limits (flowlane.run_holds); a wait step's signal (since when, and its timeout); a child
+-- run of a step; a task started by a registered worker whose heartbeat is stale (or that
+-- stopped), with the time stalled recovery hands it out again: its stall deadline, the later
+-- of its claim and its last lease extension plus its step's stall_after
+-- (flowlane.step_options and flowlane._stall_deadline). Times are UTC. step_slug and task_index are null for the run
+-- itself; task_index is null for a whole step.
+with given as (
+  select r.run_id, r.flow_slug from flowlane.runs r
+  where r.run_id = any (%(run_ids)s::uuid[]) and r.status in ('started', 'waiting')
+), waits as (
+  select h.run_id, h.step_slug, h.task_index, h.waiting_for, h.place
+  from flowlane.run_holds(array(select g.run_id from given g)) h
+  union all
+  select ss.run_id, ss.step_slug, null,
+         format('signal %%s since %%s UTC', ss.step_slug, to_char(ss.started_at at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS'))
+         || coalesce(', times out at ' || to_char(w.expires_at at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC', ''),
+         null
+  from given g
+  join flowlane.steps s on s.flow_slug = g.flow_slug and s.step_type = 'wait'
+  join flowlane.step_states ss on ss.run_id = g.run_id and ss.step_slug = s.step_slug and ss.status = 'started'
+  left join flowlane.wait_deadlines w on w.run_id = ss.run_id and w.step_slug = ss.step_slug
+  union all
+  select c.parent_run_id, c.parent_step_slug, null,
+         format('child run %%s (of step %%s)', c.run_id, c.parent_step_slug), null
+  from flowlane.runs c
+  where c.parent_run_id = any (array(select g.run_id from given g)) and c.status in ('started', 'waiting')
+  union all
+  select t.run_id, t.step_slug, t.task_index,
+         format('task %%s[%%s] of stale worker %%s to be handed out again at %%s UTC',
+                t.step_slug, t.task_index, left(t.last_worker_id::text, 8),
+                to_char((greatest(t.started_at, t.lease_renewed_at) + make_interval(secs => o.stall_after))
+                        at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS')),
+         null
+  from given g
+  join flowlane.step_tasks t on t.run_id = g.run_id and t.status = 'started'
+  join flowlane.step_options o on o.flow_slug = t.flow_slug and o.step_slug = t.step_slug
+  join flowlane.workers k on k.worker_id = t.last_worker_id
+  where k.stopped_at is not null or k.last_heartbeat_at <= now() - make_interval(secs => %(stale_after)s)
 )
-select p.*, h.waiting_for
-from page p left join holds h on h.run_id = p.run_id
-order by p.started_at desc, p.run_id desc
+select w.run_id::text as run_id, w.step_slug, w.task_index, w.waiting_for, w.place
+from waits w
+left join given g on g.run_id = w.run_id
+left join flowlane.steps s on s.flow_slug = g.flow_slug and s.step_slug = w.step_slug
+order by w.run_id, w.step_slug is not null, s.step_index, w.task_index nulls first, w.waiting_for
 
 -- name: client_schedules
 -- every schedule: its next firing (UTC and wall time in its zone), its last run, its pause
@@ -180,9 +217,7 @@ select run_id, flow_slug, started_at, reason from flowlane.stuck_runs()
 -- name: client_get_run
 select flowlane.get_run_with_states(%(run_id)s::uuid)
        || jsonb_build_object('attempts', flowlane.get_run_attempts(%(run_id)s::uuid),
-                             'waits', flowlane.get_run_waits(%(run_id)s::uuid),
-                             'holds', (select coalesce(jsonb_agg(to_jsonb(h)), '[]')
-                                       from flowlane.run_holds(array[%(run_id)s::uuid]) h))
+                             'waits', flowlane.get_run_waits(%(run_id)s::uuid))
        || flowlane.get_run_family(%(run_id)s::uuid) as run
 
 -- name: client_signal

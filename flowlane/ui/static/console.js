@@ -50,6 +50,11 @@
     if (!region.dataset.liveStop) setTimeout(tick, refreshMs);
   }
 
+  // a graph's "full size" / "fit to page" button (a live region may replace the button)
+  document.addEventListener("click", (event) => {
+    if (event.target.closest("[data-graph-size]")) document.body.classList.toggle("graph-full");
+  });
+
   document.addEventListener("DOMContentLoaded", () => {
     wirePayloads(document);
     document.querySelectorAll("[data-live]").forEach(live);
