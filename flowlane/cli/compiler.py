@@ -223,7 +223,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
     except KeyError:
         known = ", ".join(sorted([f.slug for f in project.flows] +
                                  [a.slug for a in project.aliases]))
-        raise errors.UsageError(f"no flow or alias `{args.flow}`", hint=f"known: {known}") \
+        raise errors.NotFound(f"no flow or alias `{args.flow}`", hint=f"known: {known}") \
             from None
     title = flow.slug
     if project.has_alias(args.flow):
