@@ -14,6 +14,7 @@ import pytest
 from flowlane.cli import main
 from flowlane.runtime.client import Client
 from tests.runtime.rt_support import applied_project
+from tests.ui import ui_support
 
 FLOWS = """\
 kind: flow
@@ -177,6 +178,34 @@ def test_the_cli_says_who_sent_a_signal_or_that_nobody_is_named(
     with Client(dsn) as client:
         output = next(s for s in client.get_run(flagged)["steps"] if s["step_slug"] == "approve")
     assert output["output"] == {"approved": False, "by": "bo"}
+
+
+def _wait_cell(page: str, step: str) -> str:
+    """The text of a wait step's cell on the console's run page, tags removed."""
+    cell = re.search(rf'<span class="wait" data-wait="{step}">(.*?)\n</span>', page, re.DOTALL)
+    assert cell, page
+    return " ".join(re.sub(r"<[^>]+>", "", cell[1]).split())
+
+
+def test_the_console_says_who_signalled_as_the_cli_does_and_that_a_child_step_was_skipped(
+        project: Path, dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with Client(dsn) as client:
+        gate, parent = client.start_run("an_gate", {}), client.start_run("an_parent", {})
+        client.signal(gate, "review", {"note": "fine"}, by="ada")
+        client.signal(gate, "approve", {"approved": False})
+        client.signal(parent, "ask", {"approved": False})
+    _, shown, _ = _cli(capsys, "run", gate, "--dsn", dsn)
+    said = dict(re.findall(r"^  (approve|review) +(.+)$", shown, re.MULTILINE))
+    assert said["review"].startswith("completed by a signal from ada at "), shown
+    assert said["approve"].startswith("rejected by a signal from an unnamed sender at "), shown
+    with ui_support.ui_server(dsn) as console:
+        page = ui_support.fetch(f"{console.url}/runs/{gate}").body
+        family = ui_support.fetch(f"{console.url}/runs/{parent}").body
+    assert _wait_cell(page, "review") == said["review"]
+    assert _wait_cell(page, "approve") == said["approve"]
+    child = re.search(r'<tr id="step-child".*?</tr>', family, re.DOTALL)
+    assert child and "skipped: no child run started" in child[0], family
+    assert "no child run yet" not in child[0]
 
 
 def test_schedules_show_times_to_the_second_when_the_interval_needs_it(
