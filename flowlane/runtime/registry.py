@@ -101,8 +101,6 @@ def _import(handler: str) -> Handler:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name == module_name:  # the `handler:` names no module (its package exists)
-            raise _ImportProblem(f"module {exc.name!r} not found") from exc
         raise _ModuleProblem(module_name, f"module {exc.name!r} not found") from exc
     except Exception as exc:  # the handler module itself is broken
         raise _ModuleProblem(
