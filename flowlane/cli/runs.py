@@ -298,7 +298,7 @@ def _report_start(args: argparse.Namespace, started: Started) -> None:
               "not started again", file=sys.stderr)
     elif started.status == "waiting" and started.start_at is not None:
         print(f"run {started.run_id} waits until {started.start_at.isoformat()} "
-              "(`flowlane cancel RUN_ID` cancels it)", file=sys.stderr)
+              f"(`flowlane cancel {started.run_id}` cancels it)", file=sys.stderr)
     elif started.status == "waiting":
         print(f"run {started.run_id} waits for a slot of its flow's concurrency limit "
               f"(`flowlane run {started.run_id}` says which)", file=sys.stderr)
@@ -451,7 +451,8 @@ def _stuck_runs(args: argparse.Namespace) -> int:
     print(f"{'RUN ID':<36}  {'FLOW':<28}  {'STARTED':<19}  WHY")
     for r in stuck:
         print(f"{r.run_id:<36}  {r.flow_slug:<28}  {r.started_at:%Y-%m-%d %H:%M:%S}  {r.reason}")
-    print(f"{len(stuck)} stuck run(s): `flowlane run RUN_ID` shows their tasks", file=sys.stderr)
+    print(f"{len(stuck)} stuck run(s): `flowlane run {stuck[0].run_id}` shows its tasks (and so "
+          "for each)", file=sys.stderr)
     return 1
 
 

@@ -56,7 +56,7 @@ def render_run(state: dict[str, Any]) -> str:
                 f"  {where:<24} attempt {item['attempt']}{_round(item, run)}  "
                 f"{_one_line(_typed_error(item))}"
             )
-        lines.append("  (`flowlane run RUN_ID --format json` includes the tracebacks)")
+        lines.append(f"  (`flowlane run {run['run_id']} --format json` includes the tracebacks)")
     if run.get("output") is not None:
         lines.append("")
         lines.append("output")

@@ -148,6 +148,9 @@ def test_hints_name_the_real_steps_and_a_useful_command(
             "completes one") in out
     assert "STEP" not in out.partition("wait steps")[2]
 
+    code, out, err = _cli(capsys, "start", "an_kid", "--delay", "1h", "--dsn", dsn)
+    assert code == 0 and f"(`flowlane cancel {out.strip()}` cancels it)" in err, err
+
     unknown = "0b5e0000-0000-4000-8000-0000000000ff"
     code, _, err = _cli(capsys, "signal", unknown, "approve", "--dsn", dsn)
     assert code == 1 and f"no run {unknown}" in err
