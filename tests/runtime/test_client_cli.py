@@ -165,7 +165,7 @@ def test_runs_stuck_lists_runs_that_nothing_can_move(flows_dsn: str) -> None:
     text = flowlane("runs", "--stuck", "--dsn", flows_dsn)
     assert text.returncode == 1
     assert run_id in text.stdout and "no message on their queue" in text.stdout
-    assert "flowlane run RUN_ID" in text.stderr
+    assert f"`flowlane run {run_id}` shows its tasks" in text.stderr  # the real id
     as_json = flowlane("runs", "--stuck", "--dsn", flows_dsn, "--format", "json")
     assert as_json.returncode == 1
     assert [r["run_id"] for r in json.loads(as_json.stdout)] == [run_id]
