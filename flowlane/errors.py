@@ -66,8 +66,8 @@ class DatabaseError(FlowlaneError):
 
 
 class NotFound(FlowlaneError):
-    """No flow, alias or run of that name or id (or run id prefix) in the database: a failure
-    (exit status 1), not a usage error."""
+    """No flow, alias or run of that name or id in the database, or a run id prefix that does
+    not start exactly one run id: a failure (exit status 1), not a usage error."""
 
 
 class InputRefused(DatabaseError):

@@ -9,6 +9,9 @@ the answers into results and errors. The two clients only carry those requests o
 blocking, one awaiting, and take every public method (name, signature, docstring) from
 its plan (tests/runtime/test_client_parity.py holds them equal).
 
+Every operation on a run takes its id or a unique prefix of it (``client_runs_by_prefix``
+finds the run; a worker role, which may not read the runs table, passes whole ids).
+
 ``wait`` listens on ``flowlane_run_finished`` through ``flowlane.listen_run_finished``
 (the SQL Core notifies a run's end only while a session listens that way) and
 re-reads the run only when woken, with a slow fallback poll in case a
