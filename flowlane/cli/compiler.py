@@ -6,13 +6,16 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowlane import errors, project_root
 from flowlane.cli.common import add_dsn_argument, report_error
 
 # only what the parser needs: each command imports the rest (`--help` stays fast)
 from flowlane.compiler import diagnostics
+
+if TYPE_CHECKING:
+    from flowlane.runtime.registry import HandlerCheck
 
 # `flowlane.compiler.diagram.FORMATS`, without importing the model for `--help`
 # (tests/cli/test_fast_cli.py proves the two agree)
@@ -147,7 +150,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 1 if found else 0
 
 
-def _check_handlers(project: Any, args: argparse.Namespace) -> Any:
+def _check_handlers(project: Any, args: argparse.Namespace) -> HandlerCheck:
     """Import the project's handlers (``--handlers``: every module must import); the
     modules that cannot be imported here are said once each, on stderr."""
     from flowlane.runtime.registry import check_handlers
@@ -170,8 +173,7 @@ def _handler_findings(args: argparse.Namespace) -> list[diagnostics.Diagnostic]:
     project, found = api.analyze_paths(args.paths)
     if project is None or found:
         return []
-    found_handlers: list[diagnostics.Diagnostic] = _check_handlers(project, args).diagnostics
-    return found_handlers
+    return _check_handlers(project, args).diagnostics
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
