@@ -65,6 +65,16 @@ class DatabaseError(FlowlaneError):
         self.sqlstate = sqlstate
 
 
+class NotFound(FlowlaneError):
+    """No flow, alias or run of that name or id in the database, or a run id prefix that does
+    not start exactly one run id: a failure (exit status 1), not a usage error."""
+
+
+class InputRefused(DatabaseError):
+    """The database refused a start's input (its flow's ``input_schema``, a map step's array,
+    a run id already in use); no run was started."""
+
+
 class SignalRefused(DatabaseError):
     """The SQL Core refused a signal (unknown run or step, not a wait step, a finished run or
     step, a second signal); nothing changed."""

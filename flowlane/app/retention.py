@@ -79,5 +79,5 @@ def _flows(conn: Any, flow: str | None) -> list[str] | None:
         row = cur.fetchone()
     if row["flows"]:
         return list(row["flows"])
-    raise errors.UsageError(f"no flow or alias `{flow}` in the database",
+    raise errors.NotFound(f"no flow or alias `{flow}` in the database",
                             hint="`flowlane runs` and `flowlane plan` name the flows in the database")

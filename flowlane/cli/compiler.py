@@ -6,13 +6,16 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowlane import errors, project_root
 from flowlane.cli.common import add_dsn_argument, report_error
 
 # only what the parser needs: each command imports the rest (`--help` stays fast)
 from flowlane.compiler import diagnostics
+
+if TYPE_CHECKING:
+    from flowlane.runtime.registry import HandlerCheck
 
 # `flowlane.compiler.diagram.FORMATS`, without importing the model for `--help`
 # (tests/cli/test_fast_cli.py proves the two agree)
@@ -34,17 +37,27 @@ def _add_out(parser: argparse.ArgumentParser) -> None:
                         help="directory of the compiled SQL (default: the project's sql/)")
 
 
+def _add_handler_options(parser: argparse.ArgumentParser) -> None:
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--handlers", dest="handlers", action="store_const", const="strict", default="check",
+        help="every handler module must import here too (where the project's requirements "
+        "are installed, e.g. CI); by default a module that cannot be imported is only a note")
+    mode.add_argument(
+        "--no-handlers", dest="handlers", action="store_const", const="off",
+        help="do not import the handlers (an environment without the project's requirements, "
+        "e.g. a pre-commit hook)")
+    parser.add_argument(
+        "--import-path", action="append", default=[], metavar="DIR",
+        help="extra directory to import handler modules from (repeatable; "
+        "the project root and the current directory are always searched)")
+
+
 def configure(subparsers: Any) -> None:
     validate = subparsers.add_parser("validate", help="schema and semantic checks of flow YAML")
     _add_paths(validate)
     _add_format(validate)
-    validate.add_argument(
-        "--handlers", action="store_true",
-        help="also import every handler and check it can be called as handler(input, ctx)")
-    validate.add_argument(
-        "--import-path", action="append", default=[], metavar="DIR",
-        help="with --handlers: extra directory to import handler modules from (repeatable; "
-        "the project root and the current directory are always searched)")
+    _add_handler_options(validate)
     validate.set_defaults(func=cmd_validate)
 
     compile_ = subparsers.add_parser("compile", help="write SQL for every flow and the aliases")
@@ -60,6 +73,7 @@ def configure(subparsers: Any) -> None:
     _add_format(check)
     check.add_argument("--base", metavar="REV",
                        help="git revision whose committed SQL fixes the shapes (default: HEAD)")
+    _add_handler_options(check)
     check.set_defaults(func=cmd_check)
 
     graph_ = subparsers.add_parser("graph", help="draw a flow (queues as lanes)")
@@ -122,18 +136,44 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from flowlane.compiler import api
 
     project, found = api.analyze_paths(args.paths)
-    if project is not None and args.handlers:
-        from flowlane.runtime.registry import check_handlers
-
-        paths = [str(Path.cwd()), str(project_root.find_root()), *args.import_path]
-        found = check_handlers(project, [os.path.abspath(p) for p in paths])
+    checked = ""
+    if project is not None and args.handlers != "off":
+        handlers = _check_handlers(project, args)
+        found = handlers.diagnostics
         project = None if found else project
+        checked = (", every handler callable as handler(input, ctx)" if not handlers.unimportable
+                   else ", every handler of an importable module callable as handler(input, ctx)")
     _report(found, args.format)
     if project is not None and args.format == "text":
-        checked = ", every handler callable as handler(input, ctx)" if args.handlers else ""
         print(f"ok: {len(project.flows)} flow(s), {len(project.aliases)} alias(es), "
               f"{len(project.workers)} worker(s){checked}")
     return 1 if found else 0
+
+
+def _check_handlers(project: Any, args: argparse.Namespace) -> HandlerCheck:
+    """Import the project's handlers (``--handlers``: every module must import); the
+    modules that cannot be imported here are said once each, on stderr."""
+    from flowlane.runtime.registry import check_handlers
+
+    paths = [str(Path.cwd()), str(project_root.find_root()), *args.import_path]
+    result = check_handlers(project, [os.path.abspath(p) for p in paths],
+                            strict=args.handlers == "strict")
+    for note in result.notes():
+        print(note, file=sys.stderr)
+    return result
+
+
+def _handler_findings(args: argparse.Namespace) -> list[diagnostics.Diagnostic]:
+    """FL072 of ``check``: none when the handlers are off or the project does not load
+    (``check`` reports that itself)."""
+    from flowlane.compiler import api
+
+    if args.handlers == "off":
+        return []
+    project, found = api.analyze_paths(args.paths)
+    if project is None or found:
+        return []
+    return _check_handlers(project, args).diagnostics
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -156,17 +196,20 @@ def cmd_check(args: argparse.Namespace) -> int:
     result = checks.check(args.paths, args.out, args.base)
     for note in result.notes:
         print(note, file=sys.stderr)
+    handler_findings = _handler_findings(args)
     base = args.base or "HEAD"
     if args.format == "text":
         for line in (*result.alias_moves, *result.option_changes):
             print(line)
     if args.format != "text":
-        _report(result.all_diagnostics(base), args.format)
+        _report([*result.all_diagnostics(base), *handler_findings], args.format)
     elif not result.ok:
         sys.stdout.write(result.render_text(base))
-    else:
+    if args.format == "text" and handler_findings:
+        _report(handler_findings, args.format)
+    elif args.format == "text" and result.ok:
         print("ok: compiled SQL is up to date and no committed flow changed its shape")
-    return 0 if result.ok else 1
+    return 0 if result.ok and not handler_findings else 1
 
 
 def _project(paths: list[str]) -> Any:
@@ -182,7 +225,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
     except KeyError:
         known = ", ".join(sorted([f.slug for f in project.flows] +
                                  [a.slug for a in project.aliases]))
-        raise errors.UsageError(f"no flow or alias `{args.flow}`", hint=f"known: {known}") \
+        raise errors.NotFound(f"no flow or alias `{args.flow}`", hint=f"known: {known}") \
             from None
     title = flow.slug
     if project.has_alias(args.flow):

@@ -123,6 +123,8 @@ def configure(subparsers: Any) -> None:
         help="the payload: JSON text, @FILE to read a JSON file, or - for stdin (default {}); "
         f"at most {MAX_INPUT_BYTES // 1024} KiB",
     )
+    signal.add_argument("--by", metavar="NAME",
+                        help="who sends the signal: recorded as the payload's `by` (an object)")
     add_dsn_argument(signal)
     add_format(signal)
     signal.set_defaults(func=cmd_signal)
@@ -211,7 +213,7 @@ def _start_many(args: argparse.Namespace) -> int:
         try:
             run_ids = client.start_runs(args.flow, read_jsonl(stream, source, numbers),
                                         start_at=_start_at(args), priority=args.priority)
-        except errors.UsageError as exc:
+        except (errors.UsageError, errors.InputRefused) as exc:
             raise _at_line(exc, source, numbers) from exc
     for run_id in run_ids:
         if args.format == "json":
@@ -226,7 +228,7 @@ _REFUSED_INPUT = re.compile(r"the run input(?: (?P<index>\d+))? does not match")
 _CHUNK_START = re.compile(r"positions count from input (?P<offset>\d+)")
 
 
-def _at_line(exc: errors.UsageError, source: str, numbers: list[int]) -> errors.UsageError:
+def _at_line(exc: errors.FlowlaneError, source: str, numbers: list[int]) -> errors.FlowlaneError:
     """An input refused by the flow's input_schema, named by its line of the file."""
     refused = _REFUSED_INPUT.search(str(exc))
     if refused is None:
@@ -235,7 +237,7 @@ def _at_line(exc: errors.UsageError, source: str, numbers: list[int]) -> errors.
     index = int(refused["index"] or 0) + (int(chunk["offset"]) if chunk else 0)
     if index >= len(numbers):
         return exc
-    return errors.UsageError(f"{source}:{numbers[index]}: {exc}", hint=exc.hint)
+    return errors.InputRefused(f"{source}:{numbers[index]}: {exc}", hint=exc.hint)
 
 
 @json_errors
@@ -296,7 +298,7 @@ def _report_start(args: argparse.Namespace, started: Started) -> None:
               "not started again", file=sys.stderr)
     elif started.status == "waiting" and started.start_at is not None:
         print(f"run {started.run_id} waits until {started.start_at.isoformat()} "
-              "(`flowlane cancel RUN_ID` cancels it)", file=sys.stderr)
+              f"(`flowlane cancel {started.run_id}` cancels it)", file=sys.stderr)
     elif started.status == "waiting":
         print(f"run {started.run_id} waits for a slot of its flow's concurrency limit "
               f"(`flowlane run {started.run_id}` says which)", file=sys.stderr)
@@ -415,16 +417,19 @@ def cmd_retry(args: argparse.Namespace) -> int:
 @json_errors
 def cmd_signal(args: argparse.Namespace) -> int:
     from flowlane.runtime.client import Client
+    from flowlane.runtime.report import signal_words
 
     payload = read_input(args.data, "--data", "the signal payload")
     with Client(args.dsn) as client:
-        signal = client.signal(args.run_id, args.step, payload)
+        signal = client.signal(args.run_id, args.step, payload, by=args.by)
     applied = signal["applied_at"] is not None
     if args.format == "json":
+        by = signal["payload"].get("by") if isinstance(signal["payload"], dict) else None
         print(json.dumps({"run_id": str(signal["run_id"]), "step": signal["step_slug"],
-                          "applied": applied}))
+                          "applied": applied, "by": by}))
     elif applied:
-        print(f"step {signal['step_slug']} of run {signal['run_id']} completed by the signal")
+        print(f"step {signal['step_slug']} of run {signal['run_id']} "
+              f"{signal_words(signal['payload'], signal['applied_at'])}")
     else:
         print(f"signal kept: step {signal['step_slug']} of run {signal['run_id']} completes "
               "with it when the run reaches it")
@@ -446,7 +451,8 @@ def _stuck_runs(args: argparse.Namespace) -> int:
     print(f"{'RUN ID':<36}  {'FLOW':<28}  {'STARTED':<19}  WHY")
     for r in stuck:
         print(f"{r.run_id:<36}  {r.flow_slug:<28}  {r.started_at:%Y-%m-%d %H:%M:%S}  {r.reason}")
-    print(f"{len(stuck)} stuck run(s): `flowlane run RUN_ID` shows their tasks", file=sys.stderr)
+    print(f"{len(stuck)} stuck run(s): `flowlane run {stuck[0].run_id}` shows its tasks (and so "
+          "for each)", file=sys.stderr)
     return 1
 
 
@@ -462,5 +468,5 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         print(render_run(state))
     if state["run"]["status"] == "started":
-        _explain_wait(args.dsn, args.run_id)
+        _explain_wait(args.dsn, str(state["run"]["run_id"]))
     return 0

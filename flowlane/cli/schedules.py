@@ -53,13 +53,17 @@ def cmd_schedules(args: argparse.Namespace) -> int:
     if not found:
         print("no schedules (declare `kind: schedule` documents, then `flowlane apply`)")
         return 0
-    print(f"{'NAME':<24}  {'FLOW':<20}  {'WHEN':<22}  {'NEXT (ZONE)':<36}  {'NEXT (UTC)':<16}  LAST")
+    # to the second when some schedule fires at times a minute cannot say (every 30s)
+    seconds = any(s.to_the_second for s in found)
+    width, shown = (19, "%Y-%m-%d %H:%M:%S") if seconds else (16, "%Y-%m-%d %H:%M")
+    print(f"{'NAME':<24}  {'FLOW':<20}  {'WHEN':<22}  {'NEXT (ZONE)':<36}  "
+          f"{'NEXT (UTC)':<{width}}  LAST")
     for s in found:
-        next_local = f"{s.next_local[:16]} {s.timezone}"
+        next_local = f"{s.next_local[:width]} {s.timezone}"
         last = (f"{s.last_run_id} {s.last_status}" if s.last_run_id else "never")
         paused = f"  PAUSED{': ' + s.paused_reason if s.paused_reason else ''}" if s.paused else ""
         print(f"{s.name:<24}  {s.flow:<20}  {s.timing:<22}  {next_local:<36}  "
-              f"{s.next_slot:%Y-%m-%d %H:%M}  {last}{paused}")
+              f"{s.next_slot.strftime(shown)}  {last}{paused}")
     return 0
 
 

@@ -9,6 +9,9 @@ the answers into results and errors. The two clients only carry those requests o
 blocking, one awaiting, and take every public method (name, signature, docstring) from
 its plan (tests/runtime/test_client_parity.py holds them equal).
 
+Every operation on a run takes its id or a unique prefix of it (``client_runs_by_prefix``
+finds the run; a worker role, which may not read the runs table, passes whole ids).
+
 ``wait`` listens on ``flowlane_run_finished`` through ``flowlane.listen_run_finished``
 (the SQL Core notifies a run's end only while a session listens that way) and
 re-reads the run only when woken, with a slow fallback poll in case a
@@ -128,6 +131,11 @@ class ScheduleSummary:
     def timing(self) -> str:
         return f"cron {self.cron}" if self.cron is not None else f"every {self.every_seconds}s"
 
+    @property
+    def to_the_second(self) -> bool:
+        """Its firings fall between whole minutes (an interval that is not a number of minutes)."""
+        return self.every_seconds is not None and self.every_seconds % 60 != 0
+
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "flow": self.flow, "cron": self.cron,
                 "every_seconds": self.every_seconds, "timezone": self.timezone,
@@ -211,6 +219,45 @@ def _run_id(text: str) -> str:
         ) from None
 
 
+MIN_PREFIX = 4  # hex digits of the shortest run id prefix taken
+PREFIX_CANDIDATES = 5  # the candidates an ambiguous prefix lists
+
+
+def _prefix_range(text: str) -> tuple[str, str]:
+    """The lowest and the highest UUID that start with the run id prefix ``text``."""
+    digits = str(text).strip().lower().replace("-", "")
+    if len(digits) < MIN_PREFIX or len(digits) >= 32 or any(c not in "0123456789abcdef" for c in digits):
+        raise errors.UsageError(
+            f"{text!r} is not a run id (expected a UUID, or at least its first {MIN_PREFIX} "
+            "hex digits)", hint="`flowlane runs` lists run ids") from None
+    return (str(uuid.UUID(digits.ljust(32, "0"))), str(uuid.UUID(digits.ljust(32, "f"))))
+
+
+def _only_run(rows: list[dict[str, Any]], prefix: str) -> str:
+    """The one run a prefix names; an error naming the candidates when it names several."""
+    if not rows:
+        raise errors.NotFound(f"no run starts with {prefix}", hint="`flowlane runs` lists run ids")
+    if len(rows) > 1:
+        shown = rows[:PREFIX_CANDIDATES - 1]
+        more = ", ..." if len(rows) > len(shown) else ""
+        candidates = ", ".join(f"{r['run_id']} ({r['flow_slug']}, {r['status']})" for r in shown)
+        raise errors.NotFound(f"run id prefix {prefix} is ambiguous: {candidates}{more}",
+                              hint="give more of the run id")
+    return str(rows[0]["run_id"])
+
+
+def _resolve_run(text: str) -> Plan[str]:
+    """The run id ``text`` stands for: a UUID as it is, a prefix (as `flowlane runs` and the
+    console cut ids) the one run whose id starts with it."""
+    try:
+        return _run_id(text)
+    except errors.UsageError:
+        low, high = _prefix_range(text)
+    rows = yield Fetch("client_runs_by_prefix", "cannot find the run",
+                       {"low": low, "high": high, "limit": PREFIX_CANDIDATES})
+    return _only_run(rows, str(text).strip())
+
+
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
@@ -272,15 +319,16 @@ def _start_error(exc: errors.DatabaseError) -> errors.FlowlaneError:
     # the database's own hint first (e.g. the input limits); its detail (e.g. the rule of an
     # input_schema that refused the input) stays in the message
     message = f"{exc}\n{exc.detail}" if exc.detail else str(exc)
-    return exc if hint is None else errors.UsageError(message, hint=exc.hint or hint)
+    return exc if hint is None else errors.InputRefused(message, hint=exc.hint or hint,
+                                                        sqlstate=exc.sqlstate)
 
 
 def _operation_error(exc: errors.DatabaseError, run_id: str) -> errors.FlowlaneError:
     if exc.sqlstate == _NO_RUN:
-        return errors.FlowlaneError(f"no run {run_id}", hint="`flowlane runs` lists recent runs")
+        return errors.NotFound(f"no run {run_id}", hint="`flowlane runs` lists recent runs")
     if exc.sqlstate == _WRONG_STATE:
         return errors.FlowlaneError(
-            str(exc).split(": ", 1)[-1], hint="`flowlane run RUN_ID` shows its state"
+            str(exc).split(": ", 1)[-1], hint=f"`flowlane run {run_id}` shows its state"
         )
     return exc
 
@@ -293,15 +341,31 @@ _SIGNAL_REFUSALS = frozenset({_NO_RUN, "42809", _WRONG_STATE, "22023", "22004"})
 def _signal_error(exc: errors.DatabaseError, run_id: str) -> errors.FlowlaneError:
     if exc.sqlstate not in _SIGNAL_REFUSALS:
         return exc
+    no_run = exc.sqlstate == _NO_RUN and not exc.hint  # no step of the run: the hint names them
     return errors.SignalRefused(
         str(exc).replace(": signal: ", ": ", 1),
-        hint=exc.hint or f"`flowlane run {run_id}` shows its wait steps and their signals",
+        hint=exc.hint or ("`flowlane runs` lists recent runs" if no_run
+                          else f"`flowlane run {run_id}` shows its wait steps and their signals"),
         detail=exc.detail, sqlstate=exc.sqlstate)
+
+
+def _signed(payload: Any, by: str | None) -> Any:
+    """The signal payload with its sender as ``by`` (when one is given)."""
+    if by is None:
+        return payload
+    body = {} if payload is None else payload
+    if not isinstance(body, dict):
+        raise errors.UsageError("a signal that names its sender (by) takes a JSON object payload",
+                                hint='e.g. --data \'{"approved": true}\' --by ada')
+    if body.get("by", by) != by:
+        raise errors.UsageError(f"the payload says by {body['by']!r} and the sender is {by!r}",
+                                hint="name the sender once")
+    return {**body, "by": by}
 
 
 def _run_state(rows: list[dict[str, Any]], run_id: str) -> dict[str, Any]:
     if not rows or rows[0]["run"] is None:
-        raise errors.FlowlaneError(f"no run {run_id}", hint="`flowlane runs` lists recent runs")
+        raise errors.NotFound(f"no run {run_id}", hint="`flowlane runs` lists recent runs")
     run: dict[str, Any] = rows[0]["run"]
     return run
 
@@ -316,8 +380,8 @@ def _flow_filter(rows: list[dict[str, Any]], flow: str) -> list[str]:
     row = rows[0]
     if row["flows"]:
         return list(row["flows"])
-    raise errors.UsageError(f"no flow or alias `{flow}` in the database",
-                            hint=_unknown_flow_hint(flow, rows))
+    raise errors.NotFound(f"no flow or alias `{flow}` in the database",
+                          hint=_unknown_flow_hint(flow, rows))
 
 
 def _unknown_flow_hint(flow: str, rows: list[dict[str, Any]]) -> str:
@@ -330,7 +394,7 @@ def _unknown_flow_hint(flow: str, rows: list[dict[str, Any]]) -> str:
 
 def _check_page(rows: list[dict[str, Any]], before: str) -> None:
     if not rows[0]["found"]:
-        raise errors.UsageError(f"--before: no run {before}", hint="`flowlane runs` lists run ids")
+        raise errors.NotFound(f"--before: no run {before}", hint="`flowlane runs` lists run ids")
 
 
 def _list_params(
@@ -490,7 +554,7 @@ class Operations:
     @staticmethod
     def cancel(run_id: str, *, reason: str | None = None) -> Plan[dict[str, Any]]:
         """Cancel a started run (idempotent for a cancelled one); return its row."""
-        run_id = _run_id(run_id)
+        run_id = yield from _resolve_run(run_id)
         try:
             rows = yield Fetch("client_cancel_run", "cannot cancel",
                                {"run_id": run_id, "reason": reason})
@@ -502,7 +566,7 @@ class Operations:
     @staticmethod
     def retry(run_id: str) -> Plan[dict[str, Any]]:
         """Resume a failed run from its failed steps with a fresh attempt budget."""
-        run_id = _run_id(run_id)
+        run_id = yield from _resolve_run(run_id)
         try:
             rows = yield Fetch("client_retry_run", "cannot retry", {"run_id": run_id})
         except errors.DatabaseError as exc:
@@ -538,13 +602,15 @@ class Operations:
         return str(rows[0]["run_id"])
 
     @staticmethod
-    def signal(run_id: str, step: str, payload: Any = None) -> Plan[dict[str, Any]]:
+    def signal(run_id: str, step: str, payload: Any = None, *, by: str | None = None
+               ) -> Plan[dict[str, Any]]:
         """Send a signal to wait step ``step`` of a run: it completes the step with
         ``payload`` (default ``{}``) as its output, or is kept until the step starts.
+        ``by`` names the sender: the payload's ``by`` (the payload is then a JSON object).
         Returns the signal (``applied_at`` None: kept). Raises
         :class:`flowlane.errors.SignalRefused` when the SQL Core refuses it (nothing changed)."""
-        run_id = _run_id(run_id)
-        body = encode_input(payload, "the signal payload")
+        run_id = yield from _resolve_run(run_id)
+        body = encode_input(_signed(payload, by), "the signal payload")
         try:
             rows = yield Fetch("client_signal", f"cannot signal {step}",
                                {"run_id": run_id, "step": step, "payload": body})
@@ -572,6 +638,8 @@ class Operations:
         """Runs newest first; ``before`` = a run id (the next page), ``since`` = a time,
         ``parent`` = a run id (only the child runs its child-flow steps started)."""
         flows = (yield from Operations.flows_named(flow)) if flow else None
+        before = (yield from _resolve_run(before)) if before else None
+        parent = (yield from _resolve_run(parent)) if parent else None
         params = _list_params(limit, flows, status, before, since, parent)
         if params["before"]:
             found = yield Fetch("client_run_exists", "cannot list runs",
@@ -593,7 +661,7 @@ class Operations:
     def get_run(run_id: str) -> Plan[dict[str, Any]]:
         """``{"run", "steps", "tasks", "attempts", "waits", "parent", "children"}``; raises
         when there is no such run."""
-        run_id = _run_id(run_id)
+        run_id = yield from _resolve_run(run_id)
         rows = yield Fetch("client_get_run", "cannot read the run", {"run_id": run_id})
         state = _run_state(rows, run_id)
         state["holds"] = (yield from _run_waits([run_id]))
@@ -604,7 +672,7 @@ class Operations:
         """Wait until the run ends (completed, failed or cancelled); return its state.
 
         Woken by the run's notification; raises :class:`RunTimeout` after ``timeout`` s."""
-        run_id = _run_id(run_id)
+        run_id = yield from _resolve_run(run_id)
         deadline = time.monotonic() + timeout
         listener = yield Listen()  # before the first read: an end in between still wakes us
         while True:

@@ -6,11 +6,12 @@ listed, each naming the YAML ``file:line`` that references it.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,14 @@ class _ImportProblem(Exception):
     pass
 
 
+class _ModuleProblem(_ImportProblem):
+    """The handler's module cannot be imported (itself or one of its dependencies)."""
+
+    def __init__(self, module: str, why: str) -> None:
+        super().__init__(why)
+        self.module = module
+
+
 def source_line(location: Location | None, fallback: str) -> str:
     """``path:line`` of a YAML declaration, as worker errors cite it."""
     return f"{location.path}:{location.line}" if location else fallback
@@ -92,38 +101,70 @@ def _import(handler: str) -> Handler:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        raise _ImportProblem(f"module {exc.name!r} not found") from exc
+        raise _ModuleProblem(module_name, f"module {exc.name!r} not found") from exc
     except Exception as exc:  # the handler module itself is broken
-        raise _ImportProblem(
-            f"importing {module_name} raised {type(exc).__name__}: {exc}"
+        raise _ModuleProblem(
+            module_name, f"importing {module_name} raised {type(exc).__name__}: {exc}"
         ) from exc
     target: Any = module
     for part in attr.split("."):
         try:
             target = getattr(target, part)
         except AttributeError as exc:
-            raise _ImportProblem(f"module {module_name} has no attribute {attr!r}") from exc
+            raise _ImportProblem(f"module {module_name} has no attribute {attr!r}"
+                                 f"{_did_you_mean(attr, module)}") from exc
     if not callable(target):
         raise _ImportProblem(f"{module_name}:{attr} is not callable")
     func: Handler = target
     return func
 
 
-def check_handlers(project: Project, import_paths: Iterable[str] = ()) -> list[Diagnostic]:
-    """FL072 for every step whose handler cannot be imported or called as ``f(input, ctx)``."""
+def _did_you_mean(attr: str, module: Any) -> str:
+    """The module's public callables closest to a missing attribute, as a suggestion."""
+    callables = [name for name, value in vars(module).items()
+                 if callable(value) and not name.startswith("_")]
+    close = difflib.get_close_matches(attr, callables, n=3)
+    return f"; did you mean {' or '.join(f'`{name}`' for name in close)}?" if close else ""
+
+
+@dataclass
+class HandlerCheck:
+    """What importing the handlers found: FL072 findings, and the modules that could not be
+    imported here (``module -> why``) when that is not a finding."""
+
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    unimportable: dict[str, str] = field(default_factory=dict)
+
+    def notes(self) -> list[str]:
+        """One line per module that could not be imported: its handlers were not checked."""
+        return [f"note: handlers of module {module} not checked: it cannot be imported here "
+                f"({why}); --handlers makes that an error" for module, why in self.unimportable.items()]
+
+
+def check_handlers(project: Project, import_paths: Iterable[str] = (), *,
+                   strict: bool = True) -> HandlerCheck:
+    """FL072 for every step whose handler does not resolve to something callable as
+    ``f(input, ctx)``. A module that cannot be imported is a finding when ``strict``,
+    else it is only listed in ``unimportable`` (its dependencies may be missing here)."""
     for path in import_paths:
         if path not in sys.path:
             sys.path.insert(0, path)
-    found: list[Diagnostic] = []
+    result = HandlerCheck()
     for flow in project.flows:
         for step in flow.steps:
             if step.handler is None:
                 continue  # a wait step
-            problem = _handler_problem(step.handler)
+            try:
+                problem = _handler_problem(step.handler)
+            except _ModuleProblem as exc:
+                if not strict:
+                    result.unimportable.setdefault(exc.module, str(exc))
+                    continue
+                problem = str(exc)
             if problem is None:
                 continue
             where = step.handler_location or step.location or flow.location
-            found.append(Diagnostic(
+            result.diagnostics.append(Diagnostic(
                 where.path if where else flow.slug, where.line if where else 1,
                 where.col if where else 1, "FL072",
                 f"handler `{step.handler}` of step {flow.slug}.{step.slug}: {problem}",
@@ -131,12 +172,16 @@ def check_handlers(project: Project, import_paths: Iterable[str] = ()) -> list[D
                 "(or pass --import-path)",
                 _source_line(where),
             ))
-    return found
+    return result
 
 
 def _handler_problem(handler: str) -> str | None:
+    """What is wrong with a handler, None when nothing is; raises :class:`_ModuleProblem`
+    when its module cannot be imported."""
     try:
         func = _import(handler)
+    except _ModuleProblem:
+        raise
     except _ImportProblem as exc:
         return str(exc)
     try:

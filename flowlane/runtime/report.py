@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from datetime import UTC, datetime
 from typing import Any
 
 SHOWN_ERROR_CHARS = 120
@@ -55,7 +56,7 @@ def render_run(state: dict[str, Any]) -> str:
                 f"  {where:<24} attempt {item['attempt']}{_round(item, run)}  "
                 f"{_one_line(_typed_error(item))}"
             )
-        lines.append("  (`flowlane run RUN_ID --format json` includes the tracebacks)")
+        lines.append(f"  (`flowlane run {run['run_id']} --format json` includes the tracebacks)")
     if run.get("output") is not None:
         lines.append("")
         lines.append("output")
@@ -88,7 +89,29 @@ def wait_note(wait: dict[str, Any]) -> str:
         return "no signal"
     if signal.get("applied_at") is None:
         return f"signal kept since {signal['received_at']}: it completes the step when it starts"
-    return f"completed by a signal received at {signal['received_at']}"
+    return signal_words(signal.get("payload"), signal["applied_at"])
+
+
+UNNAMED_SENDER = "an unnamed sender"
+
+
+def signal_words(payload: Any, at: datetime | str) -> str:
+    """How a signal that completed its wait step is told, by ``flowlane run``, ``flowlane
+    signal`` and the console alike: "completed by a signal from ada at 2026-05-01 12:00:03
+    UTC", "approved" or "rejected" for a decision (a boolean ``approved``), and the sender
+    its payload's ``by`` names, else "an unnamed sender"."""
+    body = payload if isinstance(payload, dict) else {}
+    approved = body.get("approved")
+    what = ("approved" if approved else "rejected") if isinstance(approved, bool) else "completed"
+    by = body.get("by")
+    sender = by.strip() if isinstance(by, str) and by.strip() else UNNAMED_SENDER
+    return f"{what} by a signal from {sender} at {utc_seconds(at)}"
+
+
+def utc_seconds(at: datetime | str) -> str:
+    """A time in UTC to the second, as the console shows times."""
+    moment = datetime.fromisoformat(at) if isinstance(at, str) else at
+    return f"{moment.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
 
 
 def _waits(state: dict[str, Any]) -> list[str]:
@@ -97,9 +120,17 @@ def _waits(state: dict[str, Any]) -> list[str]:
         return []
     lines = ["", "wait steps"]
     lines += [f"  {w['step_slug']:<22} {wait_note(w)}" for w in waits]
-    if any(w["status"] == "started" for w in waits):
-        lines.append(f"  (`flowlane signal {state['run']['run_id']} STEP --data JSON` completes one)")
+    started = [w["step_slug"] for w in waits if w["status"] == "started"]
+    if started:
+        lines.append(f"  ({signal_hint(state['run']['run_id'], started)})")
     return lines
+
+
+def signal_hint(run_id: str, steps: list[str]) -> str:
+    """The command that completes one of the wait steps ``steps`` of a run, by their names."""
+    others = f" (or {', '.join(steps[1:])} in its place)" if steps[1:] else ""
+    return f"`flowlane signal {run_id} {steps[0]} --data JSON`{others} completes " + (
+        "it" if len(steps) == 1 else "one")
 
 
 HOLDS_SHOWN = 10  # lines of "waiting for"; the JSON output has every task

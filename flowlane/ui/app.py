@@ -35,7 +35,7 @@ from flowlane.app.observability import ConsoleProbe
 from flowlane.compiler import diagram
 from flowlane.defaults import STALE_AFTER
 from flowlane.runtime.limits import STATUSES, TERMINAL
-from flowlane.runtime.report import hold_lines
+from flowlane.runtime.report import hold_lines, signal_words
 from flowlane.ui import layout, pages, security
 
 
@@ -55,6 +55,7 @@ def _templates() -> Jinja2Templates:
         duration=pages.duration, timestamp=pages.timestamp, size=pages.size, age=pages.age,
     )
     env.globals["signals_lane"] = diagram.SIGNALS
+    env.globals["signal_words"] = signal_words  # as `flowlane run` and `signal` say it
     return Jinja2Templates(env=env)
 
 

@@ -1,4 +1,4 @@
-"""init, pre-commit hooks, validate --handlers, plan --exit-code, --version, db up hints."""
+"""init, pre-commit hooks, validate's handler check, plan --exit-code, --version, db up hints."""
 
 from __future__ import annotations
 
@@ -68,8 +68,8 @@ def test_init_adds_only_the_entries_a_gitignore_lacks(tmp_path: Path) -> None:
 def test_the_ci_workflow_runs_sarif_check_and_plan(tmp_path: Path) -> None:
     workflow = yaml.safe_load((_init(tmp_path) / ".github" / "workflows" / "flowlane.yml").read_text())
     commands = " ".join(s.get("run", "") for s in workflow["jobs"]["flowlane"]["steps"])
-    assert "flowlane validate --handlers --format sarif" in commands
-    assert "flowlane check --base" in commands
+    assert "flowlane validate --handlers --format sarif" in commands  # requirements installed
+    assert "flowlane check --no-handlers --base" in commands
     assert "flowlane plan" in commands and "--format markdown" in commands
     uses = [s.get("uses", "") for s in workflow["jobs"]["flowlane"]["steps"]]
     assert any(u.startswith("github/codeql-action/upload-sarif") for u in uses)
@@ -120,6 +120,7 @@ def test_pre_commit_hooks_run_real_commands(tmp_path: Path) -> None:
         assert hook["language"] == "python" and hook["pass_filenames"] is False
         program, *args = shlex.split(hook["entry"])
         assert program == "flowlane"
+        assert "--no-handlers" in args  # the hook's environment lacks the project's requirements
         ok = run_flowlane(*args, cwd=root)
         assert ok.returncode == 0, ok.stdout + ok.stderr
     (root / "flows" / "hello.yaml").write_text("kind: flow\nslug: hello\nsteps: {}\nbogus: 1\n")
@@ -128,7 +129,7 @@ def test_pre_commit_hooks_run_real_commands(tmp_path: Path) -> None:
 
 
 @scenario
-def test_validate_handlers_catches_typos_and_bad_signatures(tmp_path: Path) -> None:
+def test_validate_checks_the_handlers_by_default(tmp_path: Path) -> None:
     root = _init(tmp_path)
     (root / "handlers.py").write_text(
         "def greet(input, ctx):\n    return 1\n\n\ndef lonely(input):\n    return 1\n"
@@ -139,17 +140,47 @@ def test_validate_handlers_catches_typos_and_bad_signatures(tmp_path: Path) -> N
         "  b:\n    handler: handlers:lonely\n"
         "  c:\n    handler: no_such_module:f\n"
     )
-    plain = run_flowlane("validate", cwd=root)
-    assert plain.returncode == 0  # the YAML alone is fine
-    result = run_flowlane("validate", "--handlers", cwd=root)
+    result = run_flowlane("validate", cwd=root)
     assert result.returncode == 1
     out = result.stdout
     assert "flows/more.yaml:5:14: error[FL072]: handler `handlers:gret` of step more.a: " \
-        "module handlers has no attribute 'gret'" in out
+        "module handlers has no attribute 'gret'; did you mean `greet`?" in out
     assert "5 |     handler: handlers:gret" in out
     assert "handler `handlers:lonely` of step more.b: cannot be called with (input, ctx)" in out
-    assert "module 'no_such_module' not found" in out
-    assert out.count("error[FL072]") == 3
+    assert out.count("error[FL072]") == 2  # a module that cannot be imported here: a note
+    assert "note: handlers of module no_such_module not checked: it cannot be imported here " \
+        "(module 'no_such_module' not found); --handlers makes that an error" in result.stderr
+    checked = run_flowlane("check", cwd=root)
+    assert checked.returncode == 1 and checked.stdout.count("error[FL072]") == 2, checked.stdout
+    strict = run_flowlane("validate", "--handlers", cwd=root)
+    assert strict.returncode == 1 and strict.stdout.count("error[FL072]") == 3, strict.stdout
+    assert "module 'no_such_module' not found" in strict.stdout
+    for command in ("validate", "check"):
+        off = run_flowlane(command, "--no-handlers", cwd=root)
+        assert "FL072" not in off.stdout, off.stdout
+    assert run_flowlane("validate", "--no-handlers", cwd=root).returncode == 0  # the YAML alone
+
+
+@scenario
+def test_a_handler_module_that_cannot_be_imported_here_is_a_note_unless_handlers(
+    tmp_path: Path,
+) -> None:
+    root = _init(tmp_path)
+    (root / "shop.py").write_text("import a_dependency_not_installed\n\n\n"
+                                  "def label(input, ctx):\n    return 1\n")
+    (root / "flows" / "shop.yaml").write_text(
+        "kind: flow\nslug: shop\nsteps:\n"
+        "  a:\n    handler: shop:label\n"
+        "  b:\n    handler: shop:lable\n"
+    )
+    lenient = run_flowlane("validate", cwd=root)
+    assert lenient.returncode == 0, lenient.stdout + lenient.stderr
+    assert lenient.stderr.count("note: handlers of module shop not checked") == 1, lenient.stderr
+    assert "'a_dependency_not_installed' not found" in lenient.stderr
+    strict = run_flowlane("validate", "--handlers", cwd=root)
+    assert strict.returncode == 1
+    assert strict.stdout.count("error[FL072]") == 2, strict.stdout
+    assert "note:" not in strict.stderr
 
 
 def test_plan_exit_code(tmp_path: Path, dsn: str) -> None:

@@ -227,7 +227,7 @@ def test_graph_mermaid_and_dot(project: Path, capsys: pytest.CaptureFixture[str]
     code, out, _ = run(capsys, "graph", "hello", "--format", "dot")
     assert out.startswith('digraph "hello" {') and '"greet" -> "shout";' in out
     code, _, err = run(capsys, "graph", "nope")
-    assert code == 2 and "no flow or alias `nope`" in err
+    assert code == 1 and "no flow or alias `nope`" in err  # an unknown name: a failure
 
 
 def test_types_module_is_valid_python(project: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -177,4 +177,4 @@ def test_the_prune_command_previews_then_prunes_an_aliases_versions(
     assert engine.scalar("select array_agg(flow_slug) from flowlane.runs") == ["other"]
     assert main(["prune", "--dsn", dsn, "--older-than", "3w"]) == 2
     assert "--older-than: `3w` is not a duration" in capsys.readouterr().err
-    assert main(["prune", "--dsn", dsn, "--flow", "nope"]) == 2
+    assert main(["prune", "--dsn", dsn, "--flow", "nope"]) == 1  # an unknown flow: a failure

@@ -129,18 +129,18 @@ def test_every_operation_answers_alike_both_ways(both: Both, flows_dsn: str) -> 
     for name, args, kwargs, expected in [
         ("start", ("no_such_flow", {}), {}, "DatabaseError"),
         ("start", ("rt_noop", {"x": float("nan")}), {}, "UsageError"),
-        ("start", ("rt_noop", {}), {"run_id": started}, "UsageError"),  # the id names a run
+        ("start", ("rt_noop", {}), {"run_id": started}, "InputRefused"),  # the id names a run
         ("start_run", ("rt_noop",), {"run_id": "nonsense"}, "UsageError"),
         ("start_runs", ("rt_noop", [{}, {}, {"x": float("inf")}]), {"chunk_size": 2}, "UsageError"),
         ("start_runs", ("rt_noop", [{}]), {"chunk_size": 0}, "UsageError"),
         ("start_runs", ("no_such_flow", [{}, {}, {}]), {"chunk_size": 2}, "DatabaseError"),
-        ("cancel", (MISSING,), {}, "FlowlaneError"),
+        ("cancel", (MISSING,), {}, "NotFound"),
         ("retry", (started,), {}, "FlowlaneError"),  # not failed
-        ("retry", (MISSING,), {}, "FlowlaneError"),
-        ("get_run", (MISSING,), {}, "FlowlaneError"),
-        ("flows_named", ("rt_noo",), {}, "UsageError"),
+        ("retry", (MISSING,), {}, "NotFound"),
+        ("get_run", (MISSING,), {}, "NotFound"),
+        ("flows_named", ("rt_noo",), {}, "NotFound"),
         ("list_runs", (), {"status": "sleeping"}, "UsageError"),
-        ("list_runs", (), {"before": MISSING}, "UsageError"),
+        ("list_runs", (), {"before": MISSING}, "NotFound"),
         ("list_runs", (), {"limit": -1}, "UsageError"),
         ("wait", (started,), {"timeout": 0}, "RunTimeout"),
         ("get_run", (), {}, "TypeError"),

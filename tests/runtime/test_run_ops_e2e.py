@@ -208,7 +208,7 @@ def test_runs_resolves_aliases_suggests_and_pages(flows_dsn: str) -> None:
     assert {r["flow_slug"] for r in rows} == {"rt_retry"}
 
     typo = flowlane("runs", "--flow", "rt_retyr", "--dsn", flows_dsn)
-    assert typo.returncode == 2
+    assert typo.returncode == 1  # an unknown name is a failure
     assert "no flow or alias `rt_retyr`" in typo.stderr and "did you mean rt_retry" in typo.stderr
 
     first = flowlane("runs", "--flow", "rt_retry", "--limit", "2", "--format", "json",
@@ -221,7 +221,7 @@ def test_runs_resolves_aliases_suggests_and_pages(flows_dsn: str) -> None:
     assert len(page1) == 2 and len(page2) == 1 and sorted(page1 + page2) == sorted(retry_runs)
 
     gone = flowlane("runs", "--before", "6f1c54c2-52a6-4d8e-9d0e-2b8b5b2b3b3b", "--dsn", flows_dsn)
-    assert gone.returncode == 2 and "--before: no run 6f1c54c2" in gone.stderr
+    assert gone.returncode == 1 and "--before: no run 6f1c54c2" in gone.stderr
     future = flowlane("runs", "--since", "2999-01-01T00:00:00+00:00", "--dsn", flows_dsn)
     assert future.returncode == 0 and "no runs" in future.stdout
     bad = flowlane("runs", "--since", "yesterday", "--dsn", flows_dsn)

@@ -111,7 +111,7 @@ def test_signal_from_the_cli_completes_a_wait_step_and_refusals_change_nothing(
         run_id = client.start_run("sg_gate")
     code, waiting, _ = _cli(capsys, "run", run_id, "--dsn", dsn)
     assert "hold" in waiting and "waiting for a signal since" in waiting
-    assert f"flowlane signal {run_id} STEP" in waiting
+    assert f"`flowlane signal {run_id} hold --data JSON` completes it" in waiting
 
     code, _, err = _cli(capsys, "signal", run_id, "hold", "--data", "{nope", "--dsn", dsn)
     assert code == 2 and "--data is not valid JSON" in err
@@ -121,7 +121,7 @@ def test_signal_from_the_cli_completes_a_wait_step_and_refusals_change_nothing(
 
     code, out, err = _cli(capsys, "signal", run_id, "hold", "--data", '{"by": "ana"}', "--dsn", dsn)
     assert code == 0, err
-    assert f"step hold of run {run_id} completed by the signal" in out
+    assert f"step hold of run {run_id} completed by a signal from ana at " in out
     code, _, err = _cli(capsys, "signal", run_id, "hold", "--data", '{"by": "bo"}', "--dsn", dsn)
     assert code == 1 and "already has a signal" in err
 
@@ -131,7 +131,7 @@ def test_signal_from_the_cli_completes_a_wait_step_and_refusals_change_nothing(
     assert (hold["status"], hold["output"]) == ("completed", {"by": "ana"})
     assert state["waits"][0]["signal"]["payload"] == {"by": "ana"}
     _, shown, _ = _cli(capsys, "run", run_id, "--dsn", dsn)
-    assert "completed by a signal received at" in shown
+    assert "completed by a signal from ana at" in shown
 
 
 def test_client_signal_sync_and_async_keep_early_signals_and_raise_refusals(
@@ -163,7 +163,7 @@ def test_client_signal_sync_and_async_keep_early_signals_and_raise_refusals(
         gate_id = client.start_run("sg_gate")
     _, sent, _ = _cli(capsys, "signal", gate_id, "hold", "--data", f"@{data}", "--dsn", dsn,
                       "--format", "json")
-    assert json.loads(sent) == {"run_id": gate_id, "step": "hold", "applied": True}
+    assert json.loads(sent) == {"run_id": gate_id, "step": "hold", "applied": True, "by": "file"}
 
 
 def _approve_waiting(dsn: str, run_id: str) -> dict[str, Any] | None:

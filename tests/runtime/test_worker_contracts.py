@@ -35,18 +35,18 @@ def test_a_wrong_output_fails_its_first_attempt_without_retry(flows_dsn: str, sp
 
 def test_client_and_cli_starts_name_the_path_the_rule_and_the_file_line(
         flows_dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(errors.UsageError, match="/mode: \"fast\" is not one of"):
+    with pytest.raises(errors.InputRefused, match="/mode: \"fast\" is not one of"):
         start_run(flows_dsn, "rt_contract", {"mode": "fast"})
     code = main(["start", "rt_contract", "--input", '{"mode": "fast"}', "--dsn", flows_dsn])
     err = capsys.readouterr().err
-    assert code == 2, err
+    assert code == 1, err  # a refused input is a failure, not a usage error
     assert '/mode: "fast" is not one of ["good", "bad"]' in err
     assert 'the rule at input_schema/properties/mode/enum of {"enum": ["good", "bad"]}' in err
     lines = tmp_path / "inputs.jsonl"
     lines.write_text('{"mode": "good"}\n\n{"mode": "bad"}\n{"mode": 3}\n')
     code = main(["start", "rt_contract", "--input-file", str(lines), "--dsn", flows_dsn])
     err = capsys.readouterr().err
-    assert code == 2, err
+    assert code == 1, err
     assert f"{lines}:4: cannot start rt_contract" in err and "/mode: 3 is not one of" in err
     with psycopg.connect(flows_dsn) as conn:
         row = conn.execute("select count(*) from flowlane.runs where flow_slug = 'rt_contract'").fetchone()

@@ -225,12 +225,12 @@ def test_a_waiting_step_is_approved_or_rejected_from_the_console(
         _decide(driver, server, approved, "approve", "ana", "looks right")
         decision = driver.find_element(By.CSS_SELECTOR, "[data-wait='ask'] .decision")
         assert decision.get_attribute("data-approved") == "true"
-        assert decision.text.startswith("approved by ana at") and "looks right" in decision.text
+        assert decision.text.startswith("approved by a signal from ana at") and "looks right" in decision.text
         assert _absent(driver, "action-approve-ask")  # decided once
         _decide(driver, server, rejected, "reject", "", "")
         decision = driver.find_element(By.CSS_SELECTOR, "[data-wait='ask'] .decision")
         assert decision.get_attribute("data-approved") == "false"
-        assert decision.text.startswith("rejected by the console at")
+        assert decision.text.startswith("rejected by a signal from the console at")
     with psycopg.connect(dsn, autocommit=True) as conn:
         engine = Engine(conn)
         outputs = {run: engine.states(run)["ask"]["output"] for run in (approved, rejected)}

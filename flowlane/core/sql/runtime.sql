@@ -183,6 +183,15 @@ select run_id, flow_slug from flowlane.trigger_schedule(%(name)s, %(input)s::jso
 -- name: client_run_exists
 select exists (select 1 from flowlane.runs r where r.run_id = %(run_id)s::uuid) as found
 
+-- name: client_runs_by_prefix
+-- the run ids that start with a prefix: those between its lowest and its highest UUID (a range
+-- of the primary key), a few of them (one is the answer; more name an ambiguous prefix)
+select r.run_id, r.flow_slug, r.status, r.started_at
+from flowlane.runs r
+where r.run_id between %(low)s::uuid and %(high)s::uuid
+order by r.run_id
+limit %(limit)s
+
 -- name: client_flow_filter
 -- every version an alias points or pointed at, else a concrete flow (an alias comes first,
 -- as in resolve_flow: it may have adopted the name of a flow it lists); all names otherwise
