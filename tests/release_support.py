@@ -3,14 +3,13 @@
 The migration under test is the pending one (``migrator.pending()``), or at a release commit,
 where nothing is pending, the newest released one. The previous release is the newest
 release in ``released.json`` that does not ship it: its schema is the migrations it ships
-(``migrate(to=...)`` its last one), and its code is the newest commit whose ``released.json``
-names it as the newest release (while a migration is pending, the commit that last changed
-``released.json``), taken from git history (``git archive``).
+(``migrate(to=...)`` its last one), and its code is its release commit: the last commit whose
+``flowlane/__init__.py`` holds its version (the parent of the commit that moved the version
+on), taken from git history (``git archive``).
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
 import tarfile
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from flowlane.core.queries import named_blocks
 from tests.cli_support import REPO
 
 MIGRATIONS = "flowlane/core/migrations"
+VERSION_FILE = "flowlane/__init__.py"
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,7 @@ def previous_release() -> PreviousRelease:
     shipped = {name: files for name, files in migrator.released().items() if upgrade.filename not in files}
     assert shipped, f"no release precedes {upgrade.filename}"
     name = _newest(shipped)
-    commit = next(c for c in _git("log", "--format=%H", "--", f"{MIGRATIONS}/{migrator.RELEASED}")
-                  .stdout.decode().split() if _newest(_released_at(c)) == name)
+    commit = _release_commit(name)
     last = max(shipped[name])
     at_commit = sorted(n.rsplit("/", 1)[-1] for n in _git("ls-tree", "--name-only", commit, f"{MIGRATIONS}/")
                        .stdout.decode().split() if n.endswith(".sql"))
@@ -66,10 +65,16 @@ def _newest(manifest: dict[str, dict[str, str]]) -> str:
     return max(manifest, key=lambda release: max(manifest[release]))
 
 
-def _released_at(commit: str) -> dict[str, dict[str, str]]:
-    manifest: dict[str, dict[str, str]] = json.loads(
-        _git("show", f"{commit}:{MIGRATIONS}/{migrator.RELEASED}").stdout)
-    return manifest
+def _release_commit(name: str) -> str:
+    """The last commit at version ``name``: the parent of the newest commit that changed the
+    version line away from it."""
+    version_line = f'__version__ = "{name}"'
+    changes = _git("log", "--format=%H", "-S", version_line, "--", VERSION_FILE).stdout.decode().split()
+    assert changes, f"no commit ever held version {name}"
+    moved_on = changes[0]
+    assert version_line not in _git("show", f"{moved_on}:{VERSION_FILE}").stdout.decode(), (
+        f"the version is still {name}: no later release to upgrade to")
+    return _git("rev-parse", f"{moved_on}^").stdout.decode().strip()
 
 
 def _git(*args: str) -> subprocess.CompletedProcess[bytes]:
