@@ -21,7 +21,10 @@ serve LISTENs for the SQL Core's definition-change notifications: on each it loa
 project again and re-derives the worker set (starts workers for new queues, restarts a
 worker whose selection changed, stops one whose queue is gone, retries at once the
 workers waiting in backoff or disabled). serve never applies anything: reviewed SQL
-stays the only writer of definitions. Each worker's last ``error:`` line is shown in
+stays the only writer of definitions. Before a change stops any running worker, the
+:class:`Reloader` checks that the new code can start (:mod:`flowlane.runtime.preflight`);
+until it can, the running workers keep serving what the database holds, and serve says
+why. ``--reload`` watches the project's Python files and its flow files. Each worker's last ``error:`` line is shown in
 the status beside it. SIGTERM/SIGINT are forwarded to every worker, which finish or
 hand back their in-flight tasks; workers still running after the shutdown deadline are
 killed (their tasks are recovered by stalled recovery). Worker output goes to
