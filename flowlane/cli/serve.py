@@ -24,7 +24,8 @@ def configure(subparsers: Any) -> None:
         "Follows the database: when definitions change (`flowlane apply`, `rollout`, "
         "`worker enable`), the workers are derived again from the project's YAML. A running "
         "worker is never stopped for code that cannot start (a flow not applied, a handler "
-        "that does not import): serve says why and keeps it. serve never applies anything. On SIGTERM or SIGINT stop every worker gracefully. "
+        "that does not import): serve says why and keeps it. serve never applies anything. "
+        "On SIGTERM or SIGINT stop every worker gracefully. "
         "Worker logs: .flowlane/logs/NAME.log.",
     )
     serve.add_argument("paths", nargs="*", metavar="PATHS", help="flow YAML (default: flows/)")
