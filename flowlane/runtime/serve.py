@@ -24,8 +24,9 @@ workers waiting in backoff or disabled). serve never applies anything: reviewed 
 stays the only writer of definitions. Before a change stops any running worker, the
 :class:`Reloader` checks that the new code can start (:mod:`flowlane.runtime.preflight`);
 until it can, the running workers keep serving what the database holds, and serve says
-why. ``--reload`` watches the project's Python files and its flow files. Each worker's last ``error:`` line is shown in
-the status beside it. SIGTERM/SIGINT are forwarded to every worker, which finish or
+why. ``--reload`` watches the project's Python files and its flow files. The status block
+is printed when it changed; while a worker is not running, its last error is shown whole
+under it, with its log. SIGTERM/SIGINT are forwarded to every worker, which finish or
 hand back their in-flight tasks; workers still running after the shutdown deadline are
 killed (their tasks are recovered by stalled recovery). Worker output goes to
 ``.flowlane/logs/<name>.log``.
@@ -88,7 +89,7 @@ class Supervised:
     process: subprocess.Popen[bytes] | None = None
     state: str = "starting"
     detail: str = ""
-    last_error: str = ""  # the last `error:` line of its log, shown while it is not running
+    last_error: str = ""  # its log's last error, whole; shown while it is not running
     started_at: float = 0.0
     restart_at: float = 0.0
     restarts: int = 0
@@ -102,23 +103,36 @@ class Supervised:
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 
-    def line(self, width: int) -> str:
+    def lines(self, width: int, root: Path | None = None) -> list[str]:
+        """Its status line; while it is not running, its last error, whole, and its log."""
         pid = f"pid {self.pid}" if self.state == "running" and self.pid else ""
         restarts = f"restarts {self.restarts}" if self.restarts else ""
-        error = f"| {self.last_error}" if self.last_error and self.state != "running" else ""
-        parts = [f"{self.spec.name:<{width}}", f"{self.state:<10}", pid, restarts, self.detail, error]
-        return "  ".join(p for p in parts if p).rstrip()
+        parts = [f"{self.spec.name:<{width}}", f"{self.state:<10}", pid, restarts, self.detail]
+        lines = ["  ".join(p for p in parts if p).rstrip()]
+        if self.last_error and self.state != "running":
+            log = project_relative(self.log_path, root) if self.log_path and root else self.log_path
+            lines.extend(f"    {line}" for line in self.last_error.splitlines())
+            lines.extend([f"    log: {log}"] if log else [])
+        return lines
 
 
-def last_error_line(path: Path | None) -> str:
-    """The last line starting with ``error:`` in the end of a worker's log."""
+def last_error(path: Path | None) -> str:
+    """The last error in the end of a worker's log, whole: its ``error:`` line, the indented
+    lines that continue it and its ``hint:`` line."""
     if path is None or not path.exists():
         return ""
     with path.open("rb") as file:
         file.seek(max(0, path.stat().st_size - ERROR_TAIL))
-        tail = file.read().decode("utf-8", "replace")
-    found = [line for line in tail.splitlines() if line.startswith("error: ")]
-    return found[-1] if found else ""
+        tail = file.read().decode("utf-8", "replace").splitlines()
+    starts = [i for i, line in enumerate(tail) if line.startswith("error: ")]
+    if not starts:
+        return ""
+    found = [tail[starts[-1]]]
+    for line in tail[starts[-1] + 1:]:
+        if not (line[:1].isspace() or line.startswith("hint: ")):
+            break
+        found.append(line)
+    return "\n".join(found)
 
 
 class Supervisor:
@@ -147,6 +161,7 @@ class Supervisor:
         self.stopping = threading.Event()
         self._live = out.isatty()
         self._drawn = 0
+        self._shown: list[str] = []
 
     # -- processes -------------------------------------------------------------
 
@@ -192,7 +207,7 @@ class Supervisor:
             self._close_log(worker)
             self.workers.remove(worker)
             return
-        worker.last_error = last_error_line(worker.log_path) if code != 0 else ""
+        worker.last_error = last_error(worker.log_path) if code != 0 else ""
         if code == errors.WorkerExit.DISABLED and not worker.restart_now:
             worker.state = "disabled"
             worker.detail = (
@@ -229,8 +244,9 @@ class Supervisor:
                 worker.retire = True
                 self._terminate(worker, "retiring", reason)
             elif spec != worker.spec or (restart and worker.state == "running"):
+                why = reason if spec == worker.spec else "routing changed"
                 worker.spec, worker.command = spec, self.command(spec)
-                self._terminate(worker, "restarting", reason)
+                self._terminate(worker, "restarting", why)
             elif worker.state in ("backoff", "disabled"):
                 worker.restarts += 1
                 self._spawn(worker)
@@ -278,7 +294,8 @@ class Supervisor:
         deadline = time.monotonic() + timeout
         for worker in self.workers:
             if worker.state != "stopping" or worker.process is None:
-                worker.state = "stopped" if worker.state == "backoff" else worker.state
+                if worker.state == "backoff":
+                    worker.state, worker.detail = "stopped", ""
                 continue
             try:
                 code = worker.process.wait(max(0.0, deadline - time.monotonic()))
@@ -290,6 +307,8 @@ class Supervisor:
             worker.state = "stopped"
         for worker in self.workers:
             self._close_log(worker)
+            if worker.state == "stopped":
+                worker.last_error = ""  # stopped by serve: an earlier error is no longer current
         self.render()
 
     @staticmethod
@@ -301,15 +320,17 @@ class Supervisor:
     # -- status ----------------------------------------------------------------
 
     def render(self) -> None:
+        """Print the status block (redrawn in place on a terminal); not again when unchanged."""
         width = max((len(w.spec.name) for w in self.workers), default=5)
-        lines = [w.line(width) for w in self.workers]
+        lines = [line for w in self.workers for line in w.lines(width, self.cwd)]
+        if lines == self._shown:
+            return
+        self._shown = lines
         if self._live and self._drawn:
             self.out.write(f"\x1b[{self._drawn}F\x1b[J")  # redraw the block in place
-        elif not self._live:
-            lines.append("")
-        self.out.write("\n".join(lines) + "\n")
+        self.out.write("\n".join(lines) + ("\n" if self._live else "\n\n"))
         self.out.flush()
-        self._drawn = len(self.workers)
+        self._drawn = len(lines)
 
 
 class DefinitionWatcher(threading.Thread):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import re
@@ -195,6 +196,59 @@ def test_exit_status_3_is_never_restarted_other_exits_are() -> None:
     assert by_name["crashing"].state == "stopped"
 
 
+FAILING = """\
+import sys
+print("error: the database holds flows whose shape differs from the YAML:")
+print("  flow sv_plain (flows/sv.yaml:1):")
+print("    step extra: added")
+print("hint: apply it")
+print("worker_exited code=1")
+sys.exit(1)
+"""
+
+
+def test_the_status_shows_an_error_whole_prints_a_block_once_and_no_old_error_after_a_stop(
+    tmp_path: Path,
+) -> None:
+    out = io.StringIO()  # not a terminal: a new block on each change
+    supervisor = Supervisor(
+        [WorkerSpec("w", "q")], lambda s: [sys.executable, "-c", FAILING], cwd=tmp_path,
+        log_dir=tmp_path / "logs", base_delay=600, out=out,
+    )
+    supervisor.start()
+    worker = supervisor.workers[0]
+    wait_until(lambda: supervisor.tick() and worker.state == "backoff", timeout=60,
+               message="the worker in backoff")
+    for _ in range(3):
+        supervisor.tick()
+        supervisor.render()
+    blocks = [b for b in out.getvalue().split("\n\n") if b.strip()]
+    assert len(blocks) == 2, out.getvalue()  # started, then failed: nothing repeated
+    assert blocks[1].splitlines()[1:] == [
+        "    error: the database holds flows whose shape differs from the YAML:",
+        "      flow sv_plain (flows/sv.yaml:1):",
+        "        step extra: added",
+        "    hint: apply it",
+        "    log: logs/w.log",
+    ]
+    supervisor.stop(timeout=10)
+    final = [b for b in out.getvalue().split("\n\n") if b.strip()][-1]
+    assert final == "w  stopped", final  # neither the old error nor the old backoff
+
+
+def test_a_worker_restarted_for_a_new_selection_says_routing_changed() -> None:
+    spec = WorkerSpec("w", "q")
+    supervisor = Supervisor(
+        [spec], lambda s: [sys.executable, "-c", "import signal; signal.pause()"], out=io.StringIO())
+    supervisor.start()
+    moved = WorkerSpec("w", "q", dataclasses.replace(spec.config, queue="q2"))
+    supervisor.follow([moved], reason="definitions changed")
+    worker = supervisor.workers[0]
+    assert (worker.state, worker.detail) == ("restarting", "routing changed")
+    supervisor.stop(timeout=10)
+    assert worker.state == "stopped"
+
+
 def test_serve_never_restarts_a_disabled_deployment(
     project: Path, dsn: str, tmp_path: Path
 ) -> None:
@@ -358,7 +412,9 @@ def test_serve_shows_why_a_worker_waits_and_starts_it_when_the_flows_are_applied
 
         block = wait_until(waiting, timeout=60, message="the digest worker in backoff")
         # the reason is in serve's own status, not only in the worker's log
-        assert "error: flows missing from the database: digest_v1" in block
+        assert "    error: flows missing from the database: digest_v1" in block
+        assert "    hint: apply the reviewed SQL first" in block  # whole, with its log
+        assert "    log: .flowlane/logs/digest.log" in block
         _compile_and_apply(root, dsn)  # the definition-change notification restarts it
         with Client(dsn) as client:
             run_id = client.start_run("digest", {})
@@ -368,6 +424,8 @@ def test_serve_shows_why_a_worker_waits_and_starts_it_when_the_flows_are_applied
     finally:
         if proc.poll() is None:
             proc.kill()
+    final = _last_block(out.read_text())
+    assert "stopped" in final and "error" not in final, final
 
 
 def test_serve_reload_restarts_the_workers_when_a_handler_module_changes(
