@@ -372,7 +372,7 @@ class SourceWatcher:
 
     def __init__(self, root: Path, flow_paths: Sequence[str] = ()) -> None:
         self.root = root
-        self.flow_paths = [Path(p) if Path(p).is_absolute() else root / p for p in flow_paths]
+        self.flow_paths = [Path(os.path.abspath(p)) for p in flow_paths]  # as the workers read them
         self.seen = self._scan()
 
     def _scan(self) -> dict[Path, int]:
@@ -444,47 +444,44 @@ class Reloader:
         self.pending: list[str] = []  # file changes waiting for code that can start
         self.reported: preflight.Verdict | None = None
 
-    def files_changed(self, paths: Sequence[Path]) -> None:
-        for reason in change_reasons(paths, self.cwd):
-            if reason not in self.pending:
-                self.pending.append(reason)
-        self._settle(definitions=False)
-
-    def definitions_changed(self) -> None:
-        self._settle(definitions=True)
-
-    def _settle(self, *, definitions: bool) -> None:
+    def settle(self, edited: Sequence[Path], *, definitions: bool) -> None:
+        """Files were ``edited`` and/or the ``definitions`` changed: once the new code can
+        start, follow the project (every running worker restarted after a file change)."""
+        self.pending = sorted({*self.pending, *change_reasons(edited, self.cwd)})
         try:  # before the check: never follow a plan newer than the code checked
             specs: list[WorkerSpec] | None = self.plan.specs()
         except errors.FlowlaneError:
             specs = None  # the check says why
-        verdict = self.check()
+        verdict = self.check(self.pending + (["definitions changed"] if definitions else []))
         if verdict.status != preflight.READY:
             self._report(verdict)
             self.supervisor.retry_waiting()  # not working anyway: nothing to keep
             return
+        applied = definitions and not edited and self.reported is not None \
+            and self.reported.status == preflight.UNAPPLIED
         self.reported = None
         if specs is None:
             return  # fixed while it was checked: the next scan sees that change
-        restart, reasons = bool(self.pending), self.pending + (
-            ["definitions applied" if self.pending else "definitions changed"] if definitions else [])
+        restart = bool(self.pending)  # a definition change alone restarts what it reroutes
+        reasons = self.pending + (["definitions applied"] if applied else []) or ["definitions changed"]
         self.pending = []
         if restart:
             self._say(f"{'; '.join(reasons)}; restarting the workers")
         self.supervisor.follow(specs, reason="; ".join(reasons), restart=restart)
 
-    def check(self) -> preflight.Verdict:
-        """Run the check in a child process; its error output goes to ``log_path``."""
+    def check(self, why: Sequence[str]) -> preflight.Verdict:
+        """Run the check in a child process; ``why`` and its error output go to ``log_path``."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        header = f"serve checked the new code after: {'; '.join(why)}\n"
         try:
             done = subprocess.run(self.plan.check_command(), check=False, env=self.env, cwd=self.cwd,
                                   capture_output=True, text=True, timeout=CHECK_TIMEOUT)
         except subprocess.TimeoutExpired:
             message = f"the check did not finish within {CHECK_TIMEOUT:g}s (a handler module " \
                 "that blocks on import?)"
-            self.log_path.write_text(message + "\n")
+            self.log_path.write_text(f"{header}{message}\n")
             return preflight.Verdict(preflight.BROKEN, message=message)
-        self.log_path.write_text(done.stderr)
+        self.log_path.write_text(header + done.stderr)
         try:
             found = json.loads(done.stdout.strip().splitlines()[-1])
             return preflight.Verdict(found["status"], tuple(found["flows"]), found["message"])
@@ -546,14 +543,13 @@ def serve(
         Ticker(dsn, supervisor.stopping, who="serve").start()
         while not supervisor.stopping.wait(TICK):
             supervisor.tick()
-            if changed.is_set():
-                changed.clear()
-                reloader.definitions_changed()
-            if sources is not None and time.monotonic() >= next_scan:
-                edited = sources.changed()
-                if edited:
-                    reloader.files_changed(edited)
+            definitions, edited = changed.is_set(), []
+            changed.clear()
+            if sources is not None and (definitions or time.monotonic() >= next_scan):
+                edited = sources.changed()  # with a definition change too: name what changed
                 next_scan = time.monotonic() + RELOAD_SCAN
+            if definitions or edited:
+                reloader.settle(edited, definitions=definitions)
         supervisor.tick()
         supervisor.stop(shutdown_timeout)
         return 0
