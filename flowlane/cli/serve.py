@@ -22,8 +22,10 @@ def configure(subparsers: Any) -> None:
         "when its deployment is enabled); a worker that exits with status "
         f"{errors.WorkerExit.RESTART} (definitions changed beyond its registry) is restarted at once. "
         "Follows the database: when definitions change (`flowlane apply`, `rollout`, "
-        "`worker enable`), the workers are derived again from the project's YAML. serve "
-        "never applies anything. On SIGTERM or SIGINT stop every worker gracefully. "
+        "`worker enable`), the workers are derived again from the project's YAML. A running "
+        "worker is never stopped for code that cannot start (a flow not applied, a handler "
+        "that does not import): serve says why and keeps it. serve never applies anything. "
+        "On SIGTERM or SIGINT stop every worker gracefully. "
         "Worker logs: .flowlane/logs/NAME.log.",
     )
     serve.add_argument("paths", nargs="*", metavar="PATHS", help="flow YAML (default: flows/)")
@@ -31,8 +33,9 @@ def configure(subparsers: Any) -> None:
     serve.add_argument("--log-dir", metavar="DIR", help="worker logs (default: .flowlane/logs/)")
     serve.add_argument(
         "--reload", action=argparse.BooleanOptionalAction, default=None,
-        help="restart the workers when a Python file of the project changes (default: on with "
-        "the embedded development database, off with --dsn / FLOWLANE_DSN / DATABASE_URL)")
+        help="restart the workers when a Python file or a flow file of the project changes, once "
+        "the new code can start (default: on with the embedded development database, off with "
+        "--dsn / FLOWLANE_DSN / DATABASE_URL)")
     add_worker_options(serve, every=" (passed to every worker)")
     add_metrics_port(serve, "the tasks and handler durations of every worker it runs")
     serve.set_defaults(func=cmd_serve)

@@ -21,8 +21,12 @@ serve LISTENs for the SQL Core's definition-change notifications: on each it loa
 project again and re-derives the worker set (starts workers for new queues, restarts a
 worker whose selection changed, stops one whose queue is gone, retries at once the
 workers waiting in backoff or disabled). serve never applies anything: reviewed SQL
-stays the only writer of definitions. Each worker's last ``error:`` line is shown in
-the status beside it. SIGTERM/SIGINT are forwarded to every worker, which finish or
+stays the only writer of definitions. Before a change stops any running worker, the
+:class:`Reloader` checks that the new code can start (:mod:`flowlane.runtime.preflight`);
+until it can, the running workers keep serving what the database holds, and serve says
+why. ``--reload`` watches the project's Python files and its flow files. The status block
+is printed when it changed; while a worker is not running, its last error is shown whole
+under it, with its log. SIGTERM/SIGINT are forwarded to every worker, which finish or
 hand back their in-flight tasks; workers still running after the shutdown deadline are
 killed (their tasks are recovered by stalled recovery). Worker output goes to
 ``.flowlane/logs/<name>.log``.
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -46,7 +51,7 @@ from typing import IO, Any, TextIO
 from flowlane import errors
 from flowlane.compiler import api
 from flowlane.compiler.model import Project
-from flowlane.runtime import launch
+from flowlane.runtime import launch, preflight
 from flowlane.runtime.config import WorkerConfig
 from flowlane.runtime.ticker import Ticker
 
@@ -84,7 +89,7 @@ class Supervised:
     process: subprocess.Popen[bytes] | None = None
     state: str = "starting"
     detail: str = ""
-    last_error: str = ""  # the last `error:` line of its log, shown while it is not running
+    last_error: str = ""  # its log's last error, whole; shown while it is not running
     started_at: float = 0.0
     restart_at: float = 0.0
     restarts: int = 0
@@ -98,23 +103,36 @@ class Supervised:
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 
-    def line(self, width: int) -> str:
+    def lines(self, width: int, root: Path | None = None) -> list[str]:
+        """Its status line; while it is not running, its last error, whole, and its log."""
         pid = f"pid {self.pid}" if self.state == "running" and self.pid else ""
         restarts = f"restarts {self.restarts}" if self.restarts else ""
-        error = f"| {self.last_error}" if self.last_error and self.state != "running" else ""
-        parts = [f"{self.spec.name:<{width}}", f"{self.state:<10}", pid, restarts, self.detail, error]
-        return "  ".join(p for p in parts if p).rstrip()
+        parts = [f"{self.spec.name:<{width}}", f"{self.state:<10}", pid, restarts, self.detail]
+        lines = ["  ".join(p for p in parts if p).rstrip()]
+        if self.last_error and self.state != "running":
+            log = project_relative(self.log_path, root) if self.log_path and root else self.log_path
+            lines.extend(f"    {line}" for line in self.last_error.splitlines())
+            lines.extend([f"    log: {log}"] if log else [])
+        return lines
 
 
-def last_error_line(path: Path | None) -> str:
-    """The last line starting with ``error:`` in the end of a worker's log."""
+def last_error(path: Path | None) -> str:
+    """The last error in the end of a worker's log, whole: its ``error:`` line, the indented
+    lines that continue it and its ``hint:`` line."""
     if path is None or not path.exists():
         return ""
     with path.open("rb") as file:
         file.seek(max(0, path.stat().st_size - ERROR_TAIL))
-        tail = file.read().decode("utf-8", "replace")
-    found = [line for line in tail.splitlines() if line.startswith("error: ")]
-    return found[-1] if found else ""
+        tail = file.read().decode("utf-8", "replace").splitlines()
+    starts = [i for i, line in enumerate(tail) if line.startswith("error: ")]
+    if not starts:
+        return ""
+    found = [tail[starts[-1]]]
+    for line in tail[starts[-1] + 1:]:
+        if not (line[:1].isspace() or line.startswith("hint: ")):
+            break
+        found.append(line)
+    return "\n".join(found)
 
 
 class Supervisor:
@@ -143,6 +161,7 @@ class Supervisor:
         self.stopping = threading.Event()
         self._live = out.isatty()
         self._drawn = 0
+        self._shown: list[str] = []
 
     # -- processes -------------------------------------------------------------
 
@@ -188,7 +207,7 @@ class Supervisor:
             self._close_log(worker)
             self.workers.remove(worker)
             return
-        worker.last_error = last_error_line(worker.log_path) if code != 0 else ""
+        worker.last_error = last_error(worker.log_path) if code != 0 else ""
         if code == errors.WorkerExit.DISABLED and not worker.restart_now:
             worker.state = "disabled"
             worker.detail = (
@@ -211,9 +230,11 @@ class Supervisor:
         how = f"killed by signal {-code}" if code < 0 else f"exit {code}"
         worker.detail = f"{how}; restarting in {worker.delay:g}s"
 
-    def follow(self, specs: Sequence[WorkerSpec]) -> None:
-        """Take a new plan: start new workers, restart changed ones gracefully, stop those
-        whose queue is gone, and retry at once the ones waiting (backoff or disabled)."""
+    def follow(self, specs: Sequence[WorkerSpec], *, reason: str = "definitions changed",
+               restart: bool = False) -> None:
+        """Take a new plan: start new workers, restart changed ones gracefully (every
+        running one with ``restart``), stop those whose queue is gone, and retry at once the
+        ones waiting (backoff or disabled)."""
         if self.stopping.is_set():
             return
         planned = {spec.name: spec for spec in specs}
@@ -221,10 +242,11 @@ class Supervisor:
             spec = planned.pop(worker.spec.name, None)
             if spec is None:
                 worker.retire = True
-                self._terminate(worker, "retiring")
-            elif spec != worker.spec:
+                self._terminate(worker, "retiring", reason)
+            elif spec != worker.spec or (restart and worker.state == "running"):
+                why = reason if spec == worker.spec else "routing changed"
                 worker.spec, worker.command = spec, self.command(spec)
-                self._terminate(worker, "restarting")
+                self._terminate(worker, "restarting", why)
             elif worker.state in ("backoff", "disabled"):
                 worker.restarts += 1
                 self._spawn(worker)
@@ -234,24 +256,29 @@ class Supervisor:
             self._spawn(worker)
         self.render()
 
-    def _terminate(self, worker: Supervised, state: str) -> None:
+    def retry_waiting(self) -> None:
+        """Start again at once the workers waiting in backoff or disabled."""
+        if self.stopping.is_set():
+            return
+        waiting = [w for w in self.workers if w.state in ("backoff", "disabled")]
+        for worker in waiting:
+            worker.restarts += 1
+            self._spawn(worker)
+        if waiting:
+            self.render()
+
+    def _terminate(self, worker: Supervised, state: str, reason: str) -> None:
         """SIGTERM a running worker (it finishes its in-flight work); then restart or drop it."""
         if worker.state == "running" and worker.process is not None:
             worker.process.send_signal(signal.SIGTERM)
             worker.restart_now = not worker.retire
-            worker.state, worker.detail = state, "definitions changed"
+            worker.state, worker.detail = state, reason
         elif worker.retire:
             self._close_log(worker)
             self.workers.remove(worker)
         else:
             worker.restarts += 1
             self._spawn(worker)
-
-    def restart_all(self) -> None:
-        """Restart every worker gracefully (its in-flight work finished first)."""
-        for worker in self.workers:
-            self._terminate(worker, "restarting")
-        self.render()
 
     def alive(self) -> list[Supervised]:
         return [w for w in self.workers if w.state in ("running", "restarting", "retiring")]
@@ -267,7 +294,8 @@ class Supervisor:
         deadline = time.monotonic() + timeout
         for worker in self.workers:
             if worker.state != "stopping" or worker.process is None:
-                worker.state = "stopped" if worker.state == "backoff" else worker.state
+                if worker.state == "backoff":
+                    worker.state, worker.detail = "stopped", ""
                 continue
             try:
                 code = worker.process.wait(max(0.0, deadline - time.monotonic()))
@@ -279,6 +307,8 @@ class Supervisor:
             worker.state = "stopped"
         for worker in self.workers:
             self._close_log(worker)
+            if worker.state == "stopped":
+                worker.last_error = ""  # stopped by serve: an earlier error is no longer current
         self.render()
 
     @staticmethod
@@ -290,15 +320,17 @@ class Supervisor:
     # -- status ----------------------------------------------------------------
 
     def render(self) -> None:
+        """Print the status block (redrawn in place on a terminal); not again when unchanged."""
         width = max((len(w.spec.name) for w in self.workers), default=5)
-        lines = [w.line(width) for w in self.workers]
+        lines = [line for w in self.workers for line in w.lines(width, self.cwd)]
+        if lines == self._shown:
+            return
+        self._shown = lines
         if self._live and self._drawn:
             self.out.write(f"\x1b[{self._drawn}F\x1b[J")  # redraw the block in place
-        elif not self._live:
-            lines.append("")
-        self.out.write("\n".join(lines) + "\n")
+        self.out.write("\n".join(lines) + ("\n" if self._live else "\n\n"))
         self.out.flush()
-        self._drawn = len(self.workers)
+        self._drawn = len(lines)
 
 
 class DefinitionWatcher(threading.Thread):
@@ -332,26 +364,35 @@ class DefinitionWatcher(threading.Thread):
 
 
 class SourceWatcher:
-    """The modification times of the project's Python files (handler modules), for
-    ``serve --reload``: a change restarts every worker gracefully, like a development server."""
+    """The modification times of the project's Python files (handler modules) and of its
+    flow files (the YAML under the flow paths), for ``serve --reload``."""
 
     SKIPPED = frozenset({".venv", "venv", ".flowlane", "node_modules", "__pycache__", ".git"})
+    FLOW_SUFFIXES = (".yaml", ".yml")
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, flow_paths: Sequence[str] = ()) -> None:
         self.root = root
+        self.flow_paths = [Path(os.path.abspath(p)) for p in flow_paths]  # as the workers read them
         self.seen = self._scan()
 
     def _scan(self) -> dict[Path, int]:
         found: dict[Path, int] = {}
-        for directory, subdirectories, files in os.walk(self.root):
+        for top in (self.root, *self.flow_paths):
+            for path in self._files(top):
+                with contextlib.suppress(OSError):  # deleted while scanning
+                    found[path] = path.stat().st_mtime_ns
+        return found
+
+    def _files(self, top: Path) -> list[Path]:
+        suffixes = (".py",) if top == self.root else self.FLOW_SUFFIXES
+        if top.is_file():
+            return [top] if top.name.endswith(suffixes) else []
+        found: list[Path] = []
+        for directory, subdirectories, files in os.walk(top):
             # never walk into environments, caches or the database (pruned in place)
             subdirectories[:] = [d for d in subdirectories
                                  if d not in self.SKIPPED and not d.startswith(".")]
-            for name in files:
-                if name.endswith(".py"):
-                    path = Path(directory, name)
-                    with contextlib.suppress(OSError):  # deleted while scanning
-                        found[path] = path.stat().st_mtime_ns
+            found.extend(Path(directory, name) for name in files if name.endswith(suffixes))
         return found
 
     def changed(self) -> list[Path]:
@@ -359,6 +400,14 @@ class SourceWatcher:
         different = sorted(p for p in now.keys() | self.seen.keys() if now.get(p) != self.seen.get(p))
         self.seen = now
         return different
+
+
+def change_reasons(paths: Sequence[Path], root: Path) -> list[str]:
+    """What changed, by kind: ``handler files changed: a.py``, ``flow files changed: ...``."""
+    handlers = [project_relative(p, root) for p in paths if p.suffix == ".py"]
+    flows = [project_relative(p, root) for p in paths if p.suffix != ".py"]
+    return ([f"handler files changed: {', '.join(handlers)}"] if handlers else []) + (
+        [f"flow files changed: {', '.join(flows)}"] if flows else [])
 
 
 @dataclass(frozen=True)
@@ -374,6 +423,92 @@ class Plan:
     def command(self, spec: WorkerSpec) -> list[str]:
         return launch.worker_command(self.paths, spec.config)
 
+    def check_command(self) -> list[str]:
+        return preflight.command(self.paths, self.options)
+
+
+CHECK_TIMEOUT = 120.0  # seconds serve waits for the check of new code (handler imports included)
+
+
+class Reloader:
+    """serve's one answer to a change (files edited, definitions changed): before it stops
+    any running worker, it checks that the new code can start (:mod:`flowlane.runtime.preflight`,
+    in a child process). Until it can, the running workers keep serving what the database
+    holds with the code they loaded, and serve says why once per distinct reason."""
+
+    def __init__(self, supervisor: Supervisor, plan: Plan, *, env: dict[str, str], cwd: Path,
+                 log_dir: Path, err: TextIO = sys.stderr) -> None:
+        self.supervisor, self.plan = supervisor, plan
+        self.env, self.cwd, self.err = env, cwd, err
+        self.log_path = log_dir / "serve-check.log"
+        self.pending: list[str] = []  # file changes waiting for code that can start
+        self.reported: preflight.Verdict | None = None
+
+    def settle(self, edited: Sequence[Path], *, definitions: bool) -> None:
+        """Files were ``edited`` and/or the ``definitions`` changed: once the new code can
+        start, follow the project (every running worker restarted after a file change)."""
+        self.pending = sorted({*self.pending, *change_reasons(edited, self.cwd)})
+        try:  # before the check: never follow a plan newer than the code checked
+            specs: list[WorkerSpec] | None = self.plan.specs()
+        except errors.FlowlaneError:
+            specs = None  # the check says why
+        verdict = self.check(self.pending + (["definitions changed"] if definitions else []))
+        if verdict.status != preflight.READY:
+            self._report(verdict)
+            self.supervisor.retry_waiting()  # not working anyway: nothing to keep
+            return
+        applied = definitions and not edited and self.reported is not None \
+            and self.reported.status == preflight.UNAPPLIED
+        self.reported = None
+        if specs is None:
+            return  # fixed while it was checked: the next scan sees that change
+        restart = bool(self.pending)  # a definition change alone restarts what it reroutes
+        reasons = self.pending + (["definitions applied"] if applied else []) or ["definitions changed"]
+        self.pending = []
+        if restart:
+            self._say(f"{'; '.join(reasons)}; restarting the workers")
+        self.supervisor.follow(specs, reason="; ".join(reasons), restart=restart)
+
+    def check(self, why: Sequence[str]) -> preflight.Verdict:
+        """Run the check in a child process; ``why`` and its error output go to ``log_path``."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        header = f"serve checked the new code after: {'; '.join(why)}\n"
+        try:
+            done = subprocess.run(self.plan.check_command(), check=False, env=self.env, cwd=self.cwd,
+                                  capture_output=True, text=True, timeout=CHECK_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            message = f"the check did not finish within {CHECK_TIMEOUT:g}s (a handler module " \
+                "that blocks on import?)"
+            self.log_path.write_text(f"{header}{message}\n")
+            return preflight.Verdict(preflight.BROKEN, message=message)
+        self.log_path.write_text(header + done.stderr)
+        try:
+            found = json.loads(done.stdout.strip().splitlines()[-1])
+            return preflight.Verdict(found["status"], tuple(found["flows"]), found["message"])
+        except (IndexError, ValueError, KeyError, TypeError):
+            return preflight.Verdict(preflight.BROKEN, message=done.stderr.strip()
+                                     or f"the check exited {done.returncode} without a verdict")
+
+    def _report(self, verdict: preflight.Verdict) -> None:
+        if verdict == self.reported:
+            return
+        self.reported = verdict
+        log = project_relative(self.log_path, self.cwd)
+        if verdict.status == preflight.UNAPPLIED:
+            self._say(f"not applied: run `flowlane plan`, then `flowlane apply` (flows "
+                      f"{', '.join(verdict.flows)} differ from the database); the running workers "
+                      f"keep serving what the database holds:\n{_indented(verdict.message)}")
+        else:
+            self._say(f"the new code cannot start a worker; the running workers keep the last "
+                      f"good code until a change fixes it (log: {log}):\n{_indented(verdict.message)}")
+
+    def _say(self, text: str) -> None:
+        print(f"serve: {text}", file=self.err, flush=True)
+
+
+def _indented(text: str) -> str:
+    return "\n".join(f"  {line}" for line in text.splitlines())
+
 
 def serve(
     plan: Plan,
@@ -387,13 +522,15 @@ def serve(
     watch: Callable[[Supervisor], None] | None = None,
 ) -> int:
     """Run until SIGTERM/SIGINT; 0 after a clean stop. ``reload``: restart every worker
-    when a Python file of the project (under ``cwd``) changes; ``watch`` is given the
-    supervisor before the workers start (readiness probes read it)."""
+    when a Python file of the project (under ``cwd``) or a flow file changes, once the new
+    code can start; ``watch`` is given the supervisor before the workers start (readiness
+    probes read it)."""
     supervisor = Supervisor(plan.specs(), plan.command, env=env, cwd=cwd, log_dir=log_dir)
     if watch is not None:
         watch(supervisor)
     changed = threading.Event()
-    sources = SourceWatcher(cwd) if reload else None
+    reloader = Reloader(supervisor, plan, env=env, cwd=cwd, log_dir=log_dir)
+    sources = SourceWatcher(cwd, plan.paths) if reload else None
     next_scan = time.monotonic() + RELOAD_SCAN
 
     def request_stop(signum: int, frame: object) -> None:
@@ -406,33 +543,19 @@ def serve(
         Ticker(dsn, supervisor.stopping, who="serve").start()
         while not supervisor.stopping.wait(TICK):
             supervisor.tick()
-            if changed.is_set():
-                changed.clear()
-                _follow(supervisor, plan)
-            if sources is not None and time.monotonic() >= next_scan:
+            definitions, edited = changed.is_set(), []
+            changed.clear()
+            if sources is not None and (definitions or time.monotonic() >= next_scan):
+                edited = sources.changed()  # with a definition change too: name what changed
                 next_scan = time.monotonic() + RELOAD_SCAN
-                edited = sources.changed()
-                if edited:
-                    print(f"serve: {project_relative(edited[0], cwd)} changed; restarting the "
-                          "workers", file=sys.stderr, flush=True)
-                    supervisor.restart_all()
+            if definitions or edited:
+                reloader.settle(edited, definitions=definitions)
         supervisor.tick()
         supervisor.stop(shutdown_timeout)
         return 0
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def _follow(supervisor: Supervisor, plan: Plan) -> None:
-    try:
-        specs = plan.specs()
-    except errors.FlowlaneError as exc:  # a project being edited: keep the workers as they are
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"serve: definitions changed, but the project does not load ({first}); "
-              "keeping the workers as they are", file=sys.stderr, flush=True)
-        return
-    supervisor.follow(specs)
 
 
 def project_relative(path: Path, root: Path) -> str:

@@ -49,23 +49,11 @@ class StartupChecks:
 
     async def _verify_flows(self, store: Store) -> None:
         """Every flow served must be in the database with the YAML's shape."""
-        missing, problems = [], []
-        for slug in self.flows:
-            flow = self.project.flow(slug)
-            result = await store.verify_flow(slug, flow_shape(flow))
-            status = result.get("status")
-            if status == "missing":
-                missing.append(slug)
-            elif status == "mismatch":
-                differences = result.get("differences") or ["(no details)"]
-                problems.append(f"flow {slug} ({source_line(flow.location, slug)}):\n    "
-                                + "\n    ".join(map(str, differences)))
-            else:
-                log.event(logging.INFO, "flow_checked", flow=slug, status=status)
+        missing, problems = await compare_flows(store, self.project, self.flows)
         if problems:
             raise errors.WorkerError(
                 "the database holds flows whose shape differs from the YAML:\n  "
-                + "\n  ".join(problems),
+                + "\n  ".join(problems.values()),
                 hint="a structural change needs a new flow slug (e.g. _v2) and an alias move; "
                 "`flowlane plan` shows every difference",
             )
@@ -112,6 +100,28 @@ class StartupChecks:
             f"worker deployment {self.name} is disabled: {reason}",
             hint=f"after fixing the cause, run `flowlane worker enable {self.name}`",
         )
+
+
+async def compare_flows(
+    store: Store, project: Project, flows: Sequence[str]
+) -> tuple[list[str], dict[str, str]]:
+    """The flows missing from the database, and one paragraph per flow whose shape there
+    differs from the YAML's (read-only: the database's words for each difference)."""
+    missing: list[str] = []
+    problems: dict[str, str] = {}
+    for slug in flows:
+        flow = project.flow(slug)
+        result = await store.verify_flow(slug, flow_shape(flow))
+        status = result.get("status")
+        if status == "missing":
+            missing.append(slug)
+        elif status == "mismatch":
+            differences = result.get("differences") or ["(no details)"]
+            problems[slug] = (f"flow {slug} ({source_line(flow.location, slug)}):\n    "
+                              + "\n    ".join(map(str, differences)))
+        else:
+            log.event(logging.INFO, "flow_checked", flow=slug, status=status)
+    return missing, problems
 
 
 def gap_line(gap: dict[str, Any]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import re
@@ -101,10 +102,11 @@ def _last_block(text: str) -> str:
     return blocks[-1] if blocks else ""
 
 
-def _serve(project: Path, dsn: str, out: Path) -> subprocess.Popen[bytes]:
+def _serve(project: Path, dsn: str, out: Path, *extra: str) -> subprocess.Popen[bytes]:
     with out.open("w") as sink:
         return subprocess.Popen(
-            [sys.executable, "-m", "flowlane", "serve", "--dsn", dsn, "--shutdown-timeout", "5"],
+            [sys.executable, "-m", "flowlane", "serve", "--dsn", dsn, "--shutdown-timeout", "5",
+             *extra],
             cwd=project, env=env(), stdout=sink, stderr=subprocess.STDOUT,
         )
 
@@ -192,6 +194,59 @@ def test_exit_status_3_is_never_restarted_other_exits_are() -> None:
     supervisor.stop(timeout=10)
     assert disabled.state == "disabled"
     assert by_name["crashing"].state == "stopped"
+
+
+FAILING = """\
+import sys
+print("error: the database holds flows whose shape differs from the YAML:")
+print("  flow sv_plain (flows/sv.yaml:1):")
+print("    step extra: added")
+print("hint: apply it")
+print("worker_exited code=1")
+sys.exit(1)
+"""
+
+
+def test_the_status_shows_an_error_whole_prints_a_block_once_and_no_old_error_after_a_stop(
+    tmp_path: Path,
+) -> None:
+    out = io.StringIO()  # not a terminal: a new block on each change
+    supervisor = Supervisor(
+        [WorkerSpec("w", "q")], lambda s: [sys.executable, "-c", FAILING], cwd=tmp_path,
+        log_dir=tmp_path / "logs", base_delay=600, out=out,
+    )
+    supervisor.start()
+    worker = supervisor.workers[0]
+    wait_until(lambda: supervisor.tick() and worker.state == "backoff", timeout=60,
+               message="the worker in backoff")
+    for _ in range(3):
+        supervisor.tick()
+        supervisor.render()
+    blocks = [b for b in out.getvalue().split("\n\n") if b.strip()]
+    assert len(blocks) == 2, out.getvalue()  # started, then failed: nothing repeated
+    assert blocks[1].splitlines()[1:] == [
+        "    error: the database holds flows whose shape differs from the YAML:",
+        "      flow sv_plain (flows/sv.yaml:1):",
+        "        step extra: added",
+        "    hint: apply it",
+        "    log: logs/w.log",
+    ]
+    supervisor.stop(timeout=10)
+    final = [b for b in out.getvalue().split("\n\n") if b.strip()][-1]
+    assert final == "w  stopped", final  # neither the old error nor the old backoff
+
+
+def test_a_worker_restarted_for_a_new_selection_says_routing_changed() -> None:
+    spec = WorkerSpec("w", "q")
+    supervisor = Supervisor(
+        [spec], lambda s: [sys.executable, "-c", "import signal; signal.pause()"], out=io.StringIO())
+    supervisor.start()
+    moved = WorkerSpec("w", "q", dataclasses.replace(spec.config, queue="q2"))
+    supervisor.follow([moved], reason="definitions changed")
+    worker = supervisor.workers[0]
+    assert (worker.state, worker.detail) == ("restarting", "routing changed")
+    supervisor.stop(timeout=10)
+    assert worker.state == "stopped"
 
 
 def test_serve_never_restarts_a_disabled_deployment(
@@ -357,7 +412,9 @@ def test_serve_shows_why_a_worker_waits_and_starts_it_when_the_flows_are_applied
 
         block = wait_until(waiting, timeout=60, message="the digest worker in backoff")
         # the reason is in serve's own status, not only in the worker's log
-        assert "error: flows missing from the database: digest_v1" in block
+        assert "    error: flows missing from the database: digest_v1" in block
+        assert "    hint: apply the reviewed SQL first" in block  # whole, with its log
+        assert "    log: .flowlane/logs/digest.log" in block
         _compile_and_apply(root, dsn)  # the definition-change notification restarts it
         with Client(dsn) as client:
             run_id = client.start_run("digest", {})
@@ -367,6 +424,8 @@ def test_serve_shows_why_a_worker_waits_and_starts_it_when_the_flows_are_applied
     finally:
         if proc.poll() is None:
             proc.kill()
+    final = _last_block(out.read_text())
+    assert "stopped" in final and "error" not in final, final
 
 
 def test_serve_reload_restarts_the_workers_when_a_handler_module_changes(
@@ -391,12 +450,183 @@ def test_serve_reload_restarts_the_workers_when_a_handler_module_changes(
             return pids if fresh else None
 
         wait_until(restarted, timeout=60, message="every worker restarted")
-        assert "sv_handlers.py changed; restarting the workers" in out.read_text()
+        assert "handler files changed: sv_handlers.py; restarting the workers" in out.read_text()
         with Client(dsn) as client:
             state = client.wait(client.start_run("sv_plain", {}), timeout=60)
         assert state["run"]["output"]["hello"]["edited"] is True
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, out.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+# -- serve --reload keeps working workers until the new code can start -----------------
+
+EDITED = HANDLERS.replace('"step": ctx.step_slug', '"step": ctx.step_slug, "edited": True')
+
+# a new step in sv_plain: a shape the database does not hold until it is applied
+RESHAPED = FLOWS.replace("""    handler: sv_handlers:hello
+---
+kind: flow
+slug: sv_split""", """    handler: sv_handlers:hello
+  extra:
+    needs: [hello]
+    handler: sv_handlers:hello
+---
+kind: flow
+slug: sv_split""", 1)
+
+MORE = FLOWS + """\
+---
+kind: flow
+slug: sv_more
+defaults: {base_delay: 0, timeout: 5}
+steps:
+  greet:
+    handler: sv_handlers:hello
+"""
+
+
+_STATUS = re.compile(r"^\S+\s{2,}(running|backoff|disabled|restarting|stopping|stopped)\b", re.MULTILINE)
+
+
+def _last_status(text: str) -> str:
+    """The last status block printed (serve's own messages come between the blocks)."""
+    blocks = [b for b in text.split("\n\n") if _STATUS.search(b)]
+    return blocks[-1] if blocks else ""
+
+
+def _sv_plain(dsn: str) -> dict[str, Any]:
+    """The output of a new sv_plain run's step (who ran it, with which code)."""
+    with Client(dsn) as client:
+        state = client.wait(client.start_run("sv_plain", {}), timeout=60)
+    assert state["run"]["status"] == "completed", state
+    output: dict[str, Any] = state["run"]["output"]["hello"]
+    return output
+
+
+def _all_restarted(proc: subprocess.Popen[bytes], out: Path, before: dict[str, int],
+                   count: int = 4) -> dict[str, int]:
+    def restarted() -> dict[str, int] | None:
+        assert proc.poll() is None, out.read_text()
+        pids = _pids(_last_status(out.read_text()))
+        fresh = len(pids) == count and all(pids[n] != before[n] for n in before)
+        return pids if fresh else None
+
+    found: dict[str, int] = wait_until(restarted, timeout=90, message="every worker restarted")
+    return found
+
+
+def _all_serving(proc: subprocess.Popen[bytes], out: Path, project: Path) -> dict[str, int]:
+    """Every worker running and past its startup checks (its handlers imported)."""
+    pids = _all_running(proc, out)
+    logs = project / ".flowlane" / "logs"
+    wait_until(lambda: all("worker_started" in (logs / f"{n}.log").read_text() for n in pids),
+               timeout=60, message="workers started")
+    return pids
+
+
+def _stop(proc: subprocess.Popen[bytes], out: Path) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.read_text()
+
+
+def test_serve_reload_keeps_the_workers_for_an_unapplied_shape_and_restarts_on_a_revert(
+    project: Path, dsn: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "serve.out"
+    proc = _serve(project, dsn, out, "--reload")
+    flows = project / "flows" / "sv.yaml"
+    try:
+        before = _all_serving(proc, out, project)
+        flows.write_text(RESHAPED)
+        wait_until(lambda: "serve: not applied" in out.read_text(), timeout=60,
+                   message="the unapplied edit reported")
+        (project / "sv_handlers.py").write_text(EDITED)
+        check_log = project / ".flowlane" / "logs" / "serve-check.log"
+        wait_until(lambda: "handler files changed: sv_handlers.py" in check_log.read_text(),
+                   timeout=60, message="the handler save checked")
+
+        # the old workers keep serving what the database holds, with the code they loaded
+        output = _sv_plain(dsn)
+        assert output["pid"] == before["sv_plain"] and "edited" not in output
+        text = out.read_text()
+        assert text.count("serve: not applied: run `flowlane plan`, then `flowlane apply` "
+                          "(flows sv_plain differ from the database)") == 1, text
+        assert "restarting the workers" not in text and _pids(_last_status(text)) == before
+        assert "flow sv_plain (" in text  # the differences, in the database's words
+
+        flows.write_text(FLOWS)  # reverted: the saved handler can start now
+        after = _all_restarted(proc, out, before)
+        output = _sv_plain(dsn)
+        assert output["pid"] == after["sv_plain"] and output["edited"] is True
+        assert ("flow files changed: flows/sv.yaml; handler files changed: sv_handlers.py; "
+                "restarting the workers") in out.read_text()
+        _stop(proc, out)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_serve_reload_keeps_the_last_good_worker_while_a_handler_cannot_be_imported(
+    project: Path, dsn: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "serve.out"
+    proc = _serve(project, dsn, out, "--reload")
+    handlers = project / "sv_handlers.py"
+    try:
+        before = _all_serving(proc, out, project)
+        handlers.write_text(HANDLERS + "\ndef broken(:\n")
+        text = wait_until(lambda: "cannot start a worker" in out.read_text() and out.read_text(),
+                          timeout=60, message="the broken module reported")
+        assert "(log: .flowlane/logs/serve-check.log)" in text
+        assert "importing sv_handlers raised SyntaxError" in text
+        assert "SyntaxError" in (project / ".flowlane" / "logs" / "serve-check.log").read_text()
+        assert _sv_plain(dsn)["pid"] == before["sv_plain"]  # the last good worker serves
+
+        handlers.write_text(EDITED)  # fixed: the next change restarts onto the new code
+        after = _all_restarted(proc, out, before)
+        logs = project / ".flowlane" / "logs"
+        wait_until(lambda: all((logs / f"{n}.log").read_text().count("worker_started") == 2
+                               for n in after), timeout=60, message="the new workers started")
+        output = _sv_plain(dsn)
+        assert output["pid"] == after["sv_plain"] and output["edited"] is True
+
+        # a typo'd handler name in the flow file: the same, said whole
+        (project / "flows" / "sv.yaml").write_text(FLOWS.replace("sv_handlers:hello", "sv_handlers:helo", 1))
+        wait_until(lambda: "has no attribute 'helo'" in out.read_text(), timeout=60,
+                   message="the typo reported")
+        assert "did you mean `hello`?" in out.read_text()
+        assert _sv_plain(dsn)["pid"] == after["sv_plain"]
+        assert _pids(_last_status(out.read_text())) == after
+        _stop(proc, out)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_serve_reload_restarts_the_workers_once_the_edit_is_applied(
+    project: Path, dsn: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "serve.out"
+    proc = _serve(project, dsn, out, "--reload")
+    try:
+        before = _all_serving(proc, out, project)
+        (project / "flows" / "sv.yaml").write_text(MORE)
+        wait_until(lambda: "(flows sv_more differ from the database)" in out.read_text(),
+                   timeout=60, message="the new flow reported as not applied")
+        assert "flow sv_more: missing from the database" in out.read_text()
+        assert _pids(_last_status(out.read_text())) == before
+
+        _compile_and_apply(project, dsn)  # the definition change restarts them
+        after = _all_restarted(proc, out, before, count=5)
+        with Client(dsn) as client:
+            state = client.wait(client.start_run("sv_more", {}), timeout=60)
+        assert state["run"]["output"]["greet"]["pid"] == after["sv_more"]
+        assert ("flow files changed: flows/sv.yaml; definitions applied; restarting the workers"
+                in out.read_text())
+        _stop(proc, out)
     finally:
         if proc.poll() is None:
             proc.kill()
