@@ -94,13 +94,18 @@ def waiting_reasons(rows: list[Row]) -> list[str]:
 
 def refusal_lines(queue: str, refusals: list[Row]) -> list[str]:
     """Each worker of ``queue`` that refused to start (``worker_refusals`` as the fleet
-    queries give them), with its reason, when, and what to do."""
+    queries give them), with its reason, when, and what to do. A reason of several lines
+    (the differences of several flows) keeps them, each further line indented."""
     lines = []
     for refusal in refusals:
         name = refusal["deployment"]
         who = f"worker for queue {queue}" + (f" (deployment {name})" if name != queue else "")
-        hint = f"; {refusal['hint']}" if refusal["hint"] else ""
-        lines.append(f"{who} refused to start {ago(refusal['age'])}: {refusal['reason']}{hint}")
+        reason, hint = refusal["reason"], refusal["hint"]
+        if "\n" in reason:  # a hint after several lines stands on its own
+            reason, hint = reason.replace("\n", "\n    "), hint and f"\n    hint: {hint}"
+        else:
+            hint = hint and f"; {hint}"
+        lines.append(f"{who} refused to start {ago(refusal['age'])}: {reason}{hint or ''}")
     return lines
 
 

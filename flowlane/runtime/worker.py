@@ -317,7 +317,7 @@ class Worker:
         """Leave why this worker refuses to start where waits are explained (``run``,
         ``queue list``, the console); the refusal itself is what the caller sees, so a
         failure to record it is only logged."""
-        reason = " ".join(line.strip() for line in str(refused).splitlines() if line.strip())
+        reason = "\n".join(line.rstrip() for line in str(refused).splitlines() if line.strip())
         try:
             await store.record_refusal(self.queue, self.name, reason, refused.hint)
         except (psycopg.Error, OSError) as exc:

@@ -48,7 +48,7 @@ def test_a_refusing_worker_is_named_wherever_the_wait_shows(
     [(queue, deployment, reason, hint)] = refusals(flows_dsn)
     assert (queue, deployment) == ("rt_noop", "rt_noop")
     assert reason.startswith("the database holds flows whose shape differs from the YAML:")
-    assert "\n" not in reason and "new flow slug" in hint
+    assert "\n" in reason and "new flow slug" in hint  # the differences, one a line
     said = "worker for queue rt_noop refused to start "
     line = f"waiting: queue rt_noop: 1 queued task(s); {said}"
     for command in (("run", run_id), ("runs",), ("queue", "list"),
@@ -57,6 +57,9 @@ def test_a_refusing_worker_is_named_wherever_the_wait_shows(
         waiting = [w for w in shown.stderr.splitlines() if w.startswith("waiting: queue rt_noop")]
         assert len(waiting) == 1 and waiting[0].startswith(line), (command, shown.stderr)
         assert "s ago: the database holds flows whose shape differs" in waiting[0], command
+        lines = shown.stderr.splitlines()
+        continued = lines[lines.index(waiting[0]) + 1]
+        assert continued.startswith("    ") and "rt_noop" in continued, (command, shown.stderr)
         assert "no live worker serves queue rt_noop" not in shown.stderr, command
     with ui_support.ui_server(flows_dsn) as console:
         page = ui_support.fetch(f"{console.url}/runs/{run_id}").body
