@@ -20,6 +20,7 @@ from flowlane.app.fleet import waiting_reasons
 from flowlane.core import db, migrator
 from flowlane.core.queries import query
 from flowlane.defaults import STALE_AFTER
+from flowlane.runtime.client import PREFIX_CANDIDATES, only_run, prefix_range
 from flowlane.runtime.report import first_waits
 
 PAGE_SIZE = 50
@@ -155,6 +156,13 @@ class Console:
 
     def run(self, run_id: str) -> dict[str, Any] | None:
         return self._row("console_run", run_id=run_id)
+
+    def run_by_prefix(self, prefix: str) -> str:
+        """The one run id that starts with ``prefix``, by the client's rule (as the CLI
+        takes it); errors.UsageError or errors.NotFound, with the candidates, otherwise."""
+        low, high = prefix_range(prefix)
+        rows = self._rows("client_runs_by_prefix", low=low, high=high, limit=PREFIX_CANDIDATES)
+        return only_run(rows, prefix.strip())
 
     def family(self, run_id: str) -> dict[str, Any]:
         """The run's parent (or None) and child runs, as ``flowlane run`` shows them."""

@@ -223,7 +223,7 @@ MIN_PREFIX = 4  # hex digits of the shortest run id prefix taken
 PREFIX_CANDIDATES = 5  # the candidates an ambiguous prefix lists
 
 
-def _prefix_range(text: str) -> tuple[str, str]:
+def prefix_range(text: str) -> tuple[str, str]:
     """The lowest and the highest UUID that start with the run id prefix ``text``."""
     digits = str(text).strip().lower().replace("-", "")
     if len(digits) < MIN_PREFIX or len(digits) >= 32 or any(c not in "0123456789abcdef" for c in digits):
@@ -233,7 +233,7 @@ def _prefix_range(text: str) -> tuple[str, str]:
     return (str(uuid.UUID(digits.ljust(32, "0"))), str(uuid.UUID(digits.ljust(32, "f"))))
 
 
-def _only_run(rows: list[dict[str, Any]], prefix: str) -> str:
+def only_run(rows: list[dict[str, Any]], prefix: str) -> str:
     """The one run a prefix names; an error naming the candidates when it names several."""
     if not rows:
         raise errors.NotFound(f"no run starts with {prefix}", hint="`flowlane runs` lists run ids")
@@ -252,10 +252,10 @@ def _resolve_run(text: str) -> Plan[str]:
     try:
         return _run_id(text)
     except errors.UsageError:
-        low, high = _prefix_range(text)
+        low, high = prefix_range(text)
     rows = yield Fetch("client_runs_by_prefix", "cannot find the run",
                        {"low": low, "high": high, "limit": PREFIX_CANDIDATES})
-    return _only_run(rows, str(text).strip())
+    return only_run(rows, str(text).strip())
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -147,8 +147,15 @@ def create_app(console: Console, settings: Settings) -> Starlette:
         }
 
     def run_page(request: Request) -> Response:
-        run_id = parse_run_id(request.path_params["run_id"])
-        context = run_context(run_id) if run_id else None
+        given = request.path_params["run_id"]
+        run_id = parse_run_id(given)
+        if run_id is None:  # a prefix, as the runs list shows ids: the one run it names
+            try:
+                full = console.run_by_prefix(given)
+            except errors.FlowlaneError as exc:
+                return not_found(request, str(exc))
+            return RedirectResponse(request.url.path.replace(given, full, 1), status_code=303)
+        context = run_context(run_id)
         if context is None:
             return not_found(request, f"no run {request.path_params['run_id']}")
         name = "run_body.html" if request.url.path.endswith("/live") else "run.html"

@@ -67,6 +67,20 @@ def test_every_page_renders(console: ui_support.UiServer, seeded_db: tuple[str, 
         assert ui_support.fetch(console.url + missing).status == 404
 
 
+def test_a_run_page_takes_a_unique_prefix_of_the_run_id(
+        console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded]) -> None:
+    run_id = str(seeded_db[1].completed)
+    for shown, suffix in ((run_id[:12], ""), (run_id[:8].upper(), "/live")):  # as the runs list cuts it
+        moved = ui_support.fetch(f"{console.url}/runs/{shown}{suffix}")
+        assert (moved.status, moved.headers["location"]) == (303, f"/runs/{run_id}{suffix}")
+    assert ui_support.fetch(f"{console.url}{moved.headers['location']}").status == 200
+    unknown = "0000" if not run_id.startswith("0000") else "ffff"
+    missing = ui_support.fetch(f"{console.url}/runs/{unknown}")
+    assert missing.status == 404 and f"no run starts with {unknown}" in missing.body
+    malformed = ui_support.fetch(f"{console.url}/runs/xyz")
+    assert malformed.status == 404 and "is not a run id" in malformed.body
+
+
 def test_runs_filter_by_status_alias_and_time(
         console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded]) -> None:
     seeded = seeded_db[1]
