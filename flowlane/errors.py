@@ -27,6 +27,10 @@ class FlowlaneError(Exception):
     hint: str | None = None
     exit_code: int = WorkerExit.FAILED  # the CLI's exit status for this error
 
+    def lines(self) -> str:
+        """The error as every command prints it: its ``error:`` line(s), then ``hint:``."""
+        return f"error: {self}" + (f"\nhint: {self.hint}" if self.hint else "")
+
     def __init__(self, message: str | None = None, *, hint: str | None = None) -> None:
         super().__init__(message or (self.__doc__ or "").strip())
         if hint is not None:

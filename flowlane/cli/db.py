@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from flowlane import project_root
-from flowlane.cli.common import add_dsn_argument
+from flowlane.cli.common import add_dsn_argument, report_error
 
 
 def configure(subparsers: Any) -> None:
@@ -55,7 +54,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         states = migrator.status(conn)
     pending = [s for s in states if not s.applied]
     if foreign := [f"{s.version}_{s.name}" for s in states if s.foreign]:
-        _print_error(migrator.development_build(foreign))
+        report_error(migrator.development_build(foreign))
     elif pending:
         print(f"{len(pending)} core migration(s) pending; next: `flowlane db migrate`")
     else:
@@ -119,7 +118,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             pending += 1
         print(f"  {state.version}_{state.name:<24} {label}")
     if foreign := [f"{s.version}_{s.name}" for s in states if s.foreign]:
-        _print_error(migrator.development_build(foreign))
+        report_error(migrator.development_build(foreign))
         return 1
     print(f"{pending} pending" if pending else "up to date")
     return 0
@@ -138,11 +137,3 @@ def cmd_reset(args: argparse.Namespace) -> int:
         applied = migrator.reset(conn)
     print(f"dropped schemas flowlane and pgmq; applied {len(applied)} migration(s); next: `flowlane apply`")
     return 0
-
-
-def _print_error(error: Exception) -> None:
-    from flowlane import errors
-
-    print(f"error: {error}", file=sys.stderr)
-    if isinstance(error, errors.FlowlaneError) and error.hint:
-        print(f"hint: {error.hint}", file=sys.stderr)

@@ -235,9 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     hint="redraft it: python -m flowlane.core.draft_migration")
         return _redraft(pending, args.dsn, args.source)
     except errors.FlowlaneError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
+        print(exc.lines(), file=sys.stderr)
         return exc.exit_code
 
 
@@ -249,8 +247,9 @@ def _start(name: str | None, dsn: str | None, source_dir: Path | None) -> int:
     if found.empty:
         print("the engine source and the migrations agree: nothing to draft")
         return 0
-    target = MIGRATIONS_DIR / f"{next_version()}_{name}.sql"
-    target.write_text(draft(found, name, next_version(), source_dir), encoding="utf-8")
+    version = next_version()
+    target = MIGRATIONS_DIR / f"{version}_{name}.sql"
+    target.write_text(draft(found, name, version, source_dir), encoding="utf-8")
     for line in found.summary():
         print(f"  {line}")
     print(f"wrote {target}: review it, write what is marked '{FLAG}', then run --check")

@@ -55,9 +55,7 @@ def main(argv: Sequence[str]) -> int:
         config = WorkerConfig.from_options(**spec["config"])
         run_worker(spec["paths"], config)
     except errors.FlowlaneError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
+        print(exc.lines(), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

@@ -58,7 +58,7 @@ def check(paths: Sequence[str], options: WorkerConfig) -> Verdict:
         HandlerRegistry.load(handlers.values(), import_paths)
         return asyncio.run(_compare(project, options))
     except errors.FlowlaneError as exc:
-        return Verdict(BROKEN, message=described(exc))
+        return Verdict(BROKEN, message=exc.lines())
 
 
 async def _compare(project: Project, options: WorkerConfig) -> Verdict:
@@ -79,11 +79,6 @@ async def _compare(project: Project, options: WorkerConfig) -> Verdict:
         return Verdict(READY)
     lines = [*different.values(), *(f"flow {slug}: missing from the database" for slug in missing)]
     return Verdict(UNAPPLIED, tuple(sorted({*missing, *different})), "\n".join(lines))
-
-
-def described(exc: errors.FlowlaneError) -> str:
-    """An error as a worker prints it: ``error:`` and ``hint:`` lines."""
-    return f"error: {exc}" + (f"\nhint: {exc.hint}" if exc.hint else "")
 
 
 def main(argv: Sequence[str]) -> int:

@@ -108,10 +108,14 @@ def signal_words(payload: Any, at: datetime | str) -> str:
     return f"{what} by a signal from {sender} at {utc_seconds(at)}"
 
 
-def utc_seconds(at: datetime | str) -> str:
-    """A time in UTC to the second, as the console shows times."""
+def utc_time(at: datetime | str) -> str:
+    """A time in UTC to the second, as the CLI and the console show times."""
     moment = datetime.fromisoformat(at) if isinstance(at, str) else at
-    return f"{moment.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+    return f"{moment.astimezone(UTC):%Y-%m-%d %H:%M:%S}"
+
+
+def utc_seconds(at: datetime | str) -> str:
+    return f"{utc_time(at)} UTC"
 
 
 def _waits(state: dict[str, Any]) -> list[str]:

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from flowlane.compiler.model import Flow, Step
+from flowlane.runtime.report import utc_time
 
 
 def flow_model(flow: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]) -> Flow:
@@ -58,7 +59,7 @@ def seconds_text(seconds: float) -> str:
 
 
 def timestamp(value: datetime | None) -> str:
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if value else ""
+    return utc_time(value) if value else ""
 
 
 def age(seconds: float | None) -> str:
