@@ -62,12 +62,16 @@ def _check_archives(dist: Path, repo_root: Path) -> Path:
         assert expected - set(archive.namelist()) == set()
         [metadata] = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
         message = email.message_from_bytes(archive.read(metadata))
+        assert metadata.replace("METADATA", "licenses/LICENSE") in archive.namelist()
     assert message["Version"] == flowlane.__version__
     plain = [r for r in message.get_all("Requires-Dist", []) if "extra ==" not in r]
     assert plain and not [r for r in plain if r.replace("-", "_").startswith(EXTRA_PACKAGES)], plain
     with tarfile.open(sdist) as archive:
         top = f"flowlane-{flowlane.__version__}/"
-        assert {top + name for name in expected} - set(archive.getnames()) == set()
+        names = set(archive.getnames())
+        assert {top + name for name in expected} - names == set()
+        assert {top + "LICENSE", top + "CHANGELOG.md"} <= names
+        assert not [name for name in names if name.startswith(top + "tests/")]
     return wheel
 
 
