@@ -84,9 +84,9 @@ def test_the_sdist_and_the_wheel_install_lean_and_run_the_quick_start(repo_root:
     # `build`'s default: the sdist, then the wheel from the sdist alone; from a copy of the
     # sources, as a clean clone has them (an egg-info a build left would add its files list)
     source = work / "source"
-    shutil.copytree(repo_root / "flowlane", source / "flowlane",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
+    for folder in ("flowlane", "tests"):
+        shutil.copytree(repo_root / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md", "LICENSE", "CHANGELOG.md", "MANIFEST.in"):
         shutil.copy(repo_root / name, source)
     _run(sys.executable, "-m", "build", "--outdir", work / "dist", source, cwd=work, env=env,
          timeout=600)
