@@ -236,3 +236,17 @@ from flowlane.signal(%(run_id)s::uuid, %(step)s, %(payload)s::jsonb)
 -- name: listen_definitions
 -- every change of flows, steps, aliases, queues or deployments (migration 0015)
 listen flowlane_definitions
+
+-- name: definitions_fingerprint
+-- for a process that cannot LISTEN (through a transaction-mode pooler): changes whenever
+-- flowlane_definitions would have been notified, i.e. a row of flows, steps, deps,
+-- aliases or queues changed (xmin: the transaction that last wrote it), or a deployment
+-- was added, removed, enabled or disabled
+select md5(concat_ws('/',
+  (select string_agg(xmin::text, ',' order by xmin::text) from flowlane.flows),
+  (select string_agg(xmin::text, ',' order by xmin::text) from flowlane.steps),
+  (select string_agg(xmin::text, ',' order by xmin::text) from flowlane.deps),
+  (select string_agg(xmin::text, ',' order by xmin::text) from flowlane.aliases),
+  (select string_agg(xmin::text, ',' order by xmin::text) from flowlane.queues),
+  (select string_agg(deployment_name || ':' || enabled, ',' order by deployment_name)
+   from flowlane.worker_deployments))) as fingerprint
