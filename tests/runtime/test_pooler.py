@@ -157,6 +157,44 @@ def test_a_workload_through_pgbouncer_in_transaction_mode(
     worker_log = (root / ".flowlane" / "logs" / "pb_two.log").read_text()
     assert worker_log.count("notifications_off") == 1, worker_log
     assert "restart" not in served.lower() and "prepared statement" not in worker_log
+    assert "definition notifications lost" not in served  # the definitions' poll worked
+
+
+MORE = """\
+kind: flow
+slug: pb_more
+defaults: {base_delay: 0, timeout: 30}
+steps:
+  only:
+    handler: pb_handlers:first
+"""
+
+
+def test_serve_through_pgbouncer_follows_an_apply_without_notifications(
+        project: tuple[Path, str], tmp_path: Path) -> None:
+    root, pooled = project
+    out = tmp_path / "serve.out"
+    env_ = {**env(), "PB_EXECUTIONS": str(tmp_path / "executions.log")}
+    with out.open("w") as sink:
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "flowlane", "serve", "--dsn", pooled, "--shutdown-timeout", "5"],
+            cwd=root, env=env_, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: "pb_two" in out.read_text() and "running" in out.read_text(),
+                   timeout=60, message="serve's first worker")
+        (root / "flows" / "more.yaml").write_text(MORE)
+        for command in (("compile",), ("apply", "--dsn", pooled)):
+            done = flowlane(*command, cwd=root)
+            assert done.returncode == 0, done.stdout + done.stderr
+        # only a worker that serve started for the new flow, once it saw the change, runs it
+        waited = flowlane("start", "pb_more", "--input", '{"n": 5}', "--wait", "--timeout", "60",
+                          "--dsn", pooled, cwd=root)
+        assert waited.returncode == 0, waited.stdout + waited.stderr + out.read_text()
+        assert json.loads(waited.stdout)["only"] == {"n": 5}
+    finally:
+        serve.terminate()
+        assert serve.wait(timeout=60) == 0
+    assert "definition notifications lost" not in out.read_text()
 
 
 def test_start_wait_clients_and_the_console_through_pgbouncer(
