@@ -231,6 +231,9 @@ def test_start_wait_clients_and_the_console_through_pgbouncer(
             status, body = get(f"{ui.url}/metrics")
             assert status == 200 and metric(body, "flowlane_database_up") == 1
             assert metric(body, "flowlane_run_durations_listening") == 0
+            ui.process.terminate()
+            _, said = ui.process.communicate(timeout=30)
+        assert "run durations are not observed through a transaction-mode pooler" in said
     finally:
         worker.terminate()
         worker.wait(timeout=60)
