@@ -11,15 +11,18 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
-from flowlane.core import db
+from flowlane.core import db, migrator
 from flowlane.runtime.client import AsyncClient, Client
 from tests.conftest import Cluster
+from tests.core.engine import Engine
 from tests.runtime import pgbouncer_support
 from tests.runtime.pgbouncer_support import PgBouncer
 from tests.runtime.rt_support import applied_project, env, flowlane, wait_until
@@ -195,6 +198,40 @@ def test_serve_through_pgbouncer_follows_an_apply_without_notifications(
         serve.terminate()
         assert serve.wait(timeout=60) == 0
     assert "definition notifications lost" not in out.read_text()
+
+
+def test_the_definitions_fingerprint_moves_with_every_definition_change_and_only_then(
+        conn: psycopg.Connection[Any]) -> None:
+    engine = Engine(conn)
+    engine.define("pb_fp", [("one", [], {})])
+    migrator.migrate(conn, roles=True)
+
+    def fingerprint() -> str:  # as serve reads it under the worker role
+        with conn.transaction():
+            conn.execute("set local role flowlane_worker")
+            return str(conn.execute("select flowlane.definitions_fingerprint()").fetchone()[0])
+
+    def register() -> None:
+        conn.execute("select flowlane.register_worker(%s, 'pb_fp', 'w', 'pb_fp', %s)",
+                     (uuid.uuid4(), '[["pb_fp", "one"]]'))
+
+    register()  # the deployment's first worker adds it
+    seen = [fingerprint()]
+    run_id = engine.start("pb_fp", {})
+    assert engine.drive("pb_fp", lambda task: {"ok": True}) == 1
+    assert engine.run(run_id)["status"] == "completed"
+    register()
+    assert fingerprint() == seen[-1]  # runs, tasks and a later worker change no definition
+    for change in ("select flowlane.set_deployment_enabled('pb_fp', false, 'maintenance')",
+                   "select flowlane.set_deployment_enabled('pb_fp', true)",
+                   "select flowlane.set_alias('pb_fp_alias', 'pb_fp')",
+                   "select flowlane.create_flow('pb_fp_v2')",
+                   "select flowlane.add_step('pb_fp_v2', 'one')",
+                   "select flowlane.delete_flow_and_data('pb_fp_v2')"):
+        conn.execute(change)
+        seen.append(fingerprint())
+        assert seen[-1] != seen[-2], change
+    conn.execute("reset role")
 
 
 def test_start_wait_clients_and_the_console_through_pgbouncer(

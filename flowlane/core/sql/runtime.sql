@@ -238,15 +238,5 @@ from flowlane.signal(%(run_id)s::uuid, %(step)s, %(payload)s::jsonb)
 listen flowlane_definitions
 
 -- name: definitions_fingerprint
--- for a process that cannot LISTEN (through a transaction-mode pooler): changes whenever
--- flowlane_definitions would have been notified, i.e. a row of flows, steps, deps,
--- aliases or queues changed (xmin: the transaction that last wrote it), or a deployment
--- was added, removed, enabled or disabled
-select md5(concat_ws('/',
-  (select string_agg(xmin::text, ',' order by xmin::text) from flowlane.flows),
-  (select string_agg(xmin::text, ',' order by xmin::text) from flowlane.steps),
-  (select string_agg(xmin::text, ',' order by xmin::text) from flowlane.deps),
-  (select string_agg(xmin::text, ',' order by xmin::text) from flowlane.aliases),
-  (select string_agg(xmin::text, ',' order by xmin::text) from flowlane.queues),
-  (select string_agg(deployment_name || ':' || enabled, ',' order by deployment_name)
-   from flowlane.worker_deployments))) as fingerprint
+-- changes whenever flowlane_definitions is notified: polled where a LISTEN cannot work
+select flowlane.definitions_fingerprint() as fingerprint
