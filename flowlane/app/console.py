@@ -78,7 +78,7 @@ class Console:
     def __init__(self, target: db.Target, *, max_connections: int = 4) -> None:
         self.target = target
         self._pool: ConnectionPool[Any] = ConnectionPool(
-            target.dsn, min_size=1, max_size=max_connections, open=False,
+            target.conninfo, min_size=1, max_size=max_connections, open=False,
             # custom plans only: the filters are "param is null or ..." and a generic plan
             # cannot drop the branches that do not apply
             kwargs={"autocommit": True, "row_factory": dict_row, "prepare_threshold": None},

@@ -12,6 +12,7 @@ ui`` also observe each run's duration as it ends (:class:`RunDurations`).
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -44,6 +45,7 @@ class Database:
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
+        self.target = db.as_target(dsn)
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()
 
@@ -51,15 +53,27 @@ class Database:
         with self._lock:
             try:
                 if self._conn is None or self._conn.closed:
-                    self._conn = psycopg.connect(
-                        self.dsn, autocommit=True, connect_timeout=TIMEOUT,
-                        application_name="flowlane-metrics", options=f"-c statement_timeout={TIMEOUT * 1000}")
-                return self._conn.execute(query(name), params).fetchall()
+                    self._conn = self._connect()
+                if not self.target.pooled:
+                    return self._conn.execute(query(name), params).fetchall()
+                with self._conn.transaction():  # the timeout lasts for this transaction only
+                    self._conn.execute(query("observability_statement_timeout"),
+                                       {"milliseconds": str(TIMEOUT * 1000)})
+                    return self._conn.execute(query(name), params).fetchall()
             except psycopg.Error:
                 if self._conn is not None:
                     self._conn.close()
                 self._conn = None
                 raise
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        # a transaction-mode pooler refuses startup options: the timeout is set per transaction
+        timeout: dict[str, Any] = {"options": f"-c statement_timeout={TIMEOUT * 1000}"}
+        if self.target.pooled:
+            timeout = {}
+        return psycopg.connect(self.target.conninfo, autocommit=True, connect_timeout=TIMEOUT,
+                               application_name="flowlane-metrics",
+                               **self.target.connection_kwargs(), **timeout)
 
     def unreachable(self) -> list[str]:
         try:
@@ -121,16 +135,21 @@ class DatabaseCollector(Collector):
 
 RUN_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, float("inf"))
 NOTIFY_BATCH = 1.0  # seconds of run-end notifications read before their durations are looked up
+NOT_THROUGH_A_POOLER = (
+    "metrics: run durations are not observed through a transaction-mode pooler (pooler=transaction), "
+    "where LISTEN cannot work; flowlane_run_durations_listening stays 0 (a direct connection observes them)")
 
 
 class RunDurations(Collector):
     """How long runs took, by flow and outcome, observed as they end: a listener on the
     engine's `flowlane_run_finished` notifications looks each ended run up by its key. Like the
     queue gauges it is database-wide: every exporter observes every run that ends while it
-    listens (``flowlane_run_durations_listening`` says whether it does)."""
+    listens (``flowlane_run_durations_listening`` says whether it does). Through a
+    transaction-mode pooler it does not listen: a LISTEN (and the listeners' session lock
+    it takes) would stay behind in whichever server session ran it."""
 
     def __init__(self, dsn: str) -> None:
-        self.dsn = dsn
+        self.target = db.as_target(dsn)
         self.histogram = Histogram("flowlane_run_duration_seconds",
                                    "From a run's start to its end, by flow and outcome",
                                    ["flow", "status"], buckets=RUN_BUCKETS, registry=None)
@@ -138,7 +157,10 @@ class RunDurations(Collector):
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="flowlane-run-durations",
                                         daemon=True)
-        self._thread.start()
+        if self.target.pooled:
+            print(NOT_THROUGH_A_POOLER, file=sys.stderr, flush=True)
+        else:
+            self._thread.start()
 
     def collect(self) -> Iterator[Metric]:
         listening = GaugeMetricFamily("flowlane_run_durations_listening",
@@ -149,7 +171,8 @@ class RunDurations(Collector):
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=NOTIFY_BATCH + TIMEOUT)
+        if self._thread.is_alive():
+            self._thread.join(timeout=NOTIFY_BATCH + TIMEOUT)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -163,7 +186,7 @@ class RunDurations(Collector):
                 self.listening.clear()
 
     def _listen(self) -> None:
-        with psycopg.connect(self.dsn, autocommit=True, connect_timeout=TIMEOUT,
+        with psycopg.connect(self.target.conninfo, autocommit=True, connect_timeout=TIMEOUT,
                              application_name="flowlane-metrics") as conn:
             conn.execute(query("observability_listen_runs"))
             self.listening.set()

@@ -82,6 +82,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from flowlane.core import db, migrator
 
     target = db.resolve(args.dsn)
+    db.require_direct(target, "flowlane db migrate")
     with db.connect(target, autocommit=True) as conn:
         applied = migrator.migrate(conn, to=args.to, roles=args.roles)
         roles = migrator.roles_applied(conn)
@@ -133,6 +134,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
         raise errors.UsageError(
             f"flowlane db reset drops every flow, run and queue in {db.redact(target.dsn)}",
             hint="run it again with --yes where that is what you want (a development database)")
+    db.require_direct(target, "flowlane db reset")
     with db.connect(target, autocommit=True) as conn:
         applied = migrator.reset(conn)
     print(f"dropped schemas flowlane and pgmq; applied {len(applied)} migration(s); next: `flowlane apply`")

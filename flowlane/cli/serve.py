@@ -73,6 +73,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"serving {len(specs)} queue(s) on {db.redact(target.dsn)} ({target.source}); "
           f"worker logs in {project_root.relative(log_dir)}/; following definition changes; "
           "stop with Ctrl-C or SIGTERM", flush=True)
+    if target.pooled:
+        print(f"the DSN goes through a transaction-mode pooler (pooler=transaction), where LISTEN "
+              f"cannot work: the workers poll for new work and serve polls for definition changes "
+              f"every {serve.DEFINITIONS_POLL:g}s", flush=True)
     with _probe(args.metrics_port, target.dsn, env) as probe:
         return serve.serve(
             plan,

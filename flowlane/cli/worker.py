@@ -67,13 +67,6 @@ def configure(subparsers: Any) -> None:
         help="messages claimed per poll (default: the worker document's batch_size, "
         f"else {defaults.BATCH_SIZE})",
     )
-    worker.add_argument(
-        "--no-notify",
-        dest="notify",
-        action="store_false",
-        default=given,
-        help="do not LISTEN for PGMQ insert notifications; poll with read_with_poll only",
-    )
     add_worker_options(worker)
     add_metrics_port(worker, "this worker's tasks and handler durations")
     worker.add_argument(
@@ -110,6 +103,14 @@ def _port(text: str) -> int:
 def add_worker_options(parser: argparse.ArgumentParser, every: str = "") -> None:
     """The options `flowlane serve` hands to every worker, on both commands; not given, a
     worker takes WorkerConfig's defaults."""
+    parser.add_argument(
+        "--no-notify",
+        dest="notify",
+        action="store_false",
+        default=argparse.SUPPRESS,
+        help="do not LISTEN for PGMQ insert notifications; poll with read_with_poll only "
+        f"(implied by a DSN with pooler=transaction){every}",
+    )
     parser.add_argument(
         "--shutdown-timeout",
         type=float,

@@ -3,6 +3,12 @@
 Resolution order for a DSN: explicit ``--dsn``, ``FLOWLANE_DSN``,
 ``DATABASE_URL``, else the project's embedded PostgreSQL in ``.flowlane/``
 (started on demand, left running for the next command).
+
+A DSN says that it goes through a transaction-mode pooler (pgbouncer's ``pool_mode =
+transaction``) with the parameter ``pooler=transaction`` (``?pooler=transaction`` in a URL,
+``pooler=transaction`` among key=value pairs). flowlane removes it before libpq sees the
+DSN, and such a connection uses nothing that lives in a server session: no server-side
+prepared statements, no LISTEN, no session locks or settings (see ``Target.pooled``).
 """
 
 from __future__ import annotations
@@ -23,6 +29,11 @@ from flowlane.core.embedded import EmbeddedServer
 EMBEDDED_DIRNAME = ".flowlane"
 PGDATA_DIRNAME = "pgdata"
 ENV_VARS = ("FLOWLANE_DSN", "DATABASE_URL")
+POOLER_PARAMETER = "pooler"
+POOLER_MODES = ("transaction",)  # a session-mode pooler needs no parameter: it changes nothing
+# the parameter in a URL's query, or among key=value pairs (a quoted value or a word)
+_URL_POOLER = re.compile(rf"(?<=[?&]){POOLER_PARAMETER}=([^&#]*)&?")
+_PAIR_POOLER = re.compile(rf"(?:^|\s+){POOLER_PARAMETER}\s*=\s*('(?:[^'\\]|\\.)*'|\S+)")
 
 
 @dataclass(frozen=True)
@@ -35,6 +46,50 @@ class Target:
     @property
     def embedded(self) -> bool:
         return self.source == "embedded"
+
+    @property
+    def conninfo(self) -> str:
+        """The DSN libpq gets: without flowlane's ``pooler`` parameter."""
+        return split_pooler(self.dsn)[0]
+
+    @property
+    def pooled(self) -> bool:
+        """True when the DSN says it goes through a transaction-mode pooler: every transaction
+        may land on another server session, so nothing may be left in one."""
+        return split_pooler(self.dsn)[1] is not None
+
+    def connection_kwargs(self) -> dict[str, Any]:
+        """psycopg's settings for this route: through a pooler, no server-side prepared
+        statements (the next transaction's session does not have them)."""
+        return {"prepare_threshold": None} if self.pooled else {}
+
+
+def require_direct(target: Target, command: str) -> None:
+    """Refuse a transaction-mode pooler for ``command``, which needs one server session
+    throughout (a migration holds a session advisory lock so that concurrent migrations
+    apply each file once)."""
+    if target.pooled:
+        raise errors.UsageError(
+            f"{command} needs a direct connection to PostgreSQL, not a transaction-mode pooler "
+            f"({redact(target.dsn)} says {POOLER_PARAMETER}=transaction)",
+            hint="give it the server's own host and port (not pgbouncer's), without "
+            f"{POOLER_PARAMETER}=transaction")
+
+
+def split_pooler(dsn: str) -> tuple[str, str | None]:
+    """``dsn`` without its ``pooler`` parameter, and that parameter's value (None: absent)."""
+    url = dsn.startswith(("postgresql://", "postgres://"))
+    found = (_URL_POOLER if url else _PAIR_POOLER).search(dsn)
+    if found is None:
+        return dsn, None
+    mode = found.group(1).strip("'")
+    if mode not in POOLER_MODES:
+        raise errors.UsageError(
+            f"unknown {POOLER_PARAMETER}={mode} in the connection string {redact(dsn)}",
+            hint=f"{POOLER_PARAMETER}=transaction says that the DSN goes through a "
+            "transaction-mode pooler (pgbouncer's pool_mode = transaction); leave it out otherwise")
+    rest = dsn[:found.start()] + dsn[found.end():]
+    return (rest.rstrip("?&") if url else rest.strip()), mode
 
 
 def resolve(dsn: str | None = None, project_dir: Path | None = None, *, start: bool = True) -> Target:
@@ -112,21 +167,23 @@ def redact(dsn: str) -> str:
 
 def connect(target: Target | str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.Connection[Any]:
     """Open a connection; an unreachable database becomes one clear error."""
-    target = _as_target(target)
+    target = as_target(target)
     with _connect_errors(target):
-        return psycopg.connect(target.dsn, autocommit=autocommit, **kwargs)
+        return psycopg.connect(target.conninfo, autocommit=autocommit,
+                               **{**target.connection_kwargs(), **kwargs})
 
 
 async def connect_async(
     target: Target | str, *, autocommit: bool = False, **kwargs: Any
 ) -> psycopg.AsyncConnection[Any]:
     """:func:`connect` for asyncio, with the same errors."""
-    target = _as_target(target)
+    target = as_target(target)
     with _connect_errors(target):
-        return await psycopg.AsyncConnection.connect(target.dsn, autocommit=autocommit, **kwargs)
+        return await psycopg.AsyncConnection.connect(
+            target.conninfo, autocommit=autocommit, **{**target.connection_kwargs(), **kwargs})
 
 
-def _as_target(target: Target | str) -> Target:
+def as_target(target: Target | str) -> Target:
     return Target(target, "dsn") if isinstance(target, str) else target
 
 

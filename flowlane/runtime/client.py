@@ -15,11 +15,15 @@ finds the run; a worker role, which may not read the runs table, passes whole id
 ``wait`` listens on ``flowlane_run_finished`` through ``flowlane.listen_run_finished``
 (the SQL Core notifies a run's end only while a session listens that way) and
 re-reads the run only when woken, with a slow fallback poll in case a
-notification cannot arrive (e.g. behind a transaction-pooling proxy).
+notification cannot arrive. Through a transaction-mode pooler (a DSN with
+``pooler=transaction``) it does not listen, since a LISTEN and the listeners' session lock
+would stay behind in whichever server session ran them: it re-reads the run every
+``POOLER_POLL_SECONDS`` instead.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import difflib
 import inspect
@@ -46,6 +50,7 @@ from flowlane.runtime.report import first_waits
 from flowlane.runtime.tracing import current_traceparent
 
 FALLBACK_POLL_SECONDS = 5.0
+POOLER_POLL_SECONDS = 0.2  # wait's re-reads through a transaction-mode pooler (no LISTEN)
 
 
 @dataclass(frozen=True)
@@ -806,7 +811,10 @@ class Client:
             scope.enter_context(db.wrap_errors(request.action))  # the commit's errors too
             return scope.enter_context(self._connection().transaction())
         if isinstance(request, Listen):
-            return scope.enter_context(self._listening())
+            return None if self.target.pooled else scope.enter_context(self._listening())
+        if request.listener is None:  # through a pooler: poll
+            time.sleep(min(request.timeout, POOLER_POLL_SECONDS))
+            return None
         with db.wrap_errors(WAITING):
             for note in request.listener.notifies(timeout=request.timeout):
                 if note.payload == request.run_id:
@@ -896,7 +904,10 @@ class AsyncClient:
             scope.enter_context(db.wrap_errors(request.action))  # the commit's errors too
             return await scope.enter_async_context(conn.transaction())
         if isinstance(request, Listen):
-            return await scope.enter_async_context(self._listening())
+            return None if self.target.pooled else await scope.enter_async_context(self._listening())
+        if request.listener is None:  # through a pooler: poll
+            await asyncio.sleep(min(request.timeout, POOLER_POLL_SECONDS))
+            return None
         with db.wrap_errors(WAITING):
             async for note in request.listener.notifies(timeout=request.timeout):
                 if note.payload == request.run_id:

@@ -58,6 +58,7 @@ from flowlane.runtime.ticker import Ticker
 STABLE_AFTER = 60.0  # seconds a worker must run for its backoff to start over
 TICK = 0.2  # seconds between checks of the worker processes
 RELOAD_SCAN = 1.0  # seconds between scans of the project's Python files (serve --reload)
+DEFINITIONS_POLL = 2.0  # seconds between reads of the definitions' fingerprint, through a pooler
 ERROR_TAIL = 16 * 1024  # bytes at the end of a worker's log searched for its last error line
 
 
@@ -335,7 +336,8 @@ class Supervisor:
 
 class DefinitionWatcher(threading.Thread):
     """LISTEN for definition changes; set ``changed`` on each (and on every (re)connection,
-    since anything may have changed while nobody listened)."""
+    since anything may have changed while nobody listened). Through a transaction-mode
+    pooler, where a LISTEN cannot work, poll the definitions' fingerprint instead."""
 
     def __init__(self, dsn: str, changed: threading.Event, stopping: threading.Event) -> None:
         super().__init__(name="flowlane-serve-definitions", daemon=True)
@@ -344,23 +346,41 @@ class DefinitionWatcher(threading.Thread):
     def run(self) -> None:
         import psycopg
 
-        from flowlane.core.queries import query
+        from flowlane.core import db
 
+        target = db.as_target(self.dsn)
+        follow = self._poll if target.pooled else self._listen
         delay = 0.5
         while not self.stopping.is_set():
             try:
-                with psycopg.connect(self.dsn, autocommit=True,
+                with psycopg.connect(target.conninfo, autocommit=True, **target.connection_kwargs(),
                                      application_name="flowlane-serve") as conn:
-                    conn.execute(query("listen_definitions"))
-                    self.changed.set()
                     delay = 0.5
-                    while not self.stopping.is_set():
-                        for _ in conn.notifies(timeout=1.0):
-                            self.changed.set()
+                    follow(conn)
             except psycopg.Error as exc:
                 print(f"serve: definition notifications lost ({exc}); retrying", file=sys.stderr)
                 self.stopping.wait(delay)
                 delay = min(delay * 2, 30.0)
+
+    def _listen(self, conn: Any) -> None:
+        from flowlane.core.queries import query
+
+        conn.execute(query("listen_definitions"))
+        self.changed.set()
+        while not self.stopping.is_set():
+            for _ in conn.notifies(timeout=1.0):
+                self.changed.set()
+
+    def _poll(self, conn: Any) -> None:
+        from flowlane.core.queries import query
+
+        seen = None
+        while not self.stopping.is_set():
+            fingerprint = conn.execute(query("definitions_fingerprint")).fetchone()[0]
+            if fingerprint != seen:
+                self.changed.set()
+                seen = fingerprint
+            self.stopping.wait(DEFINITIONS_POLL)
 
 
 class SourceWatcher:

@@ -16,6 +16,7 @@ from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from flowlane import defaults
+from flowlane.core import db
 from flowlane.core.queries import query
 from flowlane.runtime import log
 from flowlane.runtime.limits import safe_loads
@@ -103,9 +104,10 @@ class Store:
     ) -> None:
         log.quiet_pool_logs()
         self.dsn = dsn
+        self.target = db.as_target(dsn)
         self.application_name = application_name
         self.pool: AsyncConnectionPool[psycopg.AsyncConnection[Row]] = AsyncConnectionPool(
-            dsn,
+            self.target.conninfo,
             min_size=min_size,
             max_size=max_size,
             open=False,
@@ -117,6 +119,7 @@ class Store:
                 "autocommit": True,
                 "row_factory": dict_row,
                 "application_name": application_name,
+                **self.target.connection_kwargs(),
             },
             configure=_configure,
             connection_class=psycopg.AsyncConnection[Row],
@@ -127,7 +130,7 @@ class Store:
     async def open(self, timeout: float = 10.0) -> None:
         # one direct connection first: its error says why (the pool's only says "timed out")
         probe = await psycopg.AsyncConnection.connect(
-            self.dsn, connect_timeout=max(1, int(timeout))
+            self.target.conninfo, connect_timeout=max(1, int(timeout))
         )
         await probe.close()
         await self.pool.open(wait=True, timeout=timeout)
@@ -280,7 +283,7 @@ class Store:
 
     async def listen_connection(self, queue_name: str) -> psycopg.AsyncConnection[Any]:
         conn = await psycopg.AsyncConnection.connect(
-            self.dsn, autocommit=True, application_name=f"{self.application_name}-listen"
+            self.target.conninfo, autocommit=True, application_name=f"{self.application_name}-listen"
         )
         try:
             stmt = sql.SQL(query("worker_listen")).format(

@@ -25,12 +25,14 @@ class Ticker(threading.Thread):
     def run(self) -> None:
         import psycopg
 
+        from flowlane.core import db
         from flowlane.core.queries import query
 
+        target = db.as_target(self.dsn)
         delay = self.interval
         while not self.stopping.is_set():
             try:
-                with psycopg.connect(self.dsn, autocommit=True,
+                with psycopg.connect(target.conninfo, autocommit=True, **target.connection_kwargs(),
                                      application_name=f"flowlane-{self.who}-tick") as conn:
                     delay = self.interval
                     while not self.stopping.is_set():

@@ -272,6 +272,8 @@ class Worker:
             registry_error = None
         target = db.resolve(self.config.dsn)
         dsn = target.dsn
+        if target.pooled and self.config.notify:
+            self._poll_through_pooler()
         store = Store(dsn, application_name=f"flowlane-worker-{self.worker_id[:8]}")
         try:
             await store.open()
@@ -368,6 +370,14 @@ class Worker:
         session.capacity.set()
         if force:
             session.force.set()
+
+    def _poll_through_pooler(self) -> None:
+        """A transaction-mode pooler hands each transaction to any server session, and a
+        LISTEN stays behind in one: the notifications would never arrive. Poll instead."""
+        self.config = dataclasses.replace(self.config, notify=False)
+        log.event(INFO, "notifications_off", reason="the DSN goes through a transaction-mode pooler "
+                  "(pooler=transaction), where LISTEN cannot work",
+                  fallback=f"read_with_poll every {defaults.READ_POLL_MS}ms")
 
     def _shutdown_timeout(self) -> float:
         return 0.0 if self._abandon.is_set() else self.config.shutdown_timeout

@@ -107,6 +107,7 @@ EXPECTED = {
         "queue_name text, supported_pairs jsonb",
         "TABLE(flow_slug text, step_slug text, sources text[])",
     ),
+    "definitions_fingerprint": ("", "text"),
     "drain_status": (
         "",
         "TABLE(alias text, flow_slug text, started_runs bigint, active_tasks bigint, drained boolean)",

@@ -283,3 +283,21 @@ create trigger worker_deployments_notify_enabled
 after update of enabled on flowlane.worker_deployments
 for each row when (old.enabled is distinct from new.enabled)
 execute function flowlane._notify_definitions_changed();
+
+-- What a process that cannot LISTEN polls instead of flowlane_definitions (through a
+-- transaction-mode pooler a LISTEN stays in whichever server session ran it): a text that
+-- changes whenever that channel is notified. A row's xmin is the transaction that last
+-- wrote it; a deployment counts by its name and enabled flag, as its triggers do.
+create function flowlane.definitions_fingerprint() returns text
+language sql stable
+set search_path = ''
+as $$
+  select md5(concat_ws('/',
+    (select string_agg(f.xmin::text, ',' order by f.xmin::text) from flowlane.flows f),
+    (select string_agg(s.xmin::text, ',' order by s.xmin::text) from flowlane.steps s),
+    (select string_agg(d.xmin::text, ',' order by d.xmin::text) from flowlane.deps d),
+    (select string_agg(a.xmin::text, ',' order by a.xmin::text) from flowlane.aliases a),
+    (select string_agg(q.xmin::text, ',' order by q.xmin::text) from flowlane.queues q),
+    (select string_agg(w.deployment_name || ':' || w.enabled, ',' order by w.deployment_name)
+     from flowlane.worker_deployments w)))
+$$;

@@ -9,12 +9,34 @@
 -- their compiled checks stay as they are (a whole count compiles to the same text, so the same
 -- _contract_check_<md5> function). The previous release's workers keep running: none of the
 -- functions they call while claiming, completing or failing changes.
+--
+-- definitions_fingerprint (read class): a text that changes whenever flowlane_definitions is
+-- notified, which `flowlane serve` polls where it cannot LISTEN (through a transaction-mode
+-- pooler, a DSN with pooler=transaction). A new function only; nothing else changes.
 
 -- == Written by hand: tables, types and data that the functions need ==
 
 -- == Drafted from the engine source by `python -m flowlane.core.draft_migration`; redrafted, never edited ==
 
 set local check_function_bodies = off;
+
+-- What a process that cannot LISTEN polls instead of flowlane_definitions (through a
+-- transaction-mode pooler a LISTEN stays in whichever server session ran it): a text that
+-- changes whenever that channel is notified. A row's xmin is the transaction that last
+-- wrote it; a deployment counts by its name and enabled flag, as its triggers do.
+create or replace function flowlane.definitions_fingerprint() returns text
+language sql stable
+set search_path = ''
+as $$
+  select md5(concat_ws('/',
+    (select string_agg(f.xmin::text, ',' order by f.xmin::text) from flowlane.flows f),
+    (select string_agg(s.xmin::text, ',' order by s.xmin::text) from flowlane.steps s),
+    (select string_agg(d.xmin::text, ',' order by d.xmin::text) from flowlane.deps d),
+    (select string_agg(a.xmin::text, ',' order by a.xmin::text) from flowlane.aliases a),
+    (select string_agg(q.xmin::text, ',' order by q.xmin::text) from flowlane.queues q),
+    (select string_agg(w.deployment_name || ':' || w.enabled, ',' order by w.deployment_name)
+     from flowlane.worker_deployments w)))
+$$;
 
 -- the first problem of a schema as a contract (null when it is one): "<schema path>: what"
 create or replace function flowlane._contract_problem(p_schema jsonb, p_at text = '') returns text

@@ -27,3 +27,7 @@ select s.schedule_name, coalesce(o.paused, false) as paused,
 from flowlane.schedules s
 left join flowlane.schedule_overrides o on o.schedule_name = s.schedule_name
 order by s.schedule_name
+
+-- name: observability_statement_timeout
+-- through a transaction-mode pooler (no startup options): for the current transaction only
+select set_config('statement_timeout', %(milliseconds)s, true)

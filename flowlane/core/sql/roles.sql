@@ -29,6 +29,7 @@ declare
     'is_valid_deployment_name', 'resolve_flow', 'prunable_runs', 'queue_metrics',
     'trace_parents', 'queue_depth', 'run_deadline', 'contract_keywords', 'contract_violation',
     'run_holds', 'queue_flow_control',
+    'definitions_fingerprint',  -- serve through a transaction-mode pooler
     'listen_run_finished', 'unlisten_run_finished'];  -- Client.wait, run durations
   v_admin constant text[] := array[
     'create_flow', 'add_step', 'ensure_flow_shape', 'ensure_flow_compiled', 'set_alias', 'set_contract',

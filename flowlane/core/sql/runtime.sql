@@ -236,3 +236,7 @@ from flowlane.signal(%(run_id)s::uuid, %(step)s, %(payload)s::jsonb)
 -- name: listen_definitions
 -- every change of flows, steps, aliases, queues or deployments (migration 0015)
 listen flowlane_definitions
+
+-- name: definitions_fingerprint
+-- changes whenever flowlane_definitions is notified: polled where a LISTEN cannot work
+select flowlane.definitions_fingerprint() as fingerprint
