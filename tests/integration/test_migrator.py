@@ -244,7 +244,7 @@ def test_a_database_owner_without_superuser_migrates_where_pgmq_is_no_extension(
     cluster: Cluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A managed provider: flowlane's login role owns its database, is no superuser, may not
-    create roles (the operator made flowlane_worker and flowlane_admin once) and the server
+    create roles (a role administrator ran what `flowlane db roles` prints) and the server
     has no PGMQ extension; `flowlane db migrate --roles` installs PGMQ's SQL and every migration."""
     owner, password = f"fl_owner_{uuid.uuid4().hex[:8]}", secrets.token_hex(12)
     dbname = f"{cluster.prefix}_owned_{uuid.uuid4().hex[:8]}"
@@ -253,10 +253,8 @@ def test_a_database_owner_without_superuser_migrates_where_pgmq_is_no_extension(
             "select count(*) from pg_available_extensions where name = 'pgmq'").fetchone() == (0,)
         admin.execute(sql.SQL("create role {} login password {} nosuperuser nocreaterole "
                               "nocreatedb").format(sql.Identifier(owner), sql.Literal(password)))
-        for role in ("flowlane_worker", "flowlane_admin"):  # what an operator runs once
-            admin.execute(sql.SQL("do $$ begin create role {} nologin; "
-                                  "exception when duplicate_object then null; end $$")
-                          .format(sql.Identifier(role)))
+        assert cli.main(["db", "roles"]) == 0  # what a role administrator runs once
+        admin.execute(capsys.readouterr().out.encode())
         admin.execute(sql.SQL("create database {} owner {} template template0").format(
             sql.Identifier(dbname), sql.Identifier(owner)))
     owner_dsn = make_conninfo(cluster.dsn_for(dbname), user=owner, password=password, passfile="")
@@ -264,7 +262,7 @@ def test_a_database_owner_without_superuser_migrates_where_pgmq_is_no_extension(
         assert cli.main(["db", "migrate", "--roles", "--dsn", owner_dsn]) == 0
         out = capsys.readouterr().out
         assert f"{len(migrator.discover())} migration(s) applied" in out
-        assert "roles flowlane_worker and flowlane_admin are up to date" in out
+        assert f"roles {', '.join(migrator.ROLES)} are up to date" in out
         with psycopg.connect(owner_dsn, autocommit=True) as conn:
             assert conn.execute("select rolsuper from pg_roles where rolname = current_user"
                                 ).fetchone() == (False,)
