@@ -176,7 +176,7 @@ async def send_as_worker(dsn: str, worker_id: uuid.UUID, result: TaskResult) -> 
 
 
 def test_a_forged_completion_is_refused_and_the_override_is_recorded_and_rejects_the_worker(
-    conn: psycopg.Connection[Any], logins: dict[str, str]
+    conn: psycopg.Connection[Any], logins: dict[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     engine = Engine(conn)
     run_id = engine.start("forge", {})
@@ -214,6 +214,8 @@ def test_a_forged_completion_is_refused_and_the_override_is_recorded_and_rejects
     rejected = asyncio.run(send_as_worker(logins["flowlane_worker"], engine.worker_id,
                                           TaskResult(claimed, ok=True, output={"sum": 999999})))
     assert rejected == 1
+    assert "result_rejected" in caplog.text
+    assert "an operator completed the task by hand (override_task)" in caplog.text
     assert engine.task(run_id, "slow")["output"] == {"sum": 6}
 
 
