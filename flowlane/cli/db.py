@@ -30,9 +30,12 @@ def configure(subparsers: Any) -> None:
     migrate.add_argument("--to", metavar="VERSION", help="stop after this migration (e.g. 0001)")
     migrate.add_argument(
         "--roles", action="store_true",
-        help="also create the roles flowlane_worker and flowlane_admin and revoke PUBLIC's "
-        "access (docs/security.md); later migrates keep them up to date")
+        help="also grant the roles of docs/security.md (creating them when this role may) and "
+        "revoke PUBLIC's access; later migrates keep them up to date")
     migrate.set_defaults(func=cmd_migrate)
+    roles = commands.add_parser(
+        "roles", help="print the statements that create the roles, for a role administrator")
+    roles.set_defaults(func=cmd_roles)
     status = commands.add_parser("status", help="list applied and pending core migrations")
     add_dsn_argument(status)
     status.set_defaults(func=cmd_status)
@@ -86,6 +89,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     with db.connect(target, autocommit=True) as conn:
         applied = migrator.migrate(conn, to=args.to, roles=args.roles)
         roles = migrator.roles_applied(conn)
+        missing = migrator.missing_roles(conn) if roles else []
         newest = max((s.version for s in migrator.status(conn) if s.applied), default=None)
     for migration in applied:
         print(f"applied {migration.filename}")
@@ -96,8 +100,19 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     else:
         print("database is up to date")
     if roles:
-        print("roles flowlane_worker and flowlane_admin are up to date; grant them to login "
-              "roles (docs/security.md)")
+        granted = [role for role in migrator.ROLES if role not in missing]
+        print(f"roles {', '.join(granted)} are up to date; grant them to login roles "
+              "(docs/security.md)")
+    if missing:
+        print(f"roles {', '.join(missing)} do not exist: have a role administrator run the "
+              "statements `flowlane db roles` prints, then migrate again")
+    return 0
+
+
+def cmd_roles(args: argparse.Namespace) -> int:
+    from flowlane.core import migrator
+
+    print(migrator.role_statements(), end="")
     return 0
 
 

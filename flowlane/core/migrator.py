@@ -166,17 +166,37 @@ def migrate(conn: psycopg.Connection[Any], *, to: str | None = None,
             conn.execute(query("bootstrap_migrations_table"))
             applied = _apply_pending(conn, available, to)
             if roles or roles_applied(conn):
-                apply_roles(conn)
+                apply_roles(conn, required=roles)
             return applied
         finally:
             conn.execute(query("migrate_unlock"))
 
 
-def apply_roles(conn: psycopg.Connection[Any]) -> None:
-    """Create or refresh roles ``flowlane_worker`` and ``flowlane_admin`` (docs/security.md)."""
+ROLES = ("flowlane_worker", "flowlane_deployer", "flowlane_operator", "flowlane_application",
+         "flowlane_console", "flowlane_admin")
+
+
+def apply_roles(conn: psycopg.Connection[Any], *, required: bool = True) -> None:
+    """Create (where the migrating role may) and grant the roles of :data:`ROLES`
+    (docs/security.md). ``required``: a missing role that cannot be created is an error;
+    otherwise the roles that exist are granted and :func:`missing_roles` names the others."""
     with db.wrap_errors("setting up roles"), conn.transaction():
+        conn.execute("select set_config('flowlane.roles_required', %s, true)",
+                     ("on" if required else "off",))
         conn.execute(query("apply_roles_queue_grants"))
         conn.execute(query("apply_roles"))
+
+
+def missing_roles(conn: psycopg.Connection[Any]) -> list[str]:
+    row = conn.execute(query("missing_roles"), {"roles": list(ROLES)}).fetchone()
+    return list(row[0]) if row else []
+
+
+def role_statements() -> str:
+    """What a superuser or role administrator runs once per cluster when the owner of the
+    flowlane schema may not create roles (each statement leaves an existing role as it is)."""
+    return "".join(f"do $$ begin create role {role} nologin; "
+                   "exception when duplicate_object then null; end $$;\n" for role in ROLES)
 
 
 def roles_applied(conn: psycopg.Connection[Any]) -> bool:

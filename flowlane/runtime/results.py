@@ -164,7 +164,7 @@ class ResultSender:
                     **task.fields,
                     outcome=outcome,
                     status=row["status"] if row else "missing",
-                    note="the task was requeued or finished elsewhere; result discarded",
+                    note=_rejection_note(row),
                 )
                 continue
             if outcome == "completed":
@@ -180,3 +180,10 @@ class ResultSender:
                     error=result.error_type,
                     message=short_text(result.error),
                 )
+
+
+def _rejection_note(row: Row | None) -> str:
+    # a completed task that no worker holds was completed by an operator (override_task)
+    if row is not None and row["status"] == "completed" and row["last_worker_id"] is None:
+        return "an operator completed the task by hand (override_task); result discarded"
+    return "the task was requeued or finished elsewhere; result discarded"

@@ -1,7 +1,8 @@
 """The maintenance tick of a process that runs no worker loop (`flowlane serve`, `flowlane ui`):
 a thread that calls ``flowlane.maintenance_tick()`` every ``TICK_INTERVAL`` seconds, so that
 schedules fire and delayed runs begin while any of them is up. The SQL function is safe with
-any number of callers at once: each due schedule slot starts exactly one run."""
+any number of callers at once: each due schedule slot starts exactly one run. A role that may
+not run it (the console role) says so once and leaves the tick to the workers."""
 
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ class Ticker(threading.Thread):
                     while not self.stopping.is_set():
                         conn.execute(query("maintenance_tick"))
                         self.stopping.wait(self.interval)
+            except psycopg.errors.InsufficientPrivilege as exc:
+                print(f"{self.who}: the maintenance tick is left to the workers: "
+                      f"{str(exc).strip()}", file=sys.stderr, flush=True)
+                return
             except psycopg.Error as exc:
                 if delay == self.interval:
                     print(f"{self.who}: maintenance tick failed ({str(exc).strip()}); retrying",

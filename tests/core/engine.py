@@ -161,9 +161,7 @@ class Engine:
         """
         return self.start_tasks(flow_slug or queue, self.read(queue, qty), worker_id)
 
-    def complete(
-        self, task: Mapping[str, Any], output: Any = None, *, fenced: bool = True
-    ) -> dict[str, Any] | None:
+    def complete(self, task: Mapping[str, Any], output: Any = None) -> dict[str, Any] | None:
         return self.row(
             "select * from flowlane.complete_task(%s, %s, %s, %s, %s, %s)",
             (
@@ -171,8 +169,8 @@ class Engine:
                 task["step_slug"],
                 task["task_index"],
                 Jsonb(output),
-                self.worker_id if fenced else None,
-                task.get("attempt") if fenced else None,
+                self.worker_id,
+                task.get("attempt"),
             ),
         )
 
@@ -190,9 +188,7 @@ class Engine:
             (run_id, step, index, Jsonb(output), worker_id, attempt),
         )
 
-    def fail(
-        self, task: Mapping[str, Any], error: str = "boom", *, fenced: bool = True
-    ) -> dict[str, Any] | None:
+    def fail(self, task: Mapping[str, Any], error: str = "boom") -> dict[str, Any] | None:
         return self.row(
             "select * from flowlane.fail_task(%s, %s, %s, %s, %s, %s)",
             (
@@ -200,8 +196,8 @@ class Engine:
                 task["step_slug"],
                 task["task_index"],
                 error,
-                self.worker_id if fenced else None,
-                task.get("attempt") if fenced else None,
+                self.worker_id,
+                task.get("attempt"),
             ),
         )
 

@@ -140,6 +140,11 @@ EXPECTED = {
     "expire_waits": ("p_now timestamp with time zone DEFAULT now()", "integer"),
     "retry_run": ("run_id uuid", "flowlane.runs"),
     # retention, metrics and traces
+    "override_task": (
+        "run_id uuid, step_slug text, task_index integer, output jsonb, reason text",
+        "SETOF flowlane.step_tasks",
+    ),
+    "pgmq_metrics": ("", "SETOF pgmq.metrics_result"),
     "prune_runs": (
         (
             "p_now timestamp with time zone DEFAULT now(), p_flows text[] DEFAULT NULL::text[], "

@@ -168,7 +168,6 @@ def test_failed_run_ignores_late_callbacks(engine: Engine) -> None:
     rows = [
         engine.complete(tasks["b"], 1),
         engine.fail(tasks["b"]),
-        engine.complete(tasks["b"], 1, fenced=False),
     ]
     for row in rows:
         assert row is not None and row["status"] == "cancelled" and row["output"] is None
@@ -195,7 +194,8 @@ def test_late_complete_after_condition_skip(engine: Engine) -> None:
     engine.complete(a, 2)
     assert engine.statuses(run_id)["b"] == "skipped"
     assert engine.tasks(run_id, "b") == []
-    assert engine.complete_raw(run_id, "b", 0, 1) is None  # no task exists: nothing returned
+    # no task exists: nothing returned
+    assert engine.complete_raw(run_id, "b", 0, 1, engine.worker_id, 1) is None
 
 
 def test_fencing_rejects_stale_worker_and_attempt(engine: Engine) -> None:
@@ -240,6 +240,6 @@ def test_fencing_after_stalled_requeue(engine: Engine) -> None:
 def test_completing_queued_task_is_noop(engine: Engine) -> None:
     engine.define("f", [("a", [], {})])
     run_id = engine.start("f", {})
-    row = engine.complete_raw(run_id, "a", 0, "never claimed")
+    row = engine.complete_raw(run_id, "a", 0, "never claimed", engine.worker_id, 1)
     assert row is not None and row["status"] == "queued"
     assert engine.run(run_id)["status"] == "started"

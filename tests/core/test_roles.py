@@ -117,21 +117,31 @@ def test_public_has_no_access_to_schema_flowlane(roles_conn: psycopg.Connection[
         roles_conn.execute(sql.SQL("drop role {}").format(sql.Identifier(nobody)))
 
 
-def test_every_public_function_is_worker_read_or_admin(roles_conn: psycopg.Connection[Any]) -> None:
-    for signature, _name in public_functions(roles_conn):
-        admin = roles_conn.execute(
-            "select has_function_privilege('flowlane_admin', %s::regprocedure, 'EXECUTE')",
-            (signature,)).fetchone()
-        assert admin == (True,), f"{signature}: the admin role cannot call it"
-    worker_callable = {name for signature, name in public_functions(roles_conn) if
-                       roles_conn.execute("select has_function_privilege('flowlane_worker', "
-                                          "%s::regprocedure, 'EXECUTE')", (signature,)
-                                          ).fetchone() == (True,)}
-    assert {"start_tasks", "complete_tasks", "fail_task_detailed", "extend_leases",
-            "requeue_stalled_tasks", "coverage", "verify_flow"} <= worker_callable
-    assert not worker_callable & {"create_flow", "add_step", "set_alias", "ensure_flow_shape",
-                                  "delete_flow_and_data", "adopt_queue", "begin_rollout",
-                                  "start_flow", "retry_run", "cancel_run"}
+RESULTS = {"complete_task", "complete_tasks", "fail_task", "fail_tasks", "fail_task_detailed"}
+
+
+def callers(conn: psycopg.Connection[Any], signature: str) -> set[str]:
+    return {role for role in migrator.ROLES if conn.execute(
+        "select has_function_privilege(%s, %s::regprocedure, 'EXECUTE')", (role, signature)
+    ).fetchone() == (True,)}
+
+
+def test_every_public_function_has_a_role_and_results_only_the_worker(
+    roles_conn: psycopg.Connection[Any],
+) -> None:
+    granted = {name: callers(roles_conn, signature) for signature, name in public_functions(roles_conn)}
+    assert [name for name, roles in granted.items() if not roles] == []
+    assert {name for name, roles in granted.items() if "flowlane_worker" in roles} >= {
+        "start_tasks", "complete_tasks", "fail_task_detailed", "extend_leases",
+        "requeue_stalled_tasks", "coverage", "verify_flow"}
+    assert {name: roles for name, roles in granted.items() if name in RESULTS} == {
+        name: {"flowlane_worker"} for name in RESULTS}
+    assert not {name for name, roles in granted.items() if "flowlane_worker" in roles} & {
+        "create_flow", "add_step", "set_alias", "ensure_flow_shape", "delete_flow_and_data",
+        "adopt_queue", "begin_rollout", "start_flow", "retry_run", "cancel_run", "override_task"}
+    # the admin role is every responsibility but a worker's claims and results
+    assert {name for name, roles in granted.items() if "flowlane_admin" not in roles} == {
+        name for name, roles in granted.items() if roles == {"flowlane_worker"}}
 
 
 def test_a_new_function_without_a_class_is_refused(roles_conn: psycopg.Connection[Any]) -> None:

@@ -448,6 +448,10 @@ def test_wide_map_fan_out_and_fan_in(engine: Engine) -> None:
          "item 1: task_index must be an integer"),
         ({"run_id": "00000000-0000-0000-0000-000000000000", "step_slug": "m", "task_index": 0,
           "worker_id": 5}, "item 1: worker_id must be a uuid"),
+        ({"run_id": "00000000-0000-0000-0000-000000000000", "step_slug": "m", "task_index": 0,
+          "attempt": 1}, "item 1 has no worker_id"),
+        ({"run_id": "00000000-0000-0000-0000-000000000000", "step_slug": "m", "task_index": 0,
+          "worker_id": "00000000-0000-0000-0000-000000000000"}, "item 1 has no attempt"),
     ],
 )
 def test_complete_tasks_malformed_item_applies_nothing(engine: Engine, bad_item: Any,

@@ -219,7 +219,8 @@ def test_complete_tasks_names_a_bad_item(engine: Engine) -> None:
         _complete_tasks(
             engine,
             [
-                {"run_id": str(uuid.uuid4()), "step_slug": "a", "task_index": 0},
+                {"run_id": str(uuid.uuid4()), "step_slug": "a", "task_index": 0,
+                 "worker_id": str(engine.worker_id), "attempt": 1},
                 {"run_id": str(uuid.uuid4()), "step_slug": "a", "task_index": 0, "attempt": "x"},
             ],
         )
@@ -239,13 +240,15 @@ BAD_ITEMS: dict[str, tuple[list[Any], str]] = {
     "a worker id that is not a uuid": ([{}, {"worker_id": 7}], "item 1: worker_id must be a uuid"),
     "an item that is not an object": ([{}, [1]], "item 1 must be an object .*, got array"),
     "a missing key": ([{}, {"step_slug": None}], "item 1 has no step_slug"),
+    "no claim to fence by": ([{}, {"attempt": None}], "item 1 has no attempt"),
 }
 
 
 @pytest.mark.parametrize("case", list(BAD_ITEMS))
 def test_complete_and_fail_tasks_name_the_first_bad_item(engine: Engine, case: str) -> None:
     changes, message = BAD_ITEMS[case]
-    good = {"run_id": str(uuid.uuid4()), "step_slug": "a", "task_index": 0, "worker_id": str(uuid.uuid4())}
+    good = {"run_id": str(uuid.uuid4()), "step_slug": "a", "task_index": 0, "worker_id": str(uuid.uuid4()),
+            "attempt": 1}
     items = [{**good, **change} if isinstance(change, dict) else change for change in changes]
     for send in (_complete_tasks, _fail_tasks):
         with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):

@@ -474,3 +474,30 @@ def test_a_workers_call_in_flight_when_the_newest_migration_commits_finishes(
         ended = {"claim": "started", "complete": "completed", "fail": "failed"}[call]
         assert len(rows) == tasks
         assert {engine.task(run, "a")["status"] for run in runs} == {ended}
+
+
+def test_a_task_claimed_before_the_upgrade_is_overridden_after_it_with_its_history_kept(
+    db_factory: Callable[..., str],
+) -> None:
+    with psycopg.connect(db_factory(previous_release().last_migration), autocommit=True) as conn:
+        engine = Engine(conn)
+        engine.define("f", [("a", [], {"base_delay": 0})], max_attempts=3)
+        run_id = engine.start("f", {})
+        [first] = engine.claim("f")
+        engine.fail(first, "flaky")
+        engine.make_visible("f")
+        [second] = engine.claim("f")  # a worker holds attempt 2 across the upgrade
+
+        migrator.migrate(conn, roles=True)
+
+        [row] = engine.rows("select status, last_worker_id from flowlane.override_task("
+                            "%s, 'a', 0, '\"by hand\"', 'the handler hangs')", (run_id,))
+        assert row == {"status": "completed", "last_worker_id": None}
+        assert engine.rows("select attempt, outcome, error_message from flowlane.task_attempts"
+                           " where run_id = %s order by id", (run_id,)) == [
+            {"attempt": 1, "outcome": "retry", "error_message": "flaky"},
+            {"attempt": 2, "outcome": "overridden",
+             "error_message": f"completed by hand by {conn.info.user}: the handler hangs"}]
+        assert engine.complete(second, "late")["last_worker_id"] is None  # type: ignore[index]
+        assert engine.run(run_id)["output"] == {"a": "by hand"}
+        assert_invariants(engine)

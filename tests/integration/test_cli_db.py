@@ -126,13 +126,14 @@ def test_migrate_roles_sets_up_least_privilege_and_keeps_it(tmp_path: Path, dsn:
 
     first = flowlane(tmp_path, "db", "migrate", "--roles", "--dsn", dsn)
     assert first.returncode == 0, first.stderr
-    assert "roles flowlane_worker and flowlane_admin are up to date" in first.stdout
+    assert ("roles flowlane_worker, flowlane_deployer, flowlane_operator, flowlane_application, "
+            "flowlane_console, flowlane_admin are up to date") in first.stdout
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("alter function flowlane.heartbeat(uuid) security invoker")  # what a
         # later migration's `create or replace function` does
     again = flowlane(tmp_path, "db", "migrate", "--dsn", dsn)  # no --roles: kept all the same
     assert again.returncode == 0, again.stderr
-    assert "roles flowlane_worker and flowlane_admin are up to date" in again.stdout
+    assert "flowlane_console, flowlane_admin are up to date" in again.stdout
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute(
             "select prosecdef from pg_proc where oid = 'flowlane.heartbeat(uuid)'::regprocedure"

@@ -18,7 +18,7 @@ from psycopg.conninfo import make_conninfo
 
 import flowlane
 from flowlane import cli, errors
-from flowlane.core import migrator
+from flowlane.core import db, migrator
 from tests.conftest import Cluster
 from tests.core.engine import Engine
 from tests.runtime.rt_support import wait_until
@@ -244,7 +244,7 @@ def test_a_database_owner_without_superuser_migrates_where_pgmq_is_no_extension(
     cluster: Cluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A managed provider: flowlane's login role owns its database, is no superuser, may not
-    create roles (the operator made flowlane_worker and flowlane_admin once) and the server
+    create roles (a role administrator ran what `flowlane db roles` prints) and the server
     has no PGMQ extension; `flowlane db migrate --roles` installs PGMQ's SQL and every migration."""
     owner, password = f"fl_owner_{uuid.uuid4().hex[:8]}", secrets.token_hex(12)
     dbname = f"{cluster.prefix}_owned_{uuid.uuid4().hex[:8]}"
@@ -253,10 +253,8 @@ def test_a_database_owner_without_superuser_migrates_where_pgmq_is_no_extension(
             "select count(*) from pg_available_extensions where name = 'pgmq'").fetchone() == (0,)
         admin.execute(sql.SQL("create role {} login password {} nosuperuser nocreaterole "
                               "nocreatedb").format(sql.Identifier(owner), sql.Literal(password)))
-        for role in ("flowlane_worker", "flowlane_admin"):  # what an operator runs once
-            admin.execute(sql.SQL("do $$ begin create role {} nologin; "
-                                  "exception when duplicate_object then null; end $$")
-                          .format(sql.Identifier(role)))
+        assert cli.main(["db", "roles"]) == 0  # what a role administrator runs once
+        admin.execute(capsys.readouterr().out.encode())
         admin.execute(sql.SQL("create database {} owner {} template template0").format(
             sql.Identifier(dbname), sql.Identifier(owner)))
     owner_dsn = make_conninfo(cluster.dsn_for(dbname), user=owner, password=password, passfile="")
@@ -264,7 +262,7 @@ def test_a_database_owner_without_superuser_migrates_where_pgmq_is_no_extension(
         assert cli.main(["db", "migrate", "--roles", "--dsn", owner_dsn]) == 0
         out = capsys.readouterr().out
         assert f"{len(migrator.discover())} migration(s) applied" in out
-        assert "roles flowlane_worker and flowlane_admin are up to date" in out
+        assert f"roles {', '.join(migrator.ROLES)} are up to date" in out
         with psycopg.connect(owner_dsn, autocommit=True) as conn:
             assert conn.execute("select rolsuper from pg_roles where rolname = current_user"
                                 ).fetchone() == (False,)
@@ -287,3 +285,42 @@ def test_a_database_owner_without_superuser_migrates_where_pgmq_is_no_extension(
         cluster.drop_database(dbname)
         with psycopg.connect(cluster.admin_dsn, autocommit=True) as admin:
             admin.execute(sql.SQL("drop role {}").format(sql.Identifier(owner)))
+
+
+def test_an_owner_that_may_not_create_roles_has_them_created_by_a_role_administrator(
+    reachable_tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The set-up of docs/security.md on a server of its own (roles are cluster-wide, so none
+    of them exists there yet): `migrate --roles` stops and says who creates them; the role
+    administrator runs what `flowlane db roles` prints; `migrate --roles` grants them; a role
+    dropped later is named by every `migrate`, which grants the others."""
+    pgdata = reachable_tmp_path / "data"
+    admin_dsn = db.EmbeddedDatabase.start_at(pgdata)
+    try:
+        owner, password = "fl_owner", secrets.token_hex(12)
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("create role {} login password {} nocreaterole").format(
+                sql.Identifier(owner), sql.Literal(password)))
+            admin.execute("create database app owner fl_owner")
+        owner_dsn = make_conninfo(admin_dsn, dbname="app", user=owner, password=password, passfile="")
+
+        assert cli.main(["db", "migrate", "--roles", "--dsn", owner_dsn]) != 0
+        err = capsys.readouterr().err
+        missing = ", ".join(sorted(migrator.ROLES))
+        assert f"roles {missing} do not exist, and fl_owner may not create roles" in err
+        assert "`flowlane db roles`" in err
+
+        assert cli.main(["db", "roles"]) == 0
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            admin.execute(capsys.readouterr().out.encode())
+        assert cli.main(["db", "migrate", "--roles", "--dsn", owner_dsn]) == 0
+        assert f"roles {', '.join(migrator.ROLES)} are up to date" in capsys.readouterr().out
+
+        with psycopg.connect(make_conninfo(admin_dsn, dbname="app"), autocommit=True) as admin:
+            admin.execute("drop owned by flowlane_console; drop role flowlane_console")
+        assert cli.main(["db", "migrate", "--dsn", owner_dsn]) == 0
+        out = capsys.readouterr().out
+        assert "roles flowlane_console do not exist: have a role administrator run" in out
+        assert "flowlane_application, flowlane_admin are up to date" in out
+    finally:
+        db.EmbeddedDatabase.stop_at(pgdata)

@@ -1,5 +1,6 @@
-"""Least privilege end to end: flows applied by a login in flowlane_admin, served by a real worker
-process that logs in as a member of flowlane_worker (docs/security.md)."""
+"""Least privilege end to end: flows applied by a login in flowlane_deployer, a run started and
+waited for by a login in flowlane_application, served by a real worker process that logs in as
+a member of flowlane_worker (docs/security.md)."""
 
 from __future__ import annotations
 
@@ -15,17 +16,18 @@ from psycopg.conninfo import make_conninfo
 
 from flowlane.core import migrator
 from tests.runtime import rt_support
-from tests.runtime.rt_support import WorkerProcess, start_run, wait_run
+from tests.runtime.rt_support import WorkerProcess, start_run
 
 
 @pytest.fixture
 def logins(dsn: str) -> Iterator[dict[str, str]]:
-    """DSNs of two new login roles, members of flowlane_admin and flowlane_worker."""
+    """DSNs of new login roles, members of flowlane_deployer, flowlane_application and
+    flowlane_worker."""
     made: list[str] = []
     dsns: dict[str, str] = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
         migrator.migrate(conn, roles=True)
-        for kind in ("admin", "worker"):
+        for kind in ("deployer", "application", "worker"):
             name, password = f"fl_{kind}_{uuid.uuid4().hex[:8]}", secrets.token_hex(12)
             conn.execute(sql.SQL("create role {} login password {} in role {}").format(
                 sql.Identifier(name), sql.Literal(password), sql.Identifier(f"flowlane_{kind}")))
@@ -40,11 +42,14 @@ def logins(dsn: str) -> Iterator[dict[str, str]]:
 def test_a_worker_logged_in_as_the_worker_role_serves_its_flows(
     dsn: str, logins: dict[str, str], tmp_path: Path
 ) -> None:
-    rt_support.apply_flows(logins["admin"])  # the reviewed SQL, applied by an admin login
-    run_id = start_run(logins["admin"], "rt_diamond", {"numbers": [1, 2, 3, 4]})
+    from flowlane.runtime.client import Client
+
+    rt_support.apply_flows(logins["deployer"])  # the reviewed SQL, applied by a deploy login
+    run_id = start_run(logins["application"], "rt_diamond", {"numbers": [1, 2, 3, 4]})
     worker = WorkerProcess(logins["worker"], tmp_path, "--flow", "rt_diamond").wait_ready()
     try:
-        state = wait_run(dsn, run_id, workers=[worker])
+        with Client(logins["application"]) as client:  # what `start --wait` does
+            state = client.wait(run_id)
         assert state["run"]["status"] == "completed"
         assert state["run"]["output"]["total"] == {"sum_of_squares": 30, "count": 4}
     finally:

@@ -53,9 +53,26 @@ language plpgsql volatile
 set search_path = ''
 as $$
 begin
+  perform flowlane._require_claim('complete_task', complete_task.worker_id, complete_task.attempt);
   return query select * from flowlane._complete_batch(array[row(0, complete_task.run_id, complete_task.step_slug,
     complete_task.task_index, complete_task.output, complete_task.worker_id, complete_task.attempt,
     null, null, null)::flowlane._result_item]);
+end;
+$$;
+
+-- a result is fenced by the claim it answers: the worker id and attempt are required (an
+-- operator ends a task by hand with override_task, which is recorded)
+create function flowlane._require_claim(p_function text, p_worker_id uuid, p_attempt int) returns void
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  if p_worker_id is null or p_attempt is null then
+    raise exception '%: a result needs the worker_id and attempt of its claim', p_function
+      using errcode = '22023',
+            hint = 'an operator completes a task by hand with flowlane.override_task(run_id, step_slug, '
+                   'task_index, output, reason)';
+  end if;
 end;
 $$;
 
@@ -85,7 +102,9 @@ begin
            coalesce(bool_or(jsonb_typeof(e) <> 'object'
                             or coalesce(jsonb_typeof(e -> 'run_id'), 'null') = 'null'
                             or coalesce(jsonb_typeof(e -> 'step_slug'), 'null') = 'null'
-                            or coalesce(jsonb_typeof(e -> 'task_index'), 'null') = 'null'), false)
+                            or coalesce(jsonb_typeof(e -> 'task_index'), 'null') = 'null'
+                            or coalesce(jsonb_typeof(e -> 'worker_id'), 'null') = 'null'
+                            or coalesce(jsonb_typeof(e -> 'attempt'), 'null') = 'null'), false)
       into v_items, v_misshapen
     from jsonb_array_elements(p_results) with ordinality as a (e, o);
   exception when invalid_text_representation or numeric_value_out_of_range then
@@ -118,6 +137,12 @@ begin
           case when v_key in ('run_id', 'worker_id') then 'a uuid' else 'an integer' end,
           v_bad.e -> v_key using errcode = '22023';
       end;
+    end loop;
+    foreach v_key in array array['worker_id', 'attempt'] loop
+      if coalesce(jsonb_typeof(v_bad.e -> v_key), 'null') = 'null' then
+        raise exception '%: item % has no %', p_function, v_bad.pos, v_key using errcode = '22023',
+          hint = 'a result is fenced by the worker_id and attempt of its claim';
+      end if;
     end loop;
   end loop;
   raise exception '%: an item could not be read', p_function using errcode = 'XX000';
@@ -544,5 +569,49 @@ begin
   if cardinality(v_started) > 0 then  -- a completed run has nothing left to start or skip
     perform flowlane._progress_runs(v_started);
   end if;
+end;
+$$;
+
+-- An operator completes a started task by hand: the task completes with the given output as
+-- its worker's result would, the attempt history records who (the session's login) and why,
+-- and the claim is taken from the worker (last_worker_id cleared), so that its own result,
+-- when it comes, is rejected and counted as such by the worker.
+create function flowlane.override_task(
+  run_id uuid, step_slug text, task_index int, output jsonb, reason text
+) returns setof flowlane.step_tasks
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_task flowlane.step_tasks;
+begin
+  if nullif(btrim(override_task.reason), '') is null then
+    raise exception 'override_task: a reason is required (it is recorded in the task''s history)'
+      using errcode = '22023';
+  end if;
+  perform 1 from flowlane.runs r where r.run_id = override_task.run_id for update;
+  perform 1 from flowlane.step_states ss
+  where ss.run_id = override_task.run_id and ss.step_slug = override_task.step_slug for update;
+  select t.* into v_task from flowlane.step_tasks t
+  where t.run_id = override_task.run_id and t.step_slug = override_task.step_slug
+    and t.task_index = override_task.task_index
+  for update;
+  if v_task.run_id is null or v_task.status <> 'started' then
+    raise exception 'override_task: task %/%/% is %: only a started task is completed by hand',
+      override_task.run_id, override_task.step_slug, override_task.task_index,
+      coalesce(v_task.status, 'not found') using errcode = '55000';
+  end if;
+  perform flowlane._complete_batch(array[row(0, v_task.run_id, v_task.step_slug, v_task.task_index,
+    override_task.output, v_task.last_worker_id, v_task.attempts_count, null, null, null)::flowlane._result_item]);
+  insert into flowlane.task_attempts
+    (run_id, step_slug, task_index, attempt, retry_round, outcome, worker_id, error_type, error_message)
+  select v_task.run_id, v_task.step_slug, v_task.task_index, greatest(v_task.attempts_count, 1), r.retry_count,
+         'overridden', v_task.last_worker_id, 'Override',
+         left(format('completed by hand by %s: %s', session_user, override_task.reason), 4000)
+  from flowlane.runs r where r.run_id = v_task.run_id;
+  update flowlane.step_tasks t set last_worker_id = null
+  where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index;
+  return query select t.* from flowlane.step_tasks t
+  where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index;
 end;
 $$;

@@ -33,6 +33,7 @@ language plpgsql volatile
 set search_path = ''
 as $$
 begin
+  perform flowlane._require_claim('fail_task', fail_task_detailed.worker_id, fail_task_detailed.attempt);
   return query select * from flowlane._fail_batch(array[row(0, fail_task_detailed.run_id,
     fail_task_detailed.step_slug, fail_task_detailed.task_index, null, fail_task_detailed.worker_id,
     fail_task_detailed.attempt, fail_task_detailed.error_message, fail_task_detailed.error_type,

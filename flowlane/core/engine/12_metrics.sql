@@ -17,3 +17,12 @@ as $$
   cross join lateral pgmq.metrics(q.pgmq_queue_name) m
   order by q.queue_name
 $$;
+
+-- every PGMQ queue's counts, registered in flowlane or not (the console lists both): the roles
+-- that read them get the counts through the owner, not the queues' messages
+create function flowlane.pgmq_metrics() returns setof pgmq.metrics_result
+language sql stable
+set search_path = ''
+as $$
+  select * from pgmq.metrics_all()
+$$;

@@ -13,12 +13,186 @@
 -- definitions_fingerprint (read class): a text that changes whenever flowlane_definitions is
 -- notified, which `flowlane serve` polls where it cannot LISTEN (through a transaction-mode
 -- pooler, a DSN with pooler=transaction). A new function only; nothing else changes.
+--
+-- Every result is fenced by its claim: complete_task, fail_task and fail_task_detailed, and
+-- every item of complete_tasks and fail_tasks, need the worker_id and attempt of the claim
+-- they answer (a result without them completed or failed whatever task it named). An operator
+-- who must end a task by hand calls the new override_task, which records who and why in the
+-- task's attempt history (outcome 'overridden') and clears the task's last_worker_id, so that
+-- the worker's own result is rejected. The previous release's workers always send both.
 
 -- == Written by hand: tables, types and data that the functions need ==
+
+-- fenced results: the attempt history records an operator's completion by hand
+alter table flowlane.task_attempts drop constraint task_attempts_outcome_valid,
+  add constraint task_attempts_outcome_valid check (outcome in ('retry', 'failed', 'stalled', 'overridden'));
 
 -- == Drafted from the engine source by `python -m flowlane.core.draft_migration`; redrafted, never edited ==
 
 set local check_function_bodies = off;
+
+create or replace function flowlane.complete_task(
+  run_id uuid, step_slug text, task_index int, output jsonb, worker_id uuid = null, attempt int = null
+) returns setof flowlane.step_tasks
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  perform flowlane._require_claim('complete_task', complete_task.worker_id, complete_task.attempt);
+  return query select * from flowlane._complete_batch(array[row(0, complete_task.run_id, complete_task.step_slug,
+    complete_task.task_index, complete_task.output, complete_task.worker_id, complete_task.attempt,
+    null, null, null)::flowlane._result_item]);
+end;
+$$;
+
+-- a result is fenced by the claim it answers: the worker id and attempt are required (an
+-- operator ends a task by hand with override_task, which is recorded)
+create or replace function flowlane._require_claim(p_function text, p_worker_id uuid, p_attempt int) returns void
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  if p_worker_id is null or p_attempt is null then
+    raise exception '%: a result needs the worker_id and attempt of its claim', p_function
+      using errcode = '22023',
+            hint = 'an operator completes a task by hand with flowlane.override_task(run_id, step_slug, '
+                   'task_index, output, reason)';
+  end if;
+end;
+$$;
+
+-- the items of a complete_tasks/fail_tasks argument, validated together before
+-- anything is locked; the first bad item raises with its position
+create or replace function flowlane._result_items(p_function text, p_results jsonb, p_shape text)
+returns flowlane._result_item[]
+language plpgsql stable
+set search_path = ''
+as $$
+declare
+  v_bad record;
+  v_key text;
+  v_items flowlane._result_item[];
+  v_misshapen boolean;
+begin
+  if p_results is null or jsonb_typeof(p_results) <> 'array' then
+    raise exception '%: results must be a JSON array of %', p_function, p_shape using errcode = '22023';
+  end if;
+  -- every item in one pass: its casts are its check (a value that is not a uuid or an integer
+  -- raises); only a batch with a bad item takes the exact check, item by item, in order
+  begin
+    select coalesce(array_agg(row(o - 1, (e ->> 'run_id')::uuid, e ->> 'step_slug', (e ->> 'task_index')::int,
+                                  e -> 'output', (e ->> 'worker_id')::uuid, (e ->> 'attempt')::int,
+                                  e ->> 'error_message', e ->> 'error_type', e ->> 'traceback'
+                                 )::flowlane._result_item order by o), '{}'),
+           coalesce(bool_or(jsonb_typeof(e) <> 'object'
+                            or coalesce(jsonb_typeof(e -> 'run_id'), 'null') = 'null'
+                            or coalesce(jsonb_typeof(e -> 'step_slug'), 'null') = 'null'
+                            or coalesce(jsonb_typeof(e -> 'task_index'), 'null') = 'null'
+                            or coalesce(jsonb_typeof(e -> 'worker_id'), 'null') = 'null'
+                            or coalesce(jsonb_typeof(e -> 'attempt'), 'null') = 'null'), false)
+      into v_items, v_misshapen
+    from jsonb_array_elements(p_results) with ordinality as a (e, o);
+  exception when invalid_text_representation or numeric_value_out_of_range then
+    v_misshapen := true;
+  end;
+  if not v_misshapen then
+    return v_items;
+  end if;
+  for v_bad in
+    select e, o - 1 as pos from jsonb_array_elements(p_results) with ordinality as a (e, o) order by o
+  loop
+    if jsonb_typeof(v_bad.e) <> 'object' then
+      raise exception '%: item % must be an object %, got %', p_function, v_bad.pos, p_shape,
+        jsonb_typeof(v_bad.e) using errcode = '22023';
+    end if;
+    foreach v_key in array array['run_id', 'step_slug', 'task_index'] loop
+      if coalesce(jsonb_typeof(v_bad.e -> v_key), 'null') = 'null' then
+        raise exception '%: item % has no %', p_function, v_bad.pos, v_key using errcode = '22023';
+      end if;
+    end loop;
+    foreach v_key in array array['run_id', 'worker_id', 'task_index', 'attempt'] loop
+      begin
+        if v_key in ('run_id', 'worker_id') then
+          perform (v_bad.e ->> v_key)::uuid;
+        else
+          perform (v_bad.e ->> v_key)::int;
+        end if;
+      exception when invalid_text_representation or numeric_value_out_of_range then
+        raise exception '%: item %: % must be %, got %', p_function, v_bad.pos, v_key,
+          case when v_key in ('run_id', 'worker_id') then 'a uuid' else 'an integer' end,
+          v_bad.e -> v_key using errcode = '22023';
+      end;
+    end loop;
+    foreach v_key in array array['worker_id', 'attempt'] loop
+      if coalesce(jsonb_typeof(v_bad.e -> v_key), 'null') = 'null' then
+        raise exception '%: item % has no %', p_function, v_bad.pos, v_key using errcode = '22023',
+          hint = 'a result is fenced by the worker_id and attempt of its claim';
+      end if;
+    end loop;
+  end loop;
+  raise exception '%: an item could not be read', p_function using errcode = 'XX000';
+end;
+$$;
+
+-- An operator completes a started task by hand: the task completes with the given output as
+-- its worker's result would, the attempt history records who (the session's login) and why,
+-- and the claim is taken from the worker (last_worker_id cleared), so that its own result,
+-- when it comes, is rejected and counted as such by the worker.
+create or replace function flowlane.override_task(
+  run_id uuid, step_slug text, task_index int, output jsonb, reason text
+) returns setof flowlane.step_tasks
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_task flowlane.step_tasks;
+begin
+  if nullif(btrim(override_task.reason), '') is null then
+    raise exception 'override_task: a reason is required (it is recorded in the task''s history)'
+      using errcode = '22023';
+  end if;
+  perform 1 from flowlane.runs r where r.run_id = override_task.run_id for update;
+  perform 1 from flowlane.step_states ss
+  where ss.run_id = override_task.run_id and ss.step_slug = override_task.step_slug for update;
+  select t.* into v_task from flowlane.step_tasks t
+  where t.run_id = override_task.run_id and t.step_slug = override_task.step_slug
+    and t.task_index = override_task.task_index
+  for update;
+  if v_task.run_id is null or v_task.status <> 'started' then
+    raise exception 'override_task: task %/%/% is %: only a started task is completed by hand',
+      override_task.run_id, override_task.step_slug, override_task.task_index,
+      coalesce(v_task.status, 'not found') using errcode = '55000';
+  end if;
+  perform flowlane._complete_batch(array[row(0, v_task.run_id, v_task.step_slug, v_task.task_index,
+    override_task.output, v_task.last_worker_id, v_task.attempts_count, null, null, null)::flowlane._result_item]);
+  insert into flowlane.task_attempts
+    (run_id, step_slug, task_index, attempt, retry_round, outcome, worker_id, error_type, error_message)
+  select v_task.run_id, v_task.step_slug, v_task.task_index, greatest(v_task.attempts_count, 1), r.retry_count,
+         'overridden', v_task.last_worker_id, 'Override',
+         left(format('completed by hand by %s: %s', session_user, override_task.reason), 4000)
+  from flowlane.runs r where r.run_id = v_task.run_id;
+  update flowlane.step_tasks t set last_worker_id = null
+  where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index;
+  return query select t.* from flowlane.step_tasks t
+  where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index;
+end;
+$$;
+
+create or replace function flowlane.fail_task_detailed(
+  run_id uuid, step_slug text, task_index int, error_message text, worker_id uuid = null, attempt int = null,
+  error_type text = null, traceback text = null
+) returns setof flowlane.step_tasks
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  perform flowlane._require_claim('fail_task', fail_task_detailed.worker_id, fail_task_detailed.attempt);
+  return query select * from flowlane._fail_batch(array[row(0, fail_task_detailed.run_id,
+    fail_task_detailed.step_slug, fail_task_detailed.task_index, null, fail_task_detailed.worker_id,
+    fail_task_detailed.attempt, fail_task_detailed.error_message, fail_task_detailed.error_type,
+    fail_task_detailed.traceback)::flowlane._result_item]);
+end;
+$$;
 
 -- What a process that cannot LISTEN polls instead of flowlane_definitions (through a
 -- transaction-mode pooler a LISTEN stays in whichever server session ran it): a text that
@@ -36,6 +210,15 @@ as $$
     (select string_agg(q.xmin::text, ',' order by q.xmin::text) from flowlane.queues q),
     (select string_agg(w.deployment_name || ':' || w.enabled, ',' order by w.deployment_name)
      from flowlane.worker_deployments w)))
+$$;
+
+-- every PGMQ queue's counts, registered in flowlane or not (the console lists both): the roles
+-- that read them get the counts through the owner, not the queues' messages
+create or replace function flowlane.pgmq_metrics() returns setof pgmq.metrics_result
+language sql stable
+set search_path = ''
+as $$
+  select * from pgmq.metrics_all()
 $$;
 
 -- the first problem of a schema as a contract (null when it is one): "<schema path>: what"

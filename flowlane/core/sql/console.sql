@@ -175,7 +175,7 @@ select coalesce(q.queue_name, m.queue_name) as queue_name, q.ownership, q.owner_
            and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s)) as live_workers,
        l.concurrency, l.started, l.rate_limit, l.rate_per, l.waiting_for
 from flowlane.queues q
-full join pgmq.metrics_all() m on m.queue_name = q.pgmq_queue_name
+full join flowlane.pgmq_metrics() m on m.queue_name = q.pgmq_queue_name
 left join flowlane.queue_flow_control() l on l.queue_name = q.queue_name
 order by 1
 
