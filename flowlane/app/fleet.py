@@ -65,6 +65,20 @@ def queues(dsn: str | None = None, stale_after: float = STALE_AFTER) -> list[Row
     return _rows(dsn, "fleet_queues", "queue list", stale_after=stale_after)
 
 
+def refuse_doubling(queues: Sequence[str], dsn: str) -> None:
+    """Refuse to start a second set of workers beside live ones on the same queues (a
+    ``serve`` already running, or one whose workers outlived it)."""
+    rows = _rows(dsn, "fleet_live_workers_on_queues", "serve", queues=list(queues),
+                 stale_after=STALE_AFTER)
+    if rows:
+        found = "; ".join(f"{r['queue_name']}: {r['workers']} of deployment {r['deployment']} "
+                          f"(heartbeat {r['heartbeat_age']}s ago)" for r in rows)
+        raise errors.WorkerError(
+            f"live workers already serve this project's queues: {found}",
+            hint="another `flowlane serve` (or workers started by hand) is running: stop it "
+            "first, or pass --beside-live-workers to run these workers beside them")
+
+
 def waiting(dsn: str | None = None, run_id: str | None = None) -> list[str]:
     """Why queued work of started runs (of ``run_id``, or of every run) is not being done."""
     return waiting_reasons(_rows(dsn, "fleet_waiting_queues", "why runs wait",

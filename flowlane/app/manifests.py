@@ -143,7 +143,8 @@ def worker_arguments(spec: WorkerSpec, options: KubernetesOptions) -> list[str]:
     """``flowlane worker`` selecting the unit as ``serve`` does (by document name or queue)."""
     selector = ["--name", spec.name] if spec.config.name else ["--queue", spec.queue]
     return ["worker", *selector, "--shutdown-timeout", f"{options.shutdown_timeout:g}",
-            "--metrics-port", str(options.metrics_port), "--log-format", "json"]
+            "--metrics-port", str(options.metrics_port), "--log-format", "json",
+            "--when-disabled", "wait"]
 
 
 def grace_period(shutdown_timeout: float) -> int:
@@ -183,6 +184,8 @@ def deployment(name: str, spec: WorkerSpec, options: KubernetesOptions) -> dict[
             "template": {
                 "metadata": {"labels": _labels(name)},
                 "spec": {
+                    # every exit is restarted: a disabled worker waits (--when-disabled wait)
+                    "restartPolicy": "Always",
                     "terminationGracePeriodSeconds": grace_period(options.shutdown_timeout),
                     "containers": [container],
                 },

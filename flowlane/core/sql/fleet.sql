@@ -69,6 +69,16 @@ where w.deployment_name = any (%(deployments)s::text[]) and w.stopped_at is null
   and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s)
 order by w.deployment_name collate "C", w.worker_id
 
+-- name: fleet_live_workers_on_queues
+-- the live workers serving any of these queues: what a `serve` about to start would double
+select w.queue_name, coalesce(w.deployment_name, w.worker_name) as deployment, count(*) as workers,
+       round(min(extract(epoch from now() - w.last_heartbeat_at))::numeric, 1) as heartbeat_age
+from flowlane.workers w
+where w.queue_name = any (%(queues)s::text[]) and w.stopped_at is null and w.deprecated_at is null
+  and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s)
+group by 1, 2
+order by w.queue_name collate "C", 2
+
 -- name: fleet_waiting_queues
 -- the queues holding queued tasks of started runs (one run's, or every run's), with their
 -- live workers, disabled deployments and workers that refused to start: why the work waits
