@@ -9,12 +9,50 @@
 -- their compiled checks stay as they are (a whole count compiles to the same text, so the same
 -- _contract_check_<md5> function). The previous release's workers keep running: none of the
 -- functions they call while claiming, completing or failing changes.
+--
+-- Worker liveness is one rule, flowlane.worker_is_live (not stopped, a heartbeat within
+-- flowlane.worker_stale_after(), 30 s), read by worker list, queue list, run, the console, the
+-- metrics and serve; `worker list` counted a worker dead for minutes as live. queue_metrics
+-- keeps its argument for the previous release's callers and no longer reads it. Only
+-- functions change.
 
 -- == Written by hand: tables, types and data that the functions need ==
 
 -- == Drafted from the engine source by `python -m flowlane.core.draft_migration`; redrafted, never edited ==
 
 set local check_function_bodies = off;
+
+-- how long a worker counts as live after its last heartbeat (it beats every 5 s): the one
+-- stale window of every reader (flowlane.defaults.STALE_AFTER names the same number)
+create or replace function flowlane.worker_stale_after() returns interval
+language sql immutable parallel safe
+set search_path = ''
+as $$ select interval '30 seconds' $$;
+
+-- the one liveness rule: a worker is live while it has not stopped and its heartbeat is
+-- within the stale window (worker list, queue list, run, the console, the metrics, serve)
+create or replace function flowlane.worker_is_live(w flowlane.workers) returns boolean
+language sql stable parallel safe
+set search_path = ''
+as $$ select w.stopped_at is null and w.last_heartbeat_at > now() - flowlane.worker_stale_after() $$;
+
+-- (p_stale_after is no longer read: it is kept for the previous release's callers; liveness
+-- is flowlane.worker_is_live)
+create or replace function flowlane.queue_metrics(p_stale_after int = 30)
+returns table (queue_name text, depth bigint, oldest_age_seconds int, live_workers bigint,
+               disabled_deployments bigint)
+language sql stable
+set search_path = ''
+as $$
+  select q.queue_name, m.queue_length, coalesce(m.oldest_msg_age_sec, 0),
+         (select count(*) from flowlane.workers w
+          where w.queue_name = q.queue_name and flowlane.worker_is_live(w)),
+         (select count(*) from flowlane.worker_deployments d
+          where d.queue_name = q.queue_name and not d.enabled)
+  from flowlane.queues q
+  cross join lateral pgmq.metrics(q.pgmq_queue_name) m
+  order by q.queue_name
+$$;
 
 -- the first problem of a schema as a contract (null when it is one): "<schema path>: what"
 create or replace function flowlane._contract_problem(p_schema jsonb, p_at text = '') returns text

@@ -28,7 +28,7 @@ declare
     'calculate_retry_delay', 'is_valid_slug', 'is_valid_queue_name',
     'is_valid_deployment_name', 'resolve_flow', 'prunable_runs', 'queue_metrics',
     'trace_parents', 'queue_depth', 'run_deadline', 'contract_keywords', 'contract_violation',
-    'run_holds', 'queue_flow_control',
+    'run_holds', 'queue_flow_control', 'worker_is_live', 'worker_stale_after',
     'listen_run_finished', 'unlisten_run_finished'];  -- Client.wait, run durations
   v_admin constant text[] := array[
     'create_flow', 'add_step', 'ensure_flow_shape', 'ensure_flow_compiled', 'set_alias', 'set_contract',
