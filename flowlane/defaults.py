@@ -54,7 +54,8 @@ SHUTDOWN_TIMEOUT: Final = 30.0  # seconds in-flight handlers get after SIGTERM
 SHUTDOWN_MARGIN: Final = 10.0
 HEARTBEAT_INTERVAL: Final = 5.0  # seconds
 # seconds without a heartbeat after which a worker counts as gone (its started tasks wait
-# for stalled recovery)
+# for stalled recovery): the SQL Core's flowlane.worker_stale_after() decides, everywhere;
+# this names the same number for messages (a test holds them equal)
 STALE_AFTER: Final = 30.0
 REQUEUE_INTERVAL: Final = 15.0  # seconds between stalled-task recoveries
 # seconds between maintenance ticks (schedules fire, delayed runs begin, overdue runs fail):

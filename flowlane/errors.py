@@ -11,14 +11,20 @@ from typing import Any
 
 
 class WorkerExit(enum.IntEnum):
-    """A worker's exit statuses (every command's are the same): what a supervisor does with a
-    worker that ended depends on them (``flowlane serve`` does; docs/runtime.md's table)."""
+    """A worker's exit statuses (every command's are the same), one meaning each, which
+    every supervisor answers alike (``flowlane serve``, the systemd unit, the Kubernetes
+    manifests; docs/runtime.md's table)."""
 
-    STOPPED = 0  # stopped on request: a signal, ``stop()``, deprecation by a rollout
-    FAILED = 1  # refused to start (handlers, shapes, coverage, database) or crashed
-    USAGE = 2  # bad arguments
+    STOPPED = 0  # stopped on request (a signal, ``stop()``): restarted unless the supervisor asked
+    FAILED = 1  # refused to start (handlers, shapes, coverage, database) or crashed: backoff
+    USAGE = 2  # bad arguments: restarting repeats them
     DISABLED = 3  # the deployment is disabled: never restart until it is enabled again
-    RESTART = 4  # definitions changed beyond its registry: restart now, with the current YAML
+    RESTART = 4  # stopped for new definitions (a rollout, new routing): restart now, current YAML
+
+
+# the statuses no supervisor restarts: a worker that must wait for them under a supervisor
+# that restarts everything (Kubernetes) runs with ``--when-disabled wait`` and never exits 3
+NOT_RESTARTED: frozenset[WorkerExit] = frozenset({WorkerExit.USAGE, WorkerExit.DISABLED})
 
 
 class FlowlaneError(Exception):
@@ -133,5 +139,20 @@ class WorkerOutdated(WorkerError):
     """The database now routes to the worker's queue a (flow, step) its registry does not
     serve (a new version, an alias move): it stopped before claiming that work and wants
     to be restarted with the project's current YAML."""
+
+    exit_code = WorkerExit.RESTART
+
+
+class WorkerDeprecated(WorkerError):
+    """A rollout deprecated the worker: it stopped gracefully so that it can be restarted
+    with the definitions the rollout applies (its restart waits while the rollout keeps its
+    deployment disabled, under ``--when-disabled wait``)."""
+
+    exit_code = WorkerExit.RESTART
+
+
+class DeploymentEnabled(WorkerError):
+    """A worker that waited while its deployment was disabled saw it enabled again: it exits
+    to be restarted with the project's current YAML and the current definitions."""
 
     exit_code = WorkerExit.RESTART

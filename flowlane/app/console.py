@@ -19,7 +19,6 @@ from flowlane import errors
 from flowlane.app.fleet import waiting_reasons
 from flowlane.core import db, migrator
 from flowlane.core.queries import query
-from flowlane.defaults import STALE_AFTER
 from flowlane.runtime.client import PREFIX_CANDIDATES, only_run, prefix_range
 from flowlane.runtime.report import first_waits
 
@@ -150,7 +149,7 @@ class Console:
     def _with_waits(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The runs with what each waits for first (``waiting_for``), as `flowlane runs` says."""
         waiting = [r["run_id"] for r in rows if r["status"] in ("started", "waiting")]
-        waits = first_waits(self._rows("run_waits", run_ids=waiting, stale_after=STALE_AFTER)
+        waits = first_waits(self._rows("run_waits", run_ids=waiting)
                             if waiting else [])
         return [{**r, "waiting_for": waits.get(str(r["run_id"]))} for r in rows]
 
@@ -173,12 +172,12 @@ class Console:
     def waiting(self, run_id: str) -> list[str]:
         """Why the run's queued work waits (no live worker, a disabled deployment)."""
         return waiting_reasons(
-            self._rows("fleet_waiting_queues", run_id=run_id, stale_after=STALE_AFTER))
+            self._rows("fleet_waiting_queues", run_id=run_id))
 
     def holds(self, run_id: str) -> list[dict[str, Any]]:
         """What the run and its steps and tasks wait for (``run_waits``: concurrency, queue
         limits, a signal, a child run, a stale worker's task)."""
-        return self._rows("run_waits", run_ids=[run_id], stale_after=STALE_AFTER)
+        return self._rows("run_waits", run_ids=[run_id])
 
     def run_steps(self, run_id: str) -> list[dict[str, Any]]:
         return self._rows("console_run_steps", run_id=run_id)
@@ -206,7 +205,7 @@ class Console:
     # queues and workers
 
     def queues(self) -> list[dict[str, Any]]:
-        return self._rows("console_queues", stale_after=STALE_AFTER)
+        return self._rows("console_queues")
 
     def throughput(self, minutes: int = THROUGHPUT_MINUTES) -> dict[str, list[int]]:
         """Per queue, tasks completed in each of the last ``minutes`` minutes (oldest first)."""
@@ -230,7 +229,7 @@ class Console:
         return self._rows("client_schedules")
 
     def deployments(self) -> list[dict[str, Any]]:
-        return self._rows("console_deployments", stale_after=STALE_AFTER)
+        return self._rows("console_deployments")
 
     # actions
 

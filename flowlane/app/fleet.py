@@ -27,7 +27,6 @@ from flowlane.compiler import api
 from flowlane.compiler.model import Project
 from flowlane.core import db
 from flowlane.core.queries import query
-from flowlane.defaults import STALE_AFTER
 
 Row = dict[str, Any]
 
@@ -61,14 +60,27 @@ def set_enabled(name: str, enabled: bool, reason: str | None = None, dsn: str | 
     return row
 
 
-def queues(dsn: str | None = None, stale_after: float = STALE_AFTER) -> list[Row]:
-    return _rows(dsn, "fleet_queues", "queue list", stale_after=stale_after)
+def queues(dsn: str | None = None) -> list[Row]:
+    return _rows(dsn, "fleet_queues", "queue list")
+
+
+def refuse_doubling(queues: Sequence[str], dsn: str) -> None:
+    """Refuse to start a second set of workers beside live ones on the same queues (a
+    ``serve`` already running, or one whose workers outlived it)."""
+    rows = _rows(dsn, "fleet_live_workers_on_queues", "serve", queues=list(queues))
+    if rows:
+        found = "; ".join(f"{r['queue_name']}: {r['workers']} of deployment {r['deployment']} "
+                          f"(heartbeat {r['heartbeat_age']}s ago)" for r in rows)
+        raise errors.WorkerError(
+            f"live workers already serve this project's queues: {found}",
+            hint="another `flowlane serve` (or workers started by hand) is running: stop it "
+            "first, or pass --beside-live-workers to run these workers beside them")
 
 
 def waiting(dsn: str | None = None, run_id: str | None = None) -> list[str]:
     """Why queued work of started runs (of ``run_id``, or of every run) is not being done."""
     return waiting_reasons(_rows(dsn, "fleet_waiting_queues", "why runs wait",
-                                 stale_after=STALE_AFTER, run_id=run_id))
+                                 run_id=run_id))
 
 
 def waiting_reasons(rows: list[Row]) -> list[str]:
@@ -130,7 +142,7 @@ def uncovered(project: Project, dsn: str | None = None) -> list[str]:
                 continue  # a wait step: no worker serves it
             routed.setdefault(step.queue, set()).add(f"{flow.slug}.{step.slug}")
     notes = []
-    for row in _rows(dsn, "fleet_live_worker_pairs", "live workers", stale_after=STALE_AFTER):
+    for row in _rows(dsn, "fleet_live_worker_pairs", "live workers"):
         served = {f"{flow}.{step}" for flow, step in row["pairs"]}
         missing = sorted(routed.get(row["queue_name"], set()) - served)
         if missing:
@@ -165,7 +177,6 @@ def rollout(
     *,
     deployments: Sequence[str] | None = None,
     timeout: float = 120.0,
-    stale_after: float = STALE_AFTER,
     progress: Progress = lambda line: None,
 ) -> RolloutResult:
     """Disable the affected deployments, wait for their workers to stop, apply the
@@ -179,7 +190,7 @@ def rollout(
         progress(f"rollout {record['rollout_id']}: disabled "
                  f"{', '.join(record['deployments']) or '(no deployments)'}; will re-enable "
                  f"{', '.join(record['previously_enabled']) or '(none)'}")
-        _wait_stopped(conn, record["deployments"], timeout, stale_after, progress)
+        _wait_stopped(conn, record["deployments"], timeout, progress)
     applied = deploy.apply(paths, out, target.dsn)
     progress(f"applied {len(applied.files)} file(s) while the deployments were disabled")
     with db.connect(target, autocommit=True) as conn, db.wrap_errors("rollout"):
@@ -210,13 +221,13 @@ def _begin(conn: psycopg.Connection[Any], wanted: Sequence[str] | None,
 
 
 def _wait_stopped(conn: psycopg.Connection[Any], deployments: list[str], timeout: float,
-                  stale_after: float, progress: Progress) -> None:
+                  progress: Progress) -> None:
     deadline = time.monotonic() + timeout
     last: list[Row] | None = None
     while True:
         with conn.cursor(row_factory=dict_row) as cur:
             live = cur.execute(query("fleet_live_workers"),
-                               {"deployments": deployments, "stale_after": stale_after}).fetchall()
+                               {"deployments": deployments}).fetchall()
         if live != last:
             progress(f"waiting for {len(live)} worker(s) to stop" if live else
                      "every worker of these deployments has stopped")

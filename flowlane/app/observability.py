@@ -103,7 +103,7 @@ class DatabaseCollector(Collector):
         up = GaugeMetricFamily("flowlane_database_up", "1 when the metrics query reached the database")
         began = time.perf_counter()
         try:
-            rows = self.database.rows("observability_queue_metrics", stale_after=int(STALE_AFTER))
+            rows = self.database.rows("observability_queue_metrics")
         except psycopg.Error:
             up.add_metric([], 0)
             yield up
@@ -252,8 +252,7 @@ def queues_not_served(database: Database, queues: list[str]) -> list[str]:
     """``serve``'s readiness: every queue it runs has a live registered worker (one that passed
     its startup checks, coverage included) and no disabled deployment."""
     try:
-        rows = {r[0]: r for r in database.rows("observability_queue_metrics",
-                                               stale_after=int(STALE_AFTER))}
+        rows = {r[0]: r for r in database.rows("observability_queue_metrics")}
     except psycopg.Error as exc:
         return _unreachable(exc)
     problems = []

@@ -82,11 +82,14 @@ def _print_fleet(found: Any, fmt: str) -> None:
         print("no worker deployments yet (one is recorded when its first worker starts)")
     for d in found.deployments:
         state = "enabled" if d["enabled"] else f"DISABLED: {d['reason'] or 'no reason given'}"
+        live = sum(1 for w in d["workers"] if w["live"])
+        stale = len(d["workers"]) - live
         print(f"{d['deployment_name']}  queue {d['queue_name']}  {state}  "
-              f"{len(d['workers'])} live worker(s)")
+              f"{live} live worker(s)" + (f", {stale} stale" if stale else ""))
         for w in d["workers"]:
             pairs = ", ".join(f"{f}.{s}" for f, s in w["pairs"])
-            flag = "  deprecated" if w["deprecated"] else ""
+            flag = ("" if w["live"] else "  STALE (its started tasks wait for stalled recovery)") \
+                + ("  deprecated" if w["deprecated"] else "")
             print(f"  worker {w['worker_id']}  heartbeat {w['heartbeat_age']}s ago{flag}  "
                   f"serves {pairs}")
     for v in found.draining:

@@ -46,7 +46,18 @@ def configure(subparsers: Any) -> None:
                       help=f"per Deployment (default {given.min_replicas}; 0 scales to zero)")
     kube.add_argument("--max-replicas", type=int, default=given.max_replicas,
                       help=f"per Deployment (default {given.max_replicas})")
+    for option, what in (("cpu_request", "CPU request"), ("memory_request", "memory request"),
+                         ("cpu_limit", "CPU limit"), ("memory_limit", "memory limit")):
+        default = getattr(given, option)
+        kube.add_argument(f"--{option.replace('_', '-')}", default=default, metavar="QUANTITY",
+                          type=_quantity,
+                          help=f"each worker container's {what}, `none` for none "
+                          f"(default {default if default is not None else 'none'})")
     kube.set_defaults(func=cmd_kubernetes)
+
+
+def _quantity(text: str) -> str | None:
+    return None if text.strip().lower() == "none" else text.strip()
 
 
 def cmd_kubernetes(args: argparse.Namespace) -> int:
@@ -59,7 +70,9 @@ def cmd_kubernetes(args: argparse.Namespace) -> int:
     options = manifests.KubernetesOptions(
         image=args.image, namespace=args.namespace, secret=args.secret,
         metrics_port=args.metrics_port, shutdown_timeout=args.shutdown_timeout,
-        min_replicas=args.min_replicas, max_replicas=args.max_replicas)
+        min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+        cpu_request=args.cpu_request, memory_request=args.memory_request,
+        cpu_limit=args.cpu_limit, memory_limit=args.memory_limit)
     made = manifests.kubernetes(load_project(flow_paths(args)), options)
     if args.out == DEFAULT_OUTPUT:
         sys.stdout.write(manifests.render(made))

@@ -25,7 +25,8 @@ def configure(subparsers: Any) -> None:
         "`worker enable`), the workers are derived again from the project's YAML. A running "
         "worker is never stopped for code that cannot start (a flow not applied, a handler "
         "that does not import): serve says why and keeps it. serve never applies anything. "
-        "On SIGTERM or SIGINT stop every worker gracefully. "
+        "On SIGTERM or SIGINT stop every worker gracefully; the workers also stop when serve dies "
+        "however it dies. Refuses to start beside live workers of the same queues. "
         "Worker logs: .flowlane/logs/NAME.log.",
     )
     serve.add_argument("paths", nargs="*", metavar="PATHS", help="flow YAML (default: flows/)")
@@ -36,6 +37,10 @@ def configure(subparsers: Any) -> None:
         help="restart the workers when a Python file or a flow file of the project changes, once "
         "the new code can start (default: on with the embedded development database, off with "
         "--dsn / FLOWLANE_DSN / DATABASE_URL)")
+    serve.add_argument(
+        "--beside-live-workers", action="store_true",
+        help="start even though live workers already serve the project's queues (by default "
+        "serve refuses, naming them: another serve is running, or workers started by hand)")
     add_worker_options(serve, every=" (passed to every worker)")
     add_metrics_port(serve, "the tasks and handler durations of every worker it runs")
     serve.set_defaults(func=cmd_serve)
@@ -54,6 +59,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
 
+    from flowlane.app import fleet
     from flowlane.core import db
     from flowlane.runtime import serve
 
@@ -67,6 +73,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise errors.UsageError("the project routes no step to any queue: nothing to serve",
                                 hint="add a flow under flows/")
     target = db.resolve(args.dsn)
+    if not args.beside_live_workers:
+        fleet.refuse_doubling(sorted({spec.queue for spec in specs}), target.dsn)
     root = project_root.find_root()
     log_dir = Path(args.log_dir).resolve() if args.log_dir else root / project_root.STATE_DIRNAME / "logs"
     env = {**os.environ, "FLOWLANE_DSN": target.dsn, "PYTHONUNBUFFERED": "1"}

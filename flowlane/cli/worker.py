@@ -10,7 +10,7 @@ from typing import Any
 from flowlane import defaults, errors
 from flowlane.cli.common import add_dsn_argument, flow_paths
 from flowlane.cli.fleet import WORKER_ACTIONS, add_worker_admin_arguments, run_worker_admin
-from flowlane.runtime.config import LOG_FORMATS, LOG_LEVELS, WorkerConfig
+from flowlane.runtime.config import LOG_FORMATS, LOG_LEVELS, WHEN_DISABLED, WorkerConfig
 
 DEFAULTS = WorkerConfig()  # for help texts only: the parsers pass what the user gave
 
@@ -23,7 +23,8 @@ def configure(subparsers: Any) -> None:
         "--flow F --step S (per-step queues), --queue Q (any routing), or --name D "
         "(the `kind: worker` document D). Deployments: `flowlane worker list`, "
         "`flowlane worker enable NAME`, `flowlane worker disable NAME --reason TEXT`. "
-        "Exit status 3: the worker's deployment is disabled (do not restart it automatically).",
+        "Exit statuses: 0 stopped on request, 1 failed, 2 bad arguments, 3 deployment disabled "
+        "(do not restart), 4 stopped for new definitions (restart at once).",
     )
     worker.add_argument("paths", nargs="*", metavar="PATHS", help="flow YAML (default: flows/)")
     # every worker option defaults to "not given" (SUPPRESS): WorkerConfig holds the defaults
@@ -81,6 +82,16 @@ def configure(subparsers: Any) -> None:
         default=given,
         help="seconds between calls to requeue_stalled_tasks "
         f"(default {DEFAULTS.requeue_interval:g})",
+    )
+    worker.add_argument(
+        "--when-disabled",
+        default=given,
+        choices=WHEN_DISABLED,
+        help="while the deployment is disabled: exit with status 3 (for supervisors told not to "
+        "restart it: serve, systemd's RestartPreventExitStatus) or wait, claiming nothing, "
+        "until it is enabled and then exit 4 (for supervisors that restart every exit: "
+        "Kubernetes; and systemd, so that a rollout's restart waits for its end) "
+        "(default exit)",
     )
     worker.add_argument("--heartbeat-interval", type=float, default=given, help=argparse.SUPPRESS)
     add_worker_admin_arguments(worker)

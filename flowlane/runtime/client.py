@@ -43,7 +43,6 @@ from psycopg.rows import dict_row
 from flowlane import errors
 from flowlane.core import db
 from flowlane.core.queries import query
-from flowlane.defaults import STALE_AFTER
 from flowlane.runtime import hints, limits
 from flowlane.runtime.limits import MAX_INPUT_BYTES, STATUSES, TERMINAL
 from flowlane.runtime.report import first_waits
@@ -693,7 +692,7 @@ class Operations:
 def _run_waits(run_ids: list[str]) -> Plan[list[dict[str, Any]]]:
     """What each of these runs waits for (``run_waits``): one row per waiting thing."""
     rows: list[dict[str, Any]] = yield Fetch("run_waits", "cannot read what runs wait for",
-                                             {"run_ids": run_ids, "stale_after": STALE_AFTER})
+                                             {"run_ids": run_ids})
     return rows
 
 

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("text", "json")
+# what a worker does when its deployment is disabled: exit 3 (a supervisor that can be told
+# not to restart it: serve, systemd) or wait until it is enabled, then exit 4 (Kubernetes)
+WHEN_DISABLED = ("exit", "wait")
 
 # intervals: seconds greater than 0
 _POSITIVE_SECONDS = ("poll_interval", "heartbeat_interval", "requeue_interval")
@@ -62,6 +65,7 @@ class WorkerConfig:
     handle_signals: bool = True
     log_level: str = "INFO"
     log_format: str = "text"
+    when_disabled: str = "exit"
 
     def __post_init__(self) -> None:
         for option in ("flows", "import_paths"):  # a caller's lists are stored as tuples
@@ -81,6 +85,8 @@ class WorkerConfig:
         _check_shutdown_timeout(self.shutdown_timeout)
         object.__setattr__(self, "log_level", _choice("log_level", self.log_level, LOG_LEVELS))
         object.__setattr__(self, "log_format", _choice("log_format", self.log_format, LOG_FORMATS))
+        object.__setattr__(self, "when_disabled",
+                           _choice("when_disabled", self.when_disabled, WHEN_DISABLED))
 
     @classmethod
     def from_options(cls, config: WorkerConfig | None = None, **options: Any) -> WorkerConfig:

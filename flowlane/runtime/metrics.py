@@ -18,8 +18,9 @@ from prometheus_client import Counter, Histogram
 from flowlane.runtime.tasks import ClaimedTask, TaskResult
 
 _STEP = ("flow", "step")
-# handlers from milliseconds to the longest default timeout and beyond
-HANDLER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
+# handlers from a fraction of a millisecond to the longest default timeout and beyond
+HANDLER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+                   30, 60, 300, 900)
 
 TASKS_STARTED = Counter("flowlane_tasks_started", "Tasks claimed and handed to their handler", _STEP)
 TASKS_COMPLETED = Counter("flowlane_tasks_completed", "Handler runs that returned an output", _STEP)
@@ -64,7 +65,7 @@ def task_started(task: ClaimedTask) -> None:
 def task_finished(task: ClaimedTask, result: TaskResult) -> None:
     step = _step(task)
     (step.completed if result.ok else step.failed).inc()
-    step.seconds.observe(result.duration_ms / 1000)
+    step.seconds.observe(result.seconds)
 
 
 def stalls_recovered(count: int) -> None:

@@ -10,9 +10,10 @@ backoff (reset once it has run for a while), except:
 - ``WorkerExit.DISABLED`` (3): its deployment is disabled or it met work that no
   definition explains; restarting it could only repeat that until an operator runs
   ``flowlane worker enable NAME`` (which serve notices: it tries again at once);
-- ``WorkerExit.RESTART`` (4): the database now routes to its queue pairs its registry
-  does not serve (a new version, an alias move); it is restarted at once, from the
-  project's current YAML.
+- ``WorkerExit.USAGE`` (2): bad arguments; a restart would repeat them;
+- ``WorkerExit.RESTART`` (4): it stopped for new definitions (a rollout deprecated it, or
+  the database now routes to its queue pairs its registry does not serve); it is
+  restarted at once, from the project's current YAML.
 
 serve runs the maintenance tick itself too (:class:`flowlane.runtime.ticker.Ticker`), as
 its workers do: schedules fire while serve is up even before a worker has started.
@@ -174,8 +175,9 @@ class Supervisor:
             if worker.log is None:
                 worker.log = worker.log_path.open("ab")
             output = worker.log
+        env = {**(self.env if self.env is not None else os.environ), **launch.supervisor_environment()}
         worker.process = subprocess.Popen(
-            worker.command, env=self.env, cwd=self.cwd, stdout=output, stderr=subprocess.STDOUT
+            worker.command, env=env, cwd=self.cwd, stdout=output, stderr=subprocess.STDOUT
         )
         worker.started_at = time.monotonic()
         worker.state, worker.detail, worker.restart_now = "running", "", False
@@ -215,6 +217,10 @@ class Supervisor:
                 f"exit {code}: deployment disabled or unsupported work; not restarted "
                 f"(see the log; then `flowlane worker enable {worker.spec.name}`)"
             )
+            return
+        if code in errors.NOT_RESTARTED and not worker.restart_now:
+            worker.state = "refused"  # bad arguments: a restart repeats them
+            worker.detail = f"exit {code}: bad arguments; not restarted (see the log)"
             return
         if worker.restart_now or code == errors.WorkerExit.RESTART:
             worker.restarts += 1

@@ -63,9 +63,13 @@ class TaskResult:
     ok: bool
     output: Any = None
     error: str | None = None
-    duration_ms: int = 0
+    seconds: float = 0.0  # how long the handler ran (perf_counter: sub-millisecond)
     error_type: str | None = None
     traceback: str | None = None
+
+    @property
+    def duration_ms(self) -> int:
+        return _ms(self.seconds)
 
     def completion(self, worker_id: str) -> dict[str, Any]:
         return {
@@ -124,7 +128,7 @@ async def execute(
     task: ClaimedTask, handler: Registered, ctx: TaskContext, threads: HandlerThreads
 ) -> TaskResult:
     """Run the handler; exceptions and unserialisable outputs become a failed result."""
-    started = time.monotonic()
+    started = time.perf_counter()
     poison = undecodable_field(("input", task.input), ("run input", task.flow_input))
     if poison is not None:
         log.event(logging.WARNING, "task_failed", **task.fields, error="InputNotDecodable")
@@ -140,12 +144,12 @@ async def execute(
     except BaseException as exc:  # noqa: BLE001 - any handler error fails the task
         # SystemExit/KeyboardInterrupt from an async handler too: escaping a task, they would
         # stop the event loop and kill the worker, dropping every buffered result
-        elapsed = _ms(started)
+        elapsed = time.perf_counter() - started  # seconds, sub-millisecond
         log.event(
             logging.WARNING,
             "task_failed",
             **task.fields,
-            duration_ms=elapsed,
+            duration_ms=_ms(elapsed),
             error=error_type(exc),
             message=short_text(str(exc)),
         )
@@ -157,19 +161,19 @@ async def execute(
             task,
             ok=False,
             error=describe(exc),
-            duration_ms=elapsed,
+            seconds=elapsed,
             error_type=error_type(exc),
             traceback=trace,
         )
     problem = check_output(output)
-    elapsed = _ms(started)
+    elapsed = time.perf_counter() - started  # seconds, sub-millisecond
     if problem is None and handler.ref.output_schema is not None:
         broken = contracts.first_violation(handler.ref.output_schema, output)
         if broken is not None:
-            log.event(logging.WARNING, "task_failed", **task.fields, duration_ms=elapsed,
+            log.event(logging.WARNING, "task_failed", **task.fields, duration_ms=_ms(elapsed),
                       error=OUTPUT_CONTRACT_VIOLATION, message=short_text(str(broken)))
             # the SQL Core fails the task at once (when_exhausted applies): no retry
-            return TaskResult(task, ok=False, duration_ms=elapsed, error_type=OUTPUT_CONTRACT_VIOLATION,
+            return TaskResult(task, ok=False, seconds=elapsed, error_type=OUTPUT_CONTRACT_VIOLATION,
                               error=(f"the output of step {task.step_slug} does not match its "
                                      f"output_schema: {broken} (rule output_schema"
                                      f"{broken.schema_path})")[:MAX_ERROR_CHARS])
@@ -178,17 +182,18 @@ async def execute(
             logging.WARNING,
             "task_failed",
             **task.fields,
-            duration_ms=elapsed,
+            duration_ms=_ms(elapsed),
             error="OutputRefused",
         )
         return TaskResult(
-            task, ok=False, error=problem, duration_ms=elapsed, error_type="OutputRefused"
+            task, ok=False, error=problem, seconds=elapsed, error_type="OutputRefused"
         )
-    return TaskResult(task, ok=True, output=output, duration_ms=elapsed)
+    return TaskResult(task, ok=True, output=output, seconds=elapsed)
 
 
-def _ms(started: float) -> int:
-    return int((time.monotonic() - started) * 1000)
+def _ms(seconds: float) -> int:
+    """Whole milliseconds, as the log lines write durations."""
+    return int(seconds * 1000)
 
 
 class HandlerCrashed(Exception):

@@ -3,16 +3,20 @@
 A run remembers the W3C trace context it was started in (``runs.trace_parent``, from the
 transaction's ``flowlane.traceparent`` setting). A worker whose process has an OpenTelemetry
 SDK configured makes a span per task attempt whose parent is that context; map tasks also
-link to it (``flowlane.map_index``). Without the package, or without a configured SDK,
-nothing is imported per task and nothing is asked of the database.
+link to it (``flowlane.map_index``). A run started outside any trace has a context of its own,
+derived from its id (:func:`run_trace_parent`), so its tasks' spans still make one trace.
+Without the package, or without a configured SDK, nothing is imported per task and nothing
+is asked of the database.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import re
 import sys
+import uuid
 from typing import Any
 
 from flowlane.runtime.tasks import ClaimedTask, TaskResult
@@ -31,6 +35,15 @@ def current_traceparent() -> str | None:
             return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
     given = os.environ.get("TRACEPARENT", "").strip().lower()
     return given if _TRACEPARENT.fullmatch(given) else None
+
+
+def run_trace_parent(run_id: str) -> str:
+    """The trace context of a run started outside any trace, the same in every worker: the
+    trace id is the run id (so a run's trace is found by its id), the parent span id is
+    derived from it (no span of that id is ever exported: the tasks' spans are the trace's
+    top), and it is sampled, so the run's tasks make one trace whoever runs them."""
+    span_id = hashlib.sha256(run_id.encode()).hexdigest()[:16]
+    return f"00-{uuid.UUID(run_id).hex}-{span_id}-01"
 
 
 class Tracing:
@@ -55,8 +68,9 @@ class Tracing:
         return cls(trace, TraceContextTextMapPropagator())
 
     def start(self, task: ClaimedTask, trace_parent: str | None, is_map: bool) -> Any:
-        """The attempt's span, started (``finish`` ends it)."""
-        parent = self._propagator.extract({"traceparent": trace_parent}) if trace_parent else None
+        """The attempt's span, started (``finish`` ends it): a child of the context the run
+        was started in, else of the run's own (:func:`run_trace_parent`)."""
+        parent = self._propagator.extract({"traceparent": trace_parent or run_trace_parent(task.run_id)})
         links = []
         if is_map and trace_parent:
             linked = self._trace.get_current_span(parent).get_span_context()

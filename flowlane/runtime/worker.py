@@ -24,7 +24,7 @@ asyncio tasks on one loop (the listener only with notifications), beside the han
 - flusher: sends results as they finish, completions batched through
   ``complete_tasks``, failures through ``fail_tasks``, both fenced by worker id
   and attempt; up to two commits in flight;
-- maintenance: heartbeat (a deprecated worker stops), and every
+- maintenance: heartbeat (a worker a rollout deprecated stops and exits 4), and every
   ``requeue_interval`` seconds ``requeue_stalled_tasks`` (cheap and SKIP
   LOCKED, so every worker does it) and a coverage re-check; every ``TICK_INTERVAL`` the
   maintenance tick (due schedules fire, delayed runs begin, runs past their deadline fail);
@@ -45,6 +45,10 @@ stop reading, set ``ctx.shutdown``, wait up to ``shutdown_timeout`` for
 in-flight handlers, send their results, mark the worker stopped. Handlers
 still running are abandoned: their tasks stay ``started`` and stalled
 recovery requeues them (a stall counts as an attempt); nothing is lost.
+
+A disabled deployment ends ``run()`` with exit status 3, or with ``when_disabled="wait"``
+(Kubernetes, systemd: supervisors that restart it) keeps the process up, claiming nothing,
+until the deployment is enabled, then ends it with exit status 4.
 """
 
 from __future__ import annotations
@@ -97,6 +101,8 @@ from flowlane.runtime.tracing import Tracing
 
 DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
 MAX_POLL_WINDOW = 2  # seconds
+DISABLED_POLL = 2.0  # seconds between looks at a disabled deployment's flag (--when-disabled wait)
+STOP_CHECK = 0.1  # seconds: how soon a waiting worker notices a stop request
 # leases of tasks held this long are extended, every LEASE_INTERVAL: far inside the stall
 # threshold (timeout + 30 s, timeout >= 3 s)
 LEASE_INTERVAL = 2.0  # seconds
@@ -147,7 +153,7 @@ class Session:
     notify_live: bool = False
     definitions: asyncio.Event = field(default_factory=asyncio.Event)  # notified: re-check coverage
     crash: str | None = None  # the component that crashed, and why
-    fatal: errors.WorkerError | None = None  # disabled (exit 3) or outdated (exit 4)
+    fatal: errors.WorkerError | None = None  # disabled (exit 3), outdated or deprecated (exit 4)
     tracing: Tracing | None = None  # spans of task attempts, when an OpenTelemetry SDK is set up
 
     async def pause(self, seconds: float, event: asyncio.Event | None = None) -> None:
@@ -213,6 +219,7 @@ class Worker:
         self._shutdown = threading.Event()  # ctx.shutdown of every task
         self._loop: asyncio.AbstractEventLoop | None = None
         self._session: Session | None = None
+        self._waiting = ""  # why a disabled worker waits (--when-disabled wait)
 
     @property
     def compile(self) -> bool:
@@ -244,6 +251,8 @@ class Worker:
         """Why this worker should not count as ready, as far as it knows without asking the
         database (its deployment's flag and the database itself are asked by the probe)."""
         session = self._session
+        if self._waiting:
+            return [f"waiting until the deployment is enabled: {self._waiting}"]
         if self._stop_requested.is_set() or (session is not None and session.stopping.is_set()):
             return ["the worker is stopping"]
         if not self.ready.is_set() or session is None:
@@ -264,6 +273,49 @@ class Worker:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._install_signal_handlers()
+        try:
+            await self._serve_once()
+        except errors.WorkerDisabled as disabled:
+            if self.config.when_disabled != "wait":
+                raise
+            await self._wait_until_enabled(disabled)
+
+    async def _wait_until_enabled(self, disabled: errors.WorkerDisabled) -> None:
+        """``--when-disabled wait`` (a supervisor that restarts every exit): claim nothing and
+        stay up until the deployment is enabled, then exit 4 to be restarted with the current
+        YAML and definitions; a stop request while waiting is a plain stop (exit 0)."""
+        self._waiting = first_line(disabled)
+        log.event(WARNING, "deployment_disabled", name=self.name, reason=self._waiting,
+                  action="wait until it is enabled, then exit for a restart")
+        store = Store(db.resolve(self.config.dsn).dsn, min_size=1, max_size=1,
+                      application_name=f"flowlane-worker-{self.worker_id[:8]}")
+        opened = False
+        try:
+            while not self._stop_requested.is_set():
+                try:
+                    if not opened:
+                        await store.open()
+                        opened = True
+                    found = await store.deployment(self.name)
+                except TRANSIENT as exc:
+                    log.event(WARNING, "database_unavailable", component="disabled_wait",
+                              error=describe(exc), retry_in=DISABLED_POLL)
+                else:
+                    if found is None or found["enabled"]:
+                        raise errors.DeploymentEnabled(
+                            f"deployment {self.name} is enabled again: exiting to be restarted "
+                            "with the current definitions")
+                await self._stopped_within(DISABLED_POLL)
+        finally:
+            await store.close()
+
+    async def _stopped_within(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, returning soon after a stop request."""
+        deadline = time.monotonic() + seconds
+        while not self._stop_requested.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(min(STOP_CHECK, max(0.0, deadline - time.monotonic())))
+
+    async def _serve_once(self) -> None:
         try:
             registry = HandlerRegistry.load(self.selection.handlers, self.import_paths)
         except errors.FlowlaneError as refused:
@@ -698,12 +750,19 @@ class Worker:
             try:
                 if now >= next_heartbeat:
                     next_heartbeat = now + self.config.heartbeat_interval
-                    if await store.heartbeat(self.worker_id):
+                    if await store.heartbeat(self.worker_id) and session.fatal is None:
                         log.event(
                             WARNING,
                             "worker_deprecated",
                             worker_id=self.worker_id,
-                            action="graceful stop",
+                            action="graceful stop, then exit for a restart",
+                        )
+                        session.fatal = errors.WorkerDeprecated(
+                            f"worker {self.name} was deprecated by a rollout: stopped gracefully "
+                            "to be restarted with the definitions the rollout applies",
+                            hint="a supervisor restarts it (exit status 4); while the rollout "
+                            "keeps the deployment disabled, the restarted worker waits "
+                            "(--when-disabled wait) or exits 3",
                         )
                         self._request_stop()
                 if now >= next_requeue:

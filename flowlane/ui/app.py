@@ -193,7 +193,7 @@ def create_app(console: Console, settings: Settings) -> Starlette:
         workers = console.workers()
         deployments = console.deployments()
         for worker in workers:
-            worker["state"] = pages.worker_state(worker, STALE_AFTER)
+            worker["state"] = pages.worker_state(worker)
         return render(request, "workers.html", workers=workers, deployments=deployments,
                       stale_after=STALE_AFTER)
 

@@ -87,10 +87,11 @@ def parse_time(text: str | None) -> datetime | None:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-def worker_state(worker: Mapping[str, Any], stale_after: float) -> str:
+def worker_state(worker: Mapping[str, Any]) -> str:
+    """stopped, stale, deprecated or live (``live``: the database's flowlane.worker_is_live)."""
     if worker["stopped_at"] is not None:
         return "stopped"
-    if worker["heartbeat_age"] > stale_after:
+    if not worker["live"]:
         return "stale"
     if worker["deprecated_at"] is not None:
         return "deprecated"

@@ -61,6 +61,8 @@ EXPECTED = {
     "get_flow_shape": ("flow_slug text", "jsonb"),
     "get_run_with_states": ("run_id uuid", "jsonb"),
     "heartbeat": ("worker_id uuid", "boolean"),
+    "worker_is_live": ("w flowlane.workers", "boolean"),
+    "worker_stale_after": ("", "interval"),
     "is_valid_queue_name": ("queue_name text", "boolean"),
     "is_valid_slug": ("slug text", "boolean"),
     "json_depth_exceeds": ("value jsonb, max_depth integer", "boolean"),

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from flowlane import defaults
 from flowlane.app import manifests
+from flowlane.compiler.api import load_project
+from flowlane.errors import NOT_RESTARTED, WorkerExit
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 UNIT = EXAMPLES / "systemd" / "flowlane-worker@.service"
@@ -34,7 +36,7 @@ def test_the_unit_file_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     assert verify(text, tmp_path) == "0:"
     # the check is live: a misspelt setting is reported
     assert "Failed to parse service restart specifier" in verify(
-        text.replace("Restart=on-failure", "Restart=sometimes"), tmp_path)
+        text.replace("Restart=always", "Restart=sometimes"), tmp_path)
 
 
 def test_the_unit_stops_gracefully_and_never_restarts_a_disabled_worker() -> None:
@@ -42,7 +44,32 @@ def test_the_unit_stops_gracefully_and_never_restarts_a_disabled_worker() -> Non
     timeout = float(re.search(r"--shutdown-timeout (\S+)", text)[1])  # type: ignore[index]
     assert f"TimeoutStopSec={manifests.grace_period(timeout)}\n" in text
     assert manifests.grace_period(timeout) == timeout + defaults.SHUTDOWN_MARGIN
-    assert re.search(r"^RestartPreventExitStatus=.*\b3\b", text, re.MULTILINE)
+
+
+
+def _setting(text: str, key: str) -> str:
+    [value] = re.findall(rf"^{key}=(.*)$", text, re.MULTILINE)
+    return value
+
+
+def test_the_unit_and_the_manifests_restart_exactly_what_the_exit_statuses_say() -> None:
+    """One meaning per exit status for every supervisor: restarted unless it is in
+    ``NOT_RESTARTED``; where every exit is restarted (Kubernetes), or a restart may meet a
+    rollout's disabled deployment (systemd), the worker waits instead of exiting 3."""
+    text = UNIT.read_text()
+    assert _setting(text, "Restart") == "always"  # 0 (a stop it did not ask for), 1, 4
+    prevented = {int(status) for status in _setting(text, "RestartPreventExitStatus").split()}
+    assert prevented == {int(status) for status in NOT_RESTARTED}
+    assert WorkerExit.RESTART not in NOT_RESTARTED and WorkerExit.FAILED not in NOT_RESTARTED
+    assert "--when-disabled wait" in _setting(text, "ExecStart")
+
+    project = load_project([EXAMPLES.parent / "flows"])
+    for manifest in manifests.kubernetes(project):
+        [deployment] = [d for d in manifest.documents if d["kind"] == "Deployment"]
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["restartPolicy"] == "Always"  # Kubernetes restarts every exit
+        args = pod["containers"][0]["args"]
+        assert args[args.index("--when-disabled") + 1] == "wait"  # so it never exits 3
 
 
 def test_the_dockerfile_runs_what_the_manifests_expect() -> None:

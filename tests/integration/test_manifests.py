@@ -90,6 +90,78 @@ def test_one_deployment_and_scaled_object_per_unit_with_matching_shutdown(
             f"select flowlane.queue_depth('{unit.queue}')")
 
 
+def restricted_violations(pod: dict[str, Any]) -> list[str]:
+    """What Pod Security's "restricted" profile refuses in a pod spec (the controls that a
+    worker's pod could break: privilege, capabilities, seccomp, non-root, volume types)."""
+    found = []
+    pod_context = pod.get("securityContext", {})
+    allowed_volumes = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                       "persistentVolumeClaim", "projected", "secret"}
+    for volume in pod.get("volumes", []):
+        if not set(volume) - {"name"} <= allowed_volumes:
+            found.append(f"volume {volume['name']}: a type restricted pods may not use")
+    for container in pod["containers"]:
+        context = container.get("securityContext", {})
+        seccomp = context.get("seccompProfile", pod_context.get("seccompProfile", {}))
+        if seccomp.get("type") not in ("RuntimeDefault", "Localhost"):
+            found.append(f"{container['name']}: seccompProfile must be RuntimeDefault or Localhost")
+        if context.get("allowPrivilegeEscalation") is not False:
+            found.append(f"{container['name']}: allowPrivilegeEscalation must be false")
+        if context.get("runAsNonRoot", pod_context.get("runAsNonRoot")) is not True:
+            found.append(f"{container['name']}: runAsNonRoot must be true")
+        if context.get("runAsUser", pod_context.get("runAsUser")) == 0:
+            found.append(f"{container['name']}: runAsUser must not be 0")
+        capabilities = context.get("capabilities", {})
+        if "ALL" not in capabilities.get("drop", []):
+            found.append(f"{container['name']}: capabilities must drop ALL")
+        if set(capabilities.get("add", [])) - {"NET_BIND_SERVICE"}:
+            found.append(f"{container['name']}: only NET_BIND_SERVICE may be added")
+        if context.get("privileged"):
+            found.append(f"{container['name']}: privileged")
+    return found
+
+
+def test_pods_meet_the_restricted_profile_request_resources_and_are_scraped(
+    made: list[manifests.Manifest],
+) -> None:
+    for deployment in of_kind(made, "Deployment"):
+        template = deployment["spec"]["template"]
+        pod = template["spec"]
+        assert restricted_violations(pod) == []
+        [container] = pod["containers"]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert container["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+        assert pod["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
+        assert container["resources"] == {"requests": {"cpu": "100m", "memory": "256Mi"},
+                                          "limits": {"memory": "512Mi"}}
+        port = container["ports"][0]["containerPort"]
+        assert template["metadata"]["annotations"] == {
+            "prometheus.io/scrape": "true", "prometheus.io/port": str(port),
+            "prometheus.io/path": "/metrics"}
+        assert pod["terminationGracePeriodSeconds"] > 45.5  # longer than the shutdown timeout
+        assert container["startupProbe"]["httpGet"]["path"] == "/healthz"
+    # the check is live: what a plain pod spec would break
+    plain = {"containers": [{"name": "worker", "securityContext": {}}],
+             "volumes": [{"name": "data", "hostPath": {"path": "/srv"}}]}
+    assert len(restricted_violations(plain)) == 5
+
+
+def test_resources_come_from_the_options_and_bad_quantities_are_refused(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["manifests", "kubernetes", str(ROOT / "flows"), "--cpu-request", "250m",
+                     "--cpu-limit", "2", "--memory-request", "1Gi", "--memory-limit", "none"]) == 0
+    printed = list(yaml.safe_load_all(capsys.readouterr().out))
+    resources = {json.dumps(c["resources"], sort_keys=True) for d in printed if d["kind"] == "Deployment"
+                 for c in d["spec"]["template"]["spec"]["containers"]}
+    assert resources == {json.dumps({"limits": {"cpu": "2"}, "requests": {"cpu": "250m", "memory": "1Gi"}},
+                                    sort_keys=True)}
+    for document in printed:
+        if document["kind"] == "Deployment":
+            kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
+    with pytest.raises(errors.UsageError, match="memory limit is not a Kubernetes quantity: '12XB'"):
+        manifests.KubernetesOptions(memory_limit="12XB")
+
+
 def test_the_command_writes_one_file_per_unit_byte_stable(tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     args = ["manifests", "kubernetes", str(ROOT / "flows"), "--image", "registry.example/app:1"]

@@ -17,7 +17,7 @@ import pytest
 
 from flowlane import defaults
 from flowlane.compiler import api
-from flowlane.errors import WorkerExit
+from flowlane.errors import NOT_RESTARTED, WorkerExit
 from flowlane.runtime.client import Client
 from flowlane.runtime.serve import Supervisor, WorkerSpec, plan_workers
 from tests.runtime.rt_support import env, flowlane, wait_until
@@ -168,13 +168,59 @@ def test_serve_restarts_a_killed_worker_and_stops_cleanly(
     assert [name for (name,) in live] == ["sv_plain"]
 
 
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie nobody reaped yet counts as exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
+def test_a_killed_serve_takes_its_workers_with_it_and_a_second_serve_refuses_to_double(
+    project: Path, dsn: str, tmp_path: Path
+) -> None:
+    first = _serve(project, dsn, tmp_path / "first.out")
+    try:
+        pids = _all_running(first, tmp_path / "first.out")
+        logs = project / ".flowlane" / "logs"
+        wait_until(lambda: all("worker_started" in (logs / f"{n}.log").read_text()
+                               for n in pids), timeout=60, message="workers registered")
+        second = flowlane("serve", "--dsn", dsn, cwd=project, timeout=60)
+        assert second.returncode == WorkerExit.FAILED, second.stdout + second.stderr
+        assert "live workers already serve this project's queues: sv_plain: 1 of deployment " \
+               "sv_plain" in second.stderr
+        assert "--beside-live-workers" in second.stderr
+
+        first.kill()  # SIGKILL: serve cannot forward anything
+        first.wait(10)
+        wait_until(lambda: all(_gone(pid) for pid in pids.values()), timeout=30,
+                   message="every worker of the killed serve to end")
+    finally:
+        if first.poll() is None:
+            first.kill()
+    with psycopg.connect(dsn) as conn:
+        live = conn.execute("select count(*) from flowlane.workers where stopped_at is null").fetchone()
+    assert live == (0,)  # each stopped gracefully: marked stopped, nothing left to double
+
+    third = _serve(project, dsn, tmp_path / "third.out")
+    try:
+        assert len(_all_running(third, tmp_path / "third.out")) == 4
+        third.send_signal(signal.SIGTERM)
+        assert third.wait(timeout=60) == 0
+    finally:
+        if third.poll() is None:
+            third.kill()
+
+
 def _command(code: int) -> list[str]:
     return [sys.executable, "-c", f"import sys; sys.exit({code})"]
 
 
-def test_exit_status_3_is_never_restarted_other_exits_are() -> None:
-    specs = [WorkerSpec("disabled", "q1"), WorkerSpec("crashing", "q2")]
-    codes = {"disabled": WorkerExit.DISABLED, "crashing": WorkerExit.FAILED}
+def test_exit_statuses_2_and_3_are_never_restarted_other_exits_are() -> None:
+    specs = [WorkerSpec("disabled", "q1"), WorkerSpec("crashing", "q2"), WorkerSpec("usage", "q3")]
+    codes = {"disabled": WorkerExit.DISABLED, "crashing": WorkerExit.FAILED,
+             "usage": WorkerExit.USAGE}
     supervisor = Supervisor(
         specs, lambda s: _command(codes[s.name]), base_delay=0.01, max_delay=0.04,
         out=io.StringIO(),
@@ -191,6 +237,9 @@ def test_exit_status_3_is_never_restarted_other_exits_are() -> None:
     assert disabled.state == "disabled" and disabled.restarts == 0
     assert "flowlane worker enable disabled" in disabled.detail
     assert by_name["crashing"].delay in (0.02, 0.04)  # backoff doubled, capped
+    usage = by_name["usage"]
+    assert usage.state == "refused" and usage.restarts == 0 and "bad arguments" in usage.detail
+    assert {WorkerExit.DISABLED, WorkerExit.USAGE} == NOT_RESTARTED
     supervisor.stop(timeout=10)
     assert disabled.state == "disabled"
     assert by_name["crashing"].state == "stopped"

@@ -19,6 +19,7 @@ import pytest
 
 from flowlane.compiler import load_project
 from flowlane.core.definitions import create_flows
+from flowlane.errors import NOT_RESTARTED, WorkerExit
 from tests.core.engine import Engine
 from tests.runtime import rt_support
 from tests.runtime.rt_support import PROJECT, WorkerProcess, flowlane, start_run, tasks, wait_run, wait_until
@@ -405,9 +406,38 @@ def test_rollout_fences_the_deployments_and_reenables_only_the_enabled_ones(
            "will re-enable rt_jobs_worker, rt_side_worker" in lines
     assert re.search(r"waiting for [12] worker\(s\) to stop", lines)
     assert lines.index("every worker of these deployments has stopped") < lines.index("applied")
-    assert [w.wait(30) for w in live] == [0, 0]  # deprecated workers stop gracefully
+    # deprecated workers stop gracefully and exit for a restart with the new definitions
+    assert [w.wait(30) for w in live] == [WorkerExit.RESTART] * 2
+    assert WorkerExit.RESTART not in NOT_RESTARTED
     assert _deployment(flows_dsn, "rt_jobs_worker") == (True, None)
     assert _deployment(flows_dsn, "rt_versioned_worker") == (False, "on hold")
+
+
+def test_a_worker_started_while_its_deployment_is_disabled_waits_then_exits_for_a_restart(
+    flows_dsn: str, spawn: Spawn
+) -> None:
+    """What a supervisor that restarts every exit (Kubernetes; systemd after a rollout's
+    exit 4) meets while the deployment is disabled: a worker that waits, not a crash loop."""
+    spawn("--name", "rt_jobs_worker").stop()
+    assert flowlane("worker", "disable", "rt_jobs_worker", "--reason", "rollout 7 in progress",
+                    "--dsn", flows_dsn).returncode == 0
+    waiting = spawn("--name", "rt_jobs_worker", "--when-disabled", "wait", ready=False)
+    waiting.wait_logged("deployment_disabled", "the worker to wait")
+    assert waiting.proc.poll() is None, waiting.text()
+    assert "rollout 7 in progress" in waiting.text()
+    refused = flowlane("worker", "--name", "rt_jobs_worker", "--dsn", flows_dsn)  # the default
+    assert refused.returncode == WorkerExit.DISABLED, refused.stderr
+    assert WorkerExit.DISABLED in NOT_RESTARTED
+
+    assert flowlane("worker", "enable", "rt_jobs_worker", "--dsn", flows_dsn).returncode == 0
+    assert waiting.wait(30) == WorkerExit.RESTART, waiting.text()
+    assert "deployment rt_jobs_worker is enabled again" in waiting.text()
+    assert "worker_started" not in waiting.text()  # it never claimed while disabled
+
+    assert flowlane("worker", "disable", "rt_jobs_worker", "--dsn", flows_dsn).returncode == 0
+    stopped = spawn("--name", "rt_jobs_worker", "--when-disabled", "wait", ready=False)
+    stopped.wait_logged("deployment_disabled", "the worker to wait")
+    assert stopped.stop() == WorkerExit.STOPPED  # a stop while it waits is a plain stop
 
 
 def test_interrupted_rollout_run_again_finishes_without_enabling_more(
@@ -424,7 +454,7 @@ def test_interrupted_rollout_run_again_finishes_without_enabling_more(
     assert "run the same `flowlane rollout` again" in first.stderr
     assert _deployment(flows_dsn, "rt_jobs_worker")[0] is False
     stuck.signal(signal.SIGCONT)
-    assert stuck.wait(30) == 0
+    assert stuck.wait(30) == WorkerExit.RESTART  # deprecated: exits for a restart
     second = flowlane("rollout", "--out", str(out), "--dsn", flows_dsn)
     assert second.returncode == 0, second.stderr
     assert "re-enabled rt_jobs_worker" in second.stdout

@@ -17,6 +17,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 from flowlane.runtime.client import Client
+from flowlane.runtime.tracing import run_trace_parent
 from tests.runtime.rt_support import WorkerProcess, applied_project, flowlane, wait_run, wait_until
 from tests.runtime.test_metrics import free_port, get, wait_for
 
@@ -141,7 +142,60 @@ def test_a_span_per_attempt_joins_the_trace_the_run_was_started_in(
         [event] = failed["events"]
         assert event["name"] == "exception" and event["attributes"]["exception.type"] == "ValueError"
         assert "two fails once" in event["attributes"]["exception.message"]
-    assert {s["parent_id"] for s in of(untraced)} == {None} and len(of(untraced)) == 4
+    # started outside any trace: one trace of its own, whose id is the run id
+    own_trace, own_parent = _ids(run_trace_parent(untraced))
+    assert own_trace == f"0x{untraced.replace('-', '')}"
+    assert {(s["context"]["trace_id"], s["parent_id"]) for s in of(untraced)} == {(own_trace, own_parent)}
+    assert len(of(untraced)) == 4 and all(s["links"] == [] for s in of(untraced))
+
+
+STEPS = """\
+kind: flow
+slug: tr_steps
+queues: per-step
+defaults: {base_delay: 0, timeout: 5}
+steps:
+  one:
+    handler: tr_handlers:split
+  two:
+    needs: [one]
+    handler: tr_handlers:split
+"""
+
+
+def _spans_written(path: Path) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = json.loads(
+        wait_until(lambda: path.exists() and path.read_text(), message=f"spans in {path.name}"))
+    return found
+
+
+def test_a_run_started_outside_any_trace_is_one_trace_across_workers(
+        tmp_path: Path, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    project = applied_project(tmp_path / "steps", dsn, STEPS, {"tr_handlers": HANDLERS})
+    monkeypatch.delenv("TRACEPARENT", raising=False)
+    with Client(dsn) as client:
+        runs = [client.start_run("tr_steps", {}) for _ in range(2)]
+    files = {step: tmp_path / f"spans-{step}.json" for step in ("one", "two")}
+    workers = []
+    for step, spans_file in files.items():  # a worker process per step, each its own exporter
+        monkeypatch.setenv("FLOWLANE_TEST_SPANS", str(spans_file))
+        workers.append(WorkerProcess(dsn, tmp_path, "--flow", "tr_steps", "--step", step,
+                                     cwd=project).wait_ready())
+    try:
+        for run in runs:
+            assert wait_run(dsn, run, workers=workers)["run"]["status"] == "completed"
+    finally:
+        assert [w.stop() for w in workers] == [0, 0]
+    spans = {step: _spans_written(f) for step, f in files.items()}
+    for run in runs:
+        by_step = {step: [s for s in found if s["attributes"]["flowlane.run_id"] == run]
+                   for step, found in spans.items()}
+        assert [len(by_step["one"]), len(by_step["two"])] == [1, 1]
+        [one], [two] = by_step["one"], by_step["two"]
+        assert one["context"]["trace_id"] == two["context"]["trace_id"]
+        assert one["context"]["trace_id"] == f"0x{run.replace('-', '')}"
+        assert one["parent_id"] == two["parent_id"] == _ids(run_trace_parent(run))[1]
+    assert len({s["context"]["trace_id"] for found in spans.values() for s in found}) == 2  # a run, a trace
 
 
 def test_without_the_extra_nothing_of_opentelemetry_is_imported() -> None:

@@ -839,3 +839,22 @@ def test_a_flush_that_crashes_stops_the_flusher_without_waiting_for_another_resu
             await asyncio.wait_for(flusher, 30)  # the deadline only turns a hang into a failure
 
     _in_loop(body)
+
+
+def test_handler_durations_keep_sub_millisecond_resolution() -> None:
+    from prometheus_client import REGISTRY
+
+    from flowlane.runtime import metrics
+
+    task = dataclasses.replace(_task(), flow_slug="fast_flow", step_slug="fast_step")
+    labels = {"flow": "fast_flow", "step": "fast_step"}
+
+    def sample(name: str, **extra: str) -> float:
+        return REGISTRY.get_sample_value(f"flowlane_handler_duration_seconds_{name}",
+                                         {**labels, **extra}) or 0.0
+
+    before_sum, before_fast = sample("sum"), sample("bucket", le="0.001")
+    metrics.task_finished(task, TaskResult(task, ok=True, output=1, seconds=0.0004))
+    assert sample("sum") - before_sum == pytest.approx(0.0004)  # not 0: no whole milliseconds
+    assert sample("bucket", le="0.001") - before_fast == 1
+    assert TaskResult(task, ok=True, seconds=0.0004).duration_ms == 0  # the log line's whole ms

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import psycopg
 import pytest
 
-from flowlane import load_project
+from flowlane import errors, load_project
 from flowlane.runtime.worker import Worker
 from tests.runtime.rt_support import PROJECT, WorkerProcess, start_run, step, wait_run, wait_until
 
@@ -90,7 +90,15 @@ def test_heartbeats_and_deprecation_stop_the_worker(flows_dsn: str) -> None:
         handle_signals=False,
         import_paths=[str(PROJECT)],
     )
-    thread = threading.Thread(target=worker.run)
+    ended: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except errors.WorkerDeprecated as exc:
+            ended.append(exc)
+
+    thread = threading.Thread(target=run)
     thread.start()
     try:
         assert worker.ready.wait(60)
@@ -111,6 +119,9 @@ def test_heartbeats_and_deprecation_stop_the_worker(flows_dsn: str) -> None:
             )
         thread.join(60)  # the next heartbeat sees the deprecation and stops gracefully
         assert not thread.is_alive()
+        [deprecated] = ended  # then asks to be restarted with the rollout's definitions
+        assert isinstance(deprecated, errors.WorkerDeprecated)
+        assert deprecated.exit_code == errors.WorkerExit.RESTART
         with psycopg.connect(flows_dsn, autocommit=True) as conn:
             row = conn.execute("select stopped_at is not null from flowlane.workers").fetchone()
         assert row == (True,)

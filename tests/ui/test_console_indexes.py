@@ -51,7 +51,7 @@ def test_runs_list_pages_on_indexes(dsn: str) -> None:
             plan = _plan(conn, name, **params)
             assert "Index" in plan and "Seq Scan" not in plan, plan
         # what a page of runs waits for: by run id, parent run id and worker id, never a scan
-        plan = _plan(conn, "run_waits", run_ids=[str(uuid.uuid4()) for _ in range(50)], stale_after=30)
+        plan = _plan(conn, "run_waits", run_ids=[str(uuid.uuid4()) for _ in range(50)])
         assert "Seq Scan on runs" not in plan and "Seq Scan on step_tasks" not in plan, plan
         assert "runs_parent_idx" in plan, plan
         # several flows (an alias): one bounded index range per flow, so only (flows x page size)

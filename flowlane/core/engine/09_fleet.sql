@@ -1,5 +1,19 @@
 -- Fleet: workers, deployments, coverage of a queue's work, draining and rollouts.
 
+-- how long a worker counts as live after its last heartbeat (it beats every 5 s): the one
+-- stale window of every reader (flowlane.defaults.STALE_AFTER names the same number)
+create function flowlane.worker_stale_after() returns interval
+language sql immutable parallel safe
+set search_path = ''
+as $$ select interval '30 seconds' $$;
+
+-- the one liveness rule: a worker is live while it has not stopped and its heartbeat is
+-- within the stale window (worker list, queue list, run, the console, the metrics, serve)
+create function flowlane.worker_is_live(w flowlane.workers) returns boolean
+language sql stable parallel safe
+set search_path = ''
+as $$ select w.stopped_at is null and w.last_heartbeat_at > now() - flowlane.worker_stale_after() $$;
+
 -- register a worker of a deployment (created enabled on first use); refused
 -- while the deployment is disabled
 create function flowlane.register_worker(

@@ -20,6 +20,12 @@
 -- who must end a task by hand calls the new override_task, which records who and why in the
 -- task's attempt history (outcome 'overridden') and clears the task's last_worker_id, so that
 -- the worker's own result is rejected. The previous release's workers always send both.
+--
+-- Worker liveness is one rule, flowlane.worker_is_live (not stopped, a heartbeat within
+-- flowlane.worker_stale_after(), 30 s), read by worker list, queue list, run, the console, the
+-- metrics and serve; `worker list` counted a worker dead for minutes as live. queue_metrics
+-- keeps its argument for the previous release's callers and no longer reads it. Only
+-- functions change.
 
 -- == Written by hand: tables, types and data that the functions need ==
 
@@ -194,6 +200,20 @@ begin
 end;
 $$;
 
+-- how long a worker counts as live after its last heartbeat (it beats every 5 s): the one
+-- stale window of every reader (flowlane.defaults.STALE_AFTER names the same number)
+create or replace function flowlane.worker_stale_after() returns interval
+language sql immutable parallel safe
+set search_path = ''
+as $$ select interval '30 seconds' $$;
+
+-- the one liveness rule: a worker is live while it has not stopped and its heartbeat is
+-- within the stale window (worker list, queue list, run, the console, the metrics, serve)
+create or replace function flowlane.worker_is_live(w flowlane.workers) returns boolean
+language sql stable parallel safe
+set search_path = ''
+as $$ select w.stopped_at is null and w.last_heartbeat_at > now() - flowlane.worker_stale_after() $$;
+
 -- What a process that cannot LISTEN polls instead of flowlane_definitions (through a
 -- transaction-mode pooler a LISTEN stays in whichever server session ran it): a text that
 -- changes whenever that channel is notified. A row's xmin is the transaction that last
@@ -210,6 +230,24 @@ as $$
     (select string_agg(q.xmin::text, ',' order by q.xmin::text) from flowlane.queues q),
     (select string_agg(w.deployment_name || ':' || w.enabled, ',' order by w.deployment_name)
      from flowlane.worker_deployments w)))
+$$;
+
+-- (p_stale_after is no longer read: it is kept for the previous release's callers; liveness
+-- is flowlane.worker_is_live)
+create or replace function flowlane.queue_metrics(p_stale_after int = 30)
+returns table (queue_name text, depth bigint, oldest_age_seconds int, live_workers bigint,
+               disabled_deployments bigint)
+language sql stable
+set search_path = ''
+as $$
+  select q.queue_name, m.queue_length, coalesce(m.oldest_msg_age_sec, 0),
+         (select count(*) from flowlane.workers w
+          where w.queue_name = q.queue_name and flowlane.worker_is_live(w)),
+         (select count(*) from flowlane.worker_deployments d
+          where d.queue_name = q.queue_name and not d.enabled)
+  from flowlane.queues q
+  cross join lateral pgmq.metrics(q.pgmq_queue_name) m
+  order by q.queue_name
 $$;
 
 -- every PGMQ queue's counts, registered in flowlane or not (the console lists both): the roles

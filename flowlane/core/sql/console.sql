@@ -171,8 +171,7 @@ select coalesce(q.queue_name, m.queue_name) as queue_name, q.ownership, q.owner_
        m.queue_length, m.queue_visible_length, m.oldest_msg_age_sec, m.total_messages,
        (select count(*) from flowlane.steps s where s.queue_name = q.queue_name) as routed_steps,
        (select count(*) from flowlane.workers w
-         where w.queue_name = q.queue_name and w.stopped_at is null
-           and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s)) as live_workers,
+         where w.queue_name = q.queue_name and flowlane.worker_is_live(w)) as live_workers,
        l.concurrency, l.started, l.rate_limit, l.rate_per, l.waiting_for
 from flowlane.queues q
 full join flowlane.pgmq_metrics() m on m.queue_name = q.pgmq_queue_name
@@ -197,15 +196,14 @@ order by s.queue_name, s.flow_slug, s.step_index
 select w.worker_id, w.worker_name, w.deployment_name, w.queue_name, w.supported_pairs,
        w.started_at, w.last_heartbeat_at,
        extract(epoch from now() - w.last_heartbeat_at)::float8 as heartbeat_age,
-       w.deprecated_at, w.stopped_at
+       w.deprecated_at, w.stopped_at, flowlane.worker_is_live(w) as live
 from flowlane.workers w
 order by w.stopped_at is not null, w.last_heartbeat_at desc
 limit %(limit)s
 
 -- name: console_deployments
 select d.deployment_name, d.queue_name, d.enabled, d.reason, d.created_at, d.changed_at,
-       count(w.worker_id) filter (where w.stopped_at is null
-                                    and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s))
+       count(w.worker_id) filter (where flowlane.worker_is_live(w))
          as live_workers
 from flowlane.worker_deployments d
 left join flowlane.workers w on w.deployment_name = d.deployment_name

@@ -7,6 +7,7 @@ select d.deployment_name, d.queue_name, d.enabled, d.reason, d.changed_at,
                   'worker_name', w.worker_name,
                   'heartbeat_age', round(extract(epoch from now() - w.last_heartbeat_at)::numeric, 1),
                   'deprecated', w.deprecated_at is not null,
+                  'live', flowlane.worker_is_live(w),
                   'pairs', w.supported_pairs) order by w.started_at, w.worker_id)
                 filter (where w.worker_id is not null), '[]'::jsonb) as workers
 from flowlane.worker_deployments d
@@ -26,8 +27,7 @@ from flowlane.set_deployment_enabled(%(deployment)s, %(enabled)s, %(reason)s)
 select q.queue_name, q.ownership, q.owner_flow_slug, q.pgmq_queue_name, q.adopted_at,
        m.queue_length as depth, m.oldest_msg_age_sec as oldest_age,
        (select count(*) from flowlane.workers w
-         where w.queue_name = q.queue_name and w.stopped_at is null
-           and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s)) as live_workers,
+         where w.queue_name = q.queue_name and flowlane.worker_is_live(w)) as live_workers,
        (select coalesce(jsonb_agg(jsonb_build_object(
                  'deployment', x.deployment_name, 'reason', x.reason, 'hint', x.hint,
                  'age', extract(epoch from now() - x.refused_at))
@@ -65,17 +65,24 @@ from flowlane.finish_rollout(%(rollout_id)s)
 -- name: fleet_live_workers
 select w.worker_id, w.deployment_name
 from flowlane.workers w
-where w.deployment_name = any (%(deployments)s::text[]) and w.stopped_at is null
-  and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s)
+where w.deployment_name = any (%(deployments)s::text[]) and flowlane.worker_is_live(w)
 order by w.deployment_name collate "C", w.worker_id
+
+-- name: fleet_live_workers_on_queues
+-- the live workers serving any of these queues: what a `serve` about to start would double
+select w.queue_name, coalesce(w.deployment_name, w.worker_name) as deployment, count(*) as workers,
+       round(min(extract(epoch from now() - w.last_heartbeat_at))::numeric, 1) as heartbeat_age
+from flowlane.workers w
+where w.queue_name = any (%(queues)s::text[]) and w.deprecated_at is null and flowlane.worker_is_live(w)
+group by 1, 2
+order by w.queue_name collate "C", 2
 
 -- name: fleet_waiting_queues
 -- the queues holding queued tasks of started runs (one run's, or every run's), with their
 -- live workers, disabled deployments and workers that refused to start: why the work waits
 select t.queue_name, count(*) as queued_tasks,
        (select count(*) from flowlane.workers w
-         where w.queue_name = t.queue_name and w.stopped_at is null and w.deprecated_at is null
-           and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s)) as live_workers,
+         where w.queue_name = t.queue_name and w.deprecated_at is null and flowlane.worker_is_live(w)) as live_workers,
        array(select d.deployment_name || ': ' || coalesce(d.reason, 'no reason given')
              from flowlane.worker_deployments d
              where d.queue_name = t.queue_name and not d.enabled
@@ -98,7 +105,6 @@ select w.queue_name, coalesce(w.deployment_name, w.worker_name) as deployment,
        jsonb_agg(distinct p) as pairs
 from flowlane.workers w
 cross join lateral jsonb_array_elements(w.supported_pairs) p
-where w.stopped_at is null and w.deprecated_at is null
-  and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s)
+where w.deprecated_at is null and flowlane.worker_is_live(w)
 group by w.queue_name, coalesce(w.deployment_name, w.worker_name)
 order by 1, 2

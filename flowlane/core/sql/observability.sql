@@ -5,7 +5,7 @@ select 1
 
 -- name: observability_queue_metrics
 select queue_name, depth, oldest_age_seconds, live_workers, disabled_deployments
-from flowlane.queue_metrics(%(stale_after)s)
+from flowlane.queue_metrics()
 
 -- name: observability_listen_runs
 -- the engine notifies each run that ends, with its id as the payload (to sessions that listen

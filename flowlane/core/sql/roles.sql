@@ -30,7 +30,7 @@ declare
       'json_depth_exceeds', 'calculate_retry_delay', 'is_valid_slug', 'is_valid_queue_name',
       'is_valid_deployment_name', 'resolve_flow', 'prunable_runs', 'queue_metrics', 'trace_parents',
       'queue_depth', 'run_deadline', 'contract_keywords', 'contract_violation', 'run_holds',
-      'queue_flow_control', 'pgmq_metrics',
+      'queue_flow_control', 'pgmq_metrics', 'worker_is_live', 'worker_stale_after',
       'definitions_fingerprint'],  -- serve through a transaction-mode pooler
     'runs', array['get_run_with_states', 'get_run_attempts', 'get_run_waits', 'get_run_family'],
     'wait', array['listen_run_finished', 'unlisten_run_finished'],  -- Client.wait, run durations

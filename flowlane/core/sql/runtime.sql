@@ -155,7 +155,7 @@ with given as (
   join flowlane.step_tasks t on t.run_id = g.run_id and t.status = 'started'
   join flowlane.step_options o on o.flow_slug = t.flow_slug and o.step_slug = t.step_slug
   join flowlane.workers k on k.worker_id = t.last_worker_id
-  where k.stopped_at is not null or k.last_heartbeat_at <= now() - make_interval(secs => %(stale_after)s)
+  where not flowlane.worker_is_live(k)
 )
 select w.run_id::text as run_id, w.step_slug, w.task_index, w.waiting_for, w.place
 from waits w
