@@ -30,12 +30,13 @@ PAYLOAD_LIMIT = 64 * 1024  # characters of a JSON value shown on demand
 THROUGHPUT_MINUTES = 15
 
 
-# The operator actions and their named queries: the same as `flowlane cancel|retry` and
+# The operator actions and their named queries: the same as `flowlane cancel|retry [--from]` and
 # `flowlane worker enable|disable`. Their SQL functions exist wherever the console runs
 # (open() refuses a database with pending migrations).
 ACTIONS = {
     "cancel": "client_cancel_run",
     "retry": "client_retry_run",
+    "rerun": "client_retry_run_from",  # a failed or completed run, from a step
     "approve": "console_decide",  # a signal {approved: true, by, at, comment}
     "reject": "console_decide",
     "set_deployment_enabled": "fleet_set_enabled",

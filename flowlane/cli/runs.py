@@ -98,11 +98,15 @@ def configure(subparsers: Any) -> None:
 
     retry = subparsers.add_parser(
         "retry",
-        help="resume a failed run from its failed steps",
+        help="resume a failed run from its failed steps, or rerun a run from a step",
         description="Resume a failed run: its failed steps start over with a fresh attempt "
-        "budget; completed steps keep their outputs. Refused for runs that are not failed.",
+        "budget; completed steps keep their outputs. Refused for runs that are not failed. "
+        "With --from STEP, a failed or completed run reruns STEP and every step that depends "
+        "on it; the other steps keep their outputs and the attempt history is kept.",
     )
     retry.add_argument("run_id", metavar="RUN_ID")
+    retry.add_argument("--from", dest="from_step", metavar="STEP",
+                       help="rerun this step and every step that depends on it")
     add_dsn_argument(retry)
     add_format(retry)
     retry.set_defaults(func=cmd_retry)
@@ -405,7 +409,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
     from flowlane.runtime.client import Client
 
     with Client(args.dsn) as client:
-        run = client.retry(args.run_id)
+        run = client.retry(args.run_id, from_step=args.from_step)
     if args.format == "json":
         print(json.dumps({"run_id": str(run["run_id"]), "status": run["status"],
                           "retry_count": run["retry_count"]}))

@@ -206,6 +206,7 @@ _START_HINTS = {
 }
 _NO_RUN = "P0002"
 _WRONG_STATE = "55000"
+_BAD_ARGUMENT = "22023"
 
 
 def _run_id(text: str) -> str:
@@ -326,9 +327,9 @@ def _start_error(exc: errors.DatabaseError) -> errors.FlowlaneError:
 def _operation_error(exc: errors.DatabaseError, run_id: str) -> errors.FlowlaneError:
     if exc.sqlstate == _NO_RUN:
         return errors.NotFound(f"no run {run_id}", hint="`flowlane runs` lists recent runs")
-    if exc.sqlstate == _WRONG_STATE:
+    if exc.sqlstate in (_WRONG_STATE, _BAD_ARGUMENT):
         return errors.FlowlaneError(
-            str(exc).split(": ", 1)[-1], hint=f"`flowlane run {run_id}` shows its state"
+            str(exc).split(": ", 1)[-1], hint=exc.hint or f"`flowlane run {run_id}` shows its state and steps"
         )
     return exc
 
@@ -564,11 +565,17 @@ class Operations:
         return row
 
     @staticmethod
-    def retry(run_id: str) -> Plan[dict[str, Any]]:
-        """Resume a failed run from its failed steps with a fresh attempt budget."""
+    def retry(run_id: str, *, from_step: str | None = None) -> Plan[dict[str, Any]]:
+        """Resume a failed run from its failed steps with a fresh attempt budget; with
+        ``from_step``, a failed or completed run reruns that step and every step that depends
+        on it (the other steps keep their outputs, the attempt history is kept)."""
         run_id = yield from _resolve_run(run_id)
         try:
-            rows = yield Fetch("client_retry_run", "cannot retry", {"run_id": run_id})
+            if from_step is None:
+                rows = yield Fetch("client_retry_run", "cannot retry", {"run_id": run_id})
+            else:
+                rows = yield Fetch("client_retry_run_from", "cannot retry",
+                                   {"run_id": run_id, "step_slug": from_step})
         except errors.DatabaseError as exc:
             raise _operation_error(exc, run_id) from exc
         row: dict[str, Any] = rows[0]

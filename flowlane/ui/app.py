@@ -242,6 +242,8 @@ ACTION_FORMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "cancel": ("Cancel run {run_id}? Queued tasks are archived and dependents never start.",
                ("run_id", "reason")),
     "retry": ("Retry the failed steps of run {run_id} with a fresh attempt budget?", ("run_id",)),
+    "rerun": (("Rerun step {step_slug} of run {run_id} and every step that depends on it? "
+               "The other steps keep their outputs."), ("run_id", "step_slug")),
     "approve": ("Approve step {step} of run {run_id}? The approval completes the step.",
                 ("run_id", "step", "by", "comment")),
     "reject": ("Reject step {step} of run {run_id}? The rejection completes the step.",

@@ -138,6 +138,7 @@ EXPECTED = {
     "signal": ("run_id uuid, step_slug text, payload jsonb DEFAULT '{}'::jsonb", "flowlane.signals"),
     "expire_waits": ("p_now timestamp with time zone DEFAULT now()", "integer"),
     "retry_run": ("run_id uuid", "flowlane.runs"),
+    "retry_run_from": ("run_id uuid, step_slug text", "flowlane.runs"),
     # retention, metrics and traces
     "prune_runs": (
         (

@@ -474,3 +474,31 @@ def test_a_workers_call_in_flight_when_the_newest_migration_commits_finishes(
         ended = {"claim": "started", "complete": "completed", "fail": "failed"}[call]
         assert len(rows) == tasks
         assert {engine.task(run, "a")["status"] for run in runs} == {ended}
+
+
+def test_runs_of_the_previous_release_rerun_from_a_step_after_the_upgrade(
+    db_factory: Callable[..., str],
+) -> None:
+    previous = previous_release()
+    with psycopg.connect(db_factory(previous.last_migration), autocommit=True) as conn:
+        engine = Engine(conn)
+        engine.define("f", [("a", [], {"max_attempts": 2, "base_delay": 0}), ("b", ["a"], {})])
+        run_id = engine.start("f", {})
+        [a] = engine.claim("f")
+        engine.fail(a, "first try")
+        engine.make_visible("f")
+        engine.drive("f", lambda t: t["step_slug"])
+        assert engine.run(run_id)["status"] == "completed"
+        migrator.migrate(conn)
+        # the attempt kept before the upgrade is unchanged; the rerun adds the superseded ones
+        engine.row("select * from flowlane.retry_run_from(%s, 'a')", (run_id,))
+        engine.drive("f", lambda t: t["step_slug"] + "2")
+        assert engine.run(run_id)["output"] == {"b": "b2"}
+        history = engine.rows("select step_slug, outcome, error_message, output from flowlane.task_attempts "
+                              "where run_id = %s order by id", (run_id,))
+        assert history == [
+            {"step_slug": "a", "outcome": "retry", "error_message": "first try", "output": None},
+            {"step_slug": "a", "outcome": "superseded", "error_message": None, "output": "a"},
+            {"step_slug": "b", "outcome": "superseded", "error_message": None, "output": "b"},
+        ]
+        assert_invariants(engine)

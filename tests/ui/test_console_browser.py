@@ -196,6 +196,27 @@ def test_actions_work_behind_a_confirmation(
                                (to_retry,)).fetchone()
         assert row == ("started", 1)
 
+        # a completed run reruns from a step: its completed task stays in the history
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            engine = Engine(conn)
+            to_rerun = engine.start("ping", {"note": "rerun"})
+            engine.complete(ui_support.claim_only(engine, "ping", to_rerun), {"pong": True})
+        driver.get(f"{server.url}/runs/{to_rerun}")
+        assert driver.find_element(By.ID, "run-status").text == "completed"
+        _follow_live(driver, "action-rerun-pong")
+        assert driver.find_element(By.ID, "question").text.startswith(f"Rerun step pong of run {to_rerun}")
+        _follow(driver, driver.find_element(By.ID, "confirm"))
+        assert driver.find_element(By.CSS_SELECTOR, "#message h1").text == "Done"
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute("select status, retry_count from flowlane.runs where run_id = %s",
+                               (to_rerun,)).fetchone()
+            history = conn.execute("select step_slug, outcome, output from flowlane.task_attempts "
+                                   "where run_id = %s", (to_rerun,)).fetchall()
+        assert row == ("started", 1)
+        assert history == [("pong", "superseded", {"pong": True})]
+        _follow(driver, driver.find_element(By.ID, "back"))
+        assert _absent(driver, "action-rerun-pong")  # a started run is not rerun
+
 
 def _decide(driver: Any, server: ui_support.UiServer, run_id: uuid.UUID, action: str,
             by: str, comment: str) -> None:
