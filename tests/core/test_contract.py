@@ -139,6 +139,8 @@ EXPECTED = {
     "expire_waits": ("p_now timestamp with time zone DEFAULT now()", "integer"),
     "retry_run": ("run_id uuid", "flowlane.runs"),
     "retry_run_from": ("run_id uuid, step_slug text", "flowlane.runs"),
+    "retry_runs": ("run_ids uuid[]", "SETOF uuid"),
+    "cancel_runs": ("run_ids uuid[], reason text DEFAULT NULL::text", "SETOF uuid"),
     # retention, metrics and traces
     "prune_runs": (
         (

@@ -359,3 +359,56 @@ begin
   return v_run;
 end;
 $$;
+
+-- many runs at once (`flowlane retry|cancel` with a filter), one bounded batch per call and
+-- transaction: each run is locked in id order and retried, or cancelled, if it is still in
+-- a state that allows it (a run that changed since it was chosen is passed over); returns
+-- the runs it changed
+create function flowlane.retry_runs(run_ids uuid[]) returns setof uuid
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_id uuid;
+begin
+  perform flowlane._check_batch('retry_runs', run_ids);
+  for v_id in
+    select r.run_id from flowlane.runs r where r.run_id = any (run_ids) order by r.run_id for update
+  loop
+    continue when (select r.status from flowlane.runs r where r.run_id = v_id) <> 'failed';
+    perform flowlane.retry_run(v_id);
+    return next v_id;
+  end loop;
+end;
+$$;
+
+create function flowlane.cancel_runs(run_ids uuid[], reason text = null) returns setof uuid
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_id uuid;
+begin
+  perform flowlane._check_batch('cancel_runs', run_ids);
+  for v_id in
+    select r.run_id from flowlane.runs r where r.run_id = any (run_ids) order by r.run_id for update
+  loop
+    continue when (select r.status from flowlane.runs r where r.run_id = v_id) not in ('started', 'waiting');
+    perform flowlane.cancel_run(v_id, reason);
+    return next v_id;
+  end loop;
+end;
+$$;
+
+-- a batch is bounded: the locks of its runs are held until its transaction commits
+create function flowlane._check_batch(p_function text, p_run_ids uuid[]) returns void
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  if cardinality(p_run_ids) > 1000 then
+    raise exception '%: at most 1000 runs a call, got %', p_function, cardinality(p_run_ids)
+      using errcode = '22023', hint = 'pass the runs in batches, one transaction each';
+  end if;
+end;
+$$;

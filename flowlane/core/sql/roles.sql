@@ -33,7 +33,7 @@ declare
   v_admin constant text[] := array[
     'create_flow', 'add_step', 'ensure_flow_shape', 'ensure_flow_compiled', 'set_alias', 'set_contract',
     'delete_flow_and_data', 'adopt_queue', 'begin_rollout', 'finish_rollout',
-    'start_flow', 'start_flows', 'start_ready_steps', 'cancel_run', 'retry_run', 'retry_run_from', 'signal', 'expire_waits',
+    'start_flow', 'start_flows', 'start_ready_steps', 'cancel_run', 'retry_run', 'retry_run_from', 'retry_runs', 'cancel_runs', 'signal', 'expire_waits',
     'set_schedule', 'keep_only_schedules', 'set_schedule_paused', 'trigger_schedule',
     'set_queue_limits', 'keep_only_queue_limits',
     'prune_runs'];  -- `flowlane prune`; workers prune through maintenance_tick
