@@ -246,8 +246,9 @@ select now() as now
 -- name: client_matching_runs
 -- the runs a bulk retry or cancel takes (`flowlane retry|cancel` with a filter), oldest first,
 -- a page after the (started_at, run_id) given: of the given flows, in one of the given
--- states, failed in a step, with an error type in the failed attempts of their last round or a
--- text in their error, started in a time range
+-- states, failed in a step, with an error type in the failed attempts of their last round (of
+-- that step, when one is given: console_failures groups by both) or a text in their error,
+-- started in a time range
 select r.run_id, r.flow_slug, r.status, r.started_at, left(r.error_message, 200) as error_message
 from flowlane.runs r
 where r.status = any (%(statuses)s::text[])
@@ -260,7 +261,8 @@ where r.status = any (%(statuses)s::text[])
   and (%(error_type)s::text is null or exists (
          select 1 from flowlane.task_attempts a
          where a.run_id = r.run_id and a.retry_round = r.retry_count and a.outcome = 'failed'
-           and a.error_type = %(error_type)s::text))
+           and a.error_type = %(error_type)s::text
+           and (%(step)s::text is null or a.step_slug = %(step)s::text)))
   and (%(error)s::text is null or strpos(lower(r.error_message), lower(%(error)s::text)) > 0)
   and (%(after_at)s::timestamptz is null or (r.started_at, r.run_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid))
 order by r.started_at, r.run_id
