@@ -223,8 +223,8 @@ class CardDeclined(Exception):
 
 
 def _failure_row(driver: Any, flow: str, step: str, error_type: str) -> list[Any]:
-    return driver.find_elements(
-        By.CSS_SELECTOR, f"#failures tr[data-flow='{flow}'][data-step='{step}'][data-error-type='{error_type}']")
+    selector = f"#failures tr[data-flow='{flow}'][data-step='{step}'][data-error-type='{error_type}']"
+    return driver.find_elements(By.CSS_SELECTOR, selector)
 
 
 def test_the_failures_page_groups_failed_runs_and_retries_a_group(
