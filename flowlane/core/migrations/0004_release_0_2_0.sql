@@ -15,7 +15,9 @@
 -- signature and behaviour; its body is split into helpers both share. The attempt history
 -- (task_attempts) gains the outcome 'superseded' and an output column: a rerun step's
 -- completed tasks are recorded there, with their output, before they are replaced. Existing
--- rows are unchanged (their output is null).
+-- rows are unchanged (their output is null). retry_runs and cancel_runs retry or cancel a
+-- bounded batch of runs in one call, passing over those no longer in a state that allows it
+-- (`flowlane retry|cancel` with a filter calls them once per batch and transaction).
 
 -- == Written by hand: tables, types and data that the functions need ==
 
