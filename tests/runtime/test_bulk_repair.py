@@ -14,7 +14,7 @@ from psycopg.types.json import Jsonb
 
 from flowlane.runtime.client import Client, Repair, RunFilter
 from tests.core.engine import Engine
-from tests.runtime.rt_support import flowlane
+from tests.runtime.rt_support import flowlane, wait_until
 
 FAILED = 1000
 
@@ -64,9 +64,22 @@ def test_a_dry_run_counts_and_shows_a_sample_and_changes_nothing(dsn: str) -> No
         assert both.returncode == 2 and "give RUN_ID or filter options, not both" in both.stderr
 
 
+def _claim_and_complete(claims: Engine, claimed: Counter[uuid.UUID]) -> int:
+    """Claim and complete what is visible on shop; the number of claims that gave up waiting
+    for a lock (lock_timeout)."""
+    try:
+        for task in claims.claim("shop", qty=50):
+            claimed[task["run_id"]] += 1
+            claims.complete(task, {"charged": True})
+    except psycopg.errors.LockNotAvailable:
+        return 1
+    return 0
+
+
 def test_a_thousand_failed_runs_are_retried_in_batches_while_claims_go_on(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         kinds = _failed_runs(Engine(conn))
+    in_order = sorted(kinds["CardDeclined"])  # runs started together: a batch is the next 100 ids
     done: list[Repair] = []
 
     def repair() -> None:
@@ -77,18 +90,25 @@ def test_a_thousand_failed_runs_are_retried_in_batches_while_claims_go_on(dsn: s
     repairing = threading.Thread(target=repair)
     lock_waits = 0
     claimed: Counter[uuid.UUID] = Counter()
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn) as blocker:
         claims = Engine(conn)
         # a claim that waits for a lock longer than this gives up, and is counted
         conn.execute("set lock_timeout = '30s'")
+        # hold the third batch half way: its transaction waits for this run's lock
+        blocker.execute("select 1 from flowlane.runs where run_id = %s for update", (in_order[250],))
         repairing.start()
+        waiting = ("select count(*) from pg_stat_activity "
+                   "where datname = current_database() and wait_event_type = 'Lock'")
+        wait_until(lambda: claims.scalar(waiting), message="the repair waiting in its third batch")
+        # the two batches before it are committed, their locks released: their tasks are claimed
+        # and completed while the third batch's transaction is open
+        assert claims.scalar("select count(*) from flowlane.runs where retry_count = 1") == 200
+        while claims.scalar("select count(*) from pgmq.q_shop where vt <= now()") > 0:
+            lock_waits += _claim_and_complete(claims, claimed)
+        assert set(claimed) == set(in_order[:200])
+        blocker.rollback()
         while repairing.is_alive() or claims.scalar("select count(*) from pgmq.q_shop") > 0:
-            try:
-                for task in claims.claim("shop", qty=50):
-                    claimed[task["run_id"]] += 1
-                    claims.complete(task, {"charged": True})
-            except psycopg.errors.LockNotAvailable:
-                lock_waits += 1
+            lock_waits += _claim_and_complete(claims, claimed)
         repairing.join()
         [result] = done
         assert (result.matched, result.changed, result.batches) == (FAILED, FAILED, 10)
