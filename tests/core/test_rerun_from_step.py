@@ -183,3 +183,22 @@ def test_a_rerun_of_a_limited_flow_waits_for_its_key(engine: Engine) -> None:
     assert engine.run(first)["status"] == "completed"
     assert engine.run(first)["output"] == {"b": "b!"}
     assert_invariants(engine)
+
+
+def test_a_completed_child_run_is_not_rerun_while_its_parent_runs(engine: Engine) -> None:
+    engine.define("child", [("k", [], {})])
+    engine.define("f", [("a", [], {}), ("kid", ["a"], {"child_flow": "child", "step_type": "map"})])
+    parent = engine.start("f", {})
+    engine.drive("f", lambda t: [1, 2])
+    [first, second] = engine.claim("child")
+    engine.complete(first, "k")
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match=r"parent run \S+ is still running"):
+        _rerun(engine, first["run_id"], "k")
+    engine.complete(second, "k")
+    assert engine.run(parent)["status"] == "completed"
+    assert engine.states(parent)["kid"]["output"] == [{"k": "k"}, {"k": "k"}]
+    assert _rerun(engine, first["run_id"], "k")["status"] == "started"  # the parent has ended
+    engine.drive("child", lambda t: "k2")
+    assert engine.run(first["run_id"])["output"] == {"k": "k2"}
+    assert engine.states(parent)["kid"]["output"] == [{"k": "k"}, {"k": "k"}]  # the parent's is kept
+    assert_invariants(engine)

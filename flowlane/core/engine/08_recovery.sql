@@ -164,7 +164,8 @@ $$;
 -- (outcome 'superseded', with their output), as do all their earlier attempts. A wait
 -- step rerun completes again with the signal it received; a child-flow step is not rerun
 -- (its child runs are runs of their own: retry them), so a rerun that would include one is
--- refused. The run waits for its flow's concurrency limit like a retried one.
+-- refused, as is a completed child run while its parent runs. The run waits for its flow's
+-- concurrency limit like a retried one.
 create function flowlane.retry_run_from(run_id uuid, step_slug text) returns flowlane.runs
 language plpgsql volatile
 set search_path = ''
@@ -179,6 +180,13 @@ begin
                  where s.flow_slug = v_run.flow_slug and s.step_slug = retry_run_from.step_slug) then
     raise exception 'flow % of run % has no step %', v_run.flow_slug, v_run.run_id,
       quote_literal(retry_run_from.step_slug) using errcode = '22023';
+  end if;
+  if v_run.status = 'completed' and exists (select 1 from flowlane.runs p
+                                            where p.run_id = v_run.parent_run_id and p.status in ('started', 'waiting')) then
+    -- its parent's step has counted its output already
+    raise exception 'run % is a child run whose parent run % is still running: it cannot be rerun now',
+      v_run.run_id, v_run.parent_run_id using errcode = '55000',
+      hint = 'rerun it once the parent run has ended, or rerun the parent from its child-flow step''s dependents';
   end if;
   v_steps := flowlane._dependents(v_run.flow_slug, retry_run_from.step_slug);
   select s.step_slug into v_child from flowlane.steps s
