@@ -19,7 +19,7 @@ from flowlane import errors
 from flowlane.app.fleet import waiting_reasons
 from flowlane.core import db, migrator
 from flowlane.core.queries import query
-from flowlane.runtime.client import PREFIX_CANDIDATES, only_run, prefix_range
+from flowlane.runtime.client import PREFIX_CANDIDATES, Client, Repair, RunFilter, only_run, prefix_range
 from flowlane.runtime.report import first_waits
 
 PAGE_SIZE = 50
@@ -27,14 +27,16 @@ MAX_PAGE_SIZE = 500
 TASKS_PER_STEP = 20
 PAYLOAD_LIMIT = 64 * 1024  # characters of a JSON value shown on demand
 THROUGHPUT_MINUTES = 15
+FAILURE_HOURS = 24
 
 
-# The operator actions and their named queries: the same as `flowlane cancel|retry` and
+# The operator actions and their named queries: the same as `flowlane cancel|retry [--from]` and
 # `flowlane worker enable|disable`. Their SQL functions exist wherever the console runs
 # (open() refuses a database with pending migrations).
 ACTIONS = {
     "cancel": "client_cancel_run",
     "retry": "client_retry_run",
+    "rerun": "client_retry_run_from",  # a failed or completed run, from a step
     "approve": "console_decide",  # a signal {approved: true, by, at, comment}
     "reject": "console_decide",
     "set_deployment_enabled": "fleet_set_enabled",
@@ -202,6 +204,32 @@ class Console:
                              task_index=task_index, limit=limit)
         raise errors.UsageError(f"no payload {what!r} for this selection")
 
+    # failures
+
+    def failures(self, hours: int = FAILURE_HOURS) -> list[dict[str, Any]]:
+        """The runs failed in the last ``hours``, grouped by flow, failed step and error type,
+        most first: each group's count, first and last failure, and count per hour (oldest
+        first)."""
+        groups: dict[tuple[str, str | None, str | None], dict[str, Any]] = {}
+        for row in self._rows("console_failures", hours=hours):
+            key = (row["flow_slug"], row["step_slug"], row["error_type"])
+            group = groups.setdefault(key, {"flow_slug": key[0], "step_slug": key[1], "error_type": key[2],
+                                            "runs": 0, "first_failed_at": row["first_failed_at"],
+                                            "last_failed_at": row["last_failed_at"], "hourly": [0] * hours})
+            group["runs"] += row["runs"]
+            group["first_failed_at"] = min(group["first_failed_at"], row["first_failed_at"])
+            group["last_failed_at"] = max(group["last_failed_at"], row["last_failed_at"])
+            if 0 <= row["hours_ago"] < hours:
+                group["hourly"][hours - 1 - row["hours_ago"]] += row["runs"]
+        return sorted(groups.values(), key=lambda g: (-g["runs"], g["flow_slug"], g["step_slug"] or "",
+                                                      g["error_type"] or ""))
+
+    def retry_failures(self, flow: str, step: str, error_type: str) -> Repair:
+        """Retry every failed run of a failures group (the bulk retry of `flowlane retry
+        --flow --step --error-type`, in its batches)."""
+        with Client(self.target.dsn) as client:
+            return client.repair("retry", RunFilter(flow=flow, step=step, error_type=error_type))
+
     # queues and workers
 
     def queues(self) -> list[dict[str, Any]]:
@@ -233,7 +261,13 @@ class Console:
 
     # actions
 
-    def perform(self, name: str, **params: Any) -> None:
+    def perform(self, name: str, **params: Any) -> str | None:
+        """Carry out an action; what it did, when there is more to say than "done"."""
+        if name == "retry_failures":
+            done = self.retry_failures(**params)
+            return (f"retried {done.changed} of {done.matched} matching runs in {done.batches} "
+                    f"batch{'es' if done.batches != 1 else ''}")
         if name not in ACTIONS:
             raise errors.UsageError(f"unknown action {name!r}")
         self._rows(ACTIONS[name], **params)
+        return None

@@ -16,7 +16,7 @@ from flowlane.cli.fleet import print_waiting
 from flowlane.runtime.limits import MAX_INPUT_BYTES, MAX_PRIORITY, MIN_PRIORITY, STATUSES
 
 if TYPE_CHECKING:
-    from flowlane.runtime.client import RunSummary, Started
+    from flowlane.runtime.client import RunFilter, RunSummary, Started
 
 
 def configure(subparsers: Any) -> None:
@@ -88,21 +88,35 @@ def configure(subparsers: Any) -> None:
         "cancel",
         help="cancel a started run",
         description="Cancel a started run: it ends `cancelled`, its queued messages are archived, "
-        "results of handlers still running are rejected and no further step starts.",
+        "results of handlers still running are rejected and no further step starts. "
+        "Without RUN_ID, every started or waiting run that the filter options match is "
+        "cancelled, oldest first, in batches of one short transaction each (--dry-run counts them).",
     )
-    cancel.add_argument("run_id", metavar="RUN_ID")
+    cancel.add_argument("run_id", metavar="RUN_ID", nargs="?",
+                        help="the run; without it, every run the filter options match")
     cancel.add_argument("--reason", help="recorded with the run")
+    cancel.add_argument("--status", choices=("started", "waiting"), action="append",
+                        help="with a filter: only runs in this state (repeatable; default both)")
+    _add_filter(cancel)
     add_dsn_argument(cancel)
     add_format(cancel)
     cancel.set_defaults(func=cmd_cancel)
 
     retry = subparsers.add_parser(
         "retry",
-        help="resume a failed run from its failed steps",
+        help="resume a failed run from its failed steps, or rerun a run from a step",
         description="Resume a failed run: its failed steps start over with a fresh attempt "
-        "budget; completed steps keep their outputs. Refused for runs that are not failed.",
+        "budget; completed steps keep their outputs. Refused for runs that are not failed. "
+        "With --from STEP, a failed or completed run reruns STEP and every step that depends "
+        "on it; the other steps keep their outputs and the attempt history is kept. "
+        "Without RUN_ID, every failed run that the filter options match is retried, oldest "
+        "first, in batches of one short transaction each (--dry-run counts them).",
     )
-    retry.add_argument("run_id", metavar="RUN_ID")
+    retry.add_argument("run_id", metavar="RUN_ID", nargs="?",
+                       help="the run; without it, every failed run the filter options match")
+    retry.add_argument("--from", dest="from_step", metavar="STEP",
+                       help="rerun this step and every step that depends on it")
+    _add_filter(retry)
     add_dsn_argument(retry)
     add_format(retry)
     retry.set_defaults(func=cmd_retry)
@@ -386,10 +400,74 @@ def _runs_header(waits: bool) -> str:
     return f"{header:<106}  WAITING FOR" if waits else header
 
 
+def _add_filter(parser: argparse.ArgumentParser) -> None:
+    found = parser.add_argument_group("filter (instead of RUN_ID: many runs at once)")
+    found.add_argument("--flow", metavar="FLOW_OR_ALIAS", help="runs of this flow (an alias: every version)")
+    found.add_argument("--step", metavar="STEP", help="runs whose step STEP failed")
+    found.add_argument("--error-type", metavar="TYPE", help="runs with a failed attempt of this error type "
+                       "in their last round (e.g. CardDeclined)")
+    found.add_argument("--error", metavar="TEXT", help="runs whose error contains TEXT (any case)")
+    found.add_argument("--since", metavar="TIME", help="runs started at or after TIME (ISO 8601)")
+    found.add_argument("--until", metavar="TIME", help="runs started before TIME (default: now)")
+    found.add_argument("--dry-run", action="store_true", help="count the runs and show a few; change nothing")
+    found.add_argument("--batch", type=int, default=100, metavar="N",
+                       help="runs per transaction (default 100, at most 1000)")
+
+
+def _run_filter(args: argparse.Namespace) -> RunFilter | None:
+    """The filter of a bulk retry or cancel, or None for one run (RUN_ID)."""
+    from flowlane.runtime.client import RunFilter
+
+    where = RunFilter(flow=args.flow, step=args.step, error_type=args.error_type, error=args.error,
+                      since=_since(args.since),
+                      until=None if args.until is None else _time_argument("--until", args.until))
+    bulk_only = args.dry_run or (getattr(args, "status", None) is not None)
+    if args.run_id is not None:
+        if not where.is_empty() or bulk_only:
+            raise errors.UsageError("give RUN_ID or filter options, not both")
+        return None
+    if where.is_empty():
+        raise errors.UsageError("name a run (RUN_ID) or the runs to take (filter options)",
+                                hint="e.g. --flow orders --step charge --error-type CardDeclined --dry-run")
+    return where
+
+
+def _bulk(args: argparse.Namespace, action: str, where: RunFilter, **options: Any) -> int:
+    from flowlane.runtime.client import Client
+
+    with Client(args.dsn) as client:
+        done = client.repair(action, where, dry_run=args.dry_run, batch_size=args.batch, **options)
+    if args.format == "json":
+        print(json.dumps(done.as_dict()))
+        return 0
+    past = {"retry": "retried", "cancel": "cancelled"}[action]
+    if done.dry_run:
+        print(f"would {action} {done.matched} run{'s' if done.matched != 1 else ''} "
+              f"(in batches of {args.batch}); nothing changed")
+    else:
+        print(f"{past} {done.changed} of {done.matched} matching runs in {done.batches} "
+              f"batch{'es' if done.batches != 1 else ''}")
+        if done.changed < done.matched:
+            print(f"{done.matched - done.changed} changed meanwhile and were left as they are")
+    for r in done.sample:
+        print(f"  {r['run_id']}  {r['flow_slug']:<24} {r['status']:<9} {r['started_at']:%Y-%m-%d %H:%M:%S}  "
+              f"{_one_line(r['error_message'])}")
+    if len(done.sample) < done.matched:
+        print(f"  ... and {done.matched - len(done.sample)} more")
+    return 0
+
+
+def _one_line(text: str | None) -> str:
+    return " ".join((text or "").split())[:100]
+
+
 @json_errors
 def cmd_cancel(args: argparse.Namespace) -> int:
     from flowlane.runtime.client import Client
 
+    where = _run_filter(args)
+    if where is not None:
+        return _bulk(args, "cancel", where, reason=args.reason, statuses=args.status)
     with Client(args.dsn) as client:
         run = client.cancel(args.run_id, reason=args.reason)
     if args.format == "json":
@@ -404,8 +482,13 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_retry(args: argparse.Namespace) -> int:
     from flowlane.runtime.client import Client
 
+    where = _run_filter(args)
+    if where is not None:
+        if args.from_step is not None:
+            raise errors.UsageError("--from takes one run (RUN_ID), not a filter")
+        return _bulk(args, "retry", where)
     with Client(args.dsn) as client:
-        run = client.retry(args.run_id)
+        run = client.retry(args.run_id, from_step=args.from_step)
     if args.format == "json":
         print(json.dumps({"run_id": str(run["run_id"]), "status": run["status"],
                           "retry_count": run["retry_count"]}))

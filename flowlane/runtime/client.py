@@ -115,6 +115,53 @@ class Started:
 
 
 @dataclass(frozen=True)
+class RunFilter:
+    """Which runs a bulk retry or cancel takes: of a flow or alias (every version), failed in a
+    step, with an error type among the failed attempts of their last round, with a text in
+    their error (any case), started at or after ``since`` and before ``until``."""
+
+    flow: str | None = None
+    step: str | None = None
+    error_type: str | None = None
+    error: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def is_empty(self) -> bool:
+        return all(getattr(self, name) is None for name in self.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class Repair:
+    """What a bulk retry or cancel did (or, in a dry run, would do): the runs that matched, the
+    runs it changed (a run that changed meanwhile is passed over), in how many batches (one
+    transaction each), and the first runs matched."""
+
+    action: str
+    matched: int
+    changed: int
+    batches: int
+    sample: list[dict[str, Any]]
+    dry_run: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"action": self.action, "matched": self.matched, "changed": self.changed,
+                "batches": self.batches, "dry_run": self.dry_run,
+                "sample": [{**r, "run_id": str(r["run_id"]), "started_at": _iso(r["started_at"])}
+                           for r in self.sample]}
+
+
+# what a bulk retry or cancel takes: the states it can change, and the function per batch
+REPAIRS: dict[str, tuple[tuple[str, ...], str]] = {
+    "retry": (("failed",), "client_retry_runs"),
+    "cancel": (("started", "waiting"), "client_cancel_runs"),
+}
+REPAIR_BATCH = 100
+MAX_REPAIR_BATCH = 1000  # what flowlane.retry_runs and cancel_runs take in one call
+DRY_RUN_PAGE = 1000
+
+
+@dataclass(frozen=True)
 class ScheduleSummary:
     """A schedule as ``flowlane schedules`` lists it."""
 
@@ -210,6 +257,7 @@ _START_HINTS = {
 }
 _NO_RUN = "P0002"
 _WRONG_STATE = "55000"
+_BAD_ARGUMENT = "22023"
 
 
 def _run_id(text: str) -> str:
@@ -330,9 +378,9 @@ def _start_error(exc: errors.DatabaseError) -> errors.FlowlaneError:
 def _operation_error(exc: errors.DatabaseError, run_id: str) -> errors.FlowlaneError:
     if exc.sqlstate == _NO_RUN:
         return errors.NotFound(f"no run {run_id}", hint="`flowlane runs` lists recent runs")
-    if exc.sqlstate == _WRONG_STATE:
+    if exc.sqlstate in (_WRONG_STATE, _BAD_ARGUMENT):
         return errors.FlowlaneError(
-            str(exc).split(": ", 1)[-1], hint=f"`flowlane run {run_id}` shows its state"
+            str(exc).split(": ", 1)[-1], hint=exc.hint or f"`flowlane run {run_id}` shows its state and steps"
         )
     return exc
 
@@ -386,6 +434,22 @@ def _flow_filter(rows: list[dict[str, Any]], flow: str) -> list[str]:
         return list(row["flows"])
     raise errors.NotFound(f"no flow or alias `{flow}` in the database",
                           hint=_unknown_flow_hint(flow, rows))
+
+
+def _repair_kind(action: str) -> tuple[tuple[str, ...], str]:
+    if action not in REPAIRS:
+        raise errors.UsageError(f"unknown bulk action {action!r}", hint="retry or cancel")
+    return REPAIRS[action]
+
+
+def _repair_statuses(action: str, allowed: tuple[str, ...],
+                     statuses: Iterable[str] | None) -> tuple[str, ...]:
+    chosen = tuple(statuses) if statuses is not None else allowed
+    wrong = [s for s in chosen if s not in allowed]
+    if wrong or not chosen:
+        raise errors.UsageError(f"a bulk {action} takes runs that are {' or '.join(allowed)}, not "
+                                f"{', '.join(wrong) or 'none'}")
+    return chosen
 
 
 def _unknown_flow_hint(flow: str, rows: list[dict[str, Any]]) -> str:
@@ -568,15 +632,54 @@ class Operations:
         return row
 
     @staticmethod
-    def retry(run_id: str) -> Plan[dict[str, Any]]:
-        """Resume a failed run from its failed steps with a fresh attempt budget."""
+    def retry(run_id: str, *, from_step: str | None = None) -> Plan[dict[str, Any]]:
+        """Resume a failed run from its failed steps with a fresh attempt budget; with
+        ``from_step``, a failed or completed run reruns that step and every step that depends
+        on it (the other steps keep their outputs, the attempt history is kept)."""
         run_id = yield from _resolve_run(run_id)
         try:
-            rows = yield Fetch("client_retry_run", "cannot retry", {"run_id": run_id})
+            if from_step is None:
+                rows = yield Fetch("client_retry_run", "cannot retry", {"run_id": run_id})
+            else:
+                rows = yield Fetch("client_retry_run_from", "cannot retry",
+                                   {"run_id": run_id, "step_slug": from_step})
         except errors.DatabaseError as exc:
             raise _operation_error(exc, run_id) from exc
         row: dict[str, Any] = rows[0]
         return row
+
+    @staticmethod
+    def repair(action: str, where: RunFilter, *, dry_run: bool = False, batch_size: int = REPAIR_BATCH,
+               statuses: Iterable[str] | None = None, reason: str | None = None,
+               sample_size: int = 10) -> Plan[Repair]:
+        """Retry (``action="retry"``: failed runs) or cancel (``"cancel"``: started and waiting
+        runs, or those of ``statuses``) every run ``where`` matches, oldest first, in batches of
+        ``batch_size`` runs, each its own short transaction; runs started after the call began
+        are left alone. ``dry_run`` changes nothing and counts them."""
+        allowed, function = _repair_kind(action)
+        chosen = _repair_statuses(action, allowed, statuses)
+        if not 1 <= batch_size <= MAX_REPAIR_BATCH:
+            raise errors.UsageError(f"the batch size is 1 to {MAX_REPAIR_BATCH} runs, not {batch_size}")
+        if where.is_empty():
+            raise errors.UsageError(f"a bulk {action} needs a filter",
+                                    hint="--flow, --step, --error-type, --error, --since or --until")
+        flows = (yield from Operations.flows_named(where.flow)) if where.flow else None
+        until = where.until or (yield Fetch("client_now", "cannot read the time"))[0]["now"]
+        params = {"statuses": list(chosen), "flows": flows, "since": where.since, "until": until,
+                  "step": where.step, "error_type": where.error_type, "error": where.error,
+                  "limit": DRY_RUN_PAGE if dry_run else batch_size, "after_at": None, "after_id": None}
+        matched, changed, batches = 0, 0, 0
+        sample: list[dict[str, Any]] = []
+        while rows := (yield Fetch("client_matching_runs", f"cannot {action} runs", params)):
+            matched += len(rows)
+            sample.extend(rows[: max(0, sample_size - len(sample))])
+            if not dry_run:
+                done = yield Fetch(function, f"cannot {action} runs",
+                                   {"run_ids": [r["run_id"] for r in rows], "reason": reason})
+                changed += len(done)
+                batches += 1
+            params = {**params, "after_at": rows[-1]["started_at"], "after_id": rows[-1]["run_id"]}
+        return Repair(action, matched, changed, batches, sample, dry_run)
 
     @staticmethod
     def schedules() -> Plan[list[ScheduleSummary]]:
@@ -776,6 +879,7 @@ class Client:
     start_runs = _blocking(Operations.start_runs)
     cancel = _blocking(Operations.cancel)
     retry = _blocking(Operations.retry)
+    repair = _blocking(Operations.repair)
     signal = _blocking(Operations.signal)
     flows_named = _blocking(Operations.flows_named)
     list_runs = _blocking(Operations.list_runs)
@@ -867,6 +971,7 @@ class AsyncClient:
     start_runs = _awaitable(Operations.start_runs)
     cancel = _awaitable(Operations.cancel)
     retry = _awaitable(Operations.retry)
+    repair = _awaitable(Operations.repair)
     signal = _awaitable(Operations.signal)
     flows_named = _awaitable(Operations.flows_named)
     list_runs = _awaitable(Operations.list_runs)

@@ -46,17 +46,19 @@ def render_run(state: dict[str, Any]) -> str:
     lines.extend(_holds(state))
     lines.extend(_waits(state))
     lines.extend(_children(state))
-    failed = state.get("attempts") or []
+    history = state.get("attempts") or []
+    failed = [item for item in history if item["outcome"] != "superseded"]
     if failed:
         lines.append("")
         lines.append("failed attempts")
-        for item in failed:
-            where = f"{item['step_slug']}[{item['task_index']}]"
-            lines.append(
-                f"  {where:<24} attempt {item['attempt']}{_round(item, run)}  "
-                f"{_one_line(_typed_error(item))}"
-            )
+        lines.extend(_attempt_line(item, run, _typed_error(item)) for item in failed)
         lines.append(f"  (`flowlane run {run['run_id']} --format json` includes the tracebacks)")
+    superseded = [item for item in history if item["outcome"] == "superseded"]
+    if superseded:
+        lines.append("")
+        lines.append("superseded by a rerun (completed, then run again)")
+        lines.extend(_attempt_line(item, run, f"output {json.dumps(item.get('output'), ensure_ascii=False)}")
+                     for item in superseded)
     if run.get("output") is not None:
         lines.append("")
         lines.append("output")
@@ -210,6 +212,11 @@ def _round(item: dict[str, Any], run: dict[str, Any]) -> str:
     if round_:
         return f", retry {round_}"
     return ", first run" if run.get("retry_count") else ""
+
+
+def _attempt_line(item: dict[str, Any], run: dict[str, Any], what: str) -> str:
+    where = f"{item['step_slug']}[{item['task_index']}]"
+    return f"  {where:<24} attempt {item['attempt']}{_round(item, run)}  {_one_line(what)}"
 
 
 def _typed_error(item: dict[str, Any]) -> str:

@@ -25,6 +25,7 @@ from starlette.templating import Jinja2Templates
 
 from flowlane import defaults, errors
 from flowlane.app.console import (
+    FAILURE_HOURS,
     MAX_PAGE_SIZE,
     PAGE_SIZE,
     THROUGHPUT_MINUTES,
@@ -205,6 +206,11 @@ def create_app(console: Console, settings: Settings) -> Starlette:
         problems = await run_in_threadpool(probe.ready)
         return PlainTextResponse("\n".join(problems or ["ready"]) + "\n", 503 if problems else 200)
 
+    def failures_page(request: Request) -> Response:
+        groups = console.failures()
+        return render(request, "failures.html", groups=groups, hours=FAILURE_HOURS,
+                      charts=[pages.sparkline(g["hourly"]) for g in groups])
+
     def schedules_page(request: Request) -> Response:
         return render(request, "schedules.html", schedules=console.schedules(), tick=defaults.TICK_INTERVAL)
 
@@ -223,6 +229,7 @@ def create_app(console: Console, settings: Settings) -> Starlette:
         Route("/queues", queues_page),
         Route("/workers", workers_page),
         Route("/schedules", schedules_page),
+        Route("/failures", failures_page),
         Mount("/static", StaticFiles(packages=[("flowlane.ui", "static")]), name="static"),
     ]
     if settings.allow_actions:
@@ -242,6 +249,10 @@ ACTION_FORMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "cancel": ("Cancel run {run_id}? Queued tasks are archived and dependents never start.",
                ("run_id", "reason")),
     "retry": ("Retry the failed steps of run {run_id} with a fresh attempt budget?", ("run_id",)),
+    "retry_failures": ("Retry every failed run of flow {flow} that failed in step {step} with {error_type}?",
+                       ("flow", "step", "error_type")),
+    "rerun": (("Rerun step {step_slug} of run {run_id} and every step that depends on it? "
+               "The other steps keep their outputs."), ("run_id", "step_slug")),
     "approve": ("Approve step {step} of run {run_id}? The approval completes the step.",
                 ("run_id", "step", "by", "comment")),
     "reject": ("Reject step {step} of run {run_id}? The rejection completes the step.",
@@ -289,11 +300,12 @@ def _action_routes(console: Console, render: Callable[..., Response]) -> list[Ro
             # a disabled deployment or a cancelled run says who did it; enabling clears the reason
             params["reason"] = None if params.get("enabled") is True else "from the console"
         try:
-            await run_in_threadpool(console.perform, name, **params)
+            said = await run_in_threadpool(console.perform, name, **params)
         except errors.FlowlaneError as exc:
             return render(request, "message.html", 409, title=f"{name} failed", message=str(exc),
                           hint=exc.hint, back=back, ok=False)
-        return render(request, "message.html", title="Done", message=f"{name}: done", back=back, ok=True)
+        return render(request, "message.html", title="Done", message=said or f"{name}: done", back=back,
+                      ok=True)
 
     return [Route("/actions/{name}", confirm, methods=["GET"]),
             Route("/actions/{name}", perform, methods=["POST"])]

@@ -141,6 +141,9 @@ EXPECTED = {
     "signal": ("run_id uuid, step_slug text, payload jsonb DEFAULT '{}'::jsonb", "flowlane.signals"),
     "expire_waits": ("p_now timestamp with time zone DEFAULT now()", "integer"),
     "retry_run": ("run_id uuid", "flowlane.runs"),
+    "retry_run_from": ("run_id uuid, step_slug text", "flowlane.runs"),
+    "retry_runs": ("run_ids uuid[]", "SETOF uuid"),
+    "cancel_runs": ("run_ids uuid[], reason text DEFAULT NULL::text", "SETOF uuid"),
     # retention, metrics and traces
     "override_task": (
         "run_id uuid, step_slug text, task_index integer, output jsonb, reason text",

@@ -500,4 +500,31 @@ def test_a_task_claimed_before_the_upgrade_is_overridden_after_it_with_its_histo
              "error_message": f"completed by hand by {conn.info.user}: the handler hangs"}]
         assert engine.complete(second, "late")["last_worker_id"] is None  # type: ignore[index]
         assert engine.run(run_id)["output"] == {"a": "by hand"}
+
+
+def test_runs_of_the_previous_release_rerun_from_a_step_after_the_upgrade(
+    db_factory: Callable[..., str],
+) -> None:
+    previous = previous_release()
+    with psycopg.connect(db_factory(previous.last_migration), autocommit=True) as conn:
+        engine = Engine(conn)
+        engine.define("f", [("a", [], {"max_attempts": 2, "base_delay": 0}), ("b", ["a"], {})])
+        run_id = engine.start("f", {})
+        [a] = engine.claim("f")
+        engine.fail(a, "first try")
+        engine.make_visible("f")
+        engine.drive("f", lambda t: t["step_slug"])
+        assert engine.run(run_id)["status"] == "completed"
+        migrator.migrate(conn)
+        # the attempt kept before the upgrade is unchanged; the rerun adds the superseded ones
+        engine.row("select * from flowlane.retry_run_from(%s, 'a')", (run_id,))
+        engine.drive("f", lambda t: t["step_slug"] + "2")
+        assert engine.run(run_id)["output"] == {"b": "b2"}
+        history = engine.rows("select step_slug, outcome, error_message, output from flowlane.task_attempts "
+                              "where run_id = %s order by id", (run_id,))
+        assert history == [
+            {"step_slug": "a", "outcome": "retry", "error_message": "first try", "output": None},
+            {"step_slug": "a", "outcome": "superseded", "error_message": None, "output": "a"},
+            {"step_slug": "b", "outcome": "superseded", "error_message": None, "output": "b"},
+        ]
         assert_invariants(engine)

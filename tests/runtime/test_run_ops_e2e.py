@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -135,6 +136,40 @@ def test_retry_resumes_from_the_failed_step(flows_dsn: str, spawn: Spawn, tmp_pa
     refused = flowlane("retry", run_id, "--dsn", flows_dsn)
     assert refused.returncode == 1
     assert "is completed: only a failed run can be retried" in refused.stderr
+
+
+def test_retry_from_a_step_of_a_completed_run_recomputes_only_its_dependents(
+    flows_dsn: str, spawn: Spawn, tmp_path: Path
+) -> None:
+    worker = spawn("--flow", "rt_rerun")
+    run_id = start_run(flows_dsn, "rt_rerun", {"dir": str(tmp_path)})
+    first = wait_run(flows_dsn, run_id, workers=[worker])
+    assert first["run"]["status"] == "completed"
+    executions = tmp_path / "executions.log"
+    assert sorted(executions.read_text().splitlines()) == ["audit", "load", "publish", "transform"]
+
+    result = flowlane("retry", run_id, "--from", "transform", "--dsn", flows_dsn)
+    assert result.returncode == 0, result.stderr
+    assert "started again (retry 1)" in result.stdout
+    state = wait_run(flows_dsn, run_id, workers=[worker])
+    assert state["run"]["status"] == "completed"
+    assert Counter(executions.read_text().splitlines()) == Counter(
+        {"load": 1, "audit": 1, "transform": 2, "publish": 2})
+    assert state["run"]["output"]["audit"] == step(first, "audit")["output"]
+    assert state["run"]["output"]["publish"]["execution"] == 6
+    # the first execution of the rerun steps stays in the history, with its output
+    with Client(flows_dsn) as client:
+        history = client.get_run(run_id)["attempts"]
+    assert [(h["step_slug"], h["outcome"], h["retry_round"], h["output"]) for h in history] == [
+        ("transform", "superseded", 0, step(first, "transform")["output"]),
+        ("publish", "superseded", 0, step(first, "publish")["output"]),
+    ]
+    shown = flowlane("run", run_id, "--dsn", flows_dsn)
+    assert shown.returncode == 0, shown.stderr
+    assert "superseded" in shown.stdout
+
+    unknown = flowlane("retry", run_id, "--from", "nope", "--dsn", flows_dsn)
+    assert unknown.returncode == 1 and "has no step 'nope'" in unknown.stderr
 
 
 def test_start_wait_prints_the_output_and_the_exit_status_tells(

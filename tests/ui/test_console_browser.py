@@ -196,6 +196,70 @@ def test_actions_work_behind_a_confirmation(
                                (to_retry,)).fetchone()
         assert row == ("started", 1)
 
+        # a completed run reruns from a step: its completed task stays in the history
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            engine = Engine(conn)
+            to_rerun = engine.start("ping", {"note": "rerun"})
+            engine.complete(ui_support.claim_only(engine, "ping", to_rerun), {"pong": True})
+        driver.get(f"{server.url}/runs/{to_rerun}")
+        assert driver.find_element(By.ID, "run-status").text == "completed"
+        _follow_live(driver, "action-rerun-pong")
+        assert driver.find_element(By.ID, "question").text.startswith(f"Rerun step pong of run {to_rerun}")
+        _follow(driver, driver.find_element(By.ID, "confirm"))
+        assert driver.find_element(By.CSS_SELECTOR, "#message h1").text == "Done"
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute("select status, retry_count from flowlane.runs where run_id = %s",
+                               (to_rerun,)).fetchone()
+            history = conn.execute("select step_slug, outcome, output from flowlane.task_attempts "
+                                   "where run_id = %s", (to_rerun,)).fetchall()
+        assert row == ("started", 1)
+        assert history == [("pong", "superseded", {"pong": True})]
+        _follow(driver, driver.find_element(By.ID, "back"))
+        assert _absent(driver, "action-rerun-pong")  # a started run is not rerun
+
+
+class CardDeclined(Exception):
+    pass
+
+
+def _failure_row(driver: Any, flow: str, step: str, error_type: str) -> list[Any]:
+    selector = f"#failures tr[data-flow='{flow}'][data-step='{step}'][data-error-type='{error_type}']"
+    return driver.find_elements(By.CSS_SELECTOR, selector)
+
+
+def test_the_failures_page_groups_failed_runs_and_retries_a_group(
+        driver: Any, seeded_db: tuple[str, ui_support.Seeded]) -> None:
+    dsn = seeded_db[0]
+    kind = ui_support.error_type(CardDeclined())  # as a worker records it: with its module
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        engine = Engine(conn)
+        declined = [engine.start("orders_v1", {"declined": n}) for n in range(3)]
+        for run_id in declined:  # max_attempts 1: the fetch's failure fails the run
+            ui_support.fail_like_a_worker(conn, ui_support.claim_only(engine, "intake", run_id),
+                                          engine.worker_id, CardDeclined("card 4242 declined"))
+    with ui_support.ui_server(dsn, "--allow-actions") as server:
+        driver.get(server.url + "/failures")
+        [row] = _failure_row(driver, "orders_v1", "fetch", kind)
+        assert row.find_element(By.CSS_SELECTOR, ".count").text == "3"
+        assert row.find_element(By.CSS_SELECTOR, "svg.spark title").get_attribute("textContent").startswith(
+            "3 failed in the last 24 h")
+        [seeded] = _failure_row(driver, "orders_v1", "price", "ValueError")  # the seed's failed run
+        assert seeded.find_element(By.CSS_SELECTOR, ".count").text == "1"
+
+        _follow(driver, driver.find_element(By.ID, f"action-retry-orders_v1-fetch-{kind}"))
+        assert driver.find_element(By.ID, "question").text == (
+            f"Retry every failed run of flow orders_v1 that failed in step fetch with {kind}?")
+        _follow(driver, driver.find_element(By.ID, "confirm"))
+        assert driver.find_element(By.CSS_SELECTOR, "#message h1").text == "Done"
+        assert "retried 3 of 3 matching runs in 1 batch" in driver.find_element(By.ID, "message").text
+        with psycopg.connect(dsn) as conn:
+            rows = conn.execute("select status, retry_count from flowlane.runs where run_id = any(%s)",
+                                (declined,)).fetchall()
+        assert rows == [("started", 1)] * 3
+        _follow(driver, driver.find_element(By.ID, "back"))
+        assert _failure_row(driver, "orders_v1", "fetch", kind) == []
+        assert len(_failure_row(driver, "orders_v1", "price", "ValueError")) == 1
+
 
 def _decide(driver: Any, server: ui_support.UiServer, run_id: uuid.UUID, action: str,
             by: str, comment: str) -> None:

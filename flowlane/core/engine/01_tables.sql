@@ -435,10 +435,11 @@ create table flowlane.task_attempts (
   error_message text,
   traceback text,
   failed_at timestamptz default now() not null,
+  output jsonb,
   constraint task_attempts_pkey primary key (id),
   constraint task_attempts_attempt_positive check (attempt >= 1),
   constraint task_attempts_bounded check ((length(error_message) <= 4000) and (length(traceback) <= 16000) and (length(error_type) <= 200)),
-  constraint task_attempts_outcome_valid check (outcome in ('retry', 'failed', 'stalled', 'overridden')),
+  constraint task_attempts_outcome_valid check (outcome in ('retry', 'failed', 'stalled', 'overridden', 'superseded')),
   constraint task_attempts_run_id_fkey foreign key (run_id) references flowlane.runs(run_id) on delete cascade
 );
 

@@ -227,3 +227,22 @@ select run_id from flowlane.signal(%(run_id)s::uuid, %(step)s, jsonb_build_objec
 
 -- name: console_run_family
 select flowlane.get_run_family(%(run_id)s::uuid) as family
+
+-- name: console_failures
+-- the runs that failed in the last hours, grouped by flow, failed step and error type (the type of
+-- that step's last failed attempt in the run's last round, as client_matching_runs filters;
+-- none: the run failed without one, such as at its deadline), per hour before now
+select f.flow_slug, f.step_slug, f.error_type,
+       floor(extract(epoch from (now() - f.failed_at)) / 3600)::int as hours_ago,
+       count(*) as runs, min(f.failed_at) as first_failed_at, max(f.failed_at) as last_failed_at
+from (
+  select r.flow_slug, r.failed_at, ss.step_slug,
+         (select a.error_type from flowlane.task_attempts a
+          where a.run_id = r.run_id and a.step_slug = ss.step_slug and a.retry_round = r.retry_count
+            and a.outcome = 'failed'
+          order by a.id desc limit 1) as error_type
+  from flowlane.runs r
+  left join flowlane.step_states ss on ss.run_id = r.run_id and ss.status = 'failed'
+  where r.status = 'failed' and r.failed_at >= now() - make_interval(hours => %(hours)s::int)
+) f
+group by 1, 2, 3, 4

@@ -41,7 +41,7 @@ declare
       'keep_only_schedules', 'set_queue_limits', 'keep_only_queue_limits'],
     'operate', array[
       'cancel_run', 'retry_run', 'signal', 'expire_waits', 'start_ready_steps', 'set_schedule_paused',
-      'trigger_schedule', 'prune_runs', 'override_task']);
+      'trigger_schedule', 'prune_runs', 'override_task', 'retry_run_from', 'retry_runs', 'cancel_runs']);
   -- the classes of each role; flowlane_admin is every responsibility but a worker's claims
   v_roles constant jsonb := jsonb_build_object(
     'flowlane_worker', array['claim', 'tick', 'fleet', 'inspect', 'runs', 'wait'],

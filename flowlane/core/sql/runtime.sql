@@ -220,6 +220,9 @@ select * from flowlane.cancel_run(%(run_id)s::uuid, %(reason)s)
 
 -- name: client_retry_run
 select * from flowlane.retry_run(%(run_id)s::uuid)
+
+-- name: client_retry_run_from
+select * from flowlane.retry_run_from(%(run_id)s::uuid, %(step_slug)s)
 -- name: client_stuck_runs
 select run_id, flow_slug, started_at, reason from flowlane.stuck_runs()
 
@@ -240,3 +243,37 @@ listen flowlane_definitions
 -- name: definitions_fingerprint
 -- changes whenever flowlane_definitions is notified: polled where a LISTEN cannot work
 select flowlane.definitions_fingerprint() as fingerprint
+
+-- name: client_now
+select now() as now
+
+-- name: client_matching_runs
+-- the runs a bulk retry or cancel takes (`flowlane retry|cancel` with a filter), oldest first,
+-- a page after the (started_at, run_id) given: of the given flows, in one of the given
+-- states, failed in a step, with an error type in the failed attempts of their last round (of
+-- that step, when one is given: console_failures groups by both) or a text in their error,
+-- started in a time range
+select r.run_id, r.flow_slug, r.status, r.started_at, left(r.error_message, 200) as error_message
+from flowlane.runs r
+where r.status = any (%(statuses)s::text[])
+  and (%(flows)s::text[] is null or r.flow_slug = any (%(flows)s::text[]))
+  and (%(since)s::timestamptz is null or r.started_at >= %(since)s::timestamptz)
+  and (%(until)s::timestamptz is null or r.started_at < %(until)s::timestamptz)
+  and (%(step)s::text is null or exists (
+         select 1 from flowlane.step_states ss
+         where ss.run_id = r.run_id and ss.step_slug = %(step)s::text and ss.status = 'failed'))
+  and (%(error_type)s::text is null or exists (
+         select 1 from flowlane.task_attempts a
+         where a.run_id = r.run_id and a.retry_round = r.retry_count and a.outcome = 'failed'
+           and a.error_type = %(error_type)s::text
+           and (%(step)s::text is null or a.step_slug = %(step)s::text)))
+  and (%(error)s::text is null or strpos(lower(r.error_message), lower(%(error)s::text)) > 0)
+  and (%(after_at)s::timestamptz is null or (r.started_at, r.run_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid))
+order by r.started_at, r.run_id
+limit %(limit)s
+
+-- name: client_retry_runs
+select run_id from flowlane.retry_runs(%(run_ids)s::uuid[]) as x (run_id)
+
+-- name: client_cancel_runs
+select run_id from flowlane.cancel_runs(%(run_ids)s::uuid[], %(reason)s) as x (run_id)

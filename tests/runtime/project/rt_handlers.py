@@ -288,3 +288,11 @@ def deadline(input: Any, ctx: TaskContext) -> str | None:
 def contract_output(input: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
     """Breaks its step's output_schema when asked (``total`` below its minimum)."""
     return {"total": 3 if input["mode"] == "good" else -1}
+
+
+def tally(input: Any, ctx: TaskContext) -> dict[str, Any]:
+    """One line per execution in executions.log; the output names the execution."""
+    log = Path(ctx.flow_input["dir"]) / "executions.log"
+    with log.open("a") as lines:
+        lines.write(f"{ctx.step_slug}\n")
+    return {"step": ctx.step_slug, "execution": len(log.read_text().splitlines())}
