@@ -10,7 +10,7 @@ as $$
   select q.queue_name, m.queue_length, coalesce(m.oldest_msg_age_sec, 0),
          (select count(*) from flowlane.workers w
           where w.queue_name = q.queue_name and w.stopped_at is null
-            and w.last_heartbeat_at > now() - make_interval(secs => p_stale_after)),
+            and w.last_heartbeat_at > flowlane._now() - make_interval(secs => p_stale_after)),
          (select count(*) from flowlane.worker_deployments d
           where d.queue_name = q.queue_name and not d.enabled)
   from flowlane.queues q

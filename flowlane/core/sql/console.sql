@@ -172,7 +172,7 @@ select coalesce(q.queue_name, m.queue_name) as queue_name, q.ownership, q.owner_
        (select count(*) from flowlane.steps s where s.queue_name = q.queue_name) as routed_steps,
        (select count(*) from flowlane.workers w
          where w.queue_name = q.queue_name and w.stopped_at is null
-           and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s)) as live_workers,
+           and w.last_heartbeat_at > flowlane._now() - make_interval(secs => %(stale_after)s)) as live_workers,
        l.concurrency, l.started, l.rate_limit, l.rate_per, l.waiting_for
 from flowlane.queues q
 full join pgmq.metrics_all() m on m.queue_name = q.pgmq_queue_name
@@ -182,10 +182,10 @@ order by 1
 -- name: console_queue_throughput
 -- tasks completed per queue and minute over the last minutes (minute 0 = the current one)
 select k.queue_name,
-       floor(extract(epoch from now() - k.completed_at) / 60)::int as minutes_ago,
+       floor(extract(epoch from flowlane._now() - k.completed_at) / 60)::int as minutes_ago,
        count(*) as completed
 from flowlane.step_tasks k
-where k.completed_at is not null and k.completed_at > now() - make_interval(mins => %(minutes)s)
+where k.completed_at is not null and k.completed_at > flowlane._now() - make_interval(mins => %(minutes)s)
 group by 1, 2
 
 -- name: console_queue_routes
@@ -196,7 +196,7 @@ order by s.queue_name, s.flow_slug, s.step_index
 -- name: console_workers
 select w.worker_id, w.worker_name, w.deployment_name, w.queue_name, w.supported_pairs,
        w.started_at, w.last_heartbeat_at,
-       extract(epoch from now() - w.last_heartbeat_at)::float8 as heartbeat_age,
+       extract(epoch from flowlane._now() - w.last_heartbeat_at)::float8 as heartbeat_age,
        w.deprecated_at, w.stopped_at
 from flowlane.workers w
 order by w.stopped_at is not null, w.last_heartbeat_at desc
@@ -205,7 +205,7 @@ limit %(limit)s
 -- name: console_deployments
 select d.deployment_name, d.queue_name, d.enabled, d.reason, d.created_at, d.changed_at,
        count(w.worker_id) filter (where w.stopped_at is null
-                                    and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s))
+                                    and w.last_heartbeat_at > flowlane._now() - make_interval(secs => %(stale_after)s))
          as live_workers
 from flowlane.worker_deployments d
 left join flowlane.workers w on w.deployment_name = d.deployment_name
@@ -224,7 +224,7 @@ select run_id from flowlane.trigger_schedule(%(schedule)s)
 -- name: console_decide
 -- approve or reject from the console: a signal {approved, by, at, comment} to a wait step
 select run_id from flowlane.signal(%(run_id)s::uuid, %(step)s, jsonb_build_object(
-  'approved', %(approved)s::boolean, 'by', %(by)s::text, 'at', now(),
+  'approved', %(approved)s::boolean, 'by', %(by)s::text, 'at', flowlane._now(),
   'comment', nullif(%(comment)s::text, '')))
 
 -- name: console_run_family

@@ -5,7 +5,7 @@ select d.deployment_name, d.queue_name, d.enabled, d.reason, d.changed_at,
        coalesce(jsonb_agg(jsonb_build_object(
                   'worker_id', w.worker_id,
                   'worker_name', w.worker_name,
-                  'heartbeat_age', round(extract(epoch from now() - w.last_heartbeat_at)::numeric, 1),
+                  'heartbeat_age', round(extract(epoch from flowlane._now() - w.last_heartbeat_at)::numeric, 1),
                   'deprecated', w.deprecated_at is not null,
                   'pairs', w.supported_pairs) order by w.started_at, w.worker_id)
                 filter (where w.worker_id is not null), '[]'::jsonb) as workers
@@ -27,10 +27,10 @@ select q.queue_name, q.ownership, q.owner_flow_slug, q.pgmq_queue_name, q.adopte
        m.queue_length as depth, m.oldest_msg_age_sec as oldest_age,
        (select count(*) from flowlane.workers w
          where w.queue_name = q.queue_name and w.stopped_at is null
-           and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s)) as live_workers,
+           and w.last_heartbeat_at > flowlane._now() - make_interval(secs => %(stale_after)s)) as live_workers,
        (select coalesce(jsonb_agg(jsonb_build_object(
                  'deployment', x.deployment_name, 'reason', x.reason, 'hint', x.hint,
-                 'age', extract(epoch from now() - x.refused_at))
+                 'age', extract(epoch from flowlane._now() - x.refused_at))
                order by x.deployment_name collate "C"), '[]')
         from flowlane.worker_refusals x where x.queue_name = q.queue_name) as refusals,
        l.concurrency, l.started, l.rate_limit, l.rate_per, l.waiting_for
@@ -66,7 +66,7 @@ from flowlane.finish_rollout(%(rollout_id)s)
 select w.worker_id, w.deployment_name
 from flowlane.workers w
 where w.deployment_name = any (%(deployments)s::text[]) and w.stopped_at is null
-  and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s)
+  and w.last_heartbeat_at > flowlane._now() - make_interval(secs => %(stale_after)s)
 order by w.deployment_name collate "C", w.worker_id
 
 -- name: fleet_waiting_queues
@@ -75,14 +75,14 @@ order by w.deployment_name collate "C", w.worker_id
 select t.queue_name, count(*) as queued_tasks,
        (select count(*) from flowlane.workers w
          where w.queue_name = t.queue_name and w.stopped_at is null and w.deprecated_at is null
-           and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s)) as live_workers,
+           and w.last_heartbeat_at > flowlane._now() - make_interval(secs => %(stale_after)s)) as live_workers,
        array(select d.deployment_name || ': ' || coalesce(d.reason, 'no reason given')
              from flowlane.worker_deployments d
              where d.queue_name = t.queue_name and not d.enabled
              order by d.deployment_name collate "C") as disabled,
        (select coalesce(jsonb_agg(jsonb_build_object(
                  'deployment', x.deployment_name, 'reason', x.reason, 'hint', x.hint,
-                 'age', extract(epoch from now() - x.refused_at))
+                 'age', extract(epoch from flowlane._now() - x.refused_at))
                order by x.deployment_name collate "C"), '[]')
         from flowlane.worker_refusals x where x.queue_name = t.queue_name) as refusals
 from flowlane.step_tasks t
@@ -99,6 +99,6 @@ select w.queue_name, coalesce(w.deployment_name, w.worker_name) as deployment,
 from flowlane.workers w
 cross join lateral jsonb_array_elements(w.supported_pairs) p
 where w.stopped_at is null and w.deprecated_at is null
-  and w.last_heartbeat_at > now() - make_interval(secs => %(stale_after)s)
+  and w.last_heartbeat_at > flowlane._now() - make_interval(secs => %(stale_after)s)
 group by w.queue_name, coalesce(w.deployment_name, w.worker_name)
 order by 1, 2

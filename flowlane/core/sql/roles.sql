@@ -87,6 +87,8 @@ begin
 
   -- create_flow's retention argument defaults to this function's value, computed as the caller
   grant execute on function flowlane._flow_option_default(text) to flowlane_admin;
+  -- the engine's clock, inlined into the runtime's and the console's queries as their caller
+  grant execute on function flowlane._now(), flowlane._clock_timestamp() to flowlane_worker, flowlane_admin;
   grant select on flowlane.worker_deployments to flowlane_worker;  -- the startup check
   grant select on all tables in schema flowlane to flowlane_admin;  -- inspection, plan, verify
 

@@ -91,12 +91,12 @@ from flowlane.fail_tasks(%(results)s::jsonb)
 select s.run_id, s.flow_slug, s.status, s.start_at,
        s.run_id::text is not distinct from current_setting('flowlane.found_run', true) as existed
 from flowlane.start_flow(%(flow)s, %(input)s::jsonb, %(run_id)s::uuid,
-                         coalesce(%(start_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+                         coalesce(%(start_at)s::timestamptz, flowlane._now() + make_interval(secs => %(delay)s::float8)),
                          %(key)s::text, priority => %(priority)s::int) s
 
 -- name: client_start_flows
 select run_id from flowlane.start_flows(%(flow)s, %(inputs)s::jsonb[],
-  coalesce(%(start_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+  coalesce(%(start_at)s::timestamptz, flowlane._now() + make_interval(secs => %(delay)s::float8)),
   priority => %(priority)s::int)
 
 -- name: client_list_runs
@@ -155,7 +155,7 @@ with given as (
   join flowlane.step_tasks t on t.run_id = g.run_id and t.status = 'started'
   join flowlane.step_options o on o.flow_slug = t.flow_slug and o.step_slug = t.step_slug
   join flowlane.workers k on k.worker_id = t.last_worker_id
-  where k.stopped_at is not null or k.last_heartbeat_at <= now() - make_interval(secs => %(stale_after)s)
+  where k.stopped_at is not null or k.last_heartbeat_at <= flowlane._now() - make_interval(secs => %(stale_after)s)
 )
 select w.run_id::text as run_id, w.step_slug, w.task_index, w.waiting_for, w.place
 from waits w
