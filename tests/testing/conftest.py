@@ -1,4 +1,4 @@
-"""The plugin's harness on the suite's server: a template with tests/testing/project applied once
+"""The plugin's harness on the suite's server: a template with examples/testing applied once
 per session, a copy per test."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from flowlane.testing.harness import FlowTest, TestServer, flow_test
 from tests.conftest import Cluster
 
-PROJECT = Path(__file__).resolve().parent / "project"
+PROJECT = Path(__file__).resolve().parents[2] / "examples" / "testing"
 
 
 @pytest.fixture(scope="session")

@@ -52,40 +52,6 @@ def test_a_retry_waits_for_its_delay_on_the_test_clock(flows: FlowTest) -> None:
     assert (done.status, failing.calls, done.step("ship").attempts) == ("completed", 3, 3)
 
 
-def test_a_signal_completes_a_wait_step(flows: FlowTest) -> None:
-    run = flows.run("approval", {"who": "ann"})
-    assert (run.status, run.step("approve").status) == ("started", "started")
-    approved = flows.signal(run.run_id, "approve", {"by": "bob"})
-    assert approved.status == "completed"
-    assert approved.step("notify").output == {"approved_by": "bob"}
-
-
-def test_a_wait_step_times_out_when_the_clock_passes_its_timeout(flows: FlowTest) -> None:
-    run = flows.run("approval", {"who": "ann"})
-    flows.advance(hours=23)
-    assert flows.result(run.run_id).status == "started"
-    flows.advance(hours=1)
-    assert flows.result(run.run_id).status == "failed"
-
-
-def test_a_run_fails_when_the_clock_passes_its_deadline(flows: FlowTest) -> None:
-    run = flows.run("quote")
-    flows.advance(minutes=59)
-    assert flows.result(run.run_id).status == "started"
-    flows.advance(minutes=1)
-    failed = flows.result(run.run_id)
-    assert failed.status == "failed" and "deadline exceeded" in (failed.error or "")
-
-
-def test_a_daily_schedule_fires_once_a_day_on_the_test_clock(flows: FlowTest) -> None:
-    assert flows.runs("report") == []
-    flows.advance(days=1)
-    [first] = flows.runs("report")
-    assert first.status == "completed" and first.output == {"build": {"built": True}}
-    flows.advance(days=1)
-    assert [r.status for r in flows.runs("report")] == ["completed", "completed"]
-
-
 def test_the_clock_moves_forward_only(flows: FlowTest) -> None:
     before = flows.now()
     flows.advance(hours=2)

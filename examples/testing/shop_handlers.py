@@ -1,4 +1,4 @@
-"""The handlers of the plugin's test project."""
+"""The handlers of the example shop, whose flows tests/ runs with flowlane's pytest plugin."""
 
 from __future__ import annotations
 

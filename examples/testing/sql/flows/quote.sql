@@ -1,5 +1,5 @@
 -- flowlane-compiled: {"format":2,"kind":"flow","shape_sha256":"d976fcb7477f31073f03e04b83738aae0085ade1ddb4dbfc41bb33f7f53bb43e","slug":"quote"}
--- flow quote from flows/deadline.yaml; do not edit: change the YAML and run `flowlane compile`
+-- flow quote from flows/quote.yaml; do not edit: change the YAML and run `flowlane compile`
 begin;
 
 -- an existing flow must already have exactly this shape (a changed shape needs a new slug)
