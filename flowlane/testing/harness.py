@@ -43,7 +43,7 @@ IDLE_TIMEOUT = 30.0  # seconds run_until_idle waits for the handlers before it g
 LOOK_AGAIN = 0.002  # seconds between two looks at whether the runs are idle
 # the test's workers poll this often when no notification wakes them (a retry without delay)
 POLL_INTERVAL = 0.05
-WORKER_START_TIMEOUT = 60.0
+WORKER_TIMEOUT = 60.0  # seconds a worker may take to start, and to stop
 
 Handler = Callable[[Any, Any], Any]
 
@@ -353,11 +353,14 @@ class FlowTest:
                                               name=f"flowlane-test-{spec.name}")
             self._workers.append(running)
             running.thread.start()
+        give_up = time.monotonic() + WORKER_TIMEOUT
         for running in self._workers:
             while not running.worker.ready.wait(0.01):
                 self._check_workers()
-                if not running.thread.is_alive():
-                    break
+                if time.monotonic() > give_up:
+                    queue = running.worker.queue
+                    raise errors.FlowlaneError(f"the worker of queue {queue} did not start "
+                                               f"in {WORKER_TIMEOUT:g} s")
 
     @staticmethod
     def _serve(running: _Running) -> None:
@@ -376,7 +379,7 @@ class FlowTest:
         for running in self._workers:
             running.worker.stop()
         for running in self._workers:
-            running.thread.join(WORKER_START_TIMEOUT)
+            running.thread.join(WORKER_TIMEOUT)
         self.client.close()
         self._conn.close()
 
