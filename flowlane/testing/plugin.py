@@ -54,6 +54,7 @@ def flowlane_server(pytestconfig: pytest.Config) -> Iterator[TestServer]:
     pgdata = workdir / "data"
     try:
         server = TestServer(db.EmbeddedDatabase.start_at(pgdata))
+        server.without_durability()
     except Exception as exc:  # noqa: BLE001 - whatever stops it, the tests cannot run
         shutil.rmtree(workdir, ignore_errors=True)
         pytest.fail(f"cannot start an embedded PostgreSQL for the flowlane fixtures: {exc} "
