@@ -41,9 +41,9 @@ begin
 end;
 $$;
 
--- what keeps the runs busy: a line per queue with messages ready to claim, and one for the
--- tasks claimed and not yet reported; none when the runs are idle
-create function flowlane_testing.busy() returns setof text
+-- what keeps the runs busy: a row per queue with messages ready to claim (the queue and a line
+-- saying so), and one for the tasks claimed and not yet reported (no queue); none when idle
+create function flowlane_testing.busy() returns table (queue_name text, line text)
 language plpgsql stable
 set search_path = ''
 as $$
@@ -53,7 +53,7 @@ declare
 begin
   select count(*) into v_n from flowlane.step_tasks t where t.status = 'started';
   if v_n > 0 then
-    return next format('%s task(s) started', v_n);
+    return query select null::text, format('%s task(s) started', v_n);
   end if;
   for v_queue in
     select q.queue_name, coalesce(q.pgmq_queue_name, q.queue_name) as pgmq_name from flowlane.queues q
@@ -62,7 +62,7 @@ begin
     execute format('select count(*) from pgmq.%I where vt <= pg_catalog.clock_timestamp()', 'q_' || v_queue.pgmq_name)
       into v_n;
     if v_n > 0 then
-      return next format('%s message(s) ready on queue %s', v_n, v_queue.queue_name);
+      return query select v_queue.queue_name, format('%s message(s) ready on queue %s', v_n, v_queue.queue_name);
     end if;
   end loop;
 end;

@@ -329,16 +329,18 @@ class FlowTest:
     def run_until_idle(self, timeout: float = IDLE_TIMEOUT) -> None:
         """Serve the project's handlers until no task is claimed or claimable and the
         maintenance tick (schedules, delayed starts, deadlines, wait timeouts) finds nothing
-        due at the test's time."""
-        self._start_workers()
+        due at the test's time. A queue's worker starts when the queue first has work."""
         give_up = time.monotonic() + timeout
         while True:
             self._check_workers()
-            if self._busy() == [] and self._tick_did_nothing() and self._busy() == []:
+            busy = self._busy()
+            if busy == [] and self._tick_did_nothing() and self._busy() == []:
                 return
+            self._serve_queues({queue for queue, _ in busy if queue is not None})
             if time.monotonic() > give_up:
+                still = "; ".join(line for _, line in self._busy())
                 raise errors.FlowlaneError(
-                    f"the runs are not idle after {timeout:g} s: " + "; ".join(self._busy()),
+                    f"the runs are not idle after {timeout:g} s: {still}",
                     hint="a handler that never returns, or a queue no worker of the project serves")
             time.sleep(LOOK_AGAIN)
 
@@ -346,23 +348,28 @@ class FlowTest:
         row = self._conn.execute(query("testing_tick")).fetchone()
         return not any((row or {}).get("done", {}).values())
 
-    def _busy(self) -> list[str]:
-        return [row["line"] for row in self._conn.execute(query("testing_busy")).fetchall()]
+    def _busy(self) -> list[tuple[str | None, str]]:
+        rows = self._conn.execute(query("testing_busy")).fetchall()
+        return [(row["queue_name"], row["line"]) for row in rows]
 
-    def _start_workers(self) -> None:
-        if self._workers:
-            return
+    def _serve_queues(self, queues: set[str]) -> None:
+        """Start the project's workers (as `flowlane serve` plans them) for these queues, once."""
         options = WorkerConfig(dsn=self.dsn, handle_signals=False, poll_interval=POLL_INTERVAL,
                                import_paths=(str(self.project_root),))
+        served = {running.worker.queue for running in self._workers}
+        started = []
         for spec in plan_workers(self.project, options):
+            if spec.queue not in queues or spec.queue in served:
+                continue
             worker = _TestWorker(self._replaced, self.project, spec.config)
             running = _Running(worker, threading.Thread(target=lambda: None))
             running.thread = threading.Thread(target=self._serve, args=(running,), daemon=True,
                                               name=f"flowlane-test-{spec.name}")
+            started.append(running)
             self._workers.append(running)
             running.thread.start()
         give_up = time.monotonic() + WORKER_TIMEOUT
-        for running in self._workers:
+        for running in started:
             while not running.worker.ready.wait(0.01):
                 self._check_workers()
                 if time.monotonic() > give_up:

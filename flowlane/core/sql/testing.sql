@@ -1,7 +1,7 @@
 -- The queries of flowlane's pytest plugin (flowlane/testing), on its test databases.
 
 -- name: testing_busy
-select line from flowlane_testing.busy() line
+select b.queue_name, b.line from flowlane_testing.busy() b
 
 -- name: testing_tick
 select flowlane.maintenance_tick() as done
