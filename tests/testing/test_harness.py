@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 import pytest
 
@@ -58,3 +59,11 @@ def test_the_clock_moves_forward_only(flows: FlowTest) -> None:
     assert (flows.now() - before).total_seconds() >= 7200
     with pytest.raises(FlowlaneError, match="moves forward only"):
         flows.advance(seconds=-1)
+
+
+def test_a_delayed_start_begins_when_the_clock_reaches_it(flows: FlowTest) -> None:
+    run_id = flows.start("orders", ORDER, start_at=timedelta(hours=2))
+    flows.run_until_idle()
+    assert flows.result(run_id).status == "waiting"
+    flows.advance(hours=2)
+    assert flows.result(run_id).status == "completed"
