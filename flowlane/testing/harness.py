@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -235,7 +236,7 @@ class _TestWorker(Worker):
 class _Running:
     worker: Worker
     thread: threading.Thread
-    failure: list[BaseException] = field(default_factory=list)
+    failure: list[BaseException]  # what stopped the worker, raised in the test's thread
 
 
 # -- the test's handle on its database -----------------------------------------------------
@@ -303,10 +304,12 @@ class FlowTest:
 
     # the clock
 
-    def now(self) -> Any:
+    def now(self) -> datetime:
         """The engine's time in this test's database."""
         row = self._conn.execute(query("testing_now")).fetchone()
-        return row["now"] if row else None
+        assert row is not None
+        now: datetime = row["now"]
+        return now
 
     def advance(self, seconds: float = 0, *, minutes: float = 0, hours: float = 0, days: float = 0) -> None:
         """Let the runs go idle, move the clock forward, then run until idle again: what waited
@@ -362,9 +365,10 @@ class FlowTest:
             if spec.queue not in queues or spec.queue in served:
                 continue
             worker = _TestWorker(self._replaced, self.project, spec.config)
-            running = _Running(worker, threading.Thread(target=lambda: None))
-            running.thread = threading.Thread(target=self._serve, args=(running,), daemon=True,
-                                              name=f"flowlane-test-{spec.name}")
+            failure: list[BaseException] = []
+            thread = threading.Thread(target=self._serve, args=(worker, failure), daemon=True,
+                                      name=f"flowlane-test-{spec.name}")
+            running = _Running(worker, thread, failure)
             started.append(running)
             self._workers.append(running)
             running.thread.start()
@@ -378,11 +382,11 @@ class FlowTest:
                                                f"in {WORKER_TIMEOUT:g} s")
 
     @staticmethod
-    def _serve(running: _Running) -> None:
+    def _serve(worker: Worker, failure: list[BaseException]) -> None:
         try:
-            running.worker.run()
+            worker.run()
         except BaseException as exc:  # noqa: BLE001 - the test's thread raises it (_check_workers)
-            running.failure.append(exc)
+            failure.append(exc)
 
     def _check_workers(self) -> None:
         for running in self._workers:
