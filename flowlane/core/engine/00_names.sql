@@ -10,17 +10,15 @@ create schema if not exists flowlane;
 -- the same plans and the same cost as the built-ins. Nothing in a database migrated by
 -- flowlane can move them. The test databases of flowlane's pytest plugin (flowlane.testing),
 -- throwaway copies of a template, replace _now() there with one that adds the test's offset.
+-- (SQL-standard bodies: stored parsed, so that inlining them does not parse them again)
 create function flowlane._now() returns timestamptz
 language sql stable parallel safe
-as $$ select pg_catalog.now() $$;
+return pg_catalog.now();
 
 -- the engine's clock_timestamp(): its _now() plus the time since the transaction began
 create function flowlane._clock_timestamp() returns timestamptz
 language sql volatile parallel safe
-as $$
-  select flowlane._now() operator(pg_catalog.+)
-         (pg_catalog.clock_timestamp() operator(pg_catalog.-) pg_catalog.now())
-$$;
+return flowlane._now() operator(pg_catalog.+) (pg_catalog.clock_timestamp() operator(pg_catalog.-) pg_catalog.now());
 
 -- a flow option's value when the flow's definition leaves it out: the column defaults of
 -- flowlane.flows and create_flow take it from here, and a test holds it equal to the

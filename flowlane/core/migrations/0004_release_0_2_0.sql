@@ -43,17 +43,15 @@ drop function flowlane.prune_runs(timestamp with time zone,text[],integer,intege
 -- the same plans and the same cost as the built-ins. Nothing in a database migrated by
 -- flowlane can move them. The test databases of flowlane's pytest plugin (flowlane.testing),
 -- throwaway copies of a template, replace _now() there with one that adds the test's offset.
+-- (SQL-standard bodies: stored parsed, so that inlining them does not parse them again)
 create or replace function flowlane._now() returns timestamptz
 language sql stable parallel safe
-as $$ select pg_catalog.now() $$;
+return pg_catalog.now();
 
 -- the engine's clock_timestamp(): its _now() plus the time since the transaction began
 create or replace function flowlane._clock_timestamp() returns timestamptz
 language sql volatile parallel safe
-as $$
-  select flowlane._now() operator(pg_catalog.+)
-         (pg_catalog.clock_timestamp() operator(pg_catalog.-) pg_catalog.now())
-$$;
+return flowlane._now() operator(pg_catalog.+) (pg_catalog.clock_timestamp() operator(pg_catalog.-) pg_catalog.now());
 
 create or replace function flowlane.adopt_queue(queue_name text) returns flowlane.queues
 language plpgsql volatile
