@@ -1,8 +1,9 @@
 -- A test database's own schema, flowlane_testing, and its clock: installed by flowlane's pytest
--- plugin into its own template database, never by a migration. It replaces the engine's _now() with one that adds the shift of
--- flowlane_testing.clock; advance() moves it forward, and brings the queue messages that wait
--- for a time (a retry's delay, a delayed send) nearer by the same amount, since PGMQ keeps
--- their visibility on PostgreSQL's clock.
+-- plugin into its own template database, never by a migration. It replaces the engine's _now()
+-- with one that adds the shift of flowlane_testing.clock, and points the time columns'
+-- defaults at the engine's clock; advance() moves the clock forward, and brings the queue
+-- messages that wait for a time (a retry's delay, a delayed send) nearer by the same amount,
+-- since PGMQ keeps their visibility on PostgreSQL's clock.
 
 create schema flowlane_testing;
 
@@ -16,6 +17,26 @@ insert into flowlane_testing.clock default values;
 create or replace function flowlane._now() returns timestamptz
 language sql stable parallel safe
 as $$ select pg_catalog.now() operator(pg_catalog.+) (select c.shift from flowlane_testing.clock c) $$;
+
+-- the engine's tables default their time columns to now() and clock_timestamp(), which are
+-- the clock's own times in a migrated database; here they follow the test's clock
+do $$
+declare
+  v_column record;
+begin
+  for v_column in
+    select c.oid::regclass as tab, a.attname, pg_get_expr(d.adbin, d.adrelid) as expr
+    from pg_attrdef d
+    join pg_class c on c.oid = d.adrelid
+    join pg_attribute a on a.attrelid = d.adrelid and a.attnum = d.adnum
+    where c.relnamespace = 'flowlane'::regnamespace
+      and pg_get_expr(d.adbin, d.adrelid) in ('now()', 'clock_timestamp()')
+  loop
+    execute format('alter table %s alter column %I set default %s', v_column.tab, v_column.attname,
+                   case v_column.expr when 'now()' then 'flowlane._now()' else 'flowlane._clock_timestamp()' end);
+  end loop;
+end;
+$$;
 
 -- moves the clock forward by p_seconds; returns the new time. Every queue's listeners are woken:
 -- what waited for the time may be visible now

@@ -42,5 +42,10 @@ def test_a_test_database_clock_moves_forward(conn: psycopg.Connection[Any]) -> N
         assert conn.execute("select extract(epoch from flowlane._now() - now())").fetchone() == (3600,)
         ahead = conn.execute("select flowlane._clock_timestamp() >= now() + interval '1 hour'")
         assert ahead.fetchone() == (True,)
+    defaults = conn.execute(
+        "select pg_get_expr(d.adbin, d.adrelid) from pg_attrdef d join pg_attribute a"
+        " on a.attrelid = d.adrelid and a.attnum = d.adnum"
+        " where d.adrelid = 'flowlane.runs'::regclass and a.attname = 'started_at'").fetchall()
+    assert defaults == [("flowlane._now()",)]  # the time columns follow the test's clock too
     with pytest.raises(pg_errors.InvalidParameterValue, match="moves forward only"):
         conn.execute("select flowlane_testing.advance(-1)")

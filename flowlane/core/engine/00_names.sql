@@ -9,7 +9,8 @@ create schema if not exists flowlane;
 -- settings and with every name qualified, so that the planner inlines them into their callers:
 -- the same plans and the same cost as the built-ins. Nothing in a database migrated by
 -- flowlane can move them. The test databases of flowlane's pytest plugin (flowlane.testing),
--- throwaway copies of a template, replace _now() there with one that adds the test's offset.
+-- throwaway copies of a template, replace _now() there with one that adds the test's offset,
+-- and point the time columns' defaults (now(), the same time here) at these two.
 -- (SQL-standard bodies: stored parsed, so that inlining them does not parse them again)
 create function flowlane._now() returns timestamptz
 language sql stable parallel safe

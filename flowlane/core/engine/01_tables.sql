@@ -5,7 +5,7 @@ create table flowlane.queues (
   queue_name text not null,
   ownership text default 'owned' not null,
   owner_flow_slug text,
-  created_at timestamptz default flowlane._now() not null,
+  created_at timestamptz default now() not null,
   pgmq_queue_name text not null,
   adopted_at timestamptz,
   prioritized boolean default false not null,
@@ -23,7 +23,7 @@ create table flowlane.flows (
   opt_max_attempts int default flowlane._flow_option_default('max_attempts') not null,
   opt_base_delay int default flowlane._flow_option_default('base_delay') not null,
   opt_timeout int default flowlane._flow_option_default('timeout') not null,
-  created_at timestamptz default flowlane._now() not null,
+  created_at timestamptz default now() not null,
   queue_mode text default 'flow' not null,
   shape_sealed_at timestamptz,
   opt_retention int default flowlane._flow_option_default('retention'),
@@ -64,7 +64,7 @@ create table flowlane.steps (
   forbidden_input_pattern jsonb,
   when_unmet text default 'skip' not null,
   when_exhausted text default 'fail' not null,
-  created_at timestamptz default flowlane._now() not null,
+  created_at timestamptz default now() not null,
   queue_name text,
   child_flow text,
   opt_concurrency_limit int,
@@ -107,7 +107,7 @@ create table flowlane.contracts (
   step_slug text,
   schema jsonb not null,
   check_sql text not null,
-  created_at timestamptz default flowlane._now() not null,
+  created_at timestamptz default now() not null,
   constraint contracts_flow_slug_fkey foreign key (flow_slug) references flowlane.flows(flow_slug) on delete cascade,
   constraint contracts_step_fkey foreign key (flow_slug, step_slug) references flowlane.steps(flow_slug, step_slug) on delete cascade
 );
@@ -118,7 +118,7 @@ create table flowlane.deps (
   flow_slug text not null,
   dep_slug text not null,
   step_slug text not null,
-  created_at timestamptz default flowlane._now() not null,
+  created_at timestamptz default now() not null,
   constraint deps_pkey primary key (flow_slug, dep_slug, step_slug),
   constraint deps_not_self check (dep_slug <> step_slug),
   constraint deps_flow_slug_dep_slug_fkey foreign key (flow_slug, dep_slug) references flowlane.steps(flow_slug, step_slug),
@@ -131,7 +131,7 @@ create table flowlane.aliases (
   alias text not null,
   flow_slug text not null,
   draining text[] default '{}'::text[] not null,
-  updated_at timestamptz default flowlane._clock_timestamp() not null,
+  updated_at timestamptz default clock_timestamp() not null,
   constraint aliases_pkey primary key (alias),
   constraint aliases_active_not_draining check (not (flow_slug = any (draining))),
   constraint aliases_draining_no_nulls check (array_position(draining, null) is null),
@@ -146,7 +146,7 @@ create table flowlane.alias_history (
   alias text not null,
   flow_slug text not null,
   draining text[] not null,
-  changed_at timestamptz default flowlane._clock_timestamp() not null,
+  changed_at timestamptz default clock_timestamp() not null,
   constraint alias_history_pkey primary key (id)
 );
 
@@ -213,7 +213,7 @@ create table flowlane.runs (
   output jsonb,
   error_message text,
   remaining_steps int default 0 not null,
-  started_at timestamptz default flowlane._now() not null,
+  started_at timestamptz default now() not null,
   completed_at timestamptz,
   failed_at timestamptz,
   cancelled_at timestamptz,
@@ -323,7 +323,7 @@ create table flowlane.step_states (
   output jsonb,
   error_message text,
   skip_reason text,
-  created_at timestamptz default flowlane._now() not null,
+  created_at timestamptz default now() not null,
   started_at timestamptz,
   completed_at timestamptz,
   failed_at timestamptz,
@@ -387,7 +387,7 @@ create table flowlane.step_tasks (
   output jsonb,
   last_worker_id uuid,
   requeued_count int default 0 not null,
-  queued_at timestamptz default flowlane._now() not null,
+  queued_at timestamptz default now() not null,
   started_at timestamptz,
   completed_at timestamptz,
   failed_at timestamptz,
@@ -434,7 +434,7 @@ create table flowlane.task_attempts (
   error_type text,
   error_message text,
   traceback text,
-  failed_at timestamptz default flowlane._now() not null,
+  failed_at timestamptz default now() not null,
   constraint task_attempts_pkey primary key (id),
   constraint task_attempts_attempt_positive check (attempt >= 1),
   constraint task_attempts_bounded check ((length(error_message) <= 4000) and (length(traceback) <= 16000) and (length(error_type) <= 200)),
@@ -449,8 +449,8 @@ create table flowlane.worker_deployments (
   queue_name text not null,
   enabled boolean default true not null,
   reason text,
-  created_at timestamptz default flowlane._now() not null,
-  changed_at timestamptz default flowlane._now() not null,
+  created_at timestamptz default now() not null,
+  changed_at timestamptz default now() not null,
   constraint worker_deployments_pkey primary key (deployment_name),
   constraint worker_deployments_name_valid check (flowlane.is_valid_deployment_name(deployment_name)),
   constraint worker_deployments_queue_name_fkey foreign key (queue_name) references flowlane.queues(queue_name)
@@ -462,8 +462,8 @@ create table flowlane.workers (
   worker_id uuid not null,
   queue_name text not null,
   worker_name text not null,
-  started_at timestamptz default flowlane._now() not null,
-  last_heartbeat_at timestamptz default flowlane._now() not null,
+  started_at timestamptz default now() not null,
+  last_heartbeat_at timestamptz default now() not null,
   deprecated_at timestamptz,
   stopped_at timestamptz,
   deployment_name text,
@@ -485,7 +485,7 @@ create table flowlane.worker_refusals (
   deployment_name text not null,
   reason text not null,
   hint text,
-  refused_at timestamptz default flowlane._now() not null,
+  refused_at timestamptz default now() not null,
   constraint worker_refusals_pkey primary key (queue_name, deployment_name)
 );
 
@@ -493,7 +493,7 @@ create table flowlane.rollouts (
   rollout_id bigint not null generated always as identity,
   deployments text[] not null,
   previously_enabled text[] not null,
-  started_at timestamptz default flowlane._now() not null,
+  started_at timestamptz default now() not null,
   finished_at timestamptz,
   constraint rollouts_pkey primary key (rollout_id)
 );
@@ -519,8 +519,8 @@ create table flowlane.schedules (
   next_slot timestamptz not null,
   last_slot timestamptz,
   last_run_id uuid,
-  created_at timestamptz default flowlane._now() not null,
-  updated_at timestamptz default flowlane._now() not null,
+  created_at timestamptz default now() not null,
+  updated_at timestamptz default now() not null,
   constraint schedules_pkey primary key (schedule_name),
   constraint schedules_catch_up_valid check (catch_up in ('latest', 'none', 'all')),
   constraint schedules_cron_complete check ((cron is null) = (cron_minutes is null) and (cron is null) = (cron_hours is null) and (cron is null) = (cron_months is null) and ((cron is not null) or ((cron_days is null) and (cron_weekdays is null)))),
@@ -537,7 +537,7 @@ create table flowlane.schedule_overrides (
   schedule_name text not null,
   paused boolean default true not null,
   reason text,
-  changed_at timestamptz default flowlane._now() not null,
+  changed_at timestamptz default now() not null,
   constraint schedule_overrides_pkey primary key (schedule_name)
 );
 
@@ -555,7 +555,7 @@ create table flowlane.held_tasks (
   flow_slug text not null,
   concurrency_key text not null,
   hold_seq bigint default nextval('flowlane.hold_seq') not null,
-  held_at timestamptz default flowlane._now() not null,
+  held_at timestamptz default now() not null,
   constraint held_tasks_pkey primary key (run_id, step_slug, task_index),
   constraint held_tasks_run_id_fkey foreign key (run_id) references flowlane.runs(run_id) on delete cascade
 );
@@ -583,8 +583,8 @@ create table flowlane.queue_limits (
   rate_limit int,
   rate_per int,
   tokens double precision default 0 not null,
-  refilled_at timestamptz default flowlane._now() not null,
-  updated_at timestamptz default flowlane._now() not null,
+  refilled_at timestamptz default now() not null,
+  updated_at timestamptz default now() not null,
   last_grant int default 0 not null,
   constraint queue_limits_pkey primary key (queue_name),
   constraint queue_limits_concurrency_positive check ((concurrency is null) or (concurrency >= 1)),

@@ -13,7 +13,7 @@ create table flowlane.signals (
   run_id uuid not null,
   step_slug text not null,
   payload jsonb not null,
-  received_at timestamptz default flowlane._now() not null,
+  received_at timestamptz default now() not null,
   applied_at timestamptz,
   constraint signals_pkey primary key (run_id, step_slug),
   constraint signals_applied_after_received check ((applied_at is null) or (applied_at >= received_at)),

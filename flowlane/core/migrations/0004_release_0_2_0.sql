@@ -12,8 +12,9 @@
 --
 -- The engine reads the time through one clock: the new _now() and _clock_timestamp() (plain SQL
 -- functions, inlined by the planner: the same plans as now() and clock_timestamp()) replace the
--- built-ins wherever the engine records a time or compares with one, and the time columns'
--- defaults call them. A queue message's visibility stays on PostgreSQL's clock. The test
+-- built-ins wherever the engine records a time or compares with one (the time columns keep
+-- their defaults, now(), the same time: no table is altered). A queue message's visibility
+-- stays on PostgreSQL's clock. The test
 -- databases of flowlane's pytest plugin replace _now() with one that the test moves; nothing
 -- in a database migrated by flowlane can move it. The functions the previous release's
 -- workers call keep their signatures; their new bodies return the same times.
@@ -2458,25 +2459,3 @@ as $$
 $$;
 
 -- == Written by hand: what calls the functions (checks, defaults, triggers, data) ==
-
--- the engine's clock: the columns that default to the time take it from the engine's clock
-alter table flowlane.queues alter column created_at set default flowlane._now();
-alter table flowlane.flows alter column created_at set default flowlane._now();
-alter table flowlane.steps alter column created_at set default flowlane._now();
-alter table flowlane.contracts alter column created_at set default flowlane._now();
-alter table flowlane.deps alter column created_at set default flowlane._now();
-alter table flowlane.aliases alter column updated_at set default flowlane._clock_timestamp();
-alter table flowlane.alias_history alter column changed_at set default flowlane._clock_timestamp();
-alter table flowlane.runs alter column started_at set default flowlane._now();
-alter table flowlane.step_states alter column created_at set default flowlane._now();
-alter table flowlane.step_tasks alter column queued_at set default flowlane._now();
-alter table flowlane.task_attempts alter column failed_at set default flowlane._now();
-alter table flowlane.worker_deployments alter column created_at set default flowlane._now(), alter column changed_at set default flowlane._now();
-alter table flowlane.workers alter column started_at set default flowlane._now(), alter column last_heartbeat_at set default flowlane._now();
-alter table flowlane.worker_refusals alter column refused_at set default flowlane._now();
-alter table flowlane.rollouts alter column started_at set default flowlane._now();
-alter table flowlane.schedules alter column created_at set default flowlane._now(), alter column updated_at set default flowlane._now();
-alter table flowlane.schedule_overrides alter column changed_at set default flowlane._now();
-alter table flowlane.held_tasks alter column held_at set default flowlane._now();
-alter table flowlane.queue_limits alter column refilled_at set default flowlane._now(), alter column updated_at set default flowlane._now();
-alter table flowlane.signals alter column received_at set default flowlane._now();
