@@ -268,6 +268,11 @@ class Worker:
             return [f"internal error in the worker's {session.crash}"]
         return []
 
+    def load_handlers(self) -> HandlerRegistry:
+        """Import the handlers this worker serves (before it connects); raises a
+        :class:`~flowlane.errors.WorkerError` listing every one that cannot be imported."""
+        return HandlerRegistry.load(self.selection.handlers, self.import_paths)
+
     # -- lifecycle --------------------------------------------------------
 
     async def _main(self) -> None:
@@ -317,7 +322,7 @@ class Worker:
 
     async def _serve_once(self) -> None:
         try:
-            registry = HandlerRegistry.load(self.selection.handlers, self.import_paths)
+            registry = self.load_handlers()
         except errors.FlowlaneError as refused:
             registry_error: errors.FlowlaneError | None = refused
         else:

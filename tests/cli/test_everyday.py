@@ -71,6 +71,7 @@ def test_the_ci_workflow_runs_sarif_check_and_plan(tmp_path: Path) -> None:
     assert "flowlane validate --handlers --format sarif" in commands  # requirements installed
     assert "flowlane check --no-handlers --base" in commands
     assert "flowlane plan" in commands and "--format markdown" in commands
+    assert "\npytest\n" in commands  # the project's tests (tests/test_hello.py for a start)
     uses = [s.get("uses", "") for s in workflow["jobs"]["flowlane"]["steps"]]
     assert any(u.startswith("github/codeql-action/upload-sarif") for u in uses)
 

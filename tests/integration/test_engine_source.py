@@ -60,8 +60,8 @@ def test_a_changed_function_is_drafted_and_the_draft_brings_the_migrations_to_th
     db_factory: Callable[..., str], source_copy: Path,
 ) -> None:
     fleet = source_copy / "09_fleet.sql"
-    _edit(fleet, "greatest(now(), w.last_heartbeat_at)\n     where w.worker_id = heartbeat.worker_id",
-          "greatest(clock_timestamp(), w.last_heartbeat_at)\n     where w.worker_id = heartbeat.worker_id")
+    where = "w.last_heartbeat_at)\n     where w.worker_id = heartbeat.worker_id"
+    _edit(fleet, f"greatest(flowlane._now(), {where}", f"greatest(flowlane._clock_timestamp(), {where}")
     _edit(fleet, "function flowlane.mark_worker_stopped(worker_id uuid)",
           "function flowlane.mark_worker_stopped(worker_id uuid, reason text = null)")
     migrated, built = db_factory(), _built_from_source(db_factory, source_copy)
@@ -112,7 +112,8 @@ def test_a_redraft_rewrites_only_the_drafted_part_of_the_pending_migration(
     db_factory: Callable[..., str], source_copy: Path,
 ) -> None:
     where = "w.last_heartbeat_at)\n     where w.worker_id = heartbeat"
-    _edit(source_copy / "09_fleet.sql", f"greatest(now(), {where}", f"greatest(clock_timestamp(), {where}")
+    _edit(source_copy / "09_fleet.sql", f"greatest(flowlane._now(), {where}",
+          f"greatest(flowlane._clock_timestamp(), {where}")
     found = draft_migration.difference(db_factory(), _built_from_source(db_factory, source_copy))
     before = "alter table flowlane.rollouts add column note text;"
     after = "update flowlane.rollouts set note = '';"

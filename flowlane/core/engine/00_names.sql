@@ -3,6 +3,24 @@
 
 create schema if not exists flowlane;
 
+-- The engine's clock: whatever the engine records or compares a time with reads it through
+-- these two, never now() or clock_timestamp() directly (a queue message's visibility is the
+-- exception: PGMQ keeps it on PostgreSQL's clock). They are plain SQL functions without
+-- settings and with every name qualified, so that the planner inlines them into their callers:
+-- the same plans and the same cost as the built-ins. Nothing in a database migrated by
+-- flowlane can move them. The test databases of flowlane's pytest plugin (flowlane.testing),
+-- throwaway copies of a template, replace _now() there with one that adds the test's offset,
+-- and point the time columns' defaults (now(), the same time here) at these two.
+-- (SQL-standard bodies: stored parsed, so that inlining them does not parse them again)
+create function flowlane._now() returns timestamptz
+language sql stable parallel safe
+return pg_catalog.now();
+
+-- the engine's clock_timestamp(): its _now() plus the time since the transaction began
+create function flowlane._clock_timestamp() returns timestamptz
+language sql volatile parallel safe
+return flowlane._now() operator(pg_catalog.+) (pg_catalog.clock_timestamp() operator(pg_catalog.-) pg_catalog.now());
+
 -- a flow option's value when the flow's definition leaves it out: the column defaults of
 -- flowlane.flows and create_flow take it from here, and a test holds it equal to the
 -- compiler's defaults

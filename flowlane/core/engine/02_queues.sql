@@ -225,7 +225,7 @@ begin
             hint = 'flowlane adopts only an empty queue or one whose every message belongs to a flowlane task; drain or move the other messages, then adopt again';
   end if;
   insert into flowlane.queues (queue_name, ownership, owner_flow_slug, pgmq_queue_name, adopted_at)
-  values (v_name, 'shared', null, v_pgmq, now())
+  values (v_name, 'shared', null, v_pgmq, flowlane._now())
   returning * into v_row;
   return v_row;
 end;

@@ -432,7 +432,7 @@ begin
             detail = array_to_string(v_diff, E'\n'),
             hint = 'a flow''s shape never changes once applied; give the changed flow a new slug (a new version)';
   end if;
-  update flowlane.flows f set shape_sealed_at = now()
+  update flowlane.flows f set shape_sealed_at = flowlane._now()
    where f.flow_slug = ensure_flow_shape.flow_slug and f.shape_sealed_at is null;
 end;
 $$;
@@ -488,12 +488,12 @@ begin
         using errcode = '23514', detail = array_to_string(v_diff, E'\n'),
               hint = 'check the shape document (needs sorted by code point, defaults written out)';
     end if;
-    update flowlane.flows f set shape_sealed_at = now() where f.flow_slug = v_slug;
+    update flowlane.flows f set shape_sealed_at = flowlane._now() where f.flow_slug = v_slug;
     return jsonb_build_object('status', 'compiled', 'differences', '[]'::jsonb);
   end if;
   v_diff := flowlane._shape_differences(flowlane.get_flow_shape(v_slug), shape);
   if cardinality(v_diff) = 0 then
-    update flowlane.flows f set shape_sealed_at = now()
+    update flowlane.flows f set shape_sealed_at = flowlane._now()
      where f.flow_slug = v_slug and f.shape_sealed_at is null;
     return jsonb_build_object('status', 'verified', 'differences', '[]'::jsonb);
   end if;
@@ -582,7 +582,7 @@ begin
   insert into flowlane.aliases as a (alias, flow_slug, draining)
   values (v_alias, v_active, v_draining)
   on conflict on constraint aliases_pkey do update
-    set flow_slug = excluded.flow_slug, draining = excluded.draining, updated_at = clock_timestamp()
+    set flow_slug = excluded.flow_slug, draining = excluded.draining, updated_at = flowlane._clock_timestamp()
   returning * into v_row;
   insert into flowlane.alias_history (alias, flow_slug, draining)
   values (v_alias, v_active, v_draining);
@@ -630,7 +630,7 @@ begin
   end if;
   with changed as (
     update flowlane.aliases a
-       set draining = array_remove(a.draining, old.flow_slug), updated_at = clock_timestamp()
+       set draining = array_remove(a.draining, old.flow_slug), updated_at = flowlane._clock_timestamp()
      where old.flow_slug = any (a.draining)
     returning a.alias, a.flow_slug, a.draining
   )

@@ -119,7 +119,7 @@ set jit = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_ids uuid[];
-  v_waiting boolean := coalesce(p_start_at > now(), false);
+  v_waiting boolean := coalesce(p_start_at > flowlane._now(), false);
   v_flow flowlane.flows;
   v_slot_keys text[];
   v_begins boolean[];
@@ -157,7 +157,7 @@ begin
   select v_ids[i], p_flow, p_inputs[i], (select count(*) from flowlane.steps s where s.flow_slug = p_flow),
          flowlane._trace_parent(),
          case when v_waiting or not coalesce(v_begins[i], true) then 'waiting' else 'started' end, p_start_at,
-         case when v_waiting or not coalesce(v_begins[i], true) then null else flowlane._run_deadline(p_flow, now()) end,
+         case when v_waiting or not coalesce(v_begins[i], true) then null else flowlane._run_deadline(p_flow, flowlane._now()) end,
          case when p_keys[i] is not null then p_called end, p_keys[i],
          coalesce(p_priority, v_flow.opt_priority, 0), v_slot_keys[i],
          case when not v_waiting and not coalesce(v_begins[i], true) then nextval('flowlane.hold_seq') end
@@ -214,7 +214,7 @@ begin
   insert into flowlane.runs (run_id, flow_slug, input, remaining_steps, trace_parent, status, start_at, deadline_at,
                              called_as, idempotency_key, priority)
   values (coalesce(p_run_id, gen_random_uuid()), (p_flow).flow_slug, p_input, v_steps, flowlane._trace_parent(),
-          'started', p_start_at, flowlane._run_deadline((p_flow).flow_slug, now()),
+          'started', p_start_at, flowlane._run_deadline((p_flow).flow_slug, flowlane._now()),
           case when p_key is not null then p_called end, p_key, coalesce(p_priority, (p_flow).opt_priority, 0))
   returning * into v_run;
   with written as (
@@ -222,7 +222,7 @@ begin
                                             started_at, remaining_tasks)
     select s.flow_slug, v_run.run_id, s.step_slug, s.deps_count, t.tasks,
            case when s.deps_count = 0 then 'started' else 'created' end,
-           case when s.deps_count = 0 then now() end,
+           case when s.deps_count = 0 then flowlane._now() end,
            case when s.deps_count = 0 then t.tasks end
     from flowlane.steps s
     cross join lateral (  -- a dependent map's count is known when its parent completes
@@ -347,7 +347,7 @@ begin
     if found then
       if v_step.when_unmet = 'fail' then
         update flowlane.step_states ss
-           set status = 'failed', failed_at = now(), error_message = 'condition not met'
+           set status = 'failed', failed_at = flowlane._now(), error_message = 'condition not met'
          where ss.run_id = p_run_id and ss.step_slug = v_step.step_slug;
         perform flowlane._fail_run(p_run_id,
           format('step %s: condition not met (when_unmet = fail)', v_step.step_slug));
@@ -449,7 +449,7 @@ begin
     for update of ss
   ), started as (
     update flowlane.step_states ss
-       set status = 'started', started_at = now(), remaining_tasks = ss.initial_tasks
+       set status = 'started', started_at = flowlane._now(), remaining_tasks = ss.initial_tasks
       from ready
      where ss.run_id = ready.run_id and ss.step_slug = ready.step_slug and ss.run_id = any (p_run_ids)
     returning ss
@@ -508,7 +508,7 @@ as $$
 begin
   update flowlane.step_states s
      set status = 'completed', output = p_output, remaining_tasks = 0,
-         started_at = coalesce(s.started_at, now()), completed_at = now()
+         started_at = coalesce(s.started_at, flowlane._now()), completed_at = flowlane._now()
    where s.run_id = p_run_id and s.step_slug = p_step_slug and s.status in ('created', 'started');
   if not found then
     return;
@@ -557,13 +557,13 @@ declare
   v_tasks flowlane.step_tasks[];
 begin
   update flowlane.step_states s
-     set status = 'skipped', skip_reason = p_reason, skipped_at = now(), remaining_tasks = null
+     set status = 'skipped', skip_reason = p_reason, skipped_at = flowlane._now(), remaining_tasks = null
    where s.run_id = p_run_id and s.step_slug = p_step_slug and s.status in ('created', 'started');
   if not found then
     return false;
   end if;
   with skipped as (
-    update flowlane.step_tasks t set status = 'skipped', skipped_at = now()
+    update flowlane.step_tasks t set status = 'skipped', skipped_at = flowlane._now()
      where t.run_id = p_run_id and t.step_slug = p_step_slug and t.status in ('queued', 'started')
     returning t
   ) select coalesce(array_agg(k.t), '{}') into v_tasks from skipped k;
@@ -634,10 +634,10 @@ as $$
 declare
   v_tasks flowlane.step_tasks[];
 begin
-  update flowlane.runs r set status = 'failed', failed_at = now(), error_message = p_error
+  update flowlane.runs r set status = 'failed', failed_at = flowlane._now(), error_message = p_error
    where r.run_id = p_run_id and r.status = 'started';
   with cancelled as (
-    update flowlane.step_tasks t set status = 'cancelled', cancelled_at = now()
+    update flowlane.step_tasks t set status = 'cancelled', cancelled_at = flowlane._now()
      where t.run_id = p_run_id and t.status in ('queued', 'started')
     returning t
   ) select coalesce(array_agg(c.t), '{}') into v_tasks from cancelled c;
@@ -654,7 +654,7 @@ language sql volatile
 set search_path = ''
 as $$
   update flowlane.step_states ss
-     set status = 'cancelled', cancelled_at = greatest(now(), coalesce(ss.started_at, ss.created_at))
+     set status = 'cancelled', cancelled_at = greatest(flowlane._now(), coalesce(ss.started_at, ss.created_at))
    where ss.run_id = p_run_id and ss.status in ('created', 'started');
 $$;
 
@@ -670,7 +670,7 @@ as $$
     where r.run_id = any (p_run_ids) and r.status = 'started' and r.remaining_steps = 0
   )
   update flowlane.runs r
-     set status = 'completed', completed_at = now(), output = coalesce(o.output, '{}'::jsonb)
+     set status = 'completed', completed_at = flowlane._now(), output = coalesce(o.output, '{}'::jsonb)
     from done d
     left join flowlane._run_outputs(array(select k.run_id from done k)) o on o.run_id = d.run_id
    where r.run_id = d.run_id and r.run_id = any (p_run_ids)

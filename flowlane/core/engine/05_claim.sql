@@ -249,7 +249,7 @@ begin
   if exists (select 1 from unnest(v_batch) c where (c.task).status = 'started') then
     select array_agg(c.task order by c.msg_id),
            array_agg(greatest(1, ceil(extract(epoch from
-                       flowlane._stall_deadline(c.task, o.stall_after) - clock_timestamp()))::int) order by c.msg_id)
+                       flowlane._stall_deadline(c.task, o.stall_after) - flowlane._clock_timestamp()))::int) order by c.msg_id)
       into v_duplicates, v_offsets
     from unnest(v_batch) c
     join flowlane.step_options o on o.flow_slug = (c.task).flow_slug and o.step_slug = (c.task).step_slug
@@ -259,7 +259,7 @@ begin
 
   with claimed as (
     update flowlane.step_tasks t
-       set status = 'started', attempts_count = t.attempts_count + 1, started_at = coalesce(p_started_at, now()),
+       set status = 'started', attempts_count = t.attempts_count + 1, started_at = coalesce(p_started_at, flowlane._now()),
            last_worker_id = p_worker_id
       from unnest(v_batch) c
      where c.claimable and t.run_id = (c.task).run_id and t.step_slug = (c.task).step_slug
@@ -349,7 +349,7 @@ begin
     return null;
   end if;
   update flowlane.step_tasks t
-     set status = 'started', attempts_count = t.attempts_count + 1, started_at = coalesce(p_started_at, now()),
+     set status = 'started', attempts_count = t.attempts_count + 1, started_at = coalesce(p_started_at, flowlane._now()),
          last_worker_id = p_worker_id
    where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index
   returning t.* into v_task;
@@ -494,7 +494,7 @@ create trigger step_tasks_leases_on_delete
 
 -- called by a worker for the tasks it holds: items {run_id, step_slug,
 -- task_index, attempt, running}. A task still owned by this worker and
--- attempt gets lease_renewed_at = now() and its message hidden until the new
+-- attempt gets lease_renewed_at = flowlane._now() and its message hidden until the new
 -- stall deadline. A running handler's lease is extended only within its
 -- timeout (a hung handler is still recovered); a finished handler whose
 -- result is not yet committed is always extended. Returns the tasks extended.
@@ -522,11 +522,11 @@ begin
     join flowlane.step_options o on o.flow_slug = t.flow_slug and o.step_slug = t.step_slug
     where t.status = 'started' and t.last_worker_id = extend_leases.worker_id
       and t.attempts_count = i.attempt
-      and (not i.running or now() < t.started_at + make_interval(secs => o.timeout))
+      and (not i.running or flowlane._now() < t.started_at + make_interval(secs => o.timeout))
     order by t.run_id, t.step_slug, t.task_index
     for update of t skip locked
   ), renewed as (
-    update flowlane.step_tasks t set lease_renewed_at = now()
+    update flowlane.step_tasks t set lease_renewed_at = flowlane._now()
       from locked l
      where t.run_id = l.run_id and t.step_slug = l.step_slug and t.task_index = l.task_index
     returning t, l.stall_after

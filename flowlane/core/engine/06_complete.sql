@@ -285,7 +285,7 @@ begin
     select c.* from unnest(v_violations) c where not (c.task).run_id = any (v_sequential)
   loop
     update flowlane.step_tasks t
-       set status = 'failed', failed_at = now(), output = (v_class.item).output,
+       set status = 'failed', failed_at = flowlane._now(), output = (v_class.item).output,
            error_message = format('[TYPE_VIOLATION] step %s feeds map step %s and must output a JSON array, got %s',
              (v_class.task).step_slug,
              (select d.step_slug from flowlane.deps d
@@ -300,7 +300,7 @@ begin
     returning * into v_task;
     perform flowlane._archive_tasks(array[v_task]);
     update flowlane.step_states ss
-       set status = 'failed', failed_at = now(), remaining_tasks = null, error_message = v_task.error_message
+       set status = 'failed', failed_at = flowlane._now(), remaining_tasks = null, error_message = v_task.error_message
      where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug;
     perform flowlane._fail_run(v_task.run_id, v_task.error_message);
   end loop;
@@ -308,7 +308,7 @@ begin
   -- completions: one statement per table
   with done as (
     update flowlane.step_tasks t
-       set status = 'completed', completed_at = now(), output = (c.item).output
+       set status = 'completed', completed_at = flowlane._now(), output = (c.item).output
       from unnest(v_classes) c
      where c.actionable and not (c.task).run_id = any (v_sequential)
        and not exists (select 1 from unnest(v_violations) v where (v.task).run_id = (c.task).run_id)
@@ -334,7 +334,7 @@ begin
     update flowlane.step_states ss
        set remaining_tasks = ss.remaining_tasks - c.n,
            status = case when ss.remaining_tasks = c.n then 'completed' else ss.status end,
-           completed_at = case when ss.remaining_tasks = c.n then now() end,
+           completed_at = case when ss.remaining_tasks = c.n then flowlane._now() end,
            output = case when ss.remaining_tasks <> c.n then null
                          when c.step_type = 'single' then c.output
                          else (select coalesce(jsonb_agg(t.output order by t.task_index), '[]'::jsonb)
@@ -424,7 +424,7 @@ begin
     return null;
   end if;
   update flowlane.step_tasks t
-     set status = 'completed', completed_at = now(), output = p_item.output
+     set status = 'completed', completed_at = flowlane._now(), output = p_item.output
    where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index
   returning t.* into v_task;
   if v_task.message_id is not null then
@@ -433,7 +433,7 @@ begin
   update flowlane.step_states ss
      set remaining_tasks = ss.remaining_tasks - 1,
          status = case when ss.remaining_tasks = 1 then 'completed' else ss.status end,
-         completed_at = case when ss.remaining_tasks = 1 then now() end,
+         completed_at = case when ss.remaining_tasks = 1 then flowlane._now() end,
          output = case when ss.remaining_tasks <> 1 then null
                        when v_step_type = 'single' then p_item.output
                        else (select coalesce(jsonb_agg(t.output order by t.task_index), '[]'::jsonb)
@@ -467,7 +467,7 @@ begin
   update flowlane.runs r
      set remaining_steps = r.remaining_steps - 1,
          status = case when r.remaining_steps = 1 then 'completed' else r.status end,
-         completed_at = case when r.remaining_steps = 1 then now() else r.completed_at end,
+         completed_at = case when r.remaining_steps = 1 then flowlane._now() else r.completed_at end,
          output = case when r.remaining_steps = 1
                        then coalesce((select o.output from flowlane._run_outputs(array[r.run_id]) o), '{}'::jsonb)
                        else r.output end
@@ -503,7 +503,7 @@ begin
            initial_tasks = x.tasks,
            status = case when v_plain and cs.status = 'created' and cs.remaining_deps = 1 then 'started'
                          else cs.status end,
-           started_at = case when v_plain and cs.status = 'created' and cs.remaining_deps = 1 then now()
+           started_at = case when v_plain and cs.status = 'created' and cs.remaining_deps = 1 then flowlane._now()
                              else cs.started_at end,
            remaining_tasks = case when v_plain and cs.status = 'created' and cs.remaining_deps = 1 then x.tasks
                                   else cs.remaining_tasks end
@@ -545,7 +545,7 @@ begin
   update flowlane.runs r
      set remaining_steps = r.remaining_steps - c.n,
          status = case when c.last then 'completed' else r.status end,
-         completed_at = case when c.last then now() else r.completed_at end,
+         completed_at = case when c.last then flowlane._now() else r.completed_at end,
          output = case when c.last then coalesce(o.output, '{}'::jsonb) else r.output end
     from counts c
     left join flowlane._run_outputs(array(select k.run_id from counts k where k.last)) o on o.run_id = c.run_id

@@ -179,7 +179,7 @@ declare
   v_mode text;
 begin
   update flowlane.step_tasks t
-     set status = 'failed', failed_at = now(), error_message = p_error
+     set status = 'failed', failed_at = flowlane._now(), error_message = p_error
    where t.run_id = p_task.run_id and t.step_slug = p_task.step_slug and t.task_index = p_task.task_index
   returning * into v_task;
   perform flowlane._archive_tasks(array[v_task]);
@@ -187,7 +187,7 @@ begin
   where s.flow_slug = v_task.flow_slug and s.step_slug = v_task.step_slug;
   if v_mode = 'fail' then
     update flowlane.step_states ss
-       set status = 'failed', failed_at = now(), remaining_tasks = null, error_message = p_error
+       set status = 'failed', failed_at = flowlane._now(), remaining_tasks = null, error_message = p_error
      where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug;
     perform flowlane._fail_run(v_task.run_id,
       format('step %s task %s failed after %s %s: %s', v_task.step_slug, v_task.task_index,

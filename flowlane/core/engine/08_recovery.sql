@@ -18,9 +18,9 @@ begin
     from flowlane.task_leases l
     join flowlane.step_tasks t on t.run_id = l.run_id and t.step_slug = l.step_slug and t.task_index = l.task_index
     join flowlane.step_options o on o.flow_slug = t.flow_slug and o.step_slug = t.step_slug
-    where l.started_at < now() - make_interval(secs => o.stall_after)  -- the leases' index
+    where l.started_at < flowlane._now() - make_interval(secs => o.stall_after)  -- the leases' index
       and t.status = 'started'
-      and flowlane._stall_deadline(t, o.stall_after) < now()
+      and flowlane._stall_deadline(t, o.stall_after) < flowlane._now()
     order by t.run_id, t.step_slug, t.task_index
   loop
     -- lock order run -> step state -> task; skip what another transaction holds
@@ -33,7 +33,7 @@ begin
     continue when not found;
     select * into v_task from flowlane.step_tasks t
      where t.run_id = v_cand.run_id and t.step_slug = v_cand.step_slug and t.task_index = v_cand.task_index
-       and t.status = 'started' and flowlane._stall_deadline(t, v_cand.stall_after) < now()
+       and t.status = 'started' and flowlane._stall_deadline(t, v_cand.stall_after) < flowlane._now()
        for update skip locked;
     continue when not found;
     v_handled := v_handled + 1;
@@ -43,7 +43,7 @@ begin
     else
       update flowlane.step_tasks t
          set status = 'queued', started_at = null, last_worker_id = null, lease_renewed_at = null,
-             requeued_count = t.requeued_count + 1, last_requeued_at = now(),
+             requeued_count = t.requeued_count + 1, last_requeued_at = flowlane._now(),
              error_message = format('no result within %s s (attempt %s)', v_cand.timeout, v_task.attempts_count)
        where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index
       returning * into v_task;
@@ -124,12 +124,12 @@ begin
       using errcode = '55000';
   end if;
   update flowlane.runs r
-     set status = 'cancelled', cancelled_at = greatest(now(), r.started_at),
+     set status = 'cancelled', cancelled_at = greatest(flowlane._now(), r.started_at),
          cancel_reason = left(coalesce(nullif(btrim(reason), ''), 'cancelled'), 1000)
    where r.run_id = v_run.run_id
   returning * into v_run;
   with cancelled as (
-    update flowlane.step_tasks t set status = 'cancelled', cancelled_at = greatest(now(), t.queued_at)
+    update flowlane.step_tasks t set status = 'cancelled', cancelled_at = greatest(flowlane._now(), t.queued_at)
      where t.run_id = v_run.run_id and t.status in ('queued', 'started')
     returning t
   ) select coalesce(array_agg(c.t), '{}') into v_tasks from cancelled c;
@@ -328,7 +328,7 @@ begin
      and ss.status in ('failed', 'started', 'cancelled') and t.status in ('failed', 'cancelled');
   update flowlane.step_states ss
      set status = 'started', failed_at = null, cancelled_at = null, error_message = null,
-         started_at = coalesce(ss.started_at, now()),
+         started_at = coalesce(ss.started_at, flowlane._now()),
          remaining_tasks = ss.initial_tasks - (select count(*) from flowlane.step_tasks t
                                                where t.run_id = ss.run_id and t.step_slug = ss.step_slug
                                                  and t.status = 'completed')
@@ -348,7 +348,7 @@ begin
   if p_run.concurrency_key is not null then
     update flowlane.runs r
        set status = 'waiting', failed_at = null, completed_at = null, output = null, error_message = null,
-           deadline_at = null, retry_count = r.retry_count + 1, retried_at = now(),
+           deadline_at = null, retry_count = r.retry_count + 1, retried_at = flowlane._now(),
            hold_seq = nextval('flowlane.hold_seq')
      where r.run_id = p_run.run_id;
     perform flowlane._begin_new_held_runs(array[p_run.run_id]);
@@ -357,8 +357,8 @@ begin
   end if;
   update flowlane.runs r
      set status = 'started', failed_at = null, completed_at = null, output = null, error_message = null,
-         retry_count = r.retry_count + 1, retried_at = now(),
-         deadline_at = flowlane._run_deadline(r.flow_slug, now())  -- a fresh deadline from the retry
+         retry_count = r.retry_count + 1, retried_at = flowlane._now(),
+         deadline_at = flowlane._run_deadline(r.flow_slug, flowlane._now())  -- a fresh deadline from the retry
    where r.run_id = p_run.run_id;
   -- one send_batch per queue, tasks in step order (held for their slot on a limited step)
   perform flowlane._send_missing_tasks(p_run.run_id);

@@ -12,7 +12,7 @@ as $$ select interval '30 seconds' $$;
 create function flowlane.worker_is_live(w flowlane.workers) returns boolean
 language sql stable parallel safe
 set search_path = ''
-as $$ select w.stopped_at is null and w.last_heartbeat_at > now() - flowlane.worker_stale_after() $$;
+as $$ select w.stopped_at is null and w.last_heartbeat_at > flowlane._now() - flowlane.worker_stale_after() $$;
 
 -- register a worker of a deployment (created enabled on first use); refused
 -- while the deployment is disabled
@@ -58,7 +58,7 @@ begin
   values (register_worker.worker_id, register_worker.queue_name, register_worker.worker_name,
           register_worker.deployment_name, v_pairs)
   on conflict on constraint workers_pkey do update
-    set last_heartbeat_at = greatest(now(), w.last_heartbeat_at)
+    set last_heartbeat_at = greatest(flowlane._now(), w.last_heartbeat_at)
   returning * into v_row;
   delete from flowlane.worker_refusals r where r.queue_name = register_worker.queue_name;
   return v_row;
@@ -88,7 +88,7 @@ begin
   values (record_worker_refusal.queue_name, record_worker_refusal.deployment_name,
           left(record_worker_refusal.reason, 2000), left(record_worker_refusal.hint, 2000))
   on conflict on constraint worker_refusals_pkey do update
-    set reason = excluded.reason, hint = excluded.hint, refused_at = now()
+    set reason = excluded.reason, hint = excluded.hint, refused_at = flowlane._now()
   returning * into v_row;
   return v_row;
 end;
@@ -99,7 +99,7 @@ language sql volatile
 set search_path = ''
 as $$
   with hb as (
-    update flowlane.workers w set last_heartbeat_at = greatest(now(), w.last_heartbeat_at)
+    update flowlane.workers w set last_heartbeat_at = greatest(flowlane._now(), w.last_heartbeat_at)
      where w.worker_id = heartbeat.worker_id
     returning w.deprecated_at is not null as deprecated
   ) select coalesce((select deprecated from hb), false)
@@ -109,7 +109,7 @@ create function flowlane.mark_worker_stopped(worker_id uuid) returns void
 language sql volatile
 set search_path = ''
 as $$
-  update flowlane.workers w set stopped_at = greatest(now(), w.started_at)
+  update flowlane.workers w set stopped_at = greatest(flowlane._now(), w.started_at)
    where w.worker_id = mark_worker_stopped.worker_id and w.stopped_at is null
 $$;
 
@@ -139,7 +139,7 @@ begin
     return v_row;
   end if;
   update flowlane.worker_deployments d
-     set enabled = set_deployment_enabled.enabled, reason = set_deployment_enabled.reason, changed_at = now()
+     set enabled = set_deployment_enabled.enabled, reason = set_deployment_enabled.reason, changed_at = flowlane._now()
    where d.deployment_name = v_row.deployment_name
   returning * into v_row;
   return v_row;
@@ -255,9 +255,9 @@ begin
   perform 1 from flowlane.worker_deployments w where w.deployment_name = any (v_wanted)
   order by w.deployment_name for update;
   update flowlane.worker_deployments w
-     set enabled = false, reason = format('rollout %s in progress', v_row.rollout_id), changed_at = now()
+     set enabled = false, reason = format('rollout %s in progress', v_row.rollout_id), changed_at = flowlane._now()
    where w.deployment_name = any (v_wanted) and w.enabled;
-  update flowlane.workers w set deprecated_at = now()
+  update flowlane.workers w set deprecated_at = flowlane._now()
    where w.deployment_name = any (v_wanted) and w.stopped_at is null and w.deprecated_at is null;
   return v_row;
 end;
@@ -278,9 +278,9 @@ begin
   if v_row.finished_at is not null then
     return v_row;
   end if;
-  update flowlane.worker_deployments w set enabled = true, reason = null, changed_at = now()
+  update flowlane.worker_deployments w set enabled = true, reason = null, changed_at = flowlane._now()
    where w.deployment_name = any (v_row.previously_enabled);
-  update flowlane.rollouts r set finished_at = now() where r.rollout_id = v_row.rollout_id
+  update flowlane.rollouts r set finished_at = flowlane._now() where r.rollout_id = v_row.rollout_id
   returning * into v_row;
   return v_row;
 end;

@@ -52,7 +52,7 @@ $$;
 
 -- what a prune would delete now, per flow (read only)
 create function flowlane.prunable_runs(
-  p_now timestamptz = now(), p_flows text[] = null, p_older_than int = null
+  p_now timestamptz = flowlane._now(), p_flows text[] = null, p_older_than int = null
 ) returns table (flow_slug text, runs bigint, oldest_ended_at timestamptz)
 language plpgsql stable
 set search_path = ''
@@ -95,7 +95,7 @@ $$;
 -- one batch: at most p_batch prunable runs (a run locked by a retry or a cancel right now is
 -- left for a later batch) and everything they own; returns what it deleted
 create function flowlane.prune_runs(
-  p_now timestamptz = now(), p_flows text[] = null, p_older_than int = null, p_batch int = 500
+  p_now timestamptz = flowlane._now(), p_flows text[] = null, p_older_than int = null, p_batch int = 500
 ) returns table (runs_deleted int, steps_deleted int, tasks_deleted int, attempts_deleted int,
                  messages_deleted int)
 language plpgsql volatile

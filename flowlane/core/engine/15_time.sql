@@ -127,8 +127,8 @@ begin
     update flowlane.runs r
        set status = case when r.concurrency_key is null then 'started' else 'waiting' end,
            hold_seq = case when r.concurrency_key is null then null else n.seq end,
-           started_at = now(),
-           deadline_at = case when r.concurrency_key is null then flowlane._run_deadline(r.flow_slug, now()) end
+           started_at = flowlane._now(),
+           deadline_at = case when r.concurrency_key is null then flowlane._run_deadline(r.flow_slug, flowlane._now()) end
       from numbered n where r.run_id = n.run_id
     returning r.run_id, r.status
   ) select coalesce(array_agg(b.run_id order by b.run_id) filter (where b.status = 'started'), '{}'),
@@ -418,7 +418,7 @@ begin
   v_new := row(set_schedule.schedule_name, set_schedule.flow_name, set_schedule.cron,
                cron_minutes, cron_hours, cron_days, cron_months, cron_weekdays, set_schedule.every_seconds,
                set_schedule.timezone, set_schedule.input, set_schedule.overlap, set_schedule.catch_up,
-               null, v_old.last_slot, v_old.last_run_id, coalesce(v_old.created_at, now()), now());
+               null, v_old.last_slot, v_old.last_run_id, coalesce(v_old.created_at, flowlane._now()), flowlane._now());
   if v_old.schedule_name is not null and (v_old.cron, v_old.cron_minutes, v_old.cron_hours, v_old.cron_days,
        v_old.cron_months, v_old.cron_weekdays, v_old.every_seconds, v_old.timezone)
      is not distinct from (v_new.cron, v_new.cron_minutes, v_new.cron_hours, v_new.cron_days,
@@ -429,7 +429,7 @@ begin
       return v_old;  -- unchanged: applying the same file again writes nothing
     end if;
   else
-    v_new.next_slot := flowlane._schedule_slot(v_new, now(), true);
+    v_new.next_slot := flowlane._schedule_slot(v_new, flowlane._now(), true);
   end if;
   if v_new.next_slot is null then
     raise exception '%: the cron expression % never fires', v_what, quote_literal(set_schedule.cron)
@@ -510,12 +510,12 @@ declare
 begin
   v_schedule := flowlane._locked_schedule(set_schedule_paused.schedule_name);
   insert into flowlane.schedule_overrides as o (schedule_name, paused, reason, changed_at)
-  values (v_schedule.schedule_name, coalesce(set_schedule_paused.paused, true), left(reason, 1000), now())
+  values (v_schedule.schedule_name, coalesce(set_schedule_paused.paused, true), left(reason, 1000), flowlane._now())
   on conflict on constraint schedule_overrides_pkey do update
     set paused = excluded.paused, reason = excluded.reason, changed_at = excluded.changed_at;
   if not coalesce(set_schedule_paused.paused, true) then
-    update flowlane.schedules s set next_slot = flowlane._schedule_slot(s, now(), true)
-     where s.schedule_name = v_schedule.schedule_name and s.next_slot <= now()
+    update flowlane.schedules s set next_slot = flowlane._schedule_slot(s, flowlane._now(), true)
+     where s.schedule_name = v_schedule.schedule_name and s.next_slot <= flowlane._now()
     returning * into v_schedule;
   end if;
   return v_schedule;
@@ -545,7 +545,7 @@ $$;
 -- what every worker, `serve` and console process calls on its maintenance tick: each concern
 -- is one function, safe with any number of callers at once. p_now: the time the tick acts
 -- for (tests pass a later time instead of waiting).
-create function flowlane.maintenance_tick(p_now timestamptz = now()) returns jsonb
+create function flowlane.maintenance_tick(p_now timestamptz = flowlane._now()) returns jsonb
 language plpgsql volatile
 set search_path = ''
 as $$

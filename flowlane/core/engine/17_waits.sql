@@ -97,14 +97,14 @@ declare
   v_done flowlane.step_states[];
 begin
   insert into flowlane.wait_deadlines as w (run_id, step_slug, expires_at)
-  select st.run_id, st.step_slug, now() + make_interval(secs => s.opt_timeout)
+  select st.run_id, st.step_slug, flowlane._now() + make_interval(secs => s.opt_timeout)
   from unnest(p_started) st
   join flowlane.steps s on s.flow_slug = st.flow_slug and s.step_slug = st.step_slug
   where s.step_type = 'wait' and s.opt_timeout is not null
   order by st.run_id, st.step_slug
   on conflict on constraint wait_deadlines_pkey do update set expires_at = excluded.expires_at;
   with kept as (
-    update flowlane.signals g set applied_at = greatest(now(), g.received_at)
+    update flowlane.signals g set applied_at = greatest(flowlane._now(), g.received_at)
       from unnest(p_started) st
       join flowlane.steps s on s.flow_slug = st.flow_slug and s.step_slug = st.step_slug
      where s.step_type = 'wait' and g.run_id = st.run_id and g.step_slug = st.step_slug
@@ -112,7 +112,7 @@ begin
     returning g.run_id, g.step_slug, g.payload
   ), done as (
     update flowlane.step_states ss
-       set status = 'completed', output = k.payload, remaining_tasks = 0, completed_at = now()
+       set status = 'completed', output = k.payload, remaining_tasks = 0, completed_at = flowlane._now()
       from kept k
      where ss.run_id = k.run_id and ss.step_slug = k.step_slug and ss.status = 'started'
     returning ss
@@ -226,11 +226,11 @@ begin
       v_run.run_id, v_state.status using errcode = '55000';
   end if;
   insert into flowlane.signals (run_id, step_slug, payload, applied_at)
-  values (v_run.run_id, v_step.step_slug, payload, case when v_state.status = 'started' then now() end)
+  values (v_run.run_id, v_step.step_slug, payload, case when v_state.status = 'started' then flowlane._now() end)
   returning * into v_signal;
   if v_state.status = 'started' then
     update flowlane.step_states ss
-       set status = 'completed', output = payload, remaining_tasks = 0, completed_at = now()
+       set status = 'completed', output = payload, remaining_tasks = 0, completed_at = flowlane._now()
      where ss.run_id = v_run.run_id and ss.step_slug = v_step.step_slug
     returning * into v_state;
     perform flowlane._steps_done(array[v_state]);
@@ -252,7 +252,7 @@ $$;
 -- wait steps whose timeout passed by p_now without a signal end as their when_exhausted
 -- says: fail (the run fails), skip or skip-cascade (the run goes on). Runs another
 -- transaction holds are left for the next call. Returns how many steps it ended.
-create function flowlane.expire_waits(p_now timestamptz = now()) returns int
+create function flowlane.expire_waits(p_now timestamptz = flowlane._now()) returns int
 language plpgsql volatile
 set search_path = ''
 as $$
@@ -303,7 +303,7 @@ begin
   where r.run_id = p_run_id;
   if v_mode = 'fail' then
     update flowlane.step_states ss
-       set status = 'failed', failed_at = now(), remaining_tasks = null, error_message = p_error
+       set status = 'failed', failed_at = flowlane._now(), remaining_tasks = null, error_message = p_error
      where ss.run_id = p_run_id and ss.step_slug = p_step_slug;
     perform flowlane._fail_run(p_run_id, format('step %s: %s', p_step_slug, p_error));
     return;

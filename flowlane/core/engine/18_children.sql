@@ -142,7 +142,7 @@ begin
     update flowlane.step_states ss
        set remaining_tasks = ss.remaining_tasks - 1,
            status = case when ss.remaining_tasks = 1 then 'completed' else ss.status end,
-           completed_at = case when ss.remaining_tasks = 1 then now() end,
+           completed_at = case when ss.remaining_tasks = 1 then flowlane._now() end,
            output = case when ss.remaining_tasks <> 1 then null
                          when v_step.step_type <> 'map' then p_child.output
                          else flowlane._children_outputs(v_parent.run_id, v_step.step_slug) end

@@ -123,8 +123,8 @@ begin
     for update
   ), begun as (
     update flowlane.runs r
-       set status = 'started', hold_seq = null, started_at = greatest(now(), r.started_at),
-           deadline_at = flowlane._run_deadline(r.flow_slug, greatest(now(), r.started_at))
+       set status = 'started', hold_seq = null, started_at = greatest(flowlane._now(), r.started_at),
+           deadline_at = flowlane._run_deadline(r.flow_slug, greatest(flowlane._now(), r.started_at))
       from locked l
      where r.run_id = l.run_id and r.status = 'waiting'
     returning r.run_id, r.retry_count
@@ -574,7 +574,7 @@ begin
   if v_limits.rate_limit is not null then
     -- (the clock read before the row's lock: a claim that waited records its starts at the
     -- bucket's time, never earlier than the claim before it)
-    v_now := clock_timestamp();
+    v_now := flowlane._clock_timestamp();
     update flowlane.queue_limits l
        set refilled_at = greatest(v_now, l.refilled_at),
            last_grant = greatest(0, least(v_gate.allowed,
@@ -642,10 +642,10 @@ begin
   end if;
   insert into flowlane.queue_limits as l (queue_name, concurrency, rate_limit, rate_per, tokens, refilled_at)
   values (set_queue_limits.queue_name, set_queue_limits.concurrency, set_queue_limits.rate_limit,
-          set_queue_limits.rate_per, coalesce(set_queue_limits.rate_limit, 0), clock_timestamp())
+          set_queue_limits.rate_per, coalesce(set_queue_limits.rate_limit, 0), flowlane._clock_timestamp())
   on conflict on constraint queue_limits_pkey do update
     set concurrency = excluded.concurrency, rate_limit = excluded.rate_limit, rate_per = excluded.rate_per,
-        tokens = least(l.tokens, coalesce(excluded.rate_limit, 0)), updated_at = now()
+        tokens = least(l.tokens, coalesce(excluded.rate_limit, 0)), updated_at = flowlane._now()
     where (l.concurrency, l.rate_limit, l.rate_per)
           is distinct from (excluded.concurrency, excluded.rate_limit, excluded.rate_per)
   returning * into v_row;
@@ -715,13 +715,13 @@ language sql stable
 set search_path = ''
 as $$
   select l.queue_name, l.concurrency, c.started, l.rate_limit, l.rate_per,
-         case when l.rate_limit is not null then flowlane._bucket_tokens(l, clock_timestamp()) end,
-         case when l.rate_limit is not null then flowlane._next_start_in(l, clock_timestamp()) end,
+         case when l.rate_limit is not null then flowlane._bucket_tokens(l, flowlane._clock_timestamp()) end,
+         case when l.rate_limit is not null then flowlane._next_start_in(l, flowlane._clock_timestamp()) end,
          case when l.concurrency is not null and c.started >= l.concurrency
                 then format('queue concurrency %s: %s of %s started', l.queue_name, c.started, l.concurrency)
-              when l.rate_limit is not null and flowlane._bucket_tokens(l, clock_timestamp()) < 1
+              when l.rate_limit is not null and flowlane._bucket_tokens(l, flowlane._clock_timestamp()) < 1
                 then format('rate limit %s: next start in %s s', l.queue_name,
-                            round(flowlane._next_start_in(l, clock_timestamp())::numeric, 1))
+                            round(flowlane._next_start_in(l, flowlane._clock_timestamp())::numeric, 1))
          end
   from flowlane.queue_limits l
   cross join lateral (select count(*) as started from flowlane.task_leases t where t.queue_name = l.queue_name) c

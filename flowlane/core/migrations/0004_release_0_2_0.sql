@@ -35,6 +35,15 @@
 -- rows are unchanged (their output is null). retry_runs and cancel_runs retry or cancel a
 -- bounded batch of runs in one call, passing over those no longer in a state that allows it
 -- (`flowlane retry|cancel` with a filter calls them once per batch and transaction).
+--
+-- The engine reads the time through one clock: the new _now() and _clock_timestamp() (plain SQL
+-- functions, inlined by the planner: the same plans as now() and clock_timestamp()) replace the
+-- built-ins wherever the engine records a time or compares with one (the time columns keep
+-- their defaults, now(), the same time: no table is altered). A queue message's visibility
+-- stays on PostgreSQL's clock. The test
+-- databases of flowlane's pytest plugin replace _now() with one that the test moves; nothing
+-- in a database migrated by flowlane can move it. The functions the previous release's
+-- workers call keep their signatures; their new bodies return the same times.
 
 -- == Written by hand: tables, types and data that the functions need ==
 
@@ -49,6 +58,779 @@ alter table flowlane.task_attempts drop constraint task_attempts_outcome_valid,
 -- == Drafted from the engine source by `python -m flowlane.core.draft_migration`; redrafted, never edited ==
 
 set local check_function_bodies = off;
+
+-- REVIEW: flowlane.expire_waits(timestamp with time zone) is called by flowlane.maintenance_tick(timestamp with time zone): a call in flight when this migration commits runs their old bodies to the end and fails without it; keep the signature while the previous release's workers may call them (CONTRIBUTING, rules for migrations)
+
+drop function flowlane.expire_waits(timestamp with time zone);
+
+drop function flowlane.maintenance_tick(timestamp with time zone);
+
+drop function flowlane.prunable_runs(timestamp with time zone,text[],integer);
+
+-- REVIEW: flowlane.prune_runs(timestamp with time zone,text[],integer,integer) is called by flowlane.maintenance_tick(timestamp with time zone): a call in flight when this migration commits runs their old bodies to the end and fails without it; keep the signature while the previous release's workers may call them (CONTRIBUTING, rules for migrations)
+
+drop function flowlane.prune_runs(timestamp with time zone,text[],integer,integer);
+
+-- The engine's clock: whatever the engine records or compares a time with reads it through
+-- these two, never now() or clock_timestamp() directly (a queue message's visibility is the
+-- exception: PGMQ keeps it on PostgreSQL's clock). They are plain SQL functions without
+-- settings and with every name qualified, so that the planner inlines them into their callers:
+-- the same plans and the same cost as the built-ins. Nothing in a database migrated by
+-- flowlane can move them. The test databases of flowlane's pytest plugin (flowlane.testing),
+-- throwaway copies of a template, replace _now() there with one that adds the test's offset,
+-- and point the time columns' defaults (now(), the same time here) at these two.
+-- (SQL-standard bodies: stored parsed, so that inlining them does not parse them again)
+create or replace function flowlane._now() returns timestamptz
+language sql stable parallel safe
+return pg_catalog.now();
+
+-- the engine's clock_timestamp(): its _now() plus the time since the transaction began
+create or replace function flowlane._clock_timestamp() returns timestamptz
+language sql volatile parallel safe
+return flowlane._now() operator(pg_catalog.+) (pg_catalog.clock_timestamp() operator(pg_catalog.-) pg_catalog.now());
+
+create or replace function flowlane.adopt_queue(queue_name text) returns flowlane.queues
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_name text := lower(adopt_queue.queue_name);
+  v_pgmq text;
+  v_row flowlane.queues;
+  v_foreign bigint;
+  v_sample bigint[];
+begin
+  perform flowlane._check_queue_argument('adopt_queue', v_name);
+  perform pg_advisory_xact_lock(hashtext('flowlane.queue:' || v_name));
+  v_pgmq := flowlane._pgmq_queue(v_name);
+  if v_pgmq is null then
+    raise exception 'adopt_queue: there is no PGMQ queue named "%"', adopt_queue.queue_name
+      using errcode = 'P0002',
+            hint = 'adoption is for queues that exist already; flowlane creates the queues its flows route to when their SQL is applied';
+  end if;
+  select * into v_row from flowlane.queues q where q.queue_name = v_name for update;
+  if found and v_row.ownership = 'owned' then
+    raise exception 'adopt_queue: queue "%" is owned by flow "%"; an owned queue is never shared',
+      v_name, v_row.owner_flow_slug using errcode = '42501';
+  end if;
+  if found then
+    return v_row;  -- already shared: nothing to do
+  end if;
+  -- hold off senders while the messages are checked
+  execute format('lock table pgmq.%I in share row exclusive mode', pgmq.format_table_name(v_pgmq, 'q'));
+  execute format(
+    'select count(*), (array_agg(m.msg_id order by m.msg_id))[1:5] from pgmq.%I m '
+    'where not exists (select 1 from flowlane.step_tasks t where t.queue_name = $1 and t.message_id = m.msg_id)',
+    pgmq.format_table_name(v_pgmq, 'q'))
+    into v_foreign, v_sample using v_name;
+  if v_foreign > 0 then
+    raise exception 'adopt_queue: PGMQ queue "%" holds % message(s) that no flowlane task tracks (message ids %)',
+      v_pgmq, v_foreign, array_to_string(v_sample, ', ')
+      using errcode = '55000',
+            hint = 'flowlane adopts only an empty queue or one whose every message belongs to a flowlane task; drain or move the other messages, then adopt again';
+  end if;
+  insert into flowlane.queues (queue_name, ownership, owner_flow_slug, pgmq_queue_name, adopted_at)
+  values (v_name, 'shared', null, v_pgmq, flowlane._now())
+  returning * into v_row;
+  return v_row;
+end;
+$$;
+
+create or replace function flowlane.ensure_flow_shape(flow_slug text, shape jsonb) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_db jsonb := flowlane.get_flow_shape(ensure_flow_shape.flow_slug);
+  v_diff text[];
+begin
+  if v_db is null then
+    raise exception 'FLOWLANE_SHAPE_MISMATCH: flow "%" does not exist in the database', ensure_flow_shape.flow_slug
+      using errcode = '23514';
+  end if;
+  v_diff := flowlane._shape_differences(v_db, shape);
+  if cardinality(v_diff) > 0 then
+    raise exception 'FLOWLANE_SHAPE_MISMATCH: flow "%" has a different shape in the database', ensure_flow_shape.flow_slug
+      using errcode = '23514',
+            detail = array_to_string(v_diff, E'\n'),
+            hint = 'a flow''s shape never changes once applied; give the changed flow a new slug (a new version)';
+  end if;
+  update flowlane.flows f set shape_sealed_at = flowlane._now()
+   where f.flow_slug = ensure_flow_shape.flow_slug and f.shape_sealed_at is null;
+end;
+$$;
+
+create or replace function flowlane.ensure_flow_compiled(flow_slug text, shape jsonb) returns jsonb
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_slug text := ensure_flow_compiled.flow_slug;
+  v_step jsonb;
+  v_diff text[];
+begin
+  perform pg_advisory_xact_lock(hashtext('flowlane.flow:' || lower(v_slug)));
+  if not exists (select 1 from flowlane.flows f where f.flow_slug = v_slug) then
+    -- validate the document before creating anything
+    v_diff := flowlane._shape_differences(jsonb_build_object('queue_mode', shape -> 'queue_mode', 'steps', '[]'::jsonb), shape);
+    perform flowlane.create_flow(v_slug, queue_mode => shape ->> 'queue_mode');
+    for v_step in select e from jsonb_array_elements(shape -> 'steps') e loop
+      perform flowlane.add_step(
+        flow_slug => v_slug,
+        step_slug => v_step ->> 'slug',
+        deps_slugs => coalesce((select array_agg(n order by o) from jsonb_array_elements_text(v_step -> 'needs') with ordinality as x(n, o)), '{}'),
+        step_type => coalesce(v_step ->> 'type', 'single'),
+        required_input_pattern => nullif(v_step -> 'if', 'null'::jsonb),
+        forbidden_input_pattern => nullif(v_step -> 'unless', 'null'::jsonb),
+        when_unmet => coalesce(v_step ->> 'when_unmet', 'skip'),
+        when_exhausted => coalesce(v_step ->> 'when_exhausted', 'fail'),
+        queue_name => v_step ->> 'queue',
+        child_flow => v_step ->> 'flow');
+    end loop;
+    perform flowlane._set_shape_contracts(v_slug, shape);
+    v_diff := flowlane._shape_differences(flowlane.get_flow_shape(v_slug), shape);
+    if cardinality(v_diff) > 0 then
+      raise exception 'FLOWLANE_SHAPE_MISMATCH: the shape given for flow "%" is not what it compiles to', v_slug
+        using errcode = '23514', detail = array_to_string(v_diff, E'\n'),
+              hint = 'check the shape document (needs sorted by code point, defaults written out)';
+    end if;
+    update flowlane.flows f set shape_sealed_at = flowlane._now() where f.flow_slug = v_slug;
+    return jsonb_build_object('status', 'compiled', 'differences', '[]'::jsonb);
+  end if;
+  v_diff := flowlane._shape_differences(flowlane.get_flow_shape(v_slug), shape);
+  if cardinality(v_diff) = 0 then
+    update flowlane.flows f set shape_sealed_at = flowlane._now()
+     where f.flow_slug = v_slug and f.shape_sealed_at is null;
+    return jsonb_build_object('status', 'verified', 'differences', '[]'::jsonb);
+  end if;
+  return jsonb_build_object('status', 'mismatch', 'differences', to_jsonb(v_diff));
+end;
+$$;
+
+create or replace function flowlane.set_alias(alias text, flow_slug text, draining text[] = '{}')
+returns flowlane.aliases
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_alias text := set_alias.alias;
+  v_active text := set_alias.flow_slug;
+  v_draining text[] := coalesce(set_alias.draining, '{}');
+  v_row flowlane.aliases;
+  v_missing text;
+  v_other text;
+begin
+  perform flowlane._check_slug('alias', v_alias);
+  perform pg_advisory_xact_lock(hashtext('flowlane.alias:' || lower(v_alias)));
+  select f.flow_slug into v_other from flowlane.flows f where lower(f.flow_slug) = lower(v_alias);
+  if found and not flowlane._alias_may_take_flow_name(v_alias, v_other, array[v_active] || v_draining) then
+    raise exception 'alias "%" conflicts with flow "%" (flow and alias slugs share one namespace)',
+      v_alias, v_other
+      using errcode = '23505',
+            hint = format('an alias may take the name of a flow only while it lists that flow, spelled the same, as its active or draining version (draining => array[%L])', v_other);
+  end if;
+  select a.alias into v_other from flowlane.aliases a
+  where lower(a.alias) = lower(v_alias) and a.alias <> v_alias;
+  if found then
+    raise exception 'alias "%" conflicts with alias "%" (alias slugs are unique case-insensitively)',
+      v_alias, v_other using errcode = '23505';
+  end if;
+  select s into v_missing from unnest(array[v_active] || v_draining) s
+  where s is null or not exists (select 1 from flowlane.flows f where f.flow_slug = s)
+  limit 1;
+  if found then
+    raise exception 'alias "%": flow "%" does not exist', v_alias, coalesce(v_missing, 'NULL')
+      using errcode = 'P0002', hint = 'apply the compiled SQL of the flow before its alias';
+  end if;
+  if v_active = any (v_draining) or cardinality(v_draining) <> (select count(distinct d) from unnest(v_draining) d) then
+    raise exception 'alias "%": a version is listed twice (active %, draining %)', v_alias, v_active, v_draining
+      using errcode = '22023';
+  end if;
+  select * into v_row from flowlane.aliases a where a.alias = v_alias for update;
+  if found and v_row.flow_slug = v_active and v_row.draining = v_draining then
+    return v_row;  -- unchanged: no history row
+  end if;
+  insert into flowlane.aliases as a (alias, flow_slug, draining)
+  values (v_alias, v_active, v_draining)
+  on conflict on constraint aliases_pkey do update
+    set flow_slug = excluded.flow_slug, draining = excluded.draining, updated_at = flowlane._clock_timestamp()
+  returning * into v_row;
+  insert into flowlane.alias_history (alias, flow_slug, draining)
+  values (v_alias, v_active, v_draining);
+  return v_row;
+end;
+$$;
+
+create or replace function flowlane._flow_delete_keeps_aliases_sound() returns trigger
+language plpgsql
+set search_path = ''
+as $$
+declare
+  v_aliases text;
+begin
+  select string_agg(a.alias, ', ' order by a.alias) into v_aliases
+  from flowlane.aliases a where a.flow_slug = old.flow_slug;
+  if v_aliases is not null then
+    raise exception 'flow "%" is the active version of alias %', old.flow_slug, v_aliases
+      using errcode = '23503',
+            hint = 'move the alias to another version (flowlane.set_alias) before deleting the flow';
+  end if;
+  with changed as (
+    update flowlane.aliases a
+       set draining = array_remove(a.draining, old.flow_slug), updated_at = flowlane._clock_timestamp()
+     where old.flow_slug = any (a.draining)
+    returning a.alias, a.flow_slug, a.draining
+  )
+  insert into flowlane.alias_history (alias, flow_slug, draining)
+  select c.alias, c.flow_slug, c.draining from changed c order by c.alias;
+  return old;
+end;
+$$;
+
+-- new runs of one concrete flow (inputs checked by the caller); returns them in input order
+-- p_start_at in the future: the runs wait (status waiting) for the maintenance tick;
+-- p_keys: each run's idempotency key within p_called (the name the caller started);
+-- p_priority: the runs' priority (null: the flow's). A flow with a concurrency limit: under
+-- the keys' locks, a run begins while its key has room and no run held before it; the
+-- others are held (waiting, hold_seq in input order)
+create or replace function flowlane._create_runs(p_flow text, p_inputs jsonb[], p_run_ids uuid[],
+                                      p_start_at timestamptz = null, p_keys text[] = null,
+                                      p_called text = null, p_priority int = null)
+returns setof flowlane.runs
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_ids uuid[];
+  v_waiting boolean := coalesce(p_start_at > flowlane._now(), false);
+  v_flow flowlane.flows;
+  v_slot_keys text[];
+  v_begins boolean[];
+  v_run flowlane.runs;
+begin
+  perform flowlane._check_contract_inputs(p_flow, p_inputs);
+  select * into v_flow from flowlane.flows f where f.flow_slug = p_flow;
+  if cardinality(p_inputs) = 1 and not v_waiting and v_flow.opt_concurrency_limit is null then
+    v_run := flowlane._start_one_run(v_flow, p_inputs[1], p_run_ids[1], p_start_at, p_keys[1], p_called, p_priority);
+    if v_run.run_id is not null then
+      return next v_run;
+      return;
+    end if;
+  end if;
+  v_ids := array(select coalesce(p_run_ids[i], gen_random_uuid()) from generate_subscripts(p_inputs, 1) i order by i);
+  if v_flow.opt_concurrency_limit is not null then
+    v_slot_keys := array(select flowlane._concurrency_key(v_flow.opt_concurrency_key, p_inputs[i])
+                         from generate_subscripts(p_inputs, 1) i order by i);
+  end if;
+  if v_flow.opt_concurrency_limit is not null and not v_waiting then
+    perform flowlane._lock_slots('run:' || p_flow, v_slot_keys);
+    v_begins := array(
+      select x.rank <= case when exists (select 1 from flowlane.runs h
+                                         where h.flow_slug = p_flow and h.concurrency_key = x.key
+                                           and h.status = 'waiting' and h.hold_seq is not null) then 0
+                            else v_flow.opt_concurrency_limit - (
+                              select count(*) from flowlane.runs r
+                              where r.flow_slug = p_flow and r.concurrency_key = x.key and r.status = 'started') end
+      from (select i, v_slot_keys[i] as key, row_number() over (partition by v_slot_keys[i] order by i) as rank
+            from generate_subscripts(p_inputs, 1) i) x
+      order by x.i);
+  end if;
+  insert into flowlane.runs (run_id, flow_slug, input, remaining_steps, trace_parent, status, start_at,
+                             deadline_at, called_as, idempotency_key, priority, concurrency_key, hold_seq)
+  select v_ids[i], p_flow, p_inputs[i], (select count(*) from flowlane.steps s where s.flow_slug = p_flow),
+         flowlane._trace_parent(),
+         case when v_waiting or not coalesce(v_begins[i], true) then 'waiting' else 'started' end, p_start_at,
+         case when v_waiting or not coalesce(v_begins[i], true) then null else flowlane._run_deadline(p_flow, flowlane._now()) end,
+         case when p_keys[i] is not null then p_called end, p_keys[i],
+         coalesce(p_priority, v_flow.opt_priority, 0), v_slot_keys[i],
+         case when not v_waiting and not coalesce(v_begins[i], true) then nextval('flowlane.hold_seq') end
+  from generate_subscripts(p_inputs, 1) i order by i;
+  insert into flowlane.step_states (flow_slug, run_id, step_slug, remaining_deps, initial_tasks)
+  select p_flow, v_ids[i], s.step_slug, s.deps_count,
+         case when s.step_type <> 'map' then 1
+              when s.deps_count = 0 and jsonb_typeof(p_inputs[i]) = 'array' then jsonb_array_length(p_inputs[i])
+              else null end
+  from generate_subscripts(p_inputs, 1) i, flowlane.steps s
+  where s.flow_slug = p_flow
+  order by v_ids[i], s.step_slug;
+  if not v_waiting then
+    perform flowlane._progress_runs(array(select v_ids[i] from generate_subscripts(v_ids, 1) i
+                                          where coalesce(v_begins[i], true) order by v_ids[i]));
+  end if;
+  return query select r.* from unnest(v_ids) with ordinality as u (run_id, ord)
+               join flowlane.runs r
+                 on r.run_id = u.run_id and r.run_id = any (array(select x from unnest(v_ids) x order by 1))
+               order by u.ord;
+end;
+$$;
+
+-- _create_runs for one run that begins now, of a flow without a concurrency limit whose root
+-- steps need nothing resolved first (a queue, no condition, no map over an empty input): the
+-- run and its step states are written in their final state, root steps started, one
+-- statement each, instead of the batch's generic statements. Null when the flow does not
+-- qualify: the caller takes the batch path. tests/core/test_one_start.py and the differential
+-- test (tests/core/test_differential.py) compare the two.
+create or replace function flowlane._start_one_run(p_flow flowlane.flows, p_input jsonb, p_run_id uuid,
+                                        p_start_at timestamptz, p_key text, p_called text, p_priority int)
+returns flowlane.runs
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_steps int;
+  v_plain boolean;
+  v_elements int := case when jsonb_typeof(p_input) = 'array' then jsonb_array_length(p_input) end;
+  v_run flowlane.runs;
+  v_started flowlane.step_states[];
+begin
+  select count(*), coalesce(bool_and(s.deps_count > 0 or (s.queue_name is not null
+                                     and s.required_input_pattern is null and s.forbidden_input_pattern is null
+                                     and (s.step_type = 'single' or (s.step_type = 'map' and v_elements > 0)))), false)
+    into v_steps, v_plain
+  from flowlane.steps s where s.flow_slug = (p_flow).flow_slug;
+  if not v_plain then
+    return null;
+  end if;
+  insert into flowlane.runs (run_id, flow_slug, input, remaining_steps, trace_parent, status, start_at, deadline_at,
+                             called_as, idempotency_key, priority)
+  values (coalesce(p_run_id, gen_random_uuid()), (p_flow).flow_slug, p_input, v_steps, flowlane._trace_parent(),
+          'started', p_start_at, flowlane._run_deadline((p_flow).flow_slug, flowlane._now()),
+          case when p_key is not null then p_called end, p_key, coalesce(p_priority, (p_flow).opt_priority, 0))
+  returning * into v_run;
+  with written as (
+    insert into flowlane.step_states as ss (flow_slug, run_id, step_slug, remaining_deps, initial_tasks, status,
+                                            started_at, remaining_tasks)
+    select s.flow_slug, v_run.run_id, s.step_slug, s.deps_count, t.tasks,
+           case when s.deps_count = 0 then 'started' else 'created' end,
+           case when s.deps_count = 0 then flowlane._now() end,
+           case when s.deps_count = 0 then t.tasks end
+    from flowlane.steps s
+    cross join lateral (  -- a dependent map's count is known when its parent completes
+      select case when s.step_type <> 'map' then 1 when s.deps_count = 0 then v_elements end as tasks) t
+    where s.flow_slug = (p_flow).flow_slug
+    order by s.step_slug
+    returning ss
+  ) select array_agg(w.ss) filter (where (w.ss).status = 'started') into v_started from written w;
+  perform flowlane._enqueue_started(v_started);
+  return v_run;
+end;
+$$;
+
+-- resolve conditions and complete task-less steps until nothing changes;
+-- false when the run failed (a when_unmet=fail condition)
+create or replace function flowlane._advance(p_run_id uuid) returns boolean
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_run flowlane.runs;
+  v_step flowlane.steps;
+  v_cap int;
+  v_i int := 0;
+begin
+  select * into v_run from flowlane.runs r where r.run_id = p_run_id;
+  if v_run.status <> 'started' then
+    return v_run.status <> 'failed';
+  end if;
+  select 2 * count(*) + 10 into v_cap from flowlane.steps s where s.flow_slug = v_run.flow_slug;
+  loop
+    v_i := v_i + 1;
+    if v_i > v_cap then
+      raise exception 'internal error: condition/empty-step resolution of run % did not converge after % iterations',
+        p_run_id, v_cap;
+    end if;
+    -- first ready step whose condition is not met
+    select s.* into v_step
+    from flowlane.step_states ss
+    join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+    where ss.run_id = p_run_id and ss.status = 'created' and ss.remaining_deps = 0
+      and (s.required_input_pattern is not null or s.forbidden_input_pattern is not null)
+      and not flowlane._condition_met(p_run_id, s.step_slug)
+    order by s.step_index
+    limit 1;
+    if found then
+      if v_step.when_unmet = 'fail' then
+        update flowlane.step_states ss
+           set status = 'failed', failed_at = flowlane._now(), error_message = 'condition not met'
+         where ss.run_id = p_run_id and ss.step_slug = v_step.step_slug;
+        perform flowlane._fail_run(p_run_id,
+          format('step %s: condition not met (when_unmet = fail)', v_step.step_slug));
+        return false;
+      elsif v_step.when_unmet = 'skip-cascade' then
+        perform flowlane._skip_cascade(p_run_id, v_step.step_slug, 'condition_unmet');
+      else
+        perform flowlane._skip_step(p_run_id, v_step.step_slug, 'condition_unmet');
+      end if;
+      continue;
+    end if;
+    -- first ready step without tasks (an empty map): completes at once with []
+    select s.* into v_step
+    from flowlane.step_states ss
+    join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+    where ss.run_id = p_run_id and ss.status = 'created' and ss.remaining_deps = 0 and ss.initial_tasks = 0
+    order by s.step_index
+    limit 1;
+    if found then
+      perform flowlane._complete_step(p_run_id, v_step.step_slug, '[]'::jsonb);
+      continue;
+    end if;
+    return true;
+  end loop;
+end;
+$$;
+
+-- the ready steps of the given started runs (callers hold the run locks, or
+-- the runs are new): one step_states update, one send_batch per (queue, start
+-- delay) for all runs, one step_tasks insert per queue
+create or replace function flowlane._start_ready_steps(p_run_ids uuid[]) returns void
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_started flowlane.step_states[];
+begin
+  with ready as (
+    select ss.run_id, ss.step_slug
+    from flowlane.step_states ss
+    join flowlane.runs r on r.run_id = ss.run_id and r.status = 'started' and r.run_id = any (p_run_ids)
+    join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+    where ss.run_id = any (p_run_ids) and ss.status = 'created' and ss.remaining_deps = 0
+      and ss.initial_tasks > 0
+      -- _condition_met is a call per row (never inlined): only for a step with a condition
+      and case when s.required_input_pattern is null and s.forbidden_input_pattern is null then true
+               else flowlane._condition_met(ss.run_id, ss.step_slug) end
+    order by ss.run_id, ss.step_slug
+    for update of ss
+  ), started as (
+    update flowlane.step_states ss
+       set status = 'started', started_at = flowlane._now(), remaining_tasks = ss.initial_tasks
+      from ready
+     where ss.run_id = ready.run_id and ss.step_slug = ready.step_slug and ss.run_id = any (p_run_ids)
+    returning ss
+  ) select coalesce(array_agg(st.ss), '{}') into v_started from started st;
+  if cardinality(v_started) > 0 then
+    perform flowlane._enqueue_started(v_started);
+  end if;
+end;
+$$;
+
+create or replace function flowlane._complete_step(p_run_id uuid, p_step_slug text, p_output jsonb) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  update flowlane.step_states s
+     set status = 'completed', output = p_output, remaining_tasks = 0,
+         started_at = coalesce(s.started_at, flowlane._now()), completed_at = flowlane._now()
+   where s.run_id = p_run_id and s.step_slug = p_step_slug and s.status in ('created', 'started');
+  if not found then
+    return;
+  end if;
+  update flowlane.runs r set remaining_steps = r.remaining_steps - 1 where r.run_id = p_run_id;
+  perform flowlane._release_children(p_run_id, p_step_slug, p_output, false);
+end;
+$$;
+
+-- skip one step (created or started): its unfinished tasks become skipped and
+-- their messages are archived; children are released (a map child of a
+-- skipped parent gets 0 tasks)
+create or replace function flowlane._skip_step(p_run_id uuid, p_step_slug text, p_reason text) returns boolean
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_tasks flowlane.step_tasks[];
+begin
+  update flowlane.step_states s
+     set status = 'skipped', skip_reason = p_reason, skipped_at = flowlane._now(), remaining_tasks = null
+   where s.run_id = p_run_id and s.step_slug = p_step_slug and s.status in ('created', 'started');
+  if not found then
+    return false;
+  end if;
+  with skipped as (
+    update flowlane.step_tasks t set status = 'skipped', skipped_at = flowlane._now()
+     where t.run_id = p_run_id and t.step_slug = p_step_slug and t.status in ('queued', 'started')
+    returning t
+  ) select coalesce(array_agg(k.t), '{}') into v_tasks from skipped k;
+  perform flowlane._archive_tasks(v_tasks);
+  update flowlane.runs r set remaining_steps = r.remaining_steps - 1 where r.run_id = p_run_id;
+  perform flowlane._release_children(p_run_id, p_step_slug, null, true);
+  return true;
+end;
+$$;
+
+-- run failed: cancel its unfinished tasks and archive their messages; its
+-- unfinished steps end with it
+create or replace function flowlane._fail_run(p_run_id uuid, p_error text) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_tasks flowlane.step_tasks[];
+begin
+  update flowlane.runs r set status = 'failed', failed_at = flowlane._now(), error_message = p_error
+   where r.run_id = p_run_id and r.status = 'started';
+  with cancelled as (
+    update flowlane.step_tasks t set status = 'cancelled', cancelled_at = flowlane._now()
+     where t.run_id = p_run_id and t.status in ('queued', 'started')
+    returning t
+  ) select coalesce(array_agg(c.t), '{}') into v_tasks from cancelled c;
+  perform flowlane._archive_tasks(v_tasks);
+  perform flowlane._end_unfinished_steps(p_run_id);
+end;
+$$;
+
+-- a run that ends before its steps do leaves no step waiting or running: each
+-- becomes 'cancelled' with an end time, and started_at says whether it had
+-- begun (a step that never started never will, unless retry_run reopens it)
+create or replace function flowlane._end_unfinished_steps(p_run_id uuid) returns void
+language sql volatile
+set search_path = ''
+as $$
+  update flowlane.step_states ss
+     set status = 'cancelled', cancelled_at = greatest(flowlane._now(), coalesce(ss.started_at, ss.created_at))
+   where ss.run_id = p_run_id and ss.status in ('created', 'started');
+$$;
+
+-- (_steps_done completes a run the same way when its last step completes)
+create or replace function flowlane._maybe_complete_runs(p_run_ids uuid[]) returns void
+language sql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+  with done as (
+    select r.run_id from flowlane.runs r
+    where r.run_id = any (p_run_ids) and r.status = 'started' and r.remaining_steps = 0
+  )
+  update flowlane.runs r
+     set status = 'completed', completed_at = flowlane._now(), output = coalesce(o.output, '{}'::jsonb)
+    from done d
+    left join flowlane._run_outputs(array(select k.run_id from done k)) o on o.run_id = d.run_id
+   where r.run_id = d.run_id and r.run_id = any (p_run_ids)
+     and r.status = 'started' and r.remaining_steps = 0  -- again on the row updated (a caller
+                                                         -- may not hold the run's lock)
+$$;
+
+-- the claim of a batch of read messages, classified as a whole before anything changes (a
+-- batch with a message this worker cannot handle claims nothing); the tasks to hide and to
+-- return are read from the unnested claim, the leases looked up once per (flow, step), the
+-- inputs from _claimed_inputs. The worker's (flow, step) pairs come as two arrays, checked
+-- by the caller (_pairs), like the queue's name and the worker id. p_read_vt: the visibility
+-- claim_tasks read the messages with, the longest lease of the pairs it serves, which every
+-- claimed task's lease fits in: the messages keep it. Null (start_tasks, whose caller read
+-- the messages with a visibility of its own): each claimed task's message is hidden for its
+-- lease (_hide_claimed).
+create or replace function flowlane._start_tasks(p_queue text, p_msg_ids bigint[], p_worker_id uuid,
+                                      p_flows text[], p_steps text[],
+                                      p_read_vt int, p_started_at timestamptz = null)
+returns setof flowlane.claim_record
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_ids bigint[];
+  v_batch flowlane._claim_item[];
+  v_duplicates flowlane.step_tasks[];
+  v_claimed flowlane.step_tasks[];
+  v_offsets int[];
+begin
+  if p_msg_ids is null or array_position(p_msg_ids, null) is not null then
+    raise exception 'start_tasks: msg_ids must be an array of message ids without nulls' using errcode = '22023';
+  end if;
+  v_ids := array(select distinct m from unnest(p_msg_ids) m order by m);
+  if cardinality(v_ids) = 0 then
+    return;
+  end if;
+
+  -- lock order: runs (shared: claims do not block each other), then the batch's tasks
+  perform 1 from flowlane.runs r
+  where r.run_id in (select t.run_id from flowlane.step_tasks t
+                     where t.queue_name = p_queue and t.message_id = any (v_ids)
+                       and t.message_id between v_ids[1] and v_ids[cardinality(v_ids)])
+  order by r.run_id
+  for share;
+  perform 1 from flowlane.step_tasks t
+  where t.queue_name = p_queue and t.message_id = any (v_ids)
+    and t.message_id between v_ids[1] and v_ids[cardinality(v_ids)]
+  order by t.run_id, t.step_slug, t.task_index
+  for update;
+
+  -- classify every message before any change
+  select array_agg(row(b.msg_id, t, t.run_id is not null and p.flow_slug is not null,
+                       t.status = 'queued' and r.status = 'started' and ss.status = 'started'
+                   )::flowlane._claim_item order by b.msg_id)
+    into v_batch
+  from unnest(v_ids) as b (msg_id)
+  left join flowlane.step_tasks t
+    on t.queue_name = p_queue and t.message_id = b.msg_id and t.message_id = any (v_ids)
+   and t.message_id between v_ids[1] and v_ids[cardinality(v_ids)]
+  left join unnest(p_flows, p_steps) as p (flow_slug, step_slug)
+    on p.flow_slug = t.flow_slug and p.step_slug = t.step_slug
+  left join flowlane.runs r on r.run_id = t.run_id
+  left join flowlane.step_states ss on ss.run_id = t.run_id and ss.step_slug = t.step_slug;
+
+  if exists (select 1 from unnest(v_batch) c where not c.supported) then
+    perform pgmq.set_vt(p_queue, v_ids, 0);
+    return query
+      select 'unsupported', (c.task).flow_slug, (c.task).step_slug, p_queue, (c.task).run_id,
+             (c.task).task_index, null::jsonb, null::jsonb, null::int, c.msg_id
+      from unnest(v_batch) c where not c.supported order by c.msg_id;
+    return;
+  end if;
+
+  -- terminal tasks: their message is archived (idempotent)
+  if exists (select 1 from unnest(v_batch) c
+             where (c.task).status in ('completed', 'failed', 'skipped', 'cancelled')) then
+    perform pgmq.archive(p_queue, array(
+      select c.msg_id from unnest(v_batch) c
+      where (c.task).status in ('completed', 'failed', 'skipped', 'cancelled') order by c.msg_id));
+  end if;
+  -- still started (a visible duplicate): no attempt; hidden until stalled recovery may take it
+  if exists (select 1 from unnest(v_batch) c where (c.task).status = 'started') then
+    select array_agg(c.task order by c.msg_id),
+           array_agg(greatest(1, ceil(extract(epoch from
+                       flowlane._stall_deadline(c.task, o.stall_after) - flowlane._clock_timestamp()))::int) order by c.msg_id)
+      into v_duplicates, v_offsets
+    from unnest(v_batch) c
+    join flowlane.step_options o on o.flow_slug = (c.task).flow_slug and o.step_slug = (c.task).step_slug
+    where (c.task).status = 'started';
+    perform flowlane._set_tasks_vt(v_duplicates, v_offsets);
+  end if;
+
+  with claimed as (
+    update flowlane.step_tasks t
+       set status = 'started', attempts_count = t.attempts_count + 1, started_at = coalesce(p_started_at, flowlane._now()),
+           last_worker_id = p_worker_id
+      from unnest(v_batch) c
+     where c.claimable and t.run_id = (c.task).run_id and t.step_slug = (c.task).step_slug
+       and t.task_index = (c.task).task_index
+    returning t
+  ) select coalesce(array_agg(c.t order by (c.t).message_id), '{}') into v_claimed from claimed c;
+
+  if cardinality(v_claimed) = 0 then
+    return;
+  end if;
+  if p_read_vt is null then
+    perform flowlane._hide_claimed(v_claimed, p_read_vt);
+  end if;
+
+  return query
+    select 'claimed', c.flow_slug, c.step_slug, c.queue_name, c.run_id, c.task_index,
+           i.input, i.flow_input, c.attempts_count, c.message_id
+    from unnest(v_claimed) c
+    join flowlane._claimed_inputs(v_claimed) i
+      on i.run_id = c.run_id and i.step_slug = c.step_slug and i.task_index = c.task_index
+    order by c.message_id;
+end;
+$$;
+
+-- the claim of one message, the common case (a worker's claim when one task is queued), without
+-- the batch's machinery: the message's task when _start_tasks would claim it (the same locks in
+-- the same order, the same classification), else null and no change, for the batch path to
+-- decide (a foreign message, an unsupported pair, a duplicate, a task or run that has ended).
+-- tests/core/test_claim_one.py holds the two paths equal.
+create or replace function flowlane._claim_one(p_queue text, p_msg_id bigint, p_worker_id uuid, p_flows text[],
+                                    p_steps text[], p_read_vt int, p_started_at timestamptz)
+returns flowlane.claim_record
+language plpgsql volatile
+set search_path = ''
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+  v_task flowlane.step_tasks;
+  v_run_status text;
+  v_step_status text;
+  v_row flowlane.claim_record;
+begin
+  select t.* into v_task from flowlane.step_tasks t where t.queue_name = p_queue and t.message_id = p_msg_id;
+  if not found or not exists (select 1 from unnest(p_flows, p_steps) as p (flow_slug, step_slug)
+                              where p.flow_slug = v_task.flow_slug and p.step_slug = v_task.step_slug) then
+    return null;
+  end if;
+  -- lock order: the run (shared), then the task
+  select r.status into v_run_status from flowlane.runs r where r.run_id = v_task.run_id for share;
+  select t.* into v_task from flowlane.step_tasks t
+  where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index
+  for update;
+  select ss.status into v_step_status from flowlane.step_states ss
+  where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug;
+  if (v_task.status = 'queued' and v_run_status = 'started' and v_step_status = 'started') is not true then
+    return null;
+  end if;
+  update flowlane.step_tasks t
+     set status = 'started', attempts_count = t.attempts_count + 1, started_at = coalesce(p_started_at, flowlane._now()),
+         last_worker_id = p_worker_id
+   where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index
+  returning t.* into v_task;
+  if p_read_vt is null then
+    perform flowlane._hide_claimed(array[v_task], p_read_vt);
+  end if;
+  select 'claimed', v_task.flow_slug, v_task.step_slug, v_task.queue_name, v_task.run_id, v_task.task_index,
+         i.input, i.flow_input, v_task.attempts_count, v_task.message_id
+    into v_row
+  from flowlane._claimed_inputs(array[v_task]) i;
+  return v_row;
+end;
+$$;
+
+-- called by a worker for the tasks it holds: items {run_id, step_slug,
+-- task_index, attempt, running}. A task still owned by this worker and
+-- attempt gets lease_renewed_at = flowlane._now() and its message hidden until the new
+-- stall deadline. A running handler's lease is extended only within its
+-- timeout (a hung handler is still recovered); a finished handler whose
+-- result is not yet committed is always extended. Returns the tasks extended.
+create or replace function flowlane.extend_leases(worker_id uuid, tasks jsonb) returns int
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_tasks flowlane.step_tasks[];
+  v_offsets int[];
+begin
+  if tasks is null or jsonb_typeof(tasks) <> 'array' then
+    raise exception 'extend_leases: tasks must be a JSON array of {run_id, step_slug, task_index, attempt, running}'
+      using errcode = '22023';
+  end if;
+  with items as (
+    select (e ->> 'run_id')::uuid as run_id, e ->> 'step_slug' as step_slug,
+           (e ->> 'task_index')::int as task_index, (e ->> 'attempt')::int as attempt,
+           coalesce((e ->> 'running')::boolean, false) as running
+    from jsonb_array_elements(tasks) e
+  ), locked as (
+    select t.run_id, t.step_slug, t.task_index, o.stall_after
+    from flowlane.step_tasks t
+    join items i on i.run_id = t.run_id and i.step_slug = t.step_slug and i.task_index = t.task_index
+    join flowlane.step_options o on o.flow_slug = t.flow_slug and o.step_slug = t.step_slug
+    where t.status = 'started' and t.last_worker_id = extend_leases.worker_id
+      and t.attempts_count = i.attempt
+      and (not i.running or flowlane._now() < t.started_at + make_interval(secs => o.timeout))
+    order by t.run_id, t.step_slug, t.task_index
+    for update of t skip locked
+  ), renewed as (
+    update flowlane.step_tasks t set lease_renewed_at = flowlane._now()
+      from locked l
+     where t.run_id = l.run_id and t.step_slug = l.step_slug and t.task_index = l.task_index
+    returning t, l.stall_after
+  )
+  select coalesce(array_agg(r.t), '{}'), coalesce(array_agg(r.stall_after), '{}')
+    into v_tasks, v_offsets from renewed r;
+  perform flowlane._set_tasks_vt(v_tasks, v_offsets);
+  return cardinality(v_tasks);
+end;
+$$;
 
 create or replace function flowlane.complete_task(
   run_id uuid, step_slug text, task_index int, output jsonb, worker_id uuid = null, attempt int = null
@@ -153,6 +935,299 @@ begin
 end;
 $$;
 
+create or replace function flowlane._complete_batch(p_items flowlane._result_item[])
+returns setof flowlane.step_tasks
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_classes flowlane._result_class[];
+  v_violations flowlane._result_class[];
+  v_sequential uuid[];
+  v_class flowlane._result_class;
+  v_task flowlane.step_tasks;
+  v_done flowlane.step_tasks[];
+  v_steps flowlane.step_states[];
+  v_runs uuid[];
+begin
+  if cardinality(p_items) = 1 then  -- one result: the plain case costs what it does
+    v_task := flowlane._complete_one(p_items[1]);
+    if v_task.run_id is not null then
+      return next v_task;
+      return;
+    end if;
+  end if;
+  v_runs := array(select distinct i.run_id from unnest(p_items) i order by 1);
+  v_classes := flowlane._lock_and_classify(p_items);
+
+  -- a single step feeding a map must output an array: such an item fails its run
+  select coalesce(array_agg(c order by (c.task).run_id, (c.task).step_slug, (c.task).task_index), '{}')
+    into v_violations
+  from unnest(v_classes) c
+  join flowlane.steps s on s.flow_slug = (c.task).flow_slug and s.step_slug = (c.task).step_slug
+  where c.actionable and s.step_type = 'single'
+    and jsonb_typeof(coalesce((c.item).output, 'null'::jsonb)) <> 'array'
+    and exists (select 1 from flowlane.deps d
+                join flowlane.steps ch on ch.flow_slug = d.flow_slug and ch.step_slug = d.step_slug
+                                       and ch.step_type = 'map'
+                join flowlane.step_states cs on cs.run_id = (c.task).run_id and cs.step_slug = d.step_slug
+                where d.flow_slug = s.flow_slug and d.dep_slug = s.step_slug
+                  and cs.status = 'created' and cs.initial_tasks is null);
+
+  v_sequential := flowlane._sequential_runs(v_classes, v_violations);
+  for v_class in
+    select c.* from unnest(v_classes) c
+    where c.actionable and (c.task).run_id = any (v_sequential)
+    order by (c.task).run_id, (c.task).step_slug, (c.task).task_index
+  loop
+    perform flowlane._complete_batch(array[v_class.item]);
+  end loop;
+
+  -- the rest: at most one violation per run, and it is the run's only actionable item
+  for v_class in
+    select c.* from unnest(v_violations) c where not (c.task).run_id = any (v_sequential)
+  loop
+    update flowlane.step_tasks t
+       set status = 'failed', failed_at = flowlane._now(), output = (v_class.item).output,
+           error_message = format('[TYPE_VIOLATION] step %s feeds map step %s and must output a JSON array, got %s',
+             (v_class.task).step_slug,
+             (select d.step_slug from flowlane.deps d
+              join flowlane.steps ch on ch.flow_slug = d.flow_slug and ch.step_slug = d.step_slug and ch.step_type = 'map'
+              join flowlane.step_states cs on cs.run_id = (v_class.task).run_id and cs.step_slug = d.step_slug
+              where d.flow_slug = (v_class.task).flow_slug and d.dep_slug = (v_class.task).step_slug
+                and cs.status = 'created' and cs.initial_tasks is null
+              order by d.step_slug limit 1),
+             jsonb_typeof(coalesce((v_class.item).output, 'null'::jsonb)))
+     where t.run_id = (v_class.task).run_id and t.step_slug = (v_class.task).step_slug
+       and t.task_index = (v_class.task).task_index
+    returning * into v_task;
+    perform flowlane._archive_tasks(array[v_task]);
+    update flowlane.step_states ss
+       set status = 'failed', failed_at = flowlane._now(), remaining_tasks = null, error_message = v_task.error_message
+     where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug;
+    perform flowlane._fail_run(v_task.run_id, v_task.error_message);
+  end loop;
+
+  -- completions: one statement per table
+  with done as (
+    update flowlane.step_tasks t
+       set status = 'completed', completed_at = flowlane._now(), output = (c.item).output
+      from unnest(v_classes) c
+     where c.actionable and not (c.task).run_id = any (v_sequential)
+       and not exists (select 1 from unnest(v_violations) v where (v.task).run_id = (c.task).run_id)
+       and t.run_id = (c.task).run_id and t.step_slug = (c.task).step_slug and t.task_index = (c.task).task_index
+       and t.run_id = any (v_runs)
+    returning t
+  ) select coalesce(array_agg(d.t), '{}') into v_done from done d;
+  if cardinality(v_done) = 0 then
+    return query select * from flowlane._batch_rows(p_items);
+    return;
+  end if;
+  perform flowlane._archive_tasks(v_done);
+
+  -- step states: remaining tasks and, for the last task, completion with the step output (one update)
+  -- (the step's type joins the batch's counts, not step_states: joined to step_states on
+  -- flow_slug, a generic plan read every state of the flow through step_states_flow_idx)
+  with counts as (
+    select d.run_id, d.step_slug, st.step_type, count(*)::int as n, (array_agg(d.output))[1] as output
+    from unnest(v_done) d
+    join flowlane.steps st on st.flow_slug = d.flow_slug and st.step_slug = d.step_slug
+    group by 1, 2, 3
+  ), updated as (
+    update flowlane.step_states ss
+       set remaining_tasks = ss.remaining_tasks - c.n,
+           status = case when ss.remaining_tasks = c.n then 'completed' else ss.status end,
+           completed_at = case when ss.remaining_tasks = c.n then flowlane._now() end,
+           output = case when ss.remaining_tasks <> c.n then null
+                         when c.step_type = 'single' then c.output
+                         else (select coalesce(jsonb_agg(t.output order by t.task_index), '[]'::jsonb)
+                               from flowlane.step_tasks t
+                               where t.run_id = ss.run_id and t.step_slug = ss.step_slug) end
+      from counts c
+     where ss.run_id = c.run_id and ss.step_slug = c.step_slug and ss.run_id = any (v_runs)
+    returning ss
+  ) select coalesce(array_agg(u.ss) filter (where (u.ss).status = 'completed'), '{}') into v_steps from updated u;
+  if cardinality(v_steps) > 0 then
+    perform flowlane._steps_done(v_steps);
+  end if;
+  return query select * from flowlane._batch_rows(p_items);
+end;
+$$;
+
+-- _complete_batch of one item; null (nothing done) when it is not the plain case
+create or replace function flowlane._complete_one(p_item flowlane._result_item) returns flowlane.step_tasks
+language plpgsql volatile
+set search_path = ''
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+  v_task flowlane.step_tasks := flowlane._lock_one(p_item);
+  v_step_type text;
+  v_state flowlane.step_states;
+begin
+  if v_task.run_id is null then
+    return null;
+  end if;
+  select s.step_type into v_step_type from flowlane.steps s
+  where s.flow_slug = v_task.flow_slug and s.step_slug = v_task.step_slug;
+  if v_step_type = 'single' and exists (  -- its output's type is checked by the batch path
+       select 1 from flowlane.deps d
+       join flowlane.steps ch on ch.flow_slug = d.flow_slug and ch.step_slug = d.step_slug and ch.step_type = 'map'
+       where d.flow_slug = v_task.flow_slug and d.dep_slug = v_task.step_slug) then
+    return null;
+  end if;
+  update flowlane.step_tasks t
+     set status = 'completed', completed_at = flowlane._now(), output = p_item.output
+   where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index
+  returning t.* into v_task;
+  if v_task.message_id is not null then
+    perform flowlane._queue_archive(flowlane._task_queue(v_task), v_task.message_id);
+  end if;
+  update flowlane.step_states ss
+     set remaining_tasks = ss.remaining_tasks - 1,
+         status = case when ss.remaining_tasks = 1 then 'completed' else ss.status end,
+         completed_at = case when ss.remaining_tasks = 1 then flowlane._now() end,
+         output = case when ss.remaining_tasks <> 1 then null
+                       when v_step_type = 'single' then p_item.output
+                       else (select coalesce(jsonb_agg(t.output order by t.task_index), '[]'::jsonb)
+                             from flowlane.step_tasks t
+                             where t.run_id = ss.run_id and t.step_slug = ss.step_slug) end
+   where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug
+  returning ss.* into v_state;
+  if v_state.status = 'completed' then
+    perform flowlane._step_done_one(v_state);
+  end if;
+  return v_task;
+end;
+$$;
+
+-- _steps_done of one step of a started run whose lock the caller holds. The dependents it
+-- makes ready are started in the same update when each is a plain task step (a queue, no
+-- condition, tasks to run); any other one takes _progress_runs, as in the batch path.
+create or replace function flowlane._step_done_one(p_step flowlane.step_states) returns void
+language plpgsql volatile
+set search_path = ''
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+  v_status text;
+  v_children text[];
+  v_tasks int[];
+  v_ready int;
+  v_plain boolean;
+  v_started flowlane.step_states[];
+begin
+  update flowlane.runs r
+     set remaining_steps = r.remaining_steps - 1,
+         status = case when r.remaining_steps = 1 then 'completed' else r.status end,
+         completed_at = case when r.remaining_steps = 1 then flowlane._now() else r.completed_at end,
+         output = case when r.remaining_steps = 1
+                       then coalesce((select o.output from flowlane._run_outputs(array[r.run_id]) o), '{}'::jsonb)
+                       else r.output end
+   where r.run_id = p_step.run_id
+  returning r.status into v_status;
+  -- each dependent's initial_tasks once this step is done (a map child takes the length of
+  -- its parent's array), and whether the ones it makes ready are all plain
+  select array_agg(c.step_slug order by c.step_slug), array_agg(c.tasks order by c.step_slug),
+         count(*) filter (where c.ready), coalesce(bool_and(c.plain) filter (where c.ready), true)
+    into v_children, v_tasks, v_ready, v_plain
+  from (
+    select cs.step_slug, t.tasks,
+           v_status = 'started' and cs.status = 'created' and cs.remaining_deps = 1 as ready,
+           cst.queue_name is not null and cst.required_input_pattern is null
+             and cst.forbidden_input_pattern is null and t.tasks > 0 as plain
+    from flowlane.deps d
+    join flowlane.steps cst on cst.flow_slug = d.flow_slug and cst.step_slug = d.step_slug
+    join flowlane.step_states cs on cs.run_id = p_step.run_id and cs.step_slug = d.step_slug
+    cross join lateral (
+      select case
+        when cs.status <> 'created' or cs.initial_tasks is not null or cst.step_type <> 'map' then cs.initial_tasks
+        when jsonb_typeof(p_step.output) = 'array' then jsonb_array_length(p_step.output)
+        else cs.initial_tasks end as tasks) t
+    where d.flow_slug = p_step.flow_slug and d.dep_slug = p_step.step_slug
+  ) c;
+  if v_children is null then  -- a leaf step
+    return;
+  end if;
+  v_plain := v_plain and v_ready > 0;
+  with counted as (
+    update flowlane.step_states cs
+       set remaining_deps = cs.remaining_deps - 1,
+           initial_tasks = x.tasks,
+           status = case when v_plain and cs.status = 'created' and cs.remaining_deps = 1 then 'started'
+                         else cs.status end,
+           started_at = case when v_plain and cs.status = 'created' and cs.remaining_deps = 1 then flowlane._now()
+                             else cs.started_at end,
+           remaining_tasks = case when v_plain and cs.status = 'created' and cs.remaining_deps = 1 then x.tasks
+                                  else cs.remaining_tasks end
+      from unnest(v_children, v_tasks) as x (step_slug, tasks)
+     where cs.run_id = p_step.run_id and cs.step_slug = x.step_slug
+    returning cs
+  ) select coalesce(array_agg(c.cs order by (c.cs).step_slug)
+                      filter (where v_plain and (c.cs).status = 'started' and (c.cs).remaining_deps = 0), '{}')
+      into v_started from counted c;
+  if v_plain then
+    perform flowlane._enqueue_started(v_started);
+  elsif v_ready > 0 then
+    perform flowlane._progress_runs(array[p_step.run_id]);
+  end if;
+  -- no dependent made ready: nothing to start, skip or complete (the run's other ready
+  -- steps were started when they became ready; its last step completed it above)
+end;
+$$;
+
+create or replace function flowlane._steps_done(p_steps flowlane.step_states[]) returns void
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_runs uuid[] := array(select distinct s.run_id from unnest(p_steps) s order by 1);
+  v_started uuid[];
+begin
+  -- a run with no step left completes here (_maybe_complete_runs would update it again);
+  -- the batch holds its runs' locks (_lock_and_classify), so counts reads what it updates
+  with counts as (
+    select s.run_id, count(*)::int as n, rr.status = 'started' and rr.remaining_steps = count(*) as last
+    from unnest(p_steps) s
+    join flowlane.runs rr on rr.run_id = s.run_id and rr.run_id = any (v_runs)
+    group by s.run_id, rr.status, rr.remaining_steps
+  ), updated as (
+  update flowlane.runs r
+     set remaining_steps = r.remaining_steps - c.n,
+         status = case when c.last then 'completed' else r.status end,
+         completed_at = case when c.last then flowlane._now() else r.completed_at end,
+         output = case when c.last then coalesce(o.output, '{}'::jsonb) else r.output end
+    from counts c
+    left join flowlane._run_outputs(array(select k.run_id from counts k where k.last)) o on o.run_id = c.run_id
+   where r.run_id = c.run_id and r.run_id = any (v_runs)
+  returning r.run_id, r.status
+  ) select coalesce(array_agg(u.run_id order by u.run_id) filter (where u.status = 'started'), '{}')
+      into v_started from updated u;
+  update flowlane.step_states cs
+     set remaining_deps = cs.remaining_deps - x.n,
+         initial_tasks = case
+           when cs.status <> 'created' or cs.initial_tasks is not null or cst.step_type <> 'map' then cs.initial_tasks
+           when jsonb_typeof(x.output) = 'array' then jsonb_array_length(x.output)
+           else cs.initial_tasks end
+    from (select p.run_id, d.step_slug, p.flow_slug, count(*)::int as n, (array_agg(p.output))[1] as output
+          from unnest(p_steps) p
+          join flowlane.deps d on d.flow_slug = p.flow_slug and d.dep_slug = p.step_slug
+          group by 1, 2, 3) x,
+         flowlane.steps cst
+   where cs.run_id = x.run_id and cs.step_slug = x.step_slug and cs.run_id = any (v_runs)
+     and cst.flow_slug = x.flow_slug and cst.step_slug = x.step_slug;
+  if cardinality(v_started) > 0 then  -- a completed run has nothing left to start or skip
+    perform flowlane._progress_runs(v_started);
+  end if;
+end;
+$$;
+
 -- An operator completes a started task by hand: the task completes with the given output as
 -- its worker's result would, the attempt history records who (the session's login) and why,
 -- and the claim is taken from the worker (last_worker_id cleared), so that its own result,
@@ -210,6 +1285,132 @@ begin
     fail_task_detailed.step_slug, fail_task_detailed.task_index, null, fail_task_detailed.worker_id,
     fail_task_detailed.attempt, fail_task_detailed.error_message, fail_task_detailed.error_type,
     fail_task_detailed.traceback)::flowlane._result_item]);
+end;
+$$;
+
+-- a task out of attempts (fail_tasks or stalled recovery): failed, message
+-- archived, when_exhausted applied. Caller holds the run, step state and task locks.
+create or replace function flowlane._exhaust_task(p_task flowlane.step_tasks, p_error text) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_task flowlane.step_tasks;
+  v_mode text;
+begin
+  update flowlane.step_tasks t
+     set status = 'failed', failed_at = flowlane._now(), error_message = p_error
+   where t.run_id = p_task.run_id and t.step_slug = p_task.step_slug and t.task_index = p_task.task_index
+  returning * into v_task;
+  perform flowlane._archive_tasks(array[v_task]);
+  select s.when_exhausted into v_mode from flowlane.steps s
+  where s.flow_slug = v_task.flow_slug and s.step_slug = v_task.step_slug;
+  if v_mode = 'fail' then
+    update flowlane.step_states ss
+       set status = 'failed', failed_at = flowlane._now(), remaining_tasks = null, error_message = p_error
+     where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug;
+    perform flowlane._fail_run(v_task.run_id,
+      format('step %s task %s failed after %s %s: %s', v_task.step_slug, v_task.task_index,
+             v_task.attempts_count, case when v_task.attempts_count = 1 then 'attempt' else 'attempts' end, p_error));
+  elsif v_mode = 'skip-cascade' then
+    perform flowlane._skip_cascade(v_task.run_id, v_task.step_slug, 'handler_failed');
+    perform flowlane._progress(v_task.run_id);
+  else
+    perform flowlane._skip_step(v_task.run_id, v_task.step_slug, 'handler_failed');
+    perform flowlane._progress(v_task.run_id);
+  end if;
+end;
+$$;
+
+-- stalled recovery: the candidates are taken from the leases (task_leases), then each is
+-- locked run -> step state -> task, skipping what another transaction holds, and checked again
+create or replace function flowlane.requeue_stalled_tasks() returns int
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_cand record;
+  v_task flowlane.step_tasks;
+  v_requeued flowlane.step_tasks[] := '{}';
+  v_handled int := 0;
+begin
+  for v_cand in
+    select t.run_id, t.step_slug, t.task_index, o.timeout, o.max_attempts, o.stall_after
+    from flowlane.task_leases l
+    join flowlane.step_tasks t on t.run_id = l.run_id and t.step_slug = l.step_slug and t.task_index = l.task_index
+    join flowlane.step_options o on o.flow_slug = t.flow_slug and o.step_slug = t.step_slug
+    where l.started_at < flowlane._now() - make_interval(secs => o.stall_after)  -- the leases' index
+      and t.status = 'started'
+      and flowlane._stall_deadline(t, o.stall_after) < flowlane._now()
+    order by t.run_id, t.step_slug, t.task_index
+  loop
+    -- lock order run -> step state -> task; skip what another transaction holds
+    perform 1 from flowlane.runs r where r.run_id = v_cand.run_id and r.status = 'started'
+      for update skip locked;
+    continue when not found;
+    perform 1 from flowlane.step_states ss
+      where ss.run_id = v_cand.run_id and ss.step_slug = v_cand.step_slug and ss.status = 'started'
+      for update skip locked;
+    continue when not found;
+    select * into v_task from flowlane.step_tasks t
+     where t.run_id = v_cand.run_id and t.step_slug = v_cand.step_slug and t.task_index = v_cand.task_index
+       and t.status = 'started' and flowlane._stall_deadline(t, v_cand.stall_after) < flowlane._now()
+       for update skip locked;
+    continue when not found;
+    v_handled := v_handled + 1;
+    if v_task.attempts_count >= v_cand.max_attempts then
+      perform flowlane._exhaust_task(v_task,
+        format('no result within %s s, %s attempts', v_cand.timeout, v_task.attempts_count));
+    else
+      update flowlane.step_tasks t
+         set status = 'queued', started_at = null, last_worker_id = null, lease_renewed_at = null,
+             requeued_count = t.requeued_count + 1, last_requeued_at = flowlane._now(),
+             error_message = format('no result within %s s (attempt %s)', v_cand.timeout, v_task.attempts_count)
+       where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index
+      returning * into v_task;
+      v_requeued := v_requeued || v_task;
+    end if;
+  end loop;
+  perform flowlane._set_tasks_vt(v_requeued, array_fill(0, array[cardinality(v_requeued)]));
+  return v_handled;
+end;
+$$;
+
+-- cancel a started (or waiting) run: its unfinished tasks and steps are cancelled and the
+-- tasks' messages archived; later completions of those tasks are rejected (they are
+-- terminal) and no further step starts. Cancelling a cancelled run returns it.
+create or replace function flowlane.cancel_run(run_id uuid, reason text = null) returns flowlane.runs
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_run flowlane.runs;
+  v_tasks flowlane.step_tasks[];
+begin
+  select * into v_run from flowlane.runs r where r.run_id = cancel_run.run_id for update;
+  if not found then
+    raise exception 'no run %', cancel_run.run_id using errcode = 'P0002';
+  end if;
+  if v_run.status = 'cancelled' then
+    return v_run;
+  end if;
+  if v_run.status not in ('started', 'waiting') then
+    raise exception 'run % is already %: only a started or waiting run can be cancelled', v_run.run_id, v_run.status
+      using errcode = '55000';
+  end if;
+  update flowlane.runs r
+     set status = 'cancelled', cancelled_at = greatest(flowlane._now(), r.started_at),
+         cancel_reason = left(coalesce(nullif(btrim(reason), ''), 'cancelled'), 1000)
+   where r.run_id = v_run.run_id
+  returning * into v_run;
+  with cancelled as (
+    update flowlane.step_tasks t set status = 'cancelled', cancelled_at = greatest(flowlane._now(), t.queued_at)
+     where t.run_id = v_run.run_id and t.status in ('queued', 'started')
+    returning t
+  ) select coalesce(array_agg(c.t), '{}') into v_tasks from cancelled c;
+  perform flowlane._archive_tasks(v_tasks);
+  perform flowlane._end_unfinished_steps(v_run.run_id);
+  return v_run;
 end;
 $$;
 
@@ -402,7 +1603,7 @@ begin
      and ss.status in ('failed', 'started', 'cancelled') and t.status in ('failed', 'cancelled');
   update flowlane.step_states ss
      set status = 'started', failed_at = null, cancelled_at = null, error_message = null,
-         started_at = coalesce(ss.started_at, now()),
+         started_at = coalesce(ss.started_at, flowlane._now()),
          remaining_tasks = ss.initial_tasks - (select count(*) from flowlane.step_tasks t
                                                where t.run_id = ss.run_id and t.step_slug = ss.step_slug
                                                  and t.status = 'completed')
@@ -422,7 +1623,7 @@ begin
   if p_run.concurrency_key is not null then
     update flowlane.runs r
        set status = 'waiting', failed_at = null, completed_at = null, output = null, error_message = null,
-           deadline_at = null, retry_count = r.retry_count + 1, retried_at = now(),
+           deadline_at = null, retry_count = r.retry_count + 1, retried_at = flowlane._now(),
            hold_seq = nextval('flowlane.hold_seq')
      where r.run_id = p_run.run_id;
     perform flowlane._begin_new_held_runs(array[p_run.run_id]);
@@ -431,8 +1632,8 @@ begin
   end if;
   update flowlane.runs r
      set status = 'started', failed_at = null, completed_at = null, output = null, error_message = null,
-         retry_count = r.retry_count + 1, retried_at = now(),
-         deadline_at = flowlane._run_deadline(r.flow_slug, now())  -- a fresh deadline from the retry
+         retry_count = r.retry_count + 1, retried_at = flowlane._now(),
+         deadline_at = flowlane._run_deadline(r.flow_slug, flowlane._now())  -- a fresh deadline from the retry
    where r.run_id = p_run.run_id;
   -- one send_batch per queue, tasks in step order (held for their slot on a limited step)
   perform flowlane._send_missing_tasks(p_run.run_id);
@@ -507,7 +1708,212 @@ as $$ select interval '30 seconds' $$;
 create or replace function flowlane.worker_is_live(w flowlane.workers) returns boolean
 language sql stable parallel safe
 set search_path = ''
-as $$ select w.stopped_at is null and w.last_heartbeat_at > now() - flowlane.worker_stale_after() $$;
+as $$ select w.stopped_at is null and w.last_heartbeat_at > flowlane._now() - flowlane.worker_stale_after() $$;
+
+-- register a worker of a deployment (created enabled on first use); refused
+-- while the deployment is disabled
+create or replace function flowlane.register_worker(
+  worker_id uuid, queue_name text, worker_name text, deployment_name text, supported_pairs jsonb
+) returns flowlane.workers
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_deployment flowlane.worker_deployments;
+  v_row flowlane.workers;
+  v_pairs jsonb;
+begin
+  if register_worker.worker_id is null then
+    raise exception 'register_worker: worker_id is required' using errcode = '22023';
+  end if;
+  perform flowlane._check_queue_argument('register_worker', register_worker.queue_name);
+  perform flowlane._check_deployment_argument('register_worker', register_worker.deployment_name);
+  select coalesce(jsonb_agg(jsonb_build_array(p.flow_slug, p.step_slug) order by p.flow_slug, p.step_slug), '[]')
+    into v_pairs from flowlane._pairs(supported_pairs) p;
+  if not exists (select 1 from flowlane.queues q where q.queue_name = register_worker.queue_name) then
+    raise exception 'register_worker: queue "%" is not registered with flowlane', register_worker.queue_name
+      using errcode = 'P0002', hint = 'apply the compiled SQL of the flows routed to it (`flowlane apply`)';
+  end if;
+  insert into flowlane.worker_deployments as d (deployment_name, queue_name)
+  values (register_worker.deployment_name, register_worker.queue_name)
+  on conflict on constraint worker_deployments_pkey do nothing;
+  select * into v_deployment from flowlane.worker_deployments d
+  where d.deployment_name = register_worker.deployment_name for update;
+  if v_deployment.queue_name <> register_worker.queue_name then
+    raise exception 'deployment "%" serves queue "%", not "%"', v_deployment.deployment_name,
+      v_deployment.queue_name, register_worker.queue_name
+      using errcode = '22023', hint = 'a deployment polls exactly one queue: give this worker another --name';
+  end if;
+  if not v_deployment.enabled then
+    raise exception 'FLOWLANE_DEPLOYMENT_DISABLED: worker deployment "%" is disabled: %',
+      v_deployment.deployment_name, coalesce(v_deployment.reason, 'no reason given')
+      using errcode = '55000',
+            hint = format('after fixing the cause, run `flowlane worker enable %s`', v_deployment.deployment_name);
+  end if;
+  insert into flowlane.workers as w (worker_id, queue_name, worker_name, deployment_name, supported_pairs)
+  values (register_worker.worker_id, register_worker.queue_name, register_worker.worker_name,
+          register_worker.deployment_name, v_pairs)
+  on conflict on constraint workers_pkey do update
+    set last_heartbeat_at = greatest(flowlane._now(), w.last_heartbeat_at)
+  returning * into v_row;
+  delete from flowlane.worker_refusals r where r.queue_name = register_worker.queue_name;
+  return v_row;
+end;
+$$;
+
+-- A worker that refuses to start (flows missing from the database, a shape that differs
+-- from the YAML, a coverage gap, handlers that cannot be imported) records why, so that
+-- whatever explains a wait (`run`, `runs`, `start --wait`, `queue list`, the console) can
+-- name it. The latest refusal per deployment is kept; a worker registering on the queue
+-- clears the queue's refusals (register_worker). Nothing here changes a definition.
+create or replace function flowlane.record_worker_refusal(
+  queue_name text, deployment_name text, reason text, hint text = null
+) returns flowlane.worker_refusals
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_row flowlane.worker_refusals;
+begin
+  perform flowlane._check_queue_argument('record_worker_refusal', record_worker_refusal.queue_name);
+  perform flowlane._check_deployment_argument('record_worker_refusal', record_worker_refusal.deployment_name);
+  if coalesce(btrim(record_worker_refusal.reason), '') = '' then
+    raise exception 'record_worker_refusal: a reason is required' using errcode = '22023';
+  end if;
+  insert into flowlane.worker_refusals as r (queue_name, deployment_name, reason, hint)
+  values (record_worker_refusal.queue_name, record_worker_refusal.deployment_name,
+          left(record_worker_refusal.reason, 2000), left(record_worker_refusal.hint, 2000))
+  on conflict on constraint worker_refusals_pkey do update
+    set reason = excluded.reason, hint = excluded.hint, refused_at = flowlane._now()
+  returning * into v_row;
+  return v_row;
+end;
+$$;
+
+create or replace function flowlane.heartbeat(worker_id uuid) returns boolean
+language sql volatile
+set search_path = ''
+as $$
+  with hb as (
+    update flowlane.workers w set last_heartbeat_at = greatest(flowlane._now(), w.last_heartbeat_at)
+     where w.worker_id = heartbeat.worker_id
+    returning w.deprecated_at is not null as deprecated
+  ) select coalesce((select deprecated from hb), false)
+$$;
+
+create or replace function flowlane.mark_worker_stopped(worker_id uuid) returns void
+language sql volatile
+set search_path = ''
+as $$
+  update flowlane.workers w set stopped_at = greatest(flowlane._now(), w.started_at)
+   where w.worker_id = mark_worker_stopped.worker_id and w.stopped_at is null
+$$;
+
+create or replace function flowlane.set_deployment_enabled(deployment_name text, enabled boolean, reason text = null)
+returns flowlane.worker_deployments
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_row flowlane.worker_deployments;
+  v_known text;
+begin
+  if set_deployment_enabled.enabled is null then
+    raise exception 'set_deployment_enabled: enabled must be true or false' using errcode = '22023';
+  end if;
+  select * into v_row from flowlane.worker_deployments d
+  where d.deployment_name = set_deployment_enabled.deployment_name for update;
+  if not found then
+    select string_agg(d.deployment_name, ', ' order by d.deployment_name) into v_known
+    from flowlane.worker_deployments d;
+    raise exception 'unknown worker deployment %', coalesce(quote_literal(set_deployment_enabled.deployment_name), 'NULL')
+      using errcode = 'P0002',
+            hint = format('deployments are recorded when their first worker starts; known: %s', coalesce(v_known, '(none)'));
+  end if;
+  if v_row.enabled = set_deployment_enabled.enabled
+     and v_row.reason is not distinct from set_deployment_enabled.reason then
+    return v_row;
+  end if;
+  update flowlane.worker_deployments d
+     set enabled = set_deployment_enabled.enabled, reason = set_deployment_enabled.reason, changed_at = flowlane._now()
+   where d.deployment_name = v_row.deployment_name
+  returning * into v_row;
+  return v_row;
+end;
+$$;
+
+-- record which deployments are enabled, disable them and deprecate their
+-- live workers; an unfinished rollout is resumed (its record is kept, so a
+-- re-run never enables what was disabled before the first run began)
+create or replace function flowlane.begin_rollout(deployments text[]) returns flowlane.rollouts
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_row flowlane.rollouts;
+  v_wanted text[];
+  v_unknown text;
+begin
+  if deployments is null or array_position(deployments, null) is not null then
+    raise exception 'begin_rollout: deployments must be an array of deployment names without nulls'
+      using errcode = '22023';
+  end if;
+  v_wanted := array(select distinct d from unnest(deployments) d order by d);
+  perform pg_advisory_xact_lock(hashtext('flowlane.rollout'));
+  select * into v_row from flowlane.rollouts r where r.finished_at is null;
+  if found and v_row.deployments <> v_wanted then
+    raise exception 'rollout % is unfinished (deployments %); finish it before starting another',
+      v_row.rollout_id, array_to_string(v_row.deployments, ', ')
+      using errcode = '55000',
+            hint = format('run the same rollout again: `flowlane rollout --deployments %s`',
+                          array_to_string(v_row.deployments, ','));
+  end if;
+  select d into v_unknown from unnest(v_wanted) d
+  where not exists (select 1 from flowlane.worker_deployments w where w.deployment_name = d) limit 1;
+  if found then
+    raise exception 'begin_rollout: unknown worker deployment "%"', v_unknown using errcode = 'P0002',
+      hint = 'list deployments with `flowlane worker list`';
+  end if;
+  if v_row.rollout_id is null then
+    insert into flowlane.rollouts (deployments, previously_enabled)
+    select v_wanted, array(select w.deployment_name from flowlane.worker_deployments w
+                           where w.deployment_name = any (v_wanted) and w.enabled
+                           order by w.deployment_name)
+    returning * into v_row;
+  end if;
+  perform 1 from flowlane.worker_deployments w where w.deployment_name = any (v_wanted)
+  order by w.deployment_name for update;
+  update flowlane.worker_deployments w
+     set enabled = false, reason = format('rollout %s in progress', v_row.rollout_id), changed_at = flowlane._now()
+   where w.deployment_name = any (v_wanted) and w.enabled;
+  update flowlane.workers w set deprecated_at = flowlane._now()
+   where w.deployment_name = any (v_wanted) and w.stopped_at is null and w.deprecated_at is null;
+  return v_row;
+end;
+$$;
+
+create or replace function flowlane.finish_rollout(rollout_id bigint) returns flowlane.rollouts
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_row flowlane.rollouts;
+begin
+  perform pg_advisory_xact_lock(hashtext('flowlane.rollout'));
+  select * into v_row from flowlane.rollouts r where r.rollout_id = finish_rollout.rollout_id for update;
+  if not found then
+    raise exception 'finish_rollout: unknown rollout %', finish_rollout.rollout_id using errcode = 'P0002';
+  end if;
+  if v_row.finished_at is not null then
+    return v_row;
+  end if;
+  update flowlane.worker_deployments w set enabled = true, reason = null, changed_at = flowlane._now()
+   where w.deployment_name = any (v_row.previously_enabled);
+  update flowlane.rollouts r set finished_at = flowlane._now() where r.rollout_id = v_row.rollout_id
+  returning * into v_row;
+  return v_row;
+end;
+$$;
 
 -- What a process that cannot LISTEN polls instead of flowlane_definitions (through a
 -- transaction-mode pooler a LISTEN stays in whichever server session ran it): a text that
@@ -525,6 +1931,73 @@ as $$
     (select string_agg(q.xmin::text, ',' order by q.xmin::text) from flowlane.queues q),
     (select string_agg(w.deployment_name || ':' || w.enabled, ',' order by w.deployment_name)
      from flowlane.worker_deployments w)))
+$$;
+
+-- what a prune would delete now, per flow (read only)
+create or replace function flowlane.prunable_runs(
+  p_now timestamptz = flowlane._now(), p_flows text[] = null, p_older_than int = null
+) returns table (flow_slug text, runs bigint, oldest_ended_at timestamptz)
+language plpgsql stable
+set search_path = ''
+as $$
+begin
+  perform flowlane._check_prune_args(p_now, p_older_than, 1);
+  return query
+    select p.flow_slug, count(*), min(p.ended_at)
+    from flowlane._prunable_runs(p_now, p_flows, p_older_than, null) p
+    group by p.flow_slug
+    order by p.flow_slug;
+end;
+$$;
+
+-- one batch: at most p_batch prunable runs (a run locked by a retry or a cancel right now is
+-- left for a later batch) and everything they own; returns what it deleted
+create or replace function flowlane.prune_runs(
+  p_now timestamptz = flowlane._now(), p_flows text[] = null, p_older_than int = null, p_batch int = 500
+) returns table (runs_deleted int, steps_deleted int, tasks_deleted int, attempts_deleted int,
+                 messages_deleted int)
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_runs uuid[];
+  v_group record;
+begin
+  perform flowlane._check_prune_args(p_now, p_older_than, p_batch);
+  v_runs := array(
+    select r.run_id from flowlane.runs r
+    where r.run_id = any (array(select p.run_id from flowlane._prunable_runs(p_now, p_flows, p_older_than, p_batch) p))
+      and r.status <> 'started'
+    order by r.run_id
+    for update skip locked);
+  messages_deleted := 0;
+  if cardinality(v_runs) = 0 then  -- most ticks: five empty deletes cost more than the lookup
+    runs_deleted := 0; steps_deleted := 0; tasks_deleted := 0; attempts_deleted := 0;
+    return next;
+    return;
+  end if;
+  for v_group in
+    select t.queue_name, array_agg(t.message_id order by t.message_id) as ids
+    from flowlane.step_tasks t
+    where t.run_id = any (v_runs)
+    group by t.queue_name
+    order by t.queue_name
+  loop
+    messages_deleted := messages_deleted + flowlane._delete_messages(v_group.queue_name, v_group.ids);
+  end loop;
+  delete from flowlane.task_attempts a where a.run_id = any (v_runs);
+  get diagnostics attempts_deleted = row_count;
+  delete from flowlane.task_leases l where l.run_id = any (v_runs);
+  delete from flowlane.step_tasks t where t.run_id = any (v_runs);
+  get diagnostics tasks_deleted = row_count;
+  delete from flowlane.step_states ss where ss.run_id = any (v_runs);
+  get diagnostics steps_deleted = row_count;
+  delete from flowlane.runs r where r.run_id = any (v_runs);
+  get diagnostics runs_deleted = row_count;
+  return next;
+end;
 $$;
 
 -- (p_stale_after is no longer read: it is kept for the previous release's callers; liveness
@@ -552,6 +2025,177 @@ language sql stable
 set search_path = ''
 as $$
   select * from pgmq.metrics_all()
+$$;
+
+-- delayed runs whose time has come begin; returns how many. A run of a flow with a
+-- concurrency limit is held for its key instead (in the order the runs became due), and
+-- begins now if its key has room
+create or replace function flowlane._begin_due_runs(p_now timestamptz) returns int
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_ids uuid[];
+  v_held uuid[];
+begin
+  with due as (
+    select r.run_id, r.start_at from flowlane.runs r
+    where r.status = 'waiting' and r.start_at <= p_now and r.hold_seq is null
+    order by r.start_at, r.run_id
+    for update skip locked
+  ), numbered as (  -- (the sequence is read after the sort: held in the order they became due)
+    select d.run_id, nextval('flowlane.hold_seq') as seq from due d order by d.start_at, d.run_id
+  ), begun as (
+    update flowlane.runs r
+       set status = case when r.concurrency_key is null then 'started' else 'waiting' end,
+           hold_seq = case when r.concurrency_key is null then null else n.seq end,
+           started_at = flowlane._now(),
+           deadline_at = case when r.concurrency_key is null then flowlane._run_deadline(r.flow_slug, flowlane._now()) end
+      from numbered n where r.run_id = n.run_id
+    returning r.run_id, r.status
+  ) select coalesce(array_agg(b.run_id order by b.run_id) filter (where b.status = 'started'), '{}'),
+           coalesce(array_agg(b.run_id order by b.run_id) filter (where b.status = 'waiting'), '{}')
+      into v_ids, v_held from begun b;
+  if cardinality(v_ids) > 0 then
+    perform flowlane._progress_runs(v_ids);
+  end if;
+  if cardinality(v_held) > 0 then
+    perform flowlane._begin_new_held_runs(v_held);
+  end if;
+  return cardinality(v_ids) + cardinality(v_held);
+end;
+$$;
+
+-- what compiled schedule files call: create or change a schedule (an operator's pause stays).
+-- A change of its timing starts it afresh from now; its firing history stays.
+create or replace function flowlane.set_schedule(
+  schedule_name text,
+  flow_name text,
+  input jsonb = '{}',
+  cron text = null,
+  cron_minutes int[] = null,
+  cron_hours int[] = null,
+  cron_days int[] = null,
+  cron_months int[] = null,
+  cron_weekdays int[] = null,
+  every_seconds int = null,
+  timezone text = 'UTC',
+  overlap text = 'skip',
+  catch_up text = 'latest'
+) returns flowlane.schedules
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_new flowlane.schedules;
+  v_old flowlane.schedules;
+  v_what text := format('schedule "%s"', set_schedule.schedule_name);
+begin
+  perform flowlane._check_slug('schedule', set_schedule.schedule_name);
+  perform flowlane._check_start_input(flowlane.resolve_flow(set_schedule.flow_name), set_schedule.input, v_what);
+  if (set_schedule.cron is null) = (set_schedule.every_seconds is null) then
+    raise exception '%: give exactly one of cron and every_seconds', v_what using errcode = '22023';
+  end if;
+  if set_schedule.every_seconds < 1 then
+    raise exception '%: every_seconds must be at least 1, not %', v_what, set_schedule.every_seconds
+      using errcode = '22023';
+  end if;
+  if set_schedule.cron is not null then
+    perform flowlane._check_cron_field(v_what, 'minute', cron_minutes, 0, 59, false);
+    perform flowlane._check_cron_field(v_what, 'hour', cron_hours, 0, 23, false);
+    perform flowlane._check_cron_field(v_what, 'day of month', cron_days, 1, 31, true);
+    perform flowlane._check_cron_field(v_what, 'month', cron_months, 1, 12, false);
+    perform flowlane._check_cron_field(v_what, 'day of week', cron_weekdays, 0, 6, true);
+  end if;
+  if not exists (select 1 from pg_catalog.pg_timezone_names z where z.name = set_schedule.timezone) then
+    raise exception '%: unknown time zone %', v_what, coalesce(quote_literal(set_schedule.timezone), 'NULL')
+      using errcode = '22023', hint = 'use an IANA name such as Europe/Berlin or UTC';
+  end if;
+  if overlap is null or overlap not in ('skip', 'allow') then
+    raise exception '%: overlap must be skip or allow, not %', v_what, coalesce(quote_literal(overlap), 'NULL')
+      using errcode = '22023';
+  end if;
+  if catch_up is null or catch_up not in ('latest', 'none', 'all') then
+    raise exception '%: catch_up must be latest, none or all, not %', v_what,
+      coalesce(quote_literal(catch_up), 'NULL') using errcode = '22023';
+  end if;
+  select * into v_old from flowlane.schedules s where s.schedule_name = set_schedule.schedule_name for update;
+  v_new := row(set_schedule.schedule_name, set_schedule.flow_name, set_schedule.cron,
+               cron_minutes, cron_hours, cron_days, cron_months, cron_weekdays, set_schedule.every_seconds,
+               set_schedule.timezone, set_schedule.input, set_schedule.overlap, set_schedule.catch_up,
+               null, v_old.last_slot, v_old.last_run_id, coalesce(v_old.created_at, flowlane._now()), flowlane._now());
+  if v_old.schedule_name is not null and (v_old.cron, v_old.cron_minutes, v_old.cron_hours, v_old.cron_days,
+       v_old.cron_months, v_old.cron_weekdays, v_old.every_seconds, v_old.timezone)
+     is not distinct from (v_new.cron, v_new.cron_minutes, v_new.cron_hours, v_new.cron_days,
+       v_new.cron_months, v_new.cron_weekdays, v_new.every_seconds, v_new.timezone) then
+    v_new.next_slot := v_old.next_slot;
+    if (v_new.flow_name, v_new.input, v_new.overlap, v_new.catch_up)
+       is not distinct from (v_old.flow_name, v_old.input, v_old.overlap, v_old.catch_up) then
+      return v_old;  -- unchanged: applying the same file again writes nothing
+    end if;
+  else
+    v_new.next_slot := flowlane._schedule_slot(v_new, flowlane._now(), true);
+  end if;
+  if v_new.next_slot is null then
+    raise exception '%: the cron expression % never fires', v_what, quote_literal(set_schedule.cron)
+      using errcode = '22023', hint = 'a day of month the chosen months never have (31 in February) never comes';
+  end if;
+  insert into flowlane.schedules as s values (v_new.*)
+  on conflict on constraint schedules_pkey do update
+    set flow_name = excluded.flow_name, cron = excluded.cron, cron_minutes = excluded.cron_minutes,
+        cron_hours = excluded.cron_hours, cron_days = excluded.cron_days, cron_months = excluded.cron_months,
+        cron_weekdays = excluded.cron_weekdays, every_seconds = excluded.every_seconds,
+        timezone = excluded.timezone, input = excluded.input, overlap = excluded.overlap,
+        catch_up = excluded.catch_up, next_slot = excluded.next_slot, updated_at = excluded.updated_at
+  returning * into v_new;
+  return v_new;
+end;
+$$;
+
+-- an operator's pause or resume (recorded apart from the definition). A resumed schedule
+-- starts afresh: the slots it missed while paused are not caught up.
+create or replace function flowlane.set_schedule_paused(schedule_name text, paused boolean, reason text = null)
+returns flowlane.schedules
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_schedule flowlane.schedules;
+begin
+  v_schedule := flowlane._locked_schedule(set_schedule_paused.schedule_name);
+  insert into flowlane.schedule_overrides as o (schedule_name, paused, reason, changed_at)
+  values (v_schedule.schedule_name, coalesce(set_schedule_paused.paused, true), left(reason, 1000), flowlane._now())
+  on conflict on constraint schedule_overrides_pkey do update
+    set paused = excluded.paused, reason = excluded.reason, changed_at = excluded.changed_at;
+  if not coalesce(set_schedule_paused.paused, true) then
+    update flowlane.schedules s set next_slot = flowlane._schedule_slot(s, flowlane._now(), true)
+     where s.schedule_name = v_schedule.schedule_name and s.next_slot <= flowlane._now()
+    returning * into v_schedule;
+  end if;
+  return v_schedule;
+end;
+$$;
+
+-- what every worker, `serve` and console process calls on its maintenance tick: each concern
+-- is one function, safe with any number of callers at once. p_now: the time the tick acts
+-- for (tests pass a later time instead of waiting).
+create or replace function flowlane.maintenance_tick(p_now timestamptz = flowlane._now()) returns jsonb
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_fired int := flowlane._fire_schedules(p_now);
+  v_begun int := flowlane._begin_due_runs(p_now);
+  v_failed int := flowlane._fail_overdue_runs(p_now);
+  v_expired int := flowlane.expire_waits(p_now);
+  v_released int := flowlane._release_held(p_now);
+  v_pruned int := (select p.runs_deleted from flowlane.prune_runs(p_now) p);
+begin
+  return jsonb_build_object('fired', v_fired, 'begun', v_begun, 'failed', v_failed,
+                            'waits_expired', v_expired, 'released', v_released, 'pruned', v_pruned);
+end;
 $$;
 
 -- the first problem of a schema as a contract (null when it is one): "<schema path>: what"
@@ -815,6 +2459,454 @@ begin
   end if;
   return null;
 end;
+$$;
+
+-- the wait steps among steps that just started (callers hold their runs' locks): each gets
+-- its deadline, and a kept signal completes its step at once
+create or replace function flowlane._begin_waits(p_started flowlane.step_states[]) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_done flowlane.step_states[];
+begin
+  insert into flowlane.wait_deadlines as w (run_id, step_slug, expires_at)
+  select st.run_id, st.step_slug, flowlane._now() + make_interval(secs => s.opt_timeout)
+  from unnest(p_started) st
+  join flowlane.steps s on s.flow_slug = st.flow_slug and s.step_slug = st.step_slug
+  where s.step_type = 'wait' and s.opt_timeout is not null
+  order by st.run_id, st.step_slug
+  on conflict on constraint wait_deadlines_pkey do update set expires_at = excluded.expires_at;
+  with kept as (
+    update flowlane.signals g set applied_at = greatest(flowlane._now(), g.received_at)
+      from unnest(p_started) st
+      join flowlane.steps s on s.flow_slug = st.flow_slug and s.step_slug = st.step_slug
+     where s.step_type = 'wait' and g.run_id = st.run_id and g.step_slug = st.step_slug
+       and g.applied_at is null
+    returning g.run_id, g.step_slug, g.payload
+  ), done as (
+    update flowlane.step_states ss
+       set status = 'completed', output = k.payload, remaining_tasks = 0, completed_at = flowlane._now()
+      from kept k
+     where ss.run_id = k.run_id and ss.step_slug = k.step_slug and ss.status = 'started'
+    returning ss
+  ) select coalesce(array_agg(d.ss order by (d.ss).run_id, (d.ss).step_slug), '{}') into v_done from done d;
+  if cardinality(v_done) > 0 then
+    perform flowlane._steps_done(v_done);
+  end if;
+end;
+$$;
+
+create or replace function flowlane.signal(run_id uuid, step_slug text, payload jsonb = '{}')
+returns flowlane.signals
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_run flowlane.runs;
+  v_step flowlane.steps;
+  v_state flowlane.step_states;
+  v_signal flowlane.signals;
+  v_map text;
+begin
+  if signal.run_id is null or signal.step_slug is null then
+    raise exception 'signal: run_id and step_slug must not be null' using errcode = '22004';
+  end if;
+  if payload is null then
+    raise exception 'signal: payload must not be null (use {} for no payload)' using errcode = '22004';
+  end if;
+  perform flowlane._check_json_limits(payload, 'signal: the payload', 'flatten the payload');
+  select * into v_run from flowlane.runs r where r.run_id = signal.run_id for update;
+  if not found then
+    raise exception 'signal: no run %', signal.run_id using errcode = 'P0002';
+  end if;
+  select * into v_step from flowlane.steps s where s.flow_slug = v_run.flow_slug and s.step_slug = signal.step_slug;
+  if not found then
+    raise exception 'signal: flow "%" of run % has no step "%"', v_run.flow_slug, v_run.run_id, signal.step_slug
+      using errcode = 'P0002', hint = flowlane._wait_steps_hint(v_run.flow_slug);
+  end if;
+  if v_step.step_type <> 'wait' then
+    raise exception 'signal: step "%" of flow "%" is not a wait step: it completes when its handler returns',
+      v_step.step_slug, v_run.flow_slug
+      using errcode = '42809', hint = flowlane._wait_steps_hint(v_run.flow_slug);
+  end if;
+  if v_run.status <> 'started' then
+    raise exception 'signal: run % is %: a finished run takes no signal', v_run.run_id, v_run.status
+      using errcode = '55000';
+  end if;
+  select d.step_slug into v_map from flowlane.deps d
+  join flowlane.steps m on m.flow_slug = d.flow_slug and m.step_slug = d.step_slug and m.step_type = 'map'
+  where d.flow_slug = v_run.flow_slug and d.dep_slug = v_step.step_slug;
+  if found and jsonb_typeof(payload) <> 'array' then
+    raise exception 'signal: step "%" feeds map step "%", so its payload must be a JSON array, got %',
+      v_step.step_slug, v_map, jsonb_typeof(payload) using errcode = '22023';
+  end if;
+  perform flowlane._check_signal_contract(v_run.flow_slug, v_step.step_slug, payload);
+  select * into v_state from flowlane.step_states ss
+  where ss.run_id = v_run.run_id and ss.step_slug = v_step.step_slug for update;
+  select * into v_signal from flowlane.signals g where g.run_id = v_run.run_id and g.step_slug = v_step.step_slug;
+  if found then
+    raise exception 'signal: step "%" of run % already has a signal, received at % (%)', v_step.step_slug,
+      v_run.run_id, v_signal.received_at,
+      case when v_signal.applied_at is null then 'kept until the step starts' else 'it completed the step' end
+      using errcode = '55000', hint = 'a wait step takes one signal; this one changed nothing';
+  end if;
+  if v_state.status not in ('created', 'started') then
+    raise exception 'signal: step "%" of run % is already %: it takes no signal', v_step.step_slug,
+      v_run.run_id, v_state.status using errcode = '55000';
+  end if;
+  insert into flowlane.signals (run_id, step_slug, payload, applied_at)
+  values (v_run.run_id, v_step.step_slug, payload, case when v_state.status = 'started' then flowlane._now() end)
+  returning * into v_signal;
+  if v_state.status = 'started' then
+    update flowlane.step_states ss
+       set status = 'completed', output = payload, remaining_tasks = 0, completed_at = flowlane._now()
+     where ss.run_id = v_run.run_id and ss.step_slug = v_step.step_slug
+    returning * into v_state;
+    perform flowlane._steps_done(array[v_state]);
+  end if;
+  return v_signal;
+end;
+$$;
+
+-- wait steps whose timeout passed by p_now without a signal end as their when_exhausted
+-- says: fail (the run fails), skip or skip-cascade (the run goes on). Runs another
+-- transaction holds are left for the next call. Returns how many steps it ended.
+create or replace function flowlane.expire_waits(p_now timestamptz = flowlane._now()) returns int
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_due record;
+  v_step flowlane.steps;
+  v_ended int := 0;
+begin
+  for v_due in
+    select w.run_id, w.step_slug from flowlane.wait_deadlines w
+    where w.expires_at <= p_now
+    order by w.expires_at, w.run_id, w.step_slug
+    limit 1000
+  loop
+    perform 1 from flowlane.runs r where r.run_id = v_due.run_id for update skip locked;
+    continue when not found;
+    perform 1 from flowlane.wait_deadlines w
+    where w.run_id = v_due.run_id and w.step_slug = v_due.step_slug and w.expires_at <= p_now;
+    continue when not found;  -- a retry gave the step a new deadline meanwhile
+    delete from flowlane.wait_deadlines w where w.run_id = v_due.run_id and w.step_slug = v_due.step_slug;
+    select s.* into v_step from flowlane.step_states ss
+    join flowlane.runs r on r.run_id = ss.run_id and r.status = 'started'
+    join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+    where ss.run_id = v_due.run_id and ss.step_slug = v_due.step_slug and ss.status = 'started'
+    for update of ss;
+    continue when not found;  -- signalled, or its run ended
+    v_ended := v_ended + 1;
+    perform flowlane._give_up_step(v_due.run_id, v_due.step_slug,
+      format('no signal within %s s', v_step.opt_timeout), 'wait_timeout');
+  end loop;
+  return v_ended;
+end;
+$$;
+
+-- a wait or child-flow step that gave up (its caller holds the run) ends as its
+-- when_exhausted says: fail (the step and its run fail with p_error), skip or skip-cascade
+-- (skipped with p_reason and p_error; the run goes on)
+create or replace function flowlane._give_up_step(p_run_id uuid, p_step_slug text, p_error text, p_reason text)
+returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_mode text;
+begin
+  select s.when_exhausted into v_mode from flowlane.runs r
+  join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = p_step_slug
+  where r.run_id = p_run_id;
+  if v_mode = 'fail' then
+    update flowlane.step_states ss
+       set status = 'failed', failed_at = flowlane._now(), remaining_tasks = null, error_message = p_error
+     where ss.run_id = p_run_id and ss.step_slug = p_step_slug;
+    perform flowlane._fail_run(p_run_id, format('step %s: %s', p_step_slug, p_error));
+    return;
+  end if;
+  if v_mode = 'skip-cascade' then
+    perform flowlane._skip_cascade(p_run_id, p_step_slug, p_reason);
+  else
+    perform flowlane._skip_step(p_run_id, p_step_slug, p_reason);
+  end if;
+  update flowlane.step_states ss set error_message = p_error
+   where ss.run_id = p_run_id and ss.step_slug = p_step_slug;
+  perform flowlane._progress(p_run_id);
+end;
+$$;
+
+-- a child run ended: its output completes its element (the step, with the last one), its
+-- failure or cancellation is a failed attempt. Nothing when the parent run or step ended, or
+-- the element already has a newer child (the child is late).
+create or replace function flowlane._child_ended(p_child flowlane.runs) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_parent flowlane.runs;
+  v_state flowlane.step_states;
+  v_step flowlane.steps;
+  v_attempts int;
+  v_max int;
+  v_map text;
+begin
+  select * into v_parent from flowlane.runs r where r.run_id = p_child.parent_run_id for update;
+  if not found or v_parent.status <> 'started' then
+    return;
+  end if;
+  select * into v_state from flowlane.step_states ss
+  where ss.run_id = v_parent.run_id and ss.step_slug = p_child.parent_step_slug for update;
+  if v_state.status <> 'started' or exists (
+       select 1 from flowlane.runs c
+       where c.parent_run_id = v_parent.run_id and c.parent_step_slug = p_child.parent_step_slug
+         and c.parent_task_index = p_child.parent_task_index and c.run_id <> p_child.run_id
+         and c.status in ('started', 'completed')) then
+    return;
+  end if;
+  select * into v_step from flowlane.steps s
+  where s.flow_slug = v_parent.flow_slug and s.step_slug = p_child.parent_step_slug;
+  if p_child.status = 'completed' and v_step.step_type <> 'map' then
+    -- a run's output is an object of its last steps' outputs, never the array a map needs
+    select d.step_slug into v_map from flowlane.deps d
+    join flowlane.steps m on m.flow_slug = d.flow_slug and m.step_slug = d.step_slug and m.step_type = 'map'
+    where d.flow_slug = v_step.flow_slug and d.dep_slug = v_step.step_slug
+    order by d.step_slug limit 1;
+    if found then
+      perform flowlane._child_step_exhausted(v_parent.run_id, v_step.step_slug,
+        format('[TYPE_VIOLATION] step %s feeds map step %s and must output a JSON array; a child run outputs an object',
+               v_step.step_slug, v_map));
+      return;
+    end if;
+  end if;
+  if p_child.status = 'completed' then
+    update flowlane.step_states ss
+       set remaining_tasks = ss.remaining_tasks - 1,
+           status = case when ss.remaining_tasks = 1 then 'completed' else ss.status end,
+           completed_at = case when ss.remaining_tasks = 1 then flowlane._now() end,
+           output = case when ss.remaining_tasks <> 1 then null
+                         when v_step.step_type <> 'map' then p_child.output
+                         else flowlane._children_outputs(v_parent.run_id, v_step.step_slug) end
+     where ss.run_id = v_parent.run_id and ss.step_slug = v_step.step_slug
+    returning * into v_state;
+    if v_state.status = 'completed' then
+      perform flowlane._steps_done(array[v_state]);
+    end if;
+    return;
+  end if;
+  select count(*) into v_attempts from flowlane.runs c
+  where c.parent_run_id = v_parent.run_id and c.parent_step_slug = v_step.step_slug
+    and c.parent_task_index = p_child.parent_task_index and c.started_at >= v_state.started_at;
+  select o.max_attempts into v_max from flowlane.step_options o
+  where o.flow_slug = v_step.flow_slug and o.step_slug = v_step.step_slug;
+  if v_attempts < v_max then
+    perform flowlane._start_child(v_parent.run_id, v_step.step_slug, p_child.parent_task_index);
+    return;
+  end if;
+  perform flowlane._child_step_exhausted(v_parent.run_id, v_step.step_slug,
+    format('child run %s (%s) %s after %s %s: %s', p_child.run_id, p_child.flow_slug, p_child.status,
+           v_attempts, case when v_attempts = 1 then 'attempt' else 'attempts' end,
+           coalesce(p_child.error_message, p_child.cancel_reason, 'no reason given')));
+end;
+$$;
+
+-- the runs of a flow held for their key that may begin now, FIFO per key, begun; returns
+-- them. The caller holds nothing of theirs; this takes the keys' locks.
+create or replace function flowlane._begin_held_runs(p_flow text, p_keys text[]) returns uuid[]
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_limit int;
+  v_ids uuid[];
+  v_retried uuid[];
+begin
+  if coalesce(cardinality(p_keys), 0) = 0 then
+    return '{}';
+  end if;
+  select f.opt_concurrency_limit into v_limit from flowlane.flows f where f.flow_slug = p_flow;
+  perform flowlane._lock_slots('run:' || p_flow, p_keys);
+  -- (under the locks: every run held for these keys before is committed and seen here)
+  if not exists (select 1 from flowlane.runs r
+                 where r.flow_slug = p_flow and r.concurrency_key = any (p_keys) and r.status = 'waiting'
+                   and r.hold_seq is not null) then
+    return '{}';
+  end if;
+  with free as (
+    select k.key, case when v_limit is null then 2147483647 else greatest(0, v_limit - (
+             select count(*) from flowlane.runs r
+             where r.flow_slug = p_flow and r.concurrency_key = k.key and r.status = 'started')) end as n
+    from (select distinct key from unnest(p_keys) key where key is not null) k
+  ), chosen as (
+    select h.run_id
+    from free cross join lateral (
+      select r.run_id from flowlane.runs r
+      where r.flow_slug = p_flow and r.concurrency_key = free.key and r.status = 'waiting'
+        and r.hold_seq is not null
+      order by r.hold_seq
+      limit free.n
+    ) h
+    where free.n > 0
+  ), locked as (
+    select r.run_id from flowlane.runs r
+    where r.run_id in (select c.run_id from chosen c) and r.status = 'waiting'
+    order by r.run_id
+    for update
+  ), begun as (
+    update flowlane.runs r
+       set status = 'started', hold_seq = null, started_at = greatest(flowlane._now(), r.started_at),
+           deadline_at = flowlane._run_deadline(r.flow_slug, greatest(flowlane._now(), r.started_at))
+      from locked l
+     where r.run_id = l.run_id and r.status = 'waiting'
+    returning r.run_id, r.retry_count
+  ) select coalesce(array_agg(b.run_id order by b.run_id), '{}'),
+           coalesce(array_agg(b.run_id order by b.run_id) filter (where b.retry_count > 0), '{}')
+      into v_ids, v_retried
+    from begun b;
+  if cardinality(v_ids) > 0 then
+    -- a retried run held for its key sends the tasks retry_run did not
+    perform flowlane._send_missing_tasks(x.id) from unnest(v_retried) x (id);
+    perform flowlane._progress_runs(v_ids);
+  end if;
+  return v_ids;
+end;
+$$;
+
+-- say how many tasks may start. Claims on a queue with a concurrency limit take turns (its
+-- limits row locked, then its started tasks counted: exact under any number of claimers); a
+-- rate limit's tokens are taken up front, in the one statement that locks the row (the
+-- claim gives back what it did not start, _close_queue_gate)
+create or replace function flowlane._open_queue_gate(p_queue text, p_qty int) returns flowlane._queue_gate
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_gate flowlane._queue_gate;
+  v_limits flowlane.queue_limits;
+  v_started int;
+  v_now timestamptz;
+begin
+  v_gate.queue_name := p_queue;
+  v_gate.allowed := p_qty;
+  select coalesce(q.prioritized, false), l.queue_name is not null, l.concurrency, l.rate_limit
+    into v_gate.prioritized, v_gate.limited, v_limits.concurrency, v_limits.rate_limit
+  from flowlane.queues q left join flowlane.queue_limits l on l.queue_name = q.queue_name
+  where q.queue_name = p_queue;
+  v_gate.prioritized := coalesce(v_gate.prioritized, false);
+  v_gate.limited := coalesce(v_gate.limited, false);
+  if not v_gate.limited then
+    return v_gate;
+  end if;
+  if v_limits.concurrency is not null then
+    select * into v_limits from flowlane.queue_limits l where l.queue_name = p_queue for update;
+    select count(*) into v_started from flowlane.task_leases t where t.queue_name = p_queue;
+    v_gate.allowed := least(v_gate.allowed, v_limits.concurrency - v_started);
+    if v_gate.allowed < 1 then
+      v_gate.refusal := row('at_capacity', null, null, p_queue, null, null,
+                            jsonb_build_object('started', v_started, 'concurrency', v_limits.concurrency),
+                            null, null, null)::flowlane.claim_record;
+      return v_gate;
+    end if;
+  end if;
+  if v_limits.rate_limit is not null then
+    -- (the clock read before the row's lock: a claim that waited records its starts at the
+    -- bucket's time, never earlier than the claim before it)
+    v_now := flowlane._clock_timestamp();
+    update flowlane.queue_limits l
+       set refilled_at = greatest(v_now, l.refilled_at),
+           last_grant = greatest(0, least(v_gate.allowed,
+                          floor(flowlane._bucket_tokens(l, greatest(v_now, l.refilled_at)))))::int,
+           tokens = flowlane._bucket_tokens(l, greatest(v_now, l.refilled_at))
+                    - greatest(0, least(v_gate.allowed, floor(flowlane._bucket_tokens(l, greatest(v_now, l.refilled_at)))))
+     where l.queue_name = p_queue
+    returning * into v_limits;
+    v_gate.started_at := v_limits.refilled_at;
+    v_gate.reserved := v_limits.last_grant;
+    v_gate.allowed := v_limits.last_grant;
+    if v_gate.allowed < 1 then
+      v_gate.refusal := row('rate_limited', null, null, p_queue, null, null,
+                            jsonb_build_object('wait_ms',
+                              ceil(1000 * flowlane._next_start_in(v_limits, v_limits.refilled_at))::int),
+                            null, null, null)::flowlane.claim_record;
+    end if;
+  end if;
+  return v_gate;
+end;
+$$;
+
+-- what compiled queue files call: a queue's limits (null: no such limit; both null: none)
+create or replace function flowlane.set_queue_limits(queue_name text, concurrency int, rate_limit int, rate_per int)
+returns flowlane.queue_limits
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_row flowlane.queue_limits;
+  v_what text := format('queue "%s"', set_queue_limits.queue_name);
+begin
+  perform flowlane._check_queue_argument('set_queue_limits', set_queue_limits.queue_name);
+  if not exists (select 1 from flowlane.queues q where q.queue_name = set_queue_limits.queue_name) then
+    raise exception '%: no such queue', v_what using errcode = 'P0002',
+      hint = 'a queue exists once a flow routes a step to it (apply the flow first)';
+  end if;
+  if set_queue_limits.concurrency < 1 then
+    raise exception '%: concurrency must be at least 1, not %', v_what, set_queue_limits.concurrency
+      using errcode = '22023';
+  end if;
+  if (set_queue_limits.rate_limit is null) <> (set_queue_limits.rate_per is null) then
+    raise exception '%: a rate limit needs both a limit and a period (per)', v_what using errcode = '22023';
+  end if;
+  if set_queue_limits.rate_limit < 1 or set_queue_limits.rate_per < 1 then
+    raise exception '%: a rate limit is at least 1 start per at least 1 second', v_what using errcode = '22023';
+  end if;
+  if set_queue_limits.concurrency is null and set_queue_limits.rate_limit is null then
+    delete from flowlane.queue_limits l where l.queue_name = set_queue_limits.queue_name;
+    perform flowlane._wake_queue(set_queue_limits.queue_name);
+    return null;
+  end if;
+  insert into flowlane.queue_limits as l (queue_name, concurrency, rate_limit, rate_per, tokens, refilled_at)
+  values (set_queue_limits.queue_name, set_queue_limits.concurrency, set_queue_limits.rate_limit,
+          set_queue_limits.rate_per, coalesce(set_queue_limits.rate_limit, 0), flowlane._clock_timestamp())
+  on conflict on constraint queue_limits_pkey do update
+    set concurrency = excluded.concurrency, rate_limit = excluded.rate_limit, rate_per = excluded.rate_per,
+        tokens = least(l.tokens, coalesce(excluded.rate_limit, 0)), updated_at = flowlane._now()
+    where (l.concurrency, l.rate_limit, l.rate_per)
+          is distinct from (excluded.concurrency, excluded.rate_limit, excluded.rate_per)
+  returning * into v_row;
+  if v_row.queue_name is null then  -- unchanged: applying the same file again writes nothing
+    select * into v_row from flowlane.queue_limits l where l.queue_name = set_queue_limits.queue_name;
+  else
+    perform flowlane._wake_queue(set_queue_limits.queue_name);
+  end if;
+  return v_row;
+end;
+$$;
+
+-- every queue with limits: its limits, started tasks, bucket, and (when it holds claims back
+-- now) what it waits for
+create or replace function flowlane.queue_flow_control()
+returns table (queue_name text, concurrency int, started bigint, rate_limit int, rate_per int,
+               tokens double precision, next_start_in double precision, waiting_for text)
+language sql stable
+set search_path = ''
+as $$
+  select l.queue_name, l.concurrency, c.started, l.rate_limit, l.rate_per,
+         case when l.rate_limit is not null then flowlane._bucket_tokens(l, flowlane._clock_timestamp()) end,
+         case when l.rate_limit is not null then flowlane._next_start_in(l, flowlane._clock_timestamp()) end,
+         case when l.concurrency is not null and c.started >= l.concurrency
+                then format('queue concurrency %s: %s of %s started', l.queue_name, c.started, l.concurrency)
+              when l.rate_limit is not null and flowlane._bucket_tokens(l, flowlane._clock_timestamp()) < 1
+                then format('rate limit %s: next start in %s s', l.queue_name,
+                            round(flowlane._next_start_in(l, flowlane._clock_timestamp())::numeric, 1))
+         end
+  from flowlane.queue_limits l
+  cross join lateral (select count(*) as started from flowlane.task_leases t where t.queue_name = l.queue_name) c
+  order by l.queue_name
 $$;
 
 -- == Written by hand: what calls the functions (checks, defaults, triggers, data) ==

@@ -181,10 +181,10 @@ order by 1
 -- name: console_queue_throughput
 -- tasks completed per queue and minute over the last minutes (minute 0 = the current one)
 select k.queue_name,
-       floor(extract(epoch from now() - k.completed_at) / 60)::int as minutes_ago,
+       floor(extract(epoch from flowlane._now() - k.completed_at) / 60)::int as minutes_ago,
        count(*) as completed
 from flowlane.step_tasks k
-where k.completed_at is not null and k.completed_at > now() - make_interval(mins => %(minutes)s)
+where k.completed_at is not null and k.completed_at > flowlane._now() - make_interval(mins => %(minutes)s)
 group by 1, 2
 
 -- name: console_queue_routes
@@ -195,7 +195,7 @@ order by s.queue_name, s.flow_slug, s.step_index
 -- name: console_workers
 select w.worker_id, w.worker_name, w.deployment_name, w.queue_name, w.supported_pairs,
        w.started_at, w.last_heartbeat_at,
-       extract(epoch from now() - w.last_heartbeat_at)::float8 as heartbeat_age,
+       extract(epoch from flowlane._now() - w.last_heartbeat_at)::float8 as heartbeat_age,
        w.deprecated_at, w.stopped_at, flowlane.worker_is_live(w) as live
 from flowlane.workers w
 order by w.stopped_at is not null, w.last_heartbeat_at desc
@@ -222,7 +222,7 @@ select run_id from flowlane.trigger_schedule(%(schedule)s)
 -- name: console_decide
 -- approve or reject from the console: a signal {approved, by, at, comment} to a wait step
 select run_id from flowlane.signal(%(run_id)s::uuid, %(step)s, jsonb_build_object(
-  'approved', %(approved)s::boolean, 'by', %(by)s::text, 'at', now(),
+  'approved', %(approved)s::boolean, 'by', %(by)s::text, 'at', flowlane._now(),
   'comment', nullif(%(comment)s::text, '')))
 
 -- name: console_run_family
@@ -233,7 +233,7 @@ select flowlane.get_run_family(%(run_id)s::uuid) as family
 -- that step's last failed attempt in the run's last round, as client_matching_runs filters;
 -- none: the run failed without one, such as at its deadline), per hour before now
 select f.flow_slug, f.step_slug, f.error_type,
-       floor(extract(epoch from (now() - f.failed_at)) / 3600)::int as hours_ago,
+       floor(extract(epoch from (flowlane._now() - f.failed_at)) / 3600)::int as hours_ago,
        count(*) as runs, min(f.failed_at) as first_failed_at, max(f.failed_at) as last_failed_at
 from (
   select r.flow_slug, r.failed_at, ss.step_slug,
@@ -243,6 +243,6 @@ from (
           order by a.id desc limit 1) as error_type
   from flowlane.runs r
   left join flowlane.step_states ss on ss.run_id = r.run_id and ss.status = 'failed'
-  where r.status = 'failed' and r.failed_at >= now() - make_interval(hours => %(hours)s::int)
+  where r.status = 'failed' and r.failed_at >= flowlane._now() - make_interval(hours => %(hours)s::int)
 ) f
 group by 1, 2, 3, 4

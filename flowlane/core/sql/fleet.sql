@@ -5,7 +5,7 @@ select d.deployment_name, d.queue_name, d.enabled, d.reason, d.changed_at,
        coalesce(jsonb_agg(jsonb_build_object(
                   'worker_id', w.worker_id,
                   'worker_name', w.worker_name,
-                  'heartbeat_age', round(extract(epoch from now() - w.last_heartbeat_at)::numeric, 1),
+                  'heartbeat_age', round(extract(epoch from flowlane._now() - w.last_heartbeat_at)::numeric, 1),
                   'deprecated', w.deprecated_at is not null,
                   'live', flowlane.worker_is_live(w),
                   'pairs', w.supported_pairs) order by w.started_at, w.worker_id)
@@ -30,7 +30,7 @@ select q.queue_name, q.ownership, q.owner_flow_slug, q.pgmq_queue_name, q.adopte
          where w.queue_name = q.queue_name and flowlane.worker_is_live(w)) as live_workers,
        (select coalesce(jsonb_agg(jsonb_build_object(
                  'deployment', x.deployment_name, 'reason', x.reason, 'hint', x.hint,
-                 'age', extract(epoch from now() - x.refused_at))
+                 'age', extract(epoch from flowlane._now() - x.refused_at))
                order by x.deployment_name collate "C"), '[]')
         from flowlane.worker_refusals x where x.queue_name = q.queue_name) as refusals,
        l.concurrency, l.started, l.rate_limit, l.rate_per, l.waiting_for
@@ -71,7 +71,7 @@ order by w.deployment_name collate "C", w.worker_id
 -- name: fleet_live_workers_on_queues
 -- the live workers serving any of these queues: what a `serve` about to start would double
 select w.queue_name, coalesce(w.deployment_name, w.worker_name) as deployment, count(*) as workers,
-       round(min(extract(epoch from now() - w.last_heartbeat_at))::numeric, 1) as heartbeat_age
+       round(min(extract(epoch from flowlane._now() - w.last_heartbeat_at))::numeric, 1) as heartbeat_age
 from flowlane.workers w
 where w.queue_name = any (%(queues)s::text[]) and w.deprecated_at is null and flowlane.worker_is_live(w)
 group by 1, 2
@@ -89,7 +89,7 @@ select t.queue_name, count(*) as queued_tasks,
              order by d.deployment_name collate "C") as disabled,
        (select coalesce(jsonb_agg(jsonb_build_object(
                  'deployment', x.deployment_name, 'reason', x.reason, 'hint', x.hint,
-                 'age', extract(epoch from now() - x.refused_at))
+                 'age', extract(epoch from flowlane._now() - x.refused_at))
                order by x.deployment_name collate "C"), '[]')
         from flowlane.worker_refusals x where x.queue_name = t.queue_name) as refusals
 from flowlane.step_tasks t

@@ -91,12 +91,12 @@ from flowlane.fail_tasks(%(results)s::jsonb)
 select s.run_id, s.flow_slug, s.status, s.start_at,
        s.run_id::text is not distinct from current_setting('flowlane.found_run', true) as existed
 from flowlane.start_flow(%(flow)s, %(input)s::jsonb, %(run_id)s::uuid,
-                         coalesce(%(start_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+                         coalesce(%(start_at)s::timestamptz, flowlane._now() + make_interval(secs => %(delay)s::float8)),
                          %(key)s::text, priority => %(priority)s::int) s
 
 -- name: client_start_flows
 select run_id from flowlane.start_flows(%(flow)s, %(inputs)s::jsonb[],
-  coalesce(%(start_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+  coalesce(%(start_at)s::timestamptz, flowlane._now() + make_interval(secs => %(delay)s::float8)),
   priority => %(priority)s::int)
 
 -- name: client_list_runs
@@ -245,7 +245,7 @@ listen flowlane_definitions
 select flowlane.definitions_fingerprint() as fingerprint
 
 -- name: client_now
-select now() as now
+select flowlane._now() as now
 
 -- name: client_matching_runs
 -- the runs a bulk retry or cancel takes (`flowlane retry|cancel` with a filter), oldest first,
