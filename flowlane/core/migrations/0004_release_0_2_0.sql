@@ -9,12 +9,299 @@
 -- their compiled checks stay as they are (a whole count compiles to the same text, so the same
 -- _contract_check_<md5> function). The previous release's workers keep running: none of the
 -- functions they call while claiming, completing or failing changes.
+--
+-- Events in: a run records what started it when that is not a call (runs.origin, a new
+-- nullable column: existing runs keep null). `kind: trigger` documents are recorded in the new
+-- table triggers by set_trigger, which creates statement-level triggers on the application's
+-- tables; those start runs through _start_from_events and the new _new_runs / _new_run, which
+-- take each run's origin. _create_runs and _start_one_run keep their signatures and call them
+-- with no origin, so calls of the previous release's functions in flight while this migration
+-- commits keep working. Refusals a trigger records go to the new table trigger_refusals.
+-- The input contract's fast verdict moves into _refused_inputs, shared by _check_contract_inputs
+-- and the triggers. No function the previous release's workers call changes its signature.
 
 -- == Written by hand: tables, types and data that the functions need ==
+
+-- events in:
+alter table flowlane.runs add column origin jsonb;
+
+create table flowlane.triggers (
+  trigger_name text not null,
+  flow_name text not null,
+  table_name text not null,
+  events text[] not null,
+  when_pattern jsonb,
+  unless_pattern jsonb,
+  input_map jsonb,
+  key_pointer text,
+  on_refused text default 'fail' not null,
+  row_key text[],
+  created_at timestamptz default now() not null,
+  updated_at timestamptz default now() not null,
+  constraint triggers_pkey primary key (trigger_name),
+  constraint triggers_events_valid check (cardinality(events) > 0 and events <@ array['insert', 'update', 'delete']),
+  constraint triggers_name_valid check (flowlane.is_valid_slug(trigger_name)),
+  constraint triggers_on_refused_valid check (on_refused in ('fail', 'record'))
+);
+
+create table flowlane.trigger_refusals (
+  refusal_id bigint generated always as identity not null,
+  trigger_name text not null,
+  refused_at timestamptz default now() not null,
+  event jsonb not null,
+  error text not null,
+  constraint trigger_refusals_pkey primary key (refusal_id)
+);
+
+create index trigger_refusals_trigger_idx on flowlane.trigger_refusals (trigger_name, refused_at desc);
+
+create index runs_trigger_idx on flowlane.runs ((origin ->> 'trigger')) where (origin ? 'trigger');
 
 -- == Drafted from the engine source by `python -m flowlane.core.draft_migration`; redrafted, never edited ==
 
 set local check_function_bodies = off;
+
+-- start_at: a later start (the run waits, cancellable, until the maintenance tick begins it);
+-- idempotency_key (or the flow's dedup pointer into the input): a second start with the same
+-- (called name, key) returns the first run
+create or replace function flowlane.start_flow(flow_slug text, input jsonb, run_id uuid = null,
+                                    start_at timestamptz = null, idempotency_key text = null,
+                                    priority int = null)
+returns flowlane.runs
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_flow text := flowlane.resolve_flow(start_flow.flow_slug);
+  v_run flowlane.runs;
+  v_key text;
+begin
+  perform flowlane._check_start_input(v_flow, input, format('start_flow(%s)', v_flow));
+  perform flowlane._check_priority(format('start_flow(%s)', v_flow), start_flow.priority);
+  v_key := flowlane._start_key(v_flow, input, start_flow.idempotency_key, format('start_flow(%s)', v_flow));
+  if v_key is not null then
+    v_run := flowlane._keyed_run(start_flow.flow_slug, v_key);
+    if v_run.run_id is not null then
+      return v_run;
+    end if;
+  end if;
+  if start_flow.run_id is not null then
+    -- a retried start with the same run id returns the existing run
+    select * into v_run from flowlane.runs r where r.run_id = start_flow.run_id;
+    if found then
+      if v_run.flow_slug <> v_flow or v_run.input <> input then
+        raise exception 'run % already exists for flow "%" with another flow or input', start_flow.run_id,
+          v_run.flow_slug using errcode = '23505';
+      end if;
+      perform flowlane._found_run(v_run.run_id);
+      return v_run;
+    end if;
+  end if;
+  select * into v_run from flowlane._new_runs(v_flow, array[input], array[start_flow.run_id],
+                                              start_flow.start_at, array[v_key], start_flow.flow_slug,
+                                              start_flow.priority, null::jsonb[]);
+  return v_run;
+end;
+$$;
+
+-- many runs of one flow or alias in one call; returns the runs in input order.
+-- All or nothing: a bad input raises naming its position and starts no run.
+create or replace function flowlane.start_flows(flow_slug text, inputs jsonb[], start_at timestamptz = null,
+                                     priority int = null)
+returns setof flowlane.runs
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_flow text := flowlane.resolve_flow(start_flows.flow_slug);
+  v_i int;
+begin
+  if inputs is null then
+    raise exception 'start_flows(%): inputs must be an array of JSON values', v_flow using errcode = '22004';
+  end if;
+  if cardinality(inputs) = 0 then
+    return;
+  end if;
+  perform flowlane._check_priority(format('start_flows(%s)', v_flow), start_flows.priority);
+  for v_i in select i from generate_subscripts(inputs, 1) i
+             where inputs[i] is null or jsonb_typeof(inputs[i]) <> 'array' order by i loop
+    perform flowlane._check_start_input(v_flow, inputs[v_i], format('start_flows(%s): input %s', v_flow, v_i - 1));
+  end loop;
+  if exists (select 1 from flowlane.flows f where f.flow_slug = v_flow and f.opt_dedup_key is not null) then
+    -- each input's key may name an earlier run (or an earlier input of this call)
+    for v_i in select i from generate_subscripts(inputs, 1) i order by i loop
+      return next flowlane.start_flow(start_flows.flow_slug, inputs[v_i], null, start_flows.start_at, null,
+                                      start_flows.priority);
+    end loop;
+    return;
+  end if;
+  return query select * from flowlane._new_runs(v_flow, inputs, '{}', start_flows.start_at, null, null,
+                                                start_flows.priority, null::jsonb[]);
+end;
+$$;
+
+-- _new_runs and _new_run under their earlier names, without an origin: the calls of schedules
+-- and child flows, and of the previous release's functions while a migration commits
+create or replace function flowlane._create_runs(p_flow text, p_inputs jsonb[], p_run_ids uuid[],
+                                      p_start_at timestamptz = null, p_keys text[] = null,
+                                      p_called text = null, p_priority int = null)
+returns setof flowlane.runs
+language sql volatile
+set search_path = ''
+as $$
+  select * from flowlane._new_runs(p_flow, p_inputs, p_run_ids, p_start_at, p_keys, p_called, p_priority,
+                                   null::jsonb[])
+$$;
+
+create or replace function flowlane._start_one_run(p_flow flowlane.flows, p_input jsonb, p_run_id uuid,
+                                        p_start_at timestamptz, p_key text, p_called text, p_priority int)
+returns flowlane.runs
+language sql volatile
+set search_path = ''
+as $$
+  select * from flowlane._new_run(p_flow, p_input, p_run_id, p_start_at, p_key, p_called, p_priority,
+                                  null::jsonb)
+$$;
+
+-- new runs of one concrete flow (inputs checked by the caller); returns them in input order
+-- p_start_at in the future: the runs wait (status waiting) for the maintenance tick;
+-- p_keys: each run's idempotency key within p_called (the name the caller started);
+-- p_priority: the runs' priority (null: the flow's); p_origins: what started each run (null:
+-- a call; see flowlane.runs.origin). A flow with a concurrency limit: under
+-- the keys' locks, a run begins while its key has room and no run held before it; the
+-- others are held (waiting, hold_seq in input order)
+create or replace function flowlane._new_runs(p_flow text, p_inputs jsonb[], p_run_ids uuid[],
+                                   p_start_at timestamptz, p_keys text[], p_called text, p_priority int,
+                                   p_origins jsonb[])
+returns setof flowlane.runs
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_ids uuid[];
+  v_waiting boolean := coalesce(p_start_at > now(), false);
+  v_flow flowlane.flows;
+  v_slot_keys text[];
+  v_begins boolean[];
+  v_run flowlane.runs;
+begin
+  perform flowlane._check_contract_inputs(p_flow, p_inputs);
+  select * into v_flow from flowlane.flows f where f.flow_slug = p_flow;
+  if cardinality(p_inputs) = 1 and not v_waiting and v_flow.opt_concurrency_limit is null then
+    v_run := flowlane._new_run(v_flow, p_inputs[1], p_run_ids[1], p_start_at, p_keys[1], p_called, p_priority,
+                               p_origins[1]);
+    if v_run.run_id is not null then
+      return next v_run;
+      return;
+    end if;
+  end if;
+  v_ids := array(select coalesce(p_run_ids[i], gen_random_uuid()) from generate_subscripts(p_inputs, 1) i order by i);
+  if v_flow.opt_concurrency_limit is not null then
+    v_slot_keys := array(select flowlane._concurrency_key(v_flow.opt_concurrency_key, p_inputs[i])
+                         from generate_subscripts(p_inputs, 1) i order by i);
+  end if;
+  if v_flow.opt_concurrency_limit is not null and not v_waiting then
+    perform flowlane._lock_slots('run:' || p_flow, v_slot_keys);
+    v_begins := array(
+      select x.rank <= case when exists (select 1 from flowlane.runs h
+                                         where h.flow_slug = p_flow and h.concurrency_key = x.key
+                                           and h.status = 'waiting' and h.hold_seq is not null) then 0
+                            else v_flow.opt_concurrency_limit - (
+                              select count(*) from flowlane.runs r
+                              where r.flow_slug = p_flow and r.concurrency_key = x.key and r.status = 'started') end
+      from (select i, v_slot_keys[i] as key, row_number() over (partition by v_slot_keys[i] order by i) as rank
+            from generate_subscripts(p_inputs, 1) i) x
+      order by x.i);
+  end if;
+  insert into flowlane.runs (run_id, flow_slug, input, remaining_steps, trace_parent, status, start_at,
+                             deadline_at, called_as, idempotency_key, priority, concurrency_key, hold_seq, origin)
+  select v_ids[i], p_flow, p_inputs[i], (select count(*) from flowlane.steps s where s.flow_slug = p_flow),
+         flowlane._trace_parent(),
+         case when v_waiting or not coalesce(v_begins[i], true) then 'waiting' else 'started' end, p_start_at,
+         case when v_waiting or not coalesce(v_begins[i], true) then null else flowlane._run_deadline(p_flow, now()) end,
+         case when p_keys[i] is not null then p_called end, p_keys[i],
+         coalesce(p_priority, v_flow.opt_priority, 0), v_slot_keys[i],
+         case when not v_waiting and not coalesce(v_begins[i], true) then nextval('flowlane.hold_seq') end,
+         p_origins[i]
+  from generate_subscripts(p_inputs, 1) i order by i;
+  insert into flowlane.step_states (flow_slug, run_id, step_slug, remaining_deps, initial_tasks)
+  select p_flow, v_ids[i], s.step_slug, s.deps_count,
+         case when s.step_type <> 'map' then 1
+              when s.deps_count = 0 and jsonb_typeof(p_inputs[i]) = 'array' then jsonb_array_length(p_inputs[i])
+              else null end
+  from generate_subscripts(p_inputs, 1) i, flowlane.steps s
+  where s.flow_slug = p_flow
+  order by v_ids[i], s.step_slug;
+  if not v_waiting then
+    perform flowlane._progress_runs(array(select v_ids[i] from generate_subscripts(v_ids, 1) i
+                                          where coalesce(v_begins[i], true) order by v_ids[i]));
+  end if;
+  return query select r.* from unnest(v_ids) with ordinality as u (run_id, ord)
+               join flowlane.runs r
+                 on r.run_id = u.run_id and r.run_id = any (array(select x from unnest(v_ids) x order by 1))
+               order by u.ord;
+end;
+$$;
+
+-- _new_runs for one run that begins now, of a flow without a concurrency limit whose root
+-- steps need nothing resolved first (a queue, no condition, no map over an empty input): the
+-- run and its step states are written in their final state, root steps started, one
+-- statement each, instead of the batch's generic statements. Null when the flow does not
+-- qualify: the caller takes the batch path. tests/core/test_one_start.py and the differential
+-- test (tests/core/test_differential.py) compare the two.
+create or replace function flowlane._new_run(p_flow flowlane.flows, p_input jsonb, p_run_id uuid,
+                                  p_start_at timestamptz, p_key text, p_called text, p_priority int,
+                                  p_origin jsonb)
+returns flowlane.runs
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_steps int;
+  v_plain boolean;
+  v_elements int := case when jsonb_typeof(p_input) = 'array' then jsonb_array_length(p_input) end;
+  v_run flowlane.runs;
+  v_started flowlane.step_states[];
+begin
+  select count(*), coalesce(bool_and(s.deps_count > 0 or (s.queue_name is not null
+                                     and s.required_input_pattern is null and s.forbidden_input_pattern is null
+                                     and (s.step_type = 'single' or (s.step_type = 'map' and v_elements > 0)))), false)
+    into v_steps, v_plain
+  from flowlane.steps s where s.flow_slug = (p_flow).flow_slug;
+  if not v_plain then
+    return null;
+  end if;
+  insert into flowlane.runs (run_id, flow_slug, input, remaining_steps, trace_parent, status, start_at, deadline_at,
+                             called_as, idempotency_key, priority, origin)
+  values (coalesce(p_run_id, gen_random_uuid()), (p_flow).flow_slug, p_input, v_steps, flowlane._trace_parent(),
+          'started', p_start_at, flowlane._run_deadline((p_flow).flow_slug, now()),
+          case when p_key is not null then p_called end, p_key, coalesce(p_priority, (p_flow).opt_priority, 0),
+          p_origin)
+  returning * into v_run;
+  with written as (
+    insert into flowlane.step_states as ss (flow_slug, run_id, step_slug, remaining_deps, initial_tasks, status,
+                                            started_at, remaining_tasks)
+    select s.flow_slug, v_run.run_id, s.step_slug, s.deps_count, t.tasks,
+           case when s.deps_count = 0 then 'started' else 'created' end,
+           case when s.deps_count = 0 then now() end,
+           case when s.deps_count = 0 then t.tasks end
+    from flowlane.steps s
+    cross join lateral (  -- a dependent map's count is known when its parent completes
+      select case when s.step_type <> 'map' then 1 when s.deps_count = 0 then v_elements end as tasks) t
+    where s.flow_slug = (p_flow).flow_slug
+    order by s.step_slug
+    returning ss
+  ) select array_agg(w.ss) filter (where (w.ss).status = 'started') into v_started from written w;
+  perform flowlane._enqueue_started(v_started);
+  return v_run;
+end;
+$$;
 
 -- the first problem of a schema as a contract (null when it is one): "<schema path>: what"
 create or replace function flowlane._contract_problem(p_schema jsonb, p_at text = '') returns text
@@ -277,6 +564,392 @@ begin
   end if;
   return null;
 end;
+$$;
+
+-- refuse run inputs of p_flow that its input_schema rejects, before any run exists
+create or replace function flowlane._check_contract_inputs(p_flow text, p_inputs jsonb[]) returns void
+language plpgsql stable
+set search_path = ''
+as $$
+declare
+  v_contract flowlane.contracts;
+  v_i int;
+  v_found jsonb;
+begin
+  select * into v_contract from flowlane.contracts c
+  where c.flow_slug = p_flow and coalesce(c.step_slug, '') = '';
+  if not found then
+    return;
+  end if;
+  foreach v_i in array flowlane._refused_inputs(v_contract, p_inputs) loop
+    v_found := flowlane.contract_violation(v_contract.schema, p_inputs[v_i]);
+    if v_found is not null then
+      raise exception 'flow "%": the run input% does not match the flow''s input_schema: %: %', p_flow,
+        case when cardinality(p_inputs) > 1 then format(' %s', v_i - 1) else '' end,
+        coalesce(nullif(v_found ->> 'path', ''), '/'), v_found ->> 'message'
+        using errcode = '22023',
+              detail = format('the rule at input_schema%s of %s', v_found ->> 'schema_path',
+                              flowlane._contract_shown(v_contract.schema #> flowlane._pointer_parts(
+                                regexp_replace(v_found ->> 'schema_path', '/[^/]*$', '')))),
+              hint = 'correct the input, or start a flow version whose input_schema accepts it';
+    end if;
+  end loop;
+end;
+$$;
+
+-- the positions (from 1) of the inputs a flow's input contract refuses, by the fast verdict
+create or replace function flowlane._refused_inputs(p_contract flowlane.contracts, p_inputs jsonb[]) returns int[]
+language plpgsql stable
+set search_path = ''
+as $$
+declare
+  v_refused int[];
+begin
+  -- a few inputs: the check's function, planned once per connection; a batch: the expression
+  -- itself, planned once for the batch (a function call per input cost more than that plan)
+  execute format('select array(select u.i from unnest($1) with ordinality u(v, i) where not %s order by u.i)',
+                 case when cardinality(p_inputs) < 16
+                      then format('flowlane.%I(u.v)', flowlane._contract_check_name(p_contract.check_sql))
+                      else format('coalesce(%s, false)', p_contract.check_sql) end)
+    into v_refused using p_inputs;
+  return v_refused;
+end;
+$$;
+
+-- the name of the PostgreSQL trigger of one event of a flowlane trigger
+create or replace function flowlane._trigger_pg_name(p_trigger text, p_event text) returns text
+language sql immutable
+set search_path = ''
+as $$ select 'flowlane_' || p_trigger || '_' || p_event $$;
+
+-- records a trigger and (re)creates its PostgreSQL triggers; the same arguments again change
+-- nothing. p_events: insert, update, delete; when_pattern / unless_pattern: the containment
+-- patterns an event ({"op", "old", "new"}) must hold / must not hold; input_map: run input
+-- field -> JSON pointer into the event (null: the new row, the old one for a delete);
+-- key_pointer: the event's idempotency key; on_refused: fail (the statement fails) or record
+create or replace function flowlane.set_trigger(
+  trigger_name text,
+  flow_name text,
+  table_name text,
+  events text[],
+  when_pattern jsonb = null,
+  unless_pattern jsonb = null,
+  input_map jsonb = null,
+  key_pointer text = null,
+  on_refused text = 'fail'
+) returns flowlane.triggers
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_what text := format('trigger "%s"', set_trigger.trigger_name);
+  v_table regclass := to_regclass(set_trigger.table_name);
+  v_old flowlane.triggers;
+  v_new flowlane.triggers;
+begin
+  perform flowlane._check_slug('trigger', set_trigger.trigger_name);
+  perform flowlane.resolve_flow(set_trigger.flow_name);
+  if v_table is null then
+    raise exception '%: no table %', v_what, coalesce(quote_literal(set_trigger.table_name), 'NULL')
+      using errcode = '42P01', hint = 'create the table before applying the trigger';
+  end if;
+  if events is null or cardinality(events) = 0
+     or not events <@ array['insert', 'update', 'delete'] then
+    raise exception '%: events are insert, update and delete, not %', v_what, coalesce(events::text, 'NULL')
+      using errcode = '22023';
+  end if;
+  if length(flowlane._trigger_pg_name(set_trigger.trigger_name, 'delete')) > 63 then
+    raise exception '%: a trigger name has at most 47 characters', v_what using errcode = '22023';
+  end if;
+  v_new := row(set_trigger.trigger_name, set_trigger.flow_name, v_table::text,
+               array(select distinct e from unnest(events) e order by e), when_pattern, unless_pattern,
+               input_map, key_pointer, on_refused, flowlane._primary_key(v_table), now(), now());
+  perform flowlane._check_trigger_pointers(v_what, v_new);
+  if 'update' = any (v_new.events) and v_new.row_key is null then
+    raise exception '%: table % has no primary key, which pairs each updated row with its old values', v_what,
+      v_table using errcode = '22023', hint = 'add a primary key, or trigger on insert and delete only';
+  end if;
+  select * into v_old from flowlane.triggers t where t.trigger_name = set_trigger.trigger_name for update;
+  if found and (v_old.flow_name, v_old.table_name, v_old.events, v_old.when_pattern, v_old.unless_pattern,
+                v_old.input_map, v_old.key_pointer, v_old.on_refused, v_old.row_key)
+      is not distinct from (v_new.flow_name, v_new.table_name, v_new.events, v_new.when_pattern,
+                            v_new.unless_pattern, v_new.input_map, v_new.key_pointer, v_new.on_refused,
+                            v_new.row_key) then
+    return v_old;  -- unchanged: applying the same file again writes nothing
+  end if;
+  if found then
+    perform flowlane._drop_pg_triggers(v_old);
+    v_new.created_at := v_old.created_at;
+  end if;
+  insert into flowlane.triggers as t values (v_new.*)
+  on conflict on constraint triggers_pkey do update
+    set flow_name = excluded.flow_name, table_name = excluded.table_name, events = excluded.events,
+        when_pattern = excluded.when_pattern, unless_pattern = excluded.unless_pattern,
+        input_map = excluded.input_map, key_pointer = excluded.key_pointer, on_refused = excluded.on_refused,
+        row_key = excluded.row_key, updated_at = excluded.updated_at
+  returning * into v_new;
+  perform flowlane._create_pg_triggers(v_new);
+  return v_new;
+end;
+$$;
+
+-- the columns of a table's primary key, in key order (null: none)
+create or replace function flowlane._primary_key(p_table regclass) returns text[]
+language sql stable
+set search_path = ''
+as $$
+  select array_agg(a.attname::text order by k.n)
+  from pg_catalog.pg_index i
+  cross join lateral unnest(i.indkey::int2[]) with ordinality k(attnum, n)
+  join pg_catalog.pg_attribute a on a.attrelid = i.indrelid and a.attnum = k.attnum
+  where i.indrelid = p_table and i.indisprimary
+$$;
+
+create or replace function flowlane._check_trigger_pointers(p_what text, p_trigger flowlane.triggers) returns void
+language plpgsql immutable
+set search_path = ''
+as $$
+declare
+  v_pointer text;
+begin
+  if jsonb_typeof(p_trigger.input_map) is distinct from 'object' and p_trigger.input_map is not null then
+    raise exception '%: input_map must be an object of JSON pointers', p_what using errcode = '22023';
+  end if;
+  for v_pointer in select p from (select p_trigger.key_pointer as p
+                                  union all select m.value #>> '{}' from jsonb_each(p_trigger.input_map) m) x
+                   where x.p is not null loop
+    if v_pointer !~ '^(/([^~/]|~[01])*)+$' then
+      raise exception '%: % is not a JSON pointer', p_what, quote_literal(v_pointer)
+        using errcode = '22023', hint = 'write /new/field or /old/field';
+    end if;
+  end loop;
+  if p_trigger.on_refused is null or p_trigger.on_refused not in ('fail', 'record') then
+    raise exception '%: on_refused must be fail or record, not %', p_what,
+      coalesce(quote_literal(p_trigger.on_refused), 'NULL') using errcode = '22023';
+  end if;
+end;
+$$;
+
+create or replace function flowlane._create_pg_triggers(p_trigger flowlane.triggers) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_event text;
+begin
+  foreach v_event in array p_trigger.events loop
+    execute format('create trigger %I after %s on %s referencing %s for each statement '
+                   'execute function flowlane._trigger_fire(%L)',
+                   flowlane._trigger_pg_name(p_trigger.trigger_name, v_event), v_event, p_trigger.table_name::regclass,
+                   case v_event when 'insert' then 'new table as flowlane_new'
+                                when 'update' then 'old table as flowlane_old new table as flowlane_new'
+                                else 'old table as flowlane_old' end,
+                   p_trigger.trigger_name);
+  end loop;
+end;
+$$;
+
+create or replace function flowlane._drop_pg_triggers(p_trigger flowlane.triggers) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_event text;
+begin
+  if to_regclass(p_trigger.table_name) is null then
+    return;  -- the table is gone, and its triggers with it
+  end if;
+  foreach v_event in array p_trigger.events loop
+    execute format('drop trigger if exists %I on %s',
+                   flowlane._trigger_pg_name(p_trigger.trigger_name, v_event), p_trigger.table_name::regclass);
+  end loop;
+end;
+$$;
+
+-- removes the triggers not named (and their PostgreSQL triggers); returns the removed names
+create or replace function flowlane.keep_only_triggers(trigger_names text[]) returns text[]
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_trigger flowlane.triggers;
+  v_removed text[] := '{}';
+begin
+  for v_trigger in select * from flowlane.triggers t
+                   where t.trigger_name <> all (coalesce(trigger_names, '{}'))
+                   order by t.trigger_name for update loop
+    perform flowlane._drop_pg_triggers(v_trigger);
+    delete from flowlane.trigger_refusals r where r.trigger_name = v_trigger.trigger_name;
+    delete from flowlane.triggers t where t.trigger_name = v_trigger.trigger_name;
+    v_removed := v_removed || v_trigger.trigger_name;
+  end loop;
+  return v_removed;
+end;
+$$;
+
+-- the statement-level trigger function: the statement's events that pass the trigger's
+-- patterns start their runs. Runs as the flowlane owner; the transition tables are the
+-- statement's rows.
+create or replace function flowlane._trigger_fire() returns trigger
+language plpgsql volatile
+security definer
+set search_path = ''
+as $$
+declare
+  v_trigger flowlane.triggers;
+  v_events jsonb[];
+begin
+  select * into v_trigger from flowlane.triggers t where t.trigger_name = tg_argv[0];
+  if not found then
+    raise exception 'flowlane trigger "%" on %.% is not recorded', tg_argv[0], tg_table_schema, tg_table_name
+      using errcode = '55000', hint = 'apply the project again: its triggers file recreates or removes it';
+  end if;
+  execute flowlane._trigger_events_sql(lower(tg_op), v_trigger.row_key)
+    into v_events using v_trigger.when_pattern, v_trigger.unless_pattern;
+  if cardinality(v_events) > 0 then
+    perform flowlane._start_from_events(v_trigger, v_events);
+  end if;
+  return null;
+end;
+$$;
+
+-- the query of a statement's events, {"op", "old", "new"} with each row as JSON, that hold
+-- the pattern $1 and not the pattern $2 (null: no pattern); an update pairs old and new rows
+-- by the primary key p_row_key
+create or replace function flowlane._trigger_events_sql(p_op text, p_row_key text[]) returns text
+language sql immutable
+set search_path = ''
+as $$
+  select format('select coalesce(array_agg(x.e), ''{}'') from (select %s as e from %s) x '
+                'where ($1 is null or x.e @> $1) and ($2 is null or not x.e @> $2)',
+                case p_op when 'insert' then 'jsonb_build_object(''op'', ''insert'', ''new'', to_jsonb(n))'
+                          when 'update' then 'jsonb_build_object(''op'', ''update'', ''old'', to_jsonb(o), '
+                                             '''new'', to_jsonb(n))'
+                          else 'jsonb_build_object(''op'', ''delete'', ''old'', to_jsonb(o))' end,
+                case p_op when 'insert' then 'flowlane_new n'
+                          when 'update' then format('flowlane_old o join flowlane_new n using (%s)',
+                                                    (select string_agg(format('%I', c), ', ') from unnest(p_row_key) c))
+                          else 'flowlane_old o' end)
+$$;
+
+-- a trigger's run input for one event: the mapped pointers, else the row
+create or replace function flowlane._trigger_input(p_input_map jsonb, p_event jsonb) returns jsonb
+language sql immutable
+set search_path = ''
+as $$
+  select case when p_input_map is null then coalesce(p_event -> 'new', p_event -> 'old')
+              else coalesce((select jsonb_object_agg(m.key, coalesce(p_event #> flowlane._pointer_path(m.value #>> '{}'),
+                                                                     'null'))
+                             from jsonb_each(p_input_map) m), '{}') end
+$$;
+
+-- the value at a pointer as a key: a string as itself, any other value as its JSON text
+create or replace function flowlane._pointer_text(p_value jsonb, p_pointer text) returns text
+language sql immutable
+set search_path = ''
+as $$
+  select case jsonb_typeof(v) when 'string' then v #>> '{}' when 'null' then null else v::text end
+  from (select p_value #> flowlane._pointer_path(p_pointer) as v) x
+$$;
+
+-- starts the runs of a statement's events as one set: each event's input, its idempotency key
+-- (`<trigger>:<value at key_pointer>`, scoped to the flow name as start_flow's keys are; an
+-- event whose key already has a run, or repeats one of this statement, starts nothing) and its
+-- origin ({"trigger", "op", "row": the primary key's values}). An input the flow's contract
+-- refuses fails the statement (on_refused fail) or is recorded in trigger_refusals (record).
+create or replace function flowlane._start_from_events(p_trigger flowlane.triggers, p_events jsonb[]) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_flow text := flowlane.resolve_flow(p_trigger.flow_name);
+  v_events jsonb[];
+  v_inputs jsonb[];
+  v_keys text[];
+  v_contract flowlane.contracts;
+  v_refused int[];
+begin
+  select array_agg(x.e order by x.n), array_agg(x.input order by x.n), array_agg(x.key order by x.n)
+    into v_events, v_inputs, v_keys
+  from (select y.*, row_number() over (partition by y.key order by y.n) as nth
+        from (select u.n, u.e, flowlane._trigger_input(p_trigger.input_map, u.e) as input,
+                     p_trigger.trigger_name || ':' || flowlane._pointer_text(u.e, p_trigger.key_pointer) as key
+              from unnest(p_events) with ordinality u(e, n)) y) x
+  where x.key is null
+     or (x.nth = 1 and not exists (select 1 from flowlane.runs r
+                                   where r.called_as = p_trigger.flow_name and r.idempotency_key = x.key));
+  if v_inputs is null then
+    return;
+  end if;
+  perform flowlane._check_start_input(v_flow, v_inputs[i], format('trigger "%s"', p_trigger.trigger_name))
+  from generate_subscripts(v_inputs, 1) i where jsonb_typeof(v_inputs[i]) <> 'array' limit 1;
+  select * into v_contract from flowlane.contracts c where c.flow_slug = v_flow and coalesce(c.step_slug, '') = '';
+  if found then
+    v_refused := flowlane._refused_inputs(v_contract, v_inputs);
+    if cardinality(v_refused) > 0 then
+      perform flowlane._refuse_events(p_trigger, v_flow, v_contract, v_events, v_inputs, v_refused);
+      select array_agg(v_events[i] order by i), array_agg(v_inputs[i] order by i), array_agg(v_keys[i] order by i)
+        into v_events, v_inputs, v_keys
+      from generate_subscripts(v_inputs, 1) i where i <> all (v_refused);
+      if v_inputs is null then
+        return;
+      end if;
+    end if;
+  end if;
+  perform from flowlane._new_runs(v_flow, v_inputs, '{}', null, v_keys, p_trigger.flow_name, null,
+    array(select jsonb_build_object('trigger', p_trigger.trigger_name, 'op', v_events[i] ->> 'op', 'row',
+                                    (select jsonb_object_agg(c, coalesce(v_events[i] -> 'new', v_events[i] -> 'old') -> c)
+                                     from unnest(p_trigger.row_key) c))
+          from generate_subscripts(v_events, 1) i order by i));
+end;
+$$;
+
+-- the refused events of a statement: on_refused fail raises for the first, naming the path
+-- and the rule; record keeps each with its reason
+create or replace function flowlane._refuse_events(p_trigger flowlane.triggers, p_flow text, p_contract flowlane.contracts,
+                                        p_events jsonb[], p_inputs jsonb[], p_refused int[]) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_i int;
+  v_found jsonb;
+  v_error text;
+begin
+  foreach v_i in array p_refused loop
+    v_found := flowlane.contract_violation(p_contract.schema, p_inputs[v_i]);
+    v_error := format('flow "%s" refuses the run input: %s: %s (the rule at input_schema%s)', p_flow,
+                      coalesce(nullif(v_found ->> 'path', ''), '/'), v_found ->> 'message', v_found ->> 'schema_path');
+    if p_trigger.on_refused = 'fail' then
+      raise exception 'trigger "%" on %: %', p_trigger.trigger_name, p_trigger.table_name, v_error
+        using errcode = '22023', detail = format('the row: %s', flowlane._contract_shown(
+                                                   coalesce(p_events[v_i] -> 'new', p_events[v_i] -> 'old'))),
+              hint = 'correct the row, or the trigger''s input, or declare on_refused: record to let such rows commit';
+    end if;
+    insert into flowlane.trigger_refusals (trigger_name, event, error)
+    values (p_trigger.trigger_name, p_events[v_i], v_error);
+  end loop;
+end;
+$$;
+
+-- each trigger with what it started: runs, refusals, the latest refusal
+create or replace function flowlane.trigger_activity() returns table (
+  trigger_name text, flow_name text, table_name text, events text[], on_refused text, runs bigint,
+  runs_last_day bigint, last_run_at timestamptz, refusals bigint, last_error text, last_error_at timestamptz)
+language sql stable
+set search_path = ''
+as $$
+  select t.trigger_name, t.flow_name, t.table_name, t.events, t.on_refused,
+         r.runs, r.runs_last_day, r.last_run_at, f.refusals, l.error, l.refused_at
+  from flowlane.triggers t
+  cross join lateral (select count(*) as runs, count(*) filter (where x.started_at > now() - interval '1 day')
+                             as runs_last_day, max(x.started_at) as last_run_at
+                      from flowlane.runs x where x.origin ? 'trigger' and x.origin ->> 'trigger' = t.trigger_name) r
+  cross join lateral (select count(*) as refusals from flowlane.trigger_refusals y
+                      where y.trigger_name = t.trigger_name) f
+  left join lateral (select z.error, z.refused_at from flowlane.trigger_refusals z
+                     where z.trigger_name = t.trigger_name order by z.refused_at desc limit 1) l on true
+  order by t.trigger_name
 $$;
 
 -- == Written by hand: what calls the functions (checks, defaults, triggers, data) ==

@@ -28,14 +28,14 @@ declare
     'calculate_retry_delay', 'is_valid_slug', 'is_valid_queue_name',
     'is_valid_deployment_name', 'resolve_flow', 'prunable_runs', 'queue_metrics',
     'trace_parents', 'queue_depth', 'run_deadline', 'contract_keywords', 'contract_violation',
-    'run_holds', 'queue_flow_control',
+    'run_holds', 'queue_flow_control', 'trigger_activity',
     'listen_run_finished', 'unlisten_run_finished'];  -- Client.wait, run durations
   v_admin constant text[] := array[
     'create_flow', 'add_step', 'ensure_flow_shape', 'ensure_flow_compiled', 'set_alias', 'set_contract',
     'delete_flow_and_data', 'adopt_queue', 'begin_rollout', 'finish_rollout',
     'start_flow', 'start_flows', 'start_ready_steps', 'cancel_run', 'retry_run', 'signal', 'expire_waits',
     'set_schedule', 'keep_only_schedules', 'set_schedule_paused', 'trigger_schedule',
-    'set_queue_limits', 'keep_only_queue_limits',
+    'set_queue_limits', 'keep_only_queue_limits', 'set_trigger', 'keep_only_triggers',
     'prune_runs'];  -- `flowlane prune`; workers prune through maintenance_tick
   -- claim_tasks, fail_tasks and start_flows: the set-based engine (0009)
   v_unclassified text;
