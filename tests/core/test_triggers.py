@@ -15,7 +15,6 @@ from psycopg.conninfo import make_conninfo
 from psycopg.types.json import Jsonb
 
 from flowlane.core import migrator
-
 from tests.core.engine import Engine
 
 ORDERS = "create table public.orders (id int primary key, status text not null, total int)"
@@ -41,7 +40,8 @@ def _runs(engine: Engine) -> list[dict[str, Any]]:
                        "input ->> 'order_id'")
 
 
-def test_a_rolled_back_insert_starts_nothing_and_a_committed_one_starts_one_run(engine: Engine) -> None:
+def test_a_rolled_back_insert_starts_nothing_and_a_committed_one_starts_one_run(
+        engine: Engine) -> None:
     _flow(engine)
     _trigger(engine)
     with engine.conn.transaction(force_rollback=True):
@@ -66,13 +66,15 @@ def test_a_statement_of_ten_thousand_rows_starts_ten_thousand_runs(engine: Engin
 def test_when_and_unless_filter_updates(engine: Engine) -> None:
     _flow(engine)
     _trigger(engine, events=["update"], when_pattern={"new": {"status": "paid"}},
-             unless_pattern={"old": {"status": "paid"}}, input_map={"order_id": "/new/id", "was": "/old/status"})
+             unless_pattern={"old": {"status": "paid"}},
+             input_map={"order_id": "/new/id", "was": "/old/status"})
     engine.conn.execute("insert into public.orders select i, 'new', i from generate_series(1, 4) i")
     assert _runs(engine) == []  # an insert is not an update
     engine.conn.execute("update public.orders set status = 'paid' where id in (1, 2)")
     engine.conn.execute("update public.orders set total = 0")  # 1, 2 stay paid: no change of status
     engine.conn.execute("update public.orders set status = 'shipped' where id = 3")
-    assert [r["input"] for r in _runs(engine)] == [{"order_id": 1, "was": "new"}, {"order_id": 2, "was": "new"}]
+    assert [r["input"] for r in _runs(engine)] == [{"order_id": 1, "was": "new"},
+                                                   {"order_id": 2, "was": "new"}]
     assert {r["origin"]["op"] for r in _runs(engine)} == {"update"}
 
 
@@ -82,8 +84,9 @@ def test_an_idempotency_key_makes_a_repeated_event_one_run(engine: Engine) -> No
     engine._call("set_trigger", {"trigger_name": "payment", "flow_name": "orders_flow",
                                  "table_name": "public.payments", "events": ["insert", "delete"],
                                  "key_pointer": "/new/order_id"})
-    engine.conn.execute("insert into public.payments values ('a', 7), ('b', 7), ('c', 8)")  # 7 twice in one statement
-    engine.conn.execute("insert into public.payments values ('d', 7)")  # and again later
+    # key 7 twice in one statement, then again in another
+    engine.conn.execute("insert into public.payments values ('a', 7), ('b', 7), ('c', 8)")
+    engine.conn.execute("insert into public.payments values ('d', 7)")
     runs = engine.rows("select input, idempotency_key, called_as from flowlane.runs order by idempotency_key")
     assert [(r["input"]["event_id"], r["idempotency_key"], r["called_as"]) for r in runs] == [
         ("a", "payment:7", "orders_flow"), ("c", "payment:8", "orders_flow")]
@@ -141,7 +144,8 @@ def test_set_trigger_is_idempotent_and_keep_only_triggers_removes_the_rest(engin
     assert _trigger(engine)["updated_at"] == first["updated_at"]
     _trigger(engine, events=["insert", "update"])
     names = "select tgname from pg_trigger where tgrelid = 'public.orders'::regclass order by 1"
-    assert [r["tgname"] for r in engine.rows(names)] == ["flowlane_order_paid_insert", "flowlane_order_paid_update"]
+    assert [r["tgname"] for r in engine.rows(names)] == ["flowlane_order_paid_insert",
+                                                         "flowlane_order_paid_update"]
     assert engine.scalar("select flowlane.keep_only_triggers('{}')") == ["order_paid"]
     assert engine.rows(names) == []
     engine.conn.execute("insert into public.orders values (1, 'new', 1)")

@@ -623,7 +623,7 @@ set search_path = ''
 as $$ select 'flowlane_' || p_trigger || '_' || p_event $$;
 
 -- records a trigger and (re)creates its PostgreSQL triggers; the same arguments again change
--- nothing. p_events: insert, update, delete; when_pattern / unless_pattern: the containment
+-- nothing. table_name: schema-qualified, kept as written; p_events: insert, update, delete; when_pattern / unless_pattern: the containment
 -- patterns an event ({"op", "old", "new"}) must hold / must not hold; input_map: run input
 -- field -> JSON pointer into the event (null: the new row, the old one for a delete);
 -- key_pointer: the event's idempotency key; on_refused: fail (the statement fails) or record
@@ -651,7 +651,7 @@ begin
   perform flowlane.resolve_flow(set_trigger.flow_name);
   if v_table is null then
     raise exception '%: no table %', v_what, coalesce(quote_literal(set_trigger.table_name), 'NULL')
-      using errcode = '42P01', hint = 'create the table before applying the trigger';
+      using errcode = '42P01', hint = 'create the table before applying the trigger, and name it with its schema';
   end if;
   if events is null or cardinality(events) = 0
      or not events <@ array['insert', 'update', 'delete'] then
@@ -661,7 +661,7 @@ begin
   if length(flowlane._trigger_pg_name(set_trigger.trigger_name, 'delete')) > 63 then
     raise exception '%: a trigger name has at most 47 characters', v_what using errcode = '22023';
   end if;
-  v_new := row(set_trigger.trigger_name, set_trigger.flow_name, v_table::text,
+  v_new := row(set_trigger.trigger_name, set_trigger.flow_name, set_trigger.table_name,
                array(select distinct e from unnest(events) e order by e), when_pattern, unless_pattern,
                input_map, key_pointer, on_refused, flowlane._primary_key(v_table), now(), now());
   perform flowlane._check_trigger_pointers(v_what, v_new);
@@ -798,109 +798,108 @@ as $$
 declare
   v_trigger flowlane.triggers;
   v_events jsonb[];
+  v_inputs jsonb[];
+  v_keys text[];
+  v_origins jsonb[];
 begin
   select * into v_trigger from flowlane.triggers t where t.trigger_name = tg_argv[0];
   if not found then
     raise exception 'flowlane trigger "%" on %.% is not recorded', tg_argv[0], tg_table_schema, tg_table_name
       using errcode = '55000', hint = 'apply the project again: its triggers file recreates or removes it';
   end if;
-  execute flowlane._trigger_events_sql(lower(tg_op), v_trigger.row_key)
-    into v_events using v_trigger.when_pattern, v_trigger.unless_pattern;
-  if cardinality(v_events) > 0 then
-    perform flowlane._start_from_events(v_trigger, v_events);
+  execute flowlane._trigger_events_sql(v_trigger, lower(tg_op))
+    into v_events, v_inputs, v_keys, v_origins using v_trigger.when_pattern, v_trigger.unless_pattern;
+  if v_events is not null then
+    perform flowlane._start_from_events(v_trigger, v_events, v_inputs, v_keys, v_origins);
   end if;
   return null;
 end;
 $$;
 
--- the query of a statement's events, {"op", "old", "new"} with each row as JSON, that hold
--- the pattern $1 and not the pattern $2 (null: no pattern); an update pairs old and new rows
--- by the primary key p_row_key
-create or replace function flowlane._trigger_events_sql(p_op text, p_row_key text[]) returns text
-language sql immutable
+-- the query of a statement's events that hold the pattern $1 and not the pattern $2 (null: no
+-- pattern), as four arrays in one order: each event {"op", "old", "new"} (rows as JSON), its
+-- run input (the fields of input_map, a pointer that finds nothing giving null; else the row),
+-- its idempotency key (`<trigger>:<value at key_pointer>`: a string as itself, other values as
+-- JSON text) and its origin ({"trigger", "op", "row": the primary key's values}). Written once
+-- per statement with the pointers as literal paths, so that no function is called per row. An
+-- update pairs old and new rows by the primary key.
+create or replace function flowlane._trigger_events_sql(p_trigger flowlane.triggers, p_op text) returns text
+language sql stable
 set search_path = ''
 as $$
-  select format('select coalesce(array_agg(x.e), ''{}'') from (select %s as e from %s) x '
+  select format('select array_agg(x.e), array_agg(%s), array_agg(%s), array_agg(%s) from ('
+                'select %s as e, %s as row_key from %s) x '
                 'where ($1 is null or x.e @> $1) and ($2 is null or not x.e @> $2)',
+                case when p_trigger.input_map is null
+                     then format('x.e -> %L', case p_op when 'delete' then 'old' else 'new' end)
+                     else (select format('jsonb_build_object(%s)', string_agg(
+                                    format('%L, coalesce(x.e #> %L, ''null'')', m.key,
+                                           flowlane._pointer_path(m.value #>> '{}')), ', ' order by m.key))
+                           from jsonb_each(p_trigger.input_map) m) end,
+                case when p_trigger.key_pointer is null then 'null::text'
+                     else format('%L || (x.e #>> %L)', p_trigger.trigger_name || ':',
+                                 flowlane._pointer_path(p_trigger.key_pointer)) end,
+                format('jsonb_build_object(''trigger'', %L, ''op'', %L, ''row'', x.row_key)',
+                       p_trigger.trigger_name, p_op),
                 case p_op when 'insert' then 'jsonb_build_object(''op'', ''insert'', ''new'', to_jsonb(n))'
                           when 'update' then 'jsonb_build_object(''op'', ''update'', ''old'', to_jsonb(o), '
                                              '''new'', to_jsonb(n))'
                           else 'jsonb_build_object(''op'', ''delete'', ''old'', to_jsonb(o))' end,
+                coalesce((select format('jsonb_build_object(%s)', string_agg(
+                                   format('%L, %s.%I', c, case p_op when 'delete' then 'o' else 'n' end, c),
+                                   ', ' order by k))
+                          from unnest(p_trigger.row_key) with ordinality u(c, k)), 'null::jsonb'),
                 case p_op when 'insert' then 'flowlane_new n'
                           when 'update' then format('flowlane_old o join flowlane_new n using (%s)',
-                                                    (select string_agg(format('%I', c), ', ') from unnest(p_row_key) c))
+                                                    (select string_agg(format('%I', c), ', ' order by k)
+                                                     from unnest(p_trigger.row_key) with ordinality u(c, k)))
                           else 'flowlane_old o' end)
 $$;
 
--- a trigger's run input for one event: the mapped pointers, else the row
-create or replace function flowlane._trigger_input(p_input_map jsonb, p_event jsonb) returns jsonb
-language sql immutable
-set search_path = ''
-as $$
-  select case when p_input_map is null then coalesce(p_event -> 'new', p_event -> 'old')
-              else coalesce((select jsonb_object_agg(m.key, coalesce(p_event #> flowlane._pointer_path(m.value #>> '{}'),
-                                                                     'null'))
-                             from jsonb_each(p_input_map) m), '{}') end
-$$;
-
--- the value at a pointer as a key: a string as itself, any other value as its JSON text
-create or replace function flowlane._pointer_text(p_value jsonb, p_pointer text) returns text
-language sql immutable
-set search_path = ''
-as $$
-  select case jsonb_typeof(v) when 'string' then v #>> '{}' when 'null' then null else v::text end
-  from (select p_value #> flowlane._pointer_path(p_pointer) as v) x
-$$;
-
--- starts the runs of a statement's events as one set: each event's input, its idempotency key
--- (`<trigger>:<value at key_pointer>`, scoped to the flow name as start_flow's keys are; an
--- event whose key already has a run, or repeats one of this statement, starts nothing) and its
--- origin ({"trigger", "op", "row": the primary key's values}). An input the flow's contract
--- refuses fails the statement (on_refused fail) or is recorded in trigger_refusals (record).
-create or replace function flowlane._start_from_events(p_trigger flowlane.triggers, p_events jsonb[]) returns void
+-- starts the runs of a statement's events as one set. With a key: an event whose key already
+-- has a run under the flow name (as start_flow's keys), or repeats an earlier event of this
+-- statement, starts nothing. An input the flow's contract refuses fails the statement
+-- (on_refused fail) or is recorded in trigger_refusals (record).
+create or replace function flowlane._start_from_events(p_trigger flowlane.triggers, p_events jsonb[], p_inputs jsonb[],
+                                            p_keys text[], p_origins jsonb[]) returns void
 language plpgsql volatile
 set search_path = ''
 as $$
 declare
   v_flow text := flowlane.resolve_flow(p_trigger.flow_name);
-  v_events jsonb[];
-  v_inputs jsonb[];
-  v_keys text[];
+  v_kept int[];
   v_contract flowlane.contracts;
   v_refused int[];
 begin
-  select array_agg(x.e order by x.n), array_agg(x.input order by x.n), array_agg(x.key order by x.n)
-    into v_events, v_inputs, v_keys
-  from (select y.*, row_number() over (partition by y.key order by y.n) as nth
-        from (select u.n, u.e, flowlane._trigger_input(p_trigger.input_map, u.e) as input,
-                     p_trigger.trigger_name || ':' || flowlane._pointer_text(u.e, p_trigger.key_pointer) as key
-              from unnest(p_events) with ordinality u(e, n)) y) x
-  where x.key is null
-     or (x.nth = 1 and not exists (select 1 from flowlane.runs r
-                                   where r.called_as = p_trigger.flow_name and r.idempotency_key = x.key));
-  if v_inputs is null then
-    return;
+  if p_trigger.key_pointer is not null then
+    v_kept := array(select x.i from (select i, row_number() over (partition by p_keys[i] order by i) as nth
+                                     from generate_subscripts(p_keys, 1) i) x
+                    where p_keys[x.i] is null
+                       or (x.nth = 1 and not exists (select 1 from flowlane.runs r
+                                                     where r.called_as = p_trigger.flow_name
+                                                       and r.idempotency_key = p_keys[x.i]))
+                    order by x.i);
   end if;
-  perform flowlane._check_start_input(v_flow, v_inputs[i], format('trigger "%s"', p_trigger.trigger_name))
-  from generate_subscripts(v_inputs, 1) i where jsonb_typeof(v_inputs[i]) <> 'array' limit 1;
   select * into v_contract from flowlane.contracts c where c.flow_slug = v_flow and coalesce(c.step_slug, '') = '';
   if found then
-    v_refused := flowlane._refused_inputs(v_contract, v_inputs);
+    v_refused := array(select i from unnest(flowlane._refused_inputs(v_contract, p_inputs)) i
+                       where v_kept is null or i = any (v_kept) order by i);
     if cardinality(v_refused) > 0 then
-      perform flowlane._refuse_events(p_trigger, v_flow, v_contract, v_events, v_inputs, v_refused);
-      select array_agg(v_events[i] order by i), array_agg(v_inputs[i] order by i), array_agg(v_keys[i] order by i)
-        into v_events, v_inputs, v_keys
-      from generate_subscripts(v_inputs, 1) i where i <> all (v_refused);
-      if v_inputs is null then
-        return;
-      end if;
+      perform flowlane._refuse_events(p_trigger, v_flow, v_contract, p_events, p_inputs, v_refused);
+      v_kept := array(select i from generate_subscripts(p_inputs, 1) i
+                      where (v_kept is null or i = any (v_kept)) and i <> all (v_refused) order by i);
     end if;
   end if;
-  perform from flowlane._new_runs(v_flow, v_inputs, '{}', null, v_keys, p_trigger.flow_name, null,
-    array(select jsonb_build_object('trigger', p_trigger.trigger_name, 'op', v_events[i] ->> 'op', 'row',
-                                    (select jsonb_object_agg(c, coalesce(v_events[i] -> 'new', v_events[i] -> 'old') -> c)
-                                     from unnest(p_trigger.row_key) c))
-          from generate_subscripts(v_events, 1) i order by i));
+  if v_kept is not null then
+    if cardinality(v_kept) = 0 then
+      return;
+    end if;
+    p_inputs := array(select p_inputs[i] from unnest(v_kept) with ordinality u(i, n) order by n);
+    p_keys := array(select p_keys[i] from unnest(v_kept) with ordinality u(i, n) order by n);
+    p_origins := array(select p_origins[i] from unnest(v_kept) with ordinality u(i, n) order by n);
+  end if;
+  perform flowlane._check_start_input(v_flow, p_inputs[1], format('trigger "%s"', p_trigger.trigger_name));
+  perform from flowlane._new_runs(v_flow, p_inputs, '{}', null, p_keys, p_trigger.flow_name, null, p_origins);
 end;
 $$;
 
