@@ -52,7 +52,8 @@ def insert(table: str, rows: int) -> Callable[[Conn], None]:
 def start_flow_calls(rows: int) -> Callable[[Conn], None]:
     def run(conn: Conn) -> None:
         with conn.cursor() as cur:
-            cur.executemany("select flowlane.start_flow(%s, %s)", [(FLOW, Jsonb({"id": i})) for i in range(rows)])
+            cur.executemany("select flowlane.start_flow(%s, %s)",
+                            [(FLOW, Jsonb({"id": i})) for i in range(rows)])
     return run
 
 
@@ -77,7 +78,8 @@ def measure(conn: Conn, work: Callable[[Conn], None], rows: int) -> tuple[float,
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=10000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
@@ -91,9 +93,8 @@ def main() -> int:
     with statements_server("flowlane-bench-trigger-") as admin:
         conn = migrated_database(admin, "bench_trigger")
         setup(conn)
-        for _ in range(1):  # warm the caches and the plans once
-            for work in cases.values():
-                measure(conn, work, args.rows)
+        for work in cases.values():  # warm the caches and the plans once
+            measure(conn, work, args.rows)
         names = list(cases)
         for round_ in range(args.rounds):
             for name in names[round_ % len(names):] + names[:round_ % len(names)]:

@@ -159,3 +159,14 @@ def test_set_trigger_refuses_an_unknown_flow_or_table(engine: Engine) -> None:
     with pytest.raises(psycopg.errors.UndefinedTable):
         _trigger(engine, table_name="public.nothing")
     assert engine.scalar("select count(*) from flowlane.triggers") == 0
+
+
+def test_a_flow_a_trigger_starts_cannot_be_deleted(engine: Engine) -> None:
+    _flow(engine)
+    _trigger(engine)
+    with pytest.raises(psycopg.errors.DependentObjectsStillExist, match='started by trigger "order_paid"'):
+        engine.conn.execute("select flowlane.delete_flow_and_data('orders_flow')")
+    engine.conn.execute("select flowlane.keep_only_triggers('{}')")
+    engine.conn.execute("select flowlane.delete_flow_and_data('orders_flow')")
+    assert engine.scalar("select count(*) from flowlane.flows") == 0
+

@@ -61,6 +61,41 @@ create index runs_trigger_idx on flowlane.runs ((origin ->> 'trigger')) where (o
 
 set local check_function_bodies = off;
 
+-- step_tasks has no index on flow_slug (one would cost every enqueue): its
+-- rows are found through the flow's runs (primary key prefix), so deleting a
+-- small flow costs the same next to 10k or 100k other tasks
+-- (benchmarks/recovery_scaling.py)
+create or replace function flowlane.delete_flow_and_data(flow_slug text) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_runs uuid[];
+  v_active flowlane.step_tasks[];
+  v_trigger text;
+begin
+  -- a trigger starting a missing flow would fail every write of its table
+  select t.trigger_name into v_trigger from flowlane.triggers t
+  where t.flow_name = delete_flow_and_data.flow_slug order by t.trigger_name limit 1;
+  if found then
+    raise exception 'flow "%" is started by trigger "%"', delete_flow_and_data.flow_slug, v_trigger
+      using errcode = '2BP01', hint = 'remove the trigger''s document and apply, or point it at another flow';
+  end if;
+  v_runs := array(select r.run_id from flowlane.runs r where r.flow_slug = delete_flow_and_data.flow_slug
+                  order by r.run_id for update);
+  select coalesce(array_agg(t order by t.queue_name, t.message_id), '{}') into v_active
+  from flowlane.step_tasks t
+  where t.run_id = any (v_runs) and t.status in ('queued', 'started');
+  perform flowlane._archive_tasks(v_active);
+  delete from flowlane.step_tasks t where t.run_id = any (v_runs);
+  delete from flowlane.step_states ss where ss.run_id = any (v_runs);
+  delete from flowlane.runs r where r.run_id = any (v_runs);
+  delete from flowlane.deps d where d.flow_slug = delete_flow_and_data.flow_slug;
+  delete from flowlane.steps s where s.flow_slug = delete_flow_and_data.flow_slug;
+  delete from flowlane.flows f where f.flow_slug = delete_flow_and_data.flow_slug;
+end;
+$$;
+
 -- start_at: a later start (the run waits, cancellable, until the maintenance tick begins it);
 -- idempotency_key (or the flow's dedup pointer into the input): a second start with the same
 -- (called name, key) returns the first run
