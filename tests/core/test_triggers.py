@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -16,6 +17,7 @@ from psycopg.types.json import Jsonb
 
 from flowlane.core import migrator
 from tests.core.engine import Engine
+from tests.release_support import previous_release
 
 ORDERS = "create table public.orders (id int primary key, status text not null, total int)"
 
@@ -170,3 +172,18 @@ def test_a_flow_a_trigger_starts_cannot_be_deleted(engine: Engine) -> None:
     engine.conn.execute("select flowlane.delete_flow_and_data('orders_flow')")
     assert engine.scalar("select count(*) from flowlane.flows") == 0
 
+
+
+def test_an_upgrade_keeps_earlier_runs_without_an_origin_and_triggers_work_after_it(
+        db_factory: Callable[..., str]) -> None:
+    dsn = db_factory(previous_release().last_migration)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        engine = Engine(conn)
+        _flow(engine)
+        earlier = engine.start("orders_flow", {"id": 0})
+        migrator.migrate(conn)
+        assert engine.scalar("select origin from flowlane.runs where run_id = %s", (earlier,)) is None
+        _trigger(engine)
+        conn.execute("insert into public.orders values (1, 'new', 1)")
+        started = "select count(*) from flowlane.runs where origin ->> 'trigger' = 'order_paid'"
+        assert engine.scalar(started) == 1
