@@ -207,7 +207,8 @@ def create_app(console: Console, settings: Settings) -> Starlette:
         return PlainTextResponse("\n".join(problems or ["ready"]) + "\n", 503 if problems else 200)
 
     def schedules_page(request: Request) -> Response:
-        return render(request, "schedules.html", schedules=console.schedules(), tick=defaults.TICK_INTERVAL)
+        return render(request, "schedules.html", schedules=console.schedules(), triggers=console.triggers(),
+                      tick=defaults.TICK_INTERVAL)
 
     routes = [
         Route("/", lambda request: RedirectResponse("/runs", status_code=303)),
