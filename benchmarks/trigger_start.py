@@ -7,8 +7,9 @@ application's table, without a trigger and with a flowlane trigger on it that st
 a one-step flow per row (input {"id": <row id>}), against starting the same runs with --rows
 start_flow calls (one transaction, pipelined) and with one batched start_flows call. One
 embedded PostgreSQL, one database migrated to head by this checkout. Each case runs in a
-transaction that is rolled back, so every round starts from the same tables; the cases take
-turns within a round, in a rotating order, and --rounds rounds are taken.
+transaction that is rolled back and followed by a VACUUM, so every case starts from the same
+tables; the cases take turns within a round, in a rotating order, and --rounds rounds are
+taken.
 
 Printed per case (medians over the rounds): the backend's CPU (/proc/<pid>/schedstat) and the
 wall time of the statement(s), in ms, and per run in µs. The trigger's own cost is the insert
@@ -19,6 +20,7 @@ cost per run (the trigger path is meant to be at most 1.0x of it).
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
 import sys
 import time
@@ -74,6 +76,7 @@ def measure(conn: Conn, work: Callable[[Conn], None], rows: int) -> tuple[float,
         wall, cpu = time.perf_counter() - wall, backend_cpu_ns(pid) - cpu
         started = conn.execute("select count(*) from flowlane.runs").fetchone()
         assert started is not None and started[0] in (0, rows), started
+    conn.execute("vacuum")  # the rolled-back rows, which would slow the next case
     return cpu / 1e6, wall * 1e3
 
 
@@ -83,6 +86,7 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=10000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the server on the way out
     cases = {
         "insert, no trigger": insert("bench_plain", args.rows),
         "insert, trigger": insert("bench_orders", args.rows),
