@@ -1056,17 +1056,17 @@ def _check_trigger_input(entry: _Entry, flow: Flow, state: Analysis) -> None:
             f"`{root_map.slug}`, so the input must be a list; a trigger's input is an object",
             "start a flow whose root step is not a map"))
         return
-    schema_ = flow.input_schema
-    if mapping is None or not isinstance(schema_, Mapping):
+    contract = flow.input_schema
+    if mapping is None or not isinstance(contract, Mapping):
         return  # the row's columns are known only to the database: set_trigger's start checks
-    missing = [name for name in schema_.get("required", []) if name not in mapping]
+    missing = [name for name in contract.get("required", []) if name not in mapping]
     if missing:
         state.findings.append(entry.doc.diagnostic(
             path, "FL113", f"trigger `{entry.slug}`: flow `{flow.slug}` requires "
             + ", ".join(f"`{name}`" for name in missing) + " in its input, which `input` does not map",
             "map each required field to a pointer, e.g. `order_id: /new/id`"))
-    if schema_.get("additionalProperties") is False:
-        extra = [name for name in mapping if name not in schema_.get("properties", {})]
+    if contract.get("additionalProperties") is False:
+        extra = [name for name in mapping if name not in contract.get("properties", {})]
         if extra:
             state.findings.append(entry.doc.diagnostic(
                 ("input", extra[0]), "FL113", f"trigger `{entry.slug}`: flow `{flow.slug}` accepts no "
