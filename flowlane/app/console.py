@@ -256,6 +256,9 @@ class Console:
     def schedules(self) -> list[dict[str, Any]]:
         return self._rows("client_schedules")
 
+    def triggers(self) -> list[dict[str, Any]]:
+        return self._rows("client_triggers")
+
     def deployments(self) -> list[dict[str, Any]]:
         return self._rows("console_deployments")
 

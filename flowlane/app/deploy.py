@@ -1,12 +1,12 @@
 """``plan``, ``apply`` and ``verify``: the compiled project against a live database.
 
-Plan classifies every flow, alias, schedule and queue's limits: NEW_FLOW, NO_CHANGE,
+Plan classifies every flow, alias, schedule, queue's limits and trigger: NEW_FLOW, NO_CHANGE,
 SAFE_OPTION_CHANGE (options of a flow or its steps, concurrency and priority among them, and
-a queue's limits), ALIAS_MOVE, NEW_VERSION_REQUIRED (refused), NEW_SCHEDULE, SCHEDULE_CHANGE
-and ONLY_IN_DATABASE (flows and aliases are never deleted; a schedule or a queue's limits the
-YAML no longer declares is deleted by the schedules or queues file, while the project
-declares any). Apply runs the reviewed SQL files (flows, then aliases, schedules and queue
-limits) in one transaction.
+a queue's limits), ALIAS_MOVE, NEW_VERSION_REQUIRED (refused), NEW_SCHEDULE, SCHEDULE_CHANGE,
+NEW_TRIGGER, TRIGGER_CHANGE, TRIGGER_REMOVED and ONLY_IN_DATABASE (flows and aliases are never
+deleted; a schedule, a queue's limits or a trigger the YAML no longer declares is deleted by the
+schedules, queues or triggers file, while the project declares any). Apply runs the reviewed
+SQL files (flows, then aliases, schedules, queue limits and triggers) in one transaction.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from psycopg.types.json import Jsonb
 
 from flowlane import errors, project_root
 from flowlane.compiler import api, check, compiled, contracts, names, shape
-from flowlane.compiler.model import Alias, Concurrency, Flow, Project, QueueLimits, Schedule
+from flowlane.compiler.model import Alias, Concurrency, Flow, Project, QueueLimits, Schedule, Trigger
 from flowlane.core import db, definitions
 from flowlane.core.queries import query
 
@@ -34,8 +34,11 @@ NEW_VERSION_REQUIRED = "NEW_VERSION_REQUIRED"
 ONLY_IN_DATABASE = "ONLY_IN_DATABASE"
 NEW_SCHEDULE = "NEW_SCHEDULE"
 SCHEDULE_CHANGE = "SCHEDULE_CHANGE"
+NEW_TRIGGER = "NEW_TRIGGER"
+TRIGGER_CHANGE = "TRIGGER_CHANGE"
+TRIGGER_REMOVED = "TRIGGER_REMOVED"
 DRIFT = frozenset({NEW_FLOW, SAFE_OPTION_CHANGE, ALIAS_MOVE, NEW_VERSION_REQUIRED, NEW_SCHEDULE,
-                   SCHEDULE_CHANGE})
+                   SCHEDULE_CHANGE, NEW_TRIGGER, TRIGGER_CHANGE, TRIGGER_REMOVED})
 _OPTIONS = ("max_attempts", "base_delay", "timeout", "retention", "deadline", "dedup_key",
             "priority")
 _STEP_OPTIONS = ("max_attempts", "base_delay", "timeout", "start_delay")
@@ -106,6 +109,7 @@ class _State:
     aliases: dict[str, dict[str, Any]] = field(default_factory=dict)
     schedules: dict[str, dict[str, Any]] = field(default_factory=dict)
     queue_limits: dict[str, dict[str, Any]] = field(default_factory=dict)
+    triggers: dict[str, dict[str, Any]] = field(default_factory=dict)
     differences: dict[str, list[str]] = field(default_factory=dict)  # of the flows' shapes
 
 
@@ -128,6 +132,8 @@ def _read_state(conn: psycopg.Connection[Any], flows: Iterable[Flow]) -> _State:
             state.schedules[row["schedule_name"]] = row
         for row in cur.execute(query("deploy_queue_limits")).fetchall():
             state.queue_limits[row["queue_name"]] = row
+        for row in cur.execute(query("deploy_triggers")).fetchall():
+            state.triggers[row["trigger_name"]] = row
         shapes = {f.slug: shape.flow_shape(f) for f in flows if f.slug in state.flows}
         for row in cur.execute(query("deploy_shape_differences"),
                                {"shapes": Jsonb(shapes)}).fetchall():
@@ -324,6 +330,46 @@ def _limits_row(limits: QueueLimits) -> dict[str, Any]:
             "rate_per": limits.rate_per}
 
 
+_TRIGGER_FIELDS = ("flow_name", "table_name", "events", "when_pattern", "unless_pattern", "input_map",
+                   "key_pointer", "on_refused")
+
+
+def _trigger_row(trigger: Trigger) -> dict[str, Any]:
+    """A trigger as the database holds it (the fields plan compares); the table as
+    set_trigger records it, schema-qualified, when the YAML names it so."""
+    return {"flow_name": trigger.flow, "table_name": trigger.table, "events": list(trigger.events),
+            "when_pattern": trigger.when, "unless_pattern": trigger.unless, "input_map": trigger.input,
+            "key_pointer": trigger.key, "on_refused": trigger.on_refused}
+
+
+def _trigger_changes(project: Project, state: _State) -> list[Change]:
+    """Each declared trigger new, changed or unchanged; while the project declares any, the
+    triggers file removes the others (TRIGGER_REMOVED)."""
+    changes = []
+    for trigger in project.triggers:
+        subject = f"trigger {trigger.name}"
+        row, wanted = state.triggers.get(trigger.name), _trigger_row(trigger)
+        if row is None:
+            changes.append(Change(NEW_TRIGGER, subject, (
+                f"starts {trigger.flow} on {', '.join(trigger.events)} of {trigger.table}",)))
+            continue
+        found = tuple(f"{name}: {_flow_value(name, row[name])} in the database, "
+                      f"{_flow_value(name, wanted[name])} in the YAML"
+                      for name in _TRIGGER_FIELDS if row[name] != wanted[name])
+        changes.append(Change(TRIGGER_CHANGE if found else NO_CHANGE, subject, found))
+    declared = {t.name for t in project.triggers}
+    if declared:
+        changes += [Change(TRIGGER_REMOVED, f"trigger {name}", (
+            f"dropped from {row['table_name']} by apply: the triggers file lists only the declared ones",))
+                    for name, row in state.triggers.items() if name not in declared]
+    return changes
+
+
+def _kept_trigger(row: dict[str, Any]) -> str:
+    return (f"kept, still starting runs on {row['table_name']}: the project declares no trigger, so "
+            "it has no triggers file; `select flowlane.keep_only_triggers('{}')` removes it")
+
+
 def _only_in_database(project: Project, state: _State) -> list[Change]:
     flows = {f.slug for f in project.flows}
     aliases = {a.slug for a in project.aliases}
@@ -337,6 +383,9 @@ def _only_in_database(project: Project, state: _State) -> list[Change]:
             "`flowlane schedule pause NAME` stops it")
     found += [Change(ONLY_IN_DATABASE, f"schedule {name}", (fate, *_paused(row)))
               for name, row in state.schedules.items() if name not in declared]
+    if not project.triggers:  # else the triggers file removes them (_trigger_changes)
+        found += [Change(ONLY_IN_DATABASE, f"trigger {name}", (_kept_trigger(row),))
+                  for name, row in state.triggers.items()]
     if not project.queue_limits:  # else the queues file removes them (_queue_limit_changes)
         found += [Change(ONLY_IN_DATABASE, f"queue {name}",
                          ((f"limits kept ({_limits_text(row)}): the project declares no "
@@ -352,6 +401,7 @@ def plan_with(project: Project, conn: psycopg.Connection[Any]) -> Plan:
     changes += _alias_changes(project, state)
     changes += _schedule_changes(project, state)
     changes += _queue_limit_changes(project, state)
+    changes += _trigger_changes(project, state)
     changes += _only_in_database(project, state)
     return Plan(tuple(changes))
 
@@ -390,7 +440,8 @@ def _ordered_files(out: Path, project: Project) -> list[Path]:
     flows = [out / compiled.flow_path(f.slug) for f in sorted(project.flows, key=lambda f: f.slug)]
     schedules = [out / compiled.SCHEDULES_FILE] if project.schedules else []
     queues = [out / compiled.QUEUES_FILE] if project.queue_limits else []
-    return [*flows, out / compiled.ALIASES_FILE, *schedules, *queues]
+    triggers = [out / compiled.TRIGGERS_FILE] if project.triggers else []
+    return [*flows, out / compiled.ALIASES_FILE, *schedules, *queues, *triggers]
 
 
 def refuse_stale(project: Project, out: str | os.PathLike[str]) -> None:

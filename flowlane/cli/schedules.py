@@ -1,4 +1,5 @@
-"""``flowlane schedules`` and ``flowlane schedule pause|resume|trigger NAME``."""
+"""``flowlane schedules``, ``flowlane schedule pause|resume|trigger NAME`` and ``flowlane
+triggers``: what starts runs besides a call."""
 
 from __future__ import annotations
 
@@ -39,6 +40,17 @@ def configure(subparsers: Any) -> None:
     add_dsn_argument(one)
     add_format(one)
     one.set_defaults(func=cmd_schedule)
+
+    triggers = subparsers.add_parser(
+        "triggers",
+        help="list the triggers: what they start, how many runs, the latest refusal",
+        description="Every trigger (`kind: trigger`, applied with `flowlane apply`): its table "
+        "and events, its flow, the runs it started (in all and in the last day), and the inputs "
+        "its flow refused with the latest refusal (`on_refused: record`).",
+    )
+    add_dsn_argument(triggers)
+    add_format(triggers)
+    triggers.set_defaults(func=cmd_triggers)
 
 
 @json_errors
@@ -84,4 +96,24 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             client.resume_schedule(args.name)
             result, text = {"schedule": args.name, "paused": False}, f"schedule {args.name} resumed"
     print(json.dumps(result) if args.format == "json" else text)
+    return 0
+
+
+@json_errors
+def cmd_triggers(args: argparse.Namespace) -> int:
+    from flowlane.runtime.client import Client
+
+    with Client(args.dsn) as client:
+        found = client.triggers()
+    if args.format == "json":
+        print(json.dumps(found, indent=2, default=str))
+        return 0
+    if not found:
+        print("no triggers (declare `kind: trigger` documents, then `flowlane apply`)")
+        return 0
+    print(f"{'NAME':<24}  {'ON':<32}  {'FLOW':<20}  {'RUNS':>8}  {'LAST DAY':>8}  {'REFUSED':>7}  LAST ERROR")
+    for t in found:
+        on = f"{','.join(t['events'])} {t['table_name']}"
+        print(f"{t['trigger_name']:<24}  {on:<32}  {t['flow_name']:<20}  {t['runs']:>8}  "
+              f"{t['runs_last_day']:>8}  {t['refusals']:>7}  {t['last_error'] or '-'}")
     return 0

@@ -6,7 +6,7 @@ import difflib
 import functools
 import itertools
 import zoneinfo
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -24,6 +24,7 @@ from flowlane.compiler.model import (
     QueueMode,
     Schedule,
     Step,
+    Trigger,
     WorkerDoc,
 )
 
@@ -74,6 +75,7 @@ def analyze(documents: Iterable[Document], *, complete: bool = True
     workers = [e for e in entries if e.data["kind"] == "worker"]
     schedules = [e for e in entries if e.data["kind"] == "schedule"]
     queues = [e for e in entries if e.data["kind"] == "queue"]
+    triggers = [e for e in entries if e.data["kind"] == "trigger"]
     _namespace(flows, aliases, state)
     for entry in flows:
         if state.flow_entries.get(entry.slug) is entry:
@@ -85,6 +87,7 @@ def analyze(documents: Iterable[Document], *, complete: bool = True
     _build_workers(workers, state)
     built = _build_schedules(schedules, state)
     limits = _build_queue_limits(queues, state)
+    built_triggers = _build_triggers(triggers, state)
     if state.findings:
         return None, state.findings
     project = Project(
@@ -93,6 +96,7 @@ def analyze(documents: Iterable[Document], *, complete: bool = True
         workers=tuple(state.workers),
         schedules=tuple(built),
         queue_limits=tuple(limits),
+        triggers=tuple(built_triggers),
     )
     return project, []
 
@@ -929,6 +933,12 @@ def _build_schedule(entry: _Entry, state: Analysis) -> Schedule | None:
 
 def _schedule_target(entry: _Entry, state: Analysis) -> Flow | None:
     """The flow a schedule starts today (an alias: its active version)."""
+    return _start_target(entry, state, "FL082", "schedule")
+
+
+def _start_target(entry: _Entry, state: Analysis, code: str, what: str) -> Flow | None:
+    """The flow a schedule or trigger starts today (an alias: its active version); ``code``
+    reports a name that is no flow or alias of the project."""
     name = entry.data["flow"]
     if name in state.aliases:
         return state.flows.get(state.aliases[name].active)
@@ -938,7 +948,7 @@ def _schedule_target(entry: _Entry, state: Analysis) -> Flow | None:
             and name not in state.declared:
         close = closest(name, sorted(state.known_flows | state.known_aliases))
         state.findings.append(entry.doc.diagnostic(
-            ("flow",), "FL082", f"schedule `{entry.slug}` starts `{name}`, which is not a flow "
+            ("flow",), code, f"{what} `{entry.slug}` starts `{name}`, which is not a flow "
             "or alias of this project",
             f"did you mean `{close}`?" if close else "declare the flow with `kind: flow`"))
     return None
@@ -973,6 +983,95 @@ def _check_schedule_input(entry: _Entry, flow: Flow, run_input: Any, state: Anal
             ("input",) if "input" in entry.data else ("flow",), "FL105",
             f"schedule `{entry.slug}`: flow `{flow.slug}` would refuse this input: {violation}",
             "change `input:` to match the flow's `input_schema`"))
+
+
+def _build_triggers(entries: list[_Entry], state: Analysis) -> list[Trigger]:
+    built: dict[str, Trigger] = {}
+    for entry in entries:
+        trigger = _build_trigger(entry, state)
+        if trigger is None:
+            continue
+        other = built.get(trigger.name)
+        if other is not None:
+            state.findings.append(entry.doc.diagnostic(
+                ("name",), "FL111", f"trigger name `{trigger.name}` is already used at {other.location}",
+                "give each trigger a distinct `name`"))
+            continue
+        built[trigger.name] = trigger
+    return [built[name] for name in sorted(built)]
+
+
+def _build_trigger(entry: _Entry, state: Analysis) -> Trigger | None:
+    data = entry.data
+    before = len(state.findings)
+    events = tuple(sorted(set(data["events"])))
+    target = _start_target(entry, state, "FL110", "trigger")
+    for keyword in ("when", "unless"):
+        if keyword in data:
+            bad = unstorable(data[keyword])
+            if bad is not None:
+                state.findings.append(entry.doc.diagnostic((keyword,), "FL071",
+                                                           f"condition contains {bad[0]}", bad[1]))
+    pointers: list[tuple[tuple[str | int, ...], Any]] = [
+        (("input", field), pointer) for field, pointer in data.get("input", {}).items()]
+    pointers += [(("key",), data["key"])] if "key" in data else []
+    for path, pointer in pointers:
+        _check_event_pointer(entry, path, str(pointer), events, state)
+    if target is not None:
+        _check_trigger_input(entry, target, state)
+    if len(state.findings) > before:
+        return None
+    return Trigger(
+        name=str(data["name"]), flow=str(data["flow"]), table=str(data["table"]), events=events,
+        when=data.get("when"), unless=data.get("unless"), input=data.get("input"), key=data.get("key"),
+        on_refused=data.get("on_refused", "fail"), description=data.get("description"),
+        location=entry.loc(("name",)),
+    )
+
+
+_EVENT_ROWS = {"insert": ("new",), "update": ("old", "new"), "delete": ("old",)}
+
+
+def _check_event_pointer(entry: _Entry, path: tuple[str | int, ...], pointer: str,
+                         events: tuple[str, ...], state: Analysis) -> None:
+    """A pointer into `old` or `new` finds a value for at least one of the trigger's events."""
+    row = pointer.split("/")[1]
+    if row == "op" or any(row in _EVENT_ROWS[event] for event in events):
+        return
+    state.findings.append(entry.doc.diagnostic(
+        path, "FL112", f"trigger `{entry.slug}`: `{pointer}` points into the {row} row, which "
+        f"{' and '.join(events)} events do not have",
+        "an insert has only `/new`, a delete only `/old`, an update both"))
+
+
+def _check_trigger_input(entry: _Entry, flow: Flow, state: Analysis) -> None:
+    """What the flow's input contract decides from the input's field names alone: required
+    fields the mapping does not give, fields a closed object does not allow, a root map's list."""
+    mapping = entry.data.get("input")
+    path: tuple[str | int, ...] = ("input",) if mapping is not None else ("flow",)
+    root_map = next((s for s in flow.steps if s.type == "map" and not s.needs), None)
+    if root_map is not None:
+        state.findings.append(entry.doc.diagnostic(
+            path, "FL113", f"trigger `{entry.slug}`: flow `{flow.slug}` maps its run input in step "
+            f"`{root_map.slug}`, so the input must be a list; a trigger's input is an object",
+            "start a flow whose root step is not a map"))
+        return
+    contract = flow.input_schema
+    if mapping is None or not isinstance(contract, Mapping):
+        return  # the row's columns are known only to the database: set_trigger's start checks
+    missing = [name for name in contract.get("required", []) if name not in mapping]
+    if missing:
+        state.findings.append(entry.doc.diagnostic(
+            path, "FL113", f"trigger `{entry.slug}`: flow `{flow.slug}` requires "
+            + ", ".join(f"`{name}`" for name in missing) + " in its input, which `input` does not map",
+            "map each required field to a pointer, e.g. `order_id: /new/id`"))
+    if contract.get("additionalProperties") is False:
+        extra = [name for name in mapping if name not in contract.get("properties", {})]
+        if extra:
+            state.findings.append(entry.doc.diagnostic(
+                ("input", extra[0]), "FL113", f"trigger `{entry.slug}`: flow `{flow.slug}` accepts no "
+                f"field `{extra[0]}` in its input (its input_schema has additionalProperties: false)",
+                "remove the field or add it to the flow's input_schema"))
 
 
 @functools.cache

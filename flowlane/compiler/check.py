@@ -228,11 +228,13 @@ def alias_moves(project: Project, out: Path, base: str | None) -> list[str]:
 
 
 # one call of a compiled file, one argument per line (the templates' layout)
-_CALL = re.compile(r"^select flowlane\.(?P<function>create_flow|add_step|set_queue_limits)\("
+_CALL = re.compile(r"^select flowlane\.(?P<function>create_flow|add_step|set_queue_limits|set_trigger)\("
                    r"\n(?P<arguments>.*?)\n\);$", re.MULTILINE | re.DOTALL)
 _ARGUMENT = re.compile(r"^  (?P<name>[a-z_]+) => (?P<value>.*?),?$", re.MULTILINE)
 FLOW_CONTROL = ("concurrency_limit", "concurrency_key", "priority")
 _QUEUE_LIMITS = ("concurrency", "rate_limit", "rate_per")
+_TRIGGER = ("flow_name", "table_name", "events", "when_pattern", "unless_pattern", "input_map", "key_pointer",
+            "on_refused")
 _NOT_SET = "none"
 
 
@@ -246,6 +248,8 @@ def _calls(text: str) -> dict[str, dict[str, str]]:
         elif call["function"] == "add_step":
             subject = (f"flow {sqltext.unquote(arguments['flow_slug'])} "
                        f"step {sqltext.unquote(arguments['step_slug'])}")
+        elif call["function"] == "set_trigger":
+            subject = f"trigger {sqltext.unquote(arguments['trigger_name'])}"
         else:
             subject = f"queue {sqltext.unquote(arguments['queue_name'])}"
         found[subject] = arguments
@@ -255,7 +259,8 @@ def _calls(text: str) -> dict[str, dict[str, str]]:
 def _shown(value: str | None) -> str:
     if value is None or value == "null":
         return _NOT_SET
-    return sqltext.unquote(value) if value.startswith(("'", "E'")) else value
+    literal = value.removesuffix("::jsonb")  # a trigger's patterns and input map
+    return sqltext.unquote(literal) if literal.startswith(("'", "E'")) else value
 
 
 def _differences(old: dict[str, dict[str, str]], new: dict[str, dict[str, str]],
@@ -277,8 +282,8 @@ def option_changes(project: Project, files: Mapping[str, str], out: Path,
     look (they change how fast work starts)."""
     rev = base or "HEAD"
     paths = [out / compiled.flow_path(f.slug) for f in project.flows]
-    queues = out / compiled.QUEUES_FILE
-    committed = gitrev.show_many(rev, [*paths, queues])
+    queues, triggers = out / compiled.QUEUES_FILE, out / compiled.TRIGGERS_FILE
+    committed = gitrev.show_many(rev, [*paths, queues, triggers])
     lines = []
     for flow in sorted(project.flows, key=lambda f: f.slug):
         old_text = committed.get(out / compiled.flow_path(flow.slug))
@@ -294,4 +299,19 @@ def option_changes(project: Project, files: Mapping[str, str], out: Path,
             "kept in the database by apply: the project has no queues file any more")
     lines += [f"SAFE_OPTION_CHANGE {subject}: limits at {rev}, none in the YAML ({fate})"
               for subject in sorted(old_queues.keys() - new_queues.keys())]
+    return lines + trigger_changes(committed.get(triggers) or "", files.get(compiled.TRIGGERS_FILE, ""), rev)
+
+
+def trigger_changes(old_text: str, new_text: str, rev: str) -> list[str]:
+    """Triggers added, changed and removed since ``rev`` (from the two triggers files): each
+    changes which rows of an application's table start runs."""
+    old, new = _calls(old_text), _calls(new_text)
+    lines = [f"NEW_TRIGGER {subject}: declared in the YAML, not at {rev}"
+             for subject in sorted(new.keys() - old.keys())]
+    lines += [line.replace("SAFE_OPTION_CHANGE", "TRIGGER_CHANGE", 1)
+              for line in _differences(old, new, _TRIGGER, rev)]
+    fate = ("dropped by apply" if new else
+            "kept in the database by apply: the project has no triggers file any more")
+    lines += [f"TRIGGER_REMOVED {subject}: at {rev}, not in the YAML ({fate})"
+              for subject in sorted(old.keys() - new.keys())]
     return lines

@@ -81,6 +81,11 @@ CODES: dict[str, str] = {
     "FL184": "rate limit window out of range",
     "FL185": "priority out of range",
     "FL186": "queue document declares no limit",
+    # triggers (events in)
+    "FL110": "trigger starts an unknown flow or alias",
+    "FL111": "duplicate trigger name",
+    "FL112": "trigger pointer that never finds a value for its events",
+    "FL113": "trigger input the flow's input contract refuses",
     # check (compiled SQL against the YAML and the base revision)
     "FL090": "compiled SQL is stale, missing or hand-edited",
     "FL091": "NEW_VERSION_REQUIRED: a committed flow changed its shape",

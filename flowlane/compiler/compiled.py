@@ -33,6 +33,7 @@ FORMAT = 2
 ALIASES_FILE = "aliases.sql"
 SCHEDULES_FILE = "schedules.sql"  # written only for a project with schedules
 QUEUES_FILE = "queues.sql"  # written only for a project with queue documents
+TRIGGERS_FILE = "triggers.sql"  # written only for a project with triggers
 FLOWS_DIR = "flows"
 HEADER_PREFIX = "-- flowlane-compiled: "
 HEADER_LIMIT = 4096  # bytes read to recognise a file: its header line is far shorter
@@ -44,7 +45,7 @@ _FORMAT1_SHA = re.compile(r"^-- shape sha256: (?P<sha>[0-9a-f]{64})$", re.MULTIL
 # the shape argument of ensure_flow_shape (every format); the last call is the flow's shape
 _SHAPE_ARGUMENT = re.compile(r"\bshape => (?P<literal>E?'(?:[^']|'')*')::jsonb")
 
-Kind = Literal["flow", "aliases", "schedules", "queues"]
+Kind = Literal["flow", "aliases", "schedules", "queues", "triggers"]
 
 
 @dataclass(frozen=True)
@@ -253,6 +254,13 @@ def render_queues(project: Project) -> str:
     )
 
 
+def render_triggers(project: Project) -> str:
+    header = Header(FORMAT, "triggers")
+    return environment().get_template("triggers.sql.j2").render(
+        header=sqltext.comment(header.line()), triggers=project.triggers
+    )
+
+
 def render_project(project: Project) -> dict[str, str]:
     """Relative output path -> file text; the same project always gives the same bytes."""
     files = {flow_path(f.slug): render_flow(f) for f in sorted(project.flows, key=lambda f: f.slug)}
@@ -261,6 +269,8 @@ def render_project(project: Project) -> dict[str, str]:
         files[SCHEDULES_FILE] = render_schedules(project)
     if project.queue_limits:
         files[QUEUES_FILE] = render_queues(project)
+    if project.triggers:
+        files[TRIGGERS_FILE] = render_triggers(project)
     return files
 
 
@@ -285,7 +295,7 @@ def _parse_header(text: str) -> Header | None:
     if not isinstance(fields, dict) or not isinstance(fields.get("format"), int):
         return None
     kind, slug, sha = fields.get("kind"), fields.get("slug"), fields.get("shape_sha256")
-    if kind in ("aliases", "schedules", "queues"):
+    if kind in ("aliases", "schedules", "queues", "triggers"):
         return Header(fields["format"], kind)
     if kind == "flow" and isinstance(slug, str) and isinstance(sha, str):
         return Header(fields["format"], "flow", slug, sha)

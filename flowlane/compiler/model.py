@@ -155,6 +155,25 @@ class Schedule:
 
 
 @dataclass(frozen=True)
+class Trigger:
+    """Runs of ``flow`` started when rows of ``table`` change (``events``); ``when`` and
+    ``unless`` are containment patterns on the event ``{op, old, new}``, ``input`` maps run
+    input fields to JSON pointers into it (None: the row), ``key`` points at its idempotency key."""
+
+    name: str
+    flow: str
+    table: str
+    events: tuple[str, ...]
+    when: Mapping[str, Any] | None = None
+    unless: Mapping[str, Any] | None = None
+    input: Mapping[str, str] | None = None
+    key: str | None = None
+    on_refused: Literal["fail", "record"] = "fail"
+    description: str | None = None
+    location: Location | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
 class QueueLimits:
     """A ``kind: queue`` document: a queue's limits across all workers (None: no such limit);
     ``rate_limit`` starts per ``rate_per`` seconds."""
@@ -193,6 +212,7 @@ class Project:
     workers: tuple[WorkerDoc, ...] = ()
     schedules: tuple[Schedule, ...] = ()
     queue_limits: tuple[QueueLimits, ...] = ()  # sorted by name
+    triggers: tuple[Trigger, ...] = ()  # sorted by name
 
     def flow(self, slug: str) -> Flow:
         """The concrete flow named ``slug`` (exact match)."""

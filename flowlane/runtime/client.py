@@ -688,6 +688,12 @@ class Operations:
         return [ScheduleSummary.from_row(r) for r in rows]
 
     @staticmethod
+    def triggers() -> Plan[list[dict[str, Any]]]:
+        """Every trigger (`kind: trigger`) with what it started and its latest refusal."""
+        rows = yield Fetch("client_triggers", "cannot list triggers")
+        return [dict(r) for r in rows]
+
+    @staticmethod
     def pause_schedule(name: str, *, reason: str | None = None) -> Plan[None]:
         """Stop a schedule firing until resumed (an operator's override: apply keeps it)."""
         yield from _pause(name, True, reason)
@@ -887,6 +893,7 @@ class Client:
     get_run = _blocking(Operations.get_run)
     wait = _blocking(Operations.wait)
     schedules = _blocking(Operations.schedules)
+    triggers = _blocking(Operations.triggers)
     pause_schedule = _blocking(Operations.pause_schedule)
     resume_schedule = _blocking(Operations.resume_schedule)
     trigger_schedule = _blocking(Operations.trigger_schedule)
@@ -979,6 +986,7 @@ class AsyncClient:
     get_run = _awaitable(Operations.get_run)
     wait = _awaitable(Operations.wait)
     schedules = _awaitable(Operations.schedules)
+    triggers = _awaitable(Operations.triggers)
     pause_schedule = _awaitable(Operations.pause_schedule)
     resume_schedule = _awaitable(Operations.resume_schedule)
     trigger_schedule = _awaitable(Operations.trigger_schedule)

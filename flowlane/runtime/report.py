@@ -19,6 +19,19 @@ def _one_line(text: str | None, limit: int = SHOWN_ERROR_CHARS) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
+def started_by(run: dict[str, Any]) -> str:
+    """What started a run: a trigger and the row's key, a schedule, a parent run, or a call."""
+    origin = run.get("origin") or {}
+    if "trigger" in origin:
+        row = json.dumps(origin.get("row"), ensure_ascii=False, separators=(", ", ": "))
+        return f"trigger {origin['trigger']} ({origin.get('op')} of row {row})"
+    if run.get("schedule_name"):
+        return f"schedule {run['schedule_name']}"
+    if run.get("parent_run_id"):
+        return f"run {run['parent_run_id']} (a child flow step)"
+    return "a call (start_flow, flowlane start)"
+
+
 def render_run(state: dict[str, Any]) -> str:
     run = state["run"]
     lines = [
@@ -26,6 +39,7 @@ def render_run(state: dict[str, Any]) -> str:
         f"{'flow':<10}{run['flow_slug']}",
         f"{'status':<10}{run['status']}",
         f"{'started':<10}{run.get('started_at')}",
+        f"{'by':<10}{started_by(run)}",
     ]
     for key in ("completed_at", "failed_at", "cancelled_at", "retried_at"):
         if run.get(key):

@@ -36,7 +36,7 @@ from flowlane.app.observability import ConsoleProbe
 from flowlane.compiler import diagram
 from flowlane.defaults import STALE_AFTER
 from flowlane.runtime.limits import STATUSES, TERMINAL
-from flowlane.runtime.report import hold_lines, signal_words
+from flowlane.runtime.report import hold_lines, signal_words, started_by
 from flowlane.ui import layout, pages, security
 
 
@@ -145,6 +145,7 @@ def create_app(console: Console, settings: Settings) -> Starlette:
             "holds": (hold_lines(console.holds(run_id)) if run["status"] in ("waiting", "started")
                       else []),
             "family": console.family(run_id),
+            "started_by": started_by(run),
         }
 
     def run_page(request: Request) -> Response:
@@ -212,7 +213,8 @@ def create_app(console: Console, settings: Settings) -> Starlette:
                       charts=[pages.sparkline(g["hourly"]) for g in groups])
 
     def schedules_page(request: Request) -> Response:
-        return render(request, "schedules.html", schedules=console.schedules(), tick=defaults.TICK_INTERVAL)
+        return render(request, "schedules.html", schedules=console.schedules(), triggers=console.triggers(),
+                      tick=defaults.TICK_INTERVAL)
 
     routes = [
         Route("/", lambda request: RedirectResponse("/runs", status_code=303)),

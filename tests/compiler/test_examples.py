@@ -41,3 +41,12 @@ def test_the_flow_control_example_compiles_and_its_handlers_import() -> None:
     for ref in project.handlers():
         module = importlib.import_module(ref.handler.partition(":")[0])
         assert callable(getattr(module, ref.handler.partition(":")[2])), ref
+
+
+def test_the_events_example_compiles_and_its_handlers_import() -> None:
+    project = load_project(ROOT / "examples" / "events")
+    assert [t.name for t in project.triggers] == ["order_paid"]
+    assert "triggers.sql" in compiler.compile_project(project)
+    for ref in project.handlers():
+        module = importlib.import_module(ref.handler.partition(":")[0])
+        assert callable(getattr(module, ref.handler.partition(":")[2])), ref

@@ -235,6 +235,25 @@ EXPECTED = {
             "rate_per integer, tokens double precision, next_start_in double precision, waiting_for text)"
         ),
     ),
+    # events in
+    "set_trigger": (
+        (
+            "trigger_name text, flow_name text, table_name text, events text[], "
+            "when_pattern jsonb DEFAULT NULL::jsonb, unless_pattern jsonb DEFAULT NULL::jsonb, "
+            "input_map jsonb DEFAULT NULL::jsonb, key_pointer text DEFAULT NULL::text, "
+            "on_refused text DEFAULT 'fail'::text"
+        ),
+        "flowlane.triggers",
+    ),
+    "keep_only_triggers": ("trigger_names text[]", "text[]"),
+    "trigger_activity": (
+        "",
+        (
+            "TABLE(trigger_name text, flow_name text, table_name text, events text[], on_refused text, "
+            "runs bigint, runs_last_day bigint, last_run_at timestamp with time zone, refusals bigint, "
+            "last_error text, last_error_at timestamp with time zone)"
+        ),
+    ),
 }
 
 

@@ -1,4 +1,4 @@
-"""A single start written in its final state (_start_one_run) against the batch path.
+"""A single start written in its final state (_new_run) against the batch path.
 
 Each shape is defined twice, as `<shape>_one` and `<shape>_all`. The same input is started
 by `start_flow` on the first (one run: the one-run path where the flow qualifies) and as the

@@ -62,6 +62,7 @@ def test_every_page_renders(console: ui_support.UiServer, seeded_db: tuple[str, 
     assert ("waiting: queue ping: 1 queued task(s); no live worker serves queue ping; "
             "`flowlane serve` or `flowlane worker --queue ping`") in queued
     assert 'data-waiting="1"' not in ui_support.fetch(f"{console.url}/runs/{seeded.completed}").body
+    assert '<p class="facts" id="run-origin">started by a call (start_flow, flowlane start)</p>' in queued
     assert ui_support.fetch(console.url + "/").headers["location"] == "/runs"
     for missing in ("/flows/nope", "/runs/00000000-0000-0000-0000-000000000000", "/runs/not-a-uuid"):
         assert ui_support.fetch(console.url + missing).status == 404

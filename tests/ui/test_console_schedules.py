@@ -73,3 +73,18 @@ def test_schedules_page_actions_and_the_consoles_tick(dsn: str) -> None:
             line = f'flowlane_schedule_{name}_slot_timestamp_seconds{{schedule="hourly_report"}} '
             assert float(metrics.split(line, 1)[1].split()[0]) == value, metrics
 
+
+def test_the_schedules_page_lists_triggers_with_what_they_started(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        Engine(conn).define("orders", [("charge", [], {})])
+        conn.execute("select flowlane.set_contract('orders', null, "
+                     "'{\"properties\": {\"id\": {\"minimum\": 1}}}')")
+        conn.execute("create table public.orders (id int primary key)")
+        conn.execute("select flowlane.set_trigger('order_placed', 'orders', 'public.orders', "
+                     "array['insert'], on_refused => 'record')")
+        conn.execute("insert into public.orders values (1), (2), (0)")
+    with ui_support.ui_server(dsn) as server:
+        page = ui_support.fetch(server.url + "/schedules").body
+    assert '<tr data-trigger="order_placed" data-runs="2" data-refusals="1">' in page, page
+    assert "insert of public.orders" in page and "/id: " in page
+

@@ -233,6 +233,7 @@ create table flowlane.runs (
   concurrency_key text,
   hold_seq bigint,
   priority int default 0 not null,
+  origin jsonb,  -- what started a run, when not a call: {"trigger": name, "row": key} or {"webhook": ...}
   constraint runs_pkey primary key (run_id),
   constraint runs_rules check (flowlane._runs_rules(status, started_at, completed_at, failed_at, cancelled_at,
     cancel_reason, output is not null, remaining_steps, retry_count, called_as, idempotency_key, start_at,

@@ -655,7 +655,15 @@ as $$
 declare
   v_runs uuid[];
   v_active flowlane.step_tasks[];
+  v_trigger text;
 begin
+  -- a trigger starting a missing flow would fail every write of its table
+  select t.trigger_name into v_trigger from flowlane.triggers t
+  where t.flow_name = delete_flow_and_data.flow_slug order by t.trigger_name limit 1;
+  if found then
+    raise exception 'flow "%" is started by trigger "%"', delete_flow_and_data.flow_slug, v_trigger
+      using errcode = '2BP01', hint = 'remove the trigger''s document and apply, or point it at another flow';
+  end if;
   v_runs := array(select r.run_id from flowlane.runs r where r.flow_slug = delete_flow_and_data.flow_slug
                   order by r.run_id for update);
   select coalesce(array_agg(t order by t.queue_name, t.message_id), '{}') into v_active

@@ -37,9 +37,9 @@ begin
       return v_run;
     end if;
   end if;
-  select * into v_run from flowlane._create_runs(v_flow, array[input], array[start_flow.run_id],
-                                                 start_flow.start_at, array[v_key], start_flow.flow_slug,
-                                                 start_flow.priority);
+  select * into v_run from flowlane._new_runs(v_flow, array[input], array[start_flow.run_id],
+                                              start_flow.start_at, array[v_key], start_flow.flow_slug,
+                                              start_flow.priority, null::jsonb[]);
   return v_run;
 end;
 $$;
@@ -75,8 +75,8 @@ begin
     end loop;
     return;
   end if;
-  return query select * from flowlane._create_runs(v_flow, inputs, '{}', start_flows.start_at, null, null,
-                                                   start_flows.priority);
+  return query select * from flowlane._new_runs(v_flow, inputs, '{}', start_flows.start_at, null, null,
+                                                start_flows.priority, null::jsonb[]);
 end;
 $$;
 
@@ -101,15 +101,39 @@ begin
 end;
 $$;
 
--- new runs of one concrete flow (inputs checked by the caller); returns them in input order
--- p_start_at in the future: the runs wait (status waiting) for the maintenance tick;
--- p_keys: each run's idempotency key within p_called (the name the caller started);
--- p_priority: the runs' priority (null: the flow's). A flow with a concurrency limit: under
--- the keys' locks, a run begins while its key has room and no run held before it; the
--- others are held (waiting, hold_seq in input order)
+-- _new_runs and _new_run under their earlier names, without an origin: the calls of schedules
+-- and child flows, and of the previous release's functions while a migration commits
 create function flowlane._create_runs(p_flow text, p_inputs jsonb[], p_run_ids uuid[],
                                       p_start_at timestamptz = null, p_keys text[] = null,
                                       p_called text = null, p_priority int = null)
+returns setof flowlane.runs
+language sql volatile
+set search_path = ''
+as $$
+  select * from flowlane._new_runs(p_flow, p_inputs, p_run_ids, p_start_at, p_keys, p_called, p_priority,
+                                   null::jsonb[])
+$$;
+
+create function flowlane._start_one_run(p_flow flowlane.flows, p_input jsonb, p_run_id uuid,
+                                        p_start_at timestamptz, p_key text, p_called text, p_priority int)
+returns flowlane.runs
+language sql volatile
+set search_path = ''
+as $$
+  select * from flowlane._new_run(p_flow, p_input, p_run_id, p_start_at, p_key, p_called, p_priority,
+                                  null::jsonb)
+$$;
+
+-- new runs of one concrete flow (inputs checked by the caller); returns them in input order
+-- p_start_at in the future: the runs wait (status waiting) for the maintenance tick;
+-- p_keys: each run's idempotency key within p_called (the name the caller started);
+-- p_priority: the runs' priority (null: the flow's); p_origins: what started each run (null:
+-- a call; see flowlane.runs.origin). A flow with a concurrency limit: under
+-- the keys' locks, a run begins while its key has room and no run held before it; the
+-- others are held (waiting, hold_seq in input order)
+create function flowlane._new_runs(p_flow text, p_inputs jsonb[], p_run_ids uuid[],
+                                   p_start_at timestamptz, p_keys text[], p_called text, p_priority int,
+                                   p_origins jsonb[])
 returns setof flowlane.runs
 language plpgsql volatile
 set search_path = ''
@@ -128,7 +152,8 @@ begin
   perform flowlane._check_contract_inputs(p_flow, p_inputs);
   select * into v_flow from flowlane.flows f where f.flow_slug = p_flow;
   if cardinality(p_inputs) = 1 and not v_waiting and v_flow.opt_concurrency_limit is null then
-    v_run := flowlane._start_one_run(v_flow, p_inputs[1], p_run_ids[1], p_start_at, p_keys[1], p_called, p_priority);
+    v_run := flowlane._new_run(v_flow, p_inputs[1], p_run_ids[1], p_start_at, p_keys[1], p_called, p_priority,
+                               p_origins[1]);
     if v_run.run_id is not null then
       return next v_run;
       return;
@@ -153,14 +178,15 @@ begin
       order by x.i);
   end if;
   insert into flowlane.runs (run_id, flow_slug, input, remaining_steps, trace_parent, status, start_at,
-                             deadline_at, called_as, idempotency_key, priority, concurrency_key, hold_seq)
+                             deadline_at, called_as, idempotency_key, priority, concurrency_key, hold_seq, origin)
   select v_ids[i], p_flow, p_inputs[i], (select count(*) from flowlane.steps s where s.flow_slug = p_flow),
          flowlane._trace_parent(),
          case when v_waiting or not coalesce(v_begins[i], true) then 'waiting' else 'started' end, p_start_at,
          case when v_waiting or not coalesce(v_begins[i], true) then null else flowlane._run_deadline(p_flow, flowlane._now()) end,
          case when p_keys[i] is not null then p_called end, p_keys[i],
          coalesce(p_priority, v_flow.opt_priority, 0), v_slot_keys[i],
-         case when not v_waiting and not coalesce(v_begins[i], true) then nextval('flowlane.hold_seq') end
+         case when not v_waiting and not coalesce(v_begins[i], true) then nextval('flowlane.hold_seq') end,
+         p_origins[i]
   from generate_subscripts(p_inputs, 1) i order by i;
   insert into flowlane.step_states (flow_slug, run_id, step_slug, remaining_deps, initial_tasks)
   select p_flow, v_ids[i], s.step_slug, s.deps_count,
@@ -181,14 +207,15 @@ begin
 end;
 $$;
 
--- _create_runs for one run that begins now, of a flow without a concurrency limit whose root
+-- _new_runs for one run that begins now, of a flow without a concurrency limit whose root
 -- steps need nothing resolved first (a queue, no condition, no map over an empty input): the
 -- run and its step states are written in their final state, root steps started, one
 -- statement each, instead of the batch's generic statements. Null when the flow does not
 -- qualify: the caller takes the batch path. tests/core/test_one_start.py and the differential
 -- test (tests/core/test_differential.py) compare the two.
-create function flowlane._start_one_run(p_flow flowlane.flows, p_input jsonb, p_run_id uuid,
-                                        p_start_at timestamptz, p_key text, p_called text, p_priority int)
+create function flowlane._new_run(p_flow flowlane.flows, p_input jsonb, p_run_id uuid,
+                                  p_start_at timestamptz, p_key text, p_called text, p_priority int,
+                                  p_origin jsonb)
 returns flowlane.runs
 language plpgsql volatile
 set search_path = ''
@@ -212,10 +239,11 @@ begin
     return null;
   end if;
   insert into flowlane.runs (run_id, flow_slug, input, remaining_steps, trace_parent, status, start_at, deadline_at,
-                             called_as, idempotency_key, priority)
+                             called_as, idempotency_key, priority, origin)
   values (coalesce(p_run_id, gen_random_uuid()), (p_flow).flow_slug, p_input, v_steps, flowlane._trace_parent(),
           'started', p_start_at, flowlane._run_deadline((p_flow).flow_slug, flowlane._now()),
-          case when p_key is not null then p_called end, p_key, coalesce(p_priority, (p_flow).opt_priority, 0))
+          case when p_key is not null then p_called end, p_key, coalesce(p_priority, (p_flow).opt_priority, 0),
+          p_origin)
   returning * into v_run;
   with written as (
     insert into flowlane.step_states as ss (flow_slug, run_id, step_slug, remaining_deps, initial_tasks, status,

@@ -1,6 +1,6 @@
 -- Data contracts: a flow's input_schema and each step's output_schema, JSON Schema
 -- (2020-12) restricted to a documented subset, written by reviewed SQL (set_contract) and
--- enforced where runs start (_check_contract_inputs, from _create_runs: every way of
+-- enforced where runs start (_check_contract_inputs, from _new_runs: every way of
 -- starting a run passes there).
 --
 -- Each schema is compiled once, when it is stored, into one SQL boolean expression
@@ -438,7 +438,6 @@ set search_path = ''
 as $$
 declare
   v_contract flowlane.contracts;
-  v_refused int[];
   v_i int;
   v_found jsonb;
 begin
@@ -447,14 +446,7 @@ begin
   if not found then
     return;
   end if;
-  -- a few inputs: the check's function, planned once per connection; a batch: the expression
-  -- itself, planned once for the batch (a function call per input cost more than that plan)
-  execute format('select array(select u.i from unnest($1) with ordinality u(v, i) where not %s order by u.i)',
-                 case when cardinality(p_inputs) < 16
-                      then format('flowlane.%I(u.v)', flowlane._contract_check_name(v_contract.check_sql))
-                      else format('coalesce(%s, false)', v_contract.check_sql) end)
-    into v_refused using p_inputs;
-  foreach v_i in array v_refused loop
+  foreach v_i in array flowlane._refused_inputs(v_contract, p_inputs) loop
     v_found := flowlane.contract_violation(v_contract.schema, p_inputs[v_i]);
     if v_found is not null then
       raise exception 'flow "%": the run input% does not match the flow''s input_schema: %: %', p_flow,
@@ -467,6 +459,25 @@ begin
               hint = 'correct the input, or start a flow version whose input_schema accepts it';
     end if;
   end loop;
+end;
+$$;
+
+-- the positions (from 1) of the inputs a flow's input contract refuses, by the fast verdict
+create function flowlane._refused_inputs(p_contract flowlane.contracts, p_inputs jsonb[]) returns int[]
+language plpgsql stable
+set search_path = ''
+as $$
+declare
+  v_refused int[];
+begin
+  -- a few inputs: the check's function, planned once per connection; a batch: the expression
+  -- itself, planned once for the batch (a function call per input cost more than that plan)
+  execute format('select array(select u.i from unnest($1) with ordinality u(v, i) where not %s order by u.i)',
+                 case when cardinality(p_inputs) < 16
+                      then format('flowlane.%I(u.v)', flowlane._contract_check_name(p_contract.check_sql))
+                      else format('coalesce(%s, false)', p_contract.check_sql) end)
+    into v_refused using p_inputs;
+  return v_refused;
 end;
 $$;
 

@@ -37,6 +37,12 @@ from flowlane.schedules s
 left join flowlane.schedule_overrides o on o.schedule_name = s.schedule_name
 order by s.schedule_name collate "C"
 
+-- name: deploy_triggers
+select t.trigger_name, t.flow_name, t.table_name, t.events, t.when_pattern, t.unless_pattern, t.input_map,
+       t.key_pointer, t.on_refused
+from flowlane.triggers t
+order by t.trigger_name collate "C"
+
 -- name: deploy_queue_limits
 select l.queue_name, l.concurrency, l.rate_limit, l.rate_per
 from flowlane.queue_limits l

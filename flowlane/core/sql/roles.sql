@@ -31,14 +31,16 @@ declare
       'is_valid_deployment_name', 'resolve_flow', 'prunable_runs', 'queue_metrics', 'trace_parents',
       'queue_depth', 'run_deadline', 'contract_keywords', 'contract_violation', 'run_holds',
       'queue_flow_control', 'pgmq_metrics', 'worker_is_live', 'worker_stale_after',
-      'definitions_fingerprint'],  -- serve through a transaction-mode pooler
+      'definitions_fingerprint',  -- serve through a transaction-mode pooler
+      'trigger_activity'],
     'runs', array['get_run_with_states', 'get_run_attempts', 'get_run_waits', 'get_run_family'],
     'wait', array['listen_run_finished', 'unlisten_run_finished'],  -- Client.wait, run durations
     'start', array['start_flow', 'start_flows'],
     'deploy', array[
       'create_flow', 'add_step', 'ensure_flow_shape', 'ensure_flow_compiled', 'set_alias', 'set_contract',
       'delete_flow_and_data', 'adopt_queue', 'begin_rollout', 'finish_rollout', 'set_schedule',
-      'keep_only_schedules', 'set_queue_limits', 'keep_only_queue_limits'],
+      'keep_only_schedules', 'set_queue_limits', 'keep_only_queue_limits', 'set_trigger',
+      'keep_only_triggers'],
     'operate', array[
       'cancel_run', 'retry_run', 'signal', 'expire_waits', 'start_ready_steps', 'set_schedule_paused',
       'trigger_schedule', 'prune_runs', 'override_task', 'retry_run_from', 'retry_runs', 'cancel_runs']);

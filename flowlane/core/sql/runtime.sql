@@ -163,6 +163,10 @@ left join given g on g.run_id = w.run_id
 left join flowlane.steps s on s.flow_slug = g.flow_slug and s.step_slug = w.step_slug
 order by w.run_id, w.step_slug is not null, s.step_index, w.task_index nulls first, w.waiting_for
 
+-- name: client_triggers
+-- every trigger with the runs it started (in all, in the last day, the latest) and its refusals
+select * from flowlane.trigger_activity()
+
 -- name: client_schedules
 -- every schedule: its next firing (UTC and wall time in its zone), its last run, its pause
 select s.schedule_name, s.flow_name, s.cron, s.every_seconds, s.timezone, s.overlap, s.catch_up,
