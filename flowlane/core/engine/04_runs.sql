@@ -106,7 +106,8 @@ $$;
 -- p_keys: each run's idempotency key within p_called (the name the caller started);
 -- p_priority: the runs' priority (null: the flow's). A flow with a concurrency limit: under
 -- the keys' locks, a run begins while its key has room and no run held before it; the
--- others are held (waiting, hold_seq in input order)
+-- others are held (waiting, hold_seq in input order); then a full key replaces or cancels
+-- as the flow says (_apply_when_full)
 create function flowlane._create_runs(p_flow text, p_inputs jsonb[], p_run_ids uuid[],
                                       p_start_at timestamptz = null, p_keys text[] = null,
                                       p_called text = null, p_priority int = null)
@@ -140,6 +141,9 @@ begin
                          from generate_subscripts(p_inputs, 1) i order by i);
   end if;
   if v_flow.opt_concurrency_limit is not null and not v_waiting then
+    if v_flow.opt_concurrency_when_full = 'cancel_running' then
+      perform flowlane._lock_started_runs(p_flow, v_slot_keys);
+    end if;
     perform flowlane._lock_slots('run:' || p_flow, v_slot_keys);
     v_begins := array(
       select x.rank <= case when exists (select 1 from flowlane.runs h
@@ -173,6 +177,9 @@ begin
   if not v_waiting then
     perform flowlane._progress_runs(array(select v_ids[i] from generate_subscripts(v_ids, 1) i
                                           where coalesce(v_begins[i], true) order by v_ids[i]));
+  end if;
+  if v_flow.opt_concurrency_limit is not null and not v_waiting then
+    perform flowlane._apply_when_full(p_flow, v_ids);
   end if;
   return query select r.* from unnest(v_ids) with ordinality as u (run_id, ord)
                join flowlane.runs r
