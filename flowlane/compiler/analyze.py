@@ -593,7 +593,8 @@ HANDLER_OPTIONS = {"wait": ("max_attempts", "base_delay", "start_delay", "concur
 
 def _concurrency(spec: dict[str, Any]) -> Concurrency | None:
     value = spec.get("concurrency")
-    return None if value is None else Concurrency(int(value["limit"]), value.get("key"))
+    return None if value is None else Concurrency(int(value["limit"]), value.get("key"),
+                                                  value.get("when_full", "queue"))
 
 
 def _opt_int(spec: dict[str, Any], key: str) -> int | None:
