@@ -217,6 +217,7 @@ class _FlowChecker:
             self._map_over_child_run(slug, spec, needs[slug])
         self._read_contracts()
         self._contract_graph(needs)
+        self._concurrency_keys_exist()
         order = self._order(needs)
         queues = self._routing(order) if order else None
         if self.errors or order is None or queues is None:
@@ -258,6 +259,24 @@ class _FlowChecker:
                 condition = spec.get(keyword)
                 if isinstance(condition, dict):
                     self._condition_contract(slug, keyword, condition, needs[slug])
+
+    def _concurrency_keys_exist(self) -> None:
+        """A concurrency key the input_schema says is never present puts every run (or task)
+        in the one bucket `null`: a misspelt pointer, refused."""
+        schema = self.input_contract.schema if self.input_contract else None
+        if schema is None:
+            return
+        places: list[tuple[tuple[str | int, ...], Any]] = [
+            (("concurrency",), self.entry.data.get("concurrency"))]
+        places += [(("steps", slug, "concurrency"), spec.get("concurrency"))
+                   for slug, spec in self.steps.items() if isinstance(spec, dict)]
+        for path, concurrency in places:
+            key = concurrency.get("key") if isinstance(concurrency, dict) else None
+            reason = contracts.never_present(schema, key) if isinstance(key, str) else None
+            if reason:
+                self.error((*path, "key"), "FL188",
+                           f"concurrency key `{key}` never has a value: by the input_schema, {reason}",
+                           "point at a field of the run input (every run would share the key null)")
 
     def _map_source(self, slug: str, needs: list[str]) -> None:
         if needs:
