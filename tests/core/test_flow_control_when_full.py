@@ -104,3 +104,21 @@ def test_when_full_is_checked(engine: Engine) -> None:
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="needs a concurrency limit"):
         engine.create_flow("f", concurrency_when_full="cancel_running")
     assert engine.create_flow("f", concurrency_limit=1)["opt_concurrency_when_full"] == "queue"
+
+
+@pytest.mark.parametrize("when_full", ["queue", "replace_waiting"])
+def test_a_run_held_after_the_ending_transaction_began_begins_in_it(
+        engine: Engine, dsn: str, when_full: str) -> None:
+    # the transaction that ends a run began (its now()) before the held run was created
+    engine.define("f", [("a", [], {})], concurrency_limit=1, concurrency_when_full=when_full)
+    first = engine.start("f", {})
+    [task] = claimed(claim(engine, "f"))
+    with psycopg.connect(dsn) as ender:
+        ender.execute("select now()")  # the transaction's time is fixed from here
+        held = engine.start("f", {})
+        assert status(engine, held) == "waiting"
+        ender.execute("select * from flowlane.complete_task(%s, %s, %s, %s, %s, %s)",
+                      (first, "a", 0, Jsonb(1), engine.worker_id, task["attempt"]))
+        ender.commit()
+    assert status(engine, first) == "completed" and status(engine, held) == "started"
+    assert_invariants(engine)

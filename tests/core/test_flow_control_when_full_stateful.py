@@ -128,7 +128,13 @@ class WhenFullMachine(RuleBasedStateMachine):
             self.started[key], self.waiting[key] = counts[key]["started"], counts[key]["waiting"]
 
     def _settle(self, task: Row) -> None:
+        """A result in hand: its run completes, or a newer start cancelled the run since the
+        claim (cancel_running, counted at that start) and the result is refused."""
         run = self.engine.run(task["run_id"])
+        if run["status"] == "cancelled" and self.when_full == "cancel_running":
+            assert self.engine.scalar("select status from flowlane.step_tasks where run_id = %s",
+                                      (task["run_id"],)) == "cancelled"
+            return
         assert run["status"] == "completed", run
         self._end(run["input"]["k"])
 

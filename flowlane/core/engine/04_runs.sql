@@ -456,7 +456,9 @@ begin
     for update of ss
   ), started as (
     update flowlane.step_states ss
-       set status = 'started', started_at = now(), remaining_tasks = ss.initial_tasks
+       set status = 'started', remaining_tasks = ss.initial_tasks,
+           -- (a held run begun by a transaction older than the start that created it)
+           started_at = greatest(now(), ss.created_at)
       from ready
      where ss.run_id = ready.run_id and ss.step_slug = ready.step_slug and ss.run_id = any (p_run_ids)
     returning ss

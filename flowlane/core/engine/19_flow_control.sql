@@ -219,11 +219,14 @@ as $$
 declare
   v_flow flowlane.flows;
   v_victim record;
+  v_keys text[];
 begin
   select * into v_flow from flowlane.flows f where f.flow_slug = p_flow;
   if v_flow.opt_concurrency_when_full = 'queue' or v_flow.opt_concurrency_limit is null then
     return;
   end if;
+  v_keys := array(select distinct x.concurrency_key from flowlane.runs x
+                  where x.run_id = any (p_arrivals) and x.concurrency_key is not null);
   for v_victim in
     with line as (
       select r.run_id, r.status, r.concurrency_key,
@@ -234,12 +237,13 @@ begin
              first_value(r.run_id) over (
                partition by r.concurrency_key
                order by a.ord desc nulls last, r.hold_seq desc nulls last, r.started_at desc, r.run_id desc) as newest
-      from flowlane.runs r
+      from (select s.* from flowlane.runs s  -- (two arms: one partial index each)
+            where s.flow_slug = p_flow and s.concurrency_key = any (v_keys) and s.status = 'started'
+            union all
+            select h.* from flowlane.runs h
+            where h.flow_slug = p_flow and h.concurrency_key = any (v_keys) and h.status = 'waiting'
+              and h.hold_seq is not null) r
       left join unnest(p_arrivals) with ordinality a (run_id, ord) on a.run_id = r.run_id
-      where r.flow_slug = p_flow
-        and r.concurrency_key = any (array(select x.concurrency_key from flowlane.runs x
-                                           where x.run_id = any (p_arrivals) and x.concurrency_key is not null))
-        and (r.status = 'started' or (r.status = 'waiting' and r.hold_seq is not null))
     )
     select l.run_id, l.newest, l.concurrency_key from line l
     where case v_flow.opt_concurrency_when_full

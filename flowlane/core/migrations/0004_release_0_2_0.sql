@@ -17,6 +17,10 @@
 -- compiled files of 0.1.0 call it by name and keep working; ensure_flow_compiled, which calls
 -- it, is called by people and tools applying flows, never by workers); the functions that
 -- start runs or begin due ones apply the choice. Workers call none of the changed functions.
+--
+-- A held run begun by the end of another run, in a transaction that began before the held
+-- run was created, failed that transaction on step_states_started_after_created: its steps
+-- now start at the later of the two times (_start_ready_steps' body; its signature is kept).
 
 -- == Written by hand: tables, types and data that the functions need ==
 
@@ -207,6 +211,46 @@ begin
                join flowlane.runs r
                  on r.run_id = u.run_id and r.run_id = any (array(select x from unnest(v_ids) x order by 1))
                order by u.ord;
+end;
+$$;
+
+-- the ready steps of the given started runs (callers hold the run locks, or
+-- the runs are new): one step_states update, one send_batch per (queue, start
+-- delay) for all runs, one step_tasks insert per queue
+create or replace function flowlane._start_ready_steps(p_run_ids uuid[]) returns void
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_started flowlane.step_states[];
+begin
+  with ready as (
+    select ss.run_id, ss.step_slug
+    from flowlane.step_states ss
+    join flowlane.runs r on r.run_id = ss.run_id and r.status = 'started' and r.run_id = any (p_run_ids)
+    join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+    where ss.run_id = any (p_run_ids) and ss.status = 'created' and ss.remaining_deps = 0
+      and ss.initial_tasks > 0
+      -- _condition_met is a call per row (never inlined): only for a step with a condition
+      and case when s.required_input_pattern is null and s.forbidden_input_pattern is null then true
+               else flowlane._condition_met(ss.run_id, ss.step_slug) end
+    order by ss.run_id, ss.step_slug
+    for update of ss
+  ), started as (
+    update flowlane.step_states ss
+       set status = 'started', remaining_tasks = ss.initial_tasks,
+           -- (a held run begun by a transaction older than the start that created it)
+           started_at = greatest(now(), ss.created_at)
+      from ready
+     where ss.run_id = ready.run_id and ss.step_slug = ready.step_slug and ss.run_id = any (p_run_ids)
+    returning ss
+  ) select coalesce(array_agg(st.ss), '{}') into v_started from started st;
+  if cardinality(v_started) > 0 then
+    perform flowlane._enqueue_started(v_started);
+  end if;
 end;
 $$;
 
@@ -551,11 +595,14 @@ as $$
 declare
   v_flow flowlane.flows;
   v_victim record;
+  v_keys text[];
 begin
   select * into v_flow from flowlane.flows f where f.flow_slug = p_flow;
   if v_flow.opt_concurrency_when_full = 'queue' or v_flow.opt_concurrency_limit is null then
     return;
   end if;
+  v_keys := array(select distinct x.concurrency_key from flowlane.runs x
+                  where x.run_id = any (p_arrivals) and x.concurrency_key is not null);
   for v_victim in
     with line as (
       select r.run_id, r.status, r.concurrency_key,
@@ -566,12 +613,13 @@ begin
              first_value(r.run_id) over (
                partition by r.concurrency_key
                order by a.ord desc nulls last, r.hold_seq desc nulls last, r.started_at desc, r.run_id desc) as newest
-      from flowlane.runs r
+      from (select s.* from flowlane.runs s  -- (two arms: one partial index each)
+            where s.flow_slug = p_flow and s.concurrency_key = any (v_keys) and s.status = 'started'
+            union all
+            select h.* from flowlane.runs h
+            where h.flow_slug = p_flow and h.concurrency_key = any (v_keys) and h.status = 'waiting'
+              and h.hold_seq is not null) r
       left join unnest(p_arrivals) with ordinality a (run_id, ord) on a.run_id = r.run_id
-      where r.flow_slug = p_flow
-        and r.concurrency_key = any (array(select x.concurrency_key from flowlane.runs x
-                                           where x.run_id = any (p_arrivals) and x.concurrency_key is not null))
-        and (r.status = 'started' or (r.status = 'waiting' and r.hold_seq is not null))
     )
     select l.run_id, l.newest, l.concurrency_key from line l
     where case v_flow.opt_concurrency_when_full
