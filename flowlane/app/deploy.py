@@ -191,7 +191,8 @@ def _option_differences(flow: Flow, row: dict[str, Any], state: _State) -> tuple
 def _concurrency_change(prefix: str, row: dict[str, Any], wanted: Concurrency | None
                         ) -> list[str]:
     limit = row.get("opt_concurrency_limit")
-    held = None if limit is None else Concurrency(limit, row.get("opt_concurrency_key"))
+    held = None if limit is None else Concurrency(limit, row.get("opt_concurrency_key"),
+                                                  row.get("opt_concurrency_when_full", "queue"))
     if held == wanted:
         return []
     return [f"{prefix}concurrency: {held or 'none'} in the database, {wanted or 'none'} in the YAML"]

@@ -221,6 +221,7 @@ class _FlowChecker:
             self._map_over_child_run(slug, spec, needs[slug])
         self._read_contracts()
         self._contract_graph(needs)
+        self._concurrency_keys_exist()
         order = self._order(needs)
         queues = self._routing(order) if order else None
         if self.errors or order is None or queues is None:
@@ -262,6 +263,24 @@ class _FlowChecker:
                 condition = spec.get(keyword)
                 if isinstance(condition, dict):
                     self._condition_contract(slug, keyword, condition, needs[slug])
+
+    def _concurrency_keys_exist(self) -> None:
+        """A concurrency key the input_schema says is never present puts every run (or task)
+        in the one bucket `null`: a misspelt pointer, refused."""
+        schema = self.input_contract.schema if self.input_contract else None
+        if schema is None:
+            return
+        places: list[tuple[tuple[str | int, ...], Any]] = [
+            (("concurrency",), self.entry.data.get("concurrency"))]
+        places += [(("steps", slug, "concurrency"), spec.get("concurrency"))
+                   for slug, spec in self.steps.items() if isinstance(spec, dict)]
+        for path, concurrency in places:
+            key = concurrency.get("key") if isinstance(concurrency, dict) else None
+            reason = contracts.never_present(schema, key) if isinstance(key, str) else None
+            if reason:
+                self.error((*path, "key"), "FL188",
+                           f"concurrency key `{key}` never has a value: by the input_schema, {reason}",
+                           "point at a field of the run input (every run would share the key null)")
 
     def _map_source(self, slug: str, needs: list[str]) -> None:
         if needs:
@@ -597,7 +616,8 @@ HANDLER_OPTIONS = {"wait": ("max_attempts", "base_delay", "start_delay", "concur
 
 def _concurrency(spec: dict[str, Any]) -> Concurrency | None:
     value = spec.get("concurrency")
-    return None if value is None else Concurrency(int(value["limit"]), value.get("key"))
+    return None if value is None else Concurrency(int(value["limit"]), value.get("key"),
+                                                  value.get("when_full", "queue"))
 
 
 def _opt_int(spec: dict[str, Any], key: str) -> int | None:

@@ -231,11 +231,12 @@ def alias_moves(project: Project, out: Path, base: str | None) -> list[str]:
 _CALL = re.compile(r"^select flowlane\.(?P<function>create_flow|add_step|set_queue_limits|set_trigger)\("
                    r"\n(?P<arguments>.*?)\n\);$", re.MULTILINE | re.DOTALL)
 _ARGUMENT = re.compile(r"^  (?P<name>[a-z_]+) => (?P<value>.*?),?$", re.MULTILINE)
-FLOW_CONTROL = ("concurrency_limit", "concurrency_key", "priority")
+FLOW_CONTROL = ("concurrency_limit", "concurrency_key", "concurrency_when_full", "priority")
 _QUEUE_LIMITS = ("concurrency", "rate_limit", "rate_per")
 _TRIGGER = ("flow_name", "table_name", "events", "when_pattern", "unless_pattern", "input_map", "key_pointer",
             "on_refused")
 _NOT_SET = "none"
+_DEFAULTS = {"concurrency_when_full": "'queue'"}  # what a call without the argument means
 
 
 def _calls(text: str) -> dict[str, dict[str, str]]:
@@ -268,7 +269,8 @@ def _differences(old: dict[str, dict[str, str]], new: dict[str, dict[str, str]],
     lines = []
     for subject in sorted(new.keys() & old.keys()):
         for name in names:
-            was, now = old[subject].get(name), new[subject].get(name)
+            was, now = (old[subject].get(name, _DEFAULTS.get(name)),
+                        new[subject].get(name, _DEFAULTS.get(name)))
             if _shown(was) != _shown(now):
                 lines.append(f"SAFE_OPTION_CHANGE {subject}: {name}: {_shown(was)} at {rev}, "
                              f"{_shown(now)} in the YAML")

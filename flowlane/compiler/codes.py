@@ -86,6 +86,8 @@ CODES: dict[str, str] = {
     "FL111": "duplicate trigger name",
     "FL112": "trigger pointer that never finds a value for its events",
     "FL113": "trigger input the flow's input contract refuses",
+    "FL187": "concurrency when_full is not queue, replace_waiting or cancel_running",
+    "FL188": "concurrency key names a field the input_schema never allows",
     # check (compiled SQL against the YAML and the base revision)
     "FL090": "compiled SQL is stale, missing or hand-edited",
     "FL091": "NEW_VERSION_REQUIRED: a committed flow changed its shape",

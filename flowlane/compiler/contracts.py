@@ -355,6 +355,33 @@ def never_contains(schema: Any, pattern: Any, at: str = "") -> str | None:
     return None
 
 
+def never_present(schema: Any, pointer: str) -> str | None:
+    """Why no value ``schema`` allows has a value at the JSON ``pointer``, or None when some
+    may (or the schema does not say)."""
+    at = ""
+    for token in pointer.split("/")[1:]:
+        name = token.replace("~1", "/").replace("~0", "~")
+        where = f"{at}/{token}"
+        allowed = types_of(schema)
+        if allowed is not None and not allowed & {"object", "array"}:
+            return f"{at or 'the input'} is {declared_types(schema)}, which has no {where}"
+        if not isinstance(schema, dict):
+            return None
+        if allowed is not None and "object" not in allowed:
+            if not name.isdigit():
+                return f"{at or 'the input'} is an array, which has no member {name!r}"
+            schema = schema.get("items", True)
+        elif name in schema.get("properties", {}):
+            schema = schema["properties"][name]
+        elif schema.get("additionalProperties", True) is False:
+            return (f"{where} is never present: the schema lists no such property and closes "
+                    "additional properties")
+        else:
+            schema = schema.get("additionalProperties", True)
+        at = where
+    return None
+
+
 def _object_never_contains(schema: dict[str, Any], pattern: dict[str, Any], at: str) -> str | None:
     properties = schema.get("properties", {})
     extra = schema.get("additionalProperties", True)

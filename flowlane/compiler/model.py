@@ -32,9 +32,11 @@ class Concurrency:
 
     limit: int
     key: str | None = None
+    when_full: str = "queue"  # a flow's: queue, replace_waiting or cancel_running
 
     def __str__(self) -> str:
-        return f"{self.limit} per {self.key}" if self.key else f"{self.limit}"
+        text = f"{self.limit} per {self.key}" if self.key else f"{self.limit}"
+        return text if self.when_full == "queue" else f"{text}, when full {self.when_full}"
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,8 @@ def committed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 
 def test_check_base_shows_limit_and_priority_changes_as_option_changes(
         committed: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    changed = (LIMITED.replace("limit: 1, key: /customer_id", "limit: 3, key: /workspace")
+    changed = (LIMITED.replace("limit: 1, key: /customer_id",
+                               "limit: 3, key: /workspace, when_full: cancel_running")
                .replace("priority: 5\n", "").replace("{limit: 2}", "{limit: 2, key: /team}")
                + QUEUE.replace("concurrency: 5", "concurrency: 8")
                + "---\nkind: queue\nname: alerts_slow\nconcurrency: 1\n"
@@ -86,6 +87,7 @@ def test_check_base_shows_limit_and_priority_changes_as_option_changes(
     assert out.splitlines()[:-1] == [
         "SAFE_OPTION_CHANGE flow alerts: concurrency_limit: 1 at HEAD, 3 in the YAML",
         "SAFE_OPTION_CHANGE flow alerts: concurrency_key: /customer_id at HEAD, /workspace in the YAML",
+        "SAFE_OPTION_CHANGE flow alerts: concurrency_when_full: queue at HEAD, cancel_running in the YAML",
         "SAFE_OPTION_CHANGE flow alerts: priority: 5 at HEAD, none in the YAML",
         "SAFE_OPTION_CHANGE flow alerts step deliver: concurrency_key: none at HEAD, /team in the YAML",
         "SAFE_OPTION_CHANGE queue alerts: concurrency: 5 at HEAD, 8 in the YAML",

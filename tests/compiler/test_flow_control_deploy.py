@@ -61,7 +61,8 @@ def test_plan_shows_limits_and_priorities_as_option_changes(
         dsn: str, applied: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out = _cli(capsys, "plan", "--dsn", dsn)
     assert "NO_CHANGE             flow alerts" in out and "NO_CHANGE             queue alerts" in out
-    applied.write_text(FLOWS.replace("{limit: 1, key: /customer_id}", "{limit: 2}")
+    applied.write_text(FLOWS.replace("{limit: 1, key: /customer_id}",
+                                     "{limit: 2, when_full: replace_waiting}")
                        .replace("slug: digests\n", "slug: digests\npriority: 7\n")
                        .replace("send:\n    handler: alerts.digest:send\n",
                                 "send:\n    handler: alerts.digest:send\n"
@@ -72,7 +73,8 @@ def test_plan_shows_limits_and_priorities_as_option_changes(
     code, out = _cli(capsys, "plan", "--dsn", dsn)
     assert code == 0, out
     assert ("SAFE_OPTION_CHANGE    flow alerts\n"
-            "  concurrency: 1 per /customer_id in the database, 2 in the YAML\n") in out
+            "  concurrency: 1 per /customer_id in the database, "
+            "2, when full replace_waiting in the YAML\n") in out
     assert ("SAFE_OPTION_CHANGE    flow digests\n  priority: none in the database, 7 in the YAML\n"
             "  step send: concurrency: none in the database, 3 per /team in the YAML\n") in out
     assert ("SAFE_OPTION_CHANGE    queue alerts\n  limits: concurrency 1 in the database, "
@@ -81,9 +83,9 @@ def test_plan_shows_limits_and_priorities_as_option_changes(
     assert _cli(capsys, "apply", "--dsn", dsn)[0] == 0
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute(
-            "select flow_slug, opt_concurrency_limit, opt_concurrency_key, opt_priority "
-            "from flowlane.flows order by 1").fetchall() == [("alerts", 2, None, None),
-                                                            ("digests", None, None, 7)]
+            "select flow_slug, opt_concurrency_limit, opt_concurrency_key, opt_priority, "
+            "opt_concurrency_when_full from flowlane.flows order by 1").fetchall() == [
+                ("alerts", 2, None, None, "replace_waiting"), ("digests", None, None, 7, "queue")]
         assert conn.execute(
             "select queue_name, concurrency, rate_limit, rate_per from flowlane.queue_limits "
             "order by 1").fetchall() == [("alerts", None, 5, 1), ("digests", 4, None, None)]

@@ -32,6 +32,7 @@ create table flowlane.flows (
   opt_concurrency_limit int,
   opt_concurrency_key text,
   opt_priority int,
+  opt_concurrency_when_full text default 'queue' not null,
   constraint flows_pkey primary key (flow_slug),
   constraint flows_base_delay_nonnegative check (opt_base_delay >= 0),
   constraint flows_deadline_positive check ((opt_deadline is null) or (opt_deadline >= 1)),
@@ -45,7 +46,8 @@ create table flowlane.flows (
   constraint flows_concurrency_limit_positive check ((opt_concurrency_limit is null) or (opt_concurrency_limit >= 1)),
   constraint flows_concurrency_key_pointer check ((opt_concurrency_key is null) or (opt_concurrency_key ~ '^(/([^~/]|~[01])*)+$')),
   constraint flows_concurrency_key_needs_limit check ((opt_concurrency_key is null) or (opt_concurrency_limit is not null)),
-  constraint flows_priority_range check ((opt_priority is null) or (opt_priority between -1000 and 1000))
+  constraint flows_priority_range check ((opt_priority is null) or (opt_priority between -1000 and 1000)),
+  constraint flows_concurrency_when_full_valid check (opt_concurrency_when_full in ('queue', 'replace_waiting', 'cancel_running'))
 );
 
 create unique index flows_slug_ci_unique on flowlane.flows (lower(flow_slug));

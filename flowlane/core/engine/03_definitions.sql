@@ -16,7 +16,8 @@ create function flowlane.create_flow(
   dedup_key text = null,
   concurrency_limit int = null,
   concurrency_key text = null,
-  priority int = null
+  priority int = null,
+  concurrency_when_full text = null
 ) returns flowlane.flows
 language plpgsql volatile
 set search_path = ''
@@ -39,6 +40,8 @@ begin
   perform flowlane._check_start_options(create_flow.flow_slug, create_flow.deadline, create_flow.dedup_key);
   perform flowlane._check_flow_control_options(format('flow "%s"', create_flow.flow_slug),
     create_flow.concurrency_limit, create_flow.concurrency_key, create_flow.priority);
+  perform flowlane._check_when_full(format('flow "%s"', create_flow.flow_slug), create_flow.concurrency_limit,
+    create_flow.concurrency_when_full);
   perform pg_advisory_xact_lock(hashtext('flowlane.flow'), hashtext(lower(create_flow.flow_slug)));
   select f.flow_slug into v_other from flowlane.flows f
   where lower(f.flow_slug) = lower(create_flow.flow_slug) and f.flow_slug <> create_flow.flow_slug;
@@ -60,12 +63,13 @@ begin
   end if;
   insert into flowlane.flows as f (flow_slug, opt_max_attempts, opt_base_delay, opt_timeout, queue_mode,
                                    opt_retention, opt_deadline, opt_dedup_key, opt_concurrency_limit,
-                                   opt_concurrency_key, opt_priority)
+                                   opt_concurrency_key, opt_priority, opt_concurrency_when_full)
   values (create_flow.flow_slug, coalesce(max_attempts, flowlane._flow_option_default('max_attempts')),
           coalesce(base_delay, flowlane._flow_option_default('base_delay')),
           coalesce(timeout, flowlane._flow_option_default('timeout')), v_mode, create_flow.retention,
           create_flow.deadline, create_flow.dedup_key, create_flow.concurrency_limit,
-          nullif(create_flow.concurrency_key, ''), create_flow.priority)
+          nullif(create_flow.concurrency_key, ''), create_flow.priority,
+          coalesce(create_flow.concurrency_when_full, 'queue'))
   on conflict on constraint flows_pkey do update
     set opt_max_attempts = excluded.opt_max_attempts,
         opt_base_delay = excluded.opt_base_delay,
@@ -75,7 +79,8 @@ begin
         opt_dedup_key = excluded.opt_dedup_key,
         opt_concurrency_limit = excluded.opt_concurrency_limit,
         opt_concurrency_key = excluded.opt_concurrency_key,
-        opt_priority = excluded.opt_priority
+        opt_priority = excluded.opt_priority,
+        opt_concurrency_when_full = excluded.opt_concurrency_when_full
   returning * into v_flow;
   if v_old.flow_slug is not null and (v_old.opt_concurrency_limit, v_old.opt_concurrency_key)
      is distinct from (v_flow.opt_concurrency_limit, v_flow.opt_concurrency_key) then

@@ -130,7 +130,8 @@ $$;
 -- p_priority: the runs' priority (null: the flow's); p_origins: what started each run (null:
 -- a call; see flowlane.runs.origin). A flow with a concurrency limit: under
 -- the keys' locks, a run begins while its key has room and no run held before it; the
--- others are held (waiting, hold_seq in input order)
+-- others are held (waiting, hold_seq in input order); then a full key replaces or cancels
+-- as the flow says (_apply_when_full)
 create function flowlane._new_runs(p_flow text, p_inputs jsonb[], p_run_ids uuid[],
                                    p_start_at timestamptz, p_keys text[], p_called text, p_priority int,
                                    p_origins jsonb[])
@@ -165,6 +166,9 @@ begin
                          from generate_subscripts(p_inputs, 1) i order by i);
   end if;
   if v_flow.opt_concurrency_limit is not null and not v_waiting then
+    if v_flow.opt_concurrency_when_full = 'cancel_running' then
+      perform flowlane._lock_started_runs(p_flow, v_slot_keys);
+    end if;
     perform flowlane._lock_slots('run:' || p_flow, v_slot_keys);
     v_begins := array(
       select x.rank <= case when exists (select 1 from flowlane.runs h
@@ -199,6 +203,9 @@ begin
   if not v_waiting then
     perform flowlane._progress_runs(array(select v_ids[i] from generate_subscripts(v_ids, 1) i
                                           where coalesce(v_begins[i], true) order by v_ids[i]));
+  end if;
+  if v_flow.opt_concurrency_limit is not null and not v_waiting then
+    perform flowlane._apply_when_full(p_flow, v_ids);
   end if;
   return query select r.* from unnest(v_ids) with ordinality as u (run_id, ord)
                join flowlane.runs r
@@ -477,7 +484,9 @@ begin
     for update of ss
   ), started as (
     update flowlane.step_states ss
-       set status = 'started', started_at = flowlane._now(), remaining_tasks = ss.initial_tasks
+       set status = 'started', remaining_tasks = ss.initial_tasks,
+           -- (a held run begun by a transaction older than the start that created it)
+           started_at = greatest(flowlane._now(), ss.created_at)
       from ready
      where ss.run_id = ready.run_id and ss.step_slug = ready.step_slug and ss.run_id = any (p_run_ids)
     returning ss

@@ -46,6 +46,24 @@ begin
 end;
 $$;
 
+-- what a full key does with a new run: queue (it waits its turn), replace_waiting (it replaces
+-- the key's waiting runs), cancel_running (it cancels the key's oldest started runs)
+create function flowlane._check_when_full(p_what text, p_limit int, p_when_full text) returns void
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  if p_when_full is not null and p_when_full not in ('queue', 'replace_waiting', 'cancel_running') then
+    raise exception '%: concurrency when_full must be queue, replace_waiting or cancel_running, not %', p_what,
+      quote_literal(p_when_full) using errcode = '22023';
+  end if;
+  if coalesce(p_when_full, 'queue') <> 'queue' and p_limit is null then
+    raise exception '%: concurrency when_full % needs a concurrency limit', p_what, p_when_full
+      using errcode = '22023';
+  end if;
+end;
+$$;
+
 -- the concurrency key of a run input: the value at the pointer (a string as itself, any other
 -- JSON value as its text, a missing value as null); '' without a pointer (one key for all)
 create function flowlane._concurrency_key(p_pointer text, p_input jsonb) returns text
@@ -156,7 +174,86 @@ begin
     where r.run_id = any (p_run_ids) and r.status = 'waiting' and r.hold_seq is not null
     group by r.flow_slug order by r.flow_slug
   loop
+    if exists (select 1 from flowlane.flows f
+               where f.flow_slug = v_group.flow_slug and f.opt_concurrency_when_full <> 'queue') then
+      perform flowlane._lock_started_runs(v_group.flow_slug, v_group.keys);
+      perform flowlane._lock_slots('run:' || v_group.flow_slug, v_group.keys);
+      perform flowlane._apply_when_full(v_group.flow_slug, array(
+        select r.run_id from flowlane.runs r where r.run_id = any (p_run_ids) and r.hold_seq is not null
+        order by r.hold_seq));
+    end if;
     perform flowlane._begin_held_runs(v_group.flow_slug, v_group.keys);
+  end loop;
+end;
+$$;
+
+-- the started runs of a flow's keys, locked (in run id order) before the keys' locks are taken:
+-- a run's end locks its row and then its key, so a start that cancels started runs
+-- (when_full cancel_running) takes them in the same order
+create function flowlane._lock_started_runs(p_flow text, p_keys text[]) returns void
+language sql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+  select count(*) from (
+    select r.run_id from flowlane.runs r
+    where r.flow_slug = p_flow and r.concurrency_key = any (p_keys) and r.status = 'started'
+    order by r.run_id
+    for update
+  ) x
+$$;
+
+-- new runs (p_arrivals, oldest first) have joined their keys' lines: a flow whose full key
+-- replaces or cancels does so. replace_waiting: of a key's waiting runs only the newest stays;
+-- cancel_running: of a key's started and waiting runs only the newest `limit` stay (the end of
+-- a started one begins the next waiting one). Newest: the arrivals in their order, then waiting
+-- runs by hold_seq, then started runs by start. The caller holds the keys' locks (and, for
+-- cancel_running, the started runs' rows: _lock_started_runs).
+create function flowlane._apply_when_full(p_flow text, p_arrivals uuid[]) returns void
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_flow flowlane.flows;
+  v_victim record;
+  v_keys text[];
+begin
+  select * into v_flow from flowlane.flows f where f.flow_slug = p_flow;
+  if v_flow.opt_concurrency_when_full = 'queue' or v_flow.opt_concurrency_limit is null then
+    return;
+  end if;
+  v_keys := array(select distinct x.concurrency_key from flowlane.runs x
+                  where x.run_id = any (p_arrivals) and x.concurrency_key is not null);
+  for v_victim in
+    with line as (
+      select r.run_id, r.status, r.concurrency_key,
+             row_number() over (
+               partition by r.concurrency_key,
+                            case when v_flow.opt_concurrency_when_full = 'replace_waiting' then r.status end
+               order by a.ord desc nulls last, r.hold_seq desc nulls last, r.started_at desc, r.run_id desc) as newness,
+             first_value(r.run_id) over (
+               partition by r.concurrency_key
+               order by a.ord desc nulls last, r.hold_seq desc nulls last, r.started_at desc, r.run_id desc) as newest
+      from (select s.* from flowlane.runs s  -- (two arms: one partial index each)
+            where s.flow_slug = p_flow and s.concurrency_key = any (v_keys) and s.status = 'started'
+            union all
+            select h.* from flowlane.runs h
+            where h.flow_slug = p_flow and h.concurrency_key = any (v_keys) and h.status = 'waiting'
+              and h.hold_seq is not null) r
+      left join unnest(p_arrivals) with ordinality a (run_id, ord) on a.run_id = r.run_id
+    )
+    select l.run_id, l.newest, l.concurrency_key from line l
+    where case v_flow.opt_concurrency_when_full
+            when 'replace_waiting' then l.status = 'waiting' and l.newness > 1
+            else l.newness > v_flow.opt_concurrency_limit end
+    order by l.status = 'started', l.run_id  -- (waiting ones first: the end of a started one begins the next)
+  loop
+    perform flowlane.cancel_run(v_victim.run_id, format('superseded by run %s (concurrency %s, when_full %s)',
+      v_victim.newest, flowlane._key_label(p_flow, v_flow.opt_concurrency_key, v_victim.concurrency_key),
+      v_flow.opt_concurrency_when_full));
   end loop;
 end;
 $$;

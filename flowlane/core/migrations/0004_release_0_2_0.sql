@@ -54,6 +54,18 @@
 -- commits keep working. Refusals a trigger records go to the new table trigger_refusals.
 -- The input contract's fast verdict moves into _refused_inputs, shared by _check_contract_inputs
 -- and the triggers. No function the previous release's workers call changes its signature.
+--
+-- A flow's concurrency says what a full key does with a new run (flows.opt_concurrency_when_full,
+-- create_flow's concurrency_when_full): queue, as before and the default for existing flows;
+-- replace_waiting, the new run replaces the key's waiting runs; cancel_running, the new run
+-- cancels the key's oldest started run. create_flow gains the argument (a drop and a create:
+-- compiled files of 0.1.0 call it by name and keep working; ensure_flow_compiled, which calls
+-- it, is called by people and tools applying flows, never by workers); the functions that
+-- start runs or begin due ones apply the choice. Workers call none of the changed functions.
+--
+-- A held run begun by the end of another run, in a transaction that began before the held
+-- run was created, failed that transaction on step_states_started_after_created: its steps
+-- now start at the later of the two times (_start_ready_steps' body; its signature is kept).
 
 -- == Written by hand: tables, types and data that the functions need ==
 
@@ -100,9 +112,18 @@ create index trigger_refusals_trigger_idx on flowlane.trigger_refusals (trigger_
 
 create index runs_trigger_idx on flowlane.runs ((origin ->> 'trigger')) where (origin ? 'trigger');
 
+-- concurrency when_full:
+alter table flowlane.flows add column opt_concurrency_when_full text default 'queue' not null;
+alter table flowlane.flows add constraint flows_concurrency_when_full_valid
+  check (opt_concurrency_when_full in ('queue', 'replace_waiting', 'cancel_running'));
+
 -- == Drafted from the engine source by `python -m flowlane.core.draft_migration`; redrafted, never edited ==
 
 set local check_function_bodies = off;
+
+-- REVIEW: flowlane.create_flow(text,integer,integer,integer,text,integer,integer,text,integer,text,integer) is called by flowlane.ensure_flow_compiled(text,jsonb): a call in flight when this migration commits runs their old bodies to the end and fails without it; keep the signature while the previous release's workers may call them (CONTRIBUTING, rules for migrations)
+
+drop function flowlane.create_flow(text,integer,integer,integer,text,integer,integer,text,integer,text,integer);
 
 -- REVIEW: flowlane.expire_waits(timestamp with time zone) is called by flowlane.maintenance_tick(timestamp with time zone): a call in flight when this migration commits runs their old bodies to the end and fails without it; keep the signature while the previous release's workers may call them (CONTRIBUTING, rules for migrations)
 
@@ -178,6 +199,96 @@ begin
   values (v_name, 'shared', null, v_pgmq, flowlane._now())
   returning * into v_row;
   return v_row;
+end;
+$$;
+
+-- two transactions applying the same flow file raced between the existence
+-- check and the insert and one failed on flows_slug_ci_unique; the lock on
+-- the lowercase slug makes the second wait and then find the first's rows.
+-- retention: seconds a finished run is kept; null keeps runs for ever (so, unlike
+-- the other options, leaving it out is what gives the default)
+create or replace function flowlane.create_flow(
+  flow_slug text,
+  max_attempts int = null,
+  base_delay int = null,
+  timeout int = null,
+  queue_mode text = 'flow',
+  retention int = flowlane._flow_option_default('retention'),
+  deadline int = null,
+  dedup_key text = null,
+  concurrency_limit int = null,
+  concurrency_key text = null,
+  priority int = null,
+  concurrency_when_full text = null
+) returns flowlane.flows
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_flow flowlane.flows;
+  v_old flowlane.flows;
+  v_other text;
+  v_mode text := coalesce(create_flow.queue_mode, 'flow');
+begin
+  perform flowlane._check_slug('flow', create_flow.flow_slug);
+  if v_mode not in ('flow', 'per-step', 'explicit') then
+    raise exception 'flow "%": queue_mode must be flow, per-step or explicit, not %',
+      create_flow.flow_slug, quote_literal(v_mode) using errcode = '22023';
+  end if;
+  if v_mode = 'flow' and length(create_flow.flow_slug) > 47 then
+    raise exception 'flow "%": with queue_mode flow the queue is the lowercase flow slug, which must have at most 47 characters (the PGMQ limit)',
+      create_flow.flow_slug using errcode = '22023', hint = 'use a shorter slug, or per-step/explicit queues';
+  end if;
+  perform flowlane._check_start_options(create_flow.flow_slug, create_flow.deadline, create_flow.dedup_key);
+  perform flowlane._check_flow_control_options(format('flow "%s"', create_flow.flow_slug),
+    create_flow.concurrency_limit, create_flow.concurrency_key, create_flow.priority);
+  perform flowlane._check_when_full(format('flow "%s"', create_flow.flow_slug), create_flow.concurrency_limit,
+    create_flow.concurrency_when_full);
+  perform pg_advisory_xact_lock(hashtext('flowlane.flow'), hashtext(lower(create_flow.flow_slug)));
+  select f.flow_slug into v_other from flowlane.flows f
+  where lower(f.flow_slug) = lower(create_flow.flow_slug) and f.flow_slug <> create_flow.flow_slug;
+  if found then
+    raise exception 'flow slug "%" conflicts with existing flow "%" (flow slugs are unique case-insensitively)',
+      create_flow.flow_slug, v_other using errcode = '23505';
+  end if;
+  select * into v_flow from flowlane.flows f where f.flow_slug = create_flow.flow_slug for update;
+  v_old := v_flow;
+  if found and v_flow.queue_mode <> v_mode then
+    raise exception 'FLOWLANE_SHAPE_MISMATCH: flow "%" exists with queue_mode %, not %',
+      create_flow.flow_slug, v_flow.queue_mode, v_mode
+      using errcode = '23514',
+            hint = 'the queue mode is part of the flow''s shape; create a new flow version (a new slug)';
+  end if;
+  if create_flow.retention is not null and create_flow.retention < 1 then
+    raise exception 'flow "%": retention must be at least 1 second (null keeps runs for ever), got %',
+      create_flow.flow_slug, create_flow.retention using errcode = '22023';
+  end if;
+  insert into flowlane.flows as f (flow_slug, opt_max_attempts, opt_base_delay, opt_timeout, queue_mode,
+                                   opt_retention, opt_deadline, opt_dedup_key, opt_concurrency_limit,
+                                   opt_concurrency_key, opt_priority, opt_concurrency_when_full)
+  values (create_flow.flow_slug, coalesce(max_attempts, flowlane._flow_option_default('max_attempts')),
+          coalesce(base_delay, flowlane._flow_option_default('base_delay')),
+          coalesce(timeout, flowlane._flow_option_default('timeout')), v_mode, create_flow.retention,
+          create_flow.deadline, create_flow.dedup_key, create_flow.concurrency_limit,
+          nullif(create_flow.concurrency_key, ''), create_flow.priority,
+          coalesce(create_flow.concurrency_when_full, 'queue'))
+  on conflict on constraint flows_pkey do update
+    set opt_max_attempts = excluded.opt_max_attempts,
+        opt_base_delay = excluded.opt_base_delay,
+        opt_timeout = excluded.opt_timeout,
+        opt_retention = excluded.opt_retention,
+        opt_deadline = excluded.opt_deadline,
+        opt_dedup_key = excluded.opt_dedup_key,
+        opt_concurrency_limit = excluded.opt_concurrency_limit,
+        opt_concurrency_key = excluded.opt_concurrency_key,
+        opt_priority = excluded.opt_priority,
+        opt_concurrency_when_full = excluded.opt_concurrency_when_full
+  returning * into v_flow;
+  if v_old.flow_slug is not null and (v_old.opt_concurrency_limit, v_old.opt_concurrency_key)
+     is distinct from (v_flow.opt_concurrency_limit, v_flow.opt_concurrency_key) then
+    perform flowlane._flow_limits_changed(v_flow.flow_slug);
+  end if;
+  return v_flow;
 end;
 $$;
 
@@ -475,7 +586,8 @@ $$;
 -- p_priority: the runs' priority (null: the flow's); p_origins: what started each run (null:
 -- a call; see flowlane.runs.origin). A flow with a concurrency limit: under
 -- the keys' locks, a run begins while its key has room and no run held before it; the
--- others are held (waiting, hold_seq in input order)
+-- others are held (waiting, hold_seq in input order); then a full key replaces or cancels
+-- as the flow says (_apply_when_full)
 create or replace function flowlane._new_runs(p_flow text, p_inputs jsonb[], p_run_ids uuid[],
                                    p_start_at timestamptz, p_keys text[], p_called text, p_priority int,
                                    p_origins jsonb[])
@@ -510,6 +622,9 @@ begin
                          from generate_subscripts(p_inputs, 1) i order by i);
   end if;
   if v_flow.opt_concurrency_limit is not null and not v_waiting then
+    if v_flow.opt_concurrency_when_full = 'cancel_running' then
+      perform flowlane._lock_started_runs(p_flow, v_slot_keys);
+    end if;
     perform flowlane._lock_slots('run:' || p_flow, v_slot_keys);
     v_begins := array(
       select x.rank <= case when exists (select 1 from flowlane.runs h
@@ -544,6 +659,9 @@ begin
   if not v_waiting then
     perform flowlane._progress_runs(array(select v_ids[i] from generate_subscripts(v_ids, 1) i
                                           where coalesce(v_begins[i], true) order by v_ids[i]));
+  end if;
+  if v_flow.opt_concurrency_limit is not null and not v_waiting then
+    perform flowlane._apply_when_full(p_flow, v_ids);
   end if;
   return query select r.* from unnest(v_ids) with ordinality as u (run_id, ord)
                join flowlane.runs r
@@ -699,7 +817,9 @@ begin
     for update of ss
   ), started as (
     update flowlane.step_states ss
-       set status = 'started', started_at = flowlane._now(), remaining_tasks = ss.initial_tasks
+       set status = 'started', remaining_tasks = ss.initial_tasks,
+           -- (a held run begun by a transaction older than the start that created it)
+           started_at = greatest(flowlane._now(), ss.created_at)
       from ready
      where ss.run_id = ready.run_id and ss.step_slug = ready.step_slug and ss.run_id = any (p_run_ids)
     returning ss
@@ -2950,6 +3070,24 @@ begin
 end;
 $$;
 
+-- what a full key does with a new run: queue (it waits its turn), replace_waiting (it replaces
+-- the key's waiting runs), cancel_running (it cancels the key's oldest started runs)
+create or replace function flowlane._check_when_full(p_what text, p_limit int, p_when_full text) returns void
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  if p_when_full is not null and p_when_full not in ('queue', 'replace_waiting', 'cancel_running') then
+    raise exception '%: concurrency when_full must be queue, replace_waiting or cancel_running, not %', p_what,
+      quote_literal(p_when_full) using errcode = '22023';
+  end if;
+  if coalesce(p_when_full, 'queue') <> 'queue' and p_limit is null then
+    raise exception '%: concurrency when_full % needs a concurrency limit', p_what, p_when_full
+      using errcode = '22023';
+  end if;
+end;
+$$;
+
 -- the runs of a flow held for their key that may begin now, FIFO per key, begun; returns
 -- them. The caller holds nothing of theirs; this takes the keys' locks.
 create or replace function flowlane._begin_held_runs(p_flow text, p_keys text[]) returns uuid[]
@@ -3011,6 +3149,105 @@ begin
     perform flowlane._progress_runs(v_ids);
   end if;
   return v_ids;
+end;
+$$;
+
+-- new runs of a limited flow (status waiting, hold_seq set by the caller) that may begin do;
+-- called where runs are created or become due
+create or replace function flowlane._begin_new_held_runs(p_run_ids uuid[]) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_group record;
+begin
+  for v_group in
+    select r.flow_slug, array_agg(distinct r.concurrency_key) as keys
+    from flowlane.runs r
+    where r.run_id = any (p_run_ids) and r.status = 'waiting' and r.hold_seq is not null
+    group by r.flow_slug order by r.flow_slug
+  loop
+    if exists (select 1 from flowlane.flows f
+               where f.flow_slug = v_group.flow_slug and f.opt_concurrency_when_full <> 'queue') then
+      perform flowlane._lock_started_runs(v_group.flow_slug, v_group.keys);
+      perform flowlane._lock_slots('run:' || v_group.flow_slug, v_group.keys);
+      perform flowlane._apply_when_full(v_group.flow_slug, array(
+        select r.run_id from flowlane.runs r where r.run_id = any (p_run_ids) and r.hold_seq is not null
+        order by r.hold_seq));
+    end if;
+    perform flowlane._begin_held_runs(v_group.flow_slug, v_group.keys);
+  end loop;
+end;
+$$;
+
+-- the started runs of a flow's keys, locked (in run id order) before the keys' locks are taken:
+-- a run's end locks its row and then its key, so a start that cancels started runs
+-- (when_full cancel_running) takes them in the same order
+create or replace function flowlane._lock_started_runs(p_flow text, p_keys text[]) returns void
+language sql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+  select count(*) from (
+    select r.run_id from flowlane.runs r
+    where r.flow_slug = p_flow and r.concurrency_key = any (p_keys) and r.status = 'started'
+    order by r.run_id
+    for update
+  ) x
+$$;
+
+-- new runs (p_arrivals, oldest first) have joined their keys' lines: a flow whose full key
+-- replaces or cancels does so. replace_waiting: of a key's waiting runs only the newest stays;
+-- cancel_running: of a key's started and waiting runs only the newest `limit` stay (the end of
+-- a started one begins the next waiting one). Newest: the arrivals in their order, then waiting
+-- runs by hold_seq, then started runs by start. The caller holds the keys' locks (and, for
+-- cancel_running, the started runs' rows: _lock_started_runs).
+create or replace function flowlane._apply_when_full(p_flow text, p_arrivals uuid[]) returns void
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_flow flowlane.flows;
+  v_victim record;
+  v_keys text[];
+begin
+  select * into v_flow from flowlane.flows f where f.flow_slug = p_flow;
+  if v_flow.opt_concurrency_when_full = 'queue' or v_flow.opt_concurrency_limit is null then
+    return;
+  end if;
+  v_keys := array(select distinct x.concurrency_key from flowlane.runs x
+                  where x.run_id = any (p_arrivals) and x.concurrency_key is not null);
+  for v_victim in
+    with line as (
+      select r.run_id, r.status, r.concurrency_key,
+             row_number() over (
+               partition by r.concurrency_key,
+                            case when v_flow.opt_concurrency_when_full = 'replace_waiting' then r.status end
+               order by a.ord desc nulls last, r.hold_seq desc nulls last, r.started_at desc, r.run_id desc) as newness,
+             first_value(r.run_id) over (
+               partition by r.concurrency_key
+               order by a.ord desc nulls last, r.hold_seq desc nulls last, r.started_at desc, r.run_id desc) as newest
+      from (select s.* from flowlane.runs s  -- (two arms: one partial index each)
+            where s.flow_slug = p_flow and s.concurrency_key = any (v_keys) and s.status = 'started'
+            union all
+            select h.* from flowlane.runs h
+            where h.flow_slug = p_flow and h.concurrency_key = any (v_keys) and h.status = 'waiting'
+              and h.hold_seq is not null) r
+      left join unnest(p_arrivals) with ordinality a (run_id, ord) on a.run_id = r.run_id
+    )
+    select l.run_id, l.newest, l.concurrency_key from line l
+    where case v_flow.opt_concurrency_when_full
+            when 'replace_waiting' then l.status = 'waiting' and l.newness > 1
+            else l.newness > v_flow.opt_concurrency_limit end
+    order by l.status = 'started', l.run_id  -- (waiting ones first: the end of a started one begins the next)
+  loop
+    perform flowlane.cancel_run(v_victim.run_id, format('superseded by run %s (concurrency %s, when_full %s)',
+      v_victim.newest, flowlane._key_label(p_flow, v_flow.opt_concurrency_key, v_victim.concurrency_key),
+      v_flow.opt_concurrency_when_full));
+  end loop;
 end;
 $$;
 

@@ -23,7 +23,8 @@ select flowlane.create_flow(
   base_delay => 5,
   timeout => 60,
   queue_mode => 'explicit',
-  concurrency_limit => 3
+  concurrency_limit => 3,
+  concurrency_when_full => 'replace_waiting'
 );
 
 select flowlane.add_step(
