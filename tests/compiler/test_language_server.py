@@ -22,7 +22,7 @@ EXAMPLES = sorted((REPO / "flows").glob("*.yaml"))
 # what the schema states (and so an editor reports); the rest needs the whole project
 SCHEMA_CODES = {"FL003", "FL004", "FL010", "FL011", "FL012", "FL013", "FL014", "FL015",
                 "FL020", "FL032", "FL033", "FL034", "FL036", "FL037", "FL038", "FL040", "FL070",
-                "FL180", "FL181", "FL184", "FL185"}
+                "FL180", "FL181", "FL184", "FL185", "FL187"}
 # YAML-level findings where editors follow YAML 1.2 and flowlane is stricter or locates
 # differently: syntax errors, tabs, anchors and merge keys, tags, empty documents, encoding
 YAML_LEVEL = {"FL001", "FL002", "FL005", "FL006", "FL007", "FL008"}
