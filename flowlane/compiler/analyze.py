@@ -1116,13 +1116,11 @@ def _build_webhook(entry: _Entry, state: Analysis) -> Webhook | None:
         _check_webhook_input(entry, target, state)
     if len(state.findings) > before:
         return None
-    tolerance = data.get("tolerance", "5m")
     return Webhook(
         name=str(data["name"]), scheme=data["scheme"], secret_env=str(data["secret_env"]),
         flow=str(data["flow"]), input=data.get("input"),
         signal_step=None if signal is None else str(signal["step"]),
         signal_run=None if signal is None else str(signal["run"]),
-        tolerance_seconds=durations.to_seconds(tolerance) if isinstance(tolerance, str) else int(tolerance),
         max_body=int(data.get("max_body", 1048576)), description=data.get("description"),
         location=entry.loc(("name",)),
     )

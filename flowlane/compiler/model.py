@@ -187,7 +187,6 @@ class Webhook:
     input: Mapping[str, str] | None = None
     signal_step: str | None = None
     signal_run: str | None = None
-    tolerance_seconds: int = 300
     max_body: int = 1048576
     description: str | None = None
     location: Location | None = field(default=None, compare=False)
