@@ -6,6 +6,8 @@ and `flowlane webhooks` show."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -21,6 +23,7 @@ import uvicorn
 from flowlane.cli import main
 from flowlane.runtime.webhooks import signed_github, signed_standard
 from flowlane.ui import server, webhooks
+from tests.cli_support import cli_env, run_flowlane
 
 STANDARD_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 GITHUB_SECRET = "it's a secret to everybody"
@@ -193,3 +196,31 @@ def test_a_server_without_a_secret_refuses_to_start(dsn: str) -> None:
     project = api.project_from_text(PROJECT)
     with pytest.raises(errors.UsageError, match=r"\$SHOP_GITHUB_SECRET"):
         webhooks.app(project, dsn=dsn, environ={"SHOP_STANDARD_SECRET": STANDARD_SECRET})
+
+
+def test_flowlane_webhooks_serve(dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """The command for a project without a web application: the address it prints answers."""
+    (tmp_path / "flows").mkdir()
+    (tmp_path / "flows" / "shop.yaml").write_text(PROJECT)
+    monkeypatch.chdir(tmp_path)
+    assert main(["compile"]) == 0 and main(["apply", "--dsn", dsn]) == 0
+    capsys.readouterr()
+    missing = run_flowlane("webhooks", "serve", "--dsn", dsn, cwd=tmp_path)
+    assert missing.returncode != 0 and "$SHOP_GITHUB_SECRET, $SHOP_STANDARD_SECRET" in missing.stderr
+    serving = subprocess.Popen([sys.executable, "-m", "flowlane", "webhooks", "serve", "--port", "0",
+                                "--dsn", dsn], cwd=tmp_path, env=cli_env(**ENVIRON),
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert serving.stdout is not None
+        line = serving.stdout.readline()
+        assert "/github_order, /order_created, /payment" in line, line
+        url = line.split("serving ", 1)[1].split(" ", 1)[0]
+        body = json.dumps({"order": {"id": 5}}).encode()
+        status, answer = post(url + "github_order", body, signed_github(GITHUB_SECRET, "d-5", body))
+        assert status == 200 and answer["existed"] is False
+    finally:
+        serving.terminate()
+        serving.wait(timeout=60)
+    origins = [origin for _input, origin, _status in runs(dsn)]
+    assert origins == [{"webhook": "github_order", "delivery": "d-5"}]
