@@ -34,10 +34,11 @@ def configure(subparsers: Any) -> None:
 def cmd_webhooks(args: argparse.Namespace) -> int:
     from flowlane.compiler import api
 
-    project = api.load_project()
     if args.action == "serve":
-        return _serve(args, project)
+        return _serve(args)
     from flowlane.runtime.client import Client
+
+    project = api.load_project()
 
     with Client(args.dsn) as client:
         activity = client.webhook_activity()
@@ -65,16 +66,19 @@ def _row(webhook: Any, activity: dict[str, Any]) -> dict[str, Any]:
             "last_at": activity.get("last_at")}
 
 
-def _serve(args: argparse.Namespace, project: Any) -> int:
+def _serve(args: argparse.Namespace) -> int:
+    from flowlane.compiler import api
     from flowlane.core import db
 
     with extras.needs("webhooks", "flowlane webhooks serve"):
+        import standardwebhooks  # noqa: F401  (scheme: standard needs it: said before anything starts)
         import uvicorn
 
         from flowlane.ui import server, webhooks
 
     if not 0 <= args.port <= 65535:
         raise errors.UsageError(f"--port must be between 0 and 65535, not {args.port}")
+    project = api.load_project()
     target = db.resolve(args.dsn)
     application = webhooks.app(project, dsn=target.dsn)
     sock = server.bind(args.host, args.port)
