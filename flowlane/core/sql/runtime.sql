@@ -192,6 +192,7 @@ select coalesce(s.webhook_name, g.webhook_name) as webhook_name,
        coalesce(g.signals, 0) as signals, coalesce(g.signals_last_day, 0) as signals_last_day,
        greatest(s.last_at, g.last_at) as last_at
 from started s full join signalled g on g.webhook_name = s.webhook_name
+order by coalesce(s.webhook_name, g.webhook_name) collate "C"
 
 -- name: client_schedules
 -- every schedule: its next firing (UTC and wall time in its zone), its last run, its pause
