@@ -26,6 +26,7 @@ GITHUB_SIGNATURE = "x-hub-signature-256"
 GITHUB_DELIVERY = "x-github-delivery"
 GITHUB_EVENT = "x-github-event"
 STANDARD_ID = "webhook-id"
+_DATA_EXCEPTION = "22"  # SQLSTATE class of an input the flow's checks refuse
 
 
 class Refused(Exception):
@@ -133,7 +134,8 @@ def mapped(webhook: Webhook, body: Any) -> Any:
 
 async def deliver(client: AsyncClient, endpoint: Endpoint, delivery: Delivery) -> dict[str, Any]:
     """Start the webhook's run or send its signal; return what happened, once committed.
-    A delivery the flow or the step refuses raises :class:`Refused` (422)."""
+    A delivery the flow or the step refuses raises :class:`Refused` (422); any other database
+    error is raised as it is (the sender is told to retry: the delivery id makes that safe)."""
     webhook = endpoint.webhook
     if webhook.signal_step is not None:
         return await _signal(client, webhook, delivery)
@@ -141,9 +143,9 @@ async def deliver(client: AsyncClient, endpoint: Endpoint, delivery: Delivery) -
     try:
         started = await client.begin(webhook.flow, mapped(webhook, delivery.body),
                                      key=f"{webhook.name}:{delivery.id}", origin=origin)
-    except errors.DatabaseUnavailable:
-        raise
-    except errors.DatabaseError as exc:
+    except errors.InputRefused as exc:
+        if not (exc.sqlstate or "").startswith(_DATA_EXCEPTION):
+            raise  # not the input's fault: the sender's retry may succeed
         raise Refused(422, str(exc)) from exc
     return {"run_id": started.run_id, "flow": started.flow_slug, "existed": started.existed}
 

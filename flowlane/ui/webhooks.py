@@ -4,7 +4,7 @@ Mount it in an existing application (``Mount("/hooks", flowlane.ui.webhooks.app(
 it with ``flowlane webhooks serve``. Each delivery is read up to its webhook's ``max_body``
 (413 beyond), verified (401 on a bad or stale signature, before anything is started), then
 started or signalled; the 2xx answer is sent after that start committed. A database that
-cannot be reached answers 503, which senders retry.
+cannot be reached, or any other failure but a refusal, answers 503, which senders retry.
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ def app(project: Project | None = None, *, dsn: str | None = None, project_dir: 
         except webhooks.Refused as refused:
             log.warning("webhook %s: %s (%s)", endpoint.webhook.name, refused.reason, refused.status)
             return JSONResponse({"error": refused.reason}, status_code=refused.status)
-        except errors.DatabaseUnavailable as exc:
+        except errors.DatabaseError as exc:  # unreachable, or a conflict a retry resolves
             log.warning("webhook %s: %s", endpoint.webhook.name, exc)
-            return JSONResponse({"error": "the database is unavailable"}, status_code=503)
+            return JSONResponse({"error": "not started: retry the delivery"}, status_code=503)
 
     return Starlette(routes=[Route("/{name}", receive, methods=["POST"])])
 

@@ -24,6 +24,7 @@ from flowlane.cli import main
 from flowlane.runtime.webhooks import signed_github, signed_standard
 from flowlane.ui import server, webhooks
 from tests.cli_support import cli_env, run_flowlane
+from tests.runtime.rt_support import wait_until
 
 STANDARD_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 GITHUB_SECRET = "it's a secret to everybody"
@@ -224,3 +225,29 @@ def test_flowlane_webhooks_serve(dsn: str, tmp_path: Path, monkeypatch: pytest.M
         serving.wait(timeout=60)
     origins = [origin for _input, origin, _status in runs(dsn)]
     assert origins == [{"webhook": "github_order", "delivery": "d-5"}]
+
+
+def test_a_delivery_racing_its_own_retry_starts_one_run(endpoint: str, dsn: str) -> None:
+    """Two deliveries with one id at once: the second waits for the first's key and, once the
+    first commits, answers with its run."""
+    body = json.dumps({"data": {"order_id": 21}}).encode()
+    headers = signed_standard(STANDARD_SECRET, "msg_race", body)
+    answers: list[tuple[int, Any]] = []
+    with psycopg.connect(dsn) as first:  # the first delivery, its transaction held open
+        first.execute("select set_config('flowlane.origin', %s, true)",
+                      (json.dumps({"webhook": "order_created", "delivery": "msg_race"}),))
+        run_id = first.execute("select run_id::text from flowlane.start_flow('orders', '{\"order_id\": 21}', "
+                               "idempotency_key => 'order_created:msg_race')").fetchone()
+        second = threading.Thread(target=lambda: answers.append(
+            post(endpoint + "order_created", body, headers)))
+        second.start()
+        with psycopg.connect(dsn, autocommit=True) as watcher:  # the second waits on the key
+            wait_until(lambda: watcher.execute(
+                "select 1 from pg_stat_activity where wait_event_type = 'Lock' "
+                "and query like '%%start_flow%%' and pid <> pg_backend_pid()").fetchone())
+        assert answers == []
+        first.commit()
+        second.join()
+    assert run_id is not None
+    assert answers == [(200, {"run_id": run_id[0], "flow": "orders_v1", "existed": True})]
+    assert runs(dsn) == [({"order_id": 21}, {"webhook": "order_created", "delivery": "msg_race"}, "started")]
