@@ -5,7 +5,9 @@ and `flowlane webhooks` show."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import secrets
 import subprocess
 import sys
 import threading
@@ -19,8 +21,11 @@ from typing import Any
 import psycopg
 import pytest
 import uvicorn
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from flowlane.cli import main
+from flowlane.core import migrator
 from flowlane.runtime.webhooks import signed_github, signed_standard
 from flowlane.ui import server, webhooks
 from tests.cli_support import cli_env, run_flowlane
@@ -81,7 +86,13 @@ def endpoint(dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert main(["compile"]) == 0
     assert main(["apply", "--dsn", dsn]) == 0
     capsys.readouterr()
-    application = webhooks.app(dsn=dsn, project_dir=tmp_path, environ=ENVIRON)
+    with serving(webhooks.app(dsn=dsn, project_dir=tmp_path, environ=ENVIRON)) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serving(application: Any) -> Iterator[str]:
+    """The application served by uvicorn on a free port, in a thread; its URL."""
     sock = server.bind("127.0.0.1", 0)  # listening before the server runs: no wait for it
     uv = uvicorn.Server(uvicorn.Config(application, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]})
@@ -251,3 +262,33 @@ def test_a_delivery_racing_its_own_retry_starts_one_run(endpoint: str, dsn: str)
     assert run_id is not None
     assert answers == [(200, {"run_id": run_id[0], "flow": "orders_v1", "existed": True})]
     assert runs(dsn) == [({"order_id": 21}, {"webhook": "order_created", "delivery": "msg_race"}, "started")]
+
+
+def test_the_webhook_server_needs_no_more_than_the_admin_role(dsn: str, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Started and signalled by a login that is only a member of flowlane_admin
+    (docs/security.md), its retry recognised too."""
+    (tmp_path / "flows").mkdir()
+    (tmp_path / "flows" / "shop.yaml").write_text(PROJECT)
+    monkeypatch.chdir(tmp_path)
+    name, password = f"fl_webhooks_{secrets.token_hex(4)}", secrets.token_hex(12)  # roles: per cluster
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrator.migrate(conn, roles=True)
+        conn.execute(sql.SQL("create role {} login password {} in role flowlane_admin").format(
+            sql.Identifier(name), sql.Literal(password)))
+    admin = make_conninfo(dsn, user=name, password=password)
+    try:
+        assert main(["compile"]) == 0 and main(["apply", "--dsn", admin]) == 0
+        with serving(webhooks.app(dsn=admin, project_dir=tmp_path, environ=ENVIRON)) as url:
+            body = json.dumps({"data": {"order_id": 9}}).encode()
+            status, started = post(url + "order_created", body, signed_standard(STANDARD_SECRET, "m", body))
+            assert status == 200
+            paid = json.dumps({"run_id": started["run_id"], "amount": 1}).encode()
+            headers = signed_github(GITHUB_SECRET, "p", paid)
+            assert post(url + "payment", paid, headers)[1]["existed"] is False
+            assert post(url + "payment", paid, headers)[1]["existed"] is True
+        assert [status for _input, _origin, status in runs(dsn)] == ["completed"]
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("drop owned by {}").format(sql.Identifier(name)))
+            conn.execute(sql.SQL("drop role {}").format(sql.Identifier(name)))
