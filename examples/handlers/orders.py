@@ -1,5 +1,5 @@
-"""Handlers of ``examples/events/orders.yaml`` (they only shape data: a real one would call
-the payment provider in ``charge`` and send mail in ``receipt``)."""
+"""Handlers of ``examples/events/orders.yaml`` and ``webhooks.yaml`` (they only shape data: a
+real one would call the payment provider in ``charge`` and send mail in ``receipt``)."""
 
 from __future__ import annotations
 
@@ -12,3 +12,8 @@ def charge(input: Any, ctx: Any = None) -> dict[str, Any]:
 
 def receipt(input: Any, ctx: Any = None) -> dict[str, Any]:
     return {"sent_to_customer": True, "order_id": input["charge"]["order_id"]}
+
+
+def payment_receipt(input: Any, ctx: Any = None) -> dict[str, Any]:
+    """``examples/events/webhooks.yaml``: the signal's payload is the output of its wait step."""
+    return {"sent_to_customer": True, "amount_cents": input["paid"]["amount_cents"]}

@@ -259,6 +259,11 @@ class Console:
     def triggers(self) -> list[dict[str, Any]]:
         return self._rows("client_triggers")
 
+    def webhooks(self) -> list[dict[str, Any]]:
+        """The webhooks that started a run or sent a signal (webhooks live in the YAML, which
+        the console does not read)."""
+        return self._rows("client_webhook_activity")
+
     def deployments(self) -> list[dict[str, Any]]:
         return self._rows("console_deployments")
 

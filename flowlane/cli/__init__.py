@@ -28,12 +28,13 @@ from flowlane.cli import (
     schedules,
     serve,
     ui,
+    webhooks,
     worker,
 )
 from flowlane.cli.common import report_error
 
 # in the order `flowlane --help` lists them
-COMMAND_GROUPS = (db, compiler, worker, runs, schedules, retention, serve, fleet, ui, manifests)
+COMMAND_GROUPS = (db, compiler, worker, runs, schedules, webhooks, retention, serve, fleet, ui, manifests)
 
 
 class Parser(argparse.ArgumentParser):

@@ -25,6 +25,7 @@ from flowlane.compiler.model import (
     Schedule,
     Step,
     Trigger,
+    Webhook,
     WorkerDoc,
 )
 
@@ -76,6 +77,7 @@ def analyze(documents: Iterable[Document], *, complete: bool = True
     schedules = [e for e in entries if e.data["kind"] == "schedule"]
     queues = [e for e in entries if e.data["kind"] == "queue"]
     triggers = [e for e in entries if e.data["kind"] == "trigger"]
+    webhooks = [e for e in entries if e.data["kind"] == "webhook"]
     _namespace(flows, aliases, state)
     for entry in flows:
         if state.flow_entries.get(entry.slug) is entry:
@@ -88,6 +90,7 @@ def analyze(documents: Iterable[Document], *, complete: bool = True
     built = _build_schedules(schedules, state)
     limits = _build_queue_limits(queues, state)
     built_triggers = _build_triggers(triggers, state)
+    built_webhooks = _build_webhooks(webhooks, state)
     if state.findings:
         return None, state.findings
     project = Project(
@@ -97,6 +100,7 @@ def analyze(documents: Iterable[Document], *, complete: bool = True
         schedules=tuple(built),
         queue_limits=tuple(limits),
         triggers=tuple(built_triggers),
+        webhooks=tuple(built_webhooks),
     )
     return project, []
 
@@ -1079,19 +1083,95 @@ def _check_trigger_input(entry: _Entry, flow: Flow, state: Analysis) -> None:
     contract = flow.input_schema
     if mapping is None or not isinstance(contract, Mapping):
         return  # the row's columns are known only to the database: set_trigger's start checks
+    _check_mapped_fields(entry, flow, mapping, contract, "FL113", state)
+
+
+def _check_mapped_fields(entry: _Entry, flow: Flow, mapping: Mapping[str, Any], contract: Mapping[str, Any],
+                         code: str, state: Analysis) -> None:
+    """The field names of an input mapped by pointers against the flow's object contract:
+    required fields the mapping does not give, fields a closed object does not allow."""
+    what = entry.data["kind"]
     missing = [name for name in contract.get("required", []) if name not in mapping]
     if missing:
         state.findings.append(entry.doc.diagnostic(
-            path, "FL113", f"trigger `{entry.slug}`: flow `{flow.slug}` requires "
+            ("input",), code, f"{what} `{entry.slug}`: flow `{flow.slug}` requires "
             + ", ".join(f"`{name}`" for name in missing) + " in its input, which `input` does not map",
-            "map each required field to a pointer, e.g. `order_id: /new/id`"))
+            "map each required field to a pointer, e.g. " + _POINTER_EXAMPLE[what]))
     if contract.get("additionalProperties") is False:
         extra = [name for name in mapping if name not in contract.get("properties", {})]
         if extra:
             state.findings.append(entry.doc.diagnostic(
-                ("input", extra[0]), "FL113", f"trigger `{entry.slug}`: flow `{flow.slug}` accepts no "
+                ("input", extra[0]), code, f"{what} `{entry.slug}`: flow `{flow.slug}` accepts no "
                 f"field `{extra[0]}` in its input (its input_schema has additionalProperties: false)",
                 "remove the field or add it to the flow's input_schema"))
+
+
+_POINTER_EXAMPLE = {"trigger": "`order_id: /new/id`", "webhook": "`order_id: /data/order_id`"}
+
+
+def _build_webhooks(entries: list[_Entry], state: Analysis) -> list[Webhook]:
+    built: dict[str, Webhook] = {}
+    for entry in entries:
+        webhook = _build_webhook(entry, state)
+        if webhook is None:
+            continue
+        other = built.get(webhook.name)
+        if other is not None:
+            state.findings.append(entry.doc.diagnostic(
+                ("name",), "FL115", f"webhook name `{webhook.name}` is already used at {other.location}",
+                "give each webhook a distinct `name`: it is the webhook's path"))
+            continue
+        built[webhook.name] = webhook
+    return [built[name] for name in sorted(built)]
+
+
+def _build_webhook(entry: _Entry, state: Analysis) -> Webhook | None:
+    data = entry.data
+    before = len(state.findings)
+    target = _start_target(entry, state, "FL114", "webhook")
+    signal = data.get("signal")
+    if target is not None and signal is not None:
+        _check_signalled_step(entry, target, str(signal["step"]), state)
+    elif target is not None:
+        _check_webhook_input(entry, target, state)
+    if len(state.findings) > before:
+        return None
+    return Webhook(
+        name=str(data["name"]), scheme=data["scheme"], secret_env=str(data["secret_env"]),
+        flow=str(data["flow"]), input=data.get("input"),
+        signal_step=None if signal is None else str(signal["step"]),
+        signal_run=None if signal is None else str(signal["run"]),
+        max_body=int(data.get("max_body", 1048576)), description=data.get("description"),
+        location=entry.loc(("name",)),
+    )
+
+
+def _check_signalled_step(entry: _Entry, flow: Flow, step: str, state: Analysis) -> None:
+    found = next((s for s in flow.steps if s.slug == step), None)
+    if found is not None and found.type == "wait":
+        return
+    waits = [s.slug for s in flow.steps if s.type == "wait"]
+    state.findings.append(entry.doc.diagnostic(
+        ("signal", "step"), "FL116", f"webhook `{entry.slug}` signals step `{step}` of flow `{flow.slug}`, "
+        + ("which is not a wait step" if found is not None else "which has no such step"),
+        "name one of its wait steps: " + ", ".join(f"`{w}`" for w in waits) if waits
+        else f"flow `{flow.slug}` has no wait step (`type: wait`)"))
+
+
+def _check_webhook_input(entry: _Entry, flow: Flow, state: Analysis) -> None:
+    """A mapped input is an object: a flow whose root step maps the input cannot take it, and
+    its field names must fit the flow's contract (the values come with each delivery)."""
+    mapping = entry.data.get("input")
+    if mapping is None:
+        return
+    root_map = next((s for s in flow.steps if s.type == "map" and not s.needs), None)
+    if root_map is not None:
+        state.findings.append(entry.doc.diagnostic(
+            ("input",), "FL117", f"webhook `{entry.slug}`: flow `{flow.slug}` maps its run input in step "
+            f"`{root_map.slug}`, so the input must be a list; a mapped `input` is an object",
+            "leave out `input` to start the flow with the delivered body"))
+    elif isinstance(flow.input_schema, Mapping):
+        _check_mapped_fields(entry, flow, mapping, flow.input_schema, "FL117", state)
 
 
 @functools.cache

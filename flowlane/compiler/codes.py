@@ -86,6 +86,11 @@ CODES: dict[str, str] = {
     "FL111": "duplicate trigger name",
     "FL112": "trigger pointer that never finds a value for its events",
     "FL113": "trigger input the flow's input contract refuses",
+    # webhooks (events in over HTTP)
+    "FL114": "webhook starts or signals an unknown flow or alias",
+    "FL115": "duplicate webhook name",
+    "FL116": "webhook signals a step that is not a wait step of its flow",
+    "FL117": "webhook input the flow's input contract refuses",
     "FL187": "concurrency when_full is not queue, replace_waiting or cancel_running",
     "FL188": "concurrency key names a field the input_schema never allows",
     # check (compiled SQL against the YAML and the base revision)

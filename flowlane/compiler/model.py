@@ -176,6 +176,25 @@ class Trigger:
 
 
 @dataclass(frozen=True)
+class Webhook:
+    """An HTTP endpoint (``/<name>``) whose verified deliveries start runs of ``flow`` or, with
+    ``signal_step``, signal that wait step of the run ``signal_run`` points at; ``input`` maps
+    run input fields to JSON pointers into the body (None: the body). Runtime configuration,
+    read by the webhook server: nothing of it is compiled to SQL."""
+
+    name: str
+    scheme: Literal["standard", "github"]
+    secret_env: str
+    flow: str
+    input: Mapping[str, str] | None = None
+    signal_step: str | None = None
+    signal_run: str | None = None
+    max_body: int = 1048576
+    description: str | None = None
+    location: Location | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
 class QueueLimits:
     """A ``kind: queue`` document: a queue's limits across all workers (None: no such limit);
     ``rate_limit`` starts per ``rate_per`` seconds."""
@@ -215,6 +234,7 @@ class Project:
     schedules: tuple[Schedule, ...] = ()
     queue_limits: tuple[QueueLimits, ...] = ()  # sorted by name
     triggers: tuple[Trigger, ...] = ()  # sorted by name
+    webhooks: tuple[Webhook, ...] = ()  # sorted by name
 
     def flow(self, slug: str) -> Flow:
         """The concrete flow named ``slug`` (exact match)."""

@@ -30,7 +30,7 @@ import inspect
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -560,14 +560,21 @@ class Operations:
 
     @staticmethod
     def begin(flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
-              start_at: StartAt = None, priority: int | None = None) -> Plan[Started]:
+              start_at: StartAt = None, priority: int | None = None,
+              origin: Mapping[str, str] | None = None) -> Plan[Started]:
         """Start a run, now or at ``start_at``; with ``key`` (or the flow's dedup key) a second
         start with the same (name, key) returns the first run (``existed``). ``priority``
-        (default: the flow's) orders its tasks' claims: higher first, FIFO within one."""
+        (default: the flow's) orders its tasks' claims: higher first, FIFO within one.
+        ``origin``: what the run records as having started it, for a server that starts runs
+        on others' behalf (the webhook endpoint: ``{"webhook": name, "delivery": id}``)."""
         payload = encode_input(input)
         run_id = _run_id(run_id) if run_id is not None else None
         params = {"flow": flow, "input": payload, "run_id": run_id, "key": key,
                   "priority": _priority(priority), **_start_time(start_at)}
+        if origin is not None:  # for the start's transaction only
+            yield Atomic(f"cannot start {flow}")
+            yield Fetch("client_start_origin", f"cannot start {flow}",
+                        {"origin": json.dumps(dict(origin), ensure_ascii=False)})
         trace_parent = current_traceparent()
         if trace_parent:  # the connection is in autocommit: set for the session, then reset
             yield _trace_parent(flow, trace_parent, local=False)
@@ -692,6 +699,14 @@ class Operations:
         """Every trigger (`kind: trigger`) with what it started and its latest refusal."""
         rows = yield Fetch("client_triggers", "cannot list triggers")
         return [dict(r) for r in rows]
+
+    @staticmethod
+    def webhook_activity() -> Plan[dict[str, dict[str, Any]]]:
+        """By webhook name: the runs it started and the signals it sent (in all, in the last
+        day) and when it last did either. Webhooks are read from the YAML, not the database:
+        a name here is one that started something."""
+        rows = yield Fetch("client_webhook_activity", "cannot list what webhooks started")
+        return {str(r["webhook_name"]): dict(r) for r in rows}
 
     @staticmethod
     def pause_schedule(name: str, *, reason: str | None = None) -> Plan[None]:
@@ -894,6 +909,7 @@ class Client:
     wait = _blocking(Operations.wait)
     schedules = _blocking(Operations.schedules)
     triggers = _blocking(Operations.triggers)
+    webhook_activity = _blocking(Operations.webhook_activity)
     pause_schedule = _blocking(Operations.pause_schedule)
     resume_schedule = _blocking(Operations.resume_schedule)
     trigger_schedule = _blocking(Operations.trigger_schedule)
@@ -987,6 +1003,7 @@ class AsyncClient:
     wait = _awaitable(Operations.wait)
     schedules = _awaitable(Operations.schedules)
     triggers = _awaitable(Operations.triggers)
+    webhook_activity = _awaitable(Operations.webhook_activity)
     pause_schedule = _awaitable(Operations.pause_schedule)
     resume_schedule = _awaitable(Operations.resume_schedule)
     trigger_schedule = _awaitable(Operations.trigger_schedule)

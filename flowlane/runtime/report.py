@@ -20,11 +20,14 @@ def _one_line(text: str | None, limit: int = SHOWN_ERROR_CHARS) -> str:
 
 
 def started_by(run: dict[str, Any]) -> str:
-    """What started a run: a trigger and the row's key, a schedule, a parent run, or a call."""
+    """What started a run: a trigger and the row's key, a webhook and the delivery id, a
+    schedule, a parent run, or a call."""
     origin = run.get("origin") or {}
     if "trigger" in origin:
         row = json.dumps(origin.get("row"), ensure_ascii=False, separators=(", ", ": "))
         return f"trigger {origin['trigger']} ({origin.get('op')} of row {row})"
+    if "webhook" in origin:
+        return f"webhook {origin['webhook']} (delivery {origin.get('delivery')})"
     if run.get("schedule_name"):
         return f"schedule {run['schedule_name']}"
     if run.get("parent_run_id"):

@@ -214,7 +214,7 @@ def create_app(console: Console, settings: Settings) -> Starlette:
 
     def schedules_page(request: Request) -> Response:
         return render(request, "schedules.html", schedules=console.schedules(), triggers=console.triggers(),
-                      tick=defaults.TICK_INTERVAL)
+                      webhooks=console.webhooks(), tick=defaults.TICK_INTERVAL)
 
     routes = [
         Route("/", lambda request: RedirectResponse("/runs", status_code=303)),

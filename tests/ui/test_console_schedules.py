@@ -3,6 +3,7 @@ real `python -m flowlane ui` process."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import psycopg
@@ -88,3 +89,19 @@ def test_the_schedules_page_lists_triggers_with_what_they_started(dsn: str) -> N
     assert '<tr data-trigger="order_placed" data-runs="2" data-refusals="1">' in page, page
     assert "insert of public.orders" in page and "/id: " in page
 
+
+def test_the_schedules_page_lists_what_webhooks_started(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        Engine(conn).define("orders", [("charge", [], {})])
+        for delivery in ("d-1", "d-2"):  # as the webhook server starts a run: the origin set first
+            with conn.transaction():
+                origin = json.dumps({"webhook": "order_placed", "delivery": delivery})
+                conn.execute("select set_config('flowlane.origin', %s, true)", (origin,))
+                conn.execute("select flowlane.start_flow('orders', '{}')")
+        conn.execute("select flowlane.start_flow('orders', '{}')")  # a call: no origin
+        assert conn.execute("select origin from flowlane.runs order by started_at").fetchall() == [
+            ({"webhook": "order_placed", "delivery": "d-1"},),
+            ({"webhook": "order_placed", "delivery": "d-2"},), (None,)]
+    with ui_support.ui_server(dsn) as server:
+        page = ui_support.fetch(server.url + "/schedules").body
+    assert '<tr data-webhook="order_placed" data-runs="2" data-signals="0">' in page, page

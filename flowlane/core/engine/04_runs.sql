@@ -39,9 +39,20 @@ begin
   end if;
   select * into v_run from flowlane._new_runs(v_flow, array[input], array[start_flow.run_id],
                                               start_flow.start_at, array[v_key], start_flow.flow_slug,
-                                              start_flow.priority, null::jsonb[]);
+                                              start_flow.priority, array[flowlane._call_origin()]);
   return v_run;
 end;
+$$;
+
+-- what started a call's run (runs.origin): null for a plain call; a server that starts runs for
+-- others (the webhook endpoint) names itself for its transaction in the setting flowlane.origin,
+-- a JSON object such as {"webhook": name, "delivery": id}
+create function flowlane._call_origin() returns jsonb
+language sql stable
+set search_path = ''
+as $$
+  select case when jsonb_typeof(o) = 'object' then o end
+  from (select nullif(current_setting('flowlane.origin', true), '')::jsonb as o) s
 $$;
 
 -- many runs of one flow or alias in one call; returns the runs in input order.

@@ -66,6 +66,10 @@
 -- A held run begun by the end of another run, in a transaction that began before the held
 -- run was created, failed that transaction on step_states_started_after_created: its steps
 -- now start at the later of the two times (_start_ready_steps' body; its signature is kept).
+--
+-- Webhooks: start_flow records the origin its transaction names in the setting flowlane.origin
+-- (the new _call_origin; the webhook endpoint names itself and the delivery there). Its
+-- signature is kept, and without the setting a run's origin is null, as before.
 
 -- == Written by hand: tables, types and data that the functions need ==
 
@@ -516,9 +520,20 @@ begin
   end if;
   select * into v_run from flowlane._new_runs(v_flow, array[input], array[start_flow.run_id],
                                               start_flow.start_at, array[v_key], start_flow.flow_slug,
-                                              start_flow.priority, null::jsonb[]);
+                                              start_flow.priority, array[flowlane._call_origin()]);
   return v_run;
 end;
+$$;
+
+-- what started a call's run (runs.origin): null for a plain call; a server that starts runs for
+-- others (the webhook endpoint) names itself for its transaction in the setting flowlane.origin,
+-- a JSON object such as {"webhook": name, "delivery": id}
+create or replace function flowlane._call_origin() returns jsonb
+language sql stable
+set search_path = ''
+as $$
+  select case when jsonb_typeof(o) = 'object' then o end
+  from (select nullif(current_setting('flowlane.origin', true), '')::jsonb as o) s
 $$;
 
 -- many runs of one flow or alias in one call; returns the runs in input order.

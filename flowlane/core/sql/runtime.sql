@@ -35,6 +35,10 @@ select flowlane.requeue_stalled_tasks() as requeued
 -- name: worker_trace_parents
 select run_id, trace_parent from flowlane.trace_parents(%(run_ids)s::uuid[])
 
+-- name: client_start_origin
+-- what the runs this transaction starts record as their origin (start_flow reads it)
+select set_config('flowlane.origin', %(origin)s, true) as origin
+
 -- name: client_trace_parent
 -- the trace context the runs started next remember ('' for none): for the transaction
 -- (local) or the session
@@ -166,6 +170,29 @@ order by w.run_id, w.step_slug is not null, s.step_index, w.task_index nulls fir
 -- name: client_triggers
 -- every trigger with the runs it started (in all, in the last day, the latest) and its refusals
 select * from flowlane.trigger_activity()
+
+-- name: client_webhook_activity
+-- what each webhook did: the runs it started (in all, in the last day, the latest) and the
+-- signals it sent (their payload's `by` is "webhook <name> delivery <id>")
+with started as (
+  select r.origin ->> 'webhook' as webhook_name, count(*) as runs,
+         count(*) filter (where r.started_at > flowlane._now() - interval '1 day') as runs_last_day,
+         max(r.started_at) as last_at
+  from flowlane.runs r where r.origin ? 'webhook'
+  group by 1
+), signalled as (
+  select split_part(g.payload ->> 'by', ' ', 2) as webhook_name, count(*) as signals,
+         count(*) filter (where g.received_at > flowlane._now() - interval '1 day') as signals_last_day,
+         max(g.received_at) as last_at
+  from flowlane.signals g where jsonb_typeof(g.payload) = 'object' and g.payload ->> 'by' like 'webhook %% delivery %%'
+  group by 1
+)
+select coalesce(s.webhook_name, g.webhook_name) as webhook_name,
+       coalesce(s.runs, 0) as runs, coalesce(s.runs_last_day, 0) as runs_last_day,
+       coalesce(g.signals, 0) as signals, coalesce(g.signals_last_day, 0) as signals_last_day,
+       greatest(s.last_at, g.last_at) as last_at
+from started s full join signalled g on g.webhook_name = s.webhook_name
+order by coalesce(s.webhook_name, g.webhook_name) collate "C"
 
 -- name: client_schedules
 -- every schedule: its next firing (UTC and wall time in its zone), its last run, its pause
