@@ -231,7 +231,8 @@ def alias_moves(project: Project, out: Path, base: str | None) -> list[str]:
 _CALL = re.compile(r"^select flowlane\.(?P<function>create_flow|add_step|set_queue_limits)\("
                    r"\n(?P<arguments>.*?)\n\);$", re.MULTILINE | re.DOTALL)
 _ARGUMENT = re.compile(r"^  (?P<name>[a-z_]+) => (?P<value>.*?),?$", re.MULTILINE)
-FLOW_CONTROL = ("concurrency_limit", "concurrency_key", "concurrency_when_full", "priority")
+FLOW_CONTROL = ("concurrency_limit", "concurrency_key", "concurrency_when_full", "priority",
+                "debounce_period", "debounce_key", "debounce_max_wait")
 _QUEUE_LIMITS = ("concurrency", "rate_limit", "rate_per")
 _NOT_SET = "none"
 _DEFAULTS = {"concurrency_when_full": "'queue'"}  # what a call without the argument means
