@@ -118,3 +118,17 @@ def test_a_database_of_the_previous_release_takes_debounce_after_the_upgrade(
         assert tick(engine, 3601)["begun"] == 2
         assert status(engine, delayed) == "started" and engine.run(joined)["input"] == {"k": 1, "n": 3}
         assert_invariants(engine)
+
+
+def test_a_debounced_run_of_a_limited_flow_takes_the_concurrency_key_of_its_last_input(
+        engine: Engine) -> None:
+    engine.define("f", [("a", [], {})], debounce_key="/cart", debounce_period=60,
+                  concurrency_limit=1, concurrency_key="/customer")
+    busy = engine.start("f", {"cart": 0, "customer": "b"}, run_id=uuid.uuid4())  # a run id: not debounced
+    run, _ = start(engine, "f", {"cart": 1, "customer": "a"})
+    start(engine, "f", {"cart": 1, "customer": "b"})
+    assert engine.run(run)["concurrency_key"] == "b"
+    tick(engine, 61)
+    assert (status(engine, busy), status(engine, run)) == ("started", "waiting")  # held behind b's run
+    assert holds(engine, [run])[0]["waiting_for"] == "concurrency customer=b: 1 of 1 started"
+    assert_invariants(engine)

@@ -372,9 +372,9 @@ $$;
 
 -- a start of a debounced flow (null row for a flow without debounce): under its key's lock,
 -- it joins the key's pending run (created waiting, not yet begun by the maintenance tick),
--- which takes this input and starts a period from now, or at its first start plus the
--- maximum wait if that is sooner; else a new pending run is created. A joined start reports
--- the run as found (`flowlane start` says "already existed").
+-- which takes this input (and its concurrency key) and starts a period from now, or at its
+-- first start plus the maximum wait if that is sooner; else a new pending run is created. A
+-- joined start reports the run as found (flowlane.found_run: `existed` to the client).
 create or replace function flowlane._debounced_start(p_flow text, p_input jsonb, p_priority int) returns flowlane.runs
 language plpgsql volatile
 set search_path = ''
@@ -407,6 +407,8 @@ begin
   perform flowlane._check_contract_inputs(p_flow, array[p_input]);
   update flowlane.runs r
      set input = p_input,
+         concurrency_key = case when v_flow.opt_concurrency_limit is not null
+                                then flowlane._concurrency_key(v_flow.opt_concurrency_key, p_input) end,
          priority = coalesce(p_priority, v_flow.opt_priority, 0),
          start_at = least(now() + make_interval(secs => v_flow.opt_debounce_period),
                           r.debounce_since + make_interval(secs => v_flow.opt_debounce_max_wait))
