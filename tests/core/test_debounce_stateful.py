@@ -1,6 +1,6 @@
 """A flow's debounce under concurrent starters: a hypothesis state machine starts runs from
-several connections at once, lets time pass for a key (by backdating its pending run) and
-ticks; a model of each key says which run is pending and how many began, and the database
+several connections at once (also while a tick begins the key's run), lets time pass for a
+key (by backdating its pending run) and ticks; a model of each key says which run is pending and how many began, and the database
 agrees after every step: one pending run per key whose input is the last start's (of the
 last burst, whose starts commit in the order of the key's lock), and exactly one run begun
 per quiet period or reached maximum wait, with the input of the last start before it."""
@@ -103,6 +103,61 @@ class DebounceMachine(RuleBasedStateMachine):
             else:
                 assert run == pending.run_id and created == []
                 pending.inputs, pending.since_last = {ns[i] for i in burst}, 0
+
+    @rule(key=st.integers(0, KEYS - 1), starters=st.integers(1, STARTERS))
+    def start_while_a_tick_begins_the_key(self, key: int, starters: int) -> None:
+        """The key's pending run falls due, and starts of the key race the tick that begins it:
+        each start joins the run before the tick takes it (the run begins with the input of the
+        last of them) or makes the key's next run after it."""
+        pending = self.keys[key].pending
+        if pending is not None:
+            for _ in range(PERIOD // STEP):
+                self.time_passes(key)
+        ns = [next(self.n) for _ in range(starters)]
+        barrier = threading.Barrier(starters + 1)
+        made: list[Any] = [None] * starters
+        errors: list[BaseException] = []
+
+        def starter(i: int) -> None:
+            try:
+                barrier.wait(timeout=30)
+                made[i] = self._start(self.starters[i], key, ns[i])
+            except BaseException as exc:
+                errors.append(exc)
+
+        def ticker() -> None:
+            try:
+                with psycopg.connect(self.dsn, autocommit=True) as conn:
+                    barrier.wait(timeout=30)
+                    conn.execute("select flowlane.maintenance_tick()")
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=starter, args=(i,)) for i in range(starters)]
+        threads.append(threading.Thread(target=ticker))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors, errors
+        for other in self.keys:  # the tick began the other keys' due runs too
+            if other is not self.keys[key] and other.pending is not None and other.pending.due:
+                other.begun.append((other.pending.run_id, other.pending.inputs))
+                other.pending = None
+        joined = [i for i in range(starters) if pending is not None and made[i][0] == pending.run_id]
+        later = [i for i in range(starters) if i not in joined]
+        assert len({made[i][0] for i in later}) <= 1, made  # one next run for all the later starts
+        if pending is not None:
+            assert all(made[i][1] for i in joined)
+            if self.engine.run(pending.run_id)["status"] == "waiting":  # every start came first
+                assert later == []
+                pending.inputs, pending.since_last = {ns[i] for i in joined}, 0
+                return
+            self.keys[key].begun.append((pending.run_id, {ns[i] for i in joined} or pending.inputs))
+            self.keys[key].pending = None
+        if later:
+            assert [made[i][1] for i in later].count(False) == 1  # one start made it, the rest joined
+            self.keys[key].pending = Pending(made[later[0]][0], {ns[i] for i in later})
 
     @rule(key=st.integers(0, KEYS - 1))
     def start_one(self, key: int) -> None:
