@@ -1,9 +1,10 @@
 """A flow's debounce under concurrent starters: a hypothesis state machine starts runs from
 several connections at once (also while a tick begins the key's run), lets time pass for a
-key (by backdating its pending run) and ticks; a model of each key says which run is pending and how many began, and the database
-agrees after every step: one pending run per key whose input is the last start's (of the
-last burst, whose starts commit in the order of the key's lock), and exactly one run begun
-per quiet period or reached maximum wait, with the input of the last start before it."""
+key (by backdating its pending run) and ticks; a model of each key says which run is pending
+and how many began, and the database agrees after every step: one pending run per key whose
+input is the last start's (of the last burst, whose starts commit in the order of the key's
+lock), and exactly one run begun per quiet period or reached maximum wait, with the input of
+the last start before it."""
 
 from __future__ import annotations
 
