@@ -22,7 +22,16 @@ from psycopg.types.json import Jsonb
 
 from flowlane import errors, project_root
 from flowlane.compiler import api, check, compiled, contracts, names, shape
-from flowlane.compiler.model import Alias, Concurrency, Flow, Project, QueueLimits, Schedule, Trigger
+from flowlane.compiler.model import (
+    Alias,
+    Concurrency,
+    Debounce,
+    Flow,
+    Project,
+    QueueLimits,
+    Schedule,
+    Trigger,
+)
 from flowlane.core import db, definitions
 from flowlane.core.queries import query
 
@@ -177,6 +186,11 @@ def _option_differences(flow: Flow, row: dict[str, Any], state: _State) -> tuple
             found.append(f"{name}: {_flow_value(name, old)} in the database, "
                          f"{_flow_value(name, new)} in the YAML")
     found += _concurrency_change("", row, flow.concurrency)
+    period = row.get("opt_debounce_period")
+    held = None if period is None else Debounce(period, row.get("opt_debounce_key"),
+                                                 row.get("opt_debounce_max_wait"))
+    if held != flow.debounce:
+        found.append(f"debounce: {held or 'none'} in the database, {flow.debounce or 'none'} in the YAML")
     for step in flow.steps:
         step_row = state.steps.get((flow.slug, step.slug), {})
         for name in _STEP_OPTIONS:

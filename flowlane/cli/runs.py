@@ -298,7 +298,7 @@ def _start_at(args: argparse.Namespace) -> datetime | timedelta | None:
 
 def _start_words(started: Started) -> str:
     if started.existed:
-        return "found the existing"
+        return "joined the debounced" if started.debounced else "found the existing"
     return "scheduled" if started.status == "waiting" else "started"
 
 
@@ -307,7 +307,11 @@ def _report_start(args: argparse.Namespace, started: Started) -> None:
         print(json.dumps({"flow": args.flow, **started.as_dict()}))
         return
     print(started.run_id)
-    if started.existed:
+    if started.debounced:
+        print(f"run {started.run_id} is debounced: it begins with the last input of its key's starts "
+              f"at {started.start_at.isoformat() if started.start_at else 'once they pause'} unless another "
+              f"arrives{' (this start joined it)' if started.existed else ''}", file=sys.stderr)
+    elif started.existed:
         print(f"run {started.run_id} already existed for key {args.key or '(the flow dedup key)'}: "
               "not started again", file=sys.stderr)
     elif started.status == "waiting" and started.start_at is not None:

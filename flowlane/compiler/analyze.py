@@ -17,6 +17,7 @@ from flowlane.compiler.loader import Document, unstorable
 from flowlane.compiler.model import (
     Alias,
     Concurrency,
+    Debounce,
     Flow,
     Location,
     Project,
@@ -226,6 +227,7 @@ class _FlowChecker:
         self._read_contracts()
         self._contract_graph(needs)
         self._concurrency_keys_exist()
+        self._debounce_fits()
         order = self._order(needs)
         queues = self._routing(order) if order else None
         if self.errors or order is None or queues is None:
@@ -278,13 +280,29 @@ class _FlowChecker:
             (("concurrency",), self.entry.data.get("concurrency"))]
         places += [(("steps", slug, "concurrency"), spec.get("concurrency"))
                    for slug, spec in self.steps.items() if isinstance(spec, dict)]
+        places.append((("debounce",), self.entry.data.get("debounce")))
         for path, concurrency in places:
             key = concurrency.get("key") if isinstance(concurrency, dict) else None
             reason = contracts.never_present(schema, key) if isinstance(key, str) else None
             if reason:
                 self.error((*path, "key"), "FL188",
-                           f"concurrency key `{key}` never has a value: by the input_schema, {reason}",
+                           f"{path[-1]} key `{key}` never has a value: by the input_schema, {reason}",
                            "point at a field of the run input (every run would share the key null)")
+
+    def _debounce_fits(self) -> None:
+        """A maximum wait shorter than the period would cut every period short; a dedup key makes
+        every start an idempotent one, which is never debounced."""
+        value = self.entry.data.get("debounce")
+        if not isinstance(value, dict) or "period" not in value:
+            return
+        if "dedup" in self.entry.data:
+            self.error(("debounce",), "FL189", "debounce beside dedup: every start has an idempotency key, "
+                       "and a start with one is never debounced", "keep one of debounce and dedup")
+        period, max_wait = value["period"], value.get("max_wait")
+        if max_wait is not None and durations.to_seconds(max_wait) < durations.to_seconds(period):
+            self.error(("debounce", "max_wait"), "FL189",
+                       f"debounce max_wait {max_wait} is shorter than its period {period}",
+                       "make max_wait at least the period, or leave it out (no maximum)")
 
     def _map_source(self, slug: str, needs: list[str]) -> None:
         if needs:
@@ -575,6 +593,7 @@ class _FlowChecker:
             dedup_key=self.entry.data.get("dedup", {}).get("key"),
             concurrency=_concurrency(self.entry.data),
             priority=_opt_int(self.entry.data, "priority"),
+            debounce=_debounce(self.entry.data),
             description=self.entry.data.get("description"),
             input_schema=self.input_contract.schema if self.input_contract else None,
             location=self.entry.loc(),
@@ -622,6 +641,13 @@ def _concurrency(spec: dict[str, Any]) -> Concurrency | None:
     value = spec.get("concurrency")
     return None if value is None else Concurrency(int(value["limit"]), value.get("key"),
                                                   value.get("when_full", "queue"))
+
+
+def _debounce(spec: dict[str, Any]) -> Debounce | None:
+    value = spec.get("debounce")
+    if value is None:
+        return None
+    return Debounce(durations.to_seconds(value["period"]), value.get("key"), _opt_seconds(value, "max_wait"))
 
 
 def _opt_int(spec: dict[str, Any], key: str) -> int | None:

@@ -231,7 +231,8 @@ def alias_moves(project: Project, out: Path, base: str | None) -> list[str]:
 _CALL = re.compile(r"^select flowlane\.(?P<function>create_flow|add_step|set_queue_limits|set_trigger)\("
                    r"\n(?P<arguments>.*?)\n\);$", re.MULTILINE | re.DOTALL)
 _ARGUMENT = re.compile(r"^  (?P<name>[a-z_]+) => (?P<value>.*?),?$", re.MULTILINE)
-FLOW_CONTROL = ("concurrency_limit", "concurrency_key", "concurrency_when_full", "priority")
+FLOW_CONTROL = ("concurrency_limit", "concurrency_key", "concurrency_when_full", "priority",
+                "debounce_period", "debounce_key", "debounce_max_wait")
 _QUEUE_LIMITS = ("concurrency", "rate_limit", "rate_per")
 _TRIGGER = ("flow_name", "table_name", "events", "when_pattern", "unless_pattern", "input_map", "key_pointer",
             "on_refused")

@@ -93,6 +93,7 @@ CODES: dict[str, str] = {
     "FL117": "webhook input the flow's input contract refuses",
     "FL187": "concurrency when_full is not queue, replace_waiting or cancel_running",
     "FL188": "concurrency key names a field the input_schema never allows",
+    "FL189": "debounce max_wait shorter than its period, or debounce beside dedup",
     # check (compiled SQL against the YAML and the base revision)
     "FL090": "compiled SQL is stale, missing or hand-edited",
     "FL091": "NEW_VERSION_REQUIRED: a committed flow changed its shape",

@@ -67,6 +67,20 @@ class Step:
 
 
 @dataclass(frozen=True)
+class Debounce:
+    """A flow's starts of one key collapse into one run that begins with the last input once
+    ``period`` seconds pass without another start, or ``max_wait`` seconds after the first."""
+
+    period: int
+    key: str | None = None
+    max_wait: int | None = None
+
+    def __str__(self) -> str:
+        text = f"{self.period}s per {self.key}" if self.key else f"{self.period}s"
+        return text if self.max_wait is None else f"{text}, at most {self.max_wait}s"
+
+
+@dataclass(frozen=True)
 class Flow:
     """A concrete, immutable flow version; steps in ``step_index`` order."""
 
@@ -81,6 +95,7 @@ class Flow:
     dedup_key: str | None = None  # JSON pointer into the input: each run's idempotency key
     concurrency: Concurrency | None = None  # started runs at once, per key value
     priority: int | None = None  # claims on a queue take higher priorities first
+    debounce: Debounce | None = None  # starts of one key collapse into one later run
     description: str | None = None
     input_schema: Mapping[str, Any] | None = None  # the contract's shape form
     location: Location | None = field(default=None, compare=False)

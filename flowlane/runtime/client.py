@@ -101,17 +101,19 @@ class RunSummary:
 @dataclass(frozen=True)
 class Started:
     """What a start did: the run (an alias: of its active version), and whether a keyed
-    start found an earlier run instead of creating one."""
+    start found an earlier run instead of creating one (a debounced start: the pending run of
+    its key, which begins with the last start's input)."""
 
     run_id: str
     flow_slug: str
     status: str  # started, or waiting for its start time
     start_at: datetime | None
     existed: bool
+    debounced: bool = False  # waiting for its debounce key's starts to pause
 
     def as_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "flow_slug": self.flow_slug, "status": self.status,
-                "start_at": _iso(self.start_at), "existed": self.existed}
+                "start_at": _iso(self.start_at), "existed": self.existed, "debounced": self.debounced}
 
 
 @dataclass(frozen=True)
@@ -593,7 +595,7 @@ class Operations:
             raise errors.DatabaseError(f"start_flow({flow!r}) returned no run")
         row = rows[0]
         return Started(str(row["run_id"]), str(row["flow_slug"]), row["status"], row["start_at"],
-                       bool(row["existed"]))
+                       bool(row["existed"]), bool(row["debounced"]))
 
     @staticmethod
     def start_run(flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,

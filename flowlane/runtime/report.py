@@ -165,8 +165,8 @@ def hold_lines(holds: list[dict[str, Any]]) -> list[tuple[str, str]]:
     that wait for the same thing counted on one line."""
     found: dict[tuple[str, str], int | None] = {}
     for hold in holds:
-        if hold["step_slug"] is None and not hold.get("place"):
-            continue  # a delayed start: the run's `starts` line says when
+        if _delayed_start(hold):
+            continue  # the run's `starts` line says when
         if hold["step_slug"] is None:
             found[("run", _run_reason(hold))] = None
         elif hold["task_index"] is None:
@@ -178,13 +178,19 @@ def hold_lines(holds: list[dict[str, Any]]) -> list[tuple[str, str]]:
             for (what, why), n in found.items()]
 
 
+def _delayed_start(hold: dict[str, Any]) -> bool:
+    """A run waiting for its start time (a debounced run says more: until its key's starts pause)."""
+    return (hold["step_slug"] is None and not hold.get("place")
+            and not str(hold["waiting_for"]).startswith("debounce "))
+
+
 def first_waits(holds: list[dict[str, Any]]) -> dict[str, str]:
     """Per run id, the first thing it waits for (``run_waits`` rows, in their order): the
     WAITING FOR of a runs list. A delayed start is left out (the list shows its start), and a
     held run's place in line (`flowlane run` says it)."""
     first: dict[str, str] = {}
     for hold in holds:
-        if hold["step_slug"] is None and not hold.get("place"):
+        if _delayed_start(hold):
             continue
         first.setdefault(str(hold["run_id"]), hold["waiting_for"])
     return first

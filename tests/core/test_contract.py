@@ -41,7 +41,9 @@ EXPECTED = {
             "retention integer DEFAULT flowlane._flow_option_default('retention'::text), "
             "deadline integer DEFAULT NULL::integer, "
             "dedup_key text DEFAULT NULL::text, concurrency_limit integer DEFAULT NULL::integer, "
-            "concurrency_key text DEFAULT NULL::text, priority integer DEFAULT NULL::integer"
+            "concurrency_key text DEFAULT NULL::text, priority integer DEFAULT NULL::integer, "
+            "concurrency_when_full text DEFAULT NULL::text, debounce_key text DEFAULT NULL::text, "
+            "debounce_period integer DEFAULT NULL::integer, debounce_max_wait integer DEFAULT NULL::integer"
         ),
         "flowlane.flows",
     ),

@@ -40,3 +40,22 @@ def test_run_and_queue_pages_say_what_waits_for_what(dsn: str) -> None:
         assert row is not None
         assert ('<td class="limits">1 of 1 started<br><span class="muted" data-held="1">waiting '
                 'for: queue concurrency alerts: 1 of 1 started</span></td>') in row[0], row[0]
+
+
+def test_a_debounced_run_says_when_it_begins_on_its_page_and_in_the_runs_list(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("select flowlane.create_flow('carts', debounce_key => '/customer_id', "
+                     "debounce_period => 3600)")
+        conn.execute("select flowlane.add_step('carts', 'sync')")
+        pending = {conn.execute("select run_id from flowlane.start_flow('carts', %s)",
+                                (Jsonb({"customer_id": 7, "n": n}),)).fetchone()[0]  # type: ignore[index]
+                   for n in range(3)}
+    assert len(pending) == 1
+    [run] = pending
+    with ui_support.ui_server(dsn) as console:
+        page = ui_support.fetch(f"{console.url}/runs/{run}").body
+        assert re.search(r'<p class="facts waiting" data-held="run">waiting for: debounce customer_id=7: '
+                         r'starts in \d+(\.\d)? s unless another arrives</p>', page), page
+        listed = ui_support.fetch(f"{console.url}/runs").body
+        assert re.search(r'data-waiting-for="debounce customer_id=7: starts in \d+(\.\d)? s unless another '
+                         r'arrives"', listed), listed

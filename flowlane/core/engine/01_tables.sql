@@ -33,6 +33,9 @@ create table flowlane.flows (
   opt_concurrency_key text,
   opt_priority int,
   opt_concurrency_when_full text default 'queue' not null,
+  opt_debounce_key text,
+  opt_debounce_period int,
+  opt_debounce_max_wait int,
   constraint flows_pkey primary key (flow_slug),
   constraint flows_base_delay_nonnegative check (opt_base_delay >= 0),
   constraint flows_deadline_positive check ((opt_deadline is null) or (opt_deadline >= 1)),
@@ -47,7 +50,11 @@ create table flowlane.flows (
   constraint flows_concurrency_key_pointer check ((opt_concurrency_key is null) or (opt_concurrency_key ~ '^(/([^~/]|~[01])*)+$')),
   constraint flows_concurrency_key_needs_limit check ((opt_concurrency_key is null) or (opt_concurrency_limit is not null)),
   constraint flows_priority_range check ((opt_priority is null) or (opt_priority between -1000 and 1000)),
-  constraint flows_concurrency_when_full_valid check (opt_concurrency_when_full in ('queue', 'replace_waiting', 'cancel_running'))
+  constraint flows_concurrency_when_full_valid check (opt_concurrency_when_full in ('queue', 'replace_waiting', 'cancel_running')),
+  constraint flows_debounce_period_positive check ((opt_debounce_period is null) or (opt_debounce_period >= 1)),
+  constraint flows_debounce_key_pointer check ((opt_debounce_key is null) or (opt_debounce_key ~ '^(/([^~/]|~[01])*)+$')),
+  constraint flows_debounce_needs_period check (((opt_debounce_key is null) and (opt_debounce_max_wait is null)) or (opt_debounce_period is not null)),
+  constraint flows_debounce_max_wait_covers_period check ((opt_debounce_max_wait is null) or (opt_debounce_max_wait >= opt_debounce_period))
 );
 
 create unique index flows_slug_ci_unique on flowlane.flows (lower(flow_slug));
@@ -236,6 +243,8 @@ create table flowlane.runs (
   hold_seq bigint,
   priority int default 0 not null,
   origin jsonb,  -- what started a run, when not a call: {"trigger": name, "row": key} or {"webhook": ...}
+  debounce_key text,
+  debounce_since timestamptz,
   constraint runs_pkey primary key (run_id),
   constraint runs_rules check (flowlane._runs_rules(status, started_at, completed_at, failed_at, cancelled_at,
     cancel_reason, output is not null, remaining_steps, retry_count, called_as, idempotency_key, start_at,
@@ -264,6 +273,10 @@ create index runs_waiting_idx on flowlane.runs (start_at) where ((status = 'wait
 
 -- flow concurrency (19_flow_control.sql): the started runs of a key, and the runs held for it in order
 create index runs_slots_idx on flowlane.runs (flow_slug, concurrency_key) where ((status = 'started') and (concurrency_key is not null));
+
+-- the run a debounced flow's starts collapse into, per key: created waiting for its start_at
+create unique index runs_debounce_pending_unique on flowlane.runs (flow_slug, debounce_key)
+  where ((debounce_key is not null) and (status = 'waiting') and (hold_seq is null));
 
 create index runs_held_idx on flowlane.runs (flow_slug, concurrency_key, hold_seq) where ((status = 'waiting') and (hold_seq is not null));
 

@@ -17,7 +17,10 @@ create function flowlane.create_flow(
   concurrency_limit int = null,
   concurrency_key text = null,
   priority int = null,
-  concurrency_when_full text = null
+  concurrency_when_full text = null,
+  debounce_key text = null,
+  debounce_period int = null,
+  debounce_max_wait int = null
 ) returns flowlane.flows
 language plpgsql volatile
 set search_path = ''
@@ -42,6 +45,8 @@ begin
     create_flow.concurrency_limit, create_flow.concurrency_key, create_flow.priority);
   perform flowlane._check_when_full(format('flow "%s"', create_flow.flow_slug), create_flow.concurrency_limit,
     create_flow.concurrency_when_full);
+  perform flowlane._check_debounce(format('flow "%s"', create_flow.flow_slug), create_flow.debounce_key,
+    create_flow.debounce_period, create_flow.debounce_max_wait);
   perform pg_advisory_xact_lock(hashtext('flowlane.flow'), hashtext(lower(create_flow.flow_slug)));
   select f.flow_slug into v_other from flowlane.flows f
   where lower(f.flow_slug) = lower(create_flow.flow_slug) and f.flow_slug <> create_flow.flow_slug;
@@ -63,13 +68,15 @@ begin
   end if;
   insert into flowlane.flows as f (flow_slug, opt_max_attempts, opt_base_delay, opt_timeout, queue_mode,
                                    opt_retention, opt_deadline, opt_dedup_key, opt_concurrency_limit,
-                                   opt_concurrency_key, opt_priority, opt_concurrency_when_full)
+                                   opt_concurrency_key, opt_priority, opt_concurrency_when_full,
+                                   opt_debounce_key, opt_debounce_period, opt_debounce_max_wait)
   values (create_flow.flow_slug, coalesce(max_attempts, flowlane._flow_option_default('max_attempts')),
           coalesce(base_delay, flowlane._flow_option_default('base_delay')),
           coalesce(timeout, flowlane._flow_option_default('timeout')), v_mode, create_flow.retention,
           create_flow.deadline, create_flow.dedup_key, create_flow.concurrency_limit,
           nullif(create_flow.concurrency_key, ''), create_flow.priority,
-          coalesce(create_flow.concurrency_when_full, 'queue'))
+          coalesce(create_flow.concurrency_when_full, 'queue'),
+          nullif(create_flow.debounce_key, ''), create_flow.debounce_period, create_flow.debounce_max_wait)
   on conflict on constraint flows_pkey do update
     set opt_max_attempts = excluded.opt_max_attempts,
         opt_base_delay = excluded.opt_base_delay,
@@ -80,7 +87,10 @@ begin
         opt_concurrency_limit = excluded.opt_concurrency_limit,
         opt_concurrency_key = excluded.opt_concurrency_key,
         opt_priority = excluded.opt_priority,
-        opt_concurrency_when_full = excluded.opt_concurrency_when_full
+        opt_concurrency_when_full = excluded.opt_concurrency_when_full,
+        opt_debounce_key = excluded.opt_debounce_key,
+        opt_debounce_period = excluded.opt_debounce_period,
+        opt_debounce_max_wait = excluded.opt_debounce_max_wait
   returning * into v_flow;
   if v_old.flow_slug is not null and (v_old.opt_concurrency_limit, v_old.opt_concurrency_key)
      is distinct from (v_flow.opt_concurrency_limit, v_flow.opt_concurrency_key) then

@@ -37,6 +37,12 @@ begin
       return v_run;
     end if;
   end if;
+  if v_key is null and start_flow.run_id is null and start_flow.start_at is null then
+    v_run := flowlane._debounced_start(v_flow, input, start_flow.priority);
+    if v_run.run_id is not null then
+      return v_run;
+    end if;
+  end if;
   select * into v_run from flowlane._new_runs(v_flow, array[input], array[start_flow.run_id],
                                               start_flow.start_at, array[v_key], start_flow.flow_slug,
                                               start_flow.priority, array[flowlane._call_origin()]);
@@ -78,7 +84,8 @@ begin
              where inputs[i] is null or jsonb_typeof(inputs[i]) <> 'array' order by i loop
     perform flowlane._check_start_input(v_flow, inputs[v_i], format('start_flows(%s): input %s', v_flow, v_i - 1));
   end loop;
-  if exists (select 1 from flowlane.flows f where f.flow_slug = v_flow and f.opt_dedup_key is not null) then
+  if exists (select 1 from flowlane.flows f where f.flow_slug = v_flow
+             and (f.opt_dedup_key is not null or f.opt_debounce_period is not null)) then
     -- each input's key may name an earlier run (or an earlier input of this call)
     for v_i in select i from generate_subscripts(inputs, 1) i order by i loop
       return next flowlane.start_flow(start_flows.flow_slug, inputs[v_i], null, start_flows.start_at, null,

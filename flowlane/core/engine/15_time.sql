@@ -83,6 +83,62 @@ begin
 end;
 $$;
 
+-- a start of a debounced flow (null row for a flow without debounce): under its key's lock,
+-- it joins the key's pending run (created waiting, not yet begun by the maintenance tick),
+-- which takes this input (and its concurrency key) and starts a period from now, or at its
+-- first start plus the maximum wait if that is sooner; else a new pending run is created. A
+-- joined start reports the run as found (flowlane.found_run: `existed` to the client).
+create function flowlane._debounced_start(p_flow text, p_input jsonb, p_priority int) returns flowlane.runs
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_flow flowlane.flows;
+  v_key text;
+  v_run flowlane.runs;
+begin
+  select * into v_flow from flowlane.flows f where f.flow_slug = p_flow;
+  if v_flow.opt_debounce_period is null then
+    return null;
+  end if;
+  v_key := flowlane._concurrency_key(v_flow.opt_debounce_key, p_input);
+  perform pg_advisory_xact_lock(hashtext('flowlane.debounce:' || p_flow), hashtext(v_key));
+  -- (a row the tick is beginning is waited for and then no longer pending: a new run follows)
+  select * into v_run from flowlane.runs r
+  where r.flow_slug = p_flow and r.debounce_key = v_key and r.status = 'waiting' and r.hold_seq is null
+  for update;
+  if not found then
+    select * into v_run from flowlane._create_runs(p_flow, array[p_input], array[null::uuid],
+                                                   flowlane._now() + make_interval(secs => v_flow.opt_debounce_period),
+                                                   null, null, p_priority);
+    update flowlane.runs r set debounce_key = v_key, debounce_since = flowlane._now() where r.run_id = v_run.run_id
+    returning * into v_run;
+    return v_run;
+  end if;
+  perform flowlane._check_json_limits(p_input, format('start_flow(%s): the run input', p_flow),
+    'flatten the input; workers refuse JSON nested deeper than the limit');
+  perform flowlane._check_contract_inputs(p_flow, array[p_input]);
+  update flowlane.runs r
+     set input = p_input,
+         concurrency_key = case when v_flow.opt_concurrency_limit is not null
+                                then flowlane._concurrency_key(v_flow.opt_concurrency_key, p_input) end,
+         priority = coalesce(p_priority, v_flow.opt_priority, 0),
+         start_at = least(flowlane._now() + make_interval(secs => v_flow.opt_debounce_period),
+                          r.debounce_since + make_interval(secs => v_flow.opt_debounce_max_wait))
+   where r.run_id = v_run.run_id
+  returning * into v_run;
+  if jsonb_typeof(p_input) = 'array' then  -- a root map maps the input its run begins with
+    update flowlane.step_states ss
+       set initial_tasks = jsonb_array_length(p_input)
+      from flowlane.steps s
+     where ss.run_id = v_run.run_id and s.flow_slug = p_flow and s.step_slug = ss.step_slug
+       and s.step_type = 'map' and s.deps_count = 0;
+  end if;
+  perform flowlane._found_run(v_run.run_id);
+  return v_run;
+end;
+$$;
+
 -- when a run of the flow that begins at p_started has to be finished (null: no deadline)
 create function flowlane._run_deadline(p_flow text, p_started timestamptz) returns timestamptz
 language plpgsql stable

@@ -64,6 +64,30 @@ begin
 end;
 $$;
 
+-- a flow's debounce: a period of at least 1 second, an optional key pointer into the run
+-- input and an optional maximum wait of at least the period
+create function flowlane._check_debounce(p_what text, p_key text, p_period int, p_max_wait int) returns void
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  if p_period is null and (nullif(p_key, '') is not null or p_max_wait is not null) then
+    raise exception '%: a debounce key or maximum wait needs a debounce period', p_what using errcode = '22023';
+  end if;
+  if p_period < 1 then
+    raise exception '%: debounce period must be at least 1 second, not %', p_what, p_period using errcode = '22023';
+  end if;
+  if p_max_wait < p_period then
+    raise exception '%: debounce maximum wait (% s) must be at least the period (% s)', p_what, p_max_wait, p_period
+      using errcode = '22023';
+  end if;
+  if nullif(p_key, '') is not null and p_key !~ '^(/([^~/]|~[01])*)+$' then
+    raise exception '%: debounce key % is not a JSON pointer into the run input', p_what, quote_literal(p_key)
+      using errcode = '22023', hint = 'a JSON pointer starts with "/" (e.g. /customer_id); "~" is written ~0 and "/" inside a name ~1';
+  end if;
+end;
+$$;
+
 -- the concurrency key of a run input: the value at the pointer (a string as itself, any other
 -- JSON value as its text, a missing value as null); '' without a pointer (one key for all)
 create function flowlane._concurrency_key(p_pointer text, p_input jsonb) returns text
@@ -846,8 +870,12 @@ as $$
   from flowlane.runs r join flowlane.flows f on f.flow_slug = r.flow_slug
   where r.run_id = any (run_ids) and r.status = 'waiting' and r.hold_seq is not null
   union all
-  select r.run_id, null, null, format('start at %s', r.start_at), null
-  from flowlane.runs r
+  select r.run_id, null, null,
+         case when r.debounce_key is null then format('start at %s', r.start_at)
+              else format('debounce %s: starts in %s s unless another arrives',
+                          flowlane._key_label(r.flow_slug, f.opt_debounce_key, r.debounce_key),
+                          greatest(round(extract(epoch from r.start_at - flowlane._now()), 1), 0)) end, null
+  from flowlane.runs r join flowlane.flows f on f.flow_slug = r.flow_slug
   where r.run_id = any (run_ids) and r.status = 'waiting' and r.hold_seq is null
   union all
   select h.run_id, h.step_slug, h.task_index,

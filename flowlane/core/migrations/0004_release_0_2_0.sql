@@ -71,6 +71,14 @@
 -- (the new _call_origin; the webhook endpoint names itself and the delivery there). Its
 -- signature is kept, and without the setting a run's origin is null, as before.
 
+-- A flow may debounce its starts (flows.opt_debounce_key, opt_debounce_period,
+-- opt_debounce_max_wait; create_flow's debounce_key, debounce_period, debounce_max_wait):
+-- start_flow and start_flows collapse the starts of one key into a pending run (runs.debounce_key,
+-- debounce_since; one per flow and key, runs_debounce_pending_unique) that the maintenance tick
+-- begins, with the last start's input, when a period passes without another start or the
+-- maximum wait is reached. run_holds shows it as debounced. New nullable columns only: no
+-- existing row changes. Workers call none of the changed functions.
+
 -- == Written by hand: tables, types and data that the functions need ==
 
 -- fenced results and rerun from a step: the attempt history records an operator's
@@ -120,6 +128,18 @@ create index runs_trigger_idx on flowlane.runs ((origin ->> 'trigger')) where (o
 alter table flowlane.flows add column opt_concurrency_when_full text default 'queue' not null;
 alter table flowlane.flows add constraint flows_concurrency_when_full_valid
   check (opt_concurrency_when_full in ('queue', 'replace_waiting', 'cancel_running'));
+
+-- debounce:
+alter table flowlane.flows add column opt_debounce_key text, add column opt_debounce_period int,
+  add column opt_debounce_max_wait int;
+alter table flowlane.flows
+  add constraint flows_debounce_period_positive check ((opt_debounce_period is null) or (opt_debounce_period >= 1)),
+  add constraint flows_debounce_key_pointer check ((opt_debounce_key is null) or (opt_debounce_key ~ '^(/([^~/]|~[01])*)+$')),
+  add constraint flows_debounce_needs_period check (((opt_debounce_key is null) and (opt_debounce_max_wait is null)) or (opt_debounce_period is not null)),
+  add constraint flows_debounce_max_wait_covers_period check ((opt_debounce_max_wait is null) or (opt_debounce_max_wait >= opt_debounce_period));
+alter table flowlane.runs add column debounce_key text, add column debounce_since timestamptz;
+create unique index runs_debounce_pending_unique on flowlane.runs (flow_slug, debounce_key)
+  where ((debounce_key is not null) and (status = 'waiting') and (hold_seq is null));
 
 -- == Drafted from the engine source by `python -m flowlane.core.draft_migration`; redrafted, never edited ==
 
@@ -223,7 +243,10 @@ create or replace function flowlane.create_flow(
   concurrency_limit int = null,
   concurrency_key text = null,
   priority int = null,
-  concurrency_when_full text = null
+  concurrency_when_full text = null,
+  debounce_key text = null,
+  debounce_period int = null,
+  debounce_max_wait int = null
 ) returns flowlane.flows
 language plpgsql volatile
 set search_path = ''
@@ -248,6 +271,8 @@ begin
     create_flow.concurrency_limit, create_flow.concurrency_key, create_flow.priority);
   perform flowlane._check_when_full(format('flow "%s"', create_flow.flow_slug), create_flow.concurrency_limit,
     create_flow.concurrency_when_full);
+  perform flowlane._check_debounce(format('flow "%s"', create_flow.flow_slug), create_flow.debounce_key,
+    create_flow.debounce_period, create_flow.debounce_max_wait);
   perform pg_advisory_xact_lock(hashtext('flowlane.flow'), hashtext(lower(create_flow.flow_slug)));
   select f.flow_slug into v_other from flowlane.flows f
   where lower(f.flow_slug) = lower(create_flow.flow_slug) and f.flow_slug <> create_flow.flow_slug;
@@ -269,13 +294,15 @@ begin
   end if;
   insert into flowlane.flows as f (flow_slug, opt_max_attempts, opt_base_delay, opt_timeout, queue_mode,
                                    opt_retention, opt_deadline, opt_dedup_key, opt_concurrency_limit,
-                                   opt_concurrency_key, opt_priority, opt_concurrency_when_full)
+                                   opt_concurrency_key, opt_priority, opt_concurrency_when_full,
+                                   opt_debounce_key, opt_debounce_period, opt_debounce_max_wait)
   values (create_flow.flow_slug, coalesce(max_attempts, flowlane._flow_option_default('max_attempts')),
           coalesce(base_delay, flowlane._flow_option_default('base_delay')),
           coalesce(timeout, flowlane._flow_option_default('timeout')), v_mode, create_flow.retention,
           create_flow.deadline, create_flow.dedup_key, create_flow.concurrency_limit,
           nullif(create_flow.concurrency_key, ''), create_flow.priority,
-          coalesce(create_flow.concurrency_when_full, 'queue'))
+          coalesce(create_flow.concurrency_when_full, 'queue'),
+          nullif(create_flow.debounce_key, ''), create_flow.debounce_period, create_flow.debounce_max_wait)
   on conflict on constraint flows_pkey do update
     set opt_max_attempts = excluded.opt_max_attempts,
         opt_base_delay = excluded.opt_base_delay,
@@ -286,7 +313,10 @@ begin
         opt_concurrency_limit = excluded.opt_concurrency_limit,
         opt_concurrency_key = excluded.opt_concurrency_key,
         opt_priority = excluded.opt_priority,
-        opt_concurrency_when_full = excluded.opt_concurrency_when_full
+        opt_concurrency_when_full = excluded.opt_concurrency_when_full,
+        opt_debounce_key = excluded.opt_debounce_key,
+        opt_debounce_period = excluded.opt_debounce_period,
+        opt_debounce_max_wait = excluded.opt_debounce_max_wait
   returning * into v_flow;
   if v_old.flow_slug is not null and (v_old.opt_concurrency_limit, v_old.opt_concurrency_key)
      is distinct from (v_flow.opt_concurrency_limit, v_flow.opt_concurrency_key) then
@@ -518,6 +548,12 @@ begin
       return v_run;
     end if;
   end if;
+  if v_key is null and start_flow.run_id is null and start_flow.start_at is null then
+    v_run := flowlane._debounced_start(v_flow, input, start_flow.priority);
+    if v_run.run_id is not null then
+      return v_run;
+    end if;
+  end if;
   select * into v_run from flowlane._new_runs(v_flow, array[input], array[start_flow.run_id],
                                               start_flow.start_at, array[v_key], start_flow.flow_slug,
                                               start_flow.priority, array[flowlane._call_origin()]);
@@ -559,7 +595,8 @@ begin
              where inputs[i] is null or jsonb_typeof(inputs[i]) <> 'array' order by i loop
     perform flowlane._check_start_input(v_flow, inputs[v_i], format('start_flows(%s): input %s', v_flow, v_i - 1));
   end loop;
-  if exists (select 1 from flowlane.flows f where f.flow_slug = v_flow and f.opt_dedup_key is not null) then
+  if exists (select 1 from flowlane.flows f where f.flow_slug = v_flow
+             and (f.opt_dedup_key is not null or f.opt_debounce_period is not null)) then
     -- each input's key may name an earlier run (or an earlier input of this call)
     for v_i in select i from generate_subscripts(inputs, 1) i order by i loop
       return next flowlane.start_flow(start_flows.flow_slug, inputs[v_i], null, start_flows.start_at, null,
@@ -2349,6 +2386,62 @@ as $$
   select * from pgmq.metrics_all()
 $$;
 
+-- a start of a debounced flow (null row for a flow without debounce): under its key's lock,
+-- it joins the key's pending run (created waiting, not yet begun by the maintenance tick),
+-- which takes this input (and its concurrency key) and starts a period from now, or at its
+-- first start plus the maximum wait if that is sooner; else a new pending run is created. A
+-- joined start reports the run as found (flowlane.found_run: `existed` to the client).
+create or replace function flowlane._debounced_start(p_flow text, p_input jsonb, p_priority int) returns flowlane.runs
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_flow flowlane.flows;
+  v_key text;
+  v_run flowlane.runs;
+begin
+  select * into v_flow from flowlane.flows f where f.flow_slug = p_flow;
+  if v_flow.opt_debounce_period is null then
+    return null;
+  end if;
+  v_key := flowlane._concurrency_key(v_flow.opt_debounce_key, p_input);
+  perform pg_advisory_xact_lock(hashtext('flowlane.debounce:' || p_flow), hashtext(v_key));
+  -- (a row the tick is beginning is waited for and then no longer pending: a new run follows)
+  select * into v_run from flowlane.runs r
+  where r.flow_slug = p_flow and r.debounce_key = v_key and r.status = 'waiting' and r.hold_seq is null
+  for update;
+  if not found then
+    select * into v_run from flowlane._create_runs(p_flow, array[p_input], array[null::uuid],
+                                                   flowlane._now() + make_interval(secs => v_flow.opt_debounce_period),
+                                                   null, null, p_priority);
+    update flowlane.runs r set debounce_key = v_key, debounce_since = flowlane._now() where r.run_id = v_run.run_id
+    returning * into v_run;
+    return v_run;
+  end if;
+  perform flowlane._check_json_limits(p_input, format('start_flow(%s): the run input', p_flow),
+    'flatten the input; workers refuse JSON nested deeper than the limit');
+  perform flowlane._check_contract_inputs(p_flow, array[p_input]);
+  update flowlane.runs r
+     set input = p_input,
+         concurrency_key = case when v_flow.opt_concurrency_limit is not null
+                                then flowlane._concurrency_key(v_flow.opt_concurrency_key, p_input) end,
+         priority = coalesce(p_priority, v_flow.opt_priority, 0),
+         start_at = least(flowlane._now() + make_interval(secs => v_flow.opt_debounce_period),
+                          r.debounce_since + make_interval(secs => v_flow.opt_debounce_max_wait))
+   where r.run_id = v_run.run_id
+  returning * into v_run;
+  if jsonb_typeof(p_input) = 'array' then  -- a root map maps the input its run begins with
+    update flowlane.step_states ss
+       set initial_tasks = jsonb_array_length(p_input)
+      from flowlane.steps s
+     where ss.run_id = v_run.run_id and s.flow_slug = p_flow and s.step_slug = ss.step_slug
+       and s.step_type = 'map' and s.deps_count = 0;
+  end if;
+  perform flowlane._found_run(v_run.run_id);
+  return v_run;
+end;
+$$;
+
 -- delayed runs whose time has come begin; returns how many. A run of a flow with a
 -- concurrency limit is held for its key instead (in the order the runs became due), and
 -- begins now if its key has room
@@ -3103,6 +3196,30 @@ begin
 end;
 $$;
 
+-- a flow's debounce: a period of at least 1 second, an optional key pointer into the run
+-- input and an optional maximum wait of at least the period
+create or replace function flowlane._check_debounce(p_what text, p_key text, p_period int, p_max_wait int) returns void
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  if p_period is null and (nullif(p_key, '') is not null or p_max_wait is not null) then
+    raise exception '%: a debounce key or maximum wait needs a debounce period', p_what using errcode = '22023';
+  end if;
+  if p_period < 1 then
+    raise exception '%: debounce period must be at least 1 second, not %', p_what, p_period using errcode = '22023';
+  end if;
+  if p_max_wait < p_period then
+    raise exception '%: debounce maximum wait (% s) must be at least the period (% s)', p_what, p_max_wait, p_period
+      using errcode = '22023';
+  end if;
+  if nullif(p_key, '') is not null and p_key !~ '^(/([^~/]|~[01])*)+$' then
+    raise exception '%: debounce key % is not a JSON pointer into the run input', p_what, quote_literal(p_key)
+      using errcode = '22023', hint = 'a JSON pointer starts with "/" (e.g. /customer_id); "~" is written ~0 and "/" inside a name ~1';
+  end if;
+end;
+$$;
+
 -- the runs of a flow held for their key that may begin now, FIFO per key, begun; returns
 -- them. The caller holds nothing of theirs; this takes the keys' locks.
 create or replace function flowlane._begin_held_runs(p_flow text, p_keys text[]) returns uuid[]
@@ -3396,6 +3513,55 @@ as $$
   from flowlane.queue_limits l
   cross join lateral (select count(*) as started from flowlane.task_leases t where t.queue_name = l.queue_name) c
   order by l.queue_name
+$$;
+
+-- what each of the given runs, and each of their tasks, waits for: held runs (flow
+-- concurrency, with their place in line), delayed runs, held tasks (step concurrency) and
+-- queued tasks on a queue at its concurrency or rate limit. One row per waiting thing;
+-- step_slug and task_index are null for the run itself.
+create or replace function flowlane.run_holds(run_ids uuid[])
+returns table (run_id uuid, step_slug text, task_index int, waiting_for text, place bigint)
+language sql stable
+set search_path = ''
+as $$
+  select r.run_id, null::text, null::int,
+         format('concurrency %s: %s of %s started',
+                flowlane._key_label(r.flow_slug, f.opt_concurrency_key, r.concurrency_key),
+                (select count(*) from flowlane.runs s
+                 where s.flow_slug = r.flow_slug and s.concurrency_key = r.concurrency_key and s.status = 'started'),
+                coalesce(f.opt_concurrency_limit::text, 'unlimited')),
+         (select count(*) from flowlane.runs h
+          where h.flow_slug = r.flow_slug and h.concurrency_key = r.concurrency_key and h.status = 'waiting'
+            and h.hold_seq is not null and h.hold_seq <= r.hold_seq)
+  from flowlane.runs r join flowlane.flows f on f.flow_slug = r.flow_slug
+  where r.run_id = any (run_ids) and r.status = 'waiting' and r.hold_seq is not null
+  union all
+  select r.run_id, null, null,
+         case when r.debounce_key is null then format('start at %s', r.start_at)
+              else format('debounce %s: starts in %s s unless another arrives',
+                          flowlane._key_label(r.flow_slug, f.opt_debounce_key, r.debounce_key),
+                          greatest(round(extract(epoch from r.start_at - flowlane._now()), 1), 0)) end, null
+  from flowlane.runs r join flowlane.flows f on f.flow_slug = r.flow_slug
+  where r.run_id = any (run_ids) and r.status = 'waiting' and r.hold_seq is null
+  union all
+  select h.run_id, h.step_slug, h.task_index,
+         format('step concurrency %s: %s of %s started',
+                flowlane._key_label(h.step_slug, s.opt_concurrency_key, h.concurrency_key),
+                (select count(*) from flowlane.step_slots x
+                 where x.flow_slug = h.flow_slug and x.step_slug = h.step_slug and x.concurrency_key = h.concurrency_key),
+                coalesce(s.opt_concurrency_limit::text, 'unlimited')),
+         (select count(*) from flowlane.held_tasks y
+          where y.flow_slug = h.flow_slug and y.step_slug = h.step_slug and y.concurrency_key = h.concurrency_key
+            and y.hold_seq <= h.hold_seq)
+  from flowlane.held_tasks h join flowlane.steps s on s.flow_slug = h.flow_slug and s.step_slug = h.step_slug
+  join flowlane.runs hr on hr.run_id = h.run_id and hr.status = 'started'
+  where h.run_id = any (run_ids)
+  union all
+  select t.run_id, t.step_slug, t.task_index, q.waiting_for, null
+  from flowlane.step_tasks t
+  join flowlane.queue_flow_control() q on q.queue_name = t.queue_name and q.waiting_for is not null
+  where t.run_id = any (run_ids) and t.status = 'queued'
+  order by 1, 2 nulls first, 3
 $$;
 
 -- the name of the PostgreSQL trigger of one event of a flowlane trigger

@@ -91,9 +91,11 @@ from flowlane.fail_tasks(%(results)s::jsonb)
 
 -- name: client_start_flow
 -- start_at: a time, or a delay in seconds on the database's clock; existed: the start returned
--- an earlier run (its key's, or its run id's), which start_flow records in flowlane.found_run
+-- an earlier run (its key's, its run id's, or the pending run of its debounce key), which
+-- start_flow records in flowlane.found_run; debounced: the run waits for its key's starts to pause
 select s.run_id, s.flow_slug, s.status, s.start_at,
-       s.run_id::text is not distinct from current_setting('flowlane.found_run', true) as existed
+       s.run_id::text is not distinct from current_setting('flowlane.found_run', true) as existed,
+       s.debounce_key is not null and s.status = 'waiting' as debounced
 from flowlane.start_flow(%(flow)s, %(input)s::jsonb, %(run_id)s::uuid,
                          coalesce(%(start_at)s::timestamptz, flowlane._now() + make_interval(secs => %(delay)s::float8)),
                          %(key)s::text, priority => %(priority)s::int) s

@@ -24,7 +24,10 @@ select flowlane.create_flow(
   timeout => 60,
   queue_mode => 'explicit',
   concurrency_limit => 3,
-  concurrency_when_full => 'replace_waiting'
+  concurrency_when_full => 'replace_waiting',
+  debounce_period => 30,
+  debounce_key => '/workspace',
+  debounce_max_wait => 300
 );
 
 select flowlane.add_step(
