@@ -141,7 +141,7 @@ EXPECTED = {
     "get_run_waits": ("run_id uuid", "jsonb"),
     "get_run_family": ("run_id uuid", "jsonb"),
     "signal": ("run_id uuid, step_slug text, payload jsonb DEFAULT '{}'::jsonb", "flowlane.signals"),
-    "expire_waits": ("p_now timestamp with time zone DEFAULT now()", "integer"),
+    "expire_waits": ("p_now timestamp with time zone DEFAULT flowlane._now()", "integer"),
     "retry_run": ("run_id uuid", "flowlane.runs"),
     "retry_run_from": ("run_id uuid, step_slug text", "flowlane.runs"),
     "retry_runs": ("run_ids uuid[]", "SETOF uuid"),
@@ -154,7 +154,7 @@ EXPECTED = {
     "pgmq_metrics": ("", "SETOF pgmq.metrics_result"),
     "prune_runs": (
         (
-            "p_now timestamp with time zone DEFAULT now(), p_flows text[] DEFAULT NULL::text[], "
+            "p_now timestamp with time zone DEFAULT flowlane._now(), p_flows text[] DEFAULT NULL::text[], "
             "p_older_than integer DEFAULT NULL::integer, p_batch integer DEFAULT 500"
         ),
         (
@@ -164,7 +164,7 @@ EXPECTED = {
     ),
     "prunable_runs": (
         (
-            "p_now timestamp with time zone DEFAULT now(), p_flows text[] DEFAULT NULL::text[], "
+            "p_now timestamp with time zone DEFAULT flowlane._now(), p_flows text[] DEFAULT NULL::text[], "
             "p_older_than integer DEFAULT NULL::integer"
         ),
         "TABLE(flow_slug text, runs bigint, oldest_ended_at timestamp with time zone)",
@@ -202,7 +202,7 @@ EXPECTED = {
     "listen_run_finished": ("", "void"),
     "unlisten_run_finished": ("", "void"),
     # time
-    "maintenance_tick": ("p_now timestamp with time zone DEFAULT now()", "jsonb"),
+    "maintenance_tick": ("p_now timestamp with time zone DEFAULT flowlane._now()", "jsonb"),
     "run_deadline": ("run_id uuid", "timestamp with time zone"),
     "set_schedule": (
         (
