@@ -32,6 +32,8 @@ create table flowlane.flows (
   opt_concurrency_limit int,
   opt_concurrency_key text,
   opt_priority int,
+  opt_on_failure text,
+  opt_on_failure_on_cancel boolean default false not null,
   constraint flows_pkey primary key (flow_slug),
   constraint flows_base_delay_nonnegative check (opt_base_delay >= 0),
   constraint flows_deadline_positive check ((opt_deadline is null) or (opt_deadline >= 1)),
@@ -45,7 +47,8 @@ create table flowlane.flows (
   constraint flows_concurrency_limit_positive check ((opt_concurrency_limit is null) or (opt_concurrency_limit >= 1)),
   constraint flows_concurrency_key_pointer check ((opt_concurrency_key is null) or (opt_concurrency_key ~ '^(/([^~/]|~[01])*)+$')),
   constraint flows_concurrency_key_needs_limit check ((opt_concurrency_key is null) or (opt_concurrency_limit is not null)),
-  constraint flows_priority_range check ((opt_priority is null) or (opt_priority between -1000 and 1000))
+  constraint flows_priority_range check ((opt_priority is null) or (opt_priority between -1000 and 1000)),
+  constraint flows_on_failure_slug check ((opt_on_failure is null) or flowlane.is_valid_slug(opt_on_failure))
 );
 
 create unique index flows_slug_ci_unique on flowlane.flows (lower(flow_slug));
@@ -233,6 +236,7 @@ create table flowlane.runs (
   concurrency_key text,
   hold_seq bigint,
   priority int default 0 not null,
+  failure_of uuid,
   constraint runs_pkey primary key (run_id),
   constraint runs_rules check (flowlane._runs_rules(status, started_at, completed_at, failed_at, cancelled_at,
     cancel_reason, output is not null, remaining_steps, retry_count, called_as, idempotency_key, start_at,
@@ -268,6 +272,9 @@ create index runs_deadline_idx on flowlane.runs (deadline_at) where (status = 's
 
 -- one run per (schedule, slot), however many processes fire schedules at once
 create unique index runs_schedule_slot_unique on flowlane.runs (schedule_name, schedule_slot) where (schedule_slot is not null);
+
+-- a run's failure handler run (20_on_failure.sql): at most one per failed run
+create unique index runs_failure_of_unique on flowlane.runs (failure_of) where (failure_of is not null);
 
 create index runs_parent_idx on flowlane.runs (parent_run_id, parent_step_slug, parent_task_index) where (parent_run_id is not null);
 

@@ -16,7 +16,9 @@ create function flowlane.create_flow(
   dedup_key text = null,
   concurrency_limit int = null,
   concurrency_key text = null,
-  priority int = null
+  priority int = null,
+  on_failure text = null,
+  on_failure_on_cancel boolean = false
 ) returns flowlane.flows
 language plpgsql volatile
 set search_path = ''
@@ -39,6 +41,7 @@ begin
   perform flowlane._check_start_options(create_flow.flow_slug, create_flow.deadline, create_flow.dedup_key);
   perform flowlane._check_flow_control_options(format('flow "%s"', create_flow.flow_slug),
     create_flow.concurrency_limit, create_flow.concurrency_key, create_flow.priority);
+  perform flowlane._check_on_failure(create_flow.flow_slug, create_flow.on_failure);
   perform pg_advisory_xact_lock(hashtext('flowlane.flow'), hashtext(lower(create_flow.flow_slug)));
   select f.flow_slug into v_other from flowlane.flows f
   where lower(f.flow_slug) = lower(create_flow.flow_slug) and f.flow_slug <> create_flow.flow_slug;
@@ -60,12 +63,13 @@ begin
   end if;
   insert into flowlane.flows as f (flow_slug, opt_max_attempts, opt_base_delay, opt_timeout, queue_mode,
                                    opt_retention, opt_deadline, opt_dedup_key, opt_concurrency_limit,
-                                   opt_concurrency_key, opt_priority)
+                                   opt_concurrency_key, opt_priority, opt_on_failure, opt_on_failure_on_cancel)
   values (create_flow.flow_slug, coalesce(max_attempts, flowlane._flow_option_default('max_attempts')),
           coalesce(base_delay, flowlane._flow_option_default('base_delay')),
           coalesce(timeout, flowlane._flow_option_default('timeout')), v_mode, create_flow.retention,
           create_flow.deadline, create_flow.dedup_key, create_flow.concurrency_limit,
-          nullif(create_flow.concurrency_key, ''), create_flow.priority)
+          nullif(create_flow.concurrency_key, ''), create_flow.priority, create_flow.on_failure,
+          coalesce(create_flow.on_failure_on_cancel, false))
   on conflict on constraint flows_pkey do update
     set opt_max_attempts = excluded.opt_max_attempts,
         opt_base_delay = excluded.opt_base_delay,
@@ -75,7 +79,9 @@ begin
         opt_dedup_key = excluded.opt_dedup_key,
         opt_concurrency_limit = excluded.opt_concurrency_limit,
         opt_concurrency_key = excluded.opt_concurrency_key,
-        opt_priority = excluded.opt_priority
+        opt_priority = excluded.opt_priority,
+        opt_on_failure = excluded.opt_on_failure,
+        opt_on_failure_on_cancel = excluded.opt_on_failure_on_cancel
   returning * into v_flow;
   if v_old.flow_slug is not null and (v_old.opt_concurrency_limit, v_old.opt_concurrency_key)
      is distinct from (v_flow.opt_concurrency_limit, v_flow.opt_concurrency_key) then

@@ -35,6 +35,12 @@
 -- rows are unchanged (their output is null). retry_runs and cancel_runs retry or cancel a
 -- bounded batch of runs in one call, passing over those no longer in a state that allows it
 -- (`flowlane retry|cancel` with a filter calls them once per batch and transaction).
+-- A flow's failure handler: create_flow takes on_failure (a flow or alias, started once with the
+-- failure as its input when a run of the flow fails or passes its deadline) and
+-- on_failure_on_cancel (also when it is cancelled), kept in two new columns of flows; runs gain
+-- failure_of, the run a failure handler's run handles (unique: one per run). A trigger on runs
+-- starts it. Existing flows have none; existing runs handle no failure. create_flow changes its
+-- signature (two arguments with defaults); the functions workers call do not change.
 
 -- == Written by hand: tables, types and data that the functions need ==
 
@@ -46,9 +52,112 @@ alter table flowlane.task_attempts drop constraint task_attempts_outcome_valid,
   add constraint task_attempts_outcome_valid
   check (outcome in ('retry', 'failed', 'stalled', 'overridden', 'superseded'));
 
+-- failure handlers: the flow a flow's failures start, and the run a handler's run handles
+alter table flowlane.flows add column opt_on_failure text,
+  add column opt_on_failure_on_cancel boolean default false not null,
+  add constraint flows_on_failure_slug check ((opt_on_failure is null) or flowlane.is_valid_slug(opt_on_failure));
+alter table flowlane.runs add column failure_of uuid;
+-- a run's failure handler run (20_on_failure.sql): at most one per failed run
+create unique index runs_failure_of_unique on flowlane.runs (failure_of) where (failure_of is not null);
+
 -- == Drafted from the engine source by `python -m flowlane.core.draft_migration`; redrafted, never edited ==
 
 set local check_function_bodies = off;
+
+-- REVIEW: flowlane.create_flow(text,integer,integer,integer,text,integer,integer,text,integer,text,integer) is called by flowlane.ensure_flow_compiled(text,jsonb): a call in flight when this migration commits runs their old bodies to the end and fails without it; keep the signature while the previous release's workers may call them (CONTRIBUTING, rules for migrations)
+
+drop function flowlane.create_flow(text,integer,integer,integer,text,integer,integer,text,integer,text,integer);
+
+-- two transactions applying the same flow file raced between the existence
+-- check and the insert and one failed on flows_slug_ci_unique; the lock on
+-- the lowercase slug makes the second wait and then find the first's rows.
+-- retention: seconds a finished run is kept; null keeps runs for ever (so, unlike
+-- the other options, leaving it out is what gives the default)
+create or replace function flowlane.create_flow(
+  flow_slug text,
+  max_attempts int = null,
+  base_delay int = null,
+  timeout int = null,
+  queue_mode text = 'flow',
+  retention int = flowlane._flow_option_default('retention'),
+  deadline int = null,
+  dedup_key text = null,
+  concurrency_limit int = null,
+  concurrency_key text = null,
+  priority int = null,
+  on_failure text = null,
+  on_failure_on_cancel boolean = false
+) returns flowlane.flows
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_flow flowlane.flows;
+  v_old flowlane.flows;
+  v_other text;
+  v_mode text := coalesce(create_flow.queue_mode, 'flow');
+begin
+  perform flowlane._check_slug('flow', create_flow.flow_slug);
+  if v_mode not in ('flow', 'per-step', 'explicit') then
+    raise exception 'flow "%": queue_mode must be flow, per-step or explicit, not %',
+      create_flow.flow_slug, quote_literal(v_mode) using errcode = '22023';
+  end if;
+  if v_mode = 'flow' and length(create_flow.flow_slug) > 47 then
+    raise exception 'flow "%": with queue_mode flow the queue is the lowercase flow slug, which must have at most 47 characters (the PGMQ limit)',
+      create_flow.flow_slug using errcode = '22023', hint = 'use a shorter slug, or per-step/explicit queues';
+  end if;
+  perform flowlane._check_start_options(create_flow.flow_slug, create_flow.deadline, create_flow.dedup_key);
+  perform flowlane._check_flow_control_options(format('flow "%s"', create_flow.flow_slug),
+    create_flow.concurrency_limit, create_flow.concurrency_key, create_flow.priority);
+  perform flowlane._check_on_failure(create_flow.flow_slug, create_flow.on_failure);
+  perform pg_advisory_xact_lock(hashtext('flowlane.flow'), hashtext(lower(create_flow.flow_slug)));
+  select f.flow_slug into v_other from flowlane.flows f
+  where lower(f.flow_slug) = lower(create_flow.flow_slug) and f.flow_slug <> create_flow.flow_slug;
+  if found then
+    raise exception 'flow slug "%" conflicts with existing flow "%" (flow slugs are unique case-insensitively)',
+      create_flow.flow_slug, v_other using errcode = '23505';
+  end if;
+  select * into v_flow from flowlane.flows f where f.flow_slug = create_flow.flow_slug for update;
+  v_old := v_flow;
+  if found and v_flow.queue_mode <> v_mode then
+    raise exception 'FLOWLANE_SHAPE_MISMATCH: flow "%" exists with queue_mode %, not %',
+      create_flow.flow_slug, v_flow.queue_mode, v_mode
+      using errcode = '23514',
+            hint = 'the queue mode is part of the flow''s shape; create a new flow version (a new slug)';
+  end if;
+  if create_flow.retention is not null and create_flow.retention < 1 then
+    raise exception 'flow "%": retention must be at least 1 second (null keeps runs for ever), got %',
+      create_flow.flow_slug, create_flow.retention using errcode = '22023';
+  end if;
+  insert into flowlane.flows as f (flow_slug, opt_max_attempts, opt_base_delay, opt_timeout, queue_mode,
+                                   opt_retention, opt_deadline, opt_dedup_key, opt_concurrency_limit,
+                                   opt_concurrency_key, opt_priority, opt_on_failure, opt_on_failure_on_cancel)
+  values (create_flow.flow_slug, coalesce(max_attempts, flowlane._flow_option_default('max_attempts')),
+          coalesce(base_delay, flowlane._flow_option_default('base_delay')),
+          coalesce(timeout, flowlane._flow_option_default('timeout')), v_mode, create_flow.retention,
+          create_flow.deadline, create_flow.dedup_key, create_flow.concurrency_limit,
+          nullif(create_flow.concurrency_key, ''), create_flow.priority, create_flow.on_failure,
+          coalesce(create_flow.on_failure_on_cancel, false))
+  on conflict on constraint flows_pkey do update
+    set opt_max_attempts = excluded.opt_max_attempts,
+        opt_base_delay = excluded.opt_base_delay,
+        opt_timeout = excluded.opt_timeout,
+        opt_retention = excluded.opt_retention,
+        opt_deadline = excluded.opt_deadline,
+        opt_dedup_key = excluded.opt_dedup_key,
+        opt_concurrency_limit = excluded.opt_concurrency_limit,
+        opt_concurrency_key = excluded.opt_concurrency_key,
+        opt_priority = excluded.opt_priority,
+        opt_on_failure = excluded.opt_on_failure,
+        opt_on_failure_on_cancel = excluded.opt_on_failure_on_cancel
+  returning * into v_flow;
+  if v_old.flow_slug is not null and (v_old.opt_concurrency_limit, v_old.opt_concurrency_key)
+     is distinct from (v_flow.opt_concurrency_limit, v_flow.opt_concurrency_key) then
+    perform flowlane._flow_limits_changed(v_flow.flow_slug);
+  end if;
+  return v_flow;
+end;
+$$;
 
 create or replace function flowlane.complete_task(
   run_id uuid, step_slug text, task_index int, output jsonb, worker_id uuid = null, attempt int = null
@@ -817,4 +926,86 @@ begin
 end;
 $$;
 
+-- the flow a failure handler names: a slug (of a flow or an alias), not the flow itself
+create or replace function flowlane._check_on_failure(p_flow text, p_on_failure text) returns void
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  if p_on_failure is null then
+    return;
+  end if;
+  perform flowlane._check_slug('on_failure flow', p_on_failure);
+  if lower(p_on_failure) = lower(p_flow) then
+    raise exception 'flow "%": on_failure names the flow itself', p_flow
+      using errcode = '22023', hint = 'a failure handler is another flow (its own failure starts nothing more)';
+  end if;
+end;
+$$;
+
+-- what a failure handler's run gets as its input
+create or replace function flowlane._failure_input(p_run flowlane.runs) returns jsonb
+language sql stable
+set search_path = ''
+as $$
+  select jsonb_build_object(
+    'run_id', p_run.run_id,
+    'flow', p_run.flow_slug,
+    'status', p_run.status,
+    'error', coalesce(p_run.error_message, p_run.cancel_reason),
+    'failed_step', f.step_slug,
+    'step_error', f.error_message,
+    'outputs', coalesce((select jsonb_object_agg(ss.step_slug, ss.output) from flowlane.step_states ss
+                         where ss.run_id = p_run.run_id and ss.status = 'completed'), '{}'::jsonb),
+    'input', p_run.input)
+  from (select null) n
+  left join lateral (select ss.step_slug, ss.error_message from flowlane.step_states ss
+                     where ss.run_id = p_run.run_id and ss.status = 'failed'
+                     order by ss.failed_at, ss.step_slug limit 1) f on true;
+$$;
+
+-- a run of the flow's failure handler for a run that has just failed (or been cancelled),
+-- once per run: a run retried that fails again does not start a second one. A handler that
+-- cannot start (its flow gone, an input its contract refuses) leaves the failure as it is and
+-- says so in the run's error message.
+create or replace function flowlane._start_failure_handler() returns trigger
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_named text;
+  v_on_cancel boolean;
+  v_flow text;
+  v_handler flowlane.runs;
+begin
+  select f.opt_on_failure, f.opt_on_failure_on_cancel into v_named, v_on_cancel
+  from flowlane.flows f where f.flow_slug = new.flow_slug;
+  if v_named is null or (new.status = 'cancelled' and not v_on_cancel)
+     or exists (select 1 from flowlane.runs r where r.failure_of = new.run_id) then
+    return null;
+  end if;
+  begin
+    v_flow := flowlane.resolve_flow(v_named);
+    perform flowlane._check_start_input(v_flow, flowlane._failure_input(new),
+      format('failure handler %s of run %s', v_flow, new.run_id));
+    select * into v_handler from flowlane._create_runs(v_flow, array[flowlane._failure_input(new)],
+                                                       array[null::uuid]);
+    update flowlane.runs r set failure_of = new.run_id where r.run_id = v_handler.run_id;
+  exception when others then
+    update flowlane.runs r
+       set error_message = left(concat_ws('; ', r.error_message,
+                                          format('failure handler %s could not start: %s', v_named, sqlerrm)), 4000)
+     where r.run_id = new.run_id;
+  end;
+  return null;
+end;
+$$;
+
 -- == Written by hand: what calls the functions (checks, defaults, triggers, data) ==
+
+-- failure handlers: a run that fails (or is cancelled) starts its flow's failure handler
+create trigger runs_start_failure_handler
+  after update of status on flowlane.runs
+  for each row
+  when (old.status in ('started', 'waiting') and new.status in ('failed', 'cancelled') and new.failure_of is null)
+  execute function flowlane._start_failure_handler();
