@@ -1,12 +1,12 @@
 """``plan``, ``apply`` and ``verify``: the compiled project against a live database.
 
 Plan classifies every flow, alias, schedule and queue's limits: NEW_FLOW, NO_CHANGE,
-SAFE_OPTION_CHANGE (options of a flow or its steps, concurrency and priority among them, and
-a queue's limits), ALIAS_MOVE, NEW_VERSION_REQUIRED (refused), NEW_SCHEDULE, SCHEDULE_CHANGE
-and ONLY_IN_DATABASE (flows and aliases are never deleted; a schedule or a queue's limits the
-YAML no longer declares is deleted by the schedules or queues file, while the project
-declares any). Apply runs the reviewed SQL files (flows, then aliases, schedules and queue
-limits) in one transaction.
+SAFE_OPTION_CHANGE (options of a flow or its steps, concurrency, priority and the failure
+handler among them, and a queue's limits), ALIAS_MOVE, NEW_VERSION_REQUIRED (refused),
+NEW_SCHEDULE, SCHEDULE_CHANGE and ONLY_IN_DATABASE (flows and aliases are never deleted; a
+schedule or a queue's limits the YAML no longer declares is deleted by the schedules or
+queues file, while the project declares any). Apply runs the reviewed SQL files (flows,
+then aliases, schedules and queue limits) in one transaction.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ SCHEDULE_CHANGE = "SCHEDULE_CHANGE"
 DRIFT = frozenset({NEW_FLOW, SAFE_OPTION_CHANGE, ALIAS_MOVE, NEW_VERSION_REQUIRED, NEW_SCHEDULE,
                    SCHEDULE_CHANGE})
 _OPTIONS = ("max_attempts", "base_delay", "timeout", "retention", "deadline", "dedup_key",
-            "priority")
+            "priority", "on_failure", "on_failure_on_cancel")
 _STEP_OPTIONS = ("max_attempts", "base_delay", "timeout", "start_delay")
 
 
@@ -194,7 +194,7 @@ def _concurrency_change(prefix: str, row: dict[str, Any], wanted: Concurrency | 
 def _flow_value(name: str, value: Any) -> str:
     if value is None:  # an option left unset: retention keeps runs for ever, others are off
         return "forever" if name == "retention" else "none"
-    return str(value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _show(value: Any) -> str:

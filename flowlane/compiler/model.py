@@ -79,6 +79,8 @@ class Flow:
     dedup_key: str | None = None  # JSON pointer into the input: each run's idempotency key
     concurrency: Concurrency | None = None  # started runs at once, per key value
     priority: int | None = None  # claims on a queue take higher priorities first
+    on_failure: str | None = None  # the flow or alias a failed run starts, with the failure as input
+    on_failure_on_cancel: bool = False  # ... and a cancelled one
     description: str | None = None
     input_schema: Mapping[str, Any] | None = None  # the contract's shape form
     location: Location | None = field(default=None, compare=False)

@@ -41,6 +41,7 @@ def render_run(state: dict[str, Any]) -> str:
     if parent:
         lines.append(f"{'parent':<10}{parent['run_id']} ({parent['flow_slug']}, {parent['status']}; "
                      f"step {parent['step_slug']}[{parent['task_index']}])")
+    lines.extend(_failure_lines(state))
     lines.append("")
     lines.extend(_step_table(state))
     lines.extend(_holds(state))
@@ -191,6 +192,16 @@ def _holds(state: dict[str, Any]) -> list[str]:
     lines += [f"  {what:<24} {why}" for what, why in shown[:HOLDS_SHOWN]]
     if len(shown) > HOLDS_SHOWN:
         lines.append(f"  ... and {len(shown) - HOLDS_SHOWN} more (`--format json` lists them)")
+    return lines
+
+
+def _failure_lines(state: dict[str, Any]) -> list[str]:
+    """The run of the flow's failure handler, or the failed run this run handles."""
+    lines = []
+    for key, label in (("failure_handler", "handler"), ("failure_of", "handles")):
+        other = state.get(key)
+        if other:
+            lines.append(f"{label:<10}{other['run_id']} ({other['flow_slug']}, {other['status']})")
     return lines
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -41,3 +43,20 @@ def test_the_flow_control_example_compiles_and_its_handlers_import() -> None:
     for ref in project.handlers():
         module = importlib.import_module(ref.handler.partition(":")[0])
         assert callable(getattr(module, ref.handler.partition(":")[2])), ref
+
+
+def test_the_failure_handler_example_compiles_and_its_handlers_import() -> None:
+    project = load_project(ROOT / "examples" / "failure_handler")
+    orders = project.flow("orders")
+    assert (orders.on_failure, orders.on_failure_on_cancel) == ("order_failed", True)
+    assert "on_failure => 'order_failed'" in compiler.compile_project(project)["flows/orders.sql"]
+    for ref in project.handlers():
+        module = importlib.import_module(ref.handler.partition(":")[0])
+        assert callable(getattr(module, ref.handler.partition(":")[2])), ref
+    from examples.handlers.orders import release
+
+    ctx = SimpleNamespace(log=logging.getLogger("example"))
+    undone = release({"run_id": "r", "flow": "orders", "status": "failed", "error": "no courier",
+                      "failed_step": "ship", "step_error": "no courier", "input": {"order_id": 7},
+                      "outputs": {"reserve": {"reservation": "R-7"}, "charge": {"payment": "P-7"}}}, ctx)
+    assert undone == {"undone": ["refunded P-7", "released R-7"]}

@@ -41,7 +41,8 @@ EXPECTED = {
             "retention integer DEFAULT flowlane._flow_option_default('retention'::text), "
             "deadline integer DEFAULT NULL::integer, "
             "dedup_key text DEFAULT NULL::text, concurrency_limit integer DEFAULT NULL::integer, "
-            "concurrency_key text DEFAULT NULL::text, priority integer DEFAULT NULL::integer"
+            "concurrency_key text DEFAULT NULL::text, priority integer DEFAULT NULL::integer, "
+            "on_failure text DEFAULT NULL::text, on_failure_on_cancel boolean DEFAULT false"
         ),
         "flowlane.flows",
     ),

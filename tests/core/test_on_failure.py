@@ -98,8 +98,9 @@ def test_a_handler_that_cannot_start_leaves_the_failure_and_says_so(engine: Engi
     run_id = engine.start("f", {})
     _drive_to_failure(engine, run_id, "boom")
     run = engine.run(run_id)
-    assert run["error_message"] == ("step c task 0 failed after 1 attempt: boom; failure handler missing "
-                                    "could not start: unknown flow \"missing\" (no flow or alias has this slug)")
+    assert run["error_message"] == (
+        "step c task 0 failed after 1 attempt: boom; failure handler missing could not start: "
+        "unknown flow \"missing\" (no flow or alias has this slug)")
     assert _handlers(engine, run_id) == []
 
 

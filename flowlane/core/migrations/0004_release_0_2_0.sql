@@ -926,6 +926,30 @@ begin
 end;
 $$;
 
+-- a run's parent and children for `flowlane run` and the console, and its failure handler's
+-- run (or the run whose failure it handles, 20_on_failure.sql)
+create or replace function flowlane.get_run_family(run_id uuid) returns jsonb
+language sql stable
+set search_path = ''
+as $$
+  select jsonb_build_object(
+    'failure_handler', (select jsonb_build_object('run_id', h.run_id, 'flow_slug', h.flow_slug, 'status', h.status)
+                        from flowlane.runs h where h.failure_of = r.run_id),
+    'failure_of', (select jsonb_build_object('run_id', f.run_id, 'flow_slug', f.flow_slug, 'status', f.status)
+                   from flowlane.runs f where f.run_id = r.failure_of),
+    'parent', (select jsonb_build_object('run_id', p.run_id, 'flow_slug', p.flow_slug, 'status', p.status,
+                                         'step_slug', r.parent_step_slug, 'task_index', r.parent_task_index)
+               from flowlane.runs p where p.run_id = r.parent_run_id),
+    'children', coalesce((select jsonb_agg(jsonb_build_object(
+                            'run_id', c.run_id, 'flow_slug', c.flow_slug, 'status', c.status,
+                            'step_slug', c.parent_step_slug, 'task_index', c.parent_task_index,
+                            'started_at', c.started_at)
+                          order by c.parent_step_slug, c.parent_task_index, c.started_at, c.run_id)
+                          from flowlane.runs c where c.parent_run_id = r.run_id), '[]'::jsonb))
+  from flowlane.runs r
+  where r.run_id = get_run_family.run_id
+$$;
+
 -- the flow a failure handler names: a slug (of a flow or an alias), not the flow itself
 create or replace function flowlane._check_on_failure(p_flow text, p_on_failure text) returns void
 language plpgsql immutable

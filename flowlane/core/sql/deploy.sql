@@ -4,7 +4,8 @@ select to_regclass('flowlane.aliases') is not null
 
 -- name: deploy_flows
 select f.flow_slug, f.opt_max_attempts, f.opt_base_delay, f.opt_timeout, f.opt_retention,
-       f.opt_deadline, f.opt_dedup_key, f.opt_concurrency_limit, f.opt_concurrency_key, f.opt_priority
+       f.opt_deadline, f.opt_dedup_key, f.opt_concurrency_limit, f.opt_concurrency_key, f.opt_priority,
+       f.opt_on_failure, f.opt_on_failure_on_cancel
 from flowlane.flows f
 order by f.flow_slug collate "C"
 
