@@ -39,6 +39,7 @@ DRIFT = frozenset({NEW_FLOW, SAFE_OPTION_CHANGE, ALIAS_MOVE, NEW_VERSION_REQUIRE
 _OPTIONS = ("max_attempts", "base_delay", "timeout", "retention", "deadline", "dedup_key",
             "priority", "on_failure", "on_failure_on_cancel")
 _STEP_OPTIONS = ("max_attempts", "base_delay", "timeout", "start_delay")
+_STEP_OWN_OPTIONS = ("compensate",)  # not inherited from the flow: unset is none
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,11 @@ def _option_differences(flow: Flow, row: dict[str, Any], state: _State) -> tuple
             if old != new:
                 found.append(f"step {step.slug}: {name}: {_show(old)} in the database, "
                              f"{_show(new)} in the YAML")
+        for name in _STEP_OWN_OPTIONS:
+            old, new = step_row.get(f"opt_{name}"), getattr(step, name)
+            if old != new:
+                found.append(f"step {step.slug}: {name}: {_flow_value(name, old)} in the database, "
+                             f"{_flow_value(name, new)} in the YAML")
         found += _concurrency_change(f"step {step.slug}: ", step_row, step.concurrency)
     return tuple(found)
 

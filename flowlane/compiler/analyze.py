@@ -583,6 +583,7 @@ class _FlowChecker:
             output_schema=None if contract is None else contract.schema,
             flow=get("flow"),
             concurrency=_concurrency(spec),
+            compensate=get("compensate", {}).get("flow"),
             location=self.entry.loc(("steps", slug), key=True),
             handler_location=(self.entry.loc(("steps", slug, "handler"))
                               if "handler" in spec else None),
@@ -727,18 +728,25 @@ def _child_flows(state: Analysis) -> None:
 
 
 def _failure_handlers(state: Analysis) -> None:
-    """A failure handler is another flow or alias of the project (FL142, FL143)."""
+    """A failure handler is another flow or alias of the project (FL142, FL143); so is a
+    step's compensation (FL144)."""
     for flow in state.flows.values():
-        named = flow.on_failure
-        if named is None:
-            continue
         entry = state.flow_entries[flow.slug]
+        named = flow.on_failure
         if named == flow.slug:
             state.findings.append(entry.doc.diagnostic(
                 ("on_failure", "flow"), "FL143", f"flow `{flow.slug}` names itself as its failure handler",
                 "name another flow: the handler runs when this flow has failed"))
-        elif named not in state.known_flows and named not in state.known_aliases:
+        elif named is not None and not _is_flow_or_alias(named, state):
             _report_unknown(entry, ("on_failure", "flow"), named, state, "FL142")
+        for step in flow.steps:
+            if step.compensate is not None and not _is_flow_or_alias(step.compensate, state):
+                _report_unknown(entry, ("steps", step.slug, "compensate", "flow"), step.compensate,
+                                state, "FL144")
+
+
+def _is_flow_or_alias(name: str, state: Analysis) -> bool:
+    return name in state.known_flows or name in state.known_aliases
 
 
 def _cycles(edges: dict[str, list[tuple[str, str]]]) -> list[list[tuple[str, str]]]:
@@ -810,7 +818,7 @@ def _unknown_flow(entry: _Entry, path: tuple[str | int, ...], slug: str, state: 
     if slug in state.known_aliases and code == "FL050":
         return entry.doc.diagnostic(path, code, f"`{slug}` is an alias, not a concrete flow",
                                     "an alias points at concrete flow slugs only")
-    with_aliases = code in ("FL060", "FL140", "FL142")
+    with_aliases = code in ("FL060", "FL140", "FL142", "FL144")
     candidates = sorted(state.known_flows | (state.known_aliases if with_aliases else set()))
     close = closest(slug, candidates)
     help = f"did you mean `{close}`?" if close else "declare the flow with `kind: flow`"

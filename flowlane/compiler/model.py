@@ -60,6 +60,7 @@ class Step:
     output_schema: Mapping[str, Any] | None = None  # the contract's shape form
     flow: str | None = None
     concurrency: Concurrency | None = None
+    compensate: str | None = None  # the flow or alias that undoes the step when its run fails
     location: Location | None = field(default=None, compare=False)
     handler_location: Location | None = field(default=None, compare=False)
 

@@ -49,14 +49,19 @@ def test_the_failure_handler_example_compiles_and_its_handlers_import() -> None:
     project = load_project(ROOT / "examples" / "failure_handler")
     orders = project.flow("orders")
     assert (orders.on_failure, orders.on_failure_on_cancel) == ("order_failed", True)
-    assert "on_failure => 'order_failed'" in compiler.compile_project(project)["flows/orders.sql"]
+    assert [(s.slug, s.compensate) for s in orders.steps] == [
+        ("reserve", "release_stock"), ("charge", "refund_payment"), ("ship", None)]
+    assert "compensate => 'refund_payment'" in compiler.compile_project(project)["flows/orders.sql"]
     for ref in project.handlers():
         module = importlib.import_module(ref.handler.partition(":")[0])
         assert callable(getattr(module, ref.handler.partition(":")[2])), ref
-    from examples.handlers.orders import release
+    from examples.handlers import orders as handlers
 
     ctx = SimpleNamespace(log=logging.getLogger("example"))
-    undone = release({"run_id": "r", "flow": "orders", "status": "failed", "error": "no courier",
-                      "failed_step": "ship", "step_error": "no courier", "input": {"order_id": 7},
-                      "outputs": {"reserve": {"reservation": "R-7"}, "charge": {"payment": "P-7"}}}, ctx)
-    assert undone == {"undone": ["refunded P-7", "released R-7"]}
+    told = handlers.notify({"run_id": "r", "flow": "orders", "status": "failed", "error": "no courier",
+                            "failed_step": "ship", "step_error": "no courier", "input": {"order_id": 7},
+                            "outputs": {"reserve": {}, "charge": {}}}, ctx)
+    assert told == {"told": 7, "completed": ["charge", "reserve"]}
+    undo = {"run_id": "r", "flow": "orders", "step": "charge", "input": {"reserve": {}},
+            "output": {"payment": "P-7", "amount": 20}}
+    assert handlers.refund(undo, ctx) == {"refunded": "P-7", "amount": 20}

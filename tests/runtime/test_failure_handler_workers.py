@@ -1,6 +1,7 @@
-"""A flow's failure handler with real workers: a run whose third step fails starts the
-handler's run once, whose task runs to completion exactly once even when the worker running
-it is killed (SIGKILL) in the middle; `flowlane run` shows both sides."""
+"""A flow's failure handler and its steps' compensations with real workers: a run whose third
+step fails starts the handler's run once and compensates its first two steps in reverse order,
+once each, even when the workers running the handler and the first compensation are killed
+(SIGKILL) in the middle; `flowlane run` shows every side."""
 
 from __future__ import annotations
 
@@ -29,12 +30,15 @@ defaults: {max_attempts: 1, timeout: 30}
 steps:
   reserve:
     handler: fh_handlers:reserve
+    compensate: {flow: fh_undo_step}
   charge:
     needs: [reserve]
     handler: fh_handlers:charge
+    compensate: {flow: fh_undo_step}
   ship:
     needs: [charge]
     handler: fh_handlers:ship
+    compensate: {flow: fh_undo_step}
 ---
 kind: flow
 slug: fh_undo
@@ -42,6 +46,13 @@ defaults: {max_attempts: 3, timeout: 30}
 steps:
   report:
     handler: fh_handlers:report
+---
+kind: flow
+slug: fh_undo_step
+defaults: {max_attempts: 3, timeout: 30}
+steps:
+  undo:
+    handler: fh_handlers:undo
 """
 
 HANDLERS = """\
@@ -54,14 +65,22 @@ def _note(folder, line):
         out.write(line + "\\n")
 
 
+def _barrier(folder):
+    deadline = time.monotonic() + 60
+    while not (Path(folder) / "release").exists():  # a barrier the test opens
+        if time.monotonic() > deadline:
+            raise TimeoutError("the test never opened the barrier")
+        time.sleep(0.02)
+
+
 def reserve(input, ctx):
     _note(ctx.flow_input["dir"], "reserve")
-    return {"reserved": 2}
+    return {"reserved": 2, "dir": ctx.flow_input["dir"]}
 
 
 def charge(input, ctx):
     _note(ctx.flow_input["dir"], "charge")
-    return {"charged": 20}
+    return {"charged": 20, "dir": ctx.flow_input["dir"]}
 
 
 def ship(input, ctx):
@@ -72,13 +91,17 @@ def ship(input, ctx):
 def report(input, ctx):
     folder = input["input"]["dir"]
     _note(folder, "report began")
-    deadline = time.monotonic() + 60
-    while not (Path(folder) / "release").exists():  # a barrier the test opens
-        if time.monotonic() > deadline:
-            raise TimeoutError("the test never opened the barrier")
-        time.sleep(0.02)
+    _barrier(folder)
     _note(folder, "report done")
     return {"handled": input["failed_step"], "outputs": sorted(input["outputs"])}
+
+
+def undo(input, ctx):
+    folder = input["output"]["dir"]
+    _note(folder, f"undo {input['step']} began")
+    _barrier(folder)
+    _note(folder, f"undo {input['step']} done")
+    return {"undone": input["step"], "had": input["input"]}
 """
 
 
@@ -92,12 +115,27 @@ def _handler_runs(dsn: str, run_id: str) -> list[tuple[Any, ...]]:
                  (run_id,))
 
 
-def test_the_failure_handler_runs_once_though_its_worker_is_killed(tmp_path: Path, dsn: str) -> None:
+def _compensation_run(dsn: str, run_id: str, step: str) -> str | None:
+    found = _rows(dsn, "select compensation_run_id::text from flowlane.compensations "
+                       "where run_id = %s::uuid and step_slug = %s", (run_id, step))
+    return found[0][0] if found else None
+
+
+def _lines(log: Path) -> list[str]:
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_the_handler_and_the_compensations_run_once_though_their_workers_are_killed(
+        tmp_path: Path, dsn: str) -> None:
     project = applied_project(tmp_path / "proj", dsn, FLOWS, {"fh_handlers": HANDLERS})
     work = tmp_path / "work"
     work.mkdir()
     log = work / "executions.log"
-    workers = [WorkerProcess(dsn, tmp_path, "--queue", "fh_orders", cwd=project).wait_ready()]
+
+    def worker(queue: str, *args: str) -> WorkerProcess:
+        return WorkerProcess(dsn, tmp_path, "--queue", queue, *args, cwd=project).wait_ready()
+
+    workers = [worker("fh_orders")]
     try:
         run_id = start_run(dsn, "fh_orders", {"dir": str(work)})
         failed = wait_run(dsn, run_id, workers=workers)
@@ -106,32 +144,57 @@ def test_the_failure_handler_runs_once_though_its_worker_is_killed(tmp_path: Pat
                                                         message="the handler's run")
         assert handler_input["failed_step"] == "ship"
         assert handler_input["step_error"] == "RuntimeError: no courier"
-        assert handler_input["outputs"] == {"reserve": {"reserved": 2}, "charge": {"charged": 20}}
+        assert set(handler_input["outputs"]) == {"reserve", "charge"}
+        # the first compensation is charge's (it needed reserve); reserve's waits for it
+        charge_undo = _compensation_run(dsn, run_id, "charge")
+        assert charge_undo is not None and _compensation_run(dsn, run_id, "reserve") is None
 
-        doomed = WorkerProcess(dsn, tmp_path, "--queue", "fh_undo", cwd=project).wait_ready()
-        workers.append(doomed)
-        wait_until(lambda: log.exists() and "report began" in log.read_text(), message="the handler to begin")
-        doomed.signal(signal.SIGKILL)
-        doomed.wait()
-        workers.remove(doomed)
+        doomed = [worker("fh_undo"), worker("fh_undo_step")]
+        workers += doomed
+        wait_until(lambda: {"report began", "undo charge began"} <= set(_lines(log)),
+                   message="the handler and charge's compensation to begin")
+        for process in doomed:
+            process.signal(signal.SIGKILL)
+            process.wait()
+            workers.remove(process)
         backdate_started(dsn, handler_id, "report")  # stalled, instead of waiting for the threshold
+        backdate_started(dsn, charge_undo, "undo")
         (work / "release").touch()
-        workers.append(WorkerProcess(dsn, tmp_path, "--queue", "fh_undo", "--requeue-interval", "1",
-                                     cwd=project).wait_ready())
+        workers += [worker("fh_undo", "--requeue-interval", "1"),
+                    worker("fh_undo_step", "--requeue-interval", "1")]
         handled = wait_run(dsn, handler_id, workers=workers)
-        assert handled["run"]["status"] == "completed"
         assert handled["run"]["output"] == {"report": {"handled": "ship", "outputs": ["charge", "reserve"]}}
+        wait_until(lambda: _rows(dsn, "select compensation from flowlane.runs where run_id = %s::uuid",
+                                 (run_id,)) == [("completed",)], message="the compensation to complete")
     finally:
-        for worker in workers:
-            worker.stop()
+        for process in workers:
+            process.stop()
 
-    assert log.read_text().splitlines() == ["reserve", "charge", "ship", "report began", "report began",
-                                            "report done"]
+    lines = _lines(log)
+    assert lines[:3] == ["reserve", "charge", "ship"]
+    assert [line for line in lines if line.startswith("undo")] == [
+        "undo charge began", "undo charge began", "undo charge done",
+        "undo reserve began", "undo reserve done"]
+    assert [line for line in lines if line.startswith("report")] == [
+        "report began", "report began", "report done"]
     assert len(_handler_runs(dsn, run_id)) == 1
-    assert _rows(dsn, "select outcome from flowlane.task_attempts where run_id = %s::uuid",
-                 (handler_id,)) == [("stalled",)]
+    assert _rows(dsn, "select c.step_slug, c.status, r.status, r.output -> 'undo' -> 'had' "
+                      "from flowlane.compensations c "
+                      "join flowlane.runs r on r.run_id = c.compensation_run_id "
+                      "where c.run_id = %s::uuid order by r.started_at", (run_id,)) == [
+        ("charge", "completed", "completed", {"reserve": {"reserved": 2, "dir": str(work)}}),
+        ("reserve", "completed", "completed", {"dir": str(work)})]
+    assert _rows(dsn, "select count(*) from flowlane.runs where compensation_of = %s::uuid",
+                 (run_id,)) == [(2,)]
+    for undone in (handler_id, charge_undo):
+        assert _rows(dsn, "select outcome from flowlane.task_attempts where run_id = %s::uuid",
+                     (undone,)) == [("stalled",)]
     assert _rows(dsn, "select status from flowlane.runs where run_id = %s::uuid", (run_id,)) == [("failed",)]
-    shown = flowlane("run", run_id, "--dsn", dsn, cwd=project)
-    assert f"handler   {handler_id} (fh_undo, completed)" in shown.stdout, shown.stdout + shown.stderr
-    shown = flowlane("run", handler_id, "--dsn", dsn, cwd=project)
-    assert f"handles   {run_id} (fh_orders, failed)" in shown.stdout, shown.stdout + shown.stderr
+    shown = flowlane("run", run_id, "--dsn", dsn, cwd=project).stdout
+    assert f"handler   {handler_id} (fh_undo, completed)" in shown, shown
+    assert "undo      compensation completed" in shown, shown
+    assert f"  charge                   completed  {charge_undo}  fh_undo_step" in shown, shown
+    shown = flowlane("run", handler_id, "--dsn", dsn, cwd=project).stdout
+    assert f"handles   {run_id} (fh_orders, failed)" in shown, shown
+    shown = flowlane("run", charge_undo, "--dsn", dsn, cwd=project).stdout
+    assert f"undoes    step charge of run {run_id} (fh_orders, failed)" in shown, shown

@@ -120,7 +120,8 @@ create function flowlane.add_step(
   queue_name text = null,
   child_flow text = null,
   concurrency_limit int = null,
-  concurrency_key text = null
+  concurrency_key text = null,
+  compensate text = null
 ) returns flowlane.steps
 language plpgsql volatile
 set search_path = ''
@@ -238,7 +239,8 @@ begin
        set opt_max_attempts = max_attempts, opt_base_delay = base_delay,
            opt_timeout = timeout, opt_start_delay = start_delay,
            opt_concurrency_limit = add_step.concurrency_limit,
-           opt_concurrency_key = nullif(add_step.concurrency_key, '')
+           opt_concurrency_key = nullif(add_step.concurrency_key, ''),
+           opt_compensate = add_step.compensate
      where s.flow_slug = v_flow and s.step_slug = v_step
     returning * into v_row;
     if (v_existing.opt_concurrency_limit, v_existing.opt_concurrency_key)
@@ -276,10 +278,10 @@ begin
   insert into flowlane.steps (flow_slug, step_slug, step_type, step_index, deps_count,
     opt_max_attempts, opt_base_delay, opt_timeout, opt_start_delay,
     required_input_pattern, forbidden_input_pattern, when_unmet, when_exhausted, queue_name, child_flow,
-    opt_concurrency_limit, opt_concurrency_key)
+    opt_concurrency_limit, opt_concurrency_key, opt_compensate)
   values (v_flow, v_step, v_type, v_index, cardinality(v_sorted_deps), max_attempts, base_delay, timeout,
     start_delay, required_input_pattern, forbidden_input_pattern, v_unmet, v_exhausted, v_queue,
-    add_step.child_flow, add_step.concurrency_limit, nullif(add_step.concurrency_key, ''))
+    add_step.child_flow, add_step.concurrency_limit, nullif(add_step.concurrency_key, ''), add_step.compensate)
   returning * into v_row;
   insert into flowlane.deps (flow_slug, dep_slug, step_slug)
   select v_flow, d, v_step from unnest(v_sorted_deps) d;
