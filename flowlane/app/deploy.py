@@ -1,12 +1,13 @@
 """``plan``, ``apply`` and ``verify``: the compiled project against a live database.
 
 Plan classifies every flow, alias, schedule, queue's limits and trigger: NEW_FLOW, NO_CHANGE,
-SAFE_OPTION_CHANGE (options of a flow or its steps, concurrency and priority among them, and
-a queue's limits), ALIAS_MOVE, NEW_VERSION_REQUIRED (refused), NEW_SCHEDULE, SCHEDULE_CHANGE,
-NEW_TRIGGER, TRIGGER_CHANGE, TRIGGER_REMOVED and ONLY_IN_DATABASE (flows and aliases are never
-deleted; a schedule, a queue's limits or a trigger the YAML no longer declares is deleted by the
-schedules, queues or triggers file, while the project declares any). Apply runs the reviewed
-SQL files (flows, then aliases, schedules, queue limits and triggers) in one transaction.
+SAFE_OPTION_CHANGE (options of a flow or its steps, concurrency, priority and the failure
+handler among them, and a queue's limits), ALIAS_MOVE, NEW_VERSION_REQUIRED (refused),
+NEW_SCHEDULE, SCHEDULE_CHANGE, NEW_TRIGGER, TRIGGER_CHANGE, TRIGGER_REMOVED and
+ONLY_IN_DATABASE (flows and aliases are never deleted; a schedule, a queue's limits or a
+trigger the YAML no longer declares is deleted by the schedules, queues or triggers file,
+while the project declares any). Apply runs the reviewed SQL files (flows, then aliases,
+schedules, queue limits and triggers) in one transaction.
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ TRIGGER_REMOVED = "TRIGGER_REMOVED"
 DRIFT = frozenset({NEW_FLOW, SAFE_OPTION_CHANGE, ALIAS_MOVE, NEW_VERSION_REQUIRED, NEW_SCHEDULE,
                    SCHEDULE_CHANGE, NEW_TRIGGER, TRIGGER_CHANGE, TRIGGER_REMOVED})
 _OPTIONS = ("max_attempts", "base_delay", "timeout", "retention", "deadline", "dedup_key",
-            "priority")
+            "priority", "on_failure", "on_failure_on_cancel")
 _STEP_OPTIONS = ("max_attempts", "base_delay", "timeout", "start_delay")
+_STEP_OWN_OPTIONS = ("compensate",)  # not inherited from the flow: unset is none
 
 
 @dataclass(frozen=True)
@@ -198,6 +200,11 @@ def _option_differences(flow: Flow, row: dict[str, Any], state: _State) -> tuple
             if old != new:
                 found.append(f"step {step.slug}: {name}: {_show(old)} in the database, "
                              f"{_show(new)} in the YAML")
+        for name in _STEP_OWN_OPTIONS:
+            old, new = step_row.get(f"opt_{name}"), getattr(step, name)
+            if old != new:
+                found.append(f"step {step.slug}: {name}: {_flow_value(name, old)} in the database, "
+                             f"{_flow_value(name, new)} in the YAML")
         found += _concurrency_change(f"step {step.slug}: ", step_row, step.concurrency)
     return tuple(found)
 
@@ -215,7 +222,7 @@ def _concurrency_change(prefix: str, row: dict[str, Any], wanted: Concurrency | 
 def _flow_value(name: str, value: Any) -> str:
     if value is None:  # an option left unset: retention keeps runs for ever, others are off
         return "forever" if name == "retention" else "none"
-    return str(value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _show(value: Any) -> str:

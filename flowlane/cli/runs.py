@@ -116,6 +116,8 @@ def configure(subparsers: Any) -> None:
                        help="the run; without it, every failed run the filter options match")
     retry.add_argument("--from", dest="from_step", metavar="STEP",
                        help="rerun this step and every step that depends on it")
+    retry.add_argument("--compensation", action="store_true",
+                       help="resume the run's stopped compensation: retry its failed compensations")
     _add_filter(retry)
     add_dsn_argument(retry)
     add_format(retry)
@@ -488,14 +490,16 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
     where = _run_filter(args)
     if where is not None:
-        if args.from_step is not None:
-            raise errors.UsageError("--from takes one run (RUN_ID), not a filter")
+        if args.from_step is not None or args.compensation:
+            raise errors.UsageError("--from and --compensation take one run (RUN_ID), not a filter")
         return _bulk(args, "retry", where)
     with Client(args.dsn) as client:
-        run = client.retry(args.run_id, from_step=args.from_step)
+        run = client.retry(args.run_id, from_step=args.from_step, compensation=args.compensation)
     if args.format == "json":
         print(json.dumps({"run_id": str(run["run_id"]), "status": run["status"],
-                          "retry_count": run["retry_count"]}))
+                          "retry_count": run["retry_count"], "compensation": run["compensation"]}))
+    elif args.compensation:
+        print(f"run {run['run_id']}: compensation {run['compensation']} again")
     else:
         print(f"run {run['run_id']} {run['status']} again (retry {run['retry_count']})")
     return 0

@@ -87,6 +87,7 @@ def analyze(documents: Iterable[Document], *, complete: bool = True
     for entry in aliases:
         _build_alias(entry, state)
     _child_flows(state)
+    _failure_handlers(state)
     _build_workers(workers, state)
     built = _build_schedules(schedules, state)
     limits = _build_queue_limits(queues, state)
@@ -594,6 +595,8 @@ class _FlowChecker:
             concurrency=_concurrency(self.entry.data),
             priority=_opt_int(self.entry.data, "priority"),
             debounce=_debounce(self.entry.data),
+            on_failure=self.entry.data.get("on_failure", {}).get("flow"),
+            on_failure_on_cancel=bool(self.entry.data.get("on_failure", {}).get("on_cancel", False)),
             description=self.entry.data.get("description"),
             input_schema=self.input_contract.schema if self.input_contract else None,
             location=self.entry.loc(),
@@ -626,6 +629,7 @@ class _FlowChecker:
             output_schema=None if contract is None else contract.schema,
             flow=get("flow"),
             concurrency=_concurrency(spec),
+            compensate=get("compensate", {}).get("flow"),
             location=self.entry.loc(("steps", slug), key=True),
             handler_location=(self.entry.loc(("steps", slug, "handler"))
                               if "handler" in spec else None),
@@ -777,6 +781,28 @@ def _child_flows(state: Analysis) -> None:
             "work in a map step)"))
 
 
+def _failure_handlers(state: Analysis) -> None:
+    """A failure handler is another flow or alias of the project (FL142, FL143); so is a
+    step's compensation (FL144)."""
+    for flow in state.flows.values():
+        entry = state.flow_entries[flow.slug]
+        named = flow.on_failure
+        if named == flow.slug:
+            state.findings.append(entry.doc.diagnostic(
+                ("on_failure", "flow"), "FL143", f"flow `{flow.slug}` names itself as its failure handler",
+                "name another flow: the handler runs when this flow has failed"))
+        elif named is not None and not _is_flow_or_alias(named, state):
+            _report_unknown(entry, ("on_failure", "flow"), named, state, "FL142")
+        for step in flow.steps:
+            if step.compensate is not None and not _is_flow_or_alias(step.compensate, state):
+                _report_unknown(entry, ("steps", step.slug, "compensate", "flow"), step.compensate,
+                                state, "FL144")
+
+
+def _is_flow_or_alias(name: str, state: Analysis) -> bool:
+    return name in state.known_flows or name in state.known_aliases
+
+
 def _cycles(edges: dict[str, list[tuple[str, str]]]) -> list[list[tuple[str, str]]]:
     """One cycle of (flow, step) per strongly connected group, found by depth-first search
     from each flow in order; each reported once, from its first flow in name order."""
@@ -846,7 +872,8 @@ def _unknown_flow(entry: _Entry, path: tuple[str | int, ...], slug: str, state: 
     if slug in state.known_aliases and code == "FL050":
         return entry.doc.diagnostic(path, code, f"`{slug}` is an alias, not a concrete flow",
                                     "an alias points at concrete flow slugs only")
-    candidates = sorted(state.known_flows | (state.known_aliases if code in ("FL060", "FL140") else set()))
+    with_aliases = code in ("FL060", "FL140", "FL142", "FL144")
+    candidates = sorted(state.known_flows | (state.known_aliases if with_aliases else set()))
     close = closest(slug, candidates)
     help = f"did you mean `{close}`?" if close else "declare the flow with `kind: flow`"
     return entry.doc.diagnostic(path, code, f"`{slug}` is not a flow of this project", help)

@@ -73,6 +73,10 @@ CODES: dict[str, str] = {
     # child flows
     "FL140": "child flow is not a flow or alias of this project",
     "FL141": "flows start each other in a cycle",
+    # failure handlers
+    "FL142": "failure handler is not a flow or alias of this project",
+    "FL143": "flow names itself as its failure handler",
+    "FL144": "compensation is not a flow or alias of this project",
     # flow control (concurrency, queue limits, priorities)
     "FL180": "concurrency or rate limit out of range",
     "FL181": "concurrency key is not a JSON pointer",

@@ -129,6 +129,7 @@ class QuotedStep(NamedTuple):
     child_flow: Sql | None
     concurrency_limit: Sql | None
     concurrency_key: Sql | None
+    compensate: Sql | None
 
 
 _NULL = sqltext.literal(None)
@@ -158,6 +159,7 @@ def quoted_step(step: Step) -> QuotedStep:
         concurrency_limit=None if step.concurrency is None else literal(step.concurrency.limit),
         concurrency_key=(None if step.concurrency is None or step.concurrency.key is None
                          else literal(step.concurrency.key)),
+        compensate=None if step.compensate is None else literal(step.compensate),
     )
 
 

@@ -62,6 +62,7 @@ class Step:
     output_schema: Mapping[str, Any] | None = None  # the contract's shape form
     flow: str | None = None
     concurrency: Concurrency | None = None
+    compensate: str | None = None  # the flow or alias that undoes the step when its run fails
     location: Location | None = field(default=None, compare=False)
     handler_location: Location | None = field(default=None, compare=False)
 
@@ -96,6 +97,8 @@ class Flow:
     concurrency: Concurrency | None = None  # started runs at once, per key value
     priority: int | None = None  # claims on a queue take higher priorities first
     debounce: Debounce | None = None  # starts of one key collapse into one later run
+    on_failure: str | None = None  # the flow or alias a failed run starts, with the failure as input
+    on_failure_on_cancel: bool = False  # ... and a cancelled one
     description: str | None = None
     input_schema: Mapping[str, Any] | None = None  # the contract's shape form
     location: Location | None = field(default=None, compare=False)

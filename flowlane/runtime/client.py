@@ -641,13 +641,21 @@ class Operations:
         return row
 
     @staticmethod
-    def retry(run_id: str, *, from_step: str | None = None) -> Plan[dict[str, Any]]:
+    def retry(run_id: str, *, from_step: str | None = None,
+              compensation: bool = False) -> Plan[dict[str, Any]]:
         """Resume a failed run from its failed steps with a fresh attempt budget; with
         ``from_step``, a failed or completed run reruns that step and every step that depends
-        on it (the other steps keep their outputs, the attempt history is kept)."""
+        on it (the other steps keep their outputs, the attempt history is kept); with
+        ``compensation``, a failed run's stopped compensation resumes (its failed
+        compensations are retried and the rest follow)."""
         run_id = yield from _resolve_run(run_id)
         try:
-            if from_step is None:
+            if compensation:
+                if from_step is not None:
+                    raise errors.UsageError("a compensation is resumed whole, not from a step")
+                rows = yield Fetch("client_retry_compensation", "cannot resume the compensation",
+                                   {"run_id": run_id})
+            elif from_step is None:
                 rows = yield Fetch("client_retry_run", "cannot retry", {"run_id": run_id})
             else:
                 rows = yield Fetch("client_retry_run_from", "cannot retry",

@@ -58,11 +58,13 @@ def render_run(state: dict[str, Any]) -> str:
     if parent:
         lines.append(f"{'parent':<10}{parent['run_id']} ({parent['flow_slug']}, {parent['status']}; "
                      f"step {parent['step_slug']}[{parent['task_index']}])")
+    lines.extend(_failure_lines(state))
     lines.append("")
     lines.extend(_step_table(state))
     lines.extend(_holds(state))
     lines.extend(_waits(state))
     lines.extend(_children(state))
+    lines.extend(_compensations(state))
     history = state.get("attempts") or []
     failed = [item for item in history if item["outcome"] != "superseded"]
     if failed:
@@ -214,6 +216,35 @@ def _holds(state: dict[str, Any]) -> list[str]:
     lines += [f"  {what:<24} {why}" for what, why in shown[:HOLDS_SHOWN]]
     if len(shown) > HOLDS_SHOWN:
         lines.append(f"  ... and {len(shown) - HOLDS_SHOWN} more (`--format json` lists them)")
+    return lines
+
+
+def _failure_lines(state: dict[str, Any]) -> list[str]:
+    """The run of the flow's failure handler, or the failed run this run handles."""
+    lines = []
+    for key, label in (("failure_handler", "handler"), ("failure_of", "handles")):
+        other = state.get(key)
+        if other:
+            lines.append(f"{label:<10}{other['run_id']} ({other['flow_slug']}, {other['status']})")
+    if state["run"].get("compensation"):
+        lines.append(f"{'undo':<10}compensation {state['run']['compensation']}")
+    undone = state.get("compensation_of")
+    if undone:
+        lines.append(f"{'undoes':<10}step {undone['step_slug']} of run {undone['run_id']} "
+                     f"({undone['flow_slug']}, {undone['status']})")
+    return lines
+
+
+def _compensations(state: dict[str, Any]) -> list[str]:
+    """A failed run's compensations, in the order they start."""
+    found = state.get("compensations") or []
+    if not found:
+        return []
+    lines = ["", "compensations (last step first)"]
+    lines += [f"  {c['step_slug']:<24} {c['status']:<10} {c['run_id'] or '-'}  {c['flow_slug'] or ''}"
+              for c in found]
+    if state["run"].get("compensation") == "stopped":
+        lines.append(f"  (stopped: `flowlane retry {state['run']['run_id']} --compensation` resumes it)")
     return lines
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -51,3 +53,25 @@ def test_the_events_example_compiles_and_its_handlers_import() -> None:
     for ref in project.handlers():
         module = importlib.import_module(ref.handler.partition(":")[0])
         assert callable(getattr(module, ref.handler.partition(":")[2])), ref
+
+
+def test_the_failure_handler_example_compiles_and_its_handlers_import() -> None:
+    project = load_project(ROOT / "examples" / "failure_handler")
+    orders = project.flow("orders")
+    assert (orders.on_failure, orders.on_failure_on_cancel) == ("order_failed", True)
+    assert [(s.slug, s.compensate) for s in orders.steps] == [
+        ("reserve", "release_stock"), ("charge", "refund_payment"), ("ship", None)]
+    assert "compensate => 'refund_payment'" in compiler.compile_project(project)["flows/orders.sql"]
+    for ref in project.handlers():
+        module = importlib.import_module(ref.handler.partition(":")[0])
+        assert callable(getattr(module, ref.handler.partition(":")[2])), ref
+    from examples.handlers import failing_orders as handlers
+
+    ctx = SimpleNamespace(log=logging.getLogger("example"))
+    told = handlers.notify({"run_id": "r", "flow": "orders", "status": "failed", "error": "no courier",
+                            "failed_step": "ship", "step_error": "no courier", "input": {"order_id": 7},
+                            "outputs": {"reserve": {}, "charge": {}}}, ctx)
+    assert told == {"told": 7, "completed": ["charge", "reserve"]}
+    undo = {"run_id": "r", "flow": "orders", "step": "charge", "input": {"reserve": {}},
+            "output": {"payment": "P-7", "amount": 20}}
+    assert handlers.refund(undo, ctx) == {"refunded": "P-7", "amount": 20}

@@ -16,7 +16,7 @@ EXPECTED = {
             "when_unmet text DEFAULT 'skip'::text, "
             "when_exhausted text DEFAULT 'fail'::text, queue_name text DEFAULT NULL::text, "
             "child_flow text DEFAULT NULL::text, concurrency_limit integer DEFAULT NULL::integer, "
-            "concurrency_key text DEFAULT NULL::text"
+            "concurrency_key text DEFAULT NULL::text, compensate text DEFAULT NULL::text"
         ),
         "flowlane.steps",
     ),
@@ -43,7 +43,8 @@ EXPECTED = {
             "dedup_key text DEFAULT NULL::text, concurrency_limit integer DEFAULT NULL::integer, "
             "concurrency_key text DEFAULT NULL::text, priority integer DEFAULT NULL::integer, "
             "concurrency_when_full text DEFAULT NULL::text, debounce_key text DEFAULT NULL::text, "
-            "debounce_period integer DEFAULT NULL::integer, debounce_max_wait integer DEFAULT NULL::integer"
+            "debounce_period integer DEFAULT NULL::integer, debounce_max_wait integer DEFAULT NULL::integer, "
+            "on_failure text DEFAULT NULL::text, on_failure_on_cancel boolean DEFAULT false"
         ),
         "flowlane.flows",
     ),
@@ -139,10 +140,12 @@ EXPECTED = {
     ),
     "get_run_attempts": ("run_id uuid", "jsonb"),
     "get_run_waits": ("run_id uuid", "jsonb"),
+    "get_run_compensations": ("run_id uuid", "jsonb"),
     "get_run_family": ("run_id uuid", "jsonb"),
     "signal": ("run_id uuid, step_slug text, payload jsonb DEFAULT '{}'::jsonb", "flowlane.signals"),
     "expire_waits": ("p_now timestamp with time zone DEFAULT flowlane._now()", "integer"),
     "retry_run": ("run_id uuid", "flowlane.runs"),
+    "retry_compensation": ("run_id uuid", "flowlane.runs"),
     "retry_run_from": ("run_id uuid, step_slug text", "flowlane.runs"),
     "retry_runs": ("run_ids uuid[]", "SETOF uuid"),
     "cancel_runs": ("run_ids uuid[], reason text DEFAULT NULL::text", "SETOF uuid"),

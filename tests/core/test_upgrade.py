@@ -528,3 +528,29 @@ def test_runs_of_the_previous_release_rerun_from_a_step_after_the_upgrade(
             {"step_slug": "b", "outcome": "superseded", "error_message": None, "output": "b"},
         ]
         assert_invariants(engine)
+
+
+def test_a_run_in_flight_on_the_previous_release_gets_a_failure_handler_and_compensation(
+    db_factory: Callable[..., str],
+) -> None:
+    with psycopg.connect(db_factory("0003"), autocommit=True) as conn:
+        engine = Engine(conn)
+        engine.define("undo", [("work", [], {})])
+        engine.define("f", [("a", [], {}), ("b", ["a"], {"max_attempts": 1})])
+        run_id = engine.start("f", {"n": 1})
+        (task,) = engine.claim("f")
+        engine.complete(task, {"a": 1})
+        migrator.migrate(conn)
+
+        assert (engine.run(run_id)["compensation"], engine.run(run_id)["failure_of"]) == (None, None)
+        # the options converge on the flow with a run in flight, as a deploy does
+        engine.create_flow("f", on_failure="undo")
+        engine.add_step("f", "a", compensate="undo")
+        engine.add_step("f", "b", ["a"], max_attempts=1)
+        (task,) = engine.claim("f")
+        engine.fail(task, "broken")
+        inputs = {t["input"].get("step", "handler"): t["input"] for t in engine.claim("undo")}
+        assert set(inputs) == {"a", "handler"}
+        assert (inputs["a"]["input"], inputs["a"]["output"]) == ({"n": 1}, {"a": 1})
+        assert inputs["handler"]["failed_step"] == "b"
+        assert engine.run(run_id)["compensation"] == "running"

@@ -36,6 +36,8 @@ create table flowlane.flows (
   opt_debounce_key text,
   opt_debounce_period int,
   opt_debounce_max_wait int,
+  opt_on_failure text,
+  opt_on_failure_on_cancel boolean default false not null,
   constraint flows_pkey primary key (flow_slug),
   constraint flows_base_delay_nonnegative check (opt_base_delay >= 0),
   constraint flows_deadline_positive check ((opt_deadline is null) or (opt_deadline >= 1)),
@@ -54,7 +56,8 @@ create table flowlane.flows (
   constraint flows_debounce_period_positive check ((opt_debounce_period is null) or (opt_debounce_period >= 1)),
   constraint flows_debounce_key_pointer check ((opt_debounce_key is null) or (opt_debounce_key ~ '^(/([^~/]|~[01])*)+$')),
   constraint flows_debounce_needs_period check (((opt_debounce_key is null) and (opt_debounce_max_wait is null)) or (opt_debounce_period is not null)),
-  constraint flows_debounce_max_wait_covers_period check ((opt_debounce_max_wait is null) or (opt_debounce_max_wait >= opt_debounce_period))
+  constraint flows_debounce_max_wait_covers_period check ((opt_debounce_max_wait is null) or (opt_debounce_max_wait >= opt_debounce_period)),
+  constraint flows_on_failure_slug check ((opt_on_failure is null) or flowlane.is_valid_slug(opt_on_failure))
 );
 
 create unique index flows_slug_ci_unique on flowlane.flows (lower(flow_slug));
@@ -78,6 +81,7 @@ create table flowlane.steps (
   child_flow text,
   opt_concurrency_limit int,
   opt_concurrency_key text,
+  opt_compensate text,
   constraint steps_index_unique unique (flow_slug, step_index),
   constraint steps_pkey primary key (flow_slug, step_slug),
   constraint steps_base_delay_nonnegative check ((opt_base_delay is null) or (opt_base_delay >= 0)),
@@ -101,6 +105,7 @@ create table flowlane.steps (
   constraint steps_concurrency_key_pointer check ((opt_concurrency_key is null) or (opt_concurrency_key ~ '^(/([^~/]|~[01])*)+$')),
   constraint steps_concurrency_key_needs_limit check ((opt_concurrency_key is null) or (opt_concurrency_limit is not null)),
   constraint steps_concurrency_needs_tasks check ((opt_concurrency_limit is null) or (queue_name is not null)),
+  constraint steps_compensate_slug check ((opt_compensate is null) or flowlane.is_valid_slug(opt_compensate)),
   constraint steps_flow_slug_fkey foreign key (flow_slug) references flowlane.flows(flow_slug),
   constraint steps_queue_registered foreign key (queue_name) references flowlane.queues(queue_name)
 );
@@ -245,6 +250,9 @@ create table flowlane.runs (
   origin jsonb,  -- what started a run, when not a call: {"trigger": name, "row": key} or {"webhook": ...}
   debounce_key text,
   debounce_since timestamptz,
+  failure_of uuid,
+  compensation text,  -- running, completed or stopped: written by 21_compensation.sql only
+  compensation_of uuid,
   constraint runs_pkey primary key (run_id),
   constraint runs_rules check (flowlane._runs_rules(status, started_at, completed_at, failed_at, cancelled_at,
     cancel_reason, output is not null, remaining_steps, retry_count, called_as, idempotency_key, start_at,
@@ -284,6 +292,24 @@ create index runs_deadline_idx on flowlane.runs (deadline_at) where (status = 's
 
 -- one run per (schedule, slot), however many processes fire schedules at once
 create unique index runs_schedule_slot_unique on flowlane.runs (schedule_name, schedule_slot) where (schedule_slot is not null);
+
+-- a run's failure handler run (20_on_failure.sql): at most one per failed run
+create unique index runs_failure_of_unique on flowlane.runs (failure_of) where (failure_of is not null);
+
+-- a failed run's compensations (21_compensation.sql): each completed step's with one, and
+-- the run started for it
+create table flowlane.compensations (
+  run_id uuid not null,
+  step_slug text not null,
+  status text default 'pending' not null,
+  compensation_run_id uuid,
+  constraint compensations_pkey primary key (run_id, step_slug),
+  constraint compensations_status_valid check (status in ('pending', 'started', 'completed', 'failed')),
+  constraint compensations_run_fkey foreign key (run_id) references flowlane.runs(run_id) on delete cascade
+);
+
+create unique index compensations_run_idx on flowlane.compensations (compensation_run_id)
+  where (compensation_run_id is not null);
 
 create index runs_parent_idx on flowlane.runs (parent_run_id, parent_step_slug, parent_task_index) where (parent_run_id is not null);
 

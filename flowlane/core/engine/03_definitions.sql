@@ -20,7 +20,9 @@ create function flowlane.create_flow(
   concurrency_when_full text = null,
   debounce_key text = null,
   debounce_period int = null,
-  debounce_max_wait int = null
+  debounce_max_wait int = null,
+  on_failure text = null,
+  on_failure_on_cancel boolean = false
 ) returns flowlane.flows
 language plpgsql volatile
 set search_path = ''
@@ -47,6 +49,7 @@ begin
     create_flow.concurrency_when_full);
   perform flowlane._check_debounce(format('flow "%s"', create_flow.flow_slug), create_flow.debounce_key,
     create_flow.debounce_period, create_flow.debounce_max_wait);
+  perform flowlane._check_on_failure(create_flow.flow_slug, create_flow.on_failure);
   perform pg_advisory_xact_lock(hashtext('flowlane.flow'), hashtext(lower(create_flow.flow_slug)));
   select f.flow_slug into v_other from flowlane.flows f
   where lower(f.flow_slug) = lower(create_flow.flow_slug) and f.flow_slug <> create_flow.flow_slug;
@@ -69,14 +72,16 @@ begin
   insert into flowlane.flows as f (flow_slug, opt_max_attempts, opt_base_delay, opt_timeout, queue_mode,
                                    opt_retention, opt_deadline, opt_dedup_key, opt_concurrency_limit,
                                    opt_concurrency_key, opt_priority, opt_concurrency_when_full,
-                                   opt_debounce_key, opt_debounce_period, opt_debounce_max_wait)
+                                   opt_debounce_key, opt_debounce_period, opt_debounce_max_wait, opt_on_failure,
+                                   opt_on_failure_on_cancel)
   values (create_flow.flow_slug, coalesce(max_attempts, flowlane._flow_option_default('max_attempts')),
           coalesce(base_delay, flowlane._flow_option_default('base_delay')),
           coalesce(timeout, flowlane._flow_option_default('timeout')), v_mode, create_flow.retention,
           create_flow.deadline, create_flow.dedup_key, create_flow.concurrency_limit,
           nullif(create_flow.concurrency_key, ''), create_flow.priority,
           coalesce(create_flow.concurrency_when_full, 'queue'),
-          nullif(create_flow.debounce_key, ''), create_flow.debounce_period, create_flow.debounce_max_wait)
+          nullif(create_flow.debounce_key, ''), create_flow.debounce_period, create_flow.debounce_max_wait,
+          create_flow.on_failure, coalesce(create_flow.on_failure_on_cancel, false))
   on conflict on constraint flows_pkey do update
     set opt_max_attempts = excluded.opt_max_attempts,
         opt_base_delay = excluded.opt_base_delay,
@@ -90,7 +95,9 @@ begin
         opt_concurrency_when_full = excluded.opt_concurrency_when_full,
         opt_debounce_key = excluded.opt_debounce_key,
         opt_debounce_period = excluded.opt_debounce_period,
-        opt_debounce_max_wait = excluded.opt_debounce_max_wait
+        opt_debounce_max_wait = excluded.opt_debounce_max_wait,
+        opt_on_failure = excluded.opt_on_failure,
+        opt_on_failure_on_cancel = excluded.opt_on_failure_on_cancel
   returning * into v_flow;
   if v_old.flow_slug is not null and (v_old.opt_concurrency_limit, v_old.opt_concurrency_key)
      is distinct from (v_flow.opt_concurrency_limit, v_flow.opt_concurrency_key) then
@@ -129,7 +136,8 @@ create function flowlane.add_step(
   queue_name text = null,
   child_flow text = null,
   concurrency_limit int = null,
-  concurrency_key text = null
+  concurrency_key text = null,
+  compensate text = null
 ) returns flowlane.steps
 language plpgsql volatile
 set search_path = ''
@@ -247,7 +255,8 @@ begin
        set opt_max_attempts = max_attempts, opt_base_delay = base_delay,
            opt_timeout = timeout, opt_start_delay = start_delay,
            opt_concurrency_limit = add_step.concurrency_limit,
-           opt_concurrency_key = nullif(add_step.concurrency_key, '')
+           opt_concurrency_key = nullif(add_step.concurrency_key, ''),
+           opt_compensate = add_step.compensate
      where s.flow_slug = v_flow and s.step_slug = v_step
     returning * into v_row;
     if (v_existing.opt_concurrency_limit, v_existing.opt_concurrency_key)
@@ -285,10 +294,10 @@ begin
   insert into flowlane.steps (flow_slug, step_slug, step_type, step_index, deps_count,
     opt_max_attempts, opt_base_delay, opt_timeout, opt_start_delay,
     required_input_pattern, forbidden_input_pattern, when_unmet, when_exhausted, queue_name, child_flow,
-    opt_concurrency_limit, opt_concurrency_key)
+    opt_concurrency_limit, opt_concurrency_key, opt_compensate)
   values (v_flow, v_step, v_type, v_index, cardinality(v_sorted_deps), max_attempts, base_delay, timeout,
     start_delay, required_input_pattern, forbidden_input_pattern, v_unmet, v_exhausted, v_queue,
-    add_step.child_flow, add_step.concurrency_limit, nullif(add_step.concurrency_key, ''))
+    add_step.child_flow, add_step.concurrency_limit, nullif(add_step.concurrency_key, ''), add_step.compensate)
   returning * into v_row;
   insert into flowlane.deps (flow_slug, dep_slug, step_slug)
   select v_flow, d, v_step from unnest(v_sorted_deps) d;

@@ -223,6 +223,11 @@ begin
     raise exception 'run % is %: only a % run can be retried', v_run.run_id, v_run.status,
       array_to_string(p_states, ' or ') using errcode = '55000';
   end if;
+  if v_run.compensation is not null then
+    raise exception 'run % has been compensated (compensation %): it is not retried', v_run.run_id,
+      v_run.compensation using errcode = '55000',
+      hint = 'start a new run; a stopped compensation resumes with flowlane.retry_compensation(run_id)';
+  end if;
   return v_run;
 end;
 $$;
@@ -383,7 +388,8 @@ begin
   for v_id in
     select r.run_id from flowlane.runs r where r.run_id = any (run_ids) order by r.run_id for update
   loop
-    continue when (select r.status from flowlane.runs r where r.run_id = v_id) <> 'failed';
+    continue when (select r.status <> 'failed' or r.compensation is not null
+                   from flowlane.runs r where r.run_id = v_id);
     perform flowlane.retry_run(v_id);
     return next v_id;
   end loop;

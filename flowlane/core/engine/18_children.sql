@@ -218,12 +218,23 @@ create trigger runs_end_children
   when (old.status = 'started' and new.status in ('failed', 'cancelled'))
   execute function flowlane._end_children();
 
--- a run's parent and children for `flowlane run` and the console
+-- a run's parent and children for `flowlane run` and the console, its failure handler's run
+-- (or the run whose failure it handles, 20_on_failure.sql) and its compensations (or the run
+-- and step it compensates, 21_compensation.sql)
 create function flowlane.get_run_family(run_id uuid) returns jsonb
 language sql stable
 set search_path = ''
 as $$
   select jsonb_build_object(
+    'failure_handler', (select jsonb_build_object('run_id', h.run_id, 'flow_slug', h.flow_slug, 'status', h.status)
+                        from flowlane.runs h where h.failure_of = r.run_id),
+    'failure_of', (select jsonb_build_object('run_id', f.run_id, 'flow_slug', f.flow_slug, 'status', f.status)
+                   from flowlane.runs f where f.run_id = r.failure_of),
+    'compensations', flowlane.get_run_compensations(r.run_id),
+    'compensation_of', (select jsonb_build_object('run_id', f.run_id, 'flow_slug', f.flow_slug, 'status', f.status,
+                                                  'step_slug', c.step_slug)
+                        from flowlane.runs f join flowlane.compensations c on c.run_id = f.run_id
+                        where f.run_id = r.compensation_of and c.compensation_run_id = r.run_id),
     'parent', (select jsonb_build_object('run_id', p.run_id, 'flow_slug', p.flow_slug, 'status', p.status,
                                          'step_slug', r.parent_step_slug, 'task_index', r.parent_task_index)
                from flowlane.runs p where p.run_id = r.parent_run_id),

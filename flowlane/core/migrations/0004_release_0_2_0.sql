@@ -78,6 +78,22 @@
 -- begins, with the last start's input, when a period passes without another start or the
 -- maximum wait is reached. run_holds shows it as debounced. New nullable columns only: no
 -- existing row changes. Workers call none of the changed functions.
+--
+-- A flow's failure handler: create_flow takes on_failure (a flow or alias, started once with the
+-- failure as its input when a run of the flow fails or passes its deadline) and
+-- on_failure_on_cancel (also when it is cancelled), kept in two new columns of flows; runs gain
+-- failure_of, the run a failure handler's run handles (unique: one per run). A trigger on runs
+-- starts it. Existing flows have none; existing runs handle no failure. create_flow changes its
+-- signature (two arguments with defaults); the functions workers call do not change.
+
+-- Compensation: add_step takes compensate (a flow or alias, kept in steps.opt_compensate);
+-- when a run fails, a run of it starts for each completed step that names one, with the
+-- step's input and output, in reverse dependency order, each recorded once in the new table
+-- compensations. runs gain compensation (running, completed, stopped) and compensation_of (the
+-- run a compensation's run compensates); retry_compensation resumes a stopped chain, and
+-- get_run_compensations lists a run's compensations. A compensated run is not retried
+-- (retry_run, retry_run_from and retry_runs refuse or pass over it). add_step changes its
+-- signature (one argument with a default); the functions workers call do not change.
 
 -- == Written by hand: tables, types and data that the functions need ==
 
@@ -141,9 +157,40 @@ alter table flowlane.runs add column debounce_key text, add column debounce_sinc
 create unique index runs_debounce_pending_unique on flowlane.runs (flow_slug, debounce_key)
   where ((debounce_key is not null) and (status = 'waiting') and (hold_seq is null));
 
+-- failure handlers: the flow a flow's failures start, and the run a handler's run handles
+alter table flowlane.flows add column opt_on_failure text,
+  add column opt_on_failure_on_cancel boolean default false not null,
+  add constraint flows_on_failure_slug check ((opt_on_failure is null) or flowlane.is_valid_slug(opt_on_failure));
+alter table flowlane.runs add column failure_of uuid;
+-- a run's failure handler run (20_on_failure.sql): at most one per failed run
+create unique index runs_failure_of_unique on flowlane.runs (failure_of) where (failure_of is not null);
+
+-- compensation: what a step names, what a run's compensation is, and each compensation
+alter table flowlane.steps add column opt_compensate text,
+  add constraint steps_compensate_slug check ((opt_compensate is null) or flowlane.is_valid_slug(opt_compensate));
+-- (runs keep their one CHECK, runs_rules: compensation is written by 21_compensation.sql only)
+alter table flowlane.runs add column compensation text, add column compensation_of uuid;
+-- a failed run's compensations (21_compensation.sql): each completed step's with one, and
+-- the run started for it
+create table flowlane.compensations (
+  run_id uuid not null,
+  step_slug text not null,
+  status text default 'pending' not null,
+  compensation_run_id uuid,
+  constraint compensations_pkey primary key (run_id, step_slug),
+  constraint compensations_status_valid check (status in ('pending', 'started', 'completed', 'failed')),
+  constraint compensations_run_fkey foreign key (run_id) references flowlane.runs(run_id) on delete cascade
+);
+create unique index compensations_run_idx on flowlane.compensations (compensation_run_id)
+  where (compensation_run_id is not null);
+
 -- == Drafted from the engine source by `python -m flowlane.core.draft_migration`; redrafted, never edited ==
 
 set local check_function_bodies = off;
+
+-- REVIEW: flowlane.add_step(text,text,text[],integer,integer,integer,integer,text,jsonb,jsonb,text,text,text,text,integer,text) is called by flowlane.ensure_flow_compiled(text,jsonb): a call in flight when this migration commits runs their old bodies to the end and fails without it; keep the signature while the previous release's workers may call them (CONTRIBUTING, rules for migrations)
+
+drop function flowlane.add_step(text,text,text[],integer,integer,integer,integer,text,jsonb,jsonb,text,text,text,text,integer,text);
 
 -- REVIEW: flowlane.create_flow(text,integer,integer,integer,text,integer,integer,text,integer,text,integer) is called by flowlane.ensure_flow_compiled(text,jsonb): a call in flight when this migration commits runs their old bodies to the end and fails without it; keep the signature while the previous release's workers may call them (CONTRIBUTING, rules for migrations)
 
@@ -246,7 +293,9 @@ create or replace function flowlane.create_flow(
   concurrency_when_full text = null,
   debounce_key text = null,
   debounce_period int = null,
-  debounce_max_wait int = null
+  debounce_max_wait int = null,
+  on_failure text = null,
+  on_failure_on_cancel boolean = false
 ) returns flowlane.flows
 language plpgsql volatile
 set search_path = ''
@@ -273,6 +322,7 @@ begin
     create_flow.concurrency_when_full);
   perform flowlane._check_debounce(format('flow "%s"', create_flow.flow_slug), create_flow.debounce_key,
     create_flow.debounce_period, create_flow.debounce_max_wait);
+  perform flowlane._check_on_failure(create_flow.flow_slug, create_flow.on_failure);
   perform pg_advisory_xact_lock(hashtext('flowlane.flow'), hashtext(lower(create_flow.flow_slug)));
   select f.flow_slug into v_other from flowlane.flows f
   where lower(f.flow_slug) = lower(create_flow.flow_slug) and f.flow_slug <> create_flow.flow_slug;
@@ -295,14 +345,16 @@ begin
   insert into flowlane.flows as f (flow_slug, opt_max_attempts, opt_base_delay, opt_timeout, queue_mode,
                                    opt_retention, opt_deadline, opt_dedup_key, opt_concurrency_limit,
                                    opt_concurrency_key, opt_priority, opt_concurrency_when_full,
-                                   opt_debounce_key, opt_debounce_period, opt_debounce_max_wait)
+                                   opt_debounce_key, opt_debounce_period, opt_debounce_max_wait, opt_on_failure,
+                                   opt_on_failure_on_cancel)
   values (create_flow.flow_slug, coalesce(max_attempts, flowlane._flow_option_default('max_attempts')),
           coalesce(base_delay, flowlane._flow_option_default('base_delay')),
           coalesce(timeout, flowlane._flow_option_default('timeout')), v_mode, create_flow.retention,
           create_flow.deadline, create_flow.dedup_key, create_flow.concurrency_limit,
           nullif(create_flow.concurrency_key, ''), create_flow.priority,
           coalesce(create_flow.concurrency_when_full, 'queue'),
-          nullif(create_flow.debounce_key, ''), create_flow.debounce_period, create_flow.debounce_max_wait)
+          nullif(create_flow.debounce_key, ''), create_flow.debounce_period, create_flow.debounce_max_wait,
+          create_flow.on_failure, coalesce(create_flow.on_failure_on_cancel, false))
   on conflict on constraint flows_pkey do update
     set opt_max_attempts = excluded.opt_max_attempts,
         opt_base_delay = excluded.opt_base_delay,
@@ -316,13 +368,200 @@ begin
         opt_concurrency_when_full = excluded.opt_concurrency_when_full,
         opt_debounce_key = excluded.opt_debounce_key,
         opt_debounce_period = excluded.opt_debounce_period,
-        opt_debounce_max_wait = excluded.opt_debounce_max_wait
+        opt_debounce_max_wait = excluded.opt_debounce_max_wait,
+        opt_on_failure = excluded.opt_on_failure,
+        opt_on_failure_on_cancel = excluded.opt_on_failure_on_cancel
   returning * into v_flow;
   if v_old.flow_slug is not null and (v_old.opt_concurrency_limit, v_old.opt_concurrency_key)
      is distinct from (v_flow.opt_concurrency_limit, v_flow.opt_concurrency_key) then
     perform flowlane._flow_limits_changed(v_flow.flow_slug);
   end if;
   return v_flow;
+end;
+$$;
+
+create or replace function flowlane.add_step(
+  flow_slug text,
+  step_slug text,
+  deps_slugs text[] = '{}',
+  max_attempts int = null,
+  base_delay int = null,
+  timeout int = null,
+  start_delay int = null,
+  step_type text = 'single',
+  required_input_pattern jsonb = null,
+  forbidden_input_pattern jsonb = null,
+  when_unmet text = 'skip',
+  when_exhausted text = 'fail',
+  queue_name text = null,
+  child_flow text = null,
+  concurrency_limit int = null,
+  concurrency_key text = null,
+  compensate text = null
+) returns flowlane.steps
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_flow text := add_step.flow_slug;
+  v_step text := add_step.step_slug;
+  v_deps text[] := coalesce(deps_slugs, '{}');
+  v_type text := coalesce(add_step.step_type, 'single');
+  v_unmet text := coalesce(add_step.when_unmet, 'skip');
+  v_exhausted text := coalesce(add_step.when_exhausted, 'fail');
+  v_mode text;
+  v_queue text;
+  v_index int;
+  v_existing flowlane.steps;
+  v_existing_deps text[];
+  v_sorted_deps text[];
+  v_dep text;
+  v_other text;
+  v_row flowlane.steps;
+begin
+  select f.queue_mode into v_mode from flowlane.flows f where f.flow_slug = v_flow for update;
+  if not found then
+    raise exception 'unknown flow "%": create it with flowlane.create_flow first', v_flow
+      using errcode = '23503';
+  end if;
+  perform flowlane._check_slug('step', v_step);
+  if v_type not in ('single', 'map', 'wait') then
+    raise exception 'step "%" of flow "%": step_type must be single, map or wait, not %', v_step, v_flow,
+      quote_literal(v_type) using errcode = '22023';
+  end if;
+  if v_type = 'map' and cardinality(v_deps) > 1 then
+    raise exception 'map step "%" of flow "%" has % dependencies: a map step has 0 (it maps the run input) or 1 (it maps that step''s output)',
+      v_step, v_flow, cardinality(v_deps) using errcode = '22023';
+  end if;
+  if required_input_pattern is not null and jsonb_typeof(required_input_pattern) <> 'object' then
+    raise exception 'step "%" of flow "%": required_input_pattern (if) must be a JSON object, got %',
+      v_step, v_flow, jsonb_typeof(required_input_pattern) using errcode = '22023';
+  end if;
+  if forbidden_input_pattern is not null and jsonb_typeof(forbidden_input_pattern) <> 'object' then
+    raise exception 'step "%" of flow "%": forbidden_input_pattern (unless) must be a JSON object, got %',
+      v_step, v_flow, jsonb_typeof(forbidden_input_pattern) using errcode = '22023';
+  end if;
+  if v_unmet not in ('skip', 'skip-cascade', 'fail') then
+    raise exception 'step "%" of flow "%": when_unmet must be skip, skip-cascade or fail, not %',
+      v_step, v_flow, quote_literal(v_unmet) using errcode = '22023';
+  end if;
+  if v_unmet <> 'skip' and required_input_pattern is null and forbidden_input_pattern is null then
+    raise exception 'step "%" of flow "%": when_unmet % is only meaningful with a condition (required_input_pattern or forbidden_input_pattern)',
+      v_step, v_flow, v_unmet using errcode = '22023';
+  end if;
+  if v_exhausted not in ('fail', 'skip', 'skip-cascade') then
+    raise exception 'step "%" of flow "%": when_exhausted must be fail, skip or skip-cascade, not %',
+      v_step, v_flow, quote_literal(v_exhausted) using errcode = '22023';
+  end if;
+  if array_position(v_deps, null) is not null then
+    raise exception 'step "%" of flow "%": a dependency slug is null', v_step, v_flow using errcode = '22023';
+  end if;
+  select array_agg(d order by d collate "C") into v_sorted_deps from (select distinct unnest(v_deps) as d) x;
+  v_sorted_deps := coalesce(v_sorted_deps, '{}');
+  if cardinality(v_sorted_deps) <> cardinality(v_deps) then
+    raise exception 'step "%" of flow "%" lists a dependency twice: %', v_step, v_flow, v_deps
+      using errcode = '22023';
+  end if;
+
+  select * into v_existing from flowlane.steps s where s.flow_slug = v_flow and s.step_slug = v_step;
+  if found then
+    v_index := v_existing.step_index;
+  else
+    select coalesce(max(s.step_index) + 1, 0) into v_index from flowlane.steps s where s.flow_slug = v_flow;
+  end if;
+  perform flowlane._check_child_flow(v_flow, v_step, v_type, add_step.child_flow);
+  perform flowlane._check_flow_control_options(format('step "%s" of flow "%s"', v_step, v_flow),
+    add_step.concurrency_limit, add_step.concurrency_key, null);
+  if add_step.concurrency_limit is not null and (v_type = 'wait' or add_step.child_flow is not null) then
+    raise exception 'step "%" of flow "%": a concurrency limit needs a step with a handler (a wait or child-flow step has no tasks)',
+      v_step, v_flow using errcode = '22023';
+  end if;
+  v_queue := flowlane._step_queue(v_flow, v_step, v_index, v_mode, v_type, add_step.queue_name,
+                                  add_step.child_flow);
+
+  if v_existing.flow_slug is not null then
+    select coalesce(array_agg(d.dep_slug order by d.dep_slug collate "C"), '{}') into v_existing_deps
+    from flowlane.deps d where d.flow_slug = v_flow and d.step_slug = v_step;
+    if v_existing.step_type <> v_type then
+      perform flowlane._shape_mismatch(v_flow, v_step, 'step_type', v_existing.step_type, v_type);
+    end if;
+    if v_existing_deps <> v_sorted_deps then
+      perform flowlane._shape_mismatch(v_flow, v_step, 'deps', v_existing_deps::text, v_sorted_deps::text);
+    end if;
+    if v_existing.required_input_pattern is distinct from required_input_pattern then
+      perform flowlane._shape_mismatch(v_flow, v_step, 'required_input_pattern',
+        v_existing.required_input_pattern::text, required_input_pattern::text);
+    end if;
+    if v_existing.forbidden_input_pattern is distinct from forbidden_input_pattern then
+      perform flowlane._shape_mismatch(v_flow, v_step, 'forbidden_input_pattern',
+        v_existing.forbidden_input_pattern::text, forbidden_input_pattern::text);
+    end if;
+    if v_existing.when_unmet <> v_unmet then
+      perform flowlane._shape_mismatch(v_flow, v_step, 'when_unmet', v_existing.when_unmet, v_unmet);
+    end if;
+    if v_existing.when_exhausted <> v_exhausted then
+      perform flowlane._shape_mismatch(v_flow, v_step, 'when_exhausted', v_existing.when_exhausted, v_exhausted);
+    end if;
+    if v_existing.queue_name is distinct from v_queue then
+      perform flowlane._shape_mismatch(v_flow, v_step, 'queue_name', v_existing.queue_name, v_queue);
+    end if;
+    if v_existing.child_flow is distinct from add_step.child_flow then
+      perform flowlane._shape_mismatch(v_flow, v_step, 'child_flow', v_existing.child_flow, add_step.child_flow);
+    end if;
+    if v_queue is not null then
+      perform flowlane._ensure_queue(v_queue, v_flow, v_mode);
+    end if;
+    update flowlane.steps s
+       set opt_max_attempts = max_attempts, opt_base_delay = base_delay,
+           opt_timeout = timeout, opt_start_delay = start_delay,
+           opt_concurrency_limit = add_step.concurrency_limit,
+           opt_concurrency_key = nullif(add_step.concurrency_key, ''),
+           opt_compensate = add_step.compensate
+     where s.flow_slug = v_flow and s.step_slug = v_step
+    returning * into v_row;
+    if (v_existing.opt_concurrency_limit, v_existing.opt_concurrency_key)
+       is distinct from (v_row.opt_concurrency_limit, v_row.opt_concurrency_key) then
+      perform flowlane._step_limits_changed(v_flow, v_step);
+    end if;
+    return v_row;
+  end if;
+
+  select s.step_slug into v_other from flowlane.steps s
+  where s.flow_slug = v_flow and lower(s.step_slug) = lower(v_step);
+  if found then
+    raise exception 'step slug "%" conflicts with existing step "%" of flow "%" (step slugs are unique case-insensitively within a flow)',
+      v_step, v_other, v_flow using errcode = '23505';
+  end if;
+  foreach v_dep in array v_sorted_deps loop
+    if v_dep = v_step then
+      raise exception 'step "%" of flow "%" cannot depend on itself', v_step, v_flow using errcode = '22023';
+    end if;
+    if not exists (select 1 from flowlane.steps s where s.flow_slug = v_flow and s.step_slug = v_dep) then
+      raise exception 'step "%" of flow "%" depends on unknown step "%" (add dependencies before the steps that need them)',
+        v_step, v_flow, v_dep using errcode = '23503';
+    end if;
+  end loop;
+
+  if exists (select 1 from flowlane.flows f where f.flow_slug = v_flow and f.shape_sealed_at is not null)
+     or exists (select 1 from flowlane.runs r where r.flow_slug = v_flow) then
+    raise exception 'FLOWLANE_SHAPE_MISMATCH: flow "%" is already applied and has no step "%"', v_flow, v_step
+      using errcode = '23514',
+            hint = 'the shape of a flow never changes once applied (verified or run); create a new flow version (a new slug)';
+  end if;
+  if v_queue is not null then
+    perform flowlane._ensure_queue(v_queue, v_flow, v_mode);
+  end if;
+  insert into flowlane.steps (flow_slug, step_slug, step_type, step_index, deps_count,
+    opt_max_attempts, opt_base_delay, opt_timeout, opt_start_delay,
+    required_input_pattern, forbidden_input_pattern, when_unmet, when_exhausted, queue_name, child_flow,
+    opt_concurrency_limit, opt_concurrency_key, opt_compensate)
+  values (v_flow, v_step, v_type, v_index, cardinality(v_sorted_deps), max_attempts, base_delay, timeout,
+    start_delay, required_input_pattern, forbidden_input_pattern, v_unmet, v_exhausted, v_queue,
+    add_step.child_flow, add_step.concurrency_limit, nullif(add_step.concurrency_key, ''), add_step.compensate)
+  returning * into v_row;
+  insert into flowlane.deps (flow_slug, dep_slug, step_slug)
+  select v_flow, d, v_step from unnest(v_sorted_deps) d;
+  return v_row;
 end;
 $$;
 
@@ -1857,6 +2096,11 @@ begin
     raise exception 'run % is %: only a % run can be retried', v_run.run_id, v_run.status,
       array_to_string(p_states, ' or ') using errcode = '55000';
   end if;
+  if v_run.compensation is not null then
+    raise exception 'run % has been compensated (compensation %): it is not retried', v_run.run_id,
+      v_run.compensation using errcode = '55000',
+      hint = 'start a new run; a stopped compensation resumes with flowlane.retry_compensation(run_id)';
+  end if;
   return v_run;
 end;
 $$;
@@ -2017,7 +2261,8 @@ begin
   for v_id in
     select r.run_id from flowlane.runs r where r.run_id = any (run_ids) order by r.run_id for update
   loop
-    continue when (select r.status from flowlane.runs r where r.run_id = v_id) <> 'failed';
+    continue when (select r.status <> 'failed' or r.compensation is not null
+                   from flowlane.runs r where r.run_id = v_id);
     perform flowlane.retry_run(v_id);
     return next v_id;
   end loop;
@@ -3178,6 +3423,36 @@ begin
 end;
 $$;
 
+-- a run's parent and children for `flowlane run` and the console, its failure handler's run
+-- (or the run whose failure it handles, 20_on_failure.sql) and its compensations (or the run
+-- and step it compensates, 21_compensation.sql)
+create or replace function flowlane.get_run_family(run_id uuid) returns jsonb
+language sql stable
+set search_path = ''
+as $$
+  select jsonb_build_object(
+    'failure_handler', (select jsonb_build_object('run_id', h.run_id, 'flow_slug', h.flow_slug, 'status', h.status)
+                        from flowlane.runs h where h.failure_of = r.run_id),
+    'failure_of', (select jsonb_build_object('run_id', f.run_id, 'flow_slug', f.flow_slug, 'status', f.status)
+                   from flowlane.runs f where f.run_id = r.failure_of),
+    'compensations', flowlane.get_run_compensations(r.run_id),
+    'compensation_of', (select jsonb_build_object('run_id', f.run_id, 'flow_slug', f.flow_slug, 'status', f.status,
+                                                  'step_slug', c.step_slug)
+                        from flowlane.runs f join flowlane.compensations c on c.run_id = f.run_id
+                        where f.run_id = r.compensation_of and c.compensation_run_id = r.run_id),
+    'parent', (select jsonb_build_object('run_id', p.run_id, 'flow_slug', p.flow_slug, 'status', p.status,
+                                         'step_slug', r.parent_step_slug, 'task_index', r.parent_task_index)
+               from flowlane.runs p where p.run_id = r.parent_run_id),
+    'children', coalesce((select jsonb_agg(jsonb_build_object(
+                            'run_id', c.run_id, 'flow_slug', c.flow_slug, 'status', c.status,
+                            'step_slug', c.parent_step_slug, 'task_index', c.parent_task_index,
+                            'started_at', c.started_at)
+                          order by c.parent_step_slug, c.parent_task_index, c.started_at, c.run_id)
+                          from flowlane.runs c where c.parent_run_id = r.run_id), '[]'::jsonb))
+  from flowlane.runs r
+  where r.run_id = get_run_family.run_id
+$$;
+
 -- what a full key does with a new run: queue (it waits its turn), replace_waiting (it replaces
 -- the key's waiting runs), cancel_running (it cancels the key's oldest started runs)
 create or replace function flowlane._check_when_full(p_what text, p_limit int, p_when_full text) returns void
@@ -3564,6 +3839,284 @@ as $$
   order by 1, 2 nulls first, 3
 $$;
 
+-- the flow a failure handler names: a slug (of a flow or an alias), not the flow itself
+create or replace function flowlane._check_on_failure(p_flow text, p_on_failure text) returns void
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  if p_on_failure is null then
+    return;
+  end if;
+  perform flowlane._check_slug('on_failure flow', p_on_failure);
+  if lower(p_on_failure) = lower(p_flow) then
+    raise exception 'flow "%": on_failure names the flow itself', p_flow
+      using errcode = '22023', hint = 'a failure handler is another flow (its own failure starts nothing more)';
+  end if;
+end;
+$$;
+
+-- what a failure handler's run gets as its input
+create or replace function flowlane._failure_input(p_run flowlane.runs) returns jsonb
+language sql stable
+set search_path = ''
+as $$
+  select jsonb_build_object(
+    'run_id', p_run.run_id,
+    'flow', p_run.flow_slug,
+    'status', p_run.status,
+    'error', coalesce(p_run.error_message, p_run.cancel_reason),
+    'failed_step', f.step_slug,
+    'step_error', f.error_message,
+    'outputs', coalesce((select jsonb_object_agg(ss.step_slug, ss.output) from flowlane.step_states ss
+                         where ss.run_id = p_run.run_id and ss.status = 'completed'), '{}'::jsonb),
+    'input', p_run.input)
+  from (select null) n
+  left join lateral (select ss.step_slug, ss.error_message from flowlane.step_states ss
+                     where ss.run_id = p_run.run_id and ss.status = 'failed'
+                     order by ss.failed_at, ss.step_slug limit 1) f on true;
+$$;
+
+-- a run of the flow's failure handler for a run that has just failed (or been cancelled),
+-- once per run: a run retried that fails again does not start a second one. A handler that
+-- cannot start (its flow gone, an input its contract refuses) leaves the failure as it is and
+-- says so in the run's error message.
+create or replace function flowlane._start_failure_handler() returns trigger
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_named text;
+  v_on_cancel boolean;
+  v_flow text;
+  v_handler flowlane.runs;
+begin
+  select f.opt_on_failure, f.opt_on_failure_on_cancel into v_named, v_on_cancel
+  from flowlane.flows f where f.flow_slug = new.flow_slug;
+  if v_named is null or (new.status = 'cancelled' and not v_on_cancel)
+     or exists (select 1 from flowlane.runs r where r.failure_of = new.run_id) then
+    return null;
+  end if;
+  begin
+    v_flow := flowlane.resolve_flow(v_named);
+    perform flowlane._check_start_input(v_flow, flowlane._failure_input(new),
+      format('failure handler %s of run %s', v_flow, new.run_id));
+    select * into v_handler from flowlane._create_runs(v_flow, array[flowlane._failure_input(new)],
+                                                       array[null::uuid]);
+    update flowlane.runs r set failure_of = new.run_id where r.run_id = v_handler.run_id;
+  exception when others then
+    update flowlane.runs r
+       set error_message = left(concat_ws('; ', r.error_message,
+                                          format('failure handler %s could not start: %s', v_named, sqlerrm)), 4000)
+     where r.run_id = new.run_id;
+  end;
+  return null;
+end;
+$$;
+
+-- what a step was handed as a whole: the run input for a root step, the output a map step
+-- maps, otherwise {dep: output} of its needs
+create or replace function flowlane._step_input(p_run_id uuid, p_step_slug text) returns jsonb
+language sql stable
+set search_path = ''
+as $$
+  select case
+           when s.deps_count = 0 then r.input
+           when s.step_type = 'map' then
+             (select ps.output from flowlane.deps d
+              join flowlane.step_states ps on ps.run_id = r.run_id and ps.step_slug = d.dep_slug
+              where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug)
+           else flowlane._condition_subject(r.run_id, s.step_slug)
+         end
+  from flowlane.runs r
+  join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = p_step_slug
+  where r.run_id = p_run_id;
+$$;
+
+-- a failed run's completed steps with a compensation, recorded once (a run retried and failed
+-- again is not compensated twice); the first compensations start
+create or replace function flowlane._begin_compensation() returns trigger
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  if exists (select 1 from flowlane.compensations c where c.run_id = new.run_id) then
+    return null;
+  end if;
+  insert into flowlane.compensations (run_id, step_slug)
+  select ss.run_id, ss.step_slug from flowlane.step_states ss
+  join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+  where ss.run_id = new.run_id and ss.status = 'completed' and s.opt_compensate is not null;
+  if found then
+    update flowlane.runs r set compensation = 'running' where r.run_id = new.run_id;
+    perform flowlane._advance_compensation(new.run_id);
+  end if;
+  return null;
+end;
+$$;
+
+-- start every pending compensation of a run whose dependents' compensations have completed;
+-- the run's compensation is 'completed' once all of them are. Nothing while it is stopped.
+create or replace function flowlane._advance_compensation(p_run_id uuid) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_run flowlane.runs;
+  v_step record;
+begin
+  select * into v_run from flowlane.runs r where r.run_id = p_run_id for update;
+  if v_run.compensation is distinct from 'running' then
+    return;
+  end if;
+  for v_step in
+    select c.step_slug, s.opt_compensate from flowlane.compensations c
+    join flowlane.steps s on s.flow_slug = v_run.flow_slug and s.step_slug = c.step_slug
+    where c.run_id = p_run_id and c.status = 'pending'
+      and not exists (select 1 from flowlane.compensations o
+                      where o.run_id = p_run_id and o.status <> 'completed' and o.step_slug <> c.step_slug
+                        and o.step_slug = any (flowlane._dependents(v_run.flow_slug, c.step_slug)))
+    order by s.step_index desc
+    for update of c
+  loop
+    perform flowlane._start_compensation(v_run, v_step.step_slug, v_step.opt_compensate);
+    if (select r.compensation from flowlane.runs r where r.run_id = p_run_id) <> 'running' then
+      return;  -- one could not start: the chain stops
+    end if;
+  end loop;
+  if not exists (select 1 from flowlane.compensations c where c.run_id = p_run_id and c.status <> 'completed') then
+    update flowlane.runs r set compensation = 'completed' where r.run_id = p_run_id;
+  end if;
+end;
+$$;
+
+-- one step's compensation run; one that cannot start (its flow gone, an input its contract
+-- refuses) fails the compensation and stops the chain, saying why in the run's error message
+create or replace function flowlane._start_compensation(p_run flowlane.runs, p_step_slug text, p_named text) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_flow text;
+  v_input jsonb;
+  v_started flowlane.runs;
+begin
+  v_input := jsonb_build_object('run_id', p_run.run_id, 'flow', p_run.flow_slug, 'step', p_step_slug,
+    'input', flowlane._step_input(p_run.run_id, p_step_slug),
+    'output', (select ss.output from flowlane.step_states ss
+               where ss.run_id = p_run.run_id and ss.step_slug = p_step_slug));
+  begin
+    v_flow := flowlane.resolve_flow(p_named);
+    perform flowlane._check_start_input(v_flow, v_input,
+      format('compensation %s of step %s of run %s', v_flow, p_step_slug, p_run.run_id));
+    select * into v_started from flowlane._create_runs(v_flow, array[v_input], array[null::uuid]);
+  exception when others then
+    update flowlane.compensations c set status = 'failed'
+     where c.run_id = p_run.run_id and c.step_slug = p_step_slug;
+    update flowlane.runs r
+       set compensation = 'stopped',
+           error_message = left(concat_ws('; ', r.error_message,
+             format('compensation %s of step %s could not start: %s', p_named, p_step_slug, sqlerrm)), 4000)
+     where r.run_id = p_run.run_id;
+    return;
+  end;
+  update flowlane.compensations c set status = 'started', compensation_run_id = v_started.run_id
+   where c.run_id = p_run.run_id and c.step_slug = p_step_slug;
+  update flowlane.runs r set compensation_of = p_run.run_id where r.run_id = v_started.run_id
+  returning * into v_started;
+  if v_started.status not in ('started', 'waiting') then  -- it ended while it was created
+    perform flowlane._compensation_ended(v_started);
+  end if;
+end;
+$$;
+
+create or replace function flowlane._report_compensation() returns trigger
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  perform flowlane._compensation_ended(new);
+  return null;
+end;
+$$;
+
+-- a compensation's run ended: completed, the chain goes on; failed or cancelled, it stops
+create or replace function flowlane._compensation_ended(p_ended flowlane.runs) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_step text;
+begin
+  update flowlane.compensations c
+     set status = case when p_ended.status = 'completed' then 'completed' else 'failed' end
+   where c.compensation_run_id = p_ended.run_id and c.status = 'started'
+  returning c.step_slug into v_step;
+  if v_step is null then
+    return;
+  end if;
+  if p_ended.status = 'completed' then
+    perform flowlane._advance_compensation(p_ended.compensation_of);
+  else
+    update flowlane.runs r set compensation = 'stopped'
+     where r.run_id = p_ended.compensation_of and r.compensation = 'running';
+  end if;
+end;
+$$;
+
+-- resume a stopped compensation: each failed compensation's run is retried (one that was
+-- cancelled, or never started, starts again), and the chain goes on from there
+create or replace function flowlane.retry_compensation(run_id uuid) returns flowlane.runs
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_run flowlane.runs;
+  v_failed flowlane.compensations;
+begin
+  select * into v_run from flowlane.runs r where r.run_id = retry_compensation.run_id for update;
+  if not found then
+    raise exception 'no run %', retry_compensation.run_id using errcode = 'P0002';
+  end if;
+  if v_run.compensation is distinct from 'stopped' then
+    raise exception 'run % has no stopped compensation (compensation: %)', v_run.run_id,
+      coalesce(v_run.compensation, 'none') using errcode = '55000';
+  end if;
+  update flowlane.runs r set compensation = 'running' where r.run_id = v_run.run_id;
+  for v_failed in
+    select * from flowlane.compensations c where c.run_id = v_run.run_id and c.status = 'failed'
+    order by c.step_slug for update
+  loop
+    if (select r.status from flowlane.runs r where r.run_id = v_failed.compensation_run_id) = 'failed' then
+      perform flowlane.retry_run(v_failed.compensation_run_id);
+      update flowlane.compensations c set status = 'started'
+       where c.run_id = v_failed.run_id and c.step_slug = v_failed.step_slug;
+    else
+      update flowlane.compensations c set status = 'pending', compensation_run_id = null
+       where c.run_id = v_failed.run_id and c.step_slug = v_failed.step_slug;
+    end if;
+  end loop;
+  perform flowlane._advance_compensation(v_run.run_id);
+  select * into v_run from flowlane.runs r where r.run_id = v_run.run_id;
+  return v_run;
+end;
+$$;
+
+-- the compensations of a run, in the order they start, for `flowlane run` and the console
+create or replace function flowlane.get_run_compensations(run_id uuid) returns jsonb
+language sql stable
+set search_path = ''
+as $$
+  select coalesce(jsonb_agg(jsonb_build_object(
+           'step_slug', c.step_slug, 'status', c.status, 'run_id', c.compensation_run_id,
+           'flow_slug', x.flow_slug, 'run_status', x.status) order by s.step_index desc), '[]'::jsonb)
+  from flowlane.compensations c
+  join flowlane.runs r on r.run_id = c.run_id
+  join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = c.step_slug
+  left join flowlane.runs x on x.run_id = c.compensation_run_id
+  where c.run_id = get_run_compensations.run_id
+$$;
+
 -- the name of the PostgreSQL trigger of one event of a flowlane trigger
 create or replace function flowlane._trigger_pg_name(p_trigger text, p_event text) returns text
 language sql immutable
@@ -3900,3 +4453,26 @@ as $$
 $$;
 
 -- == Written by hand: what calls the functions (checks, defaults, triggers, data) ==
+
+-- failure handlers: a run that fails (or is cancelled) starts its flow's failure handler
+create trigger runs_start_failure_handler
+  after update of status on flowlane.runs
+  for each row
+  when (old.status in ('started', 'waiting') and new.status in ('failed', 'cancelled') and new.failure_of is null)
+  execute function flowlane._start_failure_handler();
+
+-- compensation: a failed run starts its compensations, a compensation's run that ends moves
+-- the chain on or stops it
+create trigger runs_begin_compensation
+  after update of status on flowlane.runs
+  for each row
+  when (old.status in ('started', 'waiting') and new.status = 'failed'
+        and new.compensation_of is null and new.failure_of is null)
+  execute function flowlane._begin_compensation();
+
+create trigger runs_report_compensation
+  after update of status on flowlane.runs
+  for each row
+  when (old.status in ('started', 'waiting') and new.status in ('completed', 'failed', 'cancelled')
+        and new.compensation_of is not null)
+  execute function flowlane._report_compensation();

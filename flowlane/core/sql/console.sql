@@ -77,7 +77,7 @@ limit %(limit)s
 select r.run_id, r.flow_slug, r.status, r.remaining_steps, r.started_at, r.completed_at, r.failed_at,
        coalesce(r.completed_at, r.failed_at, r.cancelled_at) as ended_at, r.error_message,
        r.cancel_reason, r.retry_count, r.retried_at, r.start_at, r.deadline_at, r.called_as,
-       r.idempotency_key, r.schedule_name, r.schedule_slot, r.hold_seq is not null as held,
+       r.idempotency_key, r.schedule_name, r.schedule_slot, r.hold_seq is not null as held, r.compensation,
        octet_length(r.input::text) as input_bytes, octet_length(r.output::text) as output_bytes,
        r.origin, r.parent_run_id
 from flowlane.runs r

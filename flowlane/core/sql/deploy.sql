@@ -5,7 +5,8 @@ select to_regclass('flowlane.aliases') is not null
 -- name: deploy_flows
 select f.flow_slug, f.opt_max_attempts, f.opt_base_delay, f.opt_timeout, f.opt_retention,
        f.opt_deadline, f.opt_dedup_key, f.opt_concurrency_limit, f.opt_concurrency_key, f.opt_priority,
-       f.opt_concurrency_when_full, f.opt_debounce_key, f.opt_debounce_period, f.opt_debounce_max_wait
+       f.opt_concurrency_when_full, f.opt_debounce_key, f.opt_debounce_period, f.opt_debounce_max_wait,
+       f.opt_on_failure, f.opt_on_failure_on_cancel
 from flowlane.flows f
 order by f.flow_slug collate "C"
 
@@ -22,7 +23,7 @@ from jsonb_each(%(shapes)s::jsonb) given
 
 -- name: deploy_steps
 select s.flow_slug, s.step_slug, s.opt_max_attempts, s.opt_base_delay, s.opt_timeout,
-       s.opt_start_delay, s.opt_concurrency_limit, s.opt_concurrency_key
+       s.opt_start_delay, s.opt_concurrency_limit, s.opt_concurrency_key, s.opt_compensate
 from flowlane.steps s
 order by s.flow_slug collate "C", s.step_index
 

@@ -33,7 +33,8 @@ declare
       'queue_flow_control', 'pgmq_metrics', 'worker_is_live', 'worker_stale_after',
       'definitions_fingerprint',  -- serve through a transaction-mode pooler
       'trigger_activity'],
-    'runs', array['get_run_with_states', 'get_run_attempts', 'get_run_waits', 'get_run_family'],
+    'runs', array['get_run_with_states', 'get_run_attempts', 'get_run_waits', 'get_run_family',
+                   'get_run_compensations'],
     'wait', array['listen_run_finished', 'unlisten_run_finished'],  -- Client.wait, run durations
     'start', array['start_flow', 'start_flows'],
     'deploy', array[
@@ -43,7 +44,8 @@ declare
       'keep_only_triggers'],
     'operate', array[
       'cancel_run', 'retry_run', 'signal', 'expire_waits', 'start_ready_steps', 'set_schedule_paused',
-      'trigger_schedule', 'prune_runs', 'override_task', 'retry_run_from', 'retry_runs', 'cancel_runs']);
+      'trigger_schedule', 'prune_runs', 'override_task', 'retry_run_from', 'retry_runs', 'cancel_runs',
+      'retry_compensation']);
   -- the classes of each role; flowlane_admin is every responsibility but a worker's claims
   v_roles constant jsonb := jsonb_build_object(
     'flowlane_worker', array['claim', 'tick', 'fleet', 'inspect', 'runs', 'wait'],

@@ -254,6 +254,9 @@ select * from flowlane.cancel_run(%(run_id)s::uuid, %(reason)s)
 -- name: client_retry_run
 select * from flowlane.retry_run(%(run_id)s::uuid)
 
+-- name: client_retry_compensation
+select * from flowlane.retry_compensation(%(run_id)s::uuid)
+
 -- name: client_retry_run_from
 select * from flowlane.retry_run_from(%(run_id)s::uuid, %(step_slug)s)
 -- name: client_stuck_runs
