@@ -15,6 +15,10 @@ declare
   v_flow text := flowlane.resolve_flow(start_flow.flow_slug);
   v_run flowlane.runs;
   v_key text;
+  -- what started the run when that is not a plain call (runs.origin): a server that starts
+  -- runs for others (the webhook endpoint) names itself for its transaction in the setting
+  -- flowlane.origin, a JSON object such as {"webhook": name, "delivery": id}
+  v_origin jsonb := nullif(current_setting('flowlane.origin', true), '')::jsonb;
 begin
   perform flowlane._check_start_input(v_flow, input, format('start_flow(%s)', v_flow));
   perform flowlane._check_priority(format('start_flow(%s)', v_flow), start_flow.priority);
@@ -45,20 +49,10 @@ begin
   end if;
   select * into v_run from flowlane._new_runs(v_flow, array[input], array[start_flow.run_id],
                                               start_flow.start_at, array[v_key], start_flow.flow_slug,
-                                              start_flow.priority, array[flowlane._call_origin()]);
+                                              start_flow.priority,
+                                              array[case when jsonb_typeof(v_origin) = 'object' then v_origin end]);
   return v_run;
 end;
-$$;
-
--- what started a call's run (runs.origin): null for a plain call; a server that starts runs for
--- others (the webhook endpoint) names itself for its transaction in the setting flowlane.origin,
--- a JSON object such as {"webhook": name, "delivery": id}
-create function flowlane._call_origin() returns jsonb
-language sql stable
-set search_path = ''
-as $$
-  select case when jsonb_typeof(o) = 'object' then o end
-  from (select nullif(current_setting('flowlane.origin', true), '')::jsonb as o) s
 $$;
 
 -- many runs of one flow or alias in one call; returns the runs in input order.
