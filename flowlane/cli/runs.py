@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta
@@ -238,20 +237,13 @@ def _start_many(args: argparse.Namespace) -> int:
     return 0
 
 
-_REFUSED_INPUT = re.compile(r"the run input(?: (?P<index>\d+))? does not match")
-_CHUNK_START = re.compile(r"positions count from input (?P<offset>\d+)")
-
-
 def _at_line(exc: errors.FlowlaneError, source: str, numbers: list[int]) -> errors.FlowlaneError:
     """An input refused by the flow's input_schema, named by its line of the file."""
-    refused = _REFUSED_INPUT.search(str(exc))
-    if refused is None:
+    if not isinstance(exc, errors.InputRefused) or exc.position is None or exc.position >= len(numbers):
         return exc
-    chunk = _CHUNK_START.search(str(exc))
-    index = int(refused["index"] or 0) + (int(chunk["offset"]) if chunk else 0)
-    if index >= len(numbers):
-        return exc
-    return errors.InputRefused(f"{source}:{numbers[index]}: {exc}", hint=exc.hint)
+    return errors.InputRefused(f"{source}:{numbers[exc.position]}: {exc}", hint=exc.hint,
+                               detail=exc.detail, sqlstate=exc.sqlstate, position=exc.position,
+                               path=exc.path, rule=exc.rule)
 
 
 @json_errors

@@ -28,6 +28,7 @@ import contextlib
 import difflib
 import inspect
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterable, Iterator, Mapping
@@ -362,17 +363,35 @@ def _chunk_error(exc: errors.DatabaseError, offset: int) -> errors.FlowlaneError
             hint=exc.hint,
             detail=exc.detail,
             sqlstate=exc.sqlstate,
-        )
+        ),
+        offset,
     )
 
 
-def _start_error(exc: errors.DatabaseError) -> errors.FlowlaneError:
+# how the SQL Core names an input its flow's input_schema refuses (the position only when it
+# checked more than one input), and the rule in its detail
+_SCHEMA_REFUSAL = re.compile(r"the run input(?: (?P<position>\d+))? does not match the flow's "
+                             r"input_schema: (?P<path>[^:]*): ")
+_SCHEMA_RULE = re.compile(r"the rule at input_schema(?P<rule>\S*) of ")
+
+
+def _start_error(exc: errors.DatabaseError, offset: int | None = None) -> errors.FlowlaneError:
+    """The error of a refused start, with what refused it as data; ``offset``: a start of
+    many runs, the position of the first input of the refused chunk."""
     hint = _START_HINTS.get(exc.sqlstate or "")
+    if hint is None:
+        return exc
     # the database's own hint first (e.g. the input limits); its detail (e.g. the rule of an
     # input_schema that refused the input) stays in the message
     message = f"{exc}\n{exc.detail}" if exc.detail else str(exc)
-    return exc if hint is None else errors.InputRefused(message, hint=exc.hint or hint,
-                                                        sqlstate=exc.sqlstate)
+    refusal = _SCHEMA_REFUSAL.search(str(exc))
+    rule = _SCHEMA_RULE.search(exc.detail or "") if refusal else None
+    return errors.InputRefused(
+        message, hint=exc.hint or hint, detail=exc.detail, sqlstate=exc.sqlstate,
+        position=offset + int(refusal["position"] or 0) if refusal and offset is not None else None,
+        path=refusal["path"] if refusal else None,
+        rule=(rule["rule"] or "/") if rule else None,
+    )
 
 
 def _operation_error(exc: errors.DatabaseError, run_id: str) -> errors.FlowlaneError:
