@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from flowlane import errors
 from flowlane.cli.common import add_dsn_argument, add_format, json_errors
 from flowlane.cli.fleet import print_waiting
+from flowlane.runtime.inputs import read_input, read_jsonl, read_seconds, read_time
 from flowlane.runtime.limits import MAX_INPUT_BYTES, MAX_PRIORITY, MIN_PRIORITY, STATUSES
 
 if TYPE_CHECKING:
@@ -28,7 +28,6 @@ def configure(subparsers: Any) -> None:
     start.add_argument("flow", metavar="FLOW_OR_ALIAS")
     start.add_argument(
         "--input",
-        default="{}",
         help="run input: JSON text, @FILE to read a JSON file, or - for stdin (default {}); "
         f"at most {MAX_INPUT_BYTES // 1024} KiB",
     )
@@ -149,69 +148,10 @@ def configure(subparsers: Any) -> None:
     run.set_defaults(func=cmd_run)
 
 
-def read_input(text: str, option: str = "--input", what: str = "the run input") -> Any:
-    """``--input`` (or another ``option`` giving ``what``): JSON text, ``@FILE`` or ``-``
-    (stdin), size-checked before parsing."""
-    if text == "-":
-        source, raw = "stdin", sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
-    elif text.startswith("@"):
-        source = text[1:]
-        try:
-            with open(source, "rb") as file:
-                raw = file.read(MAX_INPUT_BYTES + 1)
-        except OSError as exc:
-            raise errors.UsageError(
-                f"cannot read {option} file {source}: {exc.strerror or exc}"
-            ) from exc
-    else:
-        source, raw = option, text.encode("utf-8")
-    if len(raw) > MAX_INPUT_BYTES:
-        raise errors.UsageError(
-            f"{what} from {source} is over the limit of {MAX_INPUT_BYTES} bytes",
-            hint="pass a reference (a URL, a table key, a file path) instead of the data itself",
-        )
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        where = option if source == option else f"the {option} from {source}"
-        raise errors.UsageError(
-            f"{where} is not valid JSON: {exc}",
-            hint=f"""quote a JSON document for the shell, e.g. {option} '{{"name": "Ada"}}', """
-            f"or pass a file: {option} @{option.removeprefix('--')}.json",
-        ) from exc
-
-
-def read_jsonl(lines: Iterable[bytes], source: str, numbers: list[int] | None = None
-               ) -> Iterator[Any]:
-    """The JSON value of every non-blank line; a usage error names the bad line. ``numbers``
-    collects the line number of each value yielded."""
-    for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        if numbers is not None:
-            numbers.append(number)
-        if len(raw) > MAX_INPUT_BYTES:
-            raise errors.UsageError(
-                f"{source}:{number}: the run input is over the limit of {MAX_INPUT_BYTES} bytes",
-                hint="pass a reference (a URL, a table key, a file path) instead of the data itself",
-            )
-        try:
-            yield json.loads(raw.rstrip(b"\r\n").decode("utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            # one position: the file's line, the column within it (not the decoder's own line)
-            where = (f"{source}:{number}:{exc.colno}: not valid JSON: {exc.msg}"
-                     if isinstance(exc, json.JSONDecodeError)
-                     else f"{source}:{number}: not valid UTF-8: {exc.reason}")
-            raise errors.UsageError(
-                f"{where}; no run was started",
-                hint="--input-file takes JSON Lines: one JSON document per line",
-            ) from exc
-
-
 def _start_many(args: argparse.Namespace) -> int:
     from flowlane.runtime.client import Client
 
-    if args.input != "{}" or args.run_id or args.wait or args.key:
+    if args.input is not None or args.run_id or args.wait or args.key:
         raise errors.UsageError(
             "--input-file cannot be combined with --input, --run-id, --key or --wait",
             hint="start one run with --input, or many with --input-file FILE.jsonl",
@@ -252,7 +192,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     if args.input_file is not None:
         return _start_many(args)
-    payload = read_input(args.input)
+    payload = {} if args.input is None else read_input(args.input)
     if args.wait and args.timeout <= 0:
         raise errors.UsageError(f"--timeout must be more than 0, not {args.timeout:g}")
     start_at = _start_at(args)
@@ -274,17 +214,14 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 def _start_at(args: argparse.Namespace) -> datetime | timedelta | None:
     """--at TIME or --delay DURATION (a delay counts on the database's clock)."""
-    from flowlane.compiler import durations
-
     if args.delay is not None:
-        try:
-            delay = args.delay.strip()
-            return timedelta(seconds=int(delay) if delay.isdigit() else durations.to_seconds(delay))
-        except ValueError as exc:
+        seconds = read_seconds(args.delay)
+        if seconds is None:
             raise errors.UsageError(f"--delay {args.delay!r} is not a duration",
-                                    hint="write 30s, 10m, 2h, 1d or a number of seconds") from exc
+                                    hint="write 30s, 10m, 2h, 1d or a number of seconds")
+        return timedelta(seconds=seconds)
     if args.at is not None:
-        return _time_argument("--at", args.at)
+        return read_time("--at", args.at)
     return None
 
 
@@ -334,18 +271,7 @@ def _report_end(state: dict[str, Any], fmt: str) -> int:
 
 
 def _since(text: str | None) -> datetime | None:
-    return None if text is None else _time_argument("--since", text)
-
-
-def _time_argument(option: str, text: str) -> datetime:
-    """An ISO 8601 time; without a zone it is local time."""
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise errors.UsageError(
-            f"{option} {text!r} is not a time", hint="use ISO 8601, e.g. 2026-05-01T12:00:00+00:00"
-        ) from None
-    return moment if moment.tzinfo else moment.astimezone()
+    return None if text is None else read_time("--since", text)
 
 
 @json_errors
@@ -374,6 +300,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if any(r.status == "started" for r in runs):
         _explain_wait(args.dsn)
     return 0
+
 
 
 def _print_runs(runs: list[RunSummary]) -> None:
@@ -412,7 +339,7 @@ def _run_filter(args: argparse.Namespace) -> RunFilter | None:
 
     where = RunFilter(flow=args.flow, step=args.step, error_type=args.error_type, error=args.error,
                       since=_since(args.since),
-                      until=None if args.until is None else _time_argument("--until", args.until))
+                      until=None if args.until is None else read_time("--until", args.until))
     bulk_only = args.dry_run or (getattr(args, "status", None) is not None)
     if args.run_id is not None:
         if not where.is_empty() or bulk_only:
