@@ -9,8 +9,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from flowlane import errors
-from flowlane.cli.common import add_dsn_argument, add_format, json_errors
-from flowlane.cli.fleet import print_waiting
+from flowlane.cli.common import add_dsn_argument, add_format, json_errors, print_waiting
 from flowlane.runtime.inputs import read_input, read_jsonl, read_seconds, read_time
 from flowlane.runtime.limits import MAX_INPUT_BYTES, MAX_PRIORITY, MIN_PRIORITY, STATUSES
 

@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 from flowlane.cli import build_parser
-from flowlane.cli.fleet import WORKER_ACTIONS
+from flowlane.cli.worker import WORKER_ACTIONS
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 CELL = re.compile(r"(?<!\\)\|")  # a cell border; `\|` inside a cell is text
