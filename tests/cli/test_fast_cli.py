@@ -48,6 +48,9 @@ def test_validate_imports_no_database_driver() -> None:
         (["valdate"], "usage: flowlane ", "did you mean validate?"),
         (["start", "hello", "--inptu", "{}"], "usage: flowlane start ", "did you mean --input"),
         (["runs", "--limt", "3"], "usage: flowlane runs ", "did you mean --limit"),
+        (["runs", "--format", "jsn"], "usage: flowlane runs ", "did you mean json?"),
+        (["queue", "lst"], "usage: flowlane queue ", "did you mean list?"),
+        (["retry", "--eror-type", "X"], "usage: flowlane retry ", "did you mean --error-type"),  # in a group
     ],
 )
 def test_a_misspelling_gets_a_suggestion_and_its_commands_usage(
