@@ -196,7 +196,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         raise errors.UsageError(f"--timeout must be more than 0, not {args.timeout:g}")
     start_at = _start_at(args)
     with Client(args.dsn) as client:
-        started = client.begin(args.flow, payload, run_id=args.run_id, key=args.key,
+        started = client.start(args.flow, payload, run_id=args.run_id, key=args.key,
                                start_at=start_at, priority=args.priority)
         run_id, flow_slug = started.run_id, started.flow_slug
         if not args.wait:

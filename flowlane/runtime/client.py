@@ -31,6 +31,7 @@ import json
 import re
 import time
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -572,16 +573,12 @@ class Operations:
     """The plans of the clients' public methods (``Client.cancel`` carries out ``cancel``)."""
 
     @staticmethod
-    def start(flow: str, input: Any = None, *, run_id: str | None = None) -> Plan[tuple[str, str]]:
-        """Start a run; return ``(run_id, concrete flow slug)`` (an alias: its active version)."""
-        started = yield from Operations.begin(flow, input, run_id=run_id)
-        return started.run_id, started.flow_slug
-
-    @staticmethod
-    def begin(flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
+    def start(flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
               start_at: StartAt = None, priority: int | None = None,
               origin: Mapping[str, str] | None = None) -> Plan[Started]:
-        """Start a run, now or at ``start_at``; with ``key`` (or the flow's dedup key) a second
+        """Start a run of a flow or an alias (its active version), now or at ``start_at``;
+        return what the start did (:class:`Started`: the run id, the concrete flow, its
+        status, its start time, ``existed``). With ``key`` (or the flow's dedup key) a second
         start with the same (name, key) returns the first run (``existed``). ``priority``
         (default: the flow's) orders its tasks' claims: higher first, FIFO within one.
         ``origin``: what the run records as having started it, for a server that starts runs
@@ -615,10 +612,20 @@ class Operations:
                        bool(row["existed"]))
 
     @staticmethod
+    def begin(flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
+              start_at: StartAt = None, priority: int | None = None,
+              origin: Mapping[str, str] | None = None) -> Plan[Started]:
+        """Deprecated: ``start`` (the same)."""
+        _deprecated("begin", "start(...)")
+        return (yield from Operations.start(flow, input, run_id=run_id, key=key, start_at=start_at,
+                                            priority=priority, origin=origin))
+
+    @staticmethod
     def start_run(flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
                   start_at: StartAt = None, priority: int | None = None) -> Plan[str]:
-        """Start a run of a concrete flow or an alias; return its id (see ``begin``)."""
-        started = yield from Operations.begin(flow, input, run_id=run_id, key=key, start_at=start_at,
+        """Deprecated: ``start(...).run_id``."""
+        _deprecated("start_run", "start(...).run_id")
+        started = yield from Operations.start(flow, input, run_id=run_id, key=key, start_at=start_at,
                                               priority=priority)
         return started.run_id
 
@@ -830,6 +837,11 @@ class Operations:
             if remaining <= 0:
                 raise _timed_out(run_id, state["run"]["status"], timeout)
             yield Notified(listener, run_id, min(remaining, FALLBACK_POLL_SECONDS))
+
+
+def _deprecated(name: str, instead: str) -> None:
+    # the plan runs inside the client's _run, called by the client's method: warn its caller
+    warnings.warn(f"Client.{name} is deprecated: use {instead}", DeprecationWarning, stacklevel=4)
 
 
 def _run_waits(run_ids: list[str]) -> Plan[list[dict[str, Any]]]:

@@ -141,7 +141,7 @@ async def deliver(client: AsyncClient, endpoint: Endpoint, delivery: Delivery) -
         return await _signal(client, webhook, delivery)
     origin = {"webhook": webhook.name, "delivery": delivery.id}
     try:
-        started = await client.begin(webhook.flow, mapped(webhook, delivery.body),
+        started = await client.start(webhook.flow, mapped(webhook, delivery.body),
                                      key=f"{webhook.name}:{delivery.id}", origin=origin)
     except errors.InputRefused as exc:
         if not (exc.sqlstate or "").startswith(_DATA_EXCEPTION):

@@ -153,10 +153,9 @@ def test_every_operation_answers_alike_both_ways(both: Both, flows_dsn: str) -> 
     first, second = _failed_runs(flows_dsn, 2)
     sync, async_ = both.sync.retry(first), both.loop.run_until_complete(both.async_.retry(second))
     assert _without_ids(sync) == _without_ids(async_) and sync["status"] == "started"
-    (kind, (run_id, flow)), (kind_async, (run_id_async, flow_async)) = both.call(
-        "start", "rt_versioned", {})
-    assert (kind, flow) == (kind_async, flow_async) == ("ok", "rt_versioned_v2")
-    assert run_id != run_id_async
+    (kind, started), (kind_async, started_async) = both.call("start", "rt_versioned", {})
+    assert (kind, started.flow_slug) == (kind_async, started_async.flow_slug) == ("ok", "rt_versioned_v2")
+    assert started.run_id != started_async.run_id and not started.existed and not started_async.existed
     sync_ids, async_ids = (outcome[1] for outcome in both.call("start_runs", "rt_noop", [{}] * 3))
     assert len(sync_ids) == len(async_ids) == 3 and not set(sync_ids) & set(async_ids)
     kinds = [kind for kind, _ in both.call("start_run", "rt_noop", None)]
