@@ -840,8 +840,8 @@ class Operations:
 
 
 def _deprecated(name: str, instead: str) -> None:
-    # the plan runs inside the client's _run, called by the client's method: warn its caller
-    warnings.warn(f"Client.{name} is deprecated: use {instead}", DeprecationWarning, stacklevel=4)
+    # the plan runs in _advance, in the client's _run, in its method: warn the method's caller
+    warnings.warn(f"Client.{name} is deprecated: use {instead}", DeprecationWarning, stacklevel=6)
 
 
 def _run_waits(run_ids: list[str]) -> Plan[list[dict[str, Any]]]:

@@ -111,8 +111,8 @@ def _without_ids(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_every_operation_answers_alike_both_ways(both: Both, flows_dsn: str) -> None:
-    started = both.sync.start_run("rt_noop", {"n": 1})
-    cancelled = both.sync.start_run("rt_noop", {"n": 2})
+    started = both.sync.start("rt_noop", {"n": 1}).run_id
+    cancelled = both.sync.start("rt_noop", {"n": 2}).run_id
     both.sync.cancel(cancelled, reason="parity")
 
     # reads of the same state: equal results
