@@ -389,10 +389,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     with Client(args.dsn) as client:
         run = client.cancel(args.run_id, reason=args.reason)
     if args.format == "json":
-        print(json.dumps({"run_id": str(run["run_id"]), "status": run["status"],
-                          "cancel_reason": run["cancel_reason"]}))
+        print(json.dumps({"run_id": run.run_id, "status": run.status,
+                          "cancel_reason": run.cancel_reason}))
     else:
-        print(f"run {run['run_id']} cancelled ({run['cancel_reason']})")
+        print(f"run {run.run_id} cancelled ({run.cancel_reason})")
     return 0
 
 
@@ -408,10 +408,10 @@ def cmd_retry(args: argparse.Namespace) -> int:
     with Client(args.dsn) as client:
         run = client.retry(args.run_id, from_step=args.from_step)
     if args.format == "json":
-        print(json.dumps({"run_id": str(run["run_id"]), "status": run["status"],
-                          "retry_count": run["retry_count"]}))
+        print(json.dumps({"run_id": run.run_id, "status": run.status,
+                          "retry_count": run.retry_count}))
     else:
-        print(f"run {run['run_id']} {run['status']} again (retry {run['retry_count']})")
+        print(f"run {run.run_id} {run.status} again (retry {run.retry_count})")
     return 0
 
 
@@ -423,16 +423,14 @@ def cmd_signal(args: argparse.Namespace) -> int:
     payload = read_input(args.data, "--data", "the signal payload")
     with Client(args.dsn) as client:
         signal = client.signal(args.run_id, args.step, payload, by=args.by)
-    applied = signal["applied_at"] is not None
     if args.format == "json":
-        by = signal["payload"].get("by") if isinstance(signal["payload"], dict) else None
-        print(json.dumps({"run_id": str(signal["run_id"]), "step": signal["step_slug"],
-                          "applied": applied, "by": by}))
-    elif applied:
-        print(f"step {signal['step_slug']} of run {signal['run_id']} "
-              f"{signal_words(signal['payload'], signal['applied_at'])}")
+        print(json.dumps({"run_id": signal.run_id, "step": signal.step_slug,
+                          "applied": signal.applied, "by": signal.by}))
+    elif signal.applied_at is not None:
+        print(f"step {signal.step_slug} of run {signal.run_id} "
+              f"{signal_words(signal.payload, signal.applied_at)}")
     else:
-        print(f"signal kept: step {signal['step_slug']} of run {signal['run_id']} completes "
+        print(f"signal kept: step {signal.step_slug} of run {signal.run_id} completes "
               "with it when the run reaches it")
     return 0
 

@@ -117,6 +117,43 @@ class Started:
 
 
 @dataclass(frozen=True)
+class RunChange:
+    """A run as ``cancel`` or ``retry`` left it."""
+
+    run_id: str
+    flow_slug: str
+    status: str
+    cancel_reason: str | None
+    retry_count: int
+
+    @classmethod
+    def from_row(cls, r: dict[str, Any]) -> RunChange:
+        return cls(str(r["run_id"]), r["flow_slug"], r["status"], r["cancel_reason"], int(r["retry_count"]))
+
+
+@dataclass(frozen=True)
+class SignalSent:
+    """A signal the SQL Core took: applied (its wait step completed with ``payload``) or,
+    ``applied_at`` None, kept until the step starts."""
+
+    run_id: str
+    step_slug: str
+    payload: Any
+    received_at: datetime
+    applied_at: datetime | None
+
+    @property
+    def applied(self) -> bool:
+        return self.applied_at is not None
+
+    @property
+    def by(self) -> str | None:
+        """Who sent it (the payload's ``by``), when it says."""
+        by = self.payload.get("by") if isinstance(self.payload, dict) else None
+        return None if by is None else str(by)
+
+
+@dataclass(frozen=True)
 class RunFilter:
     """Which runs a bulk retry or cancel takes: of a flow or alias (every version), failed in a
     step, with an error type among the failed attempts of their last round, with a text in
@@ -653,19 +690,18 @@ class Operations:
         return run_ids
 
     @staticmethod
-    def cancel(run_id: str, *, reason: str | None = None) -> Plan[dict[str, Any]]:
-        """Cancel a started run (idempotent for a cancelled one); return its row."""
+    def cancel(run_id: str, *, reason: str | None = None) -> Plan[RunChange]:
+        """Cancel a started run (idempotent for a cancelled one); return it as it is now."""
         run_id = yield from _resolve_run(run_id)
         try:
             rows = yield Fetch("client_cancel_run", "cannot cancel",
                                {"run_id": run_id, "reason": reason})
         except errors.DatabaseError as exc:
             raise _operation_error(exc, run_id) from exc
-        row: dict[str, Any] = rows[0]
-        return row
+        return RunChange.from_row(rows[0])
 
     @staticmethod
-    def retry(run_id: str, *, from_step: str | None = None) -> Plan[dict[str, Any]]:
+    def retry(run_id: str, *, from_step: str | None = None) -> Plan[RunChange]:
         """Resume a failed run from its failed steps with a fresh attempt budget; with
         ``from_step``, a failed or completed run reruns that step and every step that depends
         on it (the other steps keep their outputs, the attempt history is kept)."""
@@ -678,8 +714,7 @@ class Operations:
                                    {"run_id": run_id, "step_slug": from_step})
         except errors.DatabaseError as exc:
             raise _operation_error(exc, run_id) from exc
-        row: dict[str, Any] = rows[0]
-        return row
+        return RunChange.from_row(rows[0])
 
     @staticmethod
     def repair(action: str, where: RunFilter, *, dry_run: bool = False, batch_size: int = REPAIR_BATCH,
@@ -757,11 +792,11 @@ class Operations:
 
     @staticmethod
     def signal(run_id: str, step: str, payload: Any = None, *, by: str | None = None
-               ) -> Plan[dict[str, Any]]:
+               ) -> Plan[SignalSent]:
         """Send a signal to wait step ``step`` of a run: it completes the step with
         ``payload`` (default ``{}``) as its output, or is kept until the step starts.
         ``by`` names the sender: the payload's ``by`` (the payload is then a JSON object).
-        Returns the signal (``applied_at`` None: kept). Raises
+        Returns the signal (:class:`SignalSent`; not ``applied``: kept). Raises
         :class:`flowlane.errors.SignalRefused` when the SQL Core refuses it (nothing changed)."""
         run_id = yield from _resolve_run(run_id)
         body = encode_input(_signed(payload, by), "the signal payload")
@@ -770,8 +805,8 @@ class Operations:
                                {"run_id": run_id, "step": step, "payload": body})
         except errors.DatabaseError as exc:
             raise _signal_error(exc, run_id) from exc
-        row: dict[str, Any] = rows[0]
-        return row
+        r = rows[0]
+        return SignalSent(str(r["run_id"]), r["step_slug"], r["payload"], r["received_at"], r["applied_at"])
 
     @staticmethod
     def flows_named(flow: str) -> Plan[list[str]]:

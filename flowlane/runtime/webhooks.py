@@ -164,7 +164,7 @@ async def _signal(client: AsyncClient, webhook: Webhook, delivery: Delivery) -> 
         raise Refused(422, str(exc)) from exc
     except (errors.UsageError, errors.NotFound) as exc:
         raise Refused(422, str(exc)) from exc
-    return {"run_id": str(signal["run_id"]), "step": step, "existed": False}
+    return {"run_id": signal.run_id, "step": step, "existed": False}
 
 
 async def _signalled_by(client: AsyncClient, run_id: str, step: str, by: str) -> bool:

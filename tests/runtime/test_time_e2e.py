@@ -40,7 +40,7 @@ def test_client_delayed_start_waits_listed_and_cancellable(flows_dsn: str) -> No
         assert {r.run_id for r in listed} == {later.run_id, *delayed}
         assert all(r.start_at is not None for r in listed)
         cancelled = client.cancel(later.run_id, reason="not needed")
-        assert cancelled["status"] == "cancelled"
+        assert (cancelled.status, cancelled.cancel_reason) == ("cancelled", "not needed")
         with pytest.raises(errors.UsageError, match="no time zone"):
             client.start("rt_noop", {}, start_at=datetime(2030, 1, 1))
 
