@@ -272,7 +272,13 @@ def _start_time(start_at: StartAt) -> dict[str, Any]:
 
 
 class RunTimeout(errors.FlowlaneError):
-    """A run did not end within the time given to ``wait``."""
+    """A run did not end within the time given to ``wait``: ``run_id``, the ``status`` it
+    still had and the ``timeout`` in seconds."""
+
+    def __init__(self, run_id: str, status: str, timeout: float) -> None:
+        super().__init__(f"run {run_id} is still {status} after {timeout:g}s",
+                         hint=f"it keeps running; `flowlane run {run_id}` shows where it is")
+        self.run_id, self.status, self.timeout = run_id, status, timeout
 
 
 @dataclass(frozen=True)
@@ -538,13 +544,6 @@ def _list_params(
         "since": since,
         "parent": _run_id(parent) if parent else None,
     }
-
-
-def _timed_out(run_id: str, status: str, timeout: float) -> RunTimeout:
-    return RunTimeout(
-        f"run {run_id} is still {status} after {timeout:g}s",
-        hint=f"it keeps running; `flowlane run {run_id}` shows where it is",
-    )
 
 
 # -- what a plan asks of its client ------------------------------------------------
@@ -870,7 +869,7 @@ class Operations:
                 return state
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise _timed_out(run_id, state["run"]["status"], timeout)
+                raise RunTimeout(run_id, state["run"]["status"], timeout)
             yield Notified(listener, run_id, min(remaining, FALLBACK_POLL_SECONDS))
 
 

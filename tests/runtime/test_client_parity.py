@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from flowlane import errors
-from flowlane.runtime.client import AsyncClient, Client, Operations, RunChange
+from flowlane.runtime.client import AsyncClient, Client, Operations, RunChange, RunTimeout
 from tests.core.engine import Engine
 
 OPERATIONS = sorted(name for name in vars(Operations) if not name.startswith("_"))
@@ -149,6 +149,9 @@ def test_every_operation_answers_alike_both_ways(both: Both, flows_dsn: str) -> 
     ]:
         kind, _detail = both.same(name, *args, **kwargs)
         assert kind == expected, (name, args, kwargs, _detail)
+    with pytest.raises(RunTimeout) as late:  # what the run was doing, as data
+        both.sync.wait(started, timeout=0)
+    assert (late.value.run_id, late.value.status, late.value.timeout) == (started, "started", 0)
 
     # writes: each way changes its own run, and the answers differ only in ids and times
     first, second = _failed_runs(flows_dsn, 2)
