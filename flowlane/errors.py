@@ -82,7 +82,27 @@ class NotFound(FlowlaneError):
 
 class InputRefused(DatabaseError):
     """The database refused a start's input (its flow's ``input_schema``, a map step's array,
-    a run id already in use); no run was started."""
+    a run id already in use); no run was started.
+
+    When the flow's ``input_schema`` refused it: ``path`` is where in the input (a JSON
+    pointer, ``/`` for the whole input), ``rule`` the schema rule that refused it, and, for a
+    start of many runs, ``position`` which input (from 0, over all the inputs given)."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        hint: str | None = None,
+        detail: str | None = None,
+        sqlstate: str | None = None,
+        position: int | None = None,
+        path: str | None = None,
+        rule: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint, detail=detail, sqlstate=sqlstate)
+        self.position = position
+        self.path = path
+        self.rule = rule
 
 
 class SignalRefused(DatabaseError):

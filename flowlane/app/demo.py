@@ -84,7 +84,7 @@ def run_demo(
             Started(
                 name,
                 project.resolve(name).slug,
-                client.start_run(name, SAMPLE_INPUTS.get(name, {})),
+                client.start(name, SAMPLE_INPUTS.get(name, {})).run_id,
             )
             for name in _entry_points(project)
         ]

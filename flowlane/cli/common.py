@@ -53,3 +53,9 @@ def json_errors(command: Callable[[argparse.Namespace], int]) -> Callable[..., i
             raise
 
     return run
+
+
+def print_waiting(reasons: list[str]) -> None:
+    """Why queued work waits, on stderr (stdout keeps the table or JSON a script reads)."""
+    for reason in reasons:
+        print(f"waiting: {reason}", file=sys.stderr)

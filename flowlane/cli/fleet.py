@@ -8,9 +8,7 @@ import sys
 from typing import Any
 
 from flowlane import errors
-from flowlane.cli.common import add_dsn_argument
-
-WORKER_ACTIONS = ("enable", "disable", "list")
+from flowlane.cli.common import add_dsn_argument, print_waiting
 
 
 def configure(subparsers: Any) -> None:
@@ -42,60 +40,6 @@ def configure(subparsers: Any) -> None:
                          help="seconds to wait for the workers to stop (default 120)")
     add_dsn_argument(rollout)
     rollout.set_defaults(func=cmd_rollout)
-
-
-def add_worker_admin_arguments(worker: argparse.ArgumentParser) -> None:
-    admin = worker.add_argument_group(
-        "deployments: `flowlane worker list`, `flowlane worker enable NAME`, "
-        "`flowlane worker disable NAME --reason TEXT`"
-    )
-    admin.add_argument("--reason", help="with `worker disable`: why (shown to operators)")
-    admin.add_argument("--format", choices=["text", "json"], default="text",
-                       help="with `worker list`: output format")
-
-
-def run_worker_admin(args: argparse.Namespace) -> int:
-    """``flowlane worker ACTION ...``: the first positional is the action."""
-    action, *rest = args.paths
-    from flowlane.app import fleet
-
-    if action == "list":
-        if rest:
-            raise errors.UsageError(f"`worker list` takes no names, got {' '.join(rest)}")
-        _print_fleet(fleet.fleet(args.dsn), args.format)
-        return 0
-    if len(rest) != 1:
-        raise errors.UsageError(f"`worker {action}` takes one deployment name",
-                                hint=f"flowlane worker {action} NAME (see `flowlane worker list`)")
-    row = fleet.set_enabled(rest[0], action == "enable", args.reason, args.dsn)
-    state = "enabled" if row["enabled"] else f"disabled ({row['reason'] or 'no reason given'})"
-    print(f"worker deployment {row['deployment_name']} (queue {row['queue_name']}): {state}")
-    return 0
-
-
-def _print_fleet(found: Any, fmt: str) -> None:
-    if fmt == "json":
-        print(json.dumps({"deployments": found.deployments, "draining": found.draining},
-                         indent=2, default=str))
-        return
-    if not found.deployments:
-        print("no worker deployments yet (one is recorded when its first worker starts)")
-    for d in found.deployments:
-        state = "enabled" if d["enabled"] else f"DISABLED: {d['reason'] or 'no reason given'}"
-        live = sum(1 for w in d["workers"] if w["live"])
-        stale = len(d["workers"]) - live
-        print(f"{d['deployment_name']}  queue {d['queue_name']}  {state}  "
-              f"{live} live worker(s)" + (f", {stale} stale" if stale else ""))
-        for w in d["workers"]:
-            pairs = ", ".join(f"{f}.{s}" for f, s in w["pairs"])
-            flag = ("" if w["live"] else "  STALE (its started tasks wait for stalled recovery)") \
-                + ("  deprecated" if w["deprecated"] else "")
-            print(f"  worker {w['worker_id']}  heartbeat {w['heartbeat_age']}s ago{flag}  "
-                  f"serves {pairs}")
-    for v in found.draining:
-        state = ("drained" if v["drained"] else
-                 f"draining: {v['started_runs']} started run(s), {v['active_tasks']} task(s)")
-        print(f"alias {v['alias']}: version {v['flow_slug']} {state}")
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
@@ -132,12 +76,6 @@ def cmd_queue(args: argparse.Namespace) -> int:
             for line in fleet.refusal_lines(r["queue_name"], r["refusals"]):
                 print(f"refused: {line}", file=sys.stderr)
     return 0
-
-
-def print_waiting(reasons: list[str]) -> None:
-    """Why queued work waits, on stderr (stdout keeps the table or JSON a script reads)."""
-    for reason in reasons:
-        print(f"waiting: {reason}", file=sys.stderr)
 
 
 def limits_line(row: dict[str, Any]) -> str:

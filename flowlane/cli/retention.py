@@ -9,6 +9,7 @@ from typing import Any
 
 from flowlane import errors
 from flowlane.cli.common import add_dsn_argument, add_format, json_errors
+from flowlane.runtime.inputs import read_seconds
 
 
 def configure(subparsers: Any) -> None:
@@ -32,16 +33,10 @@ def configure(subparsers: Any) -> None:
 
 
 def _seconds(text: str | None) -> int | None:
-    from flowlane.compiler import durations
-
     if text is None:
         return None
-    given = text.strip()
-    try:
-        seconds = durations.to_seconds(int(given) if given.isdigit() else given)
-    except ValueError:
-        seconds = -1
-    if not 0 <= seconds <= 2147483647:  # what the SQL argument (an int) holds
+    seconds = read_seconds(text)
+    if seconds is None:
         raise errors.UsageError(f"--older-than: `{text}` is not a duration",
                                 hint="write seconds or a number with s, m, h or d: --older-than 7d")
     return seconds

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
-from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from flowlane import errors
-from flowlane.cli.common import add_dsn_argument, add_format, json_errors
-from flowlane.cli.fleet import print_waiting
+from flowlane.cli.common import add_dsn_argument, add_format, json_errors, print_waiting
+from flowlane.runtime.inputs import read_input, read_jsonl, read_seconds, read_time
 from flowlane.runtime.limits import MAX_INPUT_BYTES, MAX_PRIORITY, MIN_PRIORITY, STATUSES
 
 if TYPE_CHECKING:
@@ -29,7 +27,6 @@ def configure(subparsers: Any) -> None:
     start.add_argument("flow", metavar="FLOW_OR_ALIAS")
     start.add_argument(
         "--input",
-        default="{}",
         help="run input: JSON text, @FILE to read a JSON file, or - for stdin (default {}); "
         f"at most {MAX_INPUT_BYTES // 1024} KiB",
     )
@@ -152,69 +149,10 @@ def configure(subparsers: Any) -> None:
     run.set_defaults(func=cmd_run)
 
 
-def read_input(text: str, option: str = "--input", what: str = "the run input") -> Any:
-    """``--input`` (or another ``option`` giving ``what``): JSON text, ``@FILE`` or ``-``
-    (stdin), size-checked before parsing."""
-    if text == "-":
-        source, raw = "stdin", sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
-    elif text.startswith("@"):
-        source = text[1:]
-        try:
-            with open(source, "rb") as file:
-                raw = file.read(MAX_INPUT_BYTES + 1)
-        except OSError as exc:
-            raise errors.UsageError(
-                f"cannot read {option} file {source}: {exc.strerror or exc}"
-            ) from exc
-    else:
-        source, raw = option, text.encode("utf-8")
-    if len(raw) > MAX_INPUT_BYTES:
-        raise errors.UsageError(
-            f"{what} from {source} is over the limit of {MAX_INPUT_BYTES} bytes",
-            hint="pass a reference (a URL, a table key, a file path) instead of the data itself",
-        )
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        where = option if source == option else f"the {option} from {source}"
-        raise errors.UsageError(
-            f"{where} is not valid JSON: {exc}",
-            hint=f"""quote a JSON document for the shell, e.g. {option} '{{"name": "Ada"}}', """
-            f"or pass a file: {option} @{option.removeprefix('--')}.json",
-        ) from exc
-
-
-def read_jsonl(lines: Iterable[bytes], source: str, numbers: list[int] | None = None
-               ) -> Iterator[Any]:
-    """The JSON value of every non-blank line; a usage error names the bad line. ``numbers``
-    collects the line number of each value yielded."""
-    for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        if numbers is not None:
-            numbers.append(number)
-        if len(raw) > MAX_INPUT_BYTES:
-            raise errors.UsageError(
-                f"{source}:{number}: the run input is over the limit of {MAX_INPUT_BYTES} bytes",
-                hint="pass a reference (a URL, a table key, a file path) instead of the data itself",
-            )
-        try:
-            yield json.loads(raw.rstrip(b"\r\n").decode("utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            # one position: the file's line, the column within it (not the decoder's own line)
-            where = (f"{source}:{number}:{exc.colno}: not valid JSON: {exc.msg}"
-                     if isinstance(exc, json.JSONDecodeError)
-                     else f"{source}:{number}: not valid UTF-8: {exc.reason}")
-            raise errors.UsageError(
-                f"{where}; no run was started",
-                hint="--input-file takes JSON Lines: one JSON document per line",
-            ) from exc
-
-
 def _start_many(args: argparse.Namespace) -> int:
     from flowlane.runtime.client import Client
 
-    if args.input != "{}" or args.run_id or args.wait or args.key:
+    if args.input is not None or args.run_id or args.wait or args.key:
         raise errors.UsageError(
             "--input-file cannot be combined with --input, --run-id, --key or --wait",
             hint="start one run with --input, or many with --input-file FILE.jsonl",
@@ -240,20 +178,13 @@ def _start_many(args: argparse.Namespace) -> int:
     return 0
 
 
-_REFUSED_INPUT = re.compile(r"the run input(?: (?P<index>\d+))? does not match")
-_CHUNK_START = re.compile(r"positions count from input (?P<offset>\d+)")
-
-
 def _at_line(exc: errors.FlowlaneError, source: str, numbers: list[int]) -> errors.FlowlaneError:
     """An input refused by the flow's input_schema, named by its line of the file."""
-    refused = _REFUSED_INPUT.search(str(exc))
-    if refused is None:
+    if not isinstance(exc, errors.InputRefused) or exc.position is None or exc.position >= len(numbers):
         return exc
-    chunk = _CHUNK_START.search(str(exc))
-    index = int(refused["index"] or 0) + (int(chunk["offset"]) if chunk else 0)
-    if index >= len(numbers):
-        return exc
-    return errors.InputRefused(f"{source}:{numbers[index]}: {exc}", hint=exc.hint)
+    return errors.InputRefused(f"{source}:{numbers[exc.position]}: {exc}", hint=exc.hint,
+                               detail=exc.detail, sqlstate=exc.sqlstate, position=exc.position,
+                               path=exc.path, rule=exc.rule)
 
 
 @json_errors
@@ -262,12 +193,12 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     if args.input_file is not None:
         return _start_many(args)
-    payload = read_input(args.input)
+    payload = {} if args.input is None else read_input(args.input)
     if args.wait and args.timeout <= 0:
         raise errors.UsageError(f"--timeout must be more than 0, not {args.timeout:g}")
     start_at = _start_at(args)
     with Client(args.dsn) as client:
-        started = client.begin(args.flow, payload, run_id=args.run_id, key=args.key,
+        started = client.start(args.flow, payload, run_id=args.run_id, key=args.key,
                                start_at=start_at, priority=args.priority)
         run_id, flow_slug = started.run_id, started.flow_slug
         if not args.wait:
@@ -284,17 +215,14 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 def _start_at(args: argparse.Namespace) -> datetime | timedelta | None:
     """--at TIME or --delay DURATION (a delay counts on the database's clock)."""
-    from flowlane.compiler import durations
-
     if args.delay is not None:
-        try:
-            delay = args.delay.strip()
-            return timedelta(seconds=int(delay) if delay.isdigit() else durations.to_seconds(delay))
-        except ValueError as exc:
+        seconds = read_seconds(args.delay)
+        if seconds is None:
             raise errors.UsageError(f"--delay {args.delay!r} is not a duration",
-                                    hint="write 30s, 10m, 2h, 1d or a number of seconds") from exc
+                                    hint="write 30s, 10m, 2h, 1d or a number of seconds")
+        return timedelta(seconds=seconds)
     if args.at is not None:
-        return _time_argument("--at", args.at)
+        return read_time("--at", args.at)
     return None
 
 
@@ -348,18 +276,7 @@ def _report_end(state: dict[str, Any], fmt: str) -> int:
 
 
 def _since(text: str | None) -> datetime | None:
-    return None if text is None else _time_argument("--since", text)
-
-
-def _time_argument(option: str, text: str) -> datetime:
-    """An ISO 8601 time; without a zone it is local time."""
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise errors.UsageError(
-            f"{option} {text!r} is not a time", hint="use ISO 8601, e.g. 2026-05-01T12:00:00+00:00"
-        ) from None
-    return moment if moment.tzinfo else moment.astimezone()
+    return None if text is None else read_time("--since", text)
 
 
 @json_errors
@@ -388,6 +305,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if any(r.status == "started" for r in runs):
         _explain_wait(args.dsn)
     return 0
+
 
 
 def _print_runs(runs: list[RunSummary]) -> None:
@@ -426,7 +344,7 @@ def _run_filter(args: argparse.Namespace) -> RunFilter | None:
 
     where = RunFilter(flow=args.flow, step=args.step, error_type=args.error_type, error=args.error,
                       since=_since(args.since),
-                      until=None if args.until is None else _time_argument("--until", args.until))
+                      until=None if args.until is None else read_time("--until", args.until))
     bulk_only = args.dry_run or (getattr(args, "status", None) is not None)
     if args.run_id is not None:
         if not where.is_empty() or bulk_only:
@@ -477,10 +395,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     with Client(args.dsn) as client:
         run = client.cancel(args.run_id, reason=args.reason)
     if args.format == "json":
-        print(json.dumps({"run_id": str(run["run_id"]), "status": run["status"],
-                          "cancel_reason": run["cancel_reason"]}))
+        print(json.dumps({"run_id": run.run_id, "status": run.status,
+                          "cancel_reason": run.cancel_reason}))
     else:
-        print(f"run {run['run_id']} cancelled ({run['cancel_reason']})")
+        print(f"run {run.run_id} cancelled ({run.cancel_reason})")
     return 0
 
 
@@ -496,12 +414,12 @@ def cmd_retry(args: argparse.Namespace) -> int:
     with Client(args.dsn) as client:
         run = client.retry(args.run_id, from_step=args.from_step, compensation=args.compensation)
     if args.format == "json":
-        print(json.dumps({"run_id": str(run["run_id"]), "status": run["status"],
-                          "retry_count": run["retry_count"], "compensation": run["compensation"]}))
+        print(json.dumps({"run_id": run.run_id, "status": run.status,
+                          "retry_count": run.retry_count, "compensation": run.compensation}))
     elif args.compensation:
-        print(f"run {run['run_id']}: compensation {run['compensation']} again")
+        print(f"run {run.run_id}: compensation {run.compensation} again")
     else:
-        print(f"run {run['run_id']} {run['status']} again (retry {run['retry_count']})")
+        print(f"run {run.run_id} {run.status} again (retry {run.retry_count})")
     return 0
 
 
@@ -513,16 +431,14 @@ def cmd_signal(args: argparse.Namespace) -> int:
     payload = read_input(args.data, "--data", "the signal payload")
     with Client(args.dsn) as client:
         signal = client.signal(args.run_id, args.step, payload, by=args.by)
-    applied = signal["applied_at"] is not None
     if args.format == "json":
-        by = signal["payload"].get("by") if isinstance(signal["payload"], dict) else None
-        print(json.dumps({"run_id": str(signal["run_id"]), "step": signal["step_slug"],
-                          "applied": applied, "by": by}))
-    elif applied:
-        print(f"step {signal['step_slug']} of run {signal['run_id']} "
-              f"{signal_words(signal['payload'], signal['applied_at'])}")
+        print(json.dumps({"run_id": signal.run_id, "step": signal.step_slug,
+                          "applied": signal.applied, "by": signal.by}))
+    elif signal.applied_at is not None:
+        print(f"step {signal.step_slug} of run {signal.run_id} "
+              f"{signal_words(signal.payload, signal.applied_at)}")
     else:
-        print(f"signal kept: step {signal['step_slug']} of run {signal['run_id']} completes "
+        print(f"signal kept: step {signal.step_slug} of run {signal.run_id} completes "
               "with it when the run reaches it")
     return 0
 

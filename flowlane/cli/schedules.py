@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from flowlane.cli.common import add_dsn_argument, add_format, json_errors
-from flowlane.cli.runs import read_input
+from flowlane.runtime.inputs import read_input
 
 
 def configure(subparsers: Any) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from flowlane import defaults, errors, project_root
 from flowlane.cli.common import add_dsn_argument, flow_paths
-from flowlane.cli.worker import add_metrics_port, add_worker_options, worker_config
+from flowlane.cli.worker_options import add_metrics_port, add_worker_options, worker_config
 
 
 def configure(subparsers: Any) -> None:

@@ -4,15 +4,15 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import json
 from typing import Any
 
 from flowlane import defaults, errors
 from flowlane.cli.common import add_dsn_argument, flow_paths
-from flowlane.cli.fleet import WORKER_ACTIONS, add_worker_admin_arguments, run_worker_admin
-from flowlane.runtime.config import LOG_FORMATS, LOG_LEVELS, WHEN_DISABLED, WorkerConfig
+from flowlane.cli.worker_options import DEFAULTS, add_metrics_port, add_worker_options, worker_config
+from flowlane.runtime.config import WHEN_DISABLED
 
-DEFAULTS = WorkerConfig()  # for help texts only: the parsers pass what the user gave
+WORKER_ACTIONS = ("enable", "disable", "list")
 
 
 def configure(subparsers: Any) -> None:
@@ -98,72 +98,64 @@ def configure(subparsers: Any) -> None:
     worker.set_defaults(func=cmd_worker)
 
 
-def add_metrics_port(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument(
-        "--metrics-port", type=_port, metavar="PORT",
-        help=f"serve /metrics (Prometheus: {what} and the database's queue gauges), /healthz "
-        "and /readyz on this TCP port (all interfaces); default: none")
-
-
-def _port(text: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
-        raise argparse.ArgumentTypeError(f"not a TCP port: {text!r}")
-    return int(text)
-
-
-def add_worker_options(parser: argparse.ArgumentParser, every: str = "") -> None:
-    """The options `flowlane serve` hands to every worker, on both commands; not given, a
-    worker takes WorkerConfig's defaults."""
-    parser.add_argument(
-        "--no-notify",
-        dest="notify",
-        action="store_false",
-        default=argparse.SUPPRESS,
-        help="do not LISTEN for PGMQ insert notifications; poll with read_with_poll only "
-        f"(implied by a DSN with pooler=transaction){every}",
-    )
-    parser.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=argparse.SUPPRESS,
-        help="on SIGTERM/SIGINT, seconds to let in-flight handlers finish "
-        f"(default {DEFAULTS.shutdown_timeout:g}){every}",
-    )
-    parser.add_argument(
-        "--import-path",
-        dest="import_paths",
-        action="append",
-        default=argparse.SUPPRESS,
-        metavar="DIR",
-        help="extra directory to import handler modules from (repeatable; "
-        f"the current directory is always searched){every}",
-    )
-    parser.add_argument(
-        "--log-level",
-        default=argparse.SUPPRESS,
-        metavar="LEVEL",
-        help=f"{', '.join(LOG_LEVELS)} (default {DEFAULTS.log_level}){every}",
-    )
-    parser.add_argument(
-        "--log-format",
-        default=argparse.SUPPRESS,
-        metavar="FORMAT",
-        help=f"{' or '.join(LOG_FORMATS)} (default {DEFAULTS.log_format}){every}",
-    )
-
-
 def _flow_list(text: str) -> tuple[str, ...] | None:
     """``--flows a,b``: the names; blank means not given."""
     names = tuple(name.strip() for name in text.split(",") if name.strip())
     return names or None
 
 
-def worker_config(args: argparse.Namespace) -> WorkerConfig:
-    """The options the user gave (the parsers leave the others out), validated."""
-    return WorkerConfig.from_options(
-        **{f.name: getattr(args, f.name) for f in dataclasses.fields(WorkerConfig)
-           if hasattr(args, f.name)}
+def add_worker_admin_arguments(worker: argparse.ArgumentParser) -> None:
+    admin = worker.add_argument_group(
+        "deployments: `flowlane worker list`, `flowlane worker enable NAME`, "
+        "`flowlane worker disable NAME --reason TEXT`"
     )
+    admin.add_argument("--reason", help="with `worker disable`: why (shown to operators)")
+    admin.add_argument("--format", choices=["text", "json"], default="text",
+                       help="with `worker list`: output format")
+
+
+def run_worker_admin(args: argparse.Namespace) -> int:
+    """``flowlane worker ACTION ...``: the first positional is the action."""
+    action, *rest = args.paths
+    from flowlane.app import fleet
+
+    if action == "list":
+        if rest:
+            raise errors.UsageError(f"`worker list` takes no names, got {' '.join(rest)}")
+        _print_fleet(fleet.fleet(args.dsn), args.format)
+        return 0
+    if len(rest) != 1:
+        raise errors.UsageError(f"`worker {action}` takes one deployment name",
+                                hint=f"flowlane worker {action} NAME (see `flowlane worker list`)")
+    row = fleet.set_enabled(rest[0], action == "enable", args.reason, args.dsn)
+    state = "enabled" if row["enabled"] else f"disabled ({row['reason'] or 'no reason given'})"
+    print(f"worker deployment {row['deployment_name']} (queue {row['queue_name']}): {state}")
+    return 0
+
+
+def _print_fleet(found: Any, fmt: str) -> None:
+    if fmt == "json":
+        print(json.dumps({"deployments": found.deployments, "draining": found.draining},
+                         indent=2, default=str))
+        return
+    if not found.deployments:
+        print("no worker deployments yet (one is recorded when its first worker starts)")
+    for d in found.deployments:
+        state = "enabled" if d["enabled"] else f"DISABLED: {d['reason'] or 'no reason given'}"
+        live = sum(1 for w in d["workers"] if w["live"])
+        stale = len(d["workers"]) - live
+        print(f"{d['deployment_name']}  queue {d['queue_name']}  {state}  "
+              f"{live} live worker(s)" + (f", {stale} stale" if stale else ""))
+        for w in d["workers"]:
+            pairs = ", ".join(f"{f}.{s}" for f, s in w["pairs"])
+            flag = ("" if w["live"] else "  STALE (its started tasks wait for stalled recovery)") \
+                + ("  deprecated" if w["deprecated"] else "")
+            print(f"  worker {w['worker_id']}  heartbeat {w['heartbeat_age']}s ago{flag}  "
+                  f"serves {pairs}")
+    for v in found.draining:
+        state = ("drained" if v["drained"] else
+                 f"draining: {v['started_runs']} started run(s), {v['active_tasks']} task(s)")
+        print(f"alias {v['alias']}: version {v['flow_slug']} {state}")
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

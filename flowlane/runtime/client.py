@@ -28,8 +28,10 @@ import contextlib
 import difflib
 import inspect
 import json
+import re
 import time
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -114,6 +116,45 @@ class Started:
     def as_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "flow_slug": self.flow_slug, "status": self.status,
                 "start_at": _iso(self.start_at), "existed": self.existed, "debounced": self.debounced}
+
+
+@dataclass(frozen=True)
+class RunChange:
+    """A run as ``cancel`` or ``retry`` left it."""
+
+    run_id: str
+    flow_slug: str
+    status: str
+    cancel_reason: str | None
+    retry_count: int
+    compensation: str | None  # a failed run's compensation: running, completed or stopped
+
+    @classmethod
+    def from_row(cls, r: dict[str, Any]) -> RunChange:
+        return cls(str(r["run_id"]), r["flow_slug"], r["status"], r["cancel_reason"], int(r["retry_count"]),
+                   r.get("compensation"))
+
+
+@dataclass(frozen=True)
+class SignalSent:
+    """A signal the SQL Core took: applied (its wait step completed with ``payload``) or,
+    ``applied_at`` None, kept until the step starts."""
+
+    run_id: str
+    step_slug: str
+    payload: Any
+    received_at: datetime
+    applied_at: datetime | None
+
+    @property
+    def applied(self) -> bool:
+        return self.applied_at is not None
+
+    @property
+    def by(self) -> str | None:
+        """Who sent it (the payload's ``by``), when it says."""
+        by = self.payload.get("by") if isinstance(self.payload, dict) else None
+        return None if by is None else str(by)
 
 
 @dataclass(frozen=True)
@@ -235,7 +276,13 @@ def _start_time(start_at: StartAt) -> dict[str, Any]:
 
 
 class RunTimeout(errors.FlowlaneError):
-    """A run did not end within the time given to ``wait``."""
+    """A run did not end within the time given to ``wait``: ``run_id``, the ``status`` it
+    still had and the ``timeout`` in seconds."""
+
+    def __init__(self, run_id: str, status: str, timeout: float) -> None:
+        super().__init__(f"run {run_id} is still {status} after {timeout:g}s",
+                         hint=f"it keeps running; `flowlane run {run_id}` shows where it is")
+        self.run_id, self.status, self.timeout = run_id, status, timeout
 
 
 @dataclass(frozen=True)
@@ -364,17 +411,35 @@ def _chunk_error(exc: errors.DatabaseError, offset: int) -> errors.FlowlaneError
             hint=exc.hint,
             detail=exc.detail,
             sqlstate=exc.sqlstate,
-        )
+        ),
+        offset,
     )
 
 
-def _start_error(exc: errors.DatabaseError) -> errors.FlowlaneError:
+# how the SQL Core names an input its flow's input_schema refuses (the position only when it
+# checked more than one input), and the rule in its detail
+_SCHEMA_REFUSAL = re.compile(r"the run input(?: (?P<position>\d+))? does not match the flow's "
+                             r"input_schema: (?P<path>[^:]*): ")
+_SCHEMA_RULE = re.compile(r"the rule at input_schema(?P<rule>\S*) of ")
+
+
+def _start_error(exc: errors.DatabaseError, offset: int | None = None) -> errors.FlowlaneError:
+    """The error of a refused start, with what refused it as data; ``offset``: a start of
+    many runs, the position of the first input of the refused chunk."""
     hint = _START_HINTS.get(exc.sqlstate or "")
+    if hint is None:
+        return exc
     # the database's own hint first (e.g. the input limits); its detail (e.g. the rule of an
     # input_schema that refused the input) stays in the message
     message = f"{exc}\n{exc.detail}" if exc.detail else str(exc)
-    return exc if hint is None else errors.InputRefused(message, hint=exc.hint or hint,
-                                                        sqlstate=exc.sqlstate)
+    refusal = _SCHEMA_REFUSAL.search(str(exc))
+    rule = _SCHEMA_RULE.search(exc.detail or "") if refusal else None
+    return errors.InputRefused(
+        message, hint=exc.hint or hint, detail=exc.detail, sqlstate=exc.sqlstate,
+        position=offset + int(refusal["position"] or 0) if refusal and offset is not None else None,
+        path=refusal["path"] if refusal else None,
+        rule=(rule["rule"] or "/") if rule else None,
+    )
 
 
 def _operation_error(exc: errors.DatabaseError, run_id: str) -> errors.FlowlaneError:
@@ -485,13 +550,6 @@ def _list_params(
     }
 
 
-def _timed_out(run_id: str, status: str, timeout: float) -> RunTimeout:
-    return RunTimeout(
-        f"run {run_id} is still {status} after {timeout:g}s",
-        hint=f"it keeps running; `flowlane run {run_id}` shows where it is",
-    )
-
-
 # -- what a plan asks of its client ------------------------------------------------
 
 T = TypeVar("T")
@@ -555,16 +613,12 @@ class Operations:
     """The plans of the clients' public methods (``Client.cancel`` carries out ``cancel``)."""
 
     @staticmethod
-    def start(flow: str, input: Any = None, *, run_id: str | None = None) -> Plan[tuple[str, str]]:
-        """Start a run; return ``(run_id, concrete flow slug)`` (an alias: its active version)."""
-        started = yield from Operations.begin(flow, input, run_id=run_id)
-        return started.run_id, started.flow_slug
-
-    @staticmethod
-    def begin(flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
+    def start(flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
               start_at: StartAt = None, priority: int | None = None,
               origin: Mapping[str, str] | None = None) -> Plan[Started]:
-        """Start a run, now or at ``start_at``; with ``key`` (or the flow's dedup key) a second
+        """Start a run of a flow or an alias (its active version), now or at ``start_at``;
+        return what the start did (:class:`Started`: the run id, the concrete flow, its
+        status, its start time, ``existed``). With ``key`` (or the flow's dedup key) a second
         start with the same (name, key) returns the first run (``existed``). ``priority``
         (default: the flow's) orders its tasks' claims: higher first, FIFO within one.
         ``origin``: what the run records as having started it, for a server that starts runs
@@ -598,10 +652,20 @@ class Operations:
                        bool(row["existed"]), bool(row["debounced"]))
 
     @staticmethod
+    def begin(flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
+              start_at: StartAt = None, priority: int | None = None,
+              origin: Mapping[str, str] | None = None) -> Plan[Started]:
+        """Deprecated: ``start`` (the same)."""
+        _deprecated("begin", "start(...)")
+        return (yield from Operations.start(flow, input, run_id=run_id, key=key, start_at=start_at,
+                                            priority=priority, origin=origin))
+
+    @staticmethod
     def start_run(flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
                   start_at: StartAt = None, priority: int | None = None) -> Plan[str]:
-        """Start a run of a concrete flow or an alias; return its id (see ``begin``)."""
-        started = yield from Operations.begin(flow, input, run_id=run_id, key=key, start_at=start_at,
+        """Deprecated: ``start(...).run_id``."""
+        _deprecated("start_run", "start(...).run_id")
+        started = yield from Operations.start(flow, input, run_id=run_id, key=key, start_at=start_at,
                                               priority=priority)
         return started.run_id
 
@@ -629,20 +693,19 @@ class Operations:
         return run_ids
 
     @staticmethod
-    def cancel(run_id: str, *, reason: str | None = None) -> Plan[dict[str, Any]]:
-        """Cancel a started run (idempotent for a cancelled one); return its row."""
+    def cancel(run_id: str, *, reason: str | None = None) -> Plan[RunChange]:
+        """Cancel a started run (idempotent for a cancelled one); return it as it is now."""
         run_id = yield from _resolve_run(run_id)
         try:
             rows = yield Fetch("client_cancel_run", "cannot cancel",
                                {"run_id": run_id, "reason": reason})
         except errors.DatabaseError as exc:
             raise _operation_error(exc, run_id) from exc
-        row: dict[str, Any] = rows[0]
-        return row
+        return RunChange.from_row(rows[0])
 
     @staticmethod
     def retry(run_id: str, *, from_step: str | None = None,
-              compensation: bool = False) -> Plan[dict[str, Any]]:
+              compensation: bool = False) -> Plan[RunChange]:
         """Resume a failed run from its failed steps with a fresh attempt budget; with
         ``from_step``, a failed or completed run reruns that step and every step that depends
         on it (the other steps keep their outputs, the attempt history is kept); with
@@ -662,8 +725,7 @@ class Operations:
                                    {"run_id": run_id, "step_slug": from_step})
         except errors.DatabaseError as exc:
             raise _operation_error(exc, run_id) from exc
-        row: dict[str, Any] = rows[0]
-        return row
+        return RunChange.from_row(rows[0])
 
     @staticmethod
     def repair(action: str, where: RunFilter, *, dry_run: bool = False, batch_size: int = REPAIR_BATCH,
@@ -741,11 +803,11 @@ class Operations:
 
     @staticmethod
     def signal(run_id: str, step: str, payload: Any = None, *, by: str | None = None
-               ) -> Plan[dict[str, Any]]:
+               ) -> Plan[SignalSent]:
         """Send a signal to wait step ``step`` of a run: it completes the step with
         ``payload`` (default ``{}``) as its output, or is kept until the step starts.
         ``by`` names the sender: the payload's ``by`` (the payload is then a JSON object).
-        Returns the signal (``applied_at`` None: kept). Raises
+        Returns the signal (:class:`SignalSent`; not ``applied``: kept). Raises
         :class:`flowlane.errors.SignalRefused` when the SQL Core refuses it (nothing changed)."""
         run_id = yield from _resolve_run(run_id)
         body = encode_input(_signed(payload, by), "the signal payload")
@@ -754,8 +816,8 @@ class Operations:
                                {"run_id": run_id, "step": step, "payload": body})
         except errors.DatabaseError as exc:
             raise _signal_error(exc, run_id) from exc
-        row: dict[str, Any] = rows[0]
-        return row
+        r = rows[0]
+        return SignalSent(str(r["run_id"]), r["step_slug"], r["payload"], r["received_at"], r["applied_at"])
 
     @staticmethod
     def flows_named(flow: str) -> Plan[list[str]]:
@@ -819,8 +881,13 @@ class Operations:
                 return state
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise _timed_out(run_id, state["run"]["status"], timeout)
+                raise RunTimeout(run_id, state["run"]["status"], timeout)
             yield Notified(listener, run_id, min(remaining, FALLBACK_POLL_SECONDS))
+
+
+def _deprecated(name: str, instead: str) -> None:
+    # the plan runs in _advance, in the client's _run, in its method: warn the method's caller
+    warnings.warn(f"Client.{name} is deprecated: use {instead}", DeprecationWarning, stacklevel=6)
 
 
 def _run_waits(run_ids: list[str]) -> Plan[list[dict[str, Any]]]:

@@ -141,7 +141,7 @@ async def deliver(client: AsyncClient, endpoint: Endpoint, delivery: Delivery) -
         return await _signal(client, webhook, delivery)
     origin = {"webhook": webhook.name, "delivery": delivery.id}
     try:
-        started = await client.begin(webhook.flow, mapped(webhook, delivery.body),
+        started = await client.start(webhook.flow, mapped(webhook, delivery.body),
                                      key=f"{webhook.name}:{delivery.id}", origin=origin)
     except errors.InputRefused as exc:
         if not (exc.sqlstate or "").startswith(_DATA_EXCEPTION):
@@ -164,7 +164,7 @@ async def _signal(client: AsyncClient, webhook: Webhook, delivery: Delivery) -> 
         raise Refused(422, str(exc)) from exc
     except (errors.UsageError, errors.NotFound) as exc:
         raise Refused(422, str(exc)) from exc
-    return {"run_id": str(signal["run_id"]), "step": step, "existed": False}
+    return {"run_id": signal.run_id, "step": step, "existed": False}
 
 
 async def _signalled_by(client: AsyncClient, run_id: str, step: str, by: str) -> bool:

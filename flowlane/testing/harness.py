@@ -279,8 +279,9 @@ class FlowTest:
     # runs
 
     def start(self, flow: str, input: Any = None, **options: Any) -> str:
-        """Start a run (``options``: those of :meth:`Client.start_run`); returns its id."""
-        return self.client.start_run(flow, input, **options)
+        """Start a run (``options``: those of :meth:`Client.start`); returns its id."""
+        run_id: str = self.client.start(flow, input, **options).run_id
+        return run_id
 
     def run(self, flow: str, input: Any = None, **options: Any) -> RunResult:
         """Start a run, run the handlers until the runs are idle, return the run."""

@@ -8,21 +8,18 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from flowlane.cli import build_parser
-from flowlane.cli.fleet import WORKER_ACTIONS
+from flowlane.cli import Parser, build_parser
+from flowlane.cli.worker import WORKER_ACTIONS
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 CELL = re.compile(r"(?<!\\)\|")  # a cell border; `\|` inside a cell is text
 
 
-def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
-    return {}
+def _subcommands(parser: Parser) -> dict[str, Parser]:
+    return dict(parser.commands)
 
 
-def _actions(command: str, parser: argparse.ArgumentParser) -> set[str]:
+def _actions(command: str, parser: Parser) -> set[str]:
     """The actions a command takes as its first word (none for most commands)."""
     nested = set(_subcommands(parser))
     choices = {str(choice) for action in parser._actions

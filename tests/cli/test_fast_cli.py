@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from flowlane import errors, extras
-from flowlane.cli.runs import read_jsonl
+from flowlane.cli import main
+from flowlane.runtime.inputs import read_jsonl, read_seconds, read_time
 from tests.cli_support import REPO, cli_env, run_flowlane
 
 HEAVY = {"psycopg", "psycopg_pool", "jsonschema", "jinja2"}
@@ -46,6 +48,9 @@ def test_validate_imports_no_database_driver() -> None:
         (["valdate"], "usage: flowlane ", "did you mean validate?"),
         (["start", "hello", "--inptu", "{}"], "usage: flowlane start ", "did you mean --input"),
         (["runs", "--limt", "3"], "usage: flowlane runs ", "did you mean --limit"),
+        (["runs", "--format", "jsn"], "usage: flowlane runs ", "did you mean json?"),
+        (["queue", "lst"], "usage: flowlane queue ", "did you mean list?"),
+        (["retry", "--eror-type", "X"], "usage: flowlane retry ", "did you mean --error-type"),  # in a group
     ],
 )
 def test_a_misspelling_gets_a_suggestion_and_its_commands_usage(
@@ -70,6 +75,21 @@ def test_a_bad_input_file_line_has_one_position() -> None:
     message = str(caught.value)
     assert message.startswith("runs.jsonl:2:7: not valid JSON: Expecting value")
     assert "line 1" not in message and "char" not in message
+
+
+def test_durations_and_times_are_read_once_for_every_command() -> None:
+    assert [read_seconds(text) for text in ("90", " 5m ", "1d", "5 minutes", "-1", "99999999999")] == [
+        90, 300, 86400, None, None, None]
+    assert read_time("--at", "2026-05-01T12:00:00+00:00").utcoffset() == timedelta(0)
+    assert read_time("--at", "2026-05-01T12:00:00").tzinfo is not None  # local time
+    with pytest.raises(errors.UsageError, match="--at 'noon' is not a time"):
+        read_time("--at", "noon")
+
+
+def test_an_input_equal_to_the_default_still_counts_as_given(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["start", "some_flow", "--input", "{}", "--input-file", "runs.jsonl"])
+    assert code == 2
+    assert "--input-file cannot be combined with --input" in capsys.readouterr().err
 
 
 def test_the_parsers_copy_of_the_graph_formats_agrees_with_the_renderer() -> None:

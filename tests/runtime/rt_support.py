@@ -150,7 +150,7 @@ def start_run(dsn: str, flow: str, payload: Any) -> str:
     from flowlane.runtime.client import Client
 
     with Client(dsn) as client:
-        return client.start_run(flow, payload)
+        return client.start(flow, payload).run_id
 
 
 def step(state: dict[str, Any], slug: str) -> dict[str, Any]:

@@ -5,6 +5,7 @@ errors (type, message, hint), a bad connection string included."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import uuid
 from collections.abc import Callable, Iterator
@@ -14,7 +15,7 @@ import psycopg
 import pytest
 
 from flowlane import errors
-from flowlane.runtime.client import AsyncClient, Client, Operations
+from flowlane.runtime.client import AsyncClient, Client, Operations, RunChange, RunTimeout
 from tests.core.engine import Engine
 
 OPERATIONS = sorted(name for name in vars(Operations) if not name.startswith("_"))
@@ -106,19 +107,19 @@ def _failed_runs(dsn: str, count: int) -> list[str]:
     return [str(r) for r in runs]
 
 
-def _without_ids(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in row.items() if k != "run_id" and not k.endswith("_at")}
+def _without_ids(change: RunChange) -> RunChange:
+    return dataclasses.replace(change, run_id="")
 
 
 def test_every_operation_answers_alike_both_ways(both: Both, flows_dsn: str) -> None:
-    started = both.sync.start_run("rt_noop", {"n": 1})
-    cancelled = both.sync.start_run("rt_noop", {"n": 2})
+    started = both.sync.start("rt_noop", {"n": 1}).run_id
+    cancelled = both.sync.start("rt_noop", {"n": 2}).run_id
     both.sync.cancel(cancelled, reason="parity")
 
     # reads of the same state: equal results
     assert both.same("get_run", started)[1]["run"]["status"] == "started"
     assert both.same("wait", cancelled, timeout=5)[1]["run"]["status"] == "cancelled"
-    assert both.same("cancel", cancelled, reason="again")[1]["status"] == "cancelled"
+    assert both.same("cancel", cancelled, reason="again")[1].status == "cancelled"
     assert both.same("flows_named", "rt_versioned")[1] == ["rt_versioned_v1", "rt_versioned_v2"]
     listed = both.same("list_runs", flow="rt_noop", limit=5)[1]
     assert [r.run_id for r in listed] == [cancelled, started]
@@ -148,15 +149,17 @@ def test_every_operation_answers_alike_both_ways(both: Both, flows_dsn: str) -> 
     ]:
         kind, _detail = both.same(name, *args, **kwargs)
         assert kind == expected, (name, args, kwargs, _detail)
+    with pytest.raises(RunTimeout) as late:  # what the run was doing, as data
+        both.sync.wait(started, timeout=0)
+    assert (late.value.run_id, late.value.status, late.value.timeout) == (started, "started", 0)
 
     # writes: each way changes its own run, and the answers differ only in ids and times
     first, second = _failed_runs(flows_dsn, 2)
     sync, async_ = both.sync.retry(first), both.loop.run_until_complete(both.async_.retry(second))
-    assert _without_ids(sync) == _without_ids(async_) and sync["status"] == "started"
-    (kind, (run_id, flow)), (kind_async, (run_id_async, flow_async)) = both.call(
-        "start", "rt_versioned", {})
-    assert (kind, flow) == (kind_async, flow_async) == ("ok", "rt_versioned_v2")
-    assert run_id != run_id_async
+    assert _without_ids(sync) == _without_ids(async_) and sync.status == "started"
+    (kind, started), (kind_async, started_async) = both.call("start", "rt_versioned", {})
+    assert (kind, started.flow_slug) == (kind_async, started_async.flow_slug) == ("ok", "rt_versioned_v2")
+    assert started.run_id != started_async.run_id and not started.existed and not started_async.existed
     sync_ids, async_ids = (outcome[1] for outcome in both.call("start_runs", "rt_noop", [{}] * 3))
     assert len(sync_ids) == len(async_ids) == 3 and not set(sync_ids) & set(async_ids)
     kinds = [kind for kind, _ in both.call("start_run", "rt_noop", None)]

@@ -133,7 +133,7 @@ def test_a_workload_through_pgbouncer_in_transaction_mode(
             stderr=subprocess.STDOUT)
     try:
         with Client(pooled) as client:  # one application connection for every start
-            started = {client.start("pb_two", {"n": n})[0]: n for n in range(RUNS)}
+            started = {client.start("pb_two", {"n": n}).run_id: n for n in range(RUNS)}
         assert len(started) == RUNS
         wait_until(lambda: completed_runs(dsn) == RUNS, timeout=120, interval=0.2,
                    message=f"{RUNS} runs completed")
@@ -250,13 +250,13 @@ def test_start_wait_clients_and_the_console_through_pgbouncer(
         assert json.loads(waited.stdout)["second"] == {"n": 42}
 
         with Client(pooled) as client:
-            run_ids = [client.start("pb_two", {"n": n})[0] for n in range(20)]
+            run_ids = [client.start("pb_two", {"n": n}).run_id for n in range(20)]
             states = [client.wait(run_id, timeout=60) for run_id in run_ids]
         assert [s["run"]["status"] for s in states] == ["completed"] * 20
 
         async def wait_async() -> list[str]:  # the AsyncClient: its own connection, no LISTEN
             async with AsyncClient(pooled) as client:
-                ids = [(await client.start("pb_two", {"n": n}))[0] for n in range(10)]
+                ids = [(await client.start("pb_two", {"n": n})).run_id for n in range(10)]
                 return [(await client.wait(run_id, timeout=60))["run"]["status"] for run_id in ids]
 
         assert asyncio.run(wait_async()) == ["completed"] * 10

@@ -281,6 +281,6 @@ def test_client_waits_are_woken_by_notifications(
             other = await client.start_run("rt_slow", {"dir": "/nonexistent"})
             cancelled = await client.cancel(other, reason="async")
             listed = await client.list_runs(flow="rt_latest_retry", limit=1)
-            return done["run"]["status"], cancelled["status"], listed[0].run_id == run_id and "ok"
+            return done["run"]["status"], cancelled.status, listed[0].run_id == run_id and "ok"
 
     assert asyncio.run(scenario()) == ("completed", "cancelled", "ok")

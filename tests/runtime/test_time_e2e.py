@@ -18,11 +18,14 @@ from tests.runtime.rt_support import WorkerProcess, wait_run
 
 def test_client_keyed_start_says_when_the_run_existed(flows_dsn: str) -> None:
     with Client(flows_dsn) as client:
-        first = client.begin("rt_noop", {"width": 1}, key="invoice-9")
-        again = client.begin("rt_noop", {"width": 5}, key="invoice-9")
+        first = client.start("rt_noop", {"width": 1}, key="invoice-9")
+        again = client.start("rt_noop", {"width": 5}, key="invoice-9")
         assert (first.existed, again.existed) == (False, True)
         assert again.run_id == first.run_id and again.status == "started"
-        assert client.start_run("rt_noop", {}, key="invoice-9") == first.run_id
+        with pytest.warns(DeprecationWarning, match=r"use start\(\.\.\.\)\.run_id"):
+            assert client.start_run("rt_noop", {}, key="invoice-9") == first.run_id
+        with pytest.warns(DeprecationWarning, match=r"Client.begin is deprecated"):
+            assert client.begin("rt_noop", {}, key="invoice-9") == again
         state = client.get_run(first.run_id)
     assert (state["run"]["idempotency_key"], state["run"]["called_as"]) == ("invoice-9", "rt_noop")
 
@@ -30,16 +33,16 @@ def test_client_keyed_start_says_when_the_run_existed(flows_dsn: str) -> None:
 def test_client_delayed_start_waits_listed_and_cancellable(flows_dsn: str) -> None:
     at = datetime.now(UTC) + timedelta(hours=2)
     with Client(flows_dsn) as client:
-        later = client.begin("rt_noop", {}, start_at=at)
+        later = client.start("rt_noop", {}, start_at=at)
         assert later.status == "waiting" and later.start_at == at
         delayed = client.start_runs("rt_noop", [{}, {}], start_at=timedelta(minutes=5))
         listed = client.list_runs(status="waiting")
         assert {r.run_id for r in listed} == {later.run_id, *delayed}
         assert all(r.start_at is not None for r in listed)
         cancelled = client.cancel(later.run_id, reason="not needed")
-        assert cancelled["status"] == "cancelled"
+        assert (cancelled.status, cancelled.cancel_reason) == ("cancelled", "not needed")
         with pytest.raises(errors.UsageError, match="no time zone"):
-            client.begin("rt_noop", {}, start_at=datetime(2030, 1, 1))
+            client.start("rt_noop", {}, start_at=datetime(2030, 1, 1))
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

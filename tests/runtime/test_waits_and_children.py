@@ -140,7 +140,7 @@ def test_client_signal_sync_and_async_keep_early_signals_and_raise_refusals(
     with Client(dsn) as client:
         run_id = client.start_run("sg_approval", {"order": 1})
         kept = client.signal(run_id, "approve", {"approved": True})
-        assert kept["applied_at"] is None  # prepare has not run: kept
+        assert not kept.applied and kept.applied_at is None  # prepare has not run: kept
         with pytest.raises(errors.SignalRefused) as info:
             client.signal(run_id, "approve", {"approved": False})
         assert info.value.sqlstate == "55000" and "already has a signal" in str(info.value)
@@ -153,7 +153,7 @@ def test_client_signal_sync_and_async_keep_early_signals_and_raise_refusals(
                 await client.signal(run_id, "ship", {})
             gate = await client.start_run("sg_gate")
             applied = await client.signal(gate, "hold", [1])
-            assert applied["applied_at"] is not None
+            assert applied.applied and applied.payload == [1] and applied.by is None
             return info.value
 
     assert "is not a wait step" in str(asyncio.run(refused()))

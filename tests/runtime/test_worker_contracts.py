@@ -11,6 +11,7 @@ import pytest
 
 from flowlane import errors
 from flowlane.cli import main
+from flowlane.runtime.client import Client
 from tests.runtime.rt_support import WorkerProcess, start_run, step, tasks, wait_run
 
 Spawn = Callable[..., WorkerProcess]
@@ -35,8 +36,12 @@ def test_a_wrong_output_fails_its_first_attempt_without_retry(flows_dsn: str, sp
 
 def test_client_and_cli_starts_name_the_path_the_rule_and_the_file_line(
         flows_dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(errors.InputRefused, match="/mode: \"fast\" is not one of"):
+    with pytest.raises(errors.InputRefused, match="/mode: \"fast\" is not one of") as one:
         start_run(flows_dsn, "rt_contract", {"mode": "fast"})
+    assert (one.value.position, one.value.path, one.value.rule) == (None, "/mode", "/properties/mode/enum")
+    with Client(flows_dsn) as client, pytest.raises(errors.InputRefused) as many:
+        client.start_runs("rt_contract", [{"mode": "good"}] * 3 + [{"mode": "good"}, 7], chunk_size=3)
+    assert (many.value.position, many.value.path, many.value.rule) == (4, "/", "/type")
     code = main(["start", "rt_contract", "--input", '{"mode": "fast"}', "--dsn", flows_dsn])
     err = capsys.readouterr().err
     assert code == 1, err  # a refused input is a failure, not a usage error
