@@ -111,7 +111,7 @@ def test_run_ids_are_taken_by_unique_prefix(
         project: Path, dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
     with Client(dsn) as client:
         for run_id in (*TWINS, LONE):
-            client.start_run("an_parent", {}, run_id=run_id)
+            client.start("an_parent", {}, run_id=run_id)
 
     code, out, err = _cli(capsys, "run", "7a1c", "--dsn", dsn)
     assert code == 0 and f"run       {LONE}" in out, err
@@ -141,7 +141,7 @@ def test_run_ids_are_taken_by_unique_prefix(
 def test_hints_name_the_real_steps_and_a_useful_command(
         project: Path, dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
     with Client(dsn) as client:
-        run_id = client.start_run("an_gate", {})
+        run_id = client.start("an_gate", {}).run_id
     code, out, _ = _cli(capsys, "run", run_id, "--dsn", dsn)
     assert code == 0
     assert (f"`flowlane signal {run_id} approve --data JSON` (or review in its place) "
@@ -160,7 +160,7 @@ def test_hints_name_the_real_steps_and_a_useful_command(
 def test_the_cli_says_who_sent_a_signal_or_that_nobody_is_named(
         project: Path, dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
     with Client(dsn) as client:
-        named, unnamed, flagged = (client.start_run("an_gate", {}) for _ in range(3))
+        named, unnamed, flagged = (client.start("an_gate", {}).run_id for _ in range(3))
     code, out, err = _cli(capsys, "signal", named, "review", "--data", '{"by": "ada"}', "--dsn", dsn)
     assert code == 0, err
     assert re.search(rf"step review of run {named} completed by a signal from ada at "
@@ -193,7 +193,7 @@ def _wait_cell(page: str, step: str) -> str:
 def test_the_console_says_who_signalled_as_the_cli_does_and_that_a_child_step_was_skipped(
         project: Path, dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
     with Client(dsn) as client:
-        gate, parent = client.start_run("an_gate", {}), client.start_run("an_parent", {})
+        gate, parent = client.start("an_gate", {}).run_id, client.start("an_parent", {}).run_id
         client.signal(gate, "review", {"note": "fine"}, by="ada")
         client.signal(gate, "approve", {"approved": False})
         client.signal(parent, "ask", {"approved": False})

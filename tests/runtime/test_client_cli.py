@@ -80,7 +80,7 @@ def test_cli_errors_are_one_line_without_traceback(flows_dsn: str) -> None:
 
 def test_client_api(flows_dsn: str) -> None:
     with Client(flows_dsn) as client:
-        run_id = client.start_run("rt_retry", {"x": 1})
+        run_id = client.start("rt_retry", {"x": 1}).run_id
         state = client.get_run(run_id)
         assert state["run"]["input"] == {"x": 1} and state["run"]["status"] == "started"
         assert [r.run_id for r in client.list_runs(flow="rt_retry")] == [run_id]

@@ -58,7 +58,7 @@ def test_any_run_input_starts_a_run_or_is_refused_with_a_flowlane_error(
     payload = nest({"v": value, "blob": "x" * blob}, depth)
     with Client(flows_dsn) as client:
         try:
-            run_id = client.start_run("rt_fuzz_output", payload)
+            run_id = client.start("rt_fuzz_output", payload).run_id
         except errors.FlowlaneError as exc:
             assert str(exc)
             return
@@ -107,4 +107,4 @@ def test_any_handler_output_completes_or_fails_its_task_and_the_worker_survives(
 
 def test_nan_is_refused_before_it_reaches_the_database(flows_dsn: str) -> None:
     with Client(flows_dsn) as client, pytest.raises(errors.UsageError, match="not JSON"):
-        client.start_run("rt_fuzz_output", {"x": math.nan})
+        client.start("rt_fuzz_output", {"x": math.nan})

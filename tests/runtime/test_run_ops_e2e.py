@@ -270,15 +270,15 @@ def test_client_waits_are_woken_by_notifications(
     monkeypatch.setattr(client_module, "FALLBACK_POLL_SECONDS", 3600.0)
     spawn("--flow", "rt_retry")
     with Client(flows_dsn) as client:
-        run_id = client.start_run("rt_retry", {})
+        run_id = client.start("rt_retry", {}).run_id
         state = client.wait(run_id, timeout=120)
     assert state["run"]["status"] == "completed"
 
     async def scenario() -> tuple[str, str, str]:
         async with AsyncClient(flows_dsn) as client:
-            run_id = await client.start_run("rt_retry", {})
+            run_id = (await client.start("rt_retry", {})).run_id
             done = await client.wait(run_id, timeout=120)
-            other = await client.start_run("rt_slow", {"dir": "/nonexistent"})
+            other = (await client.start("rt_slow", {"dir": "/nonexistent"})).run_id
             cancelled = await client.cancel(other, reason="async")
             listed = await client.list_runs(flow="rt_latest_retry", limit=1)
             return done["run"]["status"], cancelled.status, listed[0].run_id == run_id and "ok"

@@ -88,7 +88,7 @@ def test_a_span_per_attempt_joins_the_trace_the_run_was_started_in(
     tracer = TracerProvider().get_tracer("test")  # the test's own, not the global provider
     with tracer.start_as_current_span("request") as span, Client(dsn) as client:
         from_client = _parent(span.get_span_context())
-        by_client = client.start_run("tr_flow", {})
+        by_client = client.start("tr_flow", {}).run_id
     with tracer.start_as_current_span("shell") as span:
         from_cli = _parent(span.get_span_context())
     started = flowlane("start", "tr_flow", "--dsn", dsn, cwd=project,
@@ -99,7 +99,7 @@ def test_a_span_per_attempt_joins_the_trace_the_run_was_started_in(
         conn.execute("select set_config('flowlane.traceparent', %s, true)", (SQL_PARENT,))
         by_sql = str(conn.execute("select run_id from flowlane.start_flow('tr_flow', '{}')").fetchone()[0])
     with Client(dsn) as client:
-        untraced = client.start_run("tr_flow", {})
+        untraced = client.start("tr_flow", {}).run_id
 
     spans_file = tmp_path / "spans.json"
     monkeypatch.setenv("FLOWLANE_TEST_SPANS", str(spans_file))
@@ -174,7 +174,7 @@ def test_a_run_started_outside_any_trace_is_one_trace_across_workers(
     project = applied_project(tmp_path / "steps", dsn, STEPS, {"tr_handlers": HANDLERS})
     monkeypatch.delenv("TRACEPARENT", raising=False)
     with Client(dsn) as client:
-        runs = [client.start_run("tr_steps", {}) for _ in range(2)]
+        runs = [client.start("tr_steps", {}).run_id for _ in range(2)]
     files = {step: tmp_path / f"spans-{step}.json" for step in ("one", "two")}
     workers = []
     for step, spans_file in files.items():  # a worker process per step, each its own exporter

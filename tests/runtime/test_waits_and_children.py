@@ -108,7 +108,7 @@ def test_signal_from_the_cli_completes_a_wait_step_and_refusals_change_nothing(
     project: Path, dsn: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with Client(dsn) as client:
-        run_id = client.start_run("sg_gate")
+        run_id = client.start("sg_gate").run_id
     code, waiting, _ = _cli(capsys, "run", run_id, "--dsn", dsn)
     assert "hold" in waiting and "waiting for a signal since" in waiting
     assert f"`flowlane signal {run_id} hold --data JSON` completes it" in waiting
@@ -138,7 +138,7 @@ def test_client_signal_sync_and_async_keep_early_signals_and_raise_refusals(
     project: Path, dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with Client(dsn) as client:
-        run_id = client.start_run("sg_approval", {"order": 1})
+        run_id = client.start("sg_approval", {"order": 1}).run_id
         kept = client.signal(run_id, "approve", {"approved": True})
         assert not kept.applied and kept.applied_at is None  # prepare has not run: kept
         with pytest.raises(errors.SignalRefused) as info:
@@ -151,7 +151,7 @@ def test_client_signal_sync_and_async_keep_early_signals_and_raise_refusals(
         async with AsyncClient(dsn) as client:
             with pytest.raises(errors.SignalRefused) as info:
                 await client.signal(run_id, "ship", {})
-            gate = await client.start_run("sg_gate")
+            gate = (await client.start("sg_gate")).run_id
             applied = await client.signal(gate, "hold", [1])
             assert applied.applied and applied.payload == [1] and applied.by is None
             return info.value
@@ -160,7 +160,7 @@ def test_client_signal_sync_and_async_keep_early_signals_and_raise_refusals(
     data = tmp_path / "payload.json"
     data.write_text('{"by": "file"}')
     with Client(dsn) as client:
-        gate_id = client.start_run("sg_gate")
+        gate_id = client.start("sg_gate").run_id
     _, sent, _ = _cli(capsys, "signal", gate_id, "hold", "--data", f"@{data}", "--dsn", dsn,
                       "--format", "json")
     assert json.loads(sent) == {"run_id": gate_id, "step": "hold", "applied": True, "by": "file"}
@@ -182,8 +182,8 @@ def test_serve_runs_an_approval_flow_a_signal_completes_and_a_map_of_child_runs(
             cwd=project, env=env(), stdout=sink, stderr=subprocess.STDOUT)
     try:
         with Client(dsn) as client:
-            run_id = client.start_run("sg_approval", {"order": 42})
-            parent_id = client.start_run("sg_parent", {"items": [1, 2, 3]})
+            run_id = client.start("sg_approval", {"order": 42}).run_id
+            parent_id = client.start("sg_parent", {"items": [1, 2, 3]}).run_id
         wait_until(lambda: _approve_waiting(dsn, run_id), timeout=60,
                    message="prepare done by the served worker, approve waiting")
         sent = flowlane("signal", run_id, "approve", "--data", '{"approved": true, "by": "ana"}',

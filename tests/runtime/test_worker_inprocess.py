@@ -134,10 +134,10 @@ def test_a_worker_prunes_finished_runs_past_their_retention(flows_dsn: str, hand
     from flowlane.runtime.client import Client
 
     with Client(flows_dsn) as client:
-        old = [client.start_run("rt_gauge", [1]) for _ in range(2)]
+        old = [client.start("rt_gauge", [1]).run_id for _ in range(2)]
         for run_id in old:
             client.cancel(run_id)
-        recent = client.start_run("rt_gauge", [2])
+        recent = client.start("rt_gauge", [2]).run_id
         client.cancel(recent)
     with psycopg.connect(flows_dsn, autocommit=True) as conn:  # cancelled 31 days ago
         conn.execute("update flowlane.runs set started_at = started_at - interval '31 days', "

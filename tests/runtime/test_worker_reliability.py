@@ -212,7 +212,7 @@ def test_queued_load_has_no_deadlocks_and_no_duplicate_executions(
         try:
             with Client(flows_dsn) as client:
                 for _ in range(arriving):
-                    client.start_run("rt_load", payload)
+                    client.start("rt_load", payload)
         except BaseException as exc:
             failures.append(exc)
 
@@ -220,7 +220,7 @@ def test_queued_load_has_no_deadlocks_and_no_duplicate_executions(
         flows_dsn, "select deadlocks from pg_stat_database where datname = current_database()")
     with Client(flows_dsn) as client:
         for _ in range(queued):
-            client.start_run("rt_load", payload)
+            client.start("rt_load", payload)
     workers = [spawn("--flow", "rt_load") for _ in range(3)]
     producer = threading.Thread(target=produce)
     producer.start()
