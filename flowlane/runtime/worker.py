@@ -78,7 +78,7 @@ from flowlane.runtime.backoff import Backoff
 from flowlane.runtime.config import WorkerConfig
 from flowlane.runtime.context import TaskContext
 from flowlane.runtime.registry import HandlerRegistry
-from flowlane.runtime.results import Counters, ResultSender
+from flowlane.runtime.results import Counters, Pending, ResultFlusher, ResultSender
 from flowlane.runtime.selection import Selection, select
 from flowlane.runtime.startup import StartupChecks, gap_line
 from flowlane.runtime.store import (
@@ -108,10 +108,6 @@ STOP_CHECK = 0.1  # seconds: how soon a waiting worker notices a stop request
 # threshold (timeout + 30 s, timeout >= 3 s)
 LEASE_INTERVAL = 2.0  # seconds
 PROGRESS_INTERVAL = 5.0  # seconds between INFO counter lines (per-task lines are DEBUG)
-FLUSHES = 2  # result commits in flight at once (the pool's fourth connection takes the second)
-# seconds a finished result waits for the handlers claimed with it that still run, so that
-# their results share one commit (a result with none left running does not wait)
-RESULT_GATHER = 0.001
 
 
 @dataclass
@@ -132,7 +128,6 @@ class Held:
         }
 
 
-Pending = tuple[TaskResult, asyncio.Future[None]]  # a result and its commit signal
 
 
 # -- lifecycle ----------------------------------------------------------------
@@ -234,6 +229,20 @@ class Session:
         finally:
             for waiter in waiters:
                 waiter.cancel()
+
+    def claim_mates_running(self, results: list[TaskResult]) -> bool:
+        """Whether a handler still runs that was claimed together with one of ``results``'
+        tasks (the flusher waits a moment for its result: claimed together, they often
+        finish together)."""
+        tasks = {id(result.task) for result in results}
+        claims: set[float] = set()
+        running: set[float] = set()
+        for held in self.held.values():
+            if id(held.task) in tasks:
+                claims.add(held.claimed_at)
+            elif held.running:
+                running.add(held.claimed_at)
+        return not claims.isdisjoint(running)
 
     def finished(self, handle: asyncio.Task[None]) -> None:
         """A task's slot is free: its result is committed (or it was abandoned)."""
@@ -772,39 +781,10 @@ class Worker:
     # -- flusher ----------------------------------------------------------
 
     async def _flush_loop(self, session: Session) -> None:
-        """Send what has finished at once, up to ``FLUSHES`` commits in flight: a result
-        waits for about one commit, not for the commit before it as well; under load the
-        results that finish meanwhile make the next batch. A result waits at most
-        ``RESULT_GATHER`` for the handlers claimed with it that still run: handlers claimed
-        together often finish together, and their results then share one call instead of
-        one call each."""
-        loop = asyncio.get_running_loop()
-        in_flight: set[asyncio.Task[None]] = set()
-        try:
-            while True:
-                first = await _next_result(session, in_flight)
-                gathered_by = loop.time() + RESULT_GATHER
-                while len(in_flight) >= FLUSHES:  # both commits in flight: the results wait
-                    full = asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
-                    await _settle_flushes(in_flight, full)
-                batch = [first]
-                await _gather_results(session, batch, gathered_by)
-                items = [item for item in batch if item is not None]
-                if items:
-                    in_flight.add(asyncio.create_task(self._flush(session, items)))
-                if None in batch:
-                    await asyncio.gather(*in_flight)
-                    return
-        finally:
-            for flush in in_flight:  # left only when the flusher is cancelled or crashed
-                flush.cancel()
-
-    async def _flush(self, session: Session, items: list[Pending]) -> None:
-        session.counters.add(await session.sender.send([result for result, _ in items]))
-        for _, committed in items:
-            if not committed.done():
-                committed.set_result(None)
-        session.wake.set()  # a retry with no delay or a new dependent may be ready
+        await ResultFlusher(
+            session.sender, session.results, session.counters,
+            claim_mates_running=session.claim_mates_running, committed=session.wake.set,
+        ).run()
 
     # -- maintenance and notifications ------------------------------------
 
@@ -937,62 +917,6 @@ class Worker:
                 session.notify_live = False
                 with contextlib.suppress(Exception):
                     await conn.close()
-
-
-async def _settle_flushes(in_flight: set[asyncio.Task[None]], waiting: Awaitable[Any]) -> set[Any]:
-    """Await ``waiting`` (an ``asyncio.wait`` over flushes and more); the flushes it finds done
-    leave ``in_flight``, and one that crashed raises its error (it stops the flusher at once,
-    not at the next result). Returns what is done."""
-    done, _ = await waiting
-    for flush in in_flight & done:
-        in_flight.discard(flush)
-        flush.result()
-    return set(done)
-
-
-async def _gather_results(session: Session, batch: list[Pending | None], until: float) -> None:
-    """Add to ``batch`` the results already queued, then those that finish before ``until``
-    (loop time) while a handler claimed with one of its tasks still runs."""
-    loop = asyncio.get_running_loop()
-    while True:
-        while not session.results.empty():
-            batch.append(session.results.get_nowait())
-        left = until - loop.time()
-        if None in batch or left <= 0 or not _claim_mates_running(session, batch):
-            return
-        getter = asyncio.ensure_future(session.results.get())
-        try:
-            await asyncio.wait({getter}, timeout=left)
-        finally:
-            getter.cancel()  # a no-op once it has its item
-        if not getter.done() or getter.cancelled():
-            return
-        batch.append(getter.result())
-
-
-def _claim_mates_running(session: Session, batch: list[Pending | None]) -> bool:
-    """Whether a handler still runs that was claimed together with a task of ``batch``."""
-    tasks = {id(item[0].task) for item in batch if item is not None}
-    claims: set[float] = set()
-    running: set[float] = set()
-    for held in session.held.values():
-        if id(held.task) in tasks:
-            claims.add(held.claimed_at)
-        elif held.running:
-            running.add(held.claimed_at)
-    return not claims.isdisjoint(running)
-
-
-async def _next_result(session: Session, in_flight: set[asyncio.Task[None]]) -> Pending | None:
-    """The next finished result (None: stop), while watching the flushes in flight."""
-    getter = asyncio.ensure_future(session.results.get())
-    try:
-        while True:
-            waiting = asyncio.wait({getter, *in_flight}, return_when=asyncio.FIRST_COMPLETED)
-            if getter in await _settle_flushes(in_flight, waiting):
-                return getter.result()
-    finally:
-        getter.cancel()  # a no-op once it has its item
 
 
 def _abandon_running(session: Session) -> None:

@@ -25,7 +25,7 @@ from flowlane import defaults, errors
 from flowlane.cli import build_parser, main
 from flowlane.cli.worker import worker_config
 from flowlane.compiler import WorkerDoc, project_from_text
-from flowlane.runtime import worker as worker_module
+from flowlane.runtime import results as results_module
 from flowlane.runtime.backoff import JITTER, Backoff
 from flowlane.runtime.config import WorkerConfig
 from flowlane.runtime.results import Counters, ResultSender
@@ -772,7 +772,7 @@ def _flush_calls(
     """Run the flusher with ``RESULT_GATHER = gather`` and handlers still running, claimed at
     ``claims``, through ``scenario``, then stop it: the task indexes of each
     ``complete_tasks`` call."""
-    monkeypatch.setattr(worker_module, "RESULT_GATHER", gather)
+    monkeypatch.setattr(results_module, "RESULT_GATHER", gather)
     worker = Worker(project_from_text(SHUTDOWN_FLOW), queue="f", handle_signals=False)
     store = FakeStore()
 
