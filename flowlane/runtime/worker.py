@@ -128,8 +128,6 @@ class Held:
         }
 
 
-
-
 # -- lifecycle ----------------------------------------------------------------
 #
 # Every stop goes through ``Worker._request_stop(Stop(reason, ...), abandon=...)``:
@@ -488,7 +486,9 @@ class Worker:
                 self.phase = Phase.DRAINING
         self._shutdown.set()
         loop = self._loop
-        if loop is not None:
+        if loop is not None and _running_loop() is loop:  # the loops see it before they go on
+            self._wake_loops()
+        elif loop is not None:
             with contextlib.suppress(RuntimeError):  # loop already closed
                 loop.call_soon_threadsafe(self._wake_loops)
         return recorded
@@ -917,6 +917,13 @@ class Worker:
                 session.notify_live = False
                 with contextlib.suppress(Exception):
                     await conn.close()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # called from a thread without one
+        return None
 
 
 def _abandon_running(session: Session) -> None:
