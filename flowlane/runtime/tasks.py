@@ -205,14 +205,12 @@ Outcome = tuple[asyncio.Future[Any], Any, BaseException | None]  # a handler's, 
 
 
 class HandlerThreads:
-    """Daemon threads for sync handlers, at most one per handler slot.
+    """A fixed set of daemon threads for sync handlers (one per handler slot).
 
     Daemon threads, not a ``ThreadPoolExecutor``: a handler abandoned at
     shutdown must never keep the process alive (its task is left to stalled
-    recovery). A thread starts when a sync handler finds none free, and then
-    serves every later one: none for a worker whose handlers are all ``async``,
-    and not one per task (starting a thread blocks the event loop until the
-    new thread is scheduled).
+    recovery). Started once: starting a thread per task blocks the event loop
+    until the new thread is scheduled.
 
     Finished handlers wake the loop once per burst, not once per task: a
     thread queues its outcome and schedules ``_settle_done`` only when none is
@@ -227,26 +225,18 @@ class HandlerThreads:
         # outcomes waiting for their loop, per loop: present while a _settle_done is scheduled
         self._settling: dict[asyncio.AbstractEventLoop, list[Outcome]] = {}
         self._lock = threading.Lock()
-        self._size = size
-        self._threads: list[threading.Thread] = []
-        self._free = 0  # started threads that no submitted job has taken yet
+        self._threads = [
+            threading.Thread(target=self._work, name=f"flowlane-handler-{i}", daemon=True)
+            for i in range(size)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, func: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        with self._lock:
-            if self._free == 0 and len(self._threads) < self._size:
-                self._start_thread()
-            self._free -= 1  # below 0: the job waits for a thread to finish its own
         self._jobs.put((loop, future, func, args))
         return future
-
-    def _start_thread(self) -> None:
-        name = f"flowlane-handler-{len(self._threads)}"
-        thread = threading.Thread(target=self._work, name=name, daemon=True)
-        self._threads.append(thread)
-        self._free += 1
-        thread.start()
 
     def close(self) -> None:
         """Let idle threads exit; busy (abandoned) ones end with the process."""
@@ -268,8 +258,6 @@ class HandlerThreads:
                 error = exc
             except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt in a handler
                 error = HandlerCrashed(describe(exc))
-            with self._lock:
-                self._free += 1
             self._queue_outcome(loop, (future, value, error))
 
     def _queue_outcome(self, loop: asyncio.AbstractEventLoop, outcome: Outcome) -> None:

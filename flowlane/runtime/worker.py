@@ -446,7 +446,9 @@ class Worker:
             store,
             registry,
             ResultSender(store, self.worker_id),
-            HandlerThreads(self.max_concurrent),
+            # a thread per slot, started now: a thread started while tasks drain costs them
+            # the time the loop waits for it; none when every handler is ``async def``
+            HandlerThreads(self.max_concurrent if registry.serves_sync else 0),
             tracing=Tracing.configured(),  # after the handler modules, which may set up the SDK
         )
         with self._lock:

@@ -50,7 +50,7 @@ def test_at_most_max_concurrent_handlers_run(flows_dsn: str, handlers: object) -
     assert not thread.is_alive()
     assert handlers.GAUGE["peak"] == 3  # type: ignore[attr-defined]
     assert worker.stats["completed"] == 12 and worker.stats["rejected"] == 0
-    # sync handlers run in threads: one per slot that was used at once, not one per task
+    # sync handlers run in threads: one per slot
     assert len(sync_threads - before) == 3
 
 
