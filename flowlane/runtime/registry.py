@@ -73,6 +73,11 @@ class HandlerRegistry:
     def pairs(self) -> list[tuple[str, str]]:
         return sorted(self._entries)
 
+    @property
+    def serves_sync(self) -> bool:
+        """Whether a handler is a plain ``def`` (run in a thread: the worker needs some)."""
+        return any(not entry.is_async for entry in self._entries.values())
+
     def __len__(self) -> int:
         return len(self._entries)
 

@@ -1,4 +1,5 @@
-"""Sending task results: completions batched through ``complete_tasks``, failures through
+"""Sending task results: :class:`ResultFlusher` batches the results as handlers finish;
+:class:`ResultSender` sends a batch, completions through ``complete_tasks``, failures through
 ``fail_tasks`` (both set-based in the database: one call per batch).
 
 Every call is fenced by worker id and attempt. The returned rows tell what
@@ -29,6 +30,12 @@ from flowlane.runtime.store import TRANSIENT, Row, is_transient
 from flowlane.runtime.tasks import TaskResult, describe, first_line, short_text
 
 DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
+FLUSHES = 2  # result commits in flight at once (the pool's fourth connection takes the second)
+# seconds a finished result waits for the handlers claimed with it that still run, so that
+# their results share one commit (a result with none left running does not wait)
+RESULT_GATHER = 0.001
+
+Pending = tuple[TaskResult, asyncio.Future[None]]  # a result and its commit signal
 
 
 @dataclass
@@ -180,6 +187,104 @@ class ResultSender:
                     error=result.error_type,
                     message=short_text(result.error),
                 )
+
+
+class ResultFlusher:
+    """Send what has finished at once, up to ``FLUSHES`` commits in flight: a result
+    waits for about one commit, not for the commit before it as well; under load the
+    results that finish meanwhile make the next batch. A result waits at most
+    ``RESULT_GATHER`` for the handlers claimed with it that still run: handlers claimed
+    together often finish together, and their results then share one call instead of
+    one call each. ``None`` on ``results`` ends :meth:`run` once everything before it is
+    committed; each result's future is set when its commit is done."""
+
+    def __init__(
+        self,
+        sender: ResultSender,
+        results: asyncio.Queue[Pending | None],
+        counters: Counters,
+        *,
+        claim_mates_running: Callable[[list[TaskResult]], bool],
+        committed: Callable[[], None],
+    ) -> None:
+        self.sender = sender
+        self.results = results
+        self.counters = counters
+        self._claim_mates_running = claim_mates_running
+        self._committed = committed  # after each commit (a dependent may now be ready)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        in_flight: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                first = await self._next_result(in_flight)
+                gathered_by = loop.time() + RESULT_GATHER
+                while len(in_flight) >= FLUSHES:  # both commits in flight: the results wait
+                    full = asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                    await _settle_flushes(in_flight, full)
+                batch = [first]
+                await self._gather_results(batch, gathered_by)
+                items = [item for item in batch if item is not None]
+                if items:
+                    in_flight.add(asyncio.create_task(self._flush(items)))
+                if None in batch:
+                    await asyncio.gather(*in_flight)
+                    return
+        finally:
+            for flush in in_flight:  # left only when the flusher is cancelled or crashed
+                flush.cancel()
+
+    async def _flush(self, items: list[Pending]) -> None:
+        self.counters.add(await self.sender.send([result for result, _ in items]))
+        for _, committed in items:
+            if not committed.done():
+                committed.set_result(None)
+        self._committed()
+
+    async def _next_result(self, in_flight: set[asyncio.Task[None]]) -> Pending | None:
+        """The next finished result (None: stop), while watching the flushes in flight."""
+        getter = asyncio.ensure_future(self.results.get())
+        try:
+            while True:
+                waiting = asyncio.wait({getter, *in_flight}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in await _settle_flushes(in_flight, waiting):
+                    return getter.result()
+        finally:
+            getter.cancel()  # a no-op once it has its item
+
+    async def _gather_results(self, batch: list[Pending | None], until: float) -> None:
+        """Add to ``batch`` the results already queued, then those that finish before ``until``
+        (loop time) while a handler claimed with one of its tasks still runs."""
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self.results.empty():
+                batch.append(self.results.get_nowait())
+            left = until - loop.time()
+            if None in batch or left <= 0 or not self._mates_running(batch):
+                return
+            getter = asyncio.ensure_future(self.results.get())
+            try:
+                await asyncio.wait({getter}, timeout=left)
+            finally:
+                getter.cancel()  # a no-op once it has its item
+            if not getter.done() or getter.cancelled():
+                return
+            batch.append(getter.result())
+
+    def _mates_running(self, batch: list[Pending | None]) -> bool:
+        return self._claim_mates_running([item[0] for item in batch if item is not None])
+
+
+async def _settle_flushes(in_flight: set[asyncio.Task[None]], waiting: Awaitable[Any]) -> set[Any]:
+    """Await ``waiting`` (an ``asyncio.wait`` over flushes and more); the flushes it finds done
+    leave ``in_flight``, and one that crashed raises its error (it stops the flusher at once,
+    not at the next result). Returns what is done."""
+    done, _ = await waiting
+    for flush in in_flight & done:
+        in_flight.discard(flush)
+        flush.result()
+    return set(done)
 
 
 def _rejection_note(row: Row | None) -> str:

@@ -56,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import enum
 import logging
 import signal
 import threading
@@ -77,7 +78,7 @@ from flowlane.runtime.backoff import Backoff
 from flowlane.runtime.config import WorkerConfig
 from flowlane.runtime.context import TaskContext
 from flowlane.runtime.registry import HandlerRegistry
-from flowlane.runtime.results import Counters, ResultSender
+from flowlane.runtime.results import Counters, Pending, ResultFlusher, ResultSender
 from flowlane.runtime.selection import Selection, select
 from flowlane.runtime.startup import StartupChecks, gap_line
 from flowlane.runtime.store import (
@@ -107,10 +108,6 @@ STOP_CHECK = 0.1  # seconds: how soon a waiting worker notices a stop request
 # threshold (timeout + 30 s, timeout >= 3 s)
 LEASE_INTERVAL = 2.0  # seconds
 PROGRESS_INTERVAL = 5.0  # seconds between INFO counter lines (per-task lines are DEBUG)
-FLUSHES = 2  # result commits in flight at once (the pool's fourth connection takes the second)
-# seconds a finished result waits for the handlers claimed with it that still run, so that
-# their results share one commit (a result with none left running does not wait)
-RESULT_GATHER = 0.001
 
 
 @dataclass
@@ -131,7 +128,74 @@ class Held:
         }
 
 
-Pending = tuple[TaskResult, asyncio.Future[None]]  # a result and its commit signal
+# -- lifecycle ----------------------------------------------------------------
+#
+# Every stop goes through ``Worker._request_stop(Stop(reason, ...), abandon=...)``:
+#   SIGTERM/SIGINT, ``stop()``   -> DRAINING, reason SIGNAL/REQUESTED        -> exit 0
+#   a second signal, stop(force) -> ABANDONING (running handlers abandoned) -> exit 0
+#   a rollout deprecated it      -> DRAINING, reason DEPRECATED             -> exit 4
+#   new routing it does not serve -> DRAINING, reason OUTDATED              -> exit 4
+#   work nobody routes here      -> deployment disabled, UNSUPPORTED_WORK   -> exit 3
+#   a component crashed          -> DRAINING, reason CRASHED                -> exit 1
+# A lost database is no stop: every loop retries it with backoff. Before SERVING, startup
+# refusals (a handler that cannot be imported, no database, a disabled deployment) are raised
+# as they are: ``run()`` never serves. DRAINING and ABANDONING end in STOPPED once the results
+# of finished handlers are sent and the worker is marked stopped.
+
+
+class Phase(enum.Enum):
+    """Where a worker is in its life; it only moves down this list."""
+
+    STARTING = "starting"  # importing handlers, checking the database, registering
+    SERVING = "serving"  # claiming and running tasks
+    DRAINING = "draining"  # claims nothing more; running handlers get ``shutdown_timeout``
+    ABANDONING = "abandoning"  # running handlers are abandoned at once (stalled recovery's)
+    STOPPED = "stopped"  # results sent, the worker marked stopped
+
+
+class StopReason(enum.Enum):
+    REQUESTED = "stop() was called"
+    SIGNAL = "SIGTERM or SIGINT"
+    CRASHED = "a component of the worker crashed"
+    DEPRECATED = "a rollout deprecated the worker"
+    OUTDATED = "the queue is routed pairs the worker does not serve"
+    UNSUPPORTED_WORK = "work no definition routes here: the deployment is disabled"
+
+
+# what ``run()`` raises for a reason (the error's ``exit_code`` is the exit status); for the
+# others it returns (exit status 0)
+RAISES: dict[StopReason, type[errors.WorkerError]] = {
+    StopReason.CRASHED: errors.WorkerError,
+    StopReason.DEPRECATED: errors.WorkerDeprecated,
+    StopReason.OUTDATED: errors.WorkerOutdated,
+    StopReason.UNSUPPORTED_WORK: errors.WorkerDisabled,
+}
+# when reasons meet, the heavier one is kept (the first of equal weight): a stop for new
+# definitions or a disabled deployment tells the supervisor more than a crash, a crash more
+# than a request
+WEIGHT: dict[StopReason, int] = {reason: 1 if reason is StopReason.CRASHED else 2 for reason in RAISES}
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Why a worker stops, as its supervisor is told."""
+
+    reason: StopReason
+    message: str = ""
+    hint: str | None = None
+
+    @property
+    def exit_status(self) -> errors.WorkerExit:
+        raised = RAISES.get(self.reason)
+        return errors.WorkerExit(raised.exit_code) if raised else errors.WorkerExit.STOPPED
+
+    def outweighs(self, other: Stop | None) -> bool:
+        return other is None or WEIGHT.get(self.reason, 0) > WEIGHT.get(other.reason, 0)
+
+    def raise_unless_requested(self) -> None:
+        raised = RAISES.get(self.reason)
+        if raised is not None:
+            raise raised(self.message, hint=self.hint)
 
 
 @dataclass
@@ -144,16 +208,13 @@ class Session:
     sender: ResultSender
     threads: HandlerThreads
     counters: Counters = field(default_factory=Counters)
-    stopping: asyncio.Event = field(default_factory=asyncio.Event)
-    force: asyncio.Event = field(default_factory=asyncio.Event)  # abandon in-flight handlers
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)  # the loop's view of the stop
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # something may be claimable
     capacity: asyncio.Event = field(default_factory=asyncio.Event)  # a handler slot freed
     results: asyncio.Queue[Pending | None] = field(default_factory=asyncio.Queue)
     held: dict[asyncio.Task[None], Held] = field(default_factory=dict)  # the in-flight tasks
     notify_live: bool = False
     definitions: asyncio.Event = field(default_factory=asyncio.Event)  # notified: re-check coverage
-    crash: str | None = None  # the component that crashed, and why
-    fatal: errors.WorkerError | None = None  # disabled (exit 3), outdated or deprecated (exit 4)
     tracing: Tracing | None = None  # spans of task attempts, when an OpenTelemetry SDK is set up
 
     async def pause(self, seconds: float, event: asyncio.Event | None = None) -> None:
@@ -166,6 +227,20 @@ class Session:
         finally:
             for waiter in waiters:
                 waiter.cancel()
+
+    def claim_mates_running(self, results: list[TaskResult]) -> bool:
+        """Whether a handler still runs that was claimed together with one of ``results``'
+        tasks (the flusher waits a moment for its result: claimed together, they often
+        finish together)."""
+        tasks = {id(result.task) for result in results}
+        claims: set[float] = set()
+        running: set[float] = set()
+        for held in self.held.values():
+            if id(held.task) in tasks:
+                claims.add(held.claimed_at)
+            elif held.running:
+                running.add(held.claimed_at)
+        return not claims.isdisjoint(running)
 
     def finished(self, handle: asyncio.Task[None]) -> None:
         """A task's slot is free: its result is committed (or it was abandoned)."""
@@ -213,10 +288,10 @@ class Worker:
         )
         self.worker_id = str(uuid.uuid4())
         self.ready = threading.Event()  # set once registered and serving
-        self._stop_requested = threading.Event()
-        self._forced = threading.Event()  # stop(force=True) or a second signal: abandon handlers
-        self._abandon = threading.Event()  # stop(force=True) only: the shutdown timeout is 0
-        self._shutdown = threading.Event()  # ctx.shutdown of every task
+        self.phase = Phase.STARTING
+        self.stopped_by: Stop | None = None  # set by the first stop request, then the heaviest
+        self._shutdown = threading.Event()  # the stop, for every thread: ctx.shutdown of every task
+        self._lock = threading.Lock()  # phase and stopped_by change from any thread
         self._loop: asyncio.AbstractEventLoop | None = None
         self._session: Session | None = None
         self._waiting = ""  # why a disabled worker waits (--when-disabled wait)
@@ -238,34 +313,24 @@ class Worker:
 
     def stop(self, *, force: bool = False) -> None:
         """Begin a graceful stop (``force``: abandon in-flight handlers at once)."""
-        self._stop_requested.set()
-        if force:
-            self._forced.set()
-            self._abandon.set()
-        loop = self._loop
-        if loop is not None:
-            with contextlib.suppress(RuntimeError):  # loop already closed
-                loop.call_soon_threadsafe(self._request_stop, force)
+        self._request_stop(Stop(StopReason.REQUESTED), abandon=force)
 
     def not_ready(self) -> list[str]:
         """Why this worker should not count as ready, as far as it knows without asking the
         database (its deployment's flag and the database itself are asked by the probe)."""
-        session = self._session
         if self._waiting:
             return [f"waiting until the deployment is enabled: {self._waiting}"]
-        if self._stop_requested.is_set() or (session is not None and session.stopping.is_set()):
+        if self._shutdown.is_set():
             return ["the worker is stopping"]
-        if not self.ready.is_set() or session is None:
+        if self.phase is not Phase.SERVING:
             return ["the worker has not registered yet (startup checks still running or refused)"]
-        if session.fatal is not None:
-            return [f"coverage incomplete: {first_line(session.fatal)}"]
         return []
 
     def alive(self) -> list[str]:
         """Why this worker is broken beyond a restart's help, if it is ([] when alive)."""
-        session = self._session
-        if session is not None and session.crash:
-            return [f"internal error in the worker's {session.crash}"]
+        stop = self.stopped_by
+        if stop is not None and stop.reason is StopReason.CRASHED:
+            return [stop.message]
         return []
 
     def load_handlers(self) -> HandlerRegistry:
@@ -296,7 +361,7 @@ class Worker:
                       application_name=f"flowlane-worker-{self.worker_id[:8]}")
         opened = False
         try:
-            while not self._stop_requested.is_set():
+            while not self._shutdown.is_set():
                 try:
                     if not opened:
                         await store.open()
@@ -317,7 +382,7 @@ class Worker:
     async def _stopped_within(self, seconds: float) -> None:
         """Sleep up to ``seconds``, returning soon after a stop request."""
         deadline = time.monotonic() + seconds
-        while not self._stop_requested.is_set() and time.monotonic() < deadline:
+        while not self._shutdown.is_set() and time.monotonic() < deadline:
             await asyncio.sleep(min(STOP_CHECK, max(0.0, deadline - time.monotonic())))
 
     async def _serve_once(self) -> None:
@@ -363,14 +428,8 @@ class Worker:
             await self._serve(session)
         finally:
             await store.close()
-        if session.fatal:
-            raise session.fatal
-        if session.crash:
-            raise errors.WorkerError(
-                f"the worker stopped after an internal error in its {session.crash}",
-                hint="in-flight tasks were finished or left for stalled recovery; "
-                "see the worker_crashed log line and restart the worker",
-            )
+        if self.stopped_by is not None:
+            self.stopped_by.raise_unless_requested()
 
     async def _record_refusal(self, store: Store, refused: errors.FlowlaneError) -> None:
         """Leave why this worker refuses to start where waits are explained (``run``,
@@ -387,13 +446,16 @@ class Worker:
             store,
             registry,
             ResultSender(store, self.worker_id),
-            HandlerThreads(self.max_concurrent),
+            # a thread per slot, started now: a thread started while tasks drain costs them
+            # the time the loop waits for it; none when every handler is ``async def``
+            HandlerThreads(self.max_concurrent if registry.serves_sync else 0),
             tracing=Tracing.configured(),  # after the handler modules, which may set up the SDK
         )
-        if self._stop_requested.is_set():  # stop() or a signal during startup
+        with self._lock:
+            if self.phase is Phase.STARTING:
+                self.phase = Phase.SERVING
+        if self._shutdown.is_set():  # stop() or a signal during startup
             session.stopping.set()
-        if self._forced.is_set():
-            session.force.set()
         return session
 
     def _install_signal_handlers(self) -> None:
@@ -404,29 +466,46 @@ class Worker:
             loop.add_signal_handler(sig, self._on_signal, sig)
 
     def _on_signal(self, sig: signal.Signals) -> None:
-        again = self._stop_requested.is_set()
+        again = self._shutdown.is_set()
         log.event(
             WARNING if again else INFO,
             "signal_received",
             signal=sig.name,
             action="abandon in-flight tasks" if again else "graceful stop",
         )
-        self._request_stop(again)
+        self._request_stop(Stop(StopReason.SIGNAL), abandon=again)
 
-    def _request_stop(self, force: bool = False) -> None:
-        """On the loop: stop (signal, ``stop()``, deprecation, unsupported work, a crash)."""
-        self._stop_requested.set()
+    def _request_stop(self, stop: Stop, *, abandon: bool = False) -> bool:
+        """Every stop, from any thread: keep the heaviest reason, move to DRAINING (or
+        ABANDONING), set ``ctx.shutdown``, wake the loops. Whether ``stop`` is the reason now."""
+        with self._lock:
+            recorded = stop.outweighs(self.stopped_by)
+            if recorded:
+                self.stopped_by = stop
+            if abandon and self.phase is not Phase.STOPPED:
+                self.phase = Phase.ABANDONING
+            elif self.phase in (Phase.STARTING, Phase.SERVING):
+                self.phase = Phase.DRAINING
         self._shutdown.set()
-        if force:
-            self._forced.set()
+        loop = self._loop
+        if loop is not None and _running_loop() is loop:  # the loops see it before they go on
+            self._wake_loops()
+        elif loop is not None:
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                loop.call_soon_threadsafe(self._wake_loops)
+        return recorded
+
+    def _wake_loops(self) -> None:
+        """On the loop, after a stop request: every loop ends its wait; when abandoning, the
+        running handlers are abandoned now."""
         session = self._session
         if session is None:  # still starting: the session starts stopped
             return
         session.stopping.set()
         session.wake.set()
         session.capacity.set()
-        if force:
-            session.force.set()
+        if self.phase is Phase.ABANDONING:
+            _abandon_running(session)
 
     def _poll_through_pooler(self) -> None:
         """A transaction-mode pooler hands each transaction to any server session, and a
@@ -435,9 +514,6 @@ class Worker:
         log.event(INFO, "notifications_off", reason="the DSN goes through a transaction-mode pooler "
                   "(pooler=transaction), where LISTEN cannot work",
                   fallback=f"read_with_poll every {defaults.READ_POLL_MS}ms")
-
-    def _shutdown_timeout(self) -> float:
-        return 0.0 if self._abandon.is_set() else self.config.shutdown_timeout
 
     async def _startup(self, store: Store) -> None:
         await StartupChecks(
@@ -479,13 +555,13 @@ class Worker:
                 self._background(session, self._listen_loop(session, listening), "listener")
             )
         await session.stopping.wait()
-        log.event(INFO, "worker_stopping", worker_id=self.worker_id, in_flight=len(session.held))
-        self._shutdown.set()
+        log.event(INFO, "worker_stopping", worker_id=self.worker_id, in_flight=len(session.held),
+                  reason=self.stopped_by.reason.name if self.stopped_by else None)
         await asyncio.wait({poller}, timeout=self.config.poll_interval + 5)
         poller.cancel()
         await self._drain_in_flight(session)
         session.results.put_nowait(None)
-        done, _ = await asyncio.wait({flusher}, timeout=max(5.0, self._shutdown_timeout() / 2))
+        done, _ = await asyncio.wait({flusher}, timeout=max(5.0, self.config.shutdown_timeout / 2))
         if not done:
             log.event(
                 WARNING,
@@ -504,25 +580,21 @@ class Worker:
                 await asyncio.wait_for(session.store.mark_stopped(self.worker_id), timeout=5)
         except TimeoutError:
             pass
+        with self._lock:
+            self.phase = Phase.STOPPED
         log.event(INFO, "worker_stopped", worker_id=self.worker_id, **session.counters.as_dict())
 
     async def _drain_in_flight(self, session: Session) -> None:
-        deadline = time.monotonic() + self._shutdown_timeout()
-        while session.held and not session.force.is_set():
+        """Wait up to ``shutdown_timeout`` for running handlers (none when ABANDONING: a
+        second signal cancels them, which ends this wait), then abandon those still running."""
+        abandoning = self.phase is Phase.ABANDONING
+        deadline = time.monotonic() + (0.0 if abandoning else self.config.shutdown_timeout)
+        while session.held and self.phase is not Phase.ABANDONING:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            force = asyncio.ensure_future(session.force.wait())
-            await asyncio.wait(
-                {*session.held, force}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
-            )
-            force.cancel()
-        for handle, held in list(session.held.items()):
-            if held.running:  # a finished handler's task stays held (leased) until its result commits
-                log.event(
-                    WARNING, "task_abandoned", **held.task.fields, note="left for stalled recovery"
-                )
-                handle.cancel()
+            await asyncio.wait(session.held, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        _abandon_running(session)
 
     def _background(
         self, session: Session, coro: Awaitable[None], name: str
@@ -536,8 +608,12 @@ class Worker:
                 log.event(
                     ERROR, "worker_crashed", component=name, error=describe(exc), exc_info=exc
                 )
-                session.crash = session.crash or f"{name}: {describe(exc)}"
-                self._request_stop()
+                self._request_stop(Stop(
+                    StopReason.CRASHED,
+                    f"the worker stopped after an internal error in its {name}: {describe(exc)}",
+                    hint="in-flight tasks were finished or left for stalled recovery; "
+                    "see the worker_crashed log line and restart the worker",
+                ))
 
         return asyncio.create_task(guarded(), name=f"flowlane-{name}")
 
@@ -559,7 +635,7 @@ class Worker:
                 if session.definitions.is_set():  # before the next claim can meet new work
                     session.definitions.clear()
                     await self._recheck_coverage(session)
-                    if session.fatal is not None:
+                    if session.stopping.is_set():
                         return
                 claim = await self._claim(session.store, min(free, self.batch_size), notified)
             except TRANSIENT as exc:
@@ -617,11 +693,11 @@ class Worker:
             gaps = await session.store.coverage(self.queue, self.pairs)
         except TRANSIENT as exc:  # cannot tell: a restart is harmless, a disable is not
             log.event(WARNING, "database_unavailable", component="poller", error=describe(exc))
-            self._outdated(session, [u.pair for u in unsupported])
+            self._outdated([u.pair for u in unsupported])
             return
         routed = {(g["flow_slug"], g["step_slug"]): g for g in gaps}
         if all((u.flow_slug, u.step_slug) in routed for u in unsupported):
-            self._outdated(session, [gap_line(g) for g in routed.values()])
+            self._outdated([gap_line(g) for g in routed.values()])
         else:
             await self._refuse_unsupported(session, batch, unsupported)
 
@@ -652,12 +728,12 @@ class Worker:
                 break
             except TRANSIENT as exc:
                 await backoff.retry_later("poller", exc, session.pause)
-        session.fatal = errors.WorkerDisabled(
+        self._request_stop(Stop(
+            StopReason.UNSUPPORTED_WORK,
             f"stopped: {reason}; deployment {self.name} is disabled",
             hint="deploy a worker that serves these pairs (or fix the routing), then "
             f"`flowlane worker enable {self.name}`",
-        )
-        self._request_stop()
+        ))
 
     def _spawn(
         self, session: Session, task: ClaimedTask, claimed_at: float, trace_parent: str | None = None
@@ -707,39 +783,10 @@ class Worker:
     # -- flusher ----------------------------------------------------------
 
     async def _flush_loop(self, session: Session) -> None:
-        """Send what has finished at once, up to ``FLUSHES`` commits in flight: a result
-        waits for about one commit, not for the commit before it as well; under load the
-        results that finish meanwhile make the next batch. A result waits at most
-        ``RESULT_GATHER`` for the handlers claimed with it that still run: handlers claimed
-        together often finish together, and their results then share one call instead of
-        one call each."""
-        loop = asyncio.get_running_loop()
-        in_flight: set[asyncio.Task[None]] = set()
-        try:
-            while True:
-                first = await _next_result(session, in_flight)
-                gathered_by = loop.time() + RESULT_GATHER
-                while len(in_flight) >= FLUSHES:  # both commits in flight: the results wait
-                    full = asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
-                    await _settle_flushes(in_flight, full)
-                batch = [first]
-                await _gather_results(session, batch, gathered_by)
-                items = [item for item in batch if item is not None]
-                if items:
-                    in_flight.add(asyncio.create_task(self._flush(session, items)))
-                if None in batch:
-                    await asyncio.gather(*in_flight)
-                    return
-        finally:
-            for flush in in_flight:  # left only when the flusher is cancelled or crashed
-                flush.cancel()
-
-    async def _flush(self, session: Session, items: list[Pending]) -> None:
-        session.counters.add(await session.sender.send([result for result, _ in items]))
-        for _, committed in items:
-            if not committed.done():
-                committed.set_result(None)
-        session.wake.set()  # a retry with no delay or a new dependent may be ready
+        await ResultFlusher(
+            session.sender, session.results, session.counters,
+            claim_mates_running=session.claim_mates_running, committed=session.wake.set,
+        ).run()
 
     # -- maintenance and notifications ------------------------------------
 
@@ -755,21 +802,8 @@ class Worker:
             try:
                 if now >= next_heartbeat:
                     next_heartbeat = now + self.config.heartbeat_interval
-                    if await store.heartbeat(self.worker_id) and session.fatal is None:
-                        log.event(
-                            WARNING,
-                            "worker_deprecated",
-                            worker_id=self.worker_id,
-                            action="graceful stop, then exit for a restart",
-                        )
-                        session.fatal = errors.WorkerDeprecated(
-                            f"worker {self.name} was deprecated by a rollout: stopped gracefully "
-                            "to be restarted with the definitions the rollout applies",
-                            hint="a supervisor restarts it (exit status 4); while the rollout "
-                            "keeps the deployment disabled, the restarted worker waits "
-                            "(--when-disabled wait) or exits 3",
-                        )
-                        self._request_stop()
+                    if await store.heartbeat(self.worker_id):
+                        self._deprecated()
                 if now >= next_requeue:
                     next_requeue = now + self.config.requeue_interval
                     requeued = await store.requeue_stalled()
@@ -784,6 +818,18 @@ class Worker:
                 _maintenance_error(exc)
             wake_at = min(next_heartbeat, next_requeue, next_progress, next_tick)
             await session.pause(max(0.05, wake_at - time.monotonic()))
+
+    def _deprecated(self) -> None:
+        if self._request_stop(Stop(
+            StopReason.DEPRECATED,
+            f"worker {self.name} was deprecated by a rollout: stopped gracefully "
+            "to be restarted with the definitions the rollout applies",
+            hint="a supervisor restarts it (exit status 4); while the rollout "
+            "keeps the deployment disabled, the restarted worker waits "
+            "(--when-disabled wait) or exits 3",
+        )):
+            log.event(WARNING, "worker_deprecated", worker_id=self.worker_id,
+                      action="graceful stop, then exit for a restart")
 
     async def _tick(self, store: Store) -> None:
         """The maintenance tick every worker runs (safe with any number at once)."""
@@ -816,24 +862,24 @@ class Worker:
         version started): when the database now routes pairs here that this registry does
         not serve, stop claiming and ask to be restarted with the current YAML."""
         gaps = await session.store.coverage(self.queue, self.pairs)
-        if gaps and session.fatal is None:
-            self._outdated(session, [gap_line(g) for g in gaps])
+        if gaps:
+            self._outdated([gap_line(g) for g in gaps])
 
-    def _outdated(self, session: Session, missing: list[str]) -> None:
-        log.event(
-            WARNING,
-            "definitions_changed",
-            queue=self.queue,
-            missing="; ".join(missing),
-            action="stop claiming and exit for a restart with the current registry",
-        )
-        session.fatal = errors.WorkerOutdated(
+    def _outdated(self, missing: list[str]) -> None:
+        if self._request_stop(Stop(
+            StopReason.OUTDATED,
             f"queue {self.queue} is now routed pairs this worker does not serve: "
             + "; ".join(missing),
             hint="restart the worker from the project's current YAML (`flowlane serve` does); "
             "a separate deployment for them needs `flowlane rollout`",
-        )
-        self._request_stop()
+        )):
+            log.event(
+                WARNING,
+                "definitions_changed",
+                queue=self.queue,
+                missing="; ".join(missing),
+                action="stop claiming and exit for a restart with the current registry",
+            )
 
     async def _listen(self, session: Session) -> psycopg.AsyncConnection[Any] | None:
         try:
@@ -875,60 +921,20 @@ class Worker:
                     await conn.close()
 
 
-async def _settle_flushes(in_flight: set[asyncio.Task[None]], waiting: Awaitable[Any]) -> set[Any]:
-    """Await ``waiting`` (an ``asyncio.wait`` over flushes and more); the flushes it finds done
-    leave ``in_flight``, and one that crashed raises its error (it stops the flusher at once,
-    not at the next result). Returns what is done."""
-    done, _ = await waiting
-    for flush in in_flight & done:
-        in_flight.discard(flush)
-        flush.result()
-    return set(done)
-
-
-async def _gather_results(session: Session, batch: list[Pending | None], until: float) -> None:
-    """Add to ``batch`` the results already queued, then those that finish before ``until``
-    (loop time) while a handler claimed with one of its tasks still runs."""
-    loop = asyncio.get_running_loop()
-    while True:
-        while not session.results.empty():
-            batch.append(session.results.get_nowait())
-        left = until - loop.time()
-        if None in batch or left <= 0 or not _claim_mates_running(session, batch):
-            return
-        getter = asyncio.ensure_future(session.results.get())
-        try:
-            await asyncio.wait({getter}, timeout=left)
-        finally:
-            getter.cancel()  # a no-op once it has its item
-        if not getter.done() or getter.cancelled():
-            return
-        batch.append(getter.result())
-
-
-def _claim_mates_running(session: Session, batch: list[Pending | None]) -> bool:
-    """Whether a handler still runs that was claimed together with a task of ``batch``."""
-    tasks = {id(item[0].task) for item in batch if item is not None}
-    claims: set[float] = set()
-    running: set[float] = set()
-    for held in session.held.values():
-        if id(held.task) in tasks:
-            claims.add(held.claimed_at)
-        elif held.running:
-            running.add(held.claimed_at)
-    return not claims.isdisjoint(running)
-
-
-async def _next_result(session: Session, in_flight: set[asyncio.Task[None]]) -> Pending | None:
-    """The next finished result (None: stop), while watching the flushes in flight."""
-    getter = asyncio.ensure_future(session.results.get())
+def _running_loop() -> asyncio.AbstractEventLoop | None:
     try:
-        while True:
-            waiting = asyncio.wait({getter, *in_flight}, return_when=asyncio.FIRST_COMPLETED)
-            if getter in await _settle_flushes(in_flight, waiting):
-                return getter.result()
-    finally:
-        getter.cancel()  # a no-op once it has its item
+        return asyncio.get_running_loop()
+    except RuntimeError:  # called from a thread without one
+        return None
+
+
+def _abandon_running(session: Session) -> None:
+    """Cancel the handlers still running: their tasks stay ``started`` for stalled recovery.
+    A finished handler's task stays held (leased) until its result commits."""
+    for handle, held in list(session.held.items()):
+        if held.running and not handle.cancelling():
+            log.event(WARNING, "task_abandoned", **held.task.fields, note="left for stalled recovery")
+            handle.cancel()
 
 
 def _report_progress(session: Session, reported: Counters) -> Counters:

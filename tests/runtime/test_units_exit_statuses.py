@@ -30,3 +30,24 @@ def test_the_worker_errors_exit_with_the_enum_statuses() -> None:
     assert errors.UsageError().exit_code == WorkerExit.USAGE
     assert errors.WorkerDisabled().exit_code == WorkerExit.DISABLED
     assert errors.WorkerOutdated().exit_code == WorkerExit.RESTART
+
+
+def test_each_stop_reason_has_one_exit_status_and_run_raises_the_error_that_carries_it() -> None:
+    from flowlane.runtime.worker import Stop, StopReason
+
+    assert {reason: Stop(reason).exit_status for reason in StopReason} == {
+        StopReason.REQUESTED: WorkerExit.STOPPED,
+        StopReason.SIGNAL: WorkerExit.STOPPED,
+        StopReason.CRASHED: WorkerExit.FAILED,
+        StopReason.DEPRECATED: WorkerExit.RESTART,
+        StopReason.OUTDATED: WorkerExit.RESTART,
+        StopReason.UNSUPPORTED_WORK: WorkerExit.DISABLED,
+    }
+    for reason in StopReason:
+        stop = Stop(reason, "why")
+        try:
+            stop.raise_unless_requested()
+        except errors.WorkerError as raised:
+            assert raised.exit_code == stop.exit_status and str(raised) == "why"
+        else:
+            assert stop.exit_status == WorkerExit.STOPPED

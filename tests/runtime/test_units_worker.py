@@ -25,13 +25,13 @@ from flowlane import defaults, errors
 from flowlane.cli import build_parser, main
 from flowlane.cli.worker import worker_config
 from flowlane.compiler import WorkerDoc, project_from_text
-from flowlane.runtime import worker as worker_module
+from flowlane.runtime import results as results_module
 from flowlane.runtime.backoff import JITTER, Backoff
 from flowlane.runtime.config import WorkerConfig
 from flowlane.runtime.results import Counters, ResultSender
 from flowlane.runtime.store import Row
 from flowlane.runtime.tasks import ClaimedTask, HandlerCrashed, HandlerThreads, TaskResult
-from flowlane.runtime.worker import Held, Session, Worker
+from flowlane.runtime.worker import Held, Phase, Session, Stop, StopReason, Worker
 
 WORKER = "11111111-1111-1111-1111-111111111111"
 OTHER_WORKER = "22222222-2222-2222-2222-222222222222"
@@ -772,7 +772,7 @@ def _flush_calls(
     """Run the flusher with ``RESULT_GATHER = gather`` and handlers still running, claimed at
     ``claims``, through ``scenario``, then stop it: the task indexes of each
     ``complete_tasks`` call."""
-    monkeypatch.setattr(worker_module, "RESULT_GATHER", gather)
+    monkeypatch.setattr(results_module, "RESULT_GATHER", gather)
     worker = Worker(project_from_text(SHUTDOWN_FLOW), queue="f", handle_signals=False)
     store = FakeStore()
 
@@ -858,3 +858,18 @@ def test_handler_durations_keep_sub_millisecond_resolution() -> None:
     assert sample("sum") - before_sum == pytest.approx(0.0004)  # not 0: no whole milliseconds
     assert sample("bucket", le="0.001") - before_fast == 1
     assert TaskResult(task, ok=True, seconds=0.0004).duration_ms == 0  # the log line's whole ms
+
+
+def test_every_stop_moves_the_lifecycle_forward_and_keeps_the_heaviest_reason() -> None:
+    worker = Worker(project_from_text(SHUTDOWN_FLOW), queue="f", handle_signals=False)
+    assert worker.phase is Phase.STARTING and worker.stopped_by is None
+    worker.stop()  # before run(): the session starts stopped
+    assert worker.phase is Phase.DRAINING and worker.not_ready() == ["the worker is stopping"]
+    crashed = Stop(StopReason.CRASHED, "crashed")
+    assert worker._request_stop(crashed)  # a crash outweighs a request
+    assert not worker._request_stop(Stop(StopReason.SIGNAL))
+    assert worker._request_stop(Stop(StopReason.DEPRECATED, "deprecated"))  # and is outweighed
+    assert not worker._request_stop(Stop(StopReason.OUTDATED, "outdated"))  # the first of equals
+    assert worker.stopped_by is not None and worker.stopped_by.reason is StopReason.DEPRECATED
+    worker.stop(force=True)  # a second signal, or stop(force=True): abandon running handlers
+    assert worker.phase is Phase.ABANDONING

@@ -6,6 +6,7 @@ import json
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -34,6 +35,7 @@ def test_at_most_max_concurrent_handlers_run(flows_dsn: str, handlers: object) -
         handle_signals=False,
         import_paths=[str(PROJECT)],
     )
+    before = _handler_threads()
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
@@ -42,11 +44,40 @@ def test_at_most_max_concurrent_handlers_run(flows_dsn: str, handlers: object) -
         state = wait_run(flows_dsn, run_id)
         assert step(state, "fan")["output"] == list(range(12))
     finally:
+        sync_threads = _handler_threads()
         worker.stop()
         thread.join(60)
     assert not thread.is_alive()
     assert handlers.GAUGE["peak"] == 3  # type: ignore[attr-defined]
     assert worker.stats["completed"] == 12 and worker.stats["rejected"] == 0
+    # sync handlers run in threads: one per slot
+    assert len(sync_threads - before) == 3
+
+
+def _handler_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("flowlane-handler-")}
+
+
+def test_a_worker_serving_async_handlers_starts_no_handler_thread(
+    flows_dsn: str, handlers: object, tmp_path: Path
+) -> None:
+    before = _handler_threads()
+    worker = Worker(load_project(PROJECT / "flows"), flow="rt_slow_async", dsn=flows_dsn,
+                    handle_signals=False, import_paths=[str(PROJECT)])
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        assert worker.ready.wait(60)
+        idle = _handler_threads() - before
+        run_id = start_run(flows_dsn, "rt_slow_async", {"dir": str(tmp_path)})
+        wait_until(lambda: any(tmp_path.glob(f"started-{run_id}-*")), message="the async handler")
+        busy = _handler_threads() - before
+    finally:
+        worker.stop()
+        thread.join(60)
+    assert not thread.is_alive()
+    assert idle == set() and busy == set()  # max_concurrent is 200 here: no thread for any slot
+    assert step(wait_run(flows_dsn, run_id), "hold")["output"] == {"saw_shutdown": True}
 
 
 def test_json_logs_carry_ids_and_never_payloads(
