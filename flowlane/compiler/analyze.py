@@ -6,9 +6,9 @@ import difflib
 import functools
 import itertools
 import zoneinfo
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from flowlane import defaults
 from flowlane.compiler import codes, contracts, cron, durations, names, schema, toposort
@@ -1063,18 +1063,28 @@ def _check_schedule_input(entry: _Entry, flow: Flow, run_input: Any, state: Anal
 
 
 def _build_triggers(entries: list[_Entry], state: Analysis) -> list[Trigger]:
-    built: dict[str, Trigger] = {}
+    return _named_once(entries, state, _build_trigger, "FL111", "trigger",
+                       "give each trigger a distinct `name`")
+
+
+_Named = TypeVar("_Named", Trigger, Webhook)
+
+
+def _named_once(entries: list[_Entry], state: Analysis,
+                build: Callable[[_Entry, Analysis], _Named | None],
+                code: str, kind: str, help: str) -> list[_Named]:
+    """Each entry built, the second of a name refused with ``code``; by name."""
+    built: dict[str, _Named] = {}
     for entry in entries:
-        trigger = _build_trigger(entry, state)
-        if trigger is None:
+        item = build(entry, state)
+        if item is None:
             continue
-        other = built.get(trigger.name)
+        other = built.get(item.name)
         if other is not None:
             state.findings.append(entry.doc.diagnostic(
-                ("name",), "FL111", f"trigger name `{trigger.name}` is already used at {other.location}",
-                "give each trigger a distinct `name`"))
+                ("name",), code, f"{kind} name `{item.name}` is already used at {other.location}", help))
             continue
-        built[trigger.name] = trigger
+        built[item.name] = item
     return [built[name] for name in sorted(built)]
 
 
@@ -1163,19 +1173,8 @@ _POINTER_EXAMPLE = {"trigger": "`order_id: /new/id`", "webhook": "`order_id: /da
 
 
 def _build_webhooks(entries: list[_Entry], state: Analysis) -> list[Webhook]:
-    built: dict[str, Webhook] = {}
-    for entry in entries:
-        webhook = _build_webhook(entry, state)
-        if webhook is None:
-            continue
-        other = built.get(webhook.name)
-        if other is not None:
-            state.findings.append(entry.doc.diagnostic(
-                ("name",), "FL115", f"webhook name `{webhook.name}` is already used at {other.location}",
-                "give each webhook a distinct `name`: it is the webhook's path"))
-            continue
-        built[webhook.name] = webhook
-    return [built[name] for name in sorted(built)]
+    return _named_once(entries, state, _build_webhook, "FL115", "webhook",
+                       "give each webhook a distinct `name`: it is the webhook's path")
 
 
 def _build_webhook(entry: _Entry, state: Analysis) -> Webhook | None:
