@@ -23,9 +23,9 @@ def test_client_keyed_start_says_when_the_run_existed(flows_dsn: str) -> None:
         assert (first.existed, again.existed) == (False, True)
         assert again.run_id == first.run_id and again.status == "started"
         with pytest.warns(DeprecationWarning, match=r"use start\(\.\.\.\)\.run_id"):
-            assert client.start("rt_noop", {}, key="invoice-9").run_id == first.run_id
+            assert client.start_run("rt_noop", {}, key="invoice-9") == first.run_id
         with pytest.warns(DeprecationWarning, match=r"Client.begin is deprecated"):
-            assert client.start("rt_noop", {}, key="invoice-9") == again
+            assert client.begin("rt_noop", {}, key="invoice-9") == again
         state = client.get_run(first.run_id)
     assert (state["run"]["idempotency_key"], state["run"]["called_as"]) == ("invoice-9", "rt_noop")
 
