@@ -65,12 +65,12 @@ def _note(folder, line):
         out.write(line + "\\n")
 
 
-def _barrier(folder):
+def _barrier(folder, ctx):
     deadline = time.monotonic() + 60
     while not (Path(folder) / "release").exists():  # a barrier the test opens
         if time.monotonic() > deadline:
             raise TimeoutError("the test never opened the barrier")
-        time.sleep(0.02)
+        ctx.shutdown.wait(0.02)  # a handler polling for its condition
 
 
 def reserve(input, ctx):
@@ -91,7 +91,7 @@ def ship(input, ctx):
 def report(input, ctx):
     folder = input["input"]["dir"]
     _note(folder, "report began")
-    _barrier(folder)
+    _barrier(folder, ctx)
     _note(folder, "report done")
     return {"handled": input["failed_step"], "outputs": sorted(input["outputs"])}
 
@@ -99,7 +99,7 @@ def report(input, ctx):
 def undo(input, ctx):
     folder = input["output"]["dir"]
     _note(folder, f"undo {input['step']} began")
-    _barrier(folder)
+    _barrier(folder, ctx)
     _note(folder, f"undo {input['step']} done")
     return {"undone": input["step"], "had": input["input"]}
 """
