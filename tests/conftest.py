@@ -95,12 +95,22 @@ class Cluster:
 DATABASE_FIXTURES = frozenset({"cluster", "db_factory", "dsn", "conn", "reachable_tmp_path"})
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`slow` = needs a database (a fresh one per test) or worker processes: the fast loop
-    `pytest -m "not slow"` runs everything else in seconds."""
-    for item in items:
-        if DATABASE_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.slow)
+def needs_a_database(item: pytest.Item) -> bool:
+    return bool(DATABASE_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The speed class is written in the test file (tests/README.md): a test that uses a
+    database fixture (directly or through another fixture) and is not marked `slow` fails
+    before any database is made, since the fast loop, `pytest -m "not slow"`, runs it."""
+    if needs_a_database(item) and item.get_closest_marker("slow") is None:
+        pytest.fail(
+            "this test uses a database fixture but is not marked slow: write "
+            "`pytestmark = pytest.mark.slow` under the module's imports, or `@pytest.mark.slow` "
+            "on each test of the module that needs a database",
+            pytrace=False,
+        )
 
 
 def _no_durability(conn: psycopg.Connection[Any]) -> None:

@@ -9,6 +9,8 @@ import pytest
 from flowlane.cli import main
 from tests.core.engine import Engine
 
+pytestmark = pytest.mark.slow
+
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
     code = main(list(argv))

@@ -184,6 +184,7 @@ def test_a_handler_module_that_cannot_be_imported_here_is_a_note_unless_handlers
     assert "note:" not in strict.stderr
 
 
+@pytest.mark.slow
 def test_plan_exit_code(tmp_path: Path, dsn: str) -> None:
     root = _init(tmp_path)
     changes = run_flowlane("plan", "--exit-code", "--dsn", dsn, cwd=root)

@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 import psycopg
+import pytest
 from psycopg.types.json import Jsonb
 
 from flowlane import defaults
@@ -18,6 +19,8 @@ from flowlane.core import db
 from flowlane.ui import pages
 from tests.cli_support import run_flowlane
 from tests.ui import ui_support
+
+pytestmark = pytest.mark.slow
 
 
 def test_a_stale_worker_is_stale_for_every_reader(dsn: str, tmp_path: Path) -> None:

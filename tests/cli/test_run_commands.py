@@ -16,6 +16,8 @@ from flowlane.runtime.client import Client
 from tests.runtime.rt_support import applied_project
 from tests.ui import ui_support
 
+pytestmark = pytest.mark.slow
+
 FLOWS = """\
 kind: flow
 slug: an_gate

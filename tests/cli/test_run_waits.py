@@ -10,9 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.cli_support import run_flowlane
 from tests.ui import ui_support
+
+pytestmark = pytest.mark.slow
 
 
 def _line(out: str, run_id: uuid.UUID) -> str:

@@ -29,6 +29,8 @@ from flowlane.compiler import api
 from flowlane.compiler.diagnostics import Diagnostic
 from tests.compiler.strategies import flow_documents, to_yaml
 
+pytestmark = pytest.mark.slow  # a memory-limited flowlane process per hostile file
+
 
 def _bomb(prefix: str, indent: str) -> str:
     levels = [f"{indent}k0: &a0 [x, x, x, x, x, x, x, x, x]\n"]
@@ -75,7 +77,6 @@ def _flowlane(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
         timeout=120, preexec_fn=_limit_memory, check=False)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 def test_hostile_files_give_diagnostics_in_bounded_time_and_memory(
     tmp_path: Path, case: str

@@ -7,6 +7,8 @@ from typing import Any
 import psycopg
 import pytest
 
+pytestmark = pytest.mark.slow
+
 
 def one(conn: psycopg.Connection[Any], sql: str, *params: Any) -> Any:
     row = conn.execute(sql, params).fetchone()

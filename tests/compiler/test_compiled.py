@@ -115,6 +115,7 @@ def test_orphan_detection_owns_format_1_flow_files(format1_project: Path) -> Non
     assert check.committed_shape(FORMAT1_FLOW) is not None
 
 
+@pytest.mark.slow
 def test_the_statements_of_a_format_1_file_apply_like_the_current_ones(
     conn: psycopg.Connection[Any],
 ) -> None:

@@ -68,6 +68,7 @@ def test_check_base_names_each_breaking_rule(moved: Path, capsys: pytest.Capture
         assert f"    {rule}\n" in out, out
 
 
+@pytest.mark.slow
 def test_plan_reports_the_contract_of_an_alias_move(dsn: str, moved: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     assert run(capsys, "apply", "--dsn", dsn)[0] == 0

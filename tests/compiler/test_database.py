@@ -18,6 +18,8 @@ from flowlane.compiler import api, shape, sqltext
 from tests.compiler.strategies import TEXT, flow_documents, to_yaml
 from tests.compiler.test_properties import _mutations
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 DB_EXAMPLES = settings(max_examples=15, deadline=None,
                        suppress_health_check=[HealthCheck.function_scoped_fixture,

@@ -17,6 +17,8 @@ from psycopg.types.json import Jsonb
 
 from flowlane.cli import main
 
+pytestmark = pytest.mark.slow
+
 FLOWS = """\
 kind: flow
 slug: carts

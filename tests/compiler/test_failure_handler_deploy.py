@@ -10,6 +10,8 @@ import pytest
 
 from flowlane.cli import main
 
+pytestmark = pytest.mark.slow
+
 FLOWS = """\
 kind: flow
 slug: orders

@@ -15,6 +15,8 @@ from psycopg.types.json import Jsonb
 
 from flowlane.cli import main
 
+pytestmark = pytest.mark.slow
+
 FLOWS = """\
 kind: flow
 slug: alerts

@@ -62,6 +62,7 @@ def _triggers(conn: psycopg.Connection[tuple[str]]) -> list[str]:
                                        "where tgrelid = 'public.orders'::regclass order by 1").fetchall()]
 
 
+@pytest.mark.slow
 def test_plan_and_apply_add_change_and_remove_triggers(dsn: str, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
@@ -107,6 +108,7 @@ def test_plan_and_apply_add_change_and_remove_triggers(dsn: str, tmp_path: Path,
         assert conn.execute("select trigger_name from flowlane.triggers").fetchall() == [("order_paid",)]
 
 
+@pytest.mark.slow
 def test_apply_of_a_trigger_on_a_missing_table_changes_nothing(dsn: str, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch,
                                                                capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,12 +9,6 @@ import pytest
 from tests.core.engine import Engine, assert_invariants, run_state_violations
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "no_invariants: the test breaks engine state on purpose; skip the final check"
-    )
-
-
 def _passed(request: pytest.FixtureRequest) -> bool:
     report = getattr(request.node, "rep_call", None)
     return request.node.get_closest_marker("no_invariants") is None and (

@@ -9,6 +9,8 @@ import pytest
 
 from tests.core.engine import Engine, assert_invariants
 
+pytestmark = pytest.mark.slow
+
 
 def _failed_runs(engine: Engine, count: int) -> list[uuid.UUID]:
     runs = [engine.start("f", {"n": n}) for n in range(count)]

@@ -19,6 +19,8 @@ from psycopg import sql
 
 from tests.core.engine import Engine
 
+pytestmark = pytest.mark.slow
+
 WORKER = uuid.uuid4()
 
 

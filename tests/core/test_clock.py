@@ -13,6 +13,8 @@ from psycopg import sql
 from flowlane.core import migrator
 from flowlane.testing.harness import install_clock
 
+pytestmark = pytest.mark.slow
+
 
 def test_the_clock_is_inlined_into_its_callers(conn: psycopg.Connection[Any]) -> None:
     plan = "\n".join(r[0] for r in conn.execute(

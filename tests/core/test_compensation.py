@@ -12,6 +12,8 @@ import pytest
 
 from tests.core.engine import Engine
 
+pytestmark = pytest.mark.slow
+
 UNDO = {"max_attempts": 1}
 
 

@@ -8,8 +8,11 @@ from collections import Counter
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.core.engine import Engine, assert_invariants
+
+pytestmark = pytest.mark.slow
 
 
 def worker_loop(

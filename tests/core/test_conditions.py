@@ -8,6 +8,8 @@ import pytest
 
 from tests.core.engine import Engine
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize(
     ("pattern_field", "pattern", "input", "runs"),

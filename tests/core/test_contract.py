@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.core.engine import Engine
+
+pytestmark = pytest.mark.slow
 
 EXPECTED = {
     "add_step": (

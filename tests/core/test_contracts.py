@@ -15,6 +15,8 @@ from psycopg.types.json import Jsonb
 
 from flowlane.compiler import api, compiled, contracts, shape
 
+pytestmark = pytest.mark.slow
+
 ORDER_SCHEMA = {
     "type": "object", "required": ["customer", "lines"], "additionalProperties": False,
     "properties": {

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.core.engine import Engine
+
+pytestmark = pytest.mark.slow
 
 
 def test_0001_create_flow_creates_queue_and_delete_drops_it(engine_0001: Engine) -> None:

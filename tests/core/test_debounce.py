@@ -18,6 +18,8 @@ from tests.core.engine import Engine, assert_invariants
 from tests.core.test_flow_control import claim, claimed, holds, status
 from tests.release_support import previous_release
 
+pytestmark = pytest.mark.slow
+
 Row = dict[str, Any]
 
 

@@ -7,8 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+import pytest
 
 from flowlane import defaults
+
+pytestmark = pytest.mark.slow
 
 PYTHON_DEFAULTS = dict(defaults.FLOW)
 

@@ -10,6 +10,8 @@ from psycopg.types.json import Jsonb
 
 from tests.core.engine import Engine
 
+pytestmark = pytest.mark.slow
+
 
 def test_create_flow_defaults_no_queue_ddl_add_step_provisions(engine: Engine) -> None:
     flow = engine.create_flow("orders")

@@ -21,11 +21,14 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
 from tests.core.engine import Engine, assert_invariants
+
+pytestmark = pytest.mark.slow
 
 _counter = itertools.count()
 RUN_INPUTS = [[1, 2, 3], [], [4]]

@@ -8,6 +8,8 @@ import pytest
 
 from tests.core.engine import Engine
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize(
     ("base_delay", "expected"), [(5, [10, 20, 40]), (1, [2, 4, 8]), (0, [0, 0, 0])]

@@ -12,6 +12,8 @@ from psycopg.types.json import Jsonb
 
 from tests.core.engine import Engine, assert_invariants
 
+pytestmark = pytest.mark.slow
+
 Row = dict[str, Any]
 
 

@@ -12,12 +12,15 @@ from itertools import count
 from typing import Any
 
 import psycopg
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 from psycopg.types.json import Jsonb
 
 from tests.core.engine import Engine, assert_invariants
+
+pytestmark = pytest.mark.slow
 
 Row = dict[str, Any]
 CLAIMERS = 3

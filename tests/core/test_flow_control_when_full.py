@@ -14,6 +14,8 @@ from psycopg.types.json import Jsonb
 from tests.core.engine import Engine, assert_invariants
 from tests.core.test_flow_control import claim, claimed, holds, status
 
+pytestmark = pytest.mark.slow
+
 
 def start_many(engine: Engine, flow: str, inputs: list[Any]) -> list[uuid.UUID]:
     return [r["run_id"] for r in engine.rows("select run_id from flowlane.start_flows(%s, %s::jsonb[])",

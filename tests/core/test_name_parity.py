@@ -8,12 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flowlane.compiler import names
 from tests.compiler.strategies import FIXED, NAMES
 from tests.compiler.test_names import schema_accepts
+
+pytestmark = pytest.mark.slow
 
 RULES = """
 select flowlane.is_valid_slug(v),

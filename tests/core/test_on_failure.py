@@ -10,6 +10,8 @@ import pytest
 
 from tests.core.engine import Engine
 
+pytestmark = pytest.mark.slow
+
 THREE = [("a", [], {}), ("b", ["a"], {}), ("c", ["b"], {"max_attempts": 1})]
 
 

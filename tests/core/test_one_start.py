@@ -16,6 +16,8 @@ import pytest
 
 from tests.core.engine import Engine, assert_invariants
 
+pytestmark = pytest.mark.slow
+
 # (flow options, steps as (slug, deps, add_step options), input, takes the one-run path)
 SHAPES: dict[str, tuple[dict[str, Any], list[tuple[str, list[str], dict[str, Any]]], Any, bool]] = {
     "chain": ({}, [("a", [], {}), ("b", ["a"], {}), ("c", ["b"], {})], {"n": 1}, True),

@@ -13,10 +13,13 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.core.engine import Engine, assert_invariants
+
+pytestmark = pytest.mark.slow
 
 QUEUES = ["qa", "qb", "qc"]
 RUN_INPUT = [1, 2, 3]

@@ -9,6 +9,8 @@ import pytest
 
 from tests.core.engine import Engine
 
+pytestmark = pytest.mark.slow
+
 
 def depth(engine: Engine, queue: str = "depth") -> int:
     return int(engine.scalar("select flowlane.queue_depth(%s)", [queue]))

@@ -9,6 +9,8 @@ import pytest
 
 from tests.core.engine import Engine
 
+pytestmark = pytest.mark.slow
+
 
 def queues(engine: Engine) -> list[str]:
     return [

@@ -11,9 +11,12 @@ import re
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.types.json import Jsonb
 
 from tests.core.engine import Engine
+
+pytestmark = pytest.mark.slow
 
 MESSAGE_COLUMNS = "msg_id, read_ct, message, headers, last_read_at is not null as read"
 OPERATIONS = ("_queue_read", "_queue_archive", "_queue_archive_batch", "_queue_set_vt", "_queue_send",

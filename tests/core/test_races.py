@@ -23,6 +23,8 @@ from psycopg.types.json import Jsonb
 
 from tests.core.engine import Engine
 
+pytestmark = pytest.mark.slow
+
 STORM_ITEMS = 600
 
 

@@ -6,6 +6,8 @@ import pytest
 
 from tests.core.engine import Engine
 
+pytestmark = pytest.mark.slow
+
 
 def requeue(engine: Engine) -> int:
     return int(engine.scalar("select flowlane.requeue_stalled_tasks()"))

@@ -14,6 +14,8 @@ import pytest
 
 from tests.core.engine import Engine
 
+pytestmark = pytest.mark.slow
+
 
 def test_the_keys_of_step_states_and_tasks(engine: Engine) -> None:
     keys = engine.rows(

@@ -13,6 +13,8 @@ from psycopg.types.json import Jsonb
 from flowlane.runtime import limits
 from tests.core.engine import Engine
 
+pytestmark = pytest.mark.slow
+
 
 def nested(depth: int) -> Any:
     value: Any = 1

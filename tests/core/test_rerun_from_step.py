@@ -12,6 +12,8 @@ from psycopg.types.json import Jsonb
 
 from tests.core.engine import Engine, assert_invariants
 
+pytestmark = pytest.mark.slow
+
 # a -> b -> c, a -> m (map over a) -> d; side stands alone
 STEPS: list[tuple[str, list[str], dict[str, Any]]] = [
     ("a", [], {}),

@@ -14,6 +14,8 @@ import pytest
 
 from tests.core.engine import Engine
 
+pytestmark = pytest.mark.slow
+
 DAY = 86400
 LATER = "now() + make_interval(days => %s)"  # prune as of a later time instead of backdating
 

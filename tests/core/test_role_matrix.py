@@ -31,6 +31,8 @@ from flowlane.runtime.tasks import ClaimedTask, TaskResult
 from flowlane.runtime.ticker import Ticker
 from tests.core.engine import Engine
 
+pytestmark = pytest.mark.slow
+
 SECURITY_MD = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 ALLOWED = "✓"
 

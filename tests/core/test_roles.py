@@ -19,6 +19,8 @@ from flowlane import errors
 from flowlane.core import migrator
 from tests.core.engine import Engine
 
+pytestmark = pytest.mark.slow
+
 WORKER_ONLY_DENIED = [
     "select flowlane.create_flow('evil')",
     "select flowlane.add_step('roles_flow', 'extra')",

@@ -10,6 +10,8 @@ import pytest
 
 from tests.core.engine import Engine
 
+pytestmark = pytest.mark.slow
+
 TABLES = ("runs", "step_states", "step_tasks")
 
 # (table, assignment that breaks exactly one rule of a started run, step state or task, the rule)

@@ -12,6 +12,8 @@ import pytest
 from flowlane.core import migrator
 from tests.core.engine import Engine, assert_invariants
 
+pytestmark = pytest.mark.slow
+
 
 def _attempts(engine: Engine, run_id: uuid.UUID) -> list[dict[str, Any]]:
     return engine.rows(

@@ -11,6 +11,8 @@ from psycopg.types.json import Jsonb
 
 from tests.core.engine import Engine
 
+pytestmark = pytest.mark.slow
+
 
 def test_start_flow_creates_run_states_and_root_tasks(engine: Engine) -> None:
     engine.define("f", [("a", [], {}), ("b", [], {}), ("c", ["a", "b"], {})])

@@ -18,6 +18,8 @@ from psycopg.types.json import Jsonb
 from flowlane.compiler import cron as crons
 from tests.core.engine import Engine
 
+pytestmark = pytest.mark.slow
+
 T0 = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 
 

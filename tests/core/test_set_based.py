@@ -12,6 +12,8 @@ from psycopg.types.json import Jsonb
 
 from tests.core.engine import Engine, assert_invariants
 
+pytestmark = pytest.mark.slow
+
 
 def _item(engine: Engine, task: dict[str, Any], **fields: Any) -> dict[str, Any]:
     return {

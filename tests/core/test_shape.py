@@ -11,6 +11,8 @@ from psycopg.types.json import Jsonb
 
 from tests.core.engine import Engine
 
+pytestmark = pytest.mark.slow
+
 SHAPE: dict[str, Any] = {
     "queue_mode": "explicit",
     "steps": [

@@ -9,12 +9,15 @@ import itertools
 from typing import Any
 
 import psycopg
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
 from flowlane.compiler import api, compiled, shape
 from tests.compiler.strategies import STORABLE_CHARACTERS, flow_documents, to_yaml
+
+pytestmark = pytest.mark.slow
 
 DB_EXAMPLES = settings(max_examples=25, deadline=None,
                        suppress_health_check=[HealthCheck.function_scoped_fixture,

@@ -6,10 +6,13 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.types.json import Jsonb
 
 from flowlane.core import migrator
 from tests.core.engine import Engine
+
+pytestmark = pytest.mark.slow
 
 QUEUE_OPTIONS = {"autovacuum_vacuum_scale_factor=0", "autovacuum_vacuum_threshold=1000",
                  "autovacuum_vacuum_cost_delay=0"}

@@ -14,6 +14,8 @@ from psycopg.types.json import Jsonb
 
 from tests.core.engine import Engine
 
+pytestmark = pytest.mark.slow
+
 
 def _keyed(engine: Engine, flow: str, input: Any, key: str | None = None) -> uuid.UUID:
     return uuid.UUID(str(engine.scalar(

@@ -19,6 +19,8 @@ from flowlane.core import migrator
 from tests.core.engine import Engine
 from tests.release_support import previous_release
 
+pytestmark = pytest.mark.slow
+
 ORDERS = "create table public.orders (id int primary key, status text not null, total int)"
 
 

@@ -20,6 +20,8 @@ from flowlane.core import migrator
 from tests.core.engine import Engine, assert_invariants
 from tests.release_support import previous_release
 
+pytestmark = pytest.mark.slow
+
 REPAIR_DOC = Path(__file__).resolve().parents[2] / "docs" / "upgrade-repair.md"
 
 

@@ -15,6 +15,8 @@ from psycopg.types.json import Jsonb
 from tests.core.engine import Engine
 from tests.core.test_races import run_threads
 
+pytestmark = pytest.mark.slow
+
 
 def _approval(engine: Engine, **wait: Any) -> None:
     """prepare -> approve (wait) -> ship"""

@@ -13,6 +13,8 @@ from flowlane import errors
 from flowlane.core import db
 from flowlane.core.embedded import SOCKET_PATH_MAX, Account, EmbeddedServer
 
+pytestmark = pytest.mark.slow  # embedded PostgreSQL servers of their own
+
 
 @pytest.fixture
 def long_project(reachable_tmp_path: Path) -> Path:
@@ -84,7 +86,6 @@ def test_an_unreachable_data_directory_given_explicitly_is_refused_not_opened_up
     assert not (server.pgdata).exists()
 
 
-@pytest.mark.slow
 def test_root_in_a_private_directory_runs_the_quick_start() -> None:
     """Root's 0700 home, any `mktemp -d`: the server's files go to a directory of the server
     account's own, recorded in .flowlane/; nothing outside .flowlane/ changes its mode."""

@@ -25,6 +25,7 @@ def _built_from_source(db_factory: Callable[..., str], source_dir: Path | None =
     return dsn
 
 
+@pytest.mark.slow
 def test_a_database_built_from_the_source_equals_one_built_from_the_migrations(
     db_factory: Callable[..., str],
 ) -> None:
@@ -56,6 +57,7 @@ def _edit(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new, 1), encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_a_changed_function_is_drafted_and_the_draft_brings_the_migrations_to_the_source(
     db_factory: Callable[..., str], source_copy: Path,
 ) -> None:
@@ -77,6 +79,7 @@ def test_a_changed_function_is_drafted_and_the_draft_brings_the_migrations_to_th
     assert schema_dump.dump(migrated) == schema_dump.dump(built)
 
 
+@pytest.mark.slow
 def test_a_dropped_signature_that_other_functions_call_is_flagged_with_its_callers(
     db_factory: Callable[..., str], source_copy: Path,
 ) -> None:
@@ -95,6 +98,7 @@ def test_a_dropped_signature_that_other_functions_call_is_flagged_with_its_calle
     assert text.index(draft_migration.REVIEW) < text.index(f"drop function {old};")
 
 
+@pytest.mark.slow
 def test_a_function_the_source_writes_at_run_time_is_flagged_with_what_writes_it(
     db_factory: Callable[..., str], source_copy: Path,
 ) -> None:
@@ -108,6 +112,7 @@ def test_a_function_the_source_writes_at_run_time_is_flagged_with_what_writes_it
             "calls: _queue_archive") in text
 
 
+@pytest.mark.slow
 def test_a_redraft_rewrites_only_the_drafted_part_of_the_pending_migration(
     db_factory: Callable[..., str], source_copy: Path,
 ) -> None:
@@ -130,6 +135,7 @@ def test_a_redraft_rewrites_only_the_drafted_part_of_the_pending_migration(
         draft_migration.redraft(pending.replace(draft_migration.AFTER, ""), found, source_copy)
 
 
+@pytest.mark.slow
 def test_a_table_change_is_flagged_for_a_person_and_check_fails_until_it_is_written(
     cluster: Cluster, db_factory: Callable[..., str], source_copy: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -146,6 +152,7 @@ def test_a_table_change_is_flagged_for_a_person_and_check_fails_until_it_is_writ
     assert draft_migration.main(["--check", "--dsn", cluster.admin_dsn]) == 0
 
 
+@pytest.mark.slow
 def test_a_source_that_does_not_build_is_reported_by_file_and_leaves_nothing_half_built(
     cluster: Cluster, db_factory: Callable[..., str], source_copy: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:

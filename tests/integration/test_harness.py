@@ -11,12 +11,14 @@ from flowlane import errors
 from flowlane.core import embedded, migrator
 
 
+@pytest.mark.slow
 def test_clone_has_pgmq_and_migrations(conn: psycopg.Connection[Any]) -> None:
     assert conn.execute("select count(*) from pgmq.list_queues()").fetchone() == (0,)
     versions = [r[0] for r in conn.execute("select version from flowlane.schema_migrations")]
     assert versions == [m.version for m in migrator.discover()]
 
 
+@pytest.mark.slow
 def test_each_test_gets_its_own_database(dsn: str, db_factory: Any) -> None:
     other = db_factory()
     assert other != dsn
@@ -25,6 +27,7 @@ def test_each_test_gets_its_own_database(dsn: str, db_factory: Any) -> None:
         assert b.execute("select count(*) from pgmq.list_queues()").fetchone() == (0,)
 
 
+@pytest.mark.slow
 def test_the_server_runs_the_programs_of_the_chosen_bin_dir(conn: psycopg.Connection[Any]) -> None:
     """FLOWLANE_PG_BINDIR (e.g. Debian's PostgreSQL 15) or the wheel's: the tests' server is
     the one asked for, so a run on another version really exercises that version (with

@@ -189,6 +189,7 @@ def test_long_and_colliding_names() -> None:
         manifests.KubernetesOptions(metrics_port=0)
 
 
+@pytest.mark.slow
 def test_the_scalers_query_runs_on_a_real_database(dsn: str) -> None:
     project = ROOT / "tests" / "runtime" / "project"
     apply_flows(dsn, project)

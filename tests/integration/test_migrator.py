@@ -39,6 +39,7 @@ def test_migrations_are_shipped_in_order() -> None:
     assert all(len(m.checksum) == 64 for m in found)
 
 
+@pytest.mark.slow
 def test_migrate_applies_everything_then_is_a_noop(db_factory: Callable[..., str]) -> None:
     with psycopg.connect(db_factory("none"), autocommit=True) as conn:
         applied = migrator.migrate(conn)
@@ -49,6 +50,7 @@ def test_migrate_applies_everything_then_is_a_noop(db_factory: Callable[..., str
         assert all(s.applied and not s.foreign for s in states)
 
 
+@pytest.mark.slow
 def test_migrate_to_stops_after_that_version(db_factory: Callable[..., str]) -> None:
     with psycopg.connect(db_factory("none"), autocommit=True) as conn:
         applied = migrator.migrate(conn, to="0001")
@@ -60,6 +62,7 @@ def test_migrate_to_stops_after_that_version(db_factory: Callable[..., str]) -> 
         assert all(s.applied for s in migrator.status(conn))
 
 
+@pytest.mark.slow
 def test_unknown_target_version_is_a_usage_error(conn: psycopg.Connection[Any]) -> None:
     with pytest.raises(errors.UsageError, match="unknown migration version '9999'"):
         migrator.migrate(conn, to="9999")
@@ -99,6 +102,7 @@ def _development_build(conn: psycopg.Connection[Any]) -> None:
                      "values ('0003', 'aliases', %s)", (hashlib.sha256(text.encode()).hexdigest(),))
 
 
+@pytest.mark.slow
 def test_a_database_of_a_development_build_is_refused_and_left_as_it_was(
     db_factory: Callable[..., str],
 ) -> None:
@@ -117,6 +121,7 @@ def test_a_database_of_a_development_build_is_refused_and_left_as_it_was(
         assert [s.version for s in migrator.status(conn) if s.foreign] == ["0003"]
 
 
+@pytest.mark.slow
 def test_a_released_migration_applied_with_another_text_is_refused(conn: psycopg.Connection[Any]) -> None:
     conn.execute("update flowlane.schema_migrations set checksum = repeat('0', 64) where version = '0001'")
     with pytest.raises(errors.MigrationError, match="it applied 0001_core, which no release"):
@@ -124,6 +129,7 @@ def test_a_released_migration_applied_with_another_text_is_refused(conn: psycopg
     assert [s.version for s in migrator.status(conn) if s.foreign] == ["0001"]
 
 
+@pytest.mark.slow
 def test_reset_rebuilds_a_development_database_and_keeps_its_roles(db_factory: Callable[..., str]) -> None:
     with psycopg.connect(db_factory(), autocommit=True) as conn:
         Engine(conn).define("old", [("a", [], {})])
@@ -138,6 +144,7 @@ def test_reset_rebuilds_a_development_database_and_keeps_its_roles(db_factory: C
         assert migrator.roles_applied(conn)
 
 
+@pytest.mark.slow
 def test_a_migration_ended_as_a_deadlocks_victim_is_run_again(
     db_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -178,6 +185,7 @@ def test_a_migration_ended_as_a_deadlocks_victim_is_run_again(
     assert made == ("flowlane.after_locks",)
 
 
+@pytest.mark.slow
 def test_failed_migration_rolls_back_and_is_not_recorded(
     db_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -191,6 +199,7 @@ def test_failed_migration_rolls_back_and_is_not_recorded(
         assert "9000" not in _versions(conn)
 
 
+@pytest.mark.slow
 def test_concurrent_migrate_calls_apply_each_migration_once(db_factory: Callable[..., str]) -> None:
     dsn = db_factory("none")
     barrier = threading.Barrier(3)
@@ -218,6 +227,7 @@ def test_concurrent_migrate_calls_apply_each_migration_once(db_factory: Callable
         assert conn.execute("select count(*) from pg_namespace where nspname = 'pgmq'").fetchone() == (1,)
 
 
+@pytest.mark.slow
 def test_pgmq_is_installed_once(db_factory: Callable[..., str]) -> None:
     with psycopg.connect(db_factory("none"), autocommit=True) as conn:
         assert migrator.ensure_pgmq(conn) is None  # the template already has it
@@ -227,6 +237,7 @@ def test_pgmq_is_installed_once(db_factory: Callable[..., str]) -> None:
         conn.execute("select pgmq.create('after_reinstall')")
 
 
+@pytest.mark.slow
 def test_an_empty_pgmq_schema_is_refused_before_any_migration(cluster: Any) -> None:
     # migrate skipped installing PGMQ, applied 0001, then failed in 0002 on a missing
     # pgmq function: now it says what is wrong and applies nothing
@@ -240,6 +251,7 @@ def test_an_empty_pgmq_schema_is_refused_before_any_migration(cluster: Any) -> N
         assert migrator.status(conn)[0].applied_at is None
 
 
+@pytest.mark.slow
 def test_a_database_owner_without_superuser_migrates_where_pgmq_is_no_extension(
     cluster: Cluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -287,6 +299,7 @@ def test_a_database_owner_without_superuser_migrates_where_pgmq_is_no_extension(
             admin.execute(sql.SQL("drop role {}").format(sql.Identifier(owner)))
 
 
+@pytest.mark.slow
 def test_an_owner_that_may_not_create_roles_has_them_created_by_a_role_administrator(
     reachable_tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

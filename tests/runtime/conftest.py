@@ -37,17 +37,6 @@ def spawn(flows_dsn: str, tmp_path: Path) -> Iterator[Callable[..., rt_support.W
         worker.stop()
 
 
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Runtime tests start worker processes or a demo: `slow` (see tests/conftest.py);
-    unit modules (`test_units_*.py`) need neither and stay in the fast loop."""
-    here = Path(__file__).resolve().parent
-    for item in items:
-        path = Path(str(item.path)).resolve()
-        if here in path.parents and not path.name.startswith("test_units_"):
-            item.add_marker(pytest.mark.slow)
-
-
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for line in rt_support.REPORT:
         terminalreporter.write_line(line)

@@ -13,6 +13,8 @@ import pytest
 from tests.runtime.rt_support import WorkerProcess, flowlane, wait_run
 from tests.ui import ui_support
 
+pytestmark = pytest.mark.slow
+
 HANDLERS = """\
 def greet_v1(input, ctx):
     return {"hello": input["name"], "version": 1}

@@ -10,11 +10,14 @@ from collections import Counter
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.types.json import Jsonb
 
 from flowlane.runtime.client import Client, Repair, RunFilter
 from tests.core.engine import Engine
 from tests.runtime.rt_support import flowlane, wait_until
+
+pytestmark = pytest.mark.slow
 
 FAILED = 1000
 

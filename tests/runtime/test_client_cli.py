@@ -15,6 +15,8 @@ from flowlane import errors
 from flowlane.runtime.client import Client
 from tests.runtime.rt_support import WorkerProcess, flowlane, wait_run
 
+pytestmark = pytest.mark.slow
+
 
 def test_start_runs_and_run_in_text_and_json(flows_dsn: str, spawn: Callable[..., WorkerProcess]) -> None:
     started = flowlane("start", "rt_diamond", "--input", '{"numbers": [1, 2, 3, 4]}', "--dsn", flows_dsn)

@@ -18,6 +18,8 @@ from flowlane import errors
 from flowlane.runtime.client import AsyncClient, Client, Operations, RunChange, RunTimeout
 from tests.core.engine import Engine
 
+pytestmark = pytest.mark.slow
+
 OPERATIONS = sorted(name for name in vars(Operations) if not name.startswith("_"))
 # what each client does its own way: entering and leaving a `with` block
 OWN = {Client: {"__enter__", "__exit__"}, AsyncClient: {"__aenter__", "__aexit__"}}

@@ -37,6 +37,8 @@ from tests.conftest import Cluster, reachable_tmp_dir
 from tests.runtime import rt_support
 from tests.runtime.rt_support import WorkerProcess, wait_until
 
+pytestmark = pytest.mark.slow
+
 FAN_RUNS, WIDTH, CHAIN_RUNS, LONG_EVERY, LONG_WORK = 120, 8, 400, 20, 1.5
 TASKS = FAN_RUNS * (WIDTH + 2) + CHAIN_RUNS * 2  # 2,000
 WORKERS, MAX_CONCURRENT = 3, 8  # max_concurrent is the rt_crash_worker document's

@@ -11,6 +11,8 @@ import pytest
 from flowlane.core import db
 from tests.cli_support import REPO, run_flowlane
 
+pytestmark = pytest.mark.slow
+
 
 def test_demo_in_a_fresh_copy(reachable_tmp_path: Path) -> None:
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True)

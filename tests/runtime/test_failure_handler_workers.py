@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.runtime.rt_support import (
     WorkerProcess,
@@ -20,6 +21,8 @@ from tests.runtime.rt_support import (
     wait_run,
     wait_until,
 )
+
+pytestmark = pytest.mark.slow
 
 FLOWS = """\
 kind: flow

@@ -20,6 +20,8 @@ from flowlane.runtime.store import _claim
 from flowlane.runtime.worker import Worker
 from tests.runtime.rt_support import PROJECT, WorkerProcess, start_run, step, wait_run, wait_until
 
+pytestmark = pytest.mark.slow
+
 Spawn = Callable[..., WorkerProcess]
 LIMIT, PER, RUNS = 5, 1, 30
 

@@ -18,6 +18,8 @@ from flowlane import errors
 from flowlane.runtime.client import Client
 from tests.runtime.rt_support import WorkerProcess, start_run, wait_run
 
+pytestmark = pytest.mark.slow
+
 Spawn = Callable[..., WorkerProcess]
 SETTINGS = settings(max_examples=25, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -78,7 +80,6 @@ RECIPES = st.fixed_dictionaries({
 })
 
 
-@pytest.mark.slow
 def test_any_handler_output_completes_or_fails_its_task_and_the_worker_survives(
     flows_dsn: str, spawn: Spawn
 ) -> None:

@@ -18,6 +18,8 @@ from flowlane.core import migrator
 from tests.runtime import rt_support
 from tests.runtime.rt_support import WorkerProcess, start_run
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def logins(dsn: str) -> Iterator[dict[str, str]]:

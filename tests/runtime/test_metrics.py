@@ -19,6 +19,8 @@ import pytest
 
 from tests.runtime.rt_support import applied_project, env, flowlane, start_run, wait_run, wait_until
 
+pytestmark = pytest.mark.slow
+
 FLOWS = """\
 kind: flow
 slug: mx_work

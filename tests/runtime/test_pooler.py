@@ -28,6 +28,8 @@ from tests.runtime.pgbouncer_support import PgBouncer
 from tests.runtime.rt_support import applied_project, env, flowlane, wait_until
 from tests.ui.ui_support import ui_server
 
+pytestmark = pytest.mark.slow
+
 RUNS = 200
 
 FLOWS = """\

@@ -26,6 +26,8 @@ from tests.runtime.rt_support import (
     wait_until,
 )
 
+pytestmark = pytest.mark.slow
+
 Spawn = Callable[..., WorkerProcess]
 
 

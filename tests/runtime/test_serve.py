@@ -22,6 +22,8 @@ from flowlane.runtime.client import Client
 from flowlane.runtime.serve import Supervisor, WorkerSpec, plan_workers
 from tests.runtime.rt_support import env, flowlane, wait_until
 
+pytestmark = pytest.mark.slow
+
 FLOWS = """\
 kind: flow
 slug: sv_plain

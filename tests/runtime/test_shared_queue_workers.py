@@ -24,6 +24,8 @@ from tests.core.engine import Engine
 from tests.runtime import rt_support
 from tests.runtime.rt_support import PROJECT, WorkerProcess, flowlane, start_run, tasks, wait_run, wait_until
 
+pytestmark = pytest.mark.slow
+
 Spawn = Callable[..., WorkerProcess]
 
 SHARED_B_ONLY = """\

@@ -10,6 +10,8 @@ import pytest
 
 from flowlane.runtime.store import Store
 
+pytestmark = pytest.mark.slow
+
 PAIRS = [("f", "a")]
 
 

@@ -15,6 +15,8 @@ from flowlane.cli import main
 from flowlane.runtime.client import Client
 from tests.runtime.rt_support import WorkerProcess, wait_run
 
+pytestmark = pytest.mark.slow
+
 
 def test_client_keyed_start_says_when_the_run_existed(flows_dsn: str) -> None:
     with Client(flows_dsn) as client:

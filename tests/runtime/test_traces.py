@@ -21,6 +21,8 @@ from flowlane.runtime.tracing import run_trace_parent
 from tests.runtime.rt_support import WorkerProcess, applied_project, flowlane, wait_run, wait_until
 from tests.runtime.test_metrics import free_port, get, wait_for
 
+pytestmark = pytest.mark.slow
+
 FLOWS = """\
 kind: flow
 slug: tr_flow

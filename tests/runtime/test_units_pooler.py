@@ -16,6 +16,7 @@ from flowlane.runtime import launch
 from flowlane.runtime.serve import plan_workers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("dsn", "conninfo"),
     [
@@ -34,6 +35,7 @@ def test_the_pooler_parameter_is_read_and_removed_before_libpq_sees_it(dsn: str,
     assert target.connection_kwargs() == {"prepare_threshold": None}  # no server-side prepares
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dsn", ["postgresql://app@db/flows?application_name=pooler",
                                  "host=db dbname=pooler", "postgresql://app@db/flows?xpooler=transaction"])
 def test_a_dsn_without_the_parameter_is_direct_and_unchanged(dsn: str) -> None:

@@ -10,9 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from tests.core.engine import Engine
 from tests.runtime.rt_support import WorkerProcess, flowlane, wait_run
+
+pytestmark = pytest.mark.slow
 
 HANDLERS = """\
 def fetch(input, ctx):

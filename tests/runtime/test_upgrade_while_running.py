@@ -23,6 +23,8 @@ from tests.cli_support import REPO, run_flowlane
 from tests.release_support import previous_release
 from tests.runtime.rt_support import WorkerProcess, wait_until
 
+pytestmark = pytest.mark.slow
+
 FLOW = """\
 kind: flow
 slug: upgrade_v1

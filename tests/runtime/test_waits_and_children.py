@@ -19,6 +19,8 @@ from flowlane.cli import main
 from flowlane.runtime.client import AsyncClient, Client
 from tests.runtime.rt_support import apply_flows, env, flowlane, wait_until
 
+pytestmark = pytest.mark.slow
+
 FLOWS = """\
 kind: flow
 slug: sg_approval

@@ -14,6 +14,8 @@ from flowlane.cli import main
 from flowlane.runtime.client import Client
 from tests.runtime.rt_support import WorkerProcess, start_run, step, tasks, wait_run
 
+pytestmark = pytest.mark.slow
+
 Spawn = Callable[..., WorkerProcess]
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from tests.runtime.rt_support import (
     WorkerProcess,
@@ -22,6 +23,8 @@ from tests.runtime.rt_support import (
     wait_run,
     wait_until,
 )
+
+pytestmark = pytest.mark.slow
 
 Spawn = Callable[..., WorkerProcess]
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from tests.runtime.rt_support import WorkerProcess, queue_depth, start_run, step, tasks, wait_run
+
+pytestmark = pytest.mark.slow
 
 Spawn = Callable[..., WorkerProcess]
 

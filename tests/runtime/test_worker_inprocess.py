@@ -15,6 +15,8 @@ from flowlane import errors, load_project
 from flowlane.runtime.worker import Worker
 from tests.runtime.rt_support import PROJECT, WorkerProcess, start_run, step, wait_run, wait_until
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def handlers() -> Iterator[object]:

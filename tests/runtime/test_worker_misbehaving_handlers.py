@@ -9,6 +9,8 @@ import pytest
 
 from tests.runtime.rt_support import WorkerProcess, start_run, step, tasks, wait_run
 
+pytestmark = pytest.mark.slow
+
 Spawn = Callable[..., WorkerProcess]
 
 FAILING = {

@@ -10,9 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.runtime.rt_support import PROJECT, WorkerProcess, flowlane, wait_run
 from tests.ui import ui_support
+
+pytestmark = pytest.mark.slow
 
 # the test project's rt_noop with a step less: a shape the database does not hold
 CHANGED = """\

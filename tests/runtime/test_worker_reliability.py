@@ -17,6 +17,8 @@ import pytest
 from tests.runtime import rt_support
 from tests.runtime.rt_support import WorkerProcess, start_run, wait_run, wait_until
 
+pytestmark = pytest.mark.slow
+
 Spawn = Callable[..., WorkerProcess]
 DEEP = "[" * 1000 + "1" + "]" * 1000  # 2 KB, past Python's json recursion limit
 
@@ -98,7 +100,6 @@ def test_a_result_the_database_refuses_fails_only_its_task(flows_dsn: str, spawn
     assert worker.proc.poll() is None
 
 
-@pytest.mark.slow
 def test_a_map_output_past_jsonb_limit_fails_its_run_and_the_rest_commits(
     flows_dsn: str, spawn: Spawn
 ) -> None:
@@ -194,7 +195,6 @@ def test_a_running_handler_keeps_its_lease(
     assert [t["attempts_count"] for t in rt_support.tasks(state, "hold")] == [1]
 
 
-@pytest.mark.slow
 def test_queued_load_has_no_deadlocks_and_no_duplicate_executions(
     flows_dsn: str, tmp_path: Path, spawn: Spawn
 ) -> None:

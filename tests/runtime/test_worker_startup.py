@@ -6,8 +6,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.runtime.rt_support import flowlane
+
+pytestmark = pytest.mark.slow
 
 
 def _project(tmp_path: Path, yaml: str, handlers: str = "") -> Path:

@@ -10,11 +10,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from flowlane.core import db, migrator
 from tests.conftest import reachable_tmp_dir
 from tests.runtime import rt_support
 from tests.runtime.rt_support import WorkerProcess, start_run, step, wait_run, wait_until
+
+pytestmark = pytest.mark.slow
 
 Spawn = Callable[..., WorkerProcess]
 

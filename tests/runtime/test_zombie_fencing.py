@@ -14,6 +14,8 @@ import pytest
 from tests.runtime import rt_support
 from tests.runtime.rt_support import WorkerProcess, start_run, wait_run, wait_until
 
+pytestmark = pytest.mark.slow
+
 Spawn = Callable[..., WorkerProcess]
 
 

@@ -30,11 +30,3 @@ def project_template(test_server: TestServer) -> str:
 def flows(test_server: TestServer, project_template: str) -> Iterator[FlowTest]:
     with flow_test(test_server, project_template, PROJECT) as test:
         yield test
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """These tests need a database: `slow` (see tests/conftest.py)."""
-    here = Path(__file__).resolve().parent
-    for item in items:
-        if here in Path(str(item.path)).resolve().parents:
-            item.add_marker(pytest.mark.slow)

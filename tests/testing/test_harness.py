@@ -10,6 +10,8 @@ import pytest
 from flowlane.errors import FlowlaneError
 from flowlane.testing.harness import FlowTest
 
+pytestmark = pytest.mark.slow
+
 ORDER = {"order": "A-1", "price": 5}
 
 

@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import Cluster
+
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -40,6 +40,7 @@ def _statuses(driver: Any) -> dict[str, str]:
     return dict(rows)
 
 
+@pytest.mark.slow
 def test_runs_page_lists_every_state_and_updates_when_a_run_finishes(
         driver: Any, console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded]) -> None:
     dsn, seeded = seeded_db
@@ -57,6 +58,7 @@ def test_runs_page_lists_every_state_and_updates_when_a_run_finishes(
     assert driver.execute_script("return window.flowlaneMarker") == marker
 
 
+@pytest.mark.slow
 def test_run_page_shows_the_failed_step_error_and_colours_the_graph(
         driver: Any, console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded]) -> None:
     seeded = seeded_db[1]
@@ -83,6 +85,7 @@ def test_run_page_shows_the_failed_step_error_and_colours_the_graph(
     WebDriverWait(driver, WAIT).until(lambda d: pre.text == '{"order": 3}')
 
 
+@pytest.mark.slow
 def test_run_page_follows_a_running_run_until_it_ends(
         driver: Any, console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded]) -> None:
     def status(d: Any) -> list[str]:
@@ -104,6 +107,7 @@ def test_run_page_follows_a_running_run_until_it_ends(
     WebDriverWait(driver, WAIT).until(lambda d: status(d) == ["completed", "completed"])
 
 
+@pytest.mark.slow
 def test_flow_graph_has_one_node_per_step_and_one_lane_per_queue(
         driver: Any, console: ui_support.UiServer) -> None:
     driver.get(console.url + "/flows/orders_v1")
@@ -130,6 +134,7 @@ def test_flow_graph_has_one_node_per_step_and_one_lane_per_queue(
         assert band["y"] <= box["y"] and box["y"] + box["height"] <= band["y"] + band["height"]
 
 
+@pytest.mark.slow
 def test_actions_are_absent_without_allow_actions(
         driver: Any, console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded]) -> None:
     seeded = seeded_db[1]
@@ -145,6 +150,7 @@ def _deployment(driver: Any, name: str) -> tuple[str, str]:
     return row.get_attribute("data-enabled"), row.find_element(By.CSS_SELECTOR, ".reason").text
 
 
+@pytest.mark.slow
 def test_actions_work_behind_a_confirmation(
         driver: Any, seeded_db: tuple[str, ui_support.Seeded]) -> None:
     dsn = seeded_db[0]
@@ -227,6 +233,7 @@ def _failure_row(driver: Any, flow: str, step: str, error_type: str) -> list[Any
     return driver.find_elements(By.CSS_SELECTOR, selector)
 
 
+@pytest.mark.slow
 def test_the_failures_page_groups_failed_runs_and_retries_a_group(
         driver: Any, seeded_db: tuple[str, ui_support.Seeded]) -> None:
     dsn = seeded_db[0]
@@ -274,6 +281,7 @@ def _decide(driver: Any, server: ui_support.UiServer, run_id: uuid.UUID, action:
     _follow(driver, driver.find_element(By.ID, "back"))
 
 
+@pytest.mark.slow
 def test_a_waiting_step_is_approved_or_rejected_from_the_console(
         driver: Any, seeded_db: tuple[str, ui_support.Seeded]) -> None:
     dsn = seeded_db[0]
@@ -358,6 +366,7 @@ def _deployment_in_db(dsn: str, name: str) -> tuple[bool, str | None]:
     return row[0], row[1]
 
 
+@pytest.mark.slow
 def test_a_token_console_refuses_a_browser_without_it_and_remembers_it_once_given(
         driver: Any, seeded_db: tuple[str, ui_support.Seeded], tmp_path: Path) -> None:
     token = "s3cret-token"
@@ -371,6 +380,7 @@ def test_a_token_console_refuses_a_browser_without_it_and_remembers_it_once_give
         assert driver.find_element(By.CSS_SELECTOR, "#queues tr[data-queue='pricing']")
 
 
+@pytest.mark.slow
 def test_screenshots_of_the_main_pages(
         driver: Any, console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded],
         tmp_path: Path) -> None:
@@ -435,6 +445,7 @@ def test_contrast_follows_wcag() -> None:
     assert round(contrast("rgb(47, 95, 208)", "rgb(30, 142, 78)"), 2) == 1.37  # blue on green
 
 
+@pytest.mark.slow
 def test_run_page_fits_1400_px_without_edges_through_boxes_and_badges_read_well(dsn: str) -> None:
     waits = ui_support.seed_waits(dsn)
     with ui_support.ui_server(dsn) as console, ui_support.browser(width=1400) as chromium:

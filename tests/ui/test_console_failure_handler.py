@@ -6,9 +6,12 @@ from __future__ import annotations
 import html
 
 import psycopg
+import pytest
 
 from tests.core.engine import Engine
 from tests.ui import ui_support
+
+pytestmark = pytest.mark.slow
 
 
 def test_the_run_page_links_a_failed_run_its_failure_handler_and_compensations(dsn: str) -> None:

@@ -8,9 +8,12 @@ import re
 import uuid
 
 import psycopg
+import pytest
 from psycopg.types.json import Jsonb
 
 from tests.ui import ui_support
+
+pytestmark = pytest.mark.slow
 
 
 def test_run_and_queue_pages_say_what_waits_for_what(dsn: str) -> None:

@@ -16,6 +16,8 @@ from tests.cli_support import run_flowlane
 from tests.core.engine import Engine
 from tests.ui import ui_support
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def console(seeded_db: tuple[str, ui_support.Seeded]) -> Iterator[ui_support.UiServer]:

@@ -8,10 +8,13 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import pytest
 
 from flowlane.core import migrator
 from flowlane.core.queries import query
 from tests.core.engine import Engine
+
+pytestmark = pytest.mark.slow
 
 NO_FILTER = {"status": None, "since": None, "until": None,
              "after_started_at": None, "after_run_id": None, "limit": 51}

@@ -7,10 +7,13 @@ import json
 import re
 
 import psycopg
+import pytest
 
 from tests.core.engine import Engine
 from tests.runtime.rt_support import wait_until
 from tests.ui import ui_support
+
+pytestmark = pytest.mark.slow
 
 
 def _setup(dsn: str) -> None:

@@ -9,8 +9,11 @@ import re
 import uuid
 
 import psycopg
+import pytest
 
 from tests.ui import ui_support
+
+pytestmark = pytest.mark.slow
 
 
 def _waiting_cell(page: str, run_id: uuid.UUID) -> str:

@@ -31,6 +31,8 @@ from flowlane.ui import server, webhooks
 from tests.cli_support import cli_env, run_flowlane
 from tests.runtime.rt_support import wait_until
 
+pytestmark = pytest.mark.slow
+
 STANDARD_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 GITHUB_SECRET = "it's a secret to everybody"
 ENVIRON = {"SHOP_STANDARD_SECRET": STANDARD_SECRET, "SHOP_GITHUB_SECRET": GITHUB_SECRET}
