@@ -18,6 +18,7 @@ from flowlane.compiler import api, schema
 from flowlane.compiler.model import Flow, WorkerDoc
 from flowlane.runtime.config import WorkerConfig
 from flowlane.runtime.worker import Worker
+from tests.docs_support import prose
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITS = (defaults.MAX_CONCURRENT, defaults.BATCH_SIZE)
@@ -142,11 +143,6 @@ def test_the_claim_threshold_is_a_quarter_of_a_batch_of_slots_and_at_least_one()
     assert defaults.claim_threshold(2, 100) == 1
 
 
-def _prose(path: Path) -> str:
-    """The text with every run of whitespace one space: where lines wrap is no part of it."""
-    return " ".join(path.read_text(encoding="utf-8").split())
-
-
 def _stated(pattern: str, text: str) -> list[tuple[str, float]]:
     """``(name in flowlane.defaults, number)`` of every match of ``pattern`` (an option name
     or flag and a number) in ``text``."""
@@ -155,7 +151,7 @@ def _stated(pattern: str, text: str) -> list[tuple[str, float]]:
 
 
 def test_the_docs_state_the_defaults_of_flowlane_defaults() -> None:
-    runtime = _prose(ROOT / "docs" / "runtime.md")
+    runtime = prose(ROOT / "docs" / "runtime.md")
     seconds = _stated(r"`(\w+)` \((\d+(?:\.\d+)?) s\)", runtime)  # `poll_interval` (2 s)
     flags = _stated(r"`(--[\w-]+)`, default (\d+)", runtime)  # `--batch-size`, default 100
     limits = _stated(r"`(\w+)` (\d+) and", runtime) + _stated(r"and `(\w+)` (\d+)", runtime)

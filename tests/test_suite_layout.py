@@ -1,11 +1,16 @@
 """The suite's layout (tests/README.md): a test's speed class is written in its own file, and a
-test that needs a database without saying so fails instead of slowing the fast loop."""
+test that needs a database without saying so fails instead of slowing the fast loop; the
+tests that hold the docs to the code read them as data (tests/docs_support.py)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
+
+from flowlane.errors import WorkerExit
+from tests.docs_support import CELL_BORDER, RULE_CELL, prose, table
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -46,3 +51,30 @@ def test_no_conftest_decides_a_speed_class_the_test_file_does_not_show() -> None
         if "add_marker" in conftest.read_text() or "pytest_collection_modifyitems" in conftest.read_text()
     ]
     assert inferring == []
+
+
+def _padded(text: str) -> str:
+    """``text`` with its table rules and cells padded as a Markdown formatter aligns them."""
+    def pad(line: str) -> str:
+        if not line.startswith("|"):
+            return line
+        cells = [cell.strip() for cell in CELL_BORDER.split(line.strip("|"))]
+        cells = [" --- " if RULE_CELL.fullmatch(cell) else f"  {cell:<40}" for cell in cells]
+        return "|" + "|".join(cells) + "|"
+    return "\n".join(pad(line) for line in text.splitlines())
+
+
+def test_the_docs_read_the_same_rewrapped_and_realigned(tmp_path: Path) -> None:
+    runtime = (REPO / "docs" / "runtime.md").read_text(encoding="utf-8")
+    paragraphs = runtime.split("\n\n")
+    rewrapped = "\n\n".join(
+        p if p.lstrip().startswith(("|", "#", "`")) else textwrap.fill(p, 60, break_on_hyphens=False)
+        for p in paragraphs)
+    assert rewrapped != runtime
+    (tmp_path / "original.md").write_text(runtime, encoding="utf-8")
+    (tmp_path / "rewrapped.md").write_text(rewrapped, encoding="utf-8")
+    assert prose(tmp_path / "rewrapped.md") == prose(tmp_path / "original.md")
+    exit_statuses = table(runtime, "status")
+    assert len(exit_statuses) >= 5
+    assert table(_padded(runtime), "status") == exit_statuses
+    assert [row["status"] for row in exit_statuses] == [str(status.value) for status in WorkerExit]

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from flowlane.cli import Parser, build_parser
 from flowlane.cli.worker import WORKER_ACTIONS
+from tests.docs_support import table
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-CELL = re.compile(r"(?<!\\)\|")  # a cell border; `\|` inside a cell is text
 
 
 def _subcommands(parser: Parser) -> dict[str, Parser]:
@@ -30,13 +30,10 @@ def _actions(command: str, parser: Parser) -> set[str]:
 
 def _table_rows() -> list[list[tuple[str, list[str]]]]:
     """Per row of the command table, ``(command, actions)`` of each command the row names."""
-    text = README.read_text(encoding="utf-8")
-    table = text.partition("| command | does |\n|---|---|\n")[2].partition("\n\n")[0]
     rows = []
-    for line in table.splitlines():
-        first_cell = CELL.split(line)[1]
+    for row in table(README.read_text(encoding="utf-8"), "command"):
         named = []
-        for segment in re.findall(r"`([^`]+)`", first_cell):
+        for segment in re.findall(r"`([^`]+)`", row["command"]):
             words = segment.replace("\\|", "|").split()
             words = words[1:] if words[0] == "flowlane" else words
             named.append((words[0], words[1].split("|") if len(words) > 1 else []))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from flowlane import errors
 from flowlane.errors import WorkerExit
+from tests.docs_support import table
 
 RUNTIME = Path(__file__).resolve().parents[2] / "docs" / "runtime.md"
 
@@ -14,9 +15,7 @@ RUNTIME = Path(__file__).resolve().parents[2] / "docs" / "runtime.md"
 def _exit_status_table() -> dict[int, str]:
     """``status -> meaning`` of the rows of the "Exit status" table."""
     section = RUNTIME.read_text(encoding="utf-8").partition("\n## Exit status\n")[2]
-    rows = [line for line in section.partition("\n## ")[0].splitlines() if line.startswith("| ")]
-    cells = [[cell.strip() for cell in row.strip("|").split(" | ")] for row in rows[1:]]  # no heading
-    return {int(status): meaning for status, meaning, *_ in cells}
+    return {int(row["status"]): row["meaning"] for row in table(section.partition("\n## ")[0], "status")}
 
 
 def test_the_docs_table_lists_every_exit_status_of_the_enum_in_order() -> None:
