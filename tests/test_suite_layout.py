@@ -1,9 +1,11 @@
 """The suite's layout (tests/README.md): a test's speed class is written in its own file, and a
 test that needs a database without saying so fails instead of slowing the fast loop; the
-tests that hold the docs to the code read them as data (tests/docs_support.py)."""
+tests that hold the docs to the code read them as data (tests/docs_support.py); the feature
+index names modules that exist."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -78,3 +80,21 @@ def test_the_docs_read_the_same_rewrapped_and_realigned(tmp_path: Path) -> None:
     assert len(exit_statuses) >= 5
     assert table(_padded(runtime), "status") == exit_statuses
     assert [row["status"] for row in exit_statuses] == [str(status.value) for status in WorkerExit]
+
+
+def _expanded(pattern: str) -> list[str]:
+    """``core/test_{units_,}pooler.py`` -> both names (a shell's brace expansion, one level)."""
+    head, brace, rest = pattern.partition("{")
+    if not brace:
+        return [pattern]
+    choices, _, tail = rest.partition("}")
+    return [name for choice in choices.split(",") for name in _expanded(head + choice + tail)]
+
+
+def test_every_module_the_feature_index_names_exists() -> None:
+    rows = table((REPO / "tests" / "README.md").read_text(encoding="utf-8"), "feature")
+    assert len(rows) > 10
+    for row in rows:
+        for pattern in re.findall(r"`([\w/{},*]+\.py)`", row["modules"]):
+            for name in _expanded(pattern):
+                assert list((REPO / "tests").glob(name)), (row["feature"], name)
