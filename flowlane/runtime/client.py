@@ -6,8 +6,9 @@ come from one definition: each operation is written once, in :class:`Operations`
 (:class:`Fetch` a named query, :class:`Atomic` one transaction for the rest of the
 operation, :class:`Listen` and :class:`Notified` for run-end notifications) and shapes
 the answers into results and errors. The two clients only carry those requests out, one
-blocking, one awaiting, and take every public method (name, signature, docstring) from
-its plan (tests/runtime/test_client_parity.py holds them equal).
+blocking, one awaiting: each public method is the plan's signature written out, handing its
+arguments to the plan, with the plan's docstring (tests/runtime/test_client_parity.py holds
+the three signatures equal).
 
 Every operation on a run takes its id or a unique prefix of it (``client_runs_by_prefix``
 finds the run; a worker role, which may not read the runs table, passes whole ids).
@@ -26,18 +27,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
-import inspect
 import json
 import re
 import time
 import uuid
 import warnings
-from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -48,6 +48,7 @@ from flowlane.core.queries import query
 from flowlane.runtime import hints, limits
 from flowlane.runtime.limits import MAX_INPUT_BYTES, STATUSES, TERMINAL
 from flowlane.runtime.report import first_waits
+from flowlane.runtime.run_state import RunState
 from flowlane.runtime.tracing import current_traceparent
 
 FALLBACK_POLL_SECONDS = 5.0
@@ -175,6 +176,26 @@ class RunFilter:
 
 
 @dataclass(frozen=True)
+class MatchedRun:
+    """A run a bulk retry or cancel took (``client_matching_runs``); its error cut to 200
+    characters."""
+
+    run_id: str
+    flow_slug: str
+    status: str
+    started_at: datetime
+    error_message: str | None
+
+    @classmethod
+    def from_row(cls, r: dict[str, Any]) -> MatchedRun:
+        return cls(str(r["run_id"]), r["flow_slug"], r["status"], r["started_at"], r["error_message"])
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "flow_slug": self.flow_slug, "status": self.status,
+                "started_at": _iso(self.started_at), "error_message": self.error_message}
+
+
+@dataclass(frozen=True)
 class Repair:
     """What a bulk retry or cancel did (or, in a dry run, would do): the runs that matched, the
     runs it changed (a run that changed meanwhile is passed over), in how many batches (one
@@ -184,14 +205,13 @@ class Repair:
     matched: int
     changed: int
     batches: int
-    sample: list[dict[str, Any]]
+    sample: list[MatchedRun]
     dry_run: bool
 
     def as_dict(self) -> dict[str, Any]:
         return {"action": self.action, "matched": self.matched, "changed": self.changed,
                 "batches": self.batches, "dry_run": self.dry_run,
-                "sample": [{**r, "run_id": str(r["run_id"]), "started_at": _iso(r["started_at"])}
-                           for r in self.sample]}
+                "sample": [r.as_dict() for r in self.sample]}
 
 
 # what a bulk retry or cancel takes: the states it can change, and the function per batch
@@ -244,6 +264,37 @@ class ScheduleSummary:
                    r["next_slot"], r["next_local"], r["last_slot"],
                    str(r["last_run_id"]) if r["last_run_id"] else None, r["last_status"],
                    r["paused"], r["paused_reason"])
+
+
+@dataclass(frozen=True)
+class TriggerActivity:
+    """A trigger (``flowlane.trigger_activity``): what it listens to, the runs it started (in
+    all, in the last day, the latest) and its refusals (how many, the latest)."""
+
+    trigger_name: str
+    flow_name: str
+    table_name: str
+    events: list[str]
+    on_refused: str
+    runs: int
+    runs_last_day: int
+    last_run_at: datetime | None
+    refusals: int
+    last_error: str | None
+    last_error_at: datetime | None
+
+
+@dataclass(frozen=True)
+class WebhookActivity:
+    """What a webhook did (``client_webhook_activity``): the runs it started and the signals it
+    sent, in all and in the last day, and when it last did either."""
+
+    webhook_name: str
+    runs: int
+    runs_last_day: int
+    signals: int
+    signals_last_day: int
+    last_at: datetime | None
 
 
 StartAt = datetime | timedelta | None  # a time, or a delay on the database's clock
@@ -482,11 +533,11 @@ def _signed(payload: Any, by: str | None) -> Any:
     return {**body, "by": by}
 
 
-def _run_state(rows: list[dict[str, Any]], run_id: str) -> dict[str, Any]:
+def _run_document(rows: list[dict[str, Any]], run_id: str) -> dict[str, Any]:
     if not rows or rows[0]["run"] is None:
         raise errors.NotFound(f"no run {run_id}", hint="`flowlane runs` lists recent runs")
-    run: dict[str, Any] = rows[0]["run"]
-    return run
+    document: dict[str, Any] = rows[0]["run"]
+    return document
 
 
 def _trace_parent(flow: str, value: str, *, local: bool) -> Fetch:
@@ -553,7 +604,6 @@ def _list_params(
 # -- what a plan asks of its client ------------------------------------------------
 
 T = TypeVar("T")
-P = ParamSpec("P")
 WAITING = "cannot wait for the run"
 
 
@@ -748,10 +798,10 @@ class Operations:
                   "step": where.step, "error_type": where.error_type, "error": where.error,
                   "limit": DRY_RUN_PAGE if dry_run else batch_size, "after_at": None, "after_id": None}
         matched, changed, batches = 0, 0, 0
-        sample: list[dict[str, Any]] = []
+        sample: list[MatchedRun] = []
         while rows := (yield Fetch("client_matching_runs", f"cannot {action} runs", params)):
             matched += len(rows)
-            sample.extend(rows[: max(0, sample_size - len(sample))])
+            sample.extend(map(MatchedRun.from_row, rows[: max(0, sample_size - len(sample))]))
             if not dry_run:
                 done = yield Fetch(function, f"cannot {action} runs",
                                    {"run_ids": [r["run_id"] for r in rows], "reason": reason})
@@ -767,18 +817,18 @@ class Operations:
         return [ScheduleSummary.from_row(r) for r in rows]
 
     @staticmethod
-    def triggers() -> Plan[list[dict[str, Any]]]:
+    def triggers() -> Plan[list[TriggerActivity]]:
         """Every trigger (`kind: trigger`) with what it started and its latest refusal."""
         rows = yield Fetch("client_triggers", "cannot list triggers")
-        return [dict(r) for r in rows]
+        return [TriggerActivity(**r) for r in rows]
 
     @staticmethod
-    def webhook_activity() -> Plan[dict[str, dict[str, Any]]]:
+    def webhook_activity() -> Plan[dict[str, WebhookActivity]]:
         """By webhook name: the runs it started and the signals it sent (in all, in the last
         day) and when it last did either. Webhooks are read from the YAML, not the database:
         a name here is one that started something."""
         rows = yield Fetch("client_webhook_activity", "cannot list what webhooks started")
-        return {str(r["webhook_name"]): dict(r) for r in rows}
+        return {str(r["webhook_name"]): WebhookActivity(**r) for r in rows}
 
     @staticmethod
     def pause_schedule(name: str, *, reason: str | None = None) -> Plan[None]:
@@ -858,17 +908,17 @@ class Operations:
                 for r in rows]
 
     @staticmethod
-    def get_run(run_id: str) -> Plan[dict[str, Any]]:
-        """``{"run", "steps", "tasks", "attempts", "waits", "parent", "children"}``; raises
-        when there is no such run."""
+    def get_run(run_id: str) -> Plan[RunState]:
+        """The run with its steps, tasks, attempts, wait steps, what it waits for and its
+        family (:class:`RunState`; ``to_json()``: as a JSON document); raises
+        :class:`flowlane.errors.NotFound` when there is no such run."""
         run_id = yield from _resolve_run(run_id)
         rows = yield Fetch("client_get_run", "cannot read the run", {"run_id": run_id})
-        state = _run_state(rows, run_id)
-        state["holds"] = (yield from _run_waits([run_id]))
-        return state
+        document = _run_document(rows, run_id)
+        return RunState.from_json(document, (yield from _run_waits([run_id])))
 
     @staticmethod
-    def wait(run_id: str, *, timeout: float = 60.0) -> Plan[dict[str, Any]]:
+    def wait(run_id: str, *, timeout: float = 60.0) -> Plan[RunState]:
         """Wait until the run ends (completed, failed or cancelled); return its state.
 
         Woken by the run's notification; raises :class:`RunTimeout` after ``timeout`` s."""
@@ -877,11 +927,11 @@ class Operations:
         listener = yield Listen()  # before the first read: an end in between still wakes us
         while True:
             state = yield from Operations.get_run(run_id)
-            if state["run"]["status"] in TERMINAL:
+            if state.run.status in TERMINAL:
                 return state
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise RunTimeout(run_id, state["run"]["status"], timeout)
+                raise RunTimeout(run_id, state.run.status, timeout)
             yield Notified(listener, run_id, min(remaining, FALLBACK_POLL_SECONDS))
 
 
@@ -905,39 +955,19 @@ def _pause(name: str, paused: bool, reason: str | None) -> Plan[None]:
 # -- the two clients: each carries plans out -----------------------------------------
 
 
-def _method(plan: Callable[..., Any], owner: str, method: Callable[..., Any]) -> None:
-    """Give ``method`` the plan's name and docstring, and its signature after ``self``
-    with the plan's result as the return annotation."""
-    method.__name__ = plan.__name__
-    method.__qualname__ = f"{owner}.{plan.__name__}"
-    method.__doc__ = plan.__doc__
-    own = inspect.signature(plan, eval_str=True)
-    this = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    result = own.return_annotation.__args__[2]  # Plan[T] = Generator[Request, Any, T]
-    method.__signature__ = own.replace(  # type: ignore[attr-defined]
-        parameters=[this, *own.parameters.values()], return_annotation=result)
+C = TypeVar("C", bound=type)
 
 
-def _blocking(plan: Callable[P, Plan[T]]) -> Callable[Concatenate[Client, P], T]:
-    """``Client``'s method for an operation: carry its plan out, return its result."""
-
-    def method(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return self._run(plan(*args, **kwargs))
-
-    _method(plan, "Client", method)
-    return method
-
-
-def _awaitable(plan: Callable[P, Plan[T]]) -> Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, T]]:
-    """``AsyncClient``'s method for an operation: the same plan, its requests awaited."""
-
-    async def method(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return await self._run(plan(*args, **kwargs))
-
-    _method(plan, "AsyncClient", method)
-    return method
+def _documented(client: C) -> C:
+    """Each public method of ``client`` says what its plan says (docstrings are written once,
+    in :class:`Operations`)."""
+    for name in vars(Operations):
+        if not name.startswith("_"):
+            getattr(client, name).__doc__ = getattr(Operations, name).__doc__
+    return client
 
 
+@_documented
 class Client:
     """``Client(dsn)``: one connection; also a context manager.
 
@@ -971,25 +1001,78 @@ class Client:
     ) -> None:
         self.close()
 
-    start = _blocking(Operations.start)
-    begin = _blocking(Operations.begin)
-    start_run = _blocking(Operations.start_run)
-    start_runs = _blocking(Operations.start_runs)
-    cancel = _blocking(Operations.cancel)
-    retry = _blocking(Operations.retry)
-    repair = _blocking(Operations.repair)
-    signal = _blocking(Operations.signal)
-    flows_named = _blocking(Operations.flows_named)
-    list_runs = _blocking(Operations.list_runs)
-    stuck_runs = _blocking(Operations.stuck_runs)
-    get_run = _blocking(Operations.get_run)
-    wait = _blocking(Operations.wait)
-    schedules = _blocking(Operations.schedules)
-    triggers = _blocking(Operations.triggers)
-    webhook_activity = _blocking(Operations.webhook_activity)
-    pause_schedule = _blocking(Operations.pause_schedule)
-    resume_schedule = _blocking(Operations.resume_schedule)
-    trigger_schedule = _blocking(Operations.trigger_schedule)
+    def start(self, flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
+              start_at: StartAt = None, priority: int | None = None, origin: Mapping[str, str] | None = None
+    ) -> Started:
+        return self._run(Operations.start(flow, input, run_id=run_id, key=key, start_at=start_at,
+                                          priority=priority, origin=origin))
+
+    def begin(self, flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
+              start_at: StartAt = None, priority: int | None = None, origin: Mapping[str, str] | None = None
+    ) -> Started:
+        return self._run(Operations.begin(flow, input, run_id=run_id, key=key, start_at=start_at,
+                                          priority=priority, origin=origin))
+
+    def start_run(self, flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
+                  start_at: StartAt = None, priority: int | None = None) -> str:
+        return self._run(Operations.start_run(flow, input, run_id=run_id, key=key, start_at=start_at,
+                                              priority=priority))
+
+    def start_runs(self, flow: str, inputs: Iterable[Any], *, chunk_size: int = START_CHUNK,
+                   start_at: StartAt = None, priority: int | None = None) -> list[str]:
+        return self._run(Operations.start_runs(flow, inputs, chunk_size=chunk_size, start_at=start_at,
+                                               priority=priority))
+
+    def cancel(self, run_id: str, *, reason: str | None = None) -> RunChange:
+        return self._run(Operations.cancel(run_id, reason=reason))
+
+    def retry(self, run_id: str, *, from_step: str | None = None, compensation: bool = False) -> RunChange:
+        return self._run(Operations.retry(run_id, from_step=from_step, compensation=compensation))
+
+    def repair(self, action: str, where: RunFilter, *, dry_run: bool = False, batch_size: int = REPAIR_BATCH,
+               statuses: Iterable[str] | None = None, reason: str | None = None, sample_size: int = 10
+    ) -> Repair:
+        return self._run(Operations.repair(action, where, dry_run=dry_run, batch_size=batch_size,
+                                           statuses=statuses, reason=reason, sample_size=sample_size))
+
+    def signal(self, run_id: str, step: str, payload: Any = None, *, by: str | None = None) -> SignalSent:
+        return self._run(Operations.signal(run_id, step, payload, by=by))
+
+    def flows_named(self, flow: str) -> list[str]:
+        return self._run(Operations.flows_named(flow))
+
+    def list_runs(self, *, limit: int = 20, flow: str | None = None, status: str | None = None,
+                  before: str | None = None, since: datetime | None = None, parent: str | None = None
+    ) -> list[RunSummary]:
+        return self._run(Operations.list_runs(limit=limit, flow=flow, status=status, before=before,
+                                              since=since, parent=parent))
+
+    def stuck_runs(self) -> list[StuckRun]:
+        return self._run(Operations.stuck_runs())
+
+    def get_run(self, run_id: str) -> RunState:
+        return self._run(Operations.get_run(run_id))
+
+    def wait(self, run_id: str, *, timeout: float = 60.0) -> RunState:
+        return self._run(Operations.wait(run_id, timeout=timeout))
+
+    def schedules(self) -> list[ScheduleSummary]:
+        return self._run(Operations.schedules())
+
+    def triggers(self) -> list[TriggerActivity]:
+        return self._run(Operations.triggers())
+
+    def webhook_activity(self) -> dict[str, WebhookActivity]:
+        return self._run(Operations.webhook_activity())
+
+    def pause_schedule(self, name: str, *, reason: str | None = None) -> None:
+        return self._run(Operations.pause_schedule(name, reason=reason))
+
+    def resume_schedule(self, name: str) -> None:
+        return self._run(Operations.resume_schedule(name))
+
+    def trigger_schedule(self, name: str, input: Any = None) -> str:
+        return self._run(Operations.trigger_schedule(name, input))
 
     def _run(self, plan: Plan[T]) -> T:
         """Carry out the plan's requests in turn; a transaction or a LISTEN it asked for
@@ -1036,6 +1119,7 @@ class Client:
                 conn.execute(query("client_unlisten_finished"))
 
 
+@_documented
 class AsyncClient:
     """The :class:`Client` API for asyncio: ``async with AsyncClient(dsn) as client: ...``."""
 
@@ -1065,25 +1149,80 @@ class AsyncClient:
     ) -> None:
         await self.close()
 
-    start = _awaitable(Operations.start)
-    begin = _awaitable(Operations.begin)
-    start_run = _awaitable(Operations.start_run)
-    start_runs = _awaitable(Operations.start_runs)
-    cancel = _awaitable(Operations.cancel)
-    retry = _awaitable(Operations.retry)
-    repair = _awaitable(Operations.repair)
-    signal = _awaitable(Operations.signal)
-    flows_named = _awaitable(Operations.flows_named)
-    list_runs = _awaitable(Operations.list_runs)
-    stuck_runs = _awaitable(Operations.stuck_runs)
-    get_run = _awaitable(Operations.get_run)
-    wait = _awaitable(Operations.wait)
-    schedules = _awaitable(Operations.schedules)
-    triggers = _awaitable(Operations.triggers)
-    webhook_activity = _awaitable(Operations.webhook_activity)
-    pause_schedule = _awaitable(Operations.pause_schedule)
-    resume_schedule = _awaitable(Operations.resume_schedule)
-    trigger_schedule = _awaitable(Operations.trigger_schedule)
+    async def start(self, flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
+                    start_at: StartAt = None, priority: int | None = None,
+                    origin: Mapping[str, str] | None = None) -> Started:
+        return await self._run(Operations.start(flow, input, run_id=run_id, key=key, start_at=start_at,
+                                                priority=priority, origin=origin))
+
+    async def begin(self, flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
+                    start_at: StartAt = None, priority: int | None = None,
+                    origin: Mapping[str, str] | None = None) -> Started:
+        return await self._run(Operations.begin(flow, input, run_id=run_id, key=key, start_at=start_at,
+                                                priority=priority, origin=origin))
+
+    async def start_run(self, flow: str, input: Any = None, *, run_id: str | None = None,
+                        key: str | None = None, start_at: StartAt = None, priority: int | None = None) -> str:
+        return await self._run(Operations.start_run(flow, input, run_id=run_id, key=key, start_at=start_at,
+                                                    priority=priority))
+
+    async def start_runs(self, flow: str, inputs: Iterable[Any], *, chunk_size: int = START_CHUNK,
+                         start_at: StartAt = None, priority: int | None = None) -> list[str]:
+        return await self._run(Operations.start_runs(flow, inputs, chunk_size=chunk_size, start_at=start_at,
+                                                     priority=priority))
+
+    async def cancel(self, run_id: str, *, reason: str | None = None) -> RunChange:
+        return await self._run(Operations.cancel(run_id, reason=reason))
+
+    async def retry(self, run_id: str, *, from_step: str | None = None, compensation: bool = False
+    ) -> RunChange:
+        return await self._run(Operations.retry(run_id, from_step=from_step, compensation=compensation))
+
+    async def repair(self, action: str, where: RunFilter, *, dry_run: bool = False,
+                     batch_size: int = REPAIR_BATCH, statuses: Iterable[str] | None = None,
+                     reason: str | None = None, sample_size: int = 10) -> Repair:
+        return await self._run(Operations.repair(action, where, dry_run=dry_run, batch_size=batch_size,
+                                                 statuses=statuses, reason=reason, sample_size=sample_size))
+
+    async def signal(self, run_id: str, step: str, payload: Any = None, *, by: str | None = None
+    ) -> SignalSent:
+        return await self._run(Operations.signal(run_id, step, payload, by=by))
+
+    async def flows_named(self, flow: str) -> list[str]:
+        return await self._run(Operations.flows_named(flow))
+
+    async def list_runs(self, *, limit: int = 20, flow: str | None = None, status: str | None = None,
+                        before: str | None = None, since: datetime | None = None, parent: str | None = None
+    ) -> list[RunSummary]:
+        return await self._run(Operations.list_runs(limit=limit, flow=flow, status=status, before=before,
+                                                    since=since, parent=parent))
+
+    async def stuck_runs(self) -> list[StuckRun]:
+        return await self._run(Operations.stuck_runs())
+
+    async def get_run(self, run_id: str) -> RunState:
+        return await self._run(Operations.get_run(run_id))
+
+    async def wait(self, run_id: str, *, timeout: float = 60.0) -> RunState:
+        return await self._run(Operations.wait(run_id, timeout=timeout))
+
+    async def schedules(self) -> list[ScheduleSummary]:
+        return await self._run(Operations.schedules())
+
+    async def triggers(self) -> list[TriggerActivity]:
+        return await self._run(Operations.triggers())
+
+    async def webhook_activity(self) -> dict[str, WebhookActivity]:
+        return await self._run(Operations.webhook_activity())
+
+    async def pause_schedule(self, name: str, *, reason: str | None = None) -> None:
+        return await self._run(Operations.pause_schedule(name, reason=reason))
+
+    async def resume_schedule(self, name: str) -> None:
+        return await self._run(Operations.resume_schedule(name))
+
+    async def trigger_schedule(self, name: str, input: Any = None) -> str:
+        return await self._run(Operations.trigger_schedule(name, input))
 
     async def _run(self, plan: Plan[T]) -> T:
         """:meth:`Client._run`, awaiting each request."""

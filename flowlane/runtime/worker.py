@@ -371,7 +371,7 @@ class Worker:
                     log.event(WARNING, "database_unavailable", component="disabled_wait",
                               error=describe(exc), retry_in=DISABLED_POLL)
                 else:
-                    if found is None or found["enabled"]:
+                    if found is None or found.enabled:
                         raise errors.DeploymentEnabled(
                             f"deployment {self.name} is enabled again: exiting to be restarted "
                             "with the current definitions")
@@ -695,7 +695,7 @@ class Worker:
             log.event(WARNING, "database_unavailable", component="poller", error=describe(exc))
             self._outdated([u.pair for u in unsupported])
             return
-        routed = {(g["flow_slug"], g["step_slug"]): g for g in gaps}
+        routed = {(g.flow_slug, g.step_slug): g for g in gaps}
         if all((u.flow_slug, u.step_slug) in routed for u in unsupported):
             self._outdated([gap_line(g) for g in routed.values()])
         else:

@@ -29,7 +29,7 @@ from flowlane.runtime import results as results_module
 from flowlane.runtime.backoff import JITTER, Backoff
 from flowlane.runtime.config import WorkerConfig
 from flowlane.runtime.results import Counters, ResultSender
-from flowlane.runtime.store import Row
+from flowlane.runtime.store import Row, TaskOutcome
 from flowlane.runtime.tasks import ClaimedTask, HandlerCrashed, HandlerThreads, TaskResult
 from flowlane.runtime.worker import Held, Phase, Session, Stop, StopReason, Worker
 
@@ -72,14 +72,14 @@ class FakeStore:
         self.answer: dict[str, dict[str, Any]] = {}  # run_id -> row fields, or {"missing": True}
         self.failing_runs: set[str] = set()  # fail_tasks refuses these permanently
 
-    async def complete_tasks(self, completions: list[dict[str, Any]]) -> list[Row]:
+    async def complete_tasks(self, completions: list[dict[str, Any]]) -> list[TaskOutcome]:
         self.calls.append(("complete", completions))
         self._raise_next()
         if any(item["output"] == self.REFUSED for item in completions):
             raise psycopg.errors.ProgramLimitExceeded("value too long for the index")
         return self._rows(completions, "completed")
 
-    async def fail_tasks(self, failures: list[dict[str, Any]]) -> list[Row]:
+    async def fail_tasks(self, failures: list[dict[str, Any]]) -> list[TaskOutcome]:
         self.calls.append(("fail", failures))
         self._raise_next()
         if any(item["run_id"] in self.failing_runs for item in failures):
@@ -90,13 +90,13 @@ class FakeStore:
         if self.errors:
             raise self.errors.pop(0)
 
-    def _rows(self, items: list[dict[str, Any]], status: str) -> list[Row]:
+    def _rows(self, items: list[dict[str, Any]], status: str) -> list[TaskOutcome]:
         rows = []
         for item in items:
             answer = self.answer.get(item["run_id"], {})
             if answer.get("missing"):
                 continue
-            rows.append({
+            rows.append(TaskOutcome.from_row({
                 "run_id": uuid.UUID(item["run_id"]),
                 "step_slug": item["step_slug"],
                 "task_index": item["task_index"],
@@ -105,7 +105,7 @@ class FakeStore:
                 "status": status,
                 "error_message": None,
                 **answer,
-            })
+            }))
         return rows
 
 
@@ -203,7 +203,7 @@ def test_a_transient_error_while_failing_resends_only_the_failures() -> None:
     store = FakeStore()
     done, failed = _ok(), _failed()
 
-    async def flaky_fail(failures: list[dict[str, Any]]) -> list[Row]:
+    async def flaky_fail(failures: list[dict[str, Any]]) -> list[TaskOutcome]:
         store.fail_tasks = real_fail  # type: ignore[method-assign]
         raise psycopg.OperationalError("connection lost")
 
@@ -234,7 +234,7 @@ def test_a_transient_error_while_sending_one_by_one_resends_only_what_is_pending
     real_complete = store.complete_tasks
     lost_once = [also_good.task.run_id]
 
-    async def flaky_complete(completions: list[dict[str, Any]]) -> list[Row]:
+    async def flaky_complete(completions: list[dict[str, Any]]) -> list[TaskOutcome]:
         if [item["run_id"] for item in completions] == lost_once:
             lost_once.clear()
             raise psycopg.OperationalError("connection lost")
@@ -706,7 +706,7 @@ class BlockingStore(FakeStore):
         self.release = asyncio.Event()
         self.first_called = asyncio.Event()
 
-    async def complete_tasks(self, completions: list[dict[str, Any]]) -> list[Row]:
+    async def complete_tasks(self, completions: list[dict[str, Any]]) -> list[TaskOutcome]:
         if not self.first_called.is_set():
             self.first_called.set()
             await self.release.wait()
