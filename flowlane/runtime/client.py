@@ -45,8 +45,9 @@ from psycopg.rows import dict_row
 from flowlane import errors
 from flowlane.core import db
 from flowlane.core.queries import query
-from flowlane.runtime import hints, limits
+from flowlane.runtime import limits
 from flowlane.runtime.limits import MAX_INPUT_BYTES, STATUSES, TERMINAL
+from flowlane.runtime.migration_hint import missing_core_hint
 from flowlane.runtime.report import first_waits
 from flowlane.runtime.run_state import RunState
 from flowlane.runtime.tracing import current_traceparent
@@ -643,17 +644,19 @@ Plan = Generator[Request, Any, T]  # yields requests, receives their answers, re
 
 
 @dataclass(frozen=True)
-class _Done(Generic[T]):
+class _PlanResult(Generic[T]):
+    """What a plan returned: the operation's result."""
+
     value: T
 
 
-def _advance(plan: Plan[T], answer: Any, failure: Exception | None) -> Request | _Done[T]:
+def _advance(plan: Plan[T], answer: Any, failure: Exception | None) -> Request | _PlanResult[T]:
     """The plan's next request after ``answer`` (or after ``failure`` raised where it
     waits, for it to turn into its own error), or its result."""
     try:
         return plan.throw(failure) if failure is not None else plan.send(answer)
     except StopIteration as done:
-        return _Done(done.value)
+        return _PlanResult(done.value)
 
 
 # -- every operation, once ---------------------------------------------------------
@@ -1080,7 +1083,7 @@ class Client:
         with contextlib.ExitStack() as scope:
             answer: Any = None
             failure: Exception | None = None
-            while not isinstance(step := _advance(plan, answer, failure), _Done):
+            while not isinstance(step := _advance(plan, answer, failure), _PlanResult):
                 answer, failure = None, None
                 try:
                     answer = self._carry_out(step, scope)
@@ -1090,10 +1093,10 @@ class Client:
 
     def _carry_out(self, request: Request, scope: contextlib.ExitStack) -> Any:
         if isinstance(request, Fetch):
-            with hints.migrate_hint(), db.wrap_errors(request.action):
+            with missing_core_hint(), db.wrap_errors(request.action):
                 return self._connection().execute(query(request.name), request.params).fetchall()
         if isinstance(request, Atomic):
-            scope.enter_context(hints.migrate_hint())
+            scope.enter_context(missing_core_hint())
             scope.enter_context(db.wrap_errors(request.action))  # the commit's errors too
             return scope.enter_context(self._connection().transaction())
         if isinstance(request, Listen):
@@ -1229,7 +1232,7 @@ class AsyncClient:
         async with contextlib.AsyncExitStack() as scope:
             answer: Any = None
             failure: Exception | None = None
-            while not isinstance(step := _advance(plan, answer, failure), _Done):
+            while not isinstance(step := _advance(plan, answer, failure), _PlanResult):
                 answer, failure = None, None
                 try:
                     answer = await self._carry_out(step, scope)
@@ -1240,12 +1243,12 @@ class AsyncClient:
     async def _carry_out(self, request: Request, scope: contextlib.AsyncExitStack) -> Any:
         if isinstance(request, Fetch):
             conn = await self._connection()
-            with hints.migrate_hint(), db.wrap_errors(request.action):
+            with missing_core_hint(), db.wrap_errors(request.action):
                 cursor = await conn.execute(query(request.name), request.params)
                 return await cursor.fetchall()
         if isinstance(request, Atomic):
             conn = await self._connection()
-            scope.enter_context(hints.migrate_hint())
+            scope.enter_context(missing_core_hint())
             scope.enter_context(db.wrap_errors(request.action))  # the commit's errors too
             return await scope.enter_async_context(conn.transaction())
         if isinstance(request, Listen):

@@ -35,7 +35,7 @@ FLUSHES = 2  # result commits in flight at once (the pool's fourth connection ta
 # their results share one commit (a result with none left running does not wait)
 RESULT_GATHER = 0.001
 
-Pending = tuple[TaskResult, asyncio.Future[None]]  # a result and its commit signal
+UncommittedResult = tuple[TaskResult, asyncio.Future[None]]  # a result and its commit signal
 
 
 @dataclass
@@ -201,7 +201,7 @@ class ResultFlusher:
     def __init__(
         self,
         sender: ResultSender,
-        results: asyncio.Queue[Pending | None],
+        results: asyncio.Queue[UncommittedResult | None],
         counters: Counters,
         *,
         claim_mates_running: Callable[[list[TaskResult]], bool],
@@ -235,14 +235,14 @@ class ResultFlusher:
             for flush in in_flight:  # left only when the flusher is cancelled or crashed
                 flush.cancel()
 
-    async def _flush(self, items: list[Pending]) -> None:
+    async def _flush(self, items: list[UncommittedResult]) -> None:
         self.counters.add(await self.sender.send([result for result, _ in items]))
         for _, committed in items:
             if not committed.done():
                 committed.set_result(None)
         self._committed()
 
-    async def _next_result(self, in_flight: set[asyncio.Task[None]]) -> Pending | None:
+    async def _next_result(self, in_flight: set[asyncio.Task[None]]) -> UncommittedResult | None:
         """The next finished result (None: stop), while watching the flushes in flight."""
         getter = asyncio.ensure_future(self.results.get())
         try:
@@ -253,7 +253,7 @@ class ResultFlusher:
         finally:
             getter.cancel()  # a no-op once it has its item
 
-    async def _gather_results(self, batch: list[Pending | None], until: float) -> None:
+    async def _gather_results(self, batch: list[UncommittedResult | None], until: float) -> None:
         """Add to ``batch`` the results already queued, then those that finish before ``until``
         (loop time) while a handler claimed with one of its tasks still runs."""
         loop = asyncio.get_running_loop()
@@ -272,7 +272,7 @@ class ResultFlusher:
                 return
             batch.append(getter.result())
 
-    def _mates_running(self, batch: list[Pending | None]) -> bool:
+    def _mates_running(self, batch: list[UncommittedResult | None]) -> bool:
         return self._claim_mates_running([item[0] for item in batch if item is not None])
 
 

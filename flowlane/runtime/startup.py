@@ -19,7 +19,8 @@ from flowlane import errors
 from flowlane.compiler.model import Project
 from flowlane.compiler.shape import flow_shape
 from flowlane.core import db, definitions
-from flowlane.runtime import hints, log
+from flowlane.runtime import log
+from flowlane.runtime.migration_hint import missing_core_hint
 from flowlane.runtime.registry import source_line
 from flowlane.runtime.store import Pairs, Store, UnservedPair
 
@@ -38,7 +39,7 @@ class StartupChecks:
     notify: bool
 
     async def run(self, store: Store) -> None:
-        with hints.migrate_hint(), db.wrap_errors("worker startup"):
+        with missing_core_hint(), db.wrap_errors("worker startup"):
             await self._refuse_if_disabled(store)  # first: a supervisor must see exit status 3
             await self._verify_flows(store)
             await self._check_coverage(store)
