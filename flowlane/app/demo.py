@@ -28,6 +28,7 @@ from flowlane.core import db, migrator
 from flowlane.runtime.client import Client
 from flowlane.runtime.config import WorkerConfig
 from flowlane.runtime.limits import TERMINAL
+from flowlane.runtime.run_state import RunState
 from flowlane.runtime.worker import Worker
 
 # sample inputs for the example flows shipped in flows/; any other flow gets {}
@@ -113,14 +114,14 @@ def run_demo(
     ok = True
     for item in started:
         state = states.get(item.run_id)
-        status = state["run"]["status"] if state else "unfinished"
+        status = state.run.status if state else "unfinished"
         ok = ok and status == "completed"
         label = item.name if item.name == item.flow else f"{item.name} -> {item.flow}"
         print(f"run {item.run_id}  {label}: {status}")
-        if state and state["run"].get("output") is not None:
-            print("  output: " + json.dumps(state["run"]["output"], ensure_ascii=False))
-        elif state and state["run"].get("error_message"):
-            print("  error: " + state["run"]["error_message"])
+        if state and state.run.output is not None:
+            print("  output: " + json.dumps(state.run.output, ensure_ascii=False))
+        elif state and state.run.error_message:
+            print("  error: " + state.run.error_message)
     print()
     print(
         f"compiled SQL: {(Path(out).resolve() / compiled.FLOWS_DIR).as_posix()}/*.sql"
@@ -145,7 +146,7 @@ def _entry_points(project: Project) -> list[str]:
 
 def _serve_until_done(
     workers: list[Worker], dsn: str, started: list[Started], timeout: float
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, RunState]:
     logging.getLogger("flowlane").setLevel(logging.WARNING)
     failures: list[BaseException] = []
 
@@ -161,7 +162,7 @@ def _serve_until_done(
     ]
     for thread in threads:
         thread.start()
-    states: dict[str, dict[str, Any]] = {}
+    states: dict[str, RunState] = {}
     deadline = time.monotonic() + timeout
     try:
         with Client(dsn) as client:
@@ -169,7 +170,7 @@ def _serve_until_done(
                 for item in started:
                     if item.run_id not in states:
                         state = client.get_run(item.run_id)
-                        if state["run"]["status"] in TERMINAL:
+                        if state.run.status in TERMINAL:
                             states[item.run_id] = state
                 time.sleep(0.05)
     finally:

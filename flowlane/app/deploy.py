@@ -12,6 +12,7 @@ schedules, queue limits and triggers) in one transaction.
 
 from __future__ import annotations
 
+import enum
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -36,19 +37,25 @@ from flowlane.compiler.model import (
 from flowlane.core import db, definitions
 from flowlane.core.queries import query
 
-NEW_FLOW = "NEW_FLOW"
-NO_CHANGE = "NO_CHANGE"
-SAFE_OPTION_CHANGE = "SAFE_OPTION_CHANGE"
-ALIAS_MOVE = "ALIAS_MOVE"
-NEW_VERSION_REQUIRED = "NEW_VERSION_REQUIRED"
-ONLY_IN_DATABASE = "ONLY_IN_DATABASE"
-NEW_SCHEDULE = "NEW_SCHEDULE"
-SCHEDULE_CHANGE = "SCHEDULE_CHANGE"
-NEW_TRIGGER = "NEW_TRIGGER"
-TRIGGER_CHANGE = "TRIGGER_CHANGE"
-TRIGGER_REMOVED = "TRIGGER_REMOVED"
-DRIFT = frozenset({NEW_FLOW, SAFE_OPTION_CHANGE, ALIAS_MOVE, NEW_VERSION_REQUIRED, NEW_SCHEDULE,
-                   SCHEDULE_CHANGE, NEW_TRIGGER, TRIGGER_CHANGE, TRIGGER_REMOVED})
+
+class ChangeKind(enum.StrEnum):
+    """What ``flowlane plan`` says of one definition (printed as its name)."""
+
+    NEW_FLOW = "NEW_FLOW"
+    NO_CHANGE = "NO_CHANGE"
+    SAFE_OPTION_CHANGE = "SAFE_OPTION_CHANGE"
+    ALIAS_MOVE = "ALIAS_MOVE"
+    NEW_VERSION_REQUIRED = "NEW_VERSION_REQUIRED"  # refused: a committed flow changed its shape
+    ONLY_IN_DATABASE = "ONLY_IN_DATABASE"  # kept: flowlane never deletes
+    NEW_SCHEDULE = "NEW_SCHEDULE"
+    SCHEDULE_CHANGE = "SCHEDULE_CHANGE"
+    NEW_TRIGGER = "NEW_TRIGGER"
+    TRIGGER_CHANGE = "TRIGGER_CHANGE"
+    TRIGGER_REMOVED = "TRIGGER_REMOVED"
+
+
+# what `flowlane plan --check` counts as the YAML and the database having drifted apart
+DRIFT = frozenset(ChangeKind) - {ChangeKind.NO_CHANGE, ChangeKind.ONLY_IN_DATABASE}
 _OPTIONS = ("max_attempts", "base_delay", "timeout", "retention", "deadline", "dedup_key",
             "priority", "on_failure", "on_failure_on_cancel")
 _STEP_OPTIONS = ("max_attempts", "base_delay", "timeout", "start_delay")
@@ -59,7 +66,7 @@ _STEP_OWN_OPTIONS = ("compensate",)  # not inherited from the flow: unset is non
 class Change:
     """One classified difference between the YAML and the database."""
 
-    kind: str
+    kind: ChangeKind
     subject: str
     details: tuple[str, ...] = ()
 
@@ -78,7 +85,7 @@ class Plan:
 
     @property
     def refused(self) -> bool:
-        return any(c.kind == NEW_VERSION_REQUIRED for c in self.changes)
+        return any(c.kind == ChangeKind.NEW_VERSION_REQUIRED for c in self.changes)
 
     @property
     def drift(self) -> bool:
@@ -167,17 +174,17 @@ def _flow_change(flow: Flow, state: _State, aliases: Iterable[Alias]) -> Change:
     subject = f"flow {flow.slug}"
     row = state.flows.get(flow.slug)
     if row is None:
-        return Change(NEW_FLOW, subject, (f"{len(flow.steps)} step(s) on "
-                                          + ", ".join(flow.queues),))
+        return Change(ChangeKind.NEW_FLOW, subject, (f"{len(flow.steps)} step(s) on "
+                                                     + ", ".join(flow.queues),))
     differences = state.differences[flow.slug]  # the database's words (verify_flow)
     if differences:
         taken = [*state.flows, *state.aliases]
         version = names.suggest_version(flow, taken)
         suggestion = (f"declare the changed flow as a new version, e.g. `{version}`, and "
                       + names.alias_advice(flow.slug, version, aliases))
-        return Change(NEW_VERSION_REQUIRED, subject, (*differences, suggestion))
+        return Change(ChangeKind.NEW_VERSION_REQUIRED, subject, (*differences, suggestion))
     options = _option_differences(flow, row, state)
-    return Change(SAFE_OPTION_CHANGE, subject, options) if options else Change(NO_CHANGE, subject)
+    return Change(ChangeKind.SAFE_OPTION_CHANGE if options else ChangeKind.NO_CHANGE, subject, options)
 
 
 def _option_differences(flow: Flow, row: dict[str, Any], state: _State) -> tuple[str, ...]:
@@ -236,15 +243,15 @@ def _alias_changes(project: Project, state: _State) -> list[Change]:
         row = state.aliases.get(alias.slug)
         target = f"{alias.active} (draining: {', '.join(alias.draining) or 'none'})"
         if row is None:
-            changes.append(Change(ALIAS_MOVE, subject, (f"new alias -> {target}",
-                                                        *_adoption(project, alias.slug))))
+            changes.append(Change(ChangeKind.ALIAS_MOVE, subject, (f"new alias -> {target}",
+                                                                   *_adoption(project, alias.slug))))
         elif row["flow_slug"] != alias.active or list(row["draining"]) != list(alias.draining):
             was = f"{row['flow_slug']} (draining: {', '.join(row['draining']) or 'none'})"
-            changes.append(Change(ALIAS_MOVE, subject, (f"{was} -> {target}",
-                                                        *_contract_move(project, row["flow_slug"],
-                                                                        alias.active))))
+            changes.append(Change(ChangeKind.ALIAS_MOVE, subject, (f"{was} -> {target}",
+                                                                   *_contract_move(project, row["flow_slug"],
+                                                                                   alias.active))))
         else:
-            changes.append(Change(NO_CHANGE, subject))
+            changes.append(Change(ChangeKind.NO_CHANGE, subject))
     return changes
 
 
@@ -286,13 +293,14 @@ def _schedule_changes(project: Project, state: _State) -> list[Change]:
         row, wanted = state.schedules.get(schedule.name), _schedule_row(schedule)
         paused = _paused(row)
         if row is None:
-            changes.append(Change(NEW_SCHEDULE, subject,
+            changes.append(Change(ChangeKind.NEW_SCHEDULE, subject,
                                   (f"starts {schedule.flow} {_timing(wanted)}",)))
             continue
         found = tuple(f"{name}: {_flow_value(name, row[name])} in the database, "
                       f"{_flow_value(name, wanted[name])} "
                       "in the YAML" for name in _SCHEDULE_FIELDS if row[name] != wanted[name])
-        changes.append(Change(SCHEDULE_CHANGE if found else NO_CHANGE, subject, found + paused))
+        kind = ChangeKind.SCHEDULE_CHANGE if found else ChangeKind.NO_CHANGE
+        changes.append(Change(kind, subject, found + paused))
     return changes
 
 
@@ -330,17 +338,17 @@ def _queue_limit_changes(project: Project, state: _State) -> list[Change]:
         subject = f"queue {limits.name}"
         row, wanted = state.queue_limits.get(limits.name), _limits_row(limits)
         if row is None:
-            changes.append(Change(SAFE_OPTION_CHANGE, subject,
+            changes.append(Change(ChangeKind.SAFE_OPTION_CHANGE, subject,
                                   (f"limits: none in the database, {_limits_text(wanted)} in the YAML",)))
         elif any(row[name] != wanted[name] for name in _LIMIT_FIELDS):
-            changes.append(Change(SAFE_OPTION_CHANGE, subject,
+            changes.append(Change(ChangeKind.SAFE_OPTION_CHANGE, subject,
                                   ((f"limits: {_limits_text(row)} in the database, "
                                    f"{_limits_text(wanted)} in the YAML"),)))
         else:
-            changes.append(Change(NO_CHANGE, subject))
+            changes.append(Change(ChangeKind.NO_CHANGE, subject))
     if project.queue_limits:
         declared = {q.name for q in project.queue_limits}
-        changes += [Change(SAFE_OPTION_CHANGE, f"queue {name}",
+        changes += [Change(ChangeKind.SAFE_OPTION_CHANGE, f"queue {name}",
                            ((f"limits: {_limits_text(row)} in the database, removed by apply (no "
                             "`kind: queue` document declares them)"),))
                     for name, row in state.queue_limits.items() if name not in declared]
@@ -372,16 +380,17 @@ def _trigger_changes(project: Project, state: _State) -> list[Change]:
         subject = f"trigger {trigger.name}"
         row, wanted = state.triggers.get(trigger.name), _trigger_row(trigger)
         if row is None:
-            changes.append(Change(NEW_TRIGGER, subject, (
+            changes.append(Change(ChangeKind.NEW_TRIGGER, subject, (
                 f"starts {trigger.flow} on {', '.join(trigger.events)} of {trigger.table}",)))
             continue
         found = tuple(f"{name}: {_flow_value(name, row[name])} in the database, "
                       f"{_flow_value(name, wanted[name])} in the YAML"
                       for name in _TRIGGER_FIELDS if row[name] != wanted[name])
-        changes.append(Change(TRIGGER_CHANGE if found else NO_CHANGE, subject, found))
+        changes.append(Change(ChangeKind.TRIGGER_CHANGE if found else ChangeKind.NO_CHANGE, subject,
+                              found))
     declared = {t.name for t in project.triggers}
     if declared:
-        changes += [Change(TRIGGER_REMOVED, f"trigger {name}", (
+        changes += [Change(ChangeKind.TRIGGER_REMOVED, f"trigger {name}", (
             f"dropped from {row['table_name']} by apply: the triggers file lists only the declared ones",))
                     for name, row in state.triggers.items() if name not in declared]
     return changes
@@ -395,21 +404,21 @@ def _kept_trigger(row: dict[str, Any]) -> str:
 def _only_in_database(project: Project, state: _State) -> list[Change]:
     flows = {f.slug for f in project.flows}
     aliases = {a.slug for a in project.aliases}
-    found = [Change(ONLY_IN_DATABASE, f"flow {slug}", ("kept: flowlane never deletes",))
+    found = [Change(ChangeKind.ONLY_IN_DATABASE, f"flow {slug}", ("kept: flowlane never deletes",))
              for slug in state.flows if slug not in flows]
-    found += [Change(ONLY_IN_DATABASE, f"alias {slug}", ("kept: flowlane never deletes",))
+    found += [Change(ChangeKind.ONLY_IN_DATABASE, f"alias {slug}", ("kept: flowlane never deletes",))
               for slug in state.aliases if slug not in aliases]
     declared = {s.name for s in project.schedules}
     fate = ("deleted by apply: the schedules file lists only the declared ones" if declared else
             "kept, still firing: the project declares no schedule, so it has no schedules file; "
             "`flowlane schedule pause NAME` stops it")
-    found += [Change(ONLY_IN_DATABASE, f"schedule {name}", (fate, *_paused(row)))
+    found += [Change(ChangeKind.ONLY_IN_DATABASE, f"schedule {name}", (fate, *_paused(row)))
               for name, row in state.schedules.items() if name not in declared]
     if not project.triggers:  # else the triggers file removes them (_trigger_changes)
-        found += [Change(ONLY_IN_DATABASE, f"trigger {name}", (_kept_trigger(row),))
+        found += [Change(ChangeKind.ONLY_IN_DATABASE, f"trigger {name}", (_kept_trigger(row),))
                   for name, row in state.triggers.items()]
     if not project.queue_limits:  # else the queues file removes them (_queue_limit_changes)
-        found += [Change(ONLY_IN_DATABASE, f"queue {name}",
+        found += [Change(ChangeKind.ONLY_IN_DATABASE, f"queue {name}",
                          ((f"limits kept ({_limits_text(row)}): the project declares no "
                           "`kind: queue` document, so it has no queues file"),))
                   for name, row in state.queue_limits.items()]
@@ -497,7 +506,7 @@ def _apply_files(conn: psycopg.Connection[Any], project: Project,
         if current.refused:
             raise errors.DeployRefused(
                 "apply refused: " + "; ".join(c.subject for c in current.changes
-                                              if c.kind == NEW_VERSION_REQUIRED)
+                                              if c.kind == ChangeKind.NEW_VERSION_REQUIRED)
                 + " changed shape in the database", hint="run `flowlane plan` for details")
         applied = []
         for file in files:

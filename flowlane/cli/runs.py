@@ -15,6 +15,7 @@ from flowlane.runtime.limits import MAX_INPUT_BYTES, MAX_PRIORITY, MIN_PRIORITY,
 
 if TYPE_CHECKING:
     from flowlane.runtime.client import RunFilter, RunSummary, Started
+    from flowlane.runtime.run_state import RunState
 
 
 def configure(subparsers: Any) -> None:
@@ -258,20 +259,20 @@ def _explain_wait(dsn: str | None, run_id: str | None = None) -> None:
     print_waiting(fleet.waiting(dsn, run_id))
 
 
-def _report_end(state: dict[str, Any], fmt: str) -> int:
+def _report_end(state: RunState, fmt: str) -> int:
     """The output of a run that ended; exit 0 only when it completed."""
-    run = state["run"]
+    run = state.run
     if fmt == "json":
-        print(json.dumps({key: run.get(key) for key in (
-            "run_id", "flow_slug", "status", "output", "error_message", "cancel_reason")}))
-    elif run["status"] == "completed":
-        print(json.dumps(run["output"], indent=2, ensure_ascii=False))
-    if run["status"] == "completed":
+        print(json.dumps({"run_id": run.run_id, "flow_slug": run.flow_slug, "status": run.status,
+                          "output": run.output, "error_message": run.error_message,
+                          "cancel_reason": run.cancel_reason}))
+    elif run.status == "completed":
+        print(json.dumps(run.output, indent=2, ensure_ascii=False))
+    if run.status == "completed":
         return 0
-    why = run.get("error_message") or run.get("cancel_reason") or ""
-    print(f"error: run {run['run_id']} {run['status']}" + (f": {why}" if why else ""),
-          file=sys.stderr)
-    print(f"hint: `flowlane run {run['run_id']}` shows each step and its attempts", file=sys.stderr)
+    why = run.error_message or run.cancel_reason or ""
+    print(f"error: run {run.run_id} {run.status}" + (f": {why}" if why else ""), file=sys.stderr)
+    print(f"hint: `flowlane run {run.run_id}` shows each step and its attempts", file=sys.stderr)
     return 1
 
 
@@ -374,8 +375,8 @@ def _bulk(args: argparse.Namespace, action: str, where: RunFilter, **options: An
         if done.changed < done.matched:
             print(f"{done.matched - done.changed} changed meanwhile and were left as they are")
     for r in done.sample:
-        print(f"  {r['run_id']}  {r['flow_slug']:<24} {r['status']:<9} {r['started_at']:%Y-%m-%d %H:%M:%S}  "
-              f"{_one_line(r['error_message'])}")
+        print(f"  {r.run_id}  {r.flow_slug:<24} {r.status:<9} {r.started_at:%Y-%m-%d %H:%M:%S}  "
+              f"{_one_line(r.error_message)}")
     if len(done.sample) < done.matched:
         print(f"  ... and {done.matched - len(done.sample)} more")
     return 0
@@ -471,9 +472,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     with Client(args.dsn) as client:
         state = client.get_run(args.run_id)
     if args.format == "json":
-        print(json.dumps(state, indent=2, default=str))
+        print(json.dumps(state.to_json(), indent=2, default=str))
     else:
         print(render_run(state))
-    if state["run"]["status"] == "started":
-        _explain_wait(args.dsn, str(state["run"]["run_id"]))
+    if state.run.status == "started":
+        _explain_wait(args.dsn, state.run.run_id)
     return 0

@@ -4,6 +4,7 @@ triggers``: what starts runs besides a call."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from typing import Any
 
@@ -106,14 +107,14 @@ def cmd_triggers(args: argparse.Namespace) -> int:
     with Client(args.dsn) as client:
         found = client.triggers()
     if args.format == "json":
-        print(json.dumps(found, indent=2, default=str))
+        print(json.dumps([dataclasses.asdict(t) for t in found], indent=2, default=str))
         return 0
     if not found:
         print("no triggers (declare `kind: trigger` documents, then `flowlane apply`)")
         return 0
     print(f"{'NAME':<24}  {'ON':<32}  {'FLOW':<20}  {'RUNS':>8}  {'LAST DAY':>8}  {'REFUSED':>7}  LAST ERROR")
     for t in found:
-        on = f"{','.join(t['events'])} {t['table_name']}"
-        print(f"{t['trigger_name']:<24}  {on:<32}  {t['flow_name']:<20}  {t['runs']:>8}  "
-              f"{t['runs_last_day']:>8}  {t['refusals']:>7}  {t['last_error'] or '-'}")
+        on = f"{','.join(t.events)} {t.table_name}"
+        print(f"{t.trigger_name:<24}  {on:<32}  {t.flow_name:<20}  {t.runs:>8}  "
+              f"{t.runs_last_day:>8}  {t.refusals:>7}  {t.last_error or '-'}")
     return 0

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowlane import errors, extras
 from flowlane.cli.common import add_dsn_argument, add_format, json_errors
+
+if TYPE_CHECKING:
+    from flowlane.runtime.client import WebhookActivity
 
 
 def configure(subparsers: Any) -> None:
@@ -42,7 +45,7 @@ def cmd_webhooks(args: argparse.Namespace) -> int:
 
     with Client(args.dsn) as client:
         activity = client.webhook_activity()
-    found = [_row(w, activity.get(w.name, {})) for w in project.webhooks]
+    found = [_row(w, activity.get(w.name)) for w in project.webhooks]
     if args.format == "json":
         print(json.dumps(found, indent=2, default=str))
         return 0
@@ -57,13 +60,15 @@ def cmd_webhooks(args: argparse.Namespace) -> int:
     return 0
 
 
-def _row(webhook: Any, activity: dict[str, Any]) -> dict[str, Any]:
+def _row(webhook: Any, activity: WebhookActivity | None) -> dict[str, Any]:
     starts = (f"signal {webhook.flow}.{webhook.signal_step}" if webhook.signal_step
               else f"run {webhook.flow}")
+    from flowlane.runtime.client import WebhookActivity
+
+    done = activity or WebhookActivity(webhook.name, 0, 0, 0, 0, None)
     return {"name": webhook.name, "scheme": webhook.scheme, "secret_env": webhook.secret_env,
-            "starts": starts, **{key: activity.get(key, 0) for key in
-                                 ("runs", "runs_last_day", "signals", "signals_last_day")},
-            "last_at": activity.get("last_at")}
+            "starts": starts, "runs": done.runs, "runs_last_day": done.runs_last_day,
+            "signals": done.signals, "signals_last_day": done.signals_last_day, "last_at": done.last_at}
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -6,8 +6,10 @@ come from one definition: each operation is written once, in :class:`Operations`
 (:class:`Fetch` a named query, :class:`Atomic` one transaction for the rest of the
 operation, :class:`Listen` and :class:`Notified` for run-end notifications) and shapes
 the answers into results and errors. The two clients only carry those requests out, one
-blocking, one awaiting, and take every public method (name, signature, docstring) from
-its plan (tests/runtime/test_client_parity.py holds them equal).
+blocking, one awaiting: each public method is the plan's signature written out, handing its
+arguments to the plan, with the plan's docstring (tests/runtime/test_client_parity.py holds
+the three signatures equal). What the operations return are typed values
+(``flowlane/runtime/answers.py``, and ``run_state.RunState`` for a run), importable from here.
 
 Every operation on a run takes its id or a unique prefix of it (``client_runs_by_prefix``
 finds the run; a worker role, which may not read the runs table, passes whole ids).
@@ -26,18 +28,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
-import inspect
 import json
 import re
 import time
 import uuid
 import warnings
-from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -45,153 +46,35 @@ from psycopg.rows import dict_row
 from flowlane import errors
 from flowlane.core import db
 from flowlane.core.queries import query
-from flowlane.runtime import hints, limits
+from flowlane.runtime import limits
+from flowlane.runtime.answers import (
+    MatchedRun,
+    Repair,
+    RunChange,
+    RunFilter,
+    RunSummary,
+    RunTimeout,
+    ScheduleSummary,
+    SignalSent,
+    Started,
+    StuckRun,
+    TriggerActivity,
+    WebhookActivity,
+)
 from flowlane.runtime.limits import MAX_INPUT_BYTES, STATUSES, TERMINAL
+from flowlane.runtime.migration_hint import missing_core_hint
 from flowlane.runtime.report import first_waits
+from flowlane.runtime.run_state import RunState
 from flowlane.runtime.tracing import current_traceparent
+
+__all__ = [  # with the answers of its operations, which applications import from here too
+    "AsyncClient", "Client", "MatchedRun", "Operations", "Repair", "RunChange", "RunFilter", "RunState",
+    "RunSummary", "RunTimeout", "ScheduleSummary", "SignalSent", "Started", "StuckRun",
+    "TriggerActivity", "WebhookActivity", "encode_input", "only_run", "prefix_range",
+]
 
 FALLBACK_POLL_SECONDS = 5.0
 POOLER_POLL_SECONDS = 0.2  # wait's re-reads through a transaction-mode pooler (no LISTEN)
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    run_id: str
-    flow_slug: str
-    status: str
-    remaining_steps: int
-    started_at: datetime
-    completed_at: datetime | None
-    failed_at: datetime | None
-    cancelled_at: datetime | None = None
-    start_at: datetime | None = None  # a delayed start: when the run begins (or began)
-    held: bool = False  # waiting for a slot of its flow's concurrency limit
-    waiting_for: str | None = None  # the first thing the run waits for (the `run_waits` query)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "flow_slug": self.flow_slug,
-            "status": self.status,
-            "remaining_steps": self.remaining_steps,
-            "started_at": _iso(self.started_at),
-            "completed_at": _iso(self.completed_at),
-            "failed_at": _iso(self.failed_at),
-            "cancelled_at": _iso(self.cancelled_at),
-            "start_at": _iso(self.start_at),
-            "held": self.held,
-            "waiting_for": self.waiting_for,
-        }
-
-    @classmethod
-    def from_row(cls, r: dict[str, Any]) -> RunSummary:
-        return cls(
-            run_id=str(r["run_id"]),
-            flow_slug=r["flow_slug"],
-            status=r["status"],
-            remaining_steps=r["remaining_steps"],
-            started_at=r["started_at"],
-            completed_at=r["completed_at"],
-            failed_at=r["failed_at"],
-            cancelled_at=r["cancelled_at"],
-            start_at=r.get("start_at"),
-            held=bool(r.get("held")),
-            waiting_for=r.get("waiting_for"),
-        )
-
-
-@dataclass(frozen=True)
-class Started:
-    """What a start did: the run (an alias: of its active version), and whether a keyed
-    start found an earlier run instead of creating one (a debounced start: the pending run of
-    its key, which begins with the last start's input)."""
-
-    run_id: str
-    flow_slug: str
-    status: str  # started, or waiting for its start time
-    start_at: datetime | None
-    existed: bool
-    debounced: bool = False  # waiting for its debounce key's starts to pause
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "flow_slug": self.flow_slug, "status": self.status,
-                "start_at": _iso(self.start_at), "existed": self.existed, "debounced": self.debounced}
-
-
-@dataclass(frozen=True)
-class RunChange:
-    """A run as ``cancel`` or ``retry`` left it."""
-
-    run_id: str
-    flow_slug: str
-    status: str
-    cancel_reason: str | None
-    retry_count: int
-    compensation: str | None  # a failed run's compensation: running, completed or stopped
-
-    @classmethod
-    def from_row(cls, r: dict[str, Any]) -> RunChange:
-        return cls(str(r["run_id"]), r["flow_slug"], r["status"], r["cancel_reason"], int(r["retry_count"]),
-                   r.get("compensation"))
-
-
-@dataclass(frozen=True)
-class SignalSent:
-    """A signal the SQL Core took: applied (its wait step completed with ``payload``) or,
-    ``applied_at`` None, kept until the step starts."""
-
-    run_id: str
-    step_slug: str
-    payload: Any
-    received_at: datetime
-    applied_at: datetime | None
-
-    @property
-    def applied(self) -> bool:
-        return self.applied_at is not None
-
-    @property
-    def by(self) -> str | None:
-        """Who sent it (the payload's ``by``), when it says."""
-        by = self.payload.get("by") if isinstance(self.payload, dict) else None
-        return None if by is None else str(by)
-
-
-@dataclass(frozen=True)
-class RunFilter:
-    """Which runs a bulk retry or cancel takes: of a flow or alias (every version), failed in a
-    step, with an error type among the failed attempts of their last round, with a text in
-    their error (any case), started at or after ``since`` and before ``until``."""
-
-    flow: str | None = None
-    step: str | None = None
-    error_type: str | None = None
-    error: str | None = None
-    since: datetime | None = None
-    until: datetime | None = None
-
-    def is_empty(self) -> bool:
-        return all(getattr(self, name) is None for name in self.__dataclass_fields__)
-
-
-@dataclass(frozen=True)
-class Repair:
-    """What a bulk retry or cancel did (or, in a dry run, would do): the runs that matched, the
-    runs it changed (a run that changed meanwhile is passed over), in how many batches (one
-    transaction each), and the first runs matched."""
-
-    action: str
-    matched: int
-    changed: int
-    batches: int
-    sample: list[dict[str, Any]]
-    dry_run: bool
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"action": self.action, "matched": self.matched, "changed": self.changed,
-                "batches": self.batches, "dry_run": self.dry_run,
-                "sample": [{**r, "run_id": str(r["run_id"]), "started_at": _iso(r["started_at"])}
-                           for r in self.sample]}
 
 
 # what a bulk retry or cancel takes: the states it can change, and the function per batch
@@ -202,48 +85,6 @@ REPAIRS: dict[str, tuple[tuple[str, ...], str]] = {
 REPAIR_BATCH = 100
 MAX_REPAIR_BATCH = 1000  # what flowlane.retry_runs and cancel_runs take in one call
 DRY_RUN_PAGE = 1000
-
-
-@dataclass(frozen=True)
-class ScheduleSummary:
-    """A schedule as ``flowlane schedules`` lists it."""
-
-    name: str
-    flow: str
-    cron: str | None
-    every_seconds: int | None
-    timezone: str
-    next_slot: datetime
-    next_local: str  # the next firing's wall time in the schedule's zone
-    last_slot: datetime | None
-    last_run_id: str | None
-    last_status: str | None
-    paused: bool
-    paused_reason: str | None
-
-    @property
-    def timing(self) -> str:
-        return f"cron {self.cron}" if self.cron is not None else f"every {self.every_seconds}s"
-
-    @property
-    def to_the_second(self) -> bool:
-        """Its firings fall between whole minutes (an interval that is not a number of minutes)."""
-        return self.every_seconds is not None and self.every_seconds % 60 != 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "flow": self.flow, "cron": self.cron,
-                "every_seconds": self.every_seconds, "timezone": self.timezone,
-                "next_slot": _iso(self.next_slot), "next_local": self.next_local,
-                "last_slot": _iso(self.last_slot), "last_run_id": self.last_run_id,
-                "last_status": self.last_status, "paused": self.paused,
-                "paused_reason": self.paused_reason}
-
-    @classmethod
-    def from_row(cls, r: dict[str, Any]) -> ScheduleSummary:
-        return cls(r["schedule_name"], r["flow_name"], r["cron"], r["every_seconds"], r["timezone"],
-                   r["next_slot"], r["next_local"], r["last_slot"],
-                   str(r["last_run_id"]) if r["last_run_id"] else None, r["last_status"],
-                   r["paused"], r["paused_reason"])
 
 
 StartAt = datetime | timedelta | None  # a time, or a delay on the database's clock
@@ -273,30 +114,6 @@ def _start_time(start_at: StartAt) -> dict[str, Any]:
         raise errors.UsageError(f"start_at {start_at.isoformat()} has no time zone",
                                 hint="pass an aware datetime, e.g. datetime.now(timezone.utc)")
     return {"start_at": start_at, "delay": None}
-
-
-class RunTimeout(errors.FlowlaneError):
-    """A run did not end within the time given to ``wait``: ``run_id``, the ``status`` it
-    still had and the ``timeout`` in seconds."""
-
-    def __init__(self, run_id: str, status: str, timeout: float) -> None:
-        super().__init__(f"run {run_id} is still {status} after {timeout:g}s",
-                         hint=f"it keeps running; `flowlane run {run_id}` shows where it is")
-        self.run_id, self.status, self.timeout = run_id, status, timeout
-
-
-@dataclass(frozen=True)
-class StuckRun:
-    """A started run that no task can move (``flowlane.stuck_runs()``)."""
-
-    run_id: str
-    flow_slug: str
-    started_at: datetime
-    reason: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "flow_slug": self.flow_slug,
-                "started_at": _iso(self.started_at), "reason": self.reason}
 
 
 # start_flow's refusals of the caller's input (not of the database state)
@@ -357,10 +174,6 @@ def _resolve_run(text: str) -> Plan[str]:
     rows = yield Fetch("client_runs_by_prefix", "cannot find the run",
                        {"low": low, "high": high, "limit": PREFIX_CANDIDATES})
     return only_run(rows, str(text).strip())
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value else None
 
 
 def encode_input(input: Any, what: str = "the run input") -> str:
@@ -482,11 +295,11 @@ def _signed(payload: Any, by: str | None) -> Any:
     return {**body, "by": by}
 
 
-def _run_state(rows: list[dict[str, Any]], run_id: str) -> dict[str, Any]:
+def _run_document(rows: list[dict[str, Any]], run_id: str) -> dict[str, Any]:
     if not rows or rows[0]["run"] is None:
         raise errors.NotFound(f"no run {run_id}", hint="`flowlane runs` lists recent runs")
-    run: dict[str, Any] = rows[0]["run"]
-    return run
+    document: dict[str, Any] = rows[0]["run"]
+    return document
 
 
 def _trace_parent(flow: str, value: str, *, local: bool) -> Fetch:
@@ -553,7 +366,6 @@ def _list_params(
 # -- what a plan asks of its client ------------------------------------------------
 
 T = TypeVar("T")
-P = ParamSpec("P")
 WAITING = "cannot wait for the run"
 
 
@@ -593,17 +405,19 @@ Plan = Generator[Request, Any, T]  # yields requests, receives their answers, re
 
 
 @dataclass(frozen=True)
-class _Done(Generic[T]):
+class _PlanResult(Generic[T]):
+    """What a plan returned: the operation's result."""
+
     value: T
 
 
-def _advance(plan: Plan[T], answer: Any, failure: Exception | None) -> Request | _Done[T]:
+def _advance(plan: Plan[T], answer: Any, failure: Exception | None) -> Request | _PlanResult[T]:
     """The plan's next request after ``answer`` (or after ``failure`` raised where it
     waits, for it to turn into its own error), or its result."""
     try:
         return plan.throw(failure) if failure is not None else plan.send(answer)
     except StopIteration as done:
-        return _Done(done.value)
+        return _PlanResult(done.value)
 
 
 # -- every operation, once ---------------------------------------------------------
@@ -748,10 +562,10 @@ class Operations:
                   "step": where.step, "error_type": where.error_type, "error": where.error,
                   "limit": DRY_RUN_PAGE if dry_run else batch_size, "after_at": None, "after_id": None}
         matched, changed, batches = 0, 0, 0
-        sample: list[dict[str, Any]] = []
+        sample: list[MatchedRun] = []
         while rows := (yield Fetch("client_matching_runs", f"cannot {action} runs", params)):
             matched += len(rows)
-            sample.extend(rows[: max(0, sample_size - len(sample))])
+            sample.extend(map(MatchedRun.from_row, rows[: max(0, sample_size - len(sample))]))
             if not dry_run:
                 done = yield Fetch(function, f"cannot {action} runs",
                                    {"run_ids": [r["run_id"] for r in rows], "reason": reason})
@@ -767,18 +581,18 @@ class Operations:
         return [ScheduleSummary.from_row(r) for r in rows]
 
     @staticmethod
-    def triggers() -> Plan[list[dict[str, Any]]]:
+    def triggers() -> Plan[list[TriggerActivity]]:
         """Every trigger (`kind: trigger`) with what it started and its latest refusal."""
         rows = yield Fetch("client_triggers", "cannot list triggers")
-        return [dict(r) for r in rows]
+        return [TriggerActivity(**r) for r in rows]
 
     @staticmethod
-    def webhook_activity() -> Plan[dict[str, dict[str, Any]]]:
+    def webhook_activity() -> Plan[dict[str, WebhookActivity]]:
         """By webhook name: the runs it started and the signals it sent (in all, in the last
         day) and when it last did either. Webhooks are read from the YAML, not the database:
         a name here is one that started something."""
         rows = yield Fetch("client_webhook_activity", "cannot list what webhooks started")
-        return {str(r["webhook_name"]): dict(r) for r in rows}
+        return {str(r["webhook_name"]): WebhookActivity(**r) for r in rows}
 
     @staticmethod
     def pause_schedule(name: str, *, reason: str | None = None) -> Plan[None]:
@@ -858,17 +672,17 @@ class Operations:
                 for r in rows]
 
     @staticmethod
-    def get_run(run_id: str) -> Plan[dict[str, Any]]:
-        """``{"run", "steps", "tasks", "attempts", "waits", "parent", "children"}``; raises
-        when there is no such run."""
+    def get_run(run_id: str) -> Plan[RunState]:
+        """The run with its steps, tasks, attempts, wait steps, what it waits for and its
+        family (:class:`RunState`; ``to_json()``: as a JSON document); raises
+        :class:`flowlane.errors.NotFound` when there is no such run."""
         run_id = yield from _resolve_run(run_id)
         rows = yield Fetch("client_get_run", "cannot read the run", {"run_id": run_id})
-        state = _run_state(rows, run_id)
-        state["holds"] = (yield from _run_waits([run_id]))
-        return state
+        document = _run_document(rows, run_id)
+        return RunState.from_json(document, (yield from _run_waits([run_id])))
 
     @staticmethod
-    def wait(run_id: str, *, timeout: float = 60.0) -> Plan[dict[str, Any]]:
+    def wait(run_id: str, *, timeout: float = 60.0) -> Plan[RunState]:
         """Wait until the run ends (completed, failed or cancelled); return its state.
 
         Woken by the run's notification; raises :class:`RunTimeout` after ``timeout`` s."""
@@ -877,11 +691,11 @@ class Operations:
         listener = yield Listen()  # before the first read: an end in between still wakes us
         while True:
             state = yield from Operations.get_run(run_id)
-            if state["run"]["status"] in TERMINAL:
+            if state.run.status in TERMINAL:
                 return state
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise RunTimeout(run_id, state["run"]["status"], timeout)
+                raise RunTimeout(run_id, state.run.status, timeout)
             yield Notified(listener, run_id, min(remaining, FALLBACK_POLL_SECONDS))
 
 
@@ -905,39 +719,19 @@ def _pause(name: str, paused: bool, reason: str | None) -> Plan[None]:
 # -- the two clients: each carries plans out -----------------------------------------
 
 
-def _method(plan: Callable[..., Any], owner: str, method: Callable[..., Any]) -> None:
-    """Give ``method`` the plan's name and docstring, and its signature after ``self``
-    with the plan's result as the return annotation."""
-    method.__name__ = plan.__name__
-    method.__qualname__ = f"{owner}.{plan.__name__}"
-    method.__doc__ = plan.__doc__
-    own = inspect.signature(plan, eval_str=True)
-    this = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    result = own.return_annotation.__args__[2]  # Plan[T] = Generator[Request, Any, T]
-    method.__signature__ = own.replace(  # type: ignore[attr-defined]
-        parameters=[this, *own.parameters.values()], return_annotation=result)
+C = TypeVar("C", bound=type)
 
 
-def _blocking(plan: Callable[P, Plan[T]]) -> Callable[Concatenate[Client, P], T]:
-    """``Client``'s method for an operation: carry its plan out, return its result."""
-
-    def method(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return self._run(plan(*args, **kwargs))
-
-    _method(plan, "Client", method)
-    return method
-
-
-def _awaitable(plan: Callable[P, Plan[T]]) -> Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, T]]:
-    """``AsyncClient``'s method for an operation: the same plan, its requests awaited."""
-
-    async def method(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return await self._run(plan(*args, **kwargs))
-
-    _method(plan, "AsyncClient", method)
-    return method
+def _documented(client: C) -> C:
+    """Each public method of ``client`` says what its plan says (docstrings are written once,
+    in :class:`Operations`)."""
+    for name in vars(Operations):
+        if not name.startswith("_"):
+            getattr(client, name).__doc__ = getattr(Operations, name).__doc__
+    return client
 
 
+@_documented
 class Client:
     """``Client(dsn)``: one connection; also a context manager.
 
@@ -971,25 +765,78 @@ class Client:
     ) -> None:
         self.close()
 
-    start = _blocking(Operations.start)
-    begin = _blocking(Operations.begin)
-    start_run = _blocking(Operations.start_run)
-    start_runs = _blocking(Operations.start_runs)
-    cancel = _blocking(Operations.cancel)
-    retry = _blocking(Operations.retry)
-    repair = _blocking(Operations.repair)
-    signal = _blocking(Operations.signal)
-    flows_named = _blocking(Operations.flows_named)
-    list_runs = _blocking(Operations.list_runs)
-    stuck_runs = _blocking(Operations.stuck_runs)
-    get_run = _blocking(Operations.get_run)
-    wait = _blocking(Operations.wait)
-    schedules = _blocking(Operations.schedules)
-    triggers = _blocking(Operations.triggers)
-    webhook_activity = _blocking(Operations.webhook_activity)
-    pause_schedule = _blocking(Operations.pause_schedule)
-    resume_schedule = _blocking(Operations.resume_schedule)
-    trigger_schedule = _blocking(Operations.trigger_schedule)
+    def start(self, flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
+              start_at: StartAt = None, priority: int | None = None, origin: Mapping[str, str] | None = None
+    ) -> Started:
+        return self._run(Operations.start(flow, input, run_id=run_id, key=key, start_at=start_at,
+                                          priority=priority, origin=origin))
+
+    def begin(self, flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
+              start_at: StartAt = None, priority: int | None = None, origin: Mapping[str, str] | None = None
+    ) -> Started:
+        return self._run(Operations.begin(flow, input, run_id=run_id, key=key, start_at=start_at,
+                                          priority=priority, origin=origin))
+
+    def start_run(self, flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
+                  start_at: StartAt = None, priority: int | None = None) -> str:
+        return self._run(Operations.start_run(flow, input, run_id=run_id, key=key, start_at=start_at,
+                                              priority=priority))
+
+    def start_runs(self, flow: str, inputs: Iterable[Any], *, chunk_size: int = START_CHUNK,
+                   start_at: StartAt = None, priority: int | None = None) -> list[str]:
+        return self._run(Operations.start_runs(flow, inputs, chunk_size=chunk_size, start_at=start_at,
+                                               priority=priority))
+
+    def cancel(self, run_id: str, *, reason: str | None = None) -> RunChange:
+        return self._run(Operations.cancel(run_id, reason=reason))
+
+    def retry(self, run_id: str, *, from_step: str | None = None, compensation: bool = False) -> RunChange:
+        return self._run(Operations.retry(run_id, from_step=from_step, compensation=compensation))
+
+    def repair(self, action: str, where: RunFilter, *, dry_run: bool = False, batch_size: int = REPAIR_BATCH,
+               statuses: Iterable[str] | None = None, reason: str | None = None, sample_size: int = 10
+    ) -> Repair:
+        return self._run(Operations.repair(action, where, dry_run=dry_run, batch_size=batch_size,
+                                           statuses=statuses, reason=reason, sample_size=sample_size))
+
+    def signal(self, run_id: str, step: str, payload: Any = None, *, by: str | None = None) -> SignalSent:
+        return self._run(Operations.signal(run_id, step, payload, by=by))
+
+    def flows_named(self, flow: str) -> list[str]:
+        return self._run(Operations.flows_named(flow))
+
+    def list_runs(self, *, limit: int = 20, flow: str | None = None, status: str | None = None,
+                  before: str | None = None, since: datetime | None = None, parent: str | None = None
+    ) -> list[RunSummary]:
+        return self._run(Operations.list_runs(limit=limit, flow=flow, status=status, before=before,
+                                              since=since, parent=parent))
+
+    def stuck_runs(self) -> list[StuckRun]:
+        return self._run(Operations.stuck_runs())
+
+    def get_run(self, run_id: str) -> RunState:
+        return self._run(Operations.get_run(run_id))
+
+    def wait(self, run_id: str, *, timeout: float = 60.0) -> RunState:
+        return self._run(Operations.wait(run_id, timeout=timeout))
+
+    def schedules(self) -> list[ScheduleSummary]:
+        return self._run(Operations.schedules())
+
+    def triggers(self) -> list[TriggerActivity]:
+        return self._run(Operations.triggers())
+
+    def webhook_activity(self) -> dict[str, WebhookActivity]:
+        return self._run(Operations.webhook_activity())
+
+    def pause_schedule(self, name: str, *, reason: str | None = None) -> None:
+        return self._run(Operations.pause_schedule(name, reason=reason))
+
+    def resume_schedule(self, name: str) -> None:
+        return self._run(Operations.resume_schedule(name))
+
+    def trigger_schedule(self, name: str, input: Any = None) -> str:
+        return self._run(Operations.trigger_schedule(name, input))
 
     def _run(self, plan: Plan[T]) -> T:
         """Carry out the plan's requests in turn; a transaction or a LISTEN it asked for
@@ -997,7 +844,7 @@ class Client:
         with contextlib.ExitStack() as scope:
             answer: Any = None
             failure: Exception | None = None
-            while not isinstance(step := _advance(plan, answer, failure), _Done):
+            while not isinstance(step := _advance(plan, answer, failure), _PlanResult):
                 answer, failure = None, None
                 try:
                     answer = self._carry_out(step, scope)
@@ -1007,10 +854,10 @@ class Client:
 
     def _carry_out(self, request: Request, scope: contextlib.ExitStack) -> Any:
         if isinstance(request, Fetch):
-            with hints.migrate_hint(), db.wrap_errors(request.action):
+            with missing_core_hint(), db.wrap_errors(request.action):
                 return self._connection().execute(query(request.name), request.params).fetchall()
         if isinstance(request, Atomic):
-            scope.enter_context(hints.migrate_hint())
+            scope.enter_context(missing_core_hint())
             scope.enter_context(db.wrap_errors(request.action))  # the commit's errors too
             return scope.enter_context(self._connection().transaction())
         if isinstance(request, Listen):
@@ -1036,6 +883,7 @@ class Client:
                 conn.execute(query("client_unlisten_finished"))
 
 
+@_documented
 class AsyncClient:
     """The :class:`Client` API for asyncio: ``async with AsyncClient(dsn) as client: ...``."""
 
@@ -1065,32 +913,87 @@ class AsyncClient:
     ) -> None:
         await self.close()
 
-    start = _awaitable(Operations.start)
-    begin = _awaitable(Operations.begin)
-    start_run = _awaitable(Operations.start_run)
-    start_runs = _awaitable(Operations.start_runs)
-    cancel = _awaitable(Operations.cancel)
-    retry = _awaitable(Operations.retry)
-    repair = _awaitable(Operations.repair)
-    signal = _awaitable(Operations.signal)
-    flows_named = _awaitable(Operations.flows_named)
-    list_runs = _awaitable(Operations.list_runs)
-    stuck_runs = _awaitable(Operations.stuck_runs)
-    get_run = _awaitable(Operations.get_run)
-    wait = _awaitable(Operations.wait)
-    schedules = _awaitable(Operations.schedules)
-    triggers = _awaitable(Operations.triggers)
-    webhook_activity = _awaitable(Operations.webhook_activity)
-    pause_schedule = _awaitable(Operations.pause_schedule)
-    resume_schedule = _awaitable(Operations.resume_schedule)
-    trigger_schedule = _awaitable(Operations.trigger_schedule)
+    async def start(self, flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
+                    start_at: StartAt = None, priority: int | None = None,
+                    origin: Mapping[str, str] | None = None) -> Started:
+        return await self._run(Operations.start(flow, input, run_id=run_id, key=key, start_at=start_at,
+                                                priority=priority, origin=origin))
+
+    async def begin(self, flow: str, input: Any = None, *, run_id: str | None = None, key: str | None = None,
+                    start_at: StartAt = None, priority: int | None = None,
+                    origin: Mapping[str, str] | None = None) -> Started:
+        return await self._run(Operations.begin(flow, input, run_id=run_id, key=key, start_at=start_at,
+                                                priority=priority, origin=origin))
+
+    async def start_run(self, flow: str, input: Any = None, *, run_id: str | None = None,
+                        key: str | None = None, start_at: StartAt = None, priority: int | None = None) -> str:
+        return await self._run(Operations.start_run(flow, input, run_id=run_id, key=key, start_at=start_at,
+                                                    priority=priority))
+
+    async def start_runs(self, flow: str, inputs: Iterable[Any], *, chunk_size: int = START_CHUNK,
+                         start_at: StartAt = None, priority: int | None = None) -> list[str]:
+        return await self._run(Operations.start_runs(flow, inputs, chunk_size=chunk_size, start_at=start_at,
+                                                     priority=priority))
+
+    async def cancel(self, run_id: str, *, reason: str | None = None) -> RunChange:
+        return await self._run(Operations.cancel(run_id, reason=reason))
+
+    async def retry(self, run_id: str, *, from_step: str | None = None, compensation: bool = False
+    ) -> RunChange:
+        return await self._run(Operations.retry(run_id, from_step=from_step, compensation=compensation))
+
+    async def repair(self, action: str, where: RunFilter, *, dry_run: bool = False,
+                     batch_size: int = REPAIR_BATCH, statuses: Iterable[str] | None = None,
+                     reason: str | None = None, sample_size: int = 10) -> Repair:
+        return await self._run(Operations.repair(action, where, dry_run=dry_run, batch_size=batch_size,
+                                                 statuses=statuses, reason=reason, sample_size=sample_size))
+
+    async def signal(self, run_id: str, step: str, payload: Any = None, *, by: str | None = None
+    ) -> SignalSent:
+        return await self._run(Operations.signal(run_id, step, payload, by=by))
+
+    async def flows_named(self, flow: str) -> list[str]:
+        return await self._run(Operations.flows_named(flow))
+
+    async def list_runs(self, *, limit: int = 20, flow: str | None = None, status: str | None = None,
+                        before: str | None = None, since: datetime | None = None, parent: str | None = None
+    ) -> list[RunSummary]:
+        return await self._run(Operations.list_runs(limit=limit, flow=flow, status=status, before=before,
+                                                    since=since, parent=parent))
+
+    async def stuck_runs(self) -> list[StuckRun]:
+        return await self._run(Operations.stuck_runs())
+
+    async def get_run(self, run_id: str) -> RunState:
+        return await self._run(Operations.get_run(run_id))
+
+    async def wait(self, run_id: str, *, timeout: float = 60.0) -> RunState:
+        return await self._run(Operations.wait(run_id, timeout=timeout))
+
+    async def schedules(self) -> list[ScheduleSummary]:
+        return await self._run(Operations.schedules())
+
+    async def triggers(self) -> list[TriggerActivity]:
+        return await self._run(Operations.triggers())
+
+    async def webhook_activity(self) -> dict[str, WebhookActivity]:
+        return await self._run(Operations.webhook_activity())
+
+    async def pause_schedule(self, name: str, *, reason: str | None = None) -> None:
+        return await self._run(Operations.pause_schedule(name, reason=reason))
+
+    async def resume_schedule(self, name: str) -> None:
+        return await self._run(Operations.resume_schedule(name))
+
+    async def trigger_schedule(self, name: str, input: Any = None) -> str:
+        return await self._run(Operations.trigger_schedule(name, input))
 
     async def _run(self, plan: Plan[T]) -> T:
         """:meth:`Client._run`, awaiting each request."""
         async with contextlib.AsyncExitStack() as scope:
             answer: Any = None
             failure: Exception | None = None
-            while not isinstance(step := _advance(plan, answer, failure), _Done):
+            while not isinstance(step := _advance(plan, answer, failure), _PlanResult):
                 answer, failure = None, None
                 try:
                     answer = await self._carry_out(step, scope)
@@ -1101,12 +1004,12 @@ class AsyncClient:
     async def _carry_out(self, request: Request, scope: contextlib.AsyncExitStack) -> Any:
         if isinstance(request, Fetch):
             conn = await self._connection()
-            with hints.migrate_hint(), db.wrap_errors(request.action):
+            with missing_core_hint(), db.wrap_errors(request.action):
                 cursor = await conn.execute(query(request.name), request.params)
                 return await cursor.fetchall()
         if isinstance(request, Atomic):
             conn = await self._connection()
-            scope.enter_context(hints.migrate_hint())
+            scope.enter_context(missing_core_hint())
             scope.enter_context(db.wrap_errors(request.action))  # the commit's errors too
             return await scope.enter_async_context(conn.transaction())
         if isinstance(request, Listen):

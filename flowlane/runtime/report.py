@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from collections import Counter
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flowlane.runtime.run_state import RunState
 
 SHOWN_ERROR_CHARS = 120
 
@@ -35,7 +38,9 @@ def started_by(run: dict[str, Any]) -> str:
     return "a call (start_flow, flowlane start)"
 
 
-def render_run(state: dict[str, Any]) -> str:
+def render_run(run_state: RunState) -> str:
+    """``flowlane run``: the run's document (its times as the SQL Core wrote them), in lines."""
+    state = run_state.to_json()
     run = state["run"]
     lines = [
         f"{'run':<10}{run['run_id']}",

@@ -26,7 +26,7 @@ import psycopg
 
 from flowlane.runtime import log
 from flowlane.runtime.backoff import Backoff
-from flowlane.runtime.store import TRANSIENT, Row, is_transient
+from flowlane.runtime.store import TRANSIENT, TaskOutcome, is_transient
 from flowlane.runtime.tasks import TaskResult, describe, first_line, short_text
 
 DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
@@ -35,7 +35,7 @@ FLUSHES = 2  # result commits in flight at once (the pool's fourth connection ta
 # their results share one commit (a result with none left running does not wait)
 RESULT_GATHER = 0.001
 
-Pending = tuple[TaskResult, asyncio.Future[None]]  # a result and its commit signal
+UncommittedResult = tuple[TaskResult, asyncio.Future[None]]  # a result and its commit signal
 
 
 @dataclass
@@ -59,9 +59,9 @@ class Counters:
 class ResultStore(Protocol):
     """The two calls of :class:`flowlane.runtime.store.Store` that send results."""
 
-    async def complete_tasks(self, completions: list[dict[str, Any]]) -> list[Row]: ...
+    async def complete_tasks(self, completions: list[dict[str, Any]]) -> list[TaskOutcome]: ...
 
-    async def fail_tasks(self, failures: list[dict[str, Any]]) -> list[Row]: ...
+    async def fail_tasks(self, failures: list[dict[str, Any]]) -> list[TaskOutcome]: ...
 
 
 class ResultSender:
@@ -143,26 +143,26 @@ class ResultSender:
         self._check_rows(rows, results, "failed", tally)
 
     def _check_rows(
-        self, rows: list[Row], results: list[TaskResult], outcome: str, tally: Counters
+        self, rows: list[TaskOutcome], results: list[TaskResult], outcome: str, tally: Counters
     ) -> None:
-        by_key = {(str(r["run_id"]), r["step_slug"], int(r["task_index"])): r for r in rows}
+        by_key = {r.key: r for r in rows}
         for result in results:
             task = result.task
             row = by_key.get((task.run_id, task.step_slug, task.task_index))
             owned = (
                 row is not None
-                and str(row["last_worker_id"]) == self.worker_id
-                and int(row["attempts_count"]) == task.attempt
+                and row.last_worker_id == self.worker_id
+                and row.attempts_count == task.attempt
             )
-            if outcome == "completed" and owned and row is not None and row["status"] == "failed":
+            if outcome == "completed" and owned and row is not None and row.status == "failed":
                 # the engine refused the output (e.g. a map's parent must output an array)
                 tally.failed += 1
-                log.event(WARNING, "task_output_refused", **task.fields, error=row["error_message"])
+                log.event(WARNING, "task_output_refused", **task.fields, error=row.error_message)
                 continue
             if outcome == "completed":
-                accepted = owned and row is not None and row["status"] == "completed"
+                accepted = owned and row is not None and row.status == "completed"
             else:
-                accepted = owned and row is not None and row["status"] in ("failed", "queued")
+                accepted = owned and row is not None and row.status in ("failed", "queued")
             if not accepted:
                 tally.rejected += 1
                 log.event(
@@ -170,7 +170,7 @@ class ResultSender:
                     "result_rejected",
                     **task.fields,
                     outcome=outcome,
-                    status=row["status"] if row else "missing",
+                    status=row.status if row else "missing",
                     note=_rejection_note(row),
                 )
                 continue
@@ -181,8 +181,8 @@ class ResultSender:
                 assert row is not None
                 tally.failed += 1
                 log.event(
-                    INFO if row["status"] == "queued" else WARNING,
-                    "task_retry_scheduled" if row["status"] == "queued" else "task_exhausted",
+                    INFO if row.status == "queued" else WARNING,
+                    "task_retry_scheduled" if row.status == "queued" else "task_exhausted",
                     **task.fields,
                     error=result.error_type,
                     message=short_text(result.error),
@@ -201,7 +201,7 @@ class ResultFlusher:
     def __init__(
         self,
         sender: ResultSender,
-        results: asyncio.Queue[Pending | None],
+        results: asyncio.Queue[UncommittedResult | None],
         counters: Counters,
         *,
         claim_mates_running: Callable[[list[TaskResult]], bool],
@@ -235,14 +235,14 @@ class ResultFlusher:
             for flush in in_flight:  # left only when the flusher is cancelled or crashed
                 flush.cancel()
 
-    async def _flush(self, items: list[Pending]) -> None:
+    async def _flush(self, items: list[UncommittedResult]) -> None:
         self.counters.add(await self.sender.send([result for result, _ in items]))
         for _, committed in items:
             if not committed.done():
                 committed.set_result(None)
         self._committed()
 
-    async def _next_result(self, in_flight: set[asyncio.Task[None]]) -> Pending | None:
+    async def _next_result(self, in_flight: set[asyncio.Task[None]]) -> UncommittedResult | None:
         """The next finished result (None: stop), while watching the flushes in flight."""
         getter = asyncio.ensure_future(self.results.get())
         try:
@@ -253,7 +253,7 @@ class ResultFlusher:
         finally:
             getter.cancel()  # a no-op once it has its item
 
-    async def _gather_results(self, batch: list[Pending | None], until: float) -> None:
+    async def _gather_results(self, batch: list[UncommittedResult | None], until: float) -> None:
         """Add to ``batch`` the results already queued, then those that finish before ``until``
         (loop time) while a handler claimed with one of its tasks still runs."""
         loop = asyncio.get_running_loop()
@@ -272,7 +272,7 @@ class ResultFlusher:
                 return
             batch.append(getter.result())
 
-    def _mates_running(self, batch: list[Pending | None]) -> bool:
+    def _mates_running(self, batch: list[UncommittedResult | None]) -> bool:
         return self._claim_mates_running([item[0] for item in batch if item is not None])
 
 
@@ -287,8 +287,8 @@ async def _settle_flushes(in_flight: set[asyncio.Task[None]], waiting: Awaitable
     return set(done)
 
 
-def _rejection_note(row: Row | None) -> str:
+def _rejection_note(row: TaskOutcome | None) -> str:
     # a completed task that no worker holds was completed by an operator (override_task)
-    if row is not None and row["status"] == "completed" and row["last_worker_id"] is None:
+    if row is not None and row.status == "completed" and row.last_worker_id is None:
         return "an operator completed the task by hand (override_task); result discarded"
     return "the task was requeued or finished elsewhere; result discarded"

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import json
 import os
 import signal
@@ -84,12 +85,31 @@ def plan_workers(project: Project, options: WorkerConfig | None = None) -> list[
     return specs
 
 
+class SupervisedState(enum.StrEnum):
+    """Where a worker process ``serve`` supervises is (shown in its status line)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    RESTARTING = "restarting"  # stopped by serve to start again (new definitions or files)
+    RETIRING = "retiring"  # stopped by serve for good: its queue is no longer routed
+    BACKOFF = "backoff"  # exited: started again after its delay
+    DISABLED = "disabled"  # its deployment is disabled: not started until enabled
+    REFUSED = "refused"  # bad arguments: a restart would repeat them
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+# the states of a worker whose process runs, and of one waiting to be started again
+LIVE = frozenset({SupervisedState.RUNNING, SupervisedState.RESTARTING, SupervisedState.RETIRING})
+WAITING_TO_START = frozenset({SupervisedState.BACKOFF, SupervisedState.DISABLED})
+
+
 @dataclass
 class Supervised:
     spec: WorkerSpec
     command: list[str]
     process: subprocess.Popen[bytes] | None = None
-    state: str = "starting"
+    state: SupervisedState = SupervisedState.STARTING
     detail: str = ""
     last_error: str = ""  # its log's last error, whole; shown while it is not running
     started_at: float = 0.0
@@ -107,11 +127,11 @@ class Supervised:
 
     def lines(self, width: int, root: Path | None = None) -> list[str]:
         """Its status line; while it is not running, its last error, whole, and its log."""
-        pid = f"pid {self.pid}" if self.state == "running" and self.pid else ""
+        pid = f"pid {self.pid}" if self.state == SupervisedState.RUNNING and self.pid else ""
         restarts = f"restarts {self.restarts}" if self.restarts else ""
         parts = [f"{self.spec.name:<{width}}", f"{self.state:<10}", pid, restarts, self.detail]
         lines = ["  ".join(p for p in parts if p).rstrip()]
-        if self.last_error and self.state != "running":
+        if self.last_error and self.state != SupervisedState.RUNNING:
             log = project_relative(self.log_path, root) if self.log_path and root else self.log_path
             lines.extend(f"    {line}" for line in self.last_error.splitlines())
             lines.extend([f"    log: {log}"] if log else [])
@@ -180,7 +200,7 @@ class Supervisor:
             worker.command, env=env, cwd=self.cwd, stdout=output, stderr=subprocess.STDOUT
         )
         worker.started_at = time.monotonic()
-        worker.state, worker.detail, worker.restart_now = "running", "", False
+        worker.state, worker.detail, worker.restart_now = SupervisedState.RUNNING, "", False
 
     def start(self) -> None:
         for worker in self.workers:
@@ -192,12 +212,13 @@ class Supervisor:
         changed = False
         now = time.monotonic()
         for worker in list(self.workers):
-            if worker.state in ("running", "restarting", "retiring") and worker.process is not None:
+            if worker.state in LIVE and worker.process is not None:
                 code = worker.process.poll()
                 if code is not None:
                     self._exited(worker, code, now)
                     changed = True
-            elif worker.state == "backoff" and now >= worker.restart_at and not self.stopping.is_set():
+            elif (worker.state == SupervisedState.BACKOFF and now >= worker.restart_at
+                  and not self.stopping.is_set()):
                 worker.restarts += 1
                 self._spawn(worker)
                 changed = True
@@ -212,14 +233,14 @@ class Supervisor:
             return
         worker.last_error = last_error(worker.log_path) if code != 0 else ""
         if code == errors.WorkerExit.DISABLED and not worker.restart_now:
-            worker.state = "disabled"
+            worker.state = SupervisedState.DISABLED
             worker.detail = (
                 f"exit {code}: deployment disabled or unsupported work; not restarted "
                 f"(see the log; then `flowlane worker enable {worker.spec.name}`)"
             )
             return
         if code in errors.NOT_RESTARTED and not worker.restart_now:
-            worker.state = "refused"  # bad arguments: a restart repeats them
+            worker.state = SupervisedState.REFUSED  # bad arguments: a restart repeats them
             worker.detail = f"exit {code}: bad arguments; not restarted (see the log)"
             return
         if worker.restart_now or code == errors.WorkerExit.RESTART:
@@ -233,7 +254,7 @@ class Supervisor:
             else min(worker.delay * 2, self.max_delay)
         )
         worker.restart_at = now + worker.delay
-        worker.state = "backoff"
+        worker.state = SupervisedState.BACKOFF
         how = f"killed by signal {-code}" if code < 0 else f"exit {code}"
         worker.detail = f"{how}; restarting in {worker.delay:g}s"
 
@@ -249,12 +270,12 @@ class Supervisor:
             spec = planned.pop(worker.spec.name, None)
             if spec is None:
                 worker.retire = True
-                self._terminate(worker, "retiring", reason)
-            elif spec != worker.spec or (restart and worker.state == "running"):
+                self._terminate(worker, SupervisedState.RETIRING, reason)
+            elif spec != worker.spec or (restart and worker.state == SupervisedState.RUNNING):
                 why = reason if spec == worker.spec else "routing changed"
                 worker.spec, worker.command = spec, self.command(spec)
-                self._terminate(worker, "restarting", why)
-            elif worker.state in ("backoff", "disabled"):
+                self._terminate(worker, SupervisedState.RESTARTING, why)
+            elif worker.state in WAITING_TO_START:
                 worker.restarts += 1
                 self._spawn(worker)
         for spec in planned.values():
@@ -267,16 +288,16 @@ class Supervisor:
         """Start again at once the workers waiting in backoff or disabled."""
         if self.stopping.is_set():
             return
-        waiting = [w for w in self.workers if w.state in ("backoff", "disabled")]
+        waiting = [w for w in self.workers if w.state in WAITING_TO_START]
         for worker in waiting:
             worker.restarts += 1
             self._spawn(worker)
         if waiting:
             self.render()
 
-    def _terminate(self, worker: Supervised, state: str, reason: str) -> None:
+    def _terminate(self, worker: Supervised, state: SupervisedState, reason: str) -> None:
         """SIGTERM a running worker (it finishes its in-flight work); then restart or drop it."""
-        if worker.state == "running" and worker.process is not None:
+        if worker.state == SupervisedState.RUNNING and worker.process is not None:
             worker.process.send_signal(signal.SIGTERM)
             worker.restart_now = not worker.retire
             worker.state, worker.detail = state, reason
@@ -288,7 +309,7 @@ class Supervisor:
             self._spawn(worker)
 
     def alive(self) -> list[Supervised]:
-        return [w for w in self.workers if w.state in ("running", "restarting", "retiring")]
+        return [w for w in self.workers if w.state in LIVE]
 
     def stop(self, timeout: float) -> None:
         """Forward SIGTERM to every worker; kill those still running after ``timeout`` s."""
@@ -296,13 +317,13 @@ class Supervisor:
         for worker in self.alive():
             assert worker.process is not None
             worker.process.send_signal(signal.SIGTERM)
-            worker.state, worker.detail = "stopping", ""
+            worker.state, worker.detail = SupervisedState.STOPPING, ""
         self.render()
         deadline = time.monotonic() + timeout
         for worker in self.workers:
-            if worker.state != "stopping" or worker.process is None:
-                if worker.state == "backoff":
-                    worker.state, worker.detail = "stopped", ""
+            if worker.state != SupervisedState.STOPPING or worker.process is None:
+                if worker.state == SupervisedState.BACKOFF:
+                    worker.state, worker.detail = SupervisedState.STOPPED, ""
                 continue
             try:
                 code = worker.process.wait(max(0.0, deadline - time.monotonic()))
@@ -311,10 +332,10 @@ class Supervisor:
                 worker.process.kill()
                 worker.process.wait()
                 worker.detail = f"killed after {timeout:g}s"
-            worker.state = "stopped"
+            worker.state = SupervisedState.STOPPED
         for worker in self.workers:
             self._close_log(worker)
-            if worker.state == "stopped":
+            if worker.state == SupervisedState.STOPPED:
                 worker.last_error = ""  # stopped by serve: an earlier error is no longer current
         self.render()
 

@@ -12,7 +12,6 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import psycopg
 
@@ -20,9 +19,10 @@ from flowlane import errors
 from flowlane.compiler.model import Project
 from flowlane.compiler.shape import flow_shape
 from flowlane.core import db, definitions
-from flowlane.runtime import hints, log
+from flowlane.runtime import log
+from flowlane.runtime.migration_hint import missing_core_hint
 from flowlane.runtime.registry import source_line
-from flowlane.runtime.store import Pairs, Store
+from flowlane.runtime.store import Pairs, Store, UnservedPair
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class StartupChecks:
     notify: bool
 
     async def run(self, store: Store) -> None:
-        with hints.migrate_hint(), db.wrap_errors("worker startup"):
+        with missing_core_hint(), db.wrap_errors("worker startup"):
             await self._refuse_if_disabled(store)  # first: a supervisor must see exit status 3
             await self._verify_flows(store)
             await self._check_coverage(store)
@@ -83,8 +83,8 @@ class StartupChecks:
 
     async def _refuse_if_disabled(self, store: Store) -> None:
         found = await store.deployment(self.name)
-        if found is not None and not found["enabled"]:
-            raise self._disabled(found["reason"] or "no reason given")
+        if found is not None and not found.enabled:
+            raise self._disabled(found.reason or "no reason given")
 
     async def _register(self, store: Store) -> None:
         """Registration checks the flag again, atomically (it may change during startup)."""
@@ -111,21 +111,20 @@ async def compare_flows(
     problems: dict[str, str] = {}
     for slug in flows:
         flow = project.flow(slug)
-        result = await store.verify_flow(slug, flow_shape(flow))
-        status = result.get("status")
-        if status == "missing":
+        check = await store.verify_flow(slug, flow_shape(flow))
+        if check.status == "missing":
             missing.append(slug)
-        elif status == "mismatch":
-            differences = result.get("differences") or ["(no details)"]
+        elif check.status == "mismatch":
+            differences = check.differences or ("(no details)",)
             problems[slug] = (f"flow {slug} ({source_line(flow.location, slug)}):\n    "
-                              + "\n    ".join(map(str, differences)))
+                              + "\n    ".join(differences))
         else:
-            log.event(logging.INFO, "flow_checked", flow=slug, status=status)
+            log.event(logging.INFO, "flow_checked", flow=slug, status=check.status)
     return missing, problems
 
 
-def gap_line(gap: dict[str, Any]) -> str:
-    return f"{gap['flow_slug']}.{gap['step_slug']} (needed by: {', '.join(gap['sources'])})"
+def gap_line(gap: UnservedPair) -> str:
+    return f"{gap.flow_slug}.{gap.step_slug} (needed by: {', '.join(gap.sources)})"
 
 
 def _disabled_reason(exc: psycopg.Error) -> str:

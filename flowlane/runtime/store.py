@@ -44,8 +44,64 @@ def is_transient(exc: BaseException) -> bool:
         return True
     return state.startswith("08") or state in _RETRYABLE_STATES
 
-Row = dict[str, Any]
+Row = dict[str, Any]  # a row as psycopg reads it, before it becomes one of the row types below
 Pairs = Sequence[tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    """A task as a batch of results left it (``worker_complete_tasks``, ``worker_fail_tasks``):
+    its status, and whose claim holds it (``last_worker_id`` and ``attempts_count``: a result
+    counts only when they are the sender's)."""
+
+    run_id: str
+    step_slug: str
+    task_index: int
+    status: str
+    attempts_count: int
+    last_worker_id: str | None
+    error_message: str | None
+
+    @classmethod
+    def from_row(cls, r: Row) -> TaskOutcome:
+        worker = r["last_worker_id"]
+        return cls(str(r["run_id"]), r["step_slug"], int(r["task_index"]), r["status"],
+                   int(r["attempts_count"]), None if worker is None else str(worker), r["error_message"])
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.run_id, self.step_slug, self.task_index)
+
+
+@dataclass(frozen=True)
+class UnservedPair:
+    """A (flow, step) the database routes to a queue that a worker there does not serve
+    (``worker_coverage``), with what routes it there (``sources``)."""
+
+    flow_slug: str
+    step_slug: str
+    sources: tuple[str, ...]
+
+    @classmethod
+    def from_row(cls, r: Row) -> UnservedPair:
+        return cls(r["flow_slug"], r["step_slug"], tuple(r["sources"] or ()))
+
+
+@dataclass(frozen=True)
+class DeploymentState:
+    """Whether a deployment's workers may run (``worker_deployment``), and why not."""
+
+    enabled: bool
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class FlowCheck:
+    """A flow's shape in the database against the YAML's (``worker_verify_flow``): ``status``
+    missing, verified or mismatch, and for a mismatch the database's words for each difference."""
+
+    status: str | None
+    differences: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -168,15 +224,16 @@ class Store:
             cur = await conn.execute(query(name), params)
             return await cur.fetchall()
 
-    async def verify_flow(self, flow_slug: str, shape: dict[str, Any]) -> dict[str, Any]:
-        """``{"status": "missing" | "verified" | "mismatch", "differences": [...]}`` (read-only)."""
+    async def verify_flow(self, flow_slug: str, shape: dict[str, Any]) -> FlowCheck:
+        """The flow in the database against ``shape`` (read-only)."""
         rows = await self.fetch("worker_verify_flow", flow_slug=flow_slug, shape=json_param(shape))
-        result: dict[str, Any] = rows[0]["result"] or {}
-        return result
+        result = rows[0]["result"] or {}
+        return FlowCheck(result.get("status"), tuple(map(str, result.get("differences") or ())))
 
-    async def coverage(self, queue_name: str, pairs: Pairs) -> list[Row]:
+    async def coverage(self, queue_name: str, pairs: Pairs) -> list[UnservedPair]:
         """The pairs routed to the queue that ``pairs`` leaves out, each with its sources."""
-        return await self.fetch("worker_coverage", queue_name=queue_name, pairs=json_param(pairs))
+        rows = await self.fetch("worker_coverage", queue_name=queue_name, pairs=json_param(pairs))
+        return [UnservedPair.from_row(r) for r in rows]
 
     async def enable_notify(self, queue_name: str) -> bool:
         """Install flowlane's insert notification on the queue unless it is already there."""
@@ -195,10 +252,10 @@ class Store:
             pairs=json_param(pairs),
         )
 
-    async def deployment(self, deployment: str) -> Row | None:
-        """``{"enabled", "reason"}`` of a deployment, None before its first worker registered."""
+    async def deployment(self, deployment: str) -> DeploymentState | None:
+        """A deployment's state, None before its first worker registered."""
         rows = await self.fetch("worker_deployment", deployment=deployment)
-        return rows[0] if rows else None
+        return DeploymentState(bool(rows[0]["enabled"]), rows[0]["reason"]) if rows else None
 
     async def disable_deployment(self, deployment: str, reason: str) -> None:
         await self.fetch("worker_disable_deployment", deployment=deployment, reason=reason)
@@ -275,11 +332,13 @@ class Store:
         rows = await self.fetch("worker_extend_leases", worker_id=worker_id, tasks=json_param(held))
         return int(rows[0]["extended"] or 0) if rows else 0
 
-    async def complete_tasks(self, completions: list[dict[str, Any]]) -> list[Row]:
-        return await self.fetch("worker_complete_tasks", results=json_param(completions))
+    async def complete_tasks(self, completions: list[dict[str, Any]]) -> list[TaskOutcome]:
+        rows = await self.fetch("worker_complete_tasks", results=json_param(completions))
+        return [TaskOutcome.from_row(r) for r in rows]
 
-    async def fail_tasks(self, failures: list[dict[str, Any]]) -> list[Row]:
-        return await self.fetch("worker_fail_tasks", results=json_param(failures))
+    async def fail_tasks(self, failures: list[dict[str, Any]]) -> list[TaskOutcome]:
+        rows = await self.fetch("worker_fail_tasks", results=json_param(failures))
+        return [TaskOutcome.from_row(r) for r in rows]
 
     async def listen_connection(self, queue_name: str) -> psycopg.AsyncConnection[Any]:
         conn = await psycopg.AsyncConnection.connect(

@@ -169,8 +169,8 @@ async def _signal(client: AsyncClient, webhook: Webhook, delivery: Delivery) -> 
 
 async def _signalled_by(client: AsyncClient, run_id: str, step: str, by: str) -> bool:
     state = await client.get_run(run_id)
-    return any(w["step_slug"] == step and ((w.get("signal") or {}).get("payload") or {}).get("by") == by
-               for w in state.get("waits", []))
+    return any(w.step_slug == step and w.signal is not None and isinstance(w.signal.payload, dict)
+               and w.signal.payload.get("by") == by for w in state.waits)
 
 
 def signed_standard(secret: str, delivery_id: str, body: bytes, at: datetime | None = None

@@ -78,7 +78,7 @@ from flowlane.runtime.backoff import Backoff
 from flowlane.runtime.config import WorkerConfig
 from flowlane.runtime.context import TaskContext
 from flowlane.runtime.registry import HandlerRegistry
-from flowlane.runtime.results import Counters, Pending, ResultFlusher, ResultSender
+from flowlane.runtime.results import Counters, ResultFlusher, ResultSender, UncommittedResult
 from flowlane.runtime.selection import Selection, select
 from flowlane.runtime.startup import StartupChecks, gap_line
 from flowlane.runtime.store import (
@@ -111,7 +111,7 @@ PROGRESS_INTERVAL = 5.0  # seconds between INFO counter lines (per-task lines ar
 
 
 @dataclass
-class Held:
+class InFlightTask:
     """A claimed task from its claim until its result is committed (one handler slot)."""
 
     task: ClaimedTask
@@ -211,8 +211,8 @@ class Session:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)  # the loop's view of the stop
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # something may be claimable
     capacity: asyncio.Event = field(default_factory=asyncio.Event)  # a handler slot freed
-    results: asyncio.Queue[Pending | None] = field(default_factory=asyncio.Queue)
-    held: dict[asyncio.Task[None], Held] = field(default_factory=dict)  # the in-flight tasks
+    results: asyncio.Queue[UncommittedResult | None] = field(default_factory=asyncio.Queue)
+    held: dict[asyncio.Task[None], InFlightTask] = field(default_factory=dict)  # the in-flight tasks
     notify_live: bool = False
     definitions: asyncio.Event = field(default_factory=asyncio.Event)  # notified: re-check coverage
     tracing: Tracing | None = None  # spans of task attempts, when an OpenTelemetry SDK is set up
@@ -371,7 +371,7 @@ class Worker:
                     log.event(WARNING, "database_unavailable", component="disabled_wait",
                               error=describe(exc), retry_in=DISABLED_POLL)
                 else:
-                    if found is None or found["enabled"]:
+                    if found is None or found.enabled:
                         raise errors.DeploymentEnabled(
                             f"deployment {self.name} is enabled again: exiting to be restarted "
                             "with the current definitions")
@@ -695,7 +695,7 @@ class Worker:
             log.event(WARNING, "database_unavailable", component="poller", error=describe(exc))
             self._outdated([u.pair for u in unsupported])
             return
-        routed = {(g["flow_slug"], g["step_slug"]): g for g in gaps}
+        routed = {(g.flow_slug, g.step_slug): g for g in gaps}
         if all((u.flow_slug, u.step_slug) in routed for u in unsupported):
             self._outdated([gap_line(g) for g in routed.values()])
         else:
@@ -760,7 +760,7 @@ class Worker:
             deadline=task.deadline,
         )
 
-        async def run_one(held: Held) -> None:
+        async def run_one(held: InFlightTask) -> None:
             tracing = session.tracing
             span = tracing.start(task, trace_parent, self._is_map(task)) if tracing else None
             result = await execute(task, registered, ctx, session.threads)
@@ -772,7 +772,7 @@ class Worker:
             session.results.put_nowait((result, committed))
             await committed  # the slot stays taken until the result is in the database
 
-        held = Held(task, claimed_at)
+        held = InFlightTask(task, claimed_at)
         handle = asyncio.create_task(run_one(held))
         session.held[handle] = held
         handle.add_done_callback(session.finished)

@@ -36,6 +36,7 @@ from flowlane.core.queries import query
 from flowlane.runtime.client import Client
 from flowlane.runtime.config import WorkerConfig
 from flowlane.runtime.registry import HandlerRegistry, Registered
+from flowlane.runtime.run_state import RunState
 from flowlane.runtime.serve import plan_workers
 from flowlane.runtime.store import Store
 from flowlane.runtime.worker import Worker
@@ -154,19 +155,14 @@ class RunResult:
             raise KeyError(f"run {self.run_id} has no step {slug!r}; its steps: {known}") from None
 
 
-def _result(state: dict[str, Any]) -> RunResult:
-    run = state["run"]
+def _result(state: RunState) -> RunResult:
     attempts: dict[str, int] = {}
-    for task in state.get("tasks") or []:
-        slug = task["step_slug"]
-        attempts[slug] = attempts.get(slug, 0) + int(task.get("attempts_count") or 0)
-    steps = {
-        s["step_slug"]: StepResult(s["step_slug"], s["status"], s.get("output"), s.get("error_message"),
-                                   attempts.get(s["step_slug"], 0))
-        for s in state.get("steps") or []
-    }
-    return RunResult(str(run["run_id"]), run["flow_slug"], run["status"], run.get("input"), run.get("output"),
-                     run.get("error_message"), steps)
+    for task in state.tasks:
+        attempts[task.step_slug] = attempts.get(task.step_slug, 0) + task.attempts_count
+    steps = {s.step_slug: StepResult(s.step_slug, s.status, s.output, s.error_message,
+                                     attempts.get(s.step_slug, 0)) for s in state.steps}
+    run = state.run
+    return RunResult(run.run_id, run.flow_slug, run.status, run.input, run.output, run.error_message, steps)
 
 
 # -- fakes -------------------------------------------------------------------------------

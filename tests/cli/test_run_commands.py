@@ -181,8 +181,8 @@ def test_the_cli_says_who_sent_a_signal_or_that_nobody_is_named(
     code, shown, _ = _cli(capsys, "run", unnamed, "--dsn", dsn)
     assert "review                 completed by a signal from an unnamed sender at" in shown
     with Client(dsn) as client:
-        output = next(s for s in client.get_run(flagged)["steps"] if s["step_slug"] == "approve")
-    assert output["output"] == {"approved": False, "by": "bo"}
+        approve = client.get_run(flagged).step("approve")
+    assert approve is not None and approve.output == {"approved": False, "by": "bo"}
 
 
 def _wait_cell(page: str, step: str) -> str:

@@ -84,7 +84,10 @@ def test_client_api(flows_dsn: str) -> None:
     with Client(flows_dsn) as client:
         run_id = client.start("rt_retry", {"x": 1}).run_id
         state = client.get_run(run_id)
-        assert state["run"]["input"] == {"x": 1} and state["run"]["status"] == "started"
+        assert state.run.input == {"x": 1} and state.run.status == "started"
+        assert [s.step_slug for s in state.steps] == [s["step_slug"] for s in state.to_json()["steps"]]
+        with pytest.warns(DeprecationWarning, match=r"state\.run\.status"):  # the former dict, by key
+            assert state["run"]["run_id"] == run_id
         assert [r.run_id for r in client.list_runs(flow="rt_retry")] == [run_id]
         assert client.list_runs(flow="rt_diamond") == []
 
@@ -191,9 +194,9 @@ def test_start_input_file_starts_one_run_per_line_in_one_transaction(
     run_ids = started.stdout.split()
     assert len(run_ids) == 3 and "started 3 runs of rt_retry" in started.stderr
     with Client(flows_dsn) as client:
-        assert [client.get_run(r)["run"]["input"] for r in run_ids] == [{"x": 1}, {"x": 2}, {"x": 3}]
+        assert [client.get_run(r).run.input for r in run_ids] == [{"x": 1}, {"x": 2}, {"x": 3}]
         many = client.start_runs("rt_retry", ({"n": i} for i in range(7)), chunk_size=3)
-        assert [client.get_run(r)["run"]["input"] for r in many] == [{"n": i} for i in range(7)]
+        assert [client.get_run(r).run.input for r in many] == [{"n": i} for i in range(7)]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"x": 4}\n{"x": \n')
     _one_error(

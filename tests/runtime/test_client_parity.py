@@ -45,9 +45,10 @@ def test_each_method_has_one_signature_and_docstring(name: str) -> None:
     assert name == "__init__" or sync.__doc__
     assert not inspect.iscoroutinefunction(sync)
     assert inspect.iscoroutinefunction(async_) == (name != "__init__")
-    if name in OPERATIONS:
-        plan = inspect.signature(getattr(Operations, name))
-        assert list(inspect.signature(sync).parameters)[1:] == list(plan.parameters)
+    if name in OPERATIONS:  # the plan's parameters, written out: names, kinds, defaults, types
+        plan, method = inspect.signature(getattr(Operations, name)), inspect.signature(sync)
+        assert list(method.parameters.values())[1:] == list(plan.parameters.values())
+        assert plan.return_annotation == f"Plan[{method.return_annotation}]"
 
 
 # -- the same calls, both ways, on a real database ----------------------------------------
@@ -61,8 +62,8 @@ def _outcome(call: Callable[[], Any]) -> Outcome:
         return "ok", call()
     except errors.FlowlaneError as exc:
         return type(exc).__name__, (str(exc), exc.hint, getattr(exc, "sqlstate", None))
-    except TypeError as exc:  # wrong arguments: Python's own message
-        return "TypeError", str(exc)
+    except TypeError as exc:  # wrong arguments: Python's own message, which names the class
+        return "TypeError", str(exc).replace("AsyncClient.", "Client.")
 
 
 class Both:
@@ -119,8 +120,8 @@ def test_every_operation_answers_alike_both_ways(both: Both, flows_dsn: str) -> 
     both.sync.cancel(cancelled, reason="parity")
 
     # reads of the same state: equal results
-    assert both.same("get_run", started)[1]["run"]["status"] == "started"
-    assert both.same("wait", cancelled, timeout=5)[1]["run"]["status"] == "cancelled"
+    assert both.same("get_run", started)[1].run.status == "started"
+    assert both.same("wait", cancelled, timeout=5)[1].run.status == "cancelled"
     assert both.same("cancel", cancelled, reason="again")[1].status == "cancelled"
     assert both.same("flows_named", "rt_versioned")[1] == ["rt_versioned_v1", "rt_versioned_v2"]
     listed = both.same("list_runs", flow="rt_noop", limit=5)[1]

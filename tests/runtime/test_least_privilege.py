@@ -52,8 +52,8 @@ def test_a_worker_logged_in_as_the_worker_role_serves_its_flows(
     try:
         with Client(logins["application"]) as client:  # what `start --wait` does
             state = client.wait(run_id)
-        assert state["run"]["status"] == "completed"
-        assert state["run"]["output"]["total"] == {"sum_of_squares": 30, "count": 4}
+        assert state.run.status == "completed"
+        assert state.run.output["total"] == {"sum_of_squares": 30, "count": 4}
     finally:
         assert worker.stop() == 0
     with (psycopg.connect(logins["worker"], autocommit=True) as conn,

@@ -254,12 +254,12 @@ def test_start_wait_clients_and_the_console_through_pgbouncer(
         with Client(pooled) as client:
             run_ids = [client.start("pb_two", {"n": n}).run_id for n in range(20)]
             states = [client.wait(run_id, timeout=60) for run_id in run_ids]
-        assert [s["run"]["status"] for s in states] == ["completed"] * 20
+        assert [s.run.status for s in states] == ["completed"] * 20
 
         async def wait_async() -> list[str]:  # the AsyncClient: its own connection, no LISTEN
             async with AsyncClient(pooled) as client:
                 ids = [(await client.start("pb_two", {"n": n})).run_id for n in range(10)]
-                return [(await client.wait(run_id, timeout=60))["run"]["status"] for run_id in ids]
+                return [(await client.wait(run_id, timeout=60)).run.status for run_id in ids]
 
         assert asyncio.run(wait_async()) == ["completed"] * 10
         assert advisory_locks(dsn) == 0  # wait never took the listeners' session lock

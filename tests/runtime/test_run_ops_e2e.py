@@ -39,12 +39,12 @@ def test_every_failed_attempt_is_visible(flows_dsn: str, spawn: Spawn) -> None:
     assert step(state, "boom")["error_message"] == "ValueError: boom on attempt 2"
 
     with Client(flows_dsn) as client:
-        attempts = client.get_run(run_id)["attempts"]
-    assert [(a["attempt"], a["outcome"], a["error_type"], a["error_message"]) for a in attempts] == [
+        attempts = client.get_run(run_id).attempts
+    assert [(a.attempt, a.outcome, a.error_type, a.error_message) for a in attempts] == [
         (1, "retry", "ValueError", "ValueError: boom on attempt 1"),
         (2, "failed", "ValueError", "ValueError: boom on attempt 2"),
     ]
-    assert all("rt_handlers.py" in a["traceback"] and "raise ValueError" in a["traceback"]
+    assert all("rt_handlers.py" in (a.traceback or "") and "raise ValueError" in (a.traceback or "")
                for a in attempts)
 
     log = worker.text()
@@ -88,9 +88,9 @@ def test_cancel_during_a_running_handler(flows_dsn: str, spawn: Spawn, tmp_path:
     (tmp_path / "release").write_text("")
     worker.wait_logged("result_rejected", "late completion rejected")
     with Client(flows_dsn) as client:
-        state = client.get_run(run_id)
-    assert state["run"]["status"] == "cancelled"
-    assert state["run"]["cancel_reason"] == "wrong input"
+        read = client.get_run(run_id)
+    assert (read.run.status, read.run.cancel_reason) == ("cancelled", "wrong input")
+    state = read.to_json()
     assert [t["status"] for t in tasks(state, "hold")] == ["cancelled"]
     assert tasks(state, "hold")[0]["output"] is None
     assert step(state, "hold")["status"] == "cancelled"  # not left started: the run ended it
@@ -131,8 +131,8 @@ def test_retry_resumes_from_the_failed_step(flows_dsn: str, spawn: Spawn, tmp_pa
     assert state["run"]["output"] == {"gate": {"passed_on_attempt": 1, "prep": {"prepared": True}}}
     assert (tmp_path / "prep.log").read_text().splitlines() == [f"{run_id} 1"]
     with Client(flows_dsn) as client:
-        history = client.get_run(run_id)["attempts"]
-    assert [(h["attempt"], h["retry_round"], h["error_type"]) for h in history] == [
+        history = client.get_run(run_id).attempts
+    assert [(h.attempt, h.retry_round, h.error_type) for h in history] == [
         (1, 0, "PermissionError"), (2, 0, "PermissionError")]
 
     refused = flowlane("retry", run_id, "--dsn", flows_dsn)
@@ -161,8 +161,8 @@ def test_retry_from_a_step_of_a_completed_run_recomputes_only_its_dependents(
     assert state["run"]["output"]["publish"]["execution"] == 6
     # the first execution of the rerun steps stays in the history, with its output
     with Client(flows_dsn) as client:
-        history = client.get_run(run_id)["attempts"]
-    assert [(h["step_slug"], h["outcome"], h["retry_round"], h["output"]) for h in history] == [
+        history = client.get_run(run_id).attempts
+    assert [(h.step_slug, h.outcome, h.retry_round, h.output) for h in history] == [
         ("transform", "superseded", 0, step(first, "transform")["output"]),
         ("publish", "superseded", 0, step(first, "publish")["output"]),
     ]
@@ -206,7 +206,7 @@ def test_input_from_a_file_and_stdin_and_the_size_limit(flows_dsn: str, tmp_path
     assert from_stdin.returncode == 0, from_stdin.stderr
     with Client(flows_dsn) as client:
         inputs = {
-            client.get_run(r.strip())["run"]["input"]["from"]
+            client.get_run(r.strip()).run.input["from"]
             for r in (from_file.stdout, from_stdin.stdout)
         }
     assert inputs == {"file", "stdin"}
@@ -274,7 +274,7 @@ def test_client_waits_are_woken_by_notifications(
     with Client(flows_dsn) as client:
         run_id = client.start("rt_retry", {}).run_id
         state = client.wait(run_id, timeout=120)
-    assert state["run"]["status"] == "completed"
+    assert state.run.status == "completed"
 
     async def scenario() -> tuple[str, str, str]:
         async with AsyncClient(flows_dsn) as client:
@@ -283,6 +283,6 @@ def test_client_waits_are_woken_by_notifications(
             other = (await client.start("rt_slow", {"dir": "/nonexistent"})).run_id
             cancelled = await client.cancel(other, reason="async")
             listed = await client.list_runs(flow="rt_latest_retry", limit=1)
-            return done["run"]["status"], cancelled.status, listed[0].run_id == run_id and "ok"
+            return done.run.status, cancelled.status, listed[0].run_id == run_id and "ok"
 
     assert asyncio.run(scenario()) == ("completed", "cancelled", "ok")

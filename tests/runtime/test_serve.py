@@ -135,7 +135,7 @@ def test_serve_restarts_a_killed_worker_and_stops_cleanly(
                                for n in pids), timeout=60, message="workers started")
         with Client(dsn) as client:
             runs = [client.start(flow, {}).run_id for flow in ("sv_plain", "sv_split", "sv_shared")]
-            assert all(client.wait(r, timeout=60)["run"]["status"] == "completed" for r in runs)
+            assert all(client.wait(r, timeout=60).run.status == "completed" for r in runs)
 
         os.kill(pids["sv_plain"], signal.SIGKILL)
 
@@ -149,7 +149,7 @@ def test_serve_restarts_a_killed_worker_and_stops_cleanly(
         with Client(dsn) as client:
             run_id = client.start("sv_plain", {}).run_id
             state = client.wait(run_id, timeout=60)
-        assert state["run"]["output"]["hello"]["pid"] == new_pid
+        assert state.run.output["hello"]["pid"] == new_pid
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, out.read_text()
@@ -325,7 +325,7 @@ def test_serve_never_restarts_a_disabled_deployment(
         assert len(_pids(block)) == 3  # the others keep running
         with Client(dsn) as client:
             run_id = client.start("sv_split", {}).run_id
-            assert client.wait(run_id, timeout=60)["run"]["status"] == "completed"
+            assert client.wait(run_id, timeout=60).run.status == "completed"
         assert _last_block(out.read_text()) == block  # not restarted again
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, out.read_text()
@@ -408,7 +408,7 @@ def test_serve_follows_apply_of_a_new_flow_and_a_new_version_on_a_shared_queue(
         first_pid = wait_until(digest_serving, timeout=60, message="the digest worker")
         with Client(dsn) as client:
             before = client.start("digest", {}).run_id
-            assert client.wait(before, timeout=60)["run"]["status"] == "completed"
+            assert client.wait(before, timeout=60).run.status == "completed"
 
         # a new version on the same queue, the alias moved, and a new flow on a new queue:
         # reviewed SQL applied while serve runs, runs started at once
@@ -422,10 +422,10 @@ def test_serve_follows_apply_of_a_new_flow_and_a_new_version_on_a_shared_queue(
         with Client(dsn) as client:
             runs = {flow: client.start(flow, {}).run_id for flow in ("digest", "fresh")}
             states = {flow: client.wait(run, timeout=90) for flow, run in runs.items()}
-        assert {f: s["run"]["status"] for f, s in states.items()} == {
+        assert {f: s.run.status for f, s in states.items()} == {
             "digest": "completed", "fresh": "completed"}
-        assert states["digest"]["run"]["flow_slug"] == "digest_v2"
-        assert set(states["digest"]["run"]["output"]) == {"publish"}
+        assert states["digest"].run.flow_slug == "digest_v2"
+        assert set(states["digest"].run.output) == {"publish"}
 
         block = _last_block(out.read_text())
         pids = _pids(block)
@@ -469,7 +469,7 @@ def test_serve_shows_why_a_worker_waits_and_starts_it_when_the_flows_are_applied
         _compile_and_apply(root, dsn)  # the definition-change notification restarts it
         with Client(dsn) as client:
             run_id = client.start("digest", {}).run_id
-            assert client.wait(run_id, timeout=60)["run"]["status"] == "completed"
+            assert client.wait(run_id, timeout=60).run.status == "completed"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, out.read_text()
     finally:
@@ -504,7 +504,7 @@ def test_serve_reload_restarts_the_workers_when_a_handler_module_changes(
         assert "handler files changed: sv_handlers.py; restarting the workers" in out.read_text()
         with Client(dsn) as client:
             state = client.wait(client.start("sv_plain", {}).run_id, timeout=60)
-        assert state["run"]["output"]["hello"]["edited"] is True
+        assert state.run.output["hello"]["edited"] is True
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, out.read_text()
     finally:
@@ -552,8 +552,8 @@ def _sv_plain(dsn: str) -> dict[str, Any]:
     """The output of a new sv_plain run's step (who ran it, with which code)."""
     with Client(dsn) as client:
         state = client.wait(client.start("sv_plain", {}).run_id, timeout=60)
-    assert state["run"]["status"] == "completed", state
-    output: dict[str, Any] = state["run"]["output"]["hello"]
+    assert state.run.status == "completed", state
+    output: dict[str, Any] = state.run.output["hello"]
     return output
 
 
@@ -674,7 +674,7 @@ def test_serve_reload_restarts_the_workers_once_the_edit_is_applied(
         after = _all_restarted(proc, out, before, count=5)
         with Client(dsn) as client:
             state = client.wait(client.start("sv_more", {}).run_id, timeout=60)
-        assert state["run"]["output"]["greet"]["pid"] == after["sv_more"]
+        assert state.run.output["greet"]["pid"] == after["sv_more"]
         # whether the apply's notification or a file scan came first, the restart names what
         # changed: the flow file, the applied definitions, or both
         restarts = [line for line in out.read_text().splitlines() if "restarting the workers" in line]

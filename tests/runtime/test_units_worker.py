@@ -29,9 +29,9 @@ from flowlane.runtime import results as results_module
 from flowlane.runtime.backoff import JITTER, Backoff
 from flowlane.runtime.config import WorkerConfig
 from flowlane.runtime.results import Counters, ResultSender
-from flowlane.runtime.store import Row
+from flowlane.runtime.store import Row, TaskOutcome
 from flowlane.runtime.tasks import ClaimedTask, HandlerCrashed, HandlerThreads, TaskResult
-from flowlane.runtime.worker import Held, Phase, Session, Stop, StopReason, Worker
+from flowlane.runtime.worker import InFlightTask, Phase, Session, Stop, StopReason, Worker
 
 WORKER = "11111111-1111-1111-1111-111111111111"
 OTHER_WORKER = "22222222-2222-2222-2222-222222222222"
@@ -72,14 +72,14 @@ class FakeStore:
         self.answer: dict[str, dict[str, Any]] = {}  # run_id -> row fields, or {"missing": True}
         self.failing_runs: set[str] = set()  # fail_tasks refuses these permanently
 
-    async def complete_tasks(self, completions: list[dict[str, Any]]) -> list[Row]:
+    async def complete_tasks(self, completions: list[dict[str, Any]]) -> list[TaskOutcome]:
         self.calls.append(("complete", completions))
         self._raise_next()
         if any(item["output"] == self.REFUSED for item in completions):
             raise psycopg.errors.ProgramLimitExceeded("value too long for the index")
         return self._rows(completions, "completed")
 
-    async def fail_tasks(self, failures: list[dict[str, Any]]) -> list[Row]:
+    async def fail_tasks(self, failures: list[dict[str, Any]]) -> list[TaskOutcome]:
         self.calls.append(("fail", failures))
         self._raise_next()
         if any(item["run_id"] in self.failing_runs for item in failures):
@@ -90,13 +90,13 @@ class FakeStore:
         if self.errors:
             raise self.errors.pop(0)
 
-    def _rows(self, items: list[dict[str, Any]], status: str) -> list[Row]:
+    def _rows(self, items: list[dict[str, Any]], status: str) -> list[TaskOutcome]:
         rows = []
         for item in items:
             answer = self.answer.get(item["run_id"], {})
             if answer.get("missing"):
                 continue
-            rows.append({
+            rows.append(TaskOutcome.from_row({
                 "run_id": uuid.UUID(item["run_id"]),
                 "step_slug": item["step_slug"],
                 "task_index": item["task_index"],
@@ -105,7 +105,7 @@ class FakeStore:
                 "status": status,
                 "error_message": None,
                 **answer,
-            })
+            }))
         return rows
 
 
@@ -203,7 +203,7 @@ def test_a_transient_error_while_failing_resends_only_the_failures() -> None:
     store = FakeStore()
     done, failed = _ok(), _failed()
 
-    async def flaky_fail(failures: list[dict[str, Any]]) -> list[Row]:
+    async def flaky_fail(failures: list[dict[str, Any]]) -> list[TaskOutcome]:
         store.fail_tasks = real_fail  # type: ignore[method-assign]
         raise psycopg.OperationalError("connection lost")
 
@@ -234,7 +234,7 @@ def test_a_transient_error_while_sending_one_by_one_resends_only_what_is_pending
     real_complete = store.complete_tasks
     lost_once = [also_good.task.run_id]
 
-    async def flaky_complete(completions: list[dict[str, Any]]) -> list[Row]:
+    async def flaky_complete(completions: list[dict[str, Any]]) -> list[TaskOutcome]:
         if [item["run_id"] for item in completions] == lost_once:
             lost_once.clear()
             raise psycopg.OperationalError("connection lost")
@@ -683,8 +683,8 @@ def test_shutdown_abandons_running_handlers_and_keeps_leasing_results_not_yet_co
 
         running = asyncio.create_task(held_until_cancelled())
         queued = asyncio.create_task(held_until_cancelled())
-        session.held[running] = Held(_task(0), 0.0)  # its handler still runs
-        session.held[queued] = Held(_task(1), 0.0, running=False)  # its result waits for the flusher
+        session.held[running] = InFlightTask(_task(0), 0.0)  # its handler still runs
+        session.held[queued] = InFlightTask(_task(1), 0.0, running=False)  # its result waits for the flusher
         for handle in (running, queued):
             handle.add_done_callback(session.finished)
         await worker._drain_in_flight(session)
@@ -706,7 +706,7 @@ class BlockingStore(FakeStore):
         self.release = asyncio.Event()
         self.first_called = asyncio.Event()
 
-    async def complete_tasks(self, completions: list[dict[str, Any]]) -> list[Row]:
+    async def complete_tasks(self, completions: list[dict[str, Any]]) -> list[TaskOutcome]:
         if not self.first_called.is_set():
             self.first_called.set()
             await self.release.wait()
@@ -739,17 +739,17 @@ def test_a_result_commits_while_an_earlier_commit_is_still_in_flight() -> None:
     _in_loop(body)
 
 
-def _running_handlers(session: Session, claims: list[float]) -> list[Held]:
+def _running_handlers(session: Session, claims: list[float]) -> list[InFlightTask]:
     """Handlers that hold a slot and still run, claimed at ``claims`` (the same time: claimed
     together); their tasks' indexes are their positions."""
     loop = asyncio.get_running_loop()
-    helds = [Held(_task(i), claimed_at) for i, claimed_at in enumerate(claims)]
+    helds = [InFlightTask(_task(i), claimed_at) for i, claimed_at in enumerate(claims)]
     for held in helds:
         session.held[loop.create_future()] = held  # type: ignore[index]
     return helds
 
 
-def _finish(session: Session, held: Held) -> asyncio.Future[None]:
+def _finish(session: Session, held: InFlightTask) -> asyncio.Future[None]:
     """The handler of ``held`` returns: its result goes to the flusher."""
     held.running = False
     committed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -763,7 +763,7 @@ async def _turns(n: int = 20) -> None:
         await asyncio.sleep(0)
 
 
-Scenario = Callable[[Session, list[Held], FakeStore], Coroutine[Any, Any, None]]
+Scenario = Callable[[Session, list[InFlightTask], FakeStore], Coroutine[Any, Any, None]]
 
 
 def _flush_calls(
@@ -789,7 +789,7 @@ def _flush_calls(
 
 
 def test_results_of_handlers_finishing_together_share_one_commit(monkeypatch: pytest.MonkeyPatch) -> None:
-    async def scenario(session: Session, helds: list[Held], store: FakeStore) -> None:
+    async def scenario(session: Session, helds: list[InFlightTask], store: FakeStore) -> None:
         first = _finish(session, helds[0])
         await _turns()
         assert store.calls == []  # the other handler still runs: the result waits for it
@@ -800,14 +800,14 @@ def test_results_of_handlers_finishing_together_share_one_commit(monkeypatch: py
 
 
 def test_a_result_with_no_handler_left_running_is_sent_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    async def scenario(session: Session, helds: list[Held], store: FakeStore) -> None:
+    async def scenario(session: Session, helds: list[InFlightTask], store: FakeStore) -> None:
         await asyncio.wait_for(_finish(session, helds[0]), 30)  # a wait for nothing would hang
 
     assert _flush_calls(monkeypatch, 30.0, [0.0], scenario) == [[0]]
 
 
 def test_a_result_waits_for_running_handlers_at_most_the_gather(monkeypatch: pytest.MonkeyPatch) -> None:
-    async def scenario(session: Session, helds: list[Held], store: FakeStore) -> None:
+    async def scenario(session: Session, helds: list[InFlightTask], store: FakeStore) -> None:
         first, slow = helds
         await asyncio.wait_for(_finish(session, first), 30)
         assert slow.running and len(store.calls) == 1  # sent without the slow handler's result
@@ -817,7 +817,7 @@ def test_a_result_waits_for_running_handlers_at_most_the_gather(monkeypatch: pyt
 
 
 def test_a_result_does_not_wait_for_handlers_of_another_claim(monkeypatch: pytest.MonkeyPatch) -> None:
-    async def scenario(session: Session, helds: list[Held], store: FakeStore) -> None:
+    async def scenario(session: Session, helds: list[InFlightTask], store: FakeStore) -> None:
         first, other = helds
         await asyncio.wait_for(_finish(session, first), 30)  # a wait for the other would hang
         assert other.running and len(store.calls) == 1

@@ -10,13 +10,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from flowlane import errors
 from flowlane.cli import main
 from flowlane.runtime.client import AsyncClient, Client
+from flowlane.runtime.run_state import WaitStep
 from tests.runtime.rt_support import apply_flows, env, flowlane, wait_until
 
 pytestmark = pytest.mark.slow
@@ -129,9 +129,10 @@ def test_signal_from_the_cli_completes_a_wait_step_and_refusals_change_nothing(
 
     with Client(dsn) as client:
         state = client.get_run(run_id)
-    hold = next(s for s in state["steps"] if s["step_slug"] == "hold")
-    assert (hold["status"], hold["output"]) == ("completed", {"by": "ana"})
-    assert state["waits"][0]["signal"]["payload"] == {"by": "ana"}
+    hold = state.step("hold")
+    assert hold is not None and (hold.status, hold.output) == ("completed", {"by": "ana"})
+    signal = state.waits[0].signal
+    assert signal is not None and signal.payload == {"by": "ana"}
     _, shown, _ = _cli(capsys, "run", run_id, "--dsn", dsn)
     assert "completed by a signal from ana at" in shown
 
@@ -168,10 +169,10 @@ def test_client_signal_sync_and_async_keep_early_signals_and_raise_refusals(
     assert json.loads(sent) == {"run_id": gate_id, "step": "hold", "applied": True, "by": "file"}
 
 
-def _approve_waiting(dsn: str, run_id: str) -> dict[str, Any] | None:
+def _approve_waiting(dsn: str, run_id: str) -> WaitStep | None:
     with Client(dsn) as client:
-        waits = client.get_run(run_id)["waits"]
-    return waits[0] if waits[0]["status"] == "started" else None
+        waits = client.get_run(run_id).waits
+    return waits[0] if waits[0].status == "started" else None
 
 
 def test_serve_runs_an_approval_flow_a_signal_completes_and_a_map_of_child_runs(
@@ -193,14 +194,14 @@ def test_serve_runs_an_approval_flow_a_signal_completes_and_a_map_of_child_runs(
         assert sent.returncode == 0, sent.stderr
         with Client(dsn) as client:
             state = client.wait(run_id, timeout=60)
-        assert state["run"]["status"] == "completed", out.read_text()
-        assert state["run"]["output"] == {"ship": {"shipped": True, "by": "ana"}}
+        assert state.run.status == "completed", out.read_text()
+        assert state.run.output == {"ship": {"shipped": True, "by": "ana"}}
         with Client(dsn) as client:
             parent = client.wait(parent_id, timeout=60)
             children = client.list_runs(parent=parent_id)
-        assert parent["run"]["output"] == {"total": 14}, out.read_text()
+        assert parent.run.output == {"total": 14}, out.read_text()
         assert sorted((c.flow_slug, c.status) for c in children) == [("sg_child", "completed")] * 3
-        assert [(c["step_slug"], c["task_index"]) for c in parent["children"]] == [
+        assert [(c.step_slug, c.task_index) for c in parent.children] == [
             ("each", 0), ("each", 1), ("each", 2)]
         listed = flowlane("runs", "--parent", parent_id, "--dsn", dsn, "--format", "json", cwd=project)
         assert {r["run_id"] for r in json.loads(listed.stdout)} == {c.run_id for c in children}

@@ -1,4 +1,5 @@
-"""Turn common database errors into actionable messages."""
+"""The hint an error of a database without flowlane's SQL Core (or with an older one) gets:
+run `flowlane db migrate`."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ _NOT_MIGRATED = {"3F000", "42883", "42P01"}
 
 
 @contextlib.contextmanager
-def migrate_hint() -> Iterator[None]:
+def missing_core_hint() -> Iterator[None]:
     try:
         yield
     except errors.DatabaseError as exc:
