@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from flowlane.runtime.report import render_run
+from flowlane.runtime.run_state import RunState
 
 
-def _state(**run: object) -> dict[str, object]:
-    base = {"run_id": "r1", "flow_slug": "f", "status": "started", "started_at": "t0"}
-    return {"run": {**base, **run}, "steps": [], "tasks": [], "attempts": []}
+def _state(**run: object) -> RunState:
+    base = {"run_id": "r1", "flow_slug": "f", "status": "started", "started_at": "2030-01-01 00:00:00+00"}
+    return RunState.from_json({"run": {**base, **run}, "steps": [], "tasks": [], "attempts": []}, holds=[])
 
 
 def test_time_facts_of_a_run() -> None:
