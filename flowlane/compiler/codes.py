@@ -77,6 +77,9 @@ CODES: dict[str, str] = {
     "FL142": "failure handler is not a flow or alias of this project",
     "FL143": "flow names itself as its failure handler",
     "FL144": "compensation is not a flow or alias of this project",
+    "FL145": "compensation that can never run: nothing can fail the run once its step completed",
+    "FL146": "failure handler of a flow whose runs can never fail",
+    "FL147": "failure handler or compensation whose flow refuses the input it starts with",
     # flow control (concurrency, queue limits, priorities)
     "FL180": "concurrency or rate limit out of range",
     "FL181": "concurrency key is not a JSON pointer",
