@@ -1,26 +1,25 @@
-"""A flow document: its steps, graph, conditions, contracts and routing, and its model."""
+"""A flow document: the list of its checks (steps, graph, conditions, options; its contracts and
+routing in their modules) and, when they pass, its model."""
 
 from __future__ import annotations
 
 import itertools
-from typing import Any, cast
+from typing import Any
 
-from flowlane import defaults
 from flowlane.compiler import codes, durations, schema, toposort
 from flowlane.compiler.checks import flow_routing
 from flowlane.compiler.checks.flow_contracts import FlowContracts
 from flowlane.compiler.checks.flow_document import FlowDocument
+from flowlane.compiler.checks.flow_model import flow_model
 from flowlane.compiler.checks.shared import (
     Analysis,
     Entry,
     closest,
     listing,
-    opt_int,
-    opt_seconds,
     suggest,
 )
 from flowlane.compiler.loader import unstorable
-from flowlane.compiler.model import Concurrency, Debounce, Flow, QueueMode, Step
+from flowlane.compiler.model import Flow
 
 
 class FlowChecker(FlowDocument):
@@ -43,7 +42,7 @@ class FlowChecker(FlowDocument):
         queues = flow_routing.queues_of(self, order) if order else None
         if self.errors or order is None or queues is None:
             return None
-        return self._model(order, needs, queues)
+        return flow_model(self, self.contracts, order, needs, queues)
 
     def _debounce_fits(self) -> None:
         """A maximum wait shorter than the period would cut every period short; a dedup key makes
@@ -222,83 +221,10 @@ class FlowChecker(FlowDocument):
         index = self.steps[step]["needs"].index(need)
         return self.doc.at(("steps", step, "needs", index)).line
 
-    def _model(self, order: list[str], needs: dict[str, list[str]],
-               queues: dict[str, str]) -> Flow:
-        steps = tuple(self._step(i, slug, needs[slug], queues.get(slug))
-                      for i, slug in enumerate(order))
-        routing = self.entry.data.get("queues", "flow")
-        mode = cast(QueueMode, routing if isinstance(routing, str) else "explicit")
-        options = self.entry.data.get("defaults", {})
-        return Flow(
-            slug=self.slug,
-            queue_mode=mode,
-            steps=steps,
-            max_attempts=int(options.get("max_attempts", defaults.MAX_ATTEMPTS)),
-            base_delay=durations.to_seconds(options.get("base_delay", defaults.BASE_DELAY)),
-            timeout=durations.to_seconds(options.get("timeout", defaults.TIMEOUT)),
-            retention=self._retention(),
-            deadline=opt_seconds(options, "deadline"),
-            dedup_key=self.entry.data.get("dedup", {}).get("key"),
-            concurrency=_concurrency(self.entry.data),
-            priority=opt_int(self.entry.data, "priority"),
-            debounce=_debounce(self.entry.data),
-            on_failure=self.entry.data.get("on_failure", {}).get("flow"),
-            on_failure_on_cancel=bool(self.entry.data.get("on_failure", {}).get("on_cancel", False)),
-            description=self.entry.data.get("description"),
-            input_schema=self.contracts.input_contract.schema if self.contracts.input_contract else None,
-            location=self.entry.loc(),
-        )
-
-    def _retention(self) -> int | None:
-        value = self.entry.data.get("retention", defaults.RETENTION)
-        return None if value == "forever" else durations.to_seconds(value)
-
-    def _step(self, index: int, slug: str, needs: list[str], queue: str | None) -> Step:
-        spec = self.steps[slug]
-        get = spec.get
-        contract = self.contracts.output_contracts.get(slug)
-        return Step(
-            slug=slug,
-            index=index,
-            handler=get("handler"),
-            queue=queue,
-            needs=tuple(needs),
-            type=get("type", "single"),
-            condition_if=get("if"),
-            condition_unless=get("unless"),
-            when_unmet=get("when_unmet", "skip"),
-            when_exhausted=get("when_exhausted", "fail"),
-            max_attempts=opt_int(spec, "max_attempts"),
-            base_delay=opt_seconds(spec, "base_delay"),
-            timeout=opt_seconds(spec, "timeout"),
-            start_delay=opt_seconds(spec, "start_delay"),
-            description=get("description"),
-            output_schema=None if contract is None else contract.schema,
-            flow=get("flow"),
-            concurrency=_concurrency(spec),
-            compensate=get("compensate", {}).get("flow"),
-            location=self.entry.loc(("steps", slug), key=True),
-            handler_location=(self.entry.loc(("steps", slug, "handler"))
-                              if "handler" in spec else None),
-        )
-
 
 # step options that concern a handler, meaningless for a wait or child-flow step
 HANDLER_OPTIONS = {"wait": ("max_attempts", "base_delay", "start_delay", "concurrency"),
                    "child-flow": ("base_delay", "start_delay", "timeout", "concurrency")}
-
-
-def _concurrency(spec: dict[str, Any]) -> Concurrency | None:
-    value = spec.get("concurrency")
-    return None if value is None else Concurrency(int(value["limit"]), value.get("key"),
-                                                  value.get("when_full", "queue"))
-
-
-def _debounce(spec: dict[str, Any]) -> Debounce | None:
-    value = spec.get("debounce")
-    if value is None:
-        return None
-    return Debounce(durations.to_seconds(value["period"]), value.get("key"), opt_seconds(value, "max_wait"))
 
 
 DURATION_OPTIONS = ("timeout", "base_delay", "start_delay", "deadline")
