@@ -11,7 +11,8 @@ The pipeline (``api`` runs the stages in this order)::
 
     load      loader.py       YAML files -> Documents (line and column of every node)
     validate  schema.py       Documents against the JSON Schema (fastcheck.py: its fast path)
-    analyze   analyze.py      semantic checks -> model.py's frozen Project
+    analyze   analyze.py      semantic checks -> model.py's frozen Project (checks/: one
+                              module per kind of document, sharing checks/shared.py)
                               (toposort.py: step order, cycles; names.py: name rules and the
                               names the compiler derives)
     render    compiled.py     Project -> SQL files (templates/*.sql.j2, quoting in sqltext.py;

@@ -89,7 +89,7 @@ class CheckResult:
 
 
 def _stale_diagnostic(stale: StaleFile) -> Diagnostic:
-    return Diagnostic(stale.path, _first_changed_line(stale.diff), 1, "FL090", stale.reason,
+    return Diagnostic(stale.path, _first_changed_line(stale.diff), 1, codes.STALE_SQL, stale.reason,
                       "run `flowlane compile` and commit the SQL")
 
 

@@ -23,6 +23,7 @@ import jsonschema
 from jsonschema.exceptions import ValidationError
 
 from flowlane import project_root
+from flowlane.compiler import codes
 from flowlane.compiler.diagnostics import Diagnostic
 from flowlane.compiler.loader import Document, OutOfRange, load_file, unstorable
 from flowlane.compiler.shape import jsonb_text
@@ -66,11 +67,12 @@ def _read_ref(doc: Document, at: Path_, value: dict[str, Any]
     ref_at = (*at, "$ref")
     if set(value) - {"$ref", *ANNOTATIONS}:
         other = min(set(value) - {"$ref", *ANNOTATIONS})
-        return None, [doc.diagnostic((*at, other), "FL102", f"`{other}` beside `$ref`",
+        return None, [doc.diagnostic((*at, other), codes.UNRESOLVED_SCHEMA_REF, f"`{other}` beside `$ref`",
                                      "a reference stands alone: move the keyword into the referenced file",
                                      key=True)]
     if not isinstance(ref, str) or "://" in ref or ref.startswith(("#", "/")) or not ref:
-        return None, [doc.diagnostic(ref_at, "FL102", f"`$ref` must be a relative path of a file in the "
+        return None, [doc.diagnostic(ref_at, codes.UNRESOLVED_SCHEMA_REF,
+                                     f"`$ref` must be a relative path of a file in the "
                                      f"project, not {json.dumps(ref)}",
                                      "write the path of a JSON or YAML file relative to this file, "
                                      "e.g. `schemas/order.json`; URLs and in-document references "
@@ -79,18 +81,20 @@ def _read_ref(doc: Document, at: Path_, value: dict[str, Any]
     here = Path(doc.path) if Path(doc.path).is_absolute() else root / doc.path
     target = (here.parent / ref).resolve()
     if not target.is_relative_to(root.resolve()):
-        return None, [doc.diagnostic(ref_at, "FL102", f"`$ref` {ref} leads outside the project",
+        return None, [doc.diagnostic(ref_at, codes.UNRESOLVED_SCHEMA_REF,
+                                     f"`$ref` {ref} leads outside the project",
                                      "keep schema files inside the project (below the "
                                      "directory that holds `flows/`)")]
     if not target.is_file():
-        return None, [doc.diagnostic(ref_at, "FL102", f"`$ref` {ref}: no such file",
+        return None, [doc.diagnostic(ref_at, codes.UNRESOLVED_SCHEMA_REF, f"`$ref` {ref}: no such file",
                                      f"create {target.relative_to(root.resolve()).as_posix()} or "
                                      "correct the path (relative to this YAML file)")]
     documents, findings = load_file(target, target.relative_to(root.resolve()).as_posix())
     if findings:
         return None, findings
     if len(documents) != 1:
-        return None, [doc.diagnostic(ref_at, "FL102", f"`$ref` {ref} holds {len(documents)} documents",
+        return None, [doc.diagnostic(ref_at, codes.UNRESOLVED_SCHEMA_REF,
+                                     f"`$ref` {ref} holds {len(documents)} documents",
                                      "a schema file holds one JSON or YAML document")]
     return read(documents[0], (), documents[0].data)
 
@@ -100,20 +104,22 @@ def _problems(value: Any, at: Path_) -> Iterator[tuple[Path_, str, str, str | No
     if isinstance(value, bool):
         return
     if not isinstance(value, dict):
-        yield at, "FL101", f"a schema must be a mapping (or true/false), not {_kind(value)}", None, False
+        yield (at, codes.INVALID_SCHEMA, f"a schema must be a mapping (or true/false), not {_kind(value)}",
+               None, False)
         return
     for key, item in value.items():
         here = (*at, key)
         if key in ANNOTATIONS:
             continue
         if key not in KEYWORDS:
-            yield (here, "FL100", f"schema keyword `{key}` is outside the supported subset",
+            yield (here, codes.SCHEMA_KEYWORD_UNSUPPORTED,
+                   f"schema keyword `{key}` is outside the supported subset",
                    "use only " + ", ".join(KEYWORDS) + " (and the annotations "
                    + ", ".join(ANNOTATIONS) + "); the SQL Core enforces exactly these", True)
             continue
         problem = _keyword_problem(key, item)
         if problem is not None:
-            yield here, "FL101", problem, _KEYWORD_HELP.get(key), False
+            yield here, codes.INVALID_SCHEMA, problem, _KEYWORD_HELP.get(key), False
         elif key in _SUBSCHEMA:
             yield from _problems(item, here)
         elif key == "properties":
@@ -133,7 +139,8 @@ def _unstorable(at: Path_, what: str, value: Any, key: bool = False
     range): the contract could not be stored."""
     found = unstorable(value)
     if found is not None:
-        yield at, "FL106", f"{what} holds {found[0]}: the contract cannot be stored", found[1], key
+        yield (at, codes.UNSTORABLE_SCHEMA, f"{what} holds {found[0]}: the contract cannot be stored",
+               found[1], key)
 
 
 _KEYWORD_HELP = {

@@ -33,6 +33,7 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from flowlane import project_root
+from flowlane.compiler import codes
 from flowlane.compiler.diagnostics import Diagnostic
 
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -312,7 +313,7 @@ class _Builder:
     def _check_tag(self, node: Node, expected: str) -> None:
         if node.tag != expected:
             self._error(
-                node, "FL006", f"unsupported YAML tag {node.tag!r}",
+                node, codes.UNSUPPORTED_TAG, f"unsupported YAML tag {node.tag!r}",
                 "remove the tag; flowlane documents use plain YAML values",
             )
 
@@ -329,7 +330,7 @@ class _Builder:
         if not _SURROGATE.search(node.value):
             return self.stand.restore(node.value)
         self.findings.append(self.doc.source.diagnostic(
-            _escape_position(self.doc.source, node), "FL001",
+            _escape_position(self.doc.source, node), codes.YAML_SYNTAX,
             "YAML syntax error: while parsing a quoted scalar: found invalid Unicode "
             "character escape code",
             "write the character itself or one `\\U0001F600`-style escape, not a UTF-16 "
@@ -365,13 +366,14 @@ class _Builder:
     def _key(self, node: Node, first: dict[str, Node], value_node: Node) -> str | None:
         if type(node) is not ScalarNode:
             self._error(
-                node, "FL004", "mapping keys must be plain strings, not a mapping or a list",
+                node, codes.KEY_NOT_PLAIN_STRING,
+                    "mapping keys must be plain strings, not a mapping or a list",
                 "write the key as a plain word such as `fetch`",
             )
             return None
         if _is_merge_key(node):
             self._error(
-                node, "FL005", "YAML merge keys (`<<`) are not supported",
+                node, codes.UNSUPPORTED_ANCHOR, "YAML merge keys (`<<`) are not supported",
                 "write the keys out; merges hide duplicates and overrides",
             )
             return None
@@ -388,13 +390,13 @@ class _Builder:
     def _duplicate(self, node: Node, first: Node, value_node: Node) -> None:
         line = _position(first).line
         if node is not first:
-            self._error(node, "FL003", f"duplicate key `{node.value}` (first defined at line "
+            self._error(node, codes.DUPLICATE_KEY, f"duplicate key `{node.value}` (first defined at line "
                         f"{line})", "remove one of the two")
             return
         # written through an alias of the first key: the composer hands back the same node,
         # so the duplicate's own position is where its value starts
         self.findings.append(self.doc.source.diagnostic(
-            _position(value_node), "FL003",
+            _position(value_node), codes.DUPLICATE_KEY,
             f"duplicate key `{node.value}` through an alias of the key at line {line}",
             "remove this entry or the first one"))
 
@@ -428,13 +430,14 @@ class _AliasBuilder(_Builder):
         if self._exploded:
             return False
         if ident in self._active:
-            self._error(node, "FL005", "recursive YAML alias", "an alias cannot contain itself")
+            self._error(node, codes.UNSUPPORTED_ANCHOR,
+                        "recursive YAML alias", "an alias cannot contain itself")
             return False
         self._built += 1
         if ident in self._seen and self._built > 2 * len(self._seen) + _ALIAS_BUDGET:
             self._exploded = True
             self._error(
-                node, "FL005", "YAML aliases expand to too many nodes",
+                node, codes.UNSUPPORTED_ANCHOR, "YAML aliases expand to too many nodes",
                 "write the repeated content out or reduce alias nesting",
             )
             return False
@@ -513,17 +516,17 @@ def load_text(text: str, path: str) -> tuple[list[Document], list[Diagnostic]]:
             builder = _builder(source, index, stand, aliases=aliases)
             document = builder.build(root)
             del root  # its nodes go; the document keeps the positions it needs
-            if not any(f.code == "FL001" for f in builder.findings):
+            if not any(f.code == codes.YAML_SYNTAX for f in builder.findings):
                 documents.append(document)  # a syntax error leaves no document to check
             findings.extend(builder.findings)
     except yaml.YAMLError as exc:
         findings.append(_syntax_diagnostic(source, exc, text))
     except RecursionError:
-        findings.append(source.diagnostic(_deepest(stand.hide(text)), "FL001",
+        findings.append(source.diagnostic(_deepest(stand.hide(text)), codes.YAML_SYNTAX,
                                           "YAML nesting is too deep", "flatten the document"))
     if not documents and not findings:
         findings.append(
-            source.diagnostic(Position(1, 1), "FL007", "file contains no YAML document",
+            source.diagnostic(Position(1, 1), codes.NOT_A_MAPPING, "file contains no YAML document",
                               "add a `kind: flow`, `kind: alias` or `kind: worker` document "
                               "or delete the file")
         )
@@ -540,13 +543,13 @@ def _syntax_diagnostic(source: Source, exc: yaml.YAMLError, text: str) -> Diagno
     tab = _first_tab_indent(source, line)
     if tab is not None:
         return source.diagnostic(
-            tab, "FL002", "tab character in indentation",
+            tab, codes.TAB_INDENT, "tab character in indentation",
             "YAML indentation must use spaces; replace the tab with spaces",
         )
     problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
     context = getattr(exc, "context", None)
     message = f"{context}: {problem}" if context else str(problem)
-    return source.diagnostic(Position(line, col), "FL001", f"YAML syntax error: {message}",
+    return source.diagnostic(Position(line, col), codes.YAML_SYNTAX, f"YAML syntax error: {message}",
                              "fix the YAML syntax at this position")
 
 
@@ -565,13 +568,13 @@ def load_file(file: Path, display: str) -> tuple[list[Document], list[Diagnostic
         raw = file.read_bytes()
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
-        return [], [source.diagnostic(Position(1, 1), "FL008", f"cannot read file: {reason}",
+        return [], [source.diagnostic(Position(1, 1), codes.UNREADABLE, f"cannot read file: {reason}",
                                       "check the path and its permissions")]
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
-        return [], [source.diagnostic(Position(line, 1), "FL008", "file is not valid UTF-8",
+        return [], [source.diagnostic(Position(line, 1), codes.UNREADABLE, "file is not valid UTF-8",
                                       "save the file as UTF-8")]
     return load_text(text, display)
 
@@ -637,7 +640,7 @@ def _walk(root: Path) -> Iterator[Path]:
 
 
 def _path_problem(root: Path, reason: str) -> Diagnostic:
-    return Diagnostic(display_path(root), 1, 1, "FL008", f"{reason}: {root.as_posix()}",
+    return Diagnostic(display_path(root), 1, 1, codes.UNREADABLE, f"{reason}: {root.as_posix()}",
                       "pass a flows directory or YAML files (default: flows/)")
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from flowlane.compiler import cron, schema
-from flowlane.compiler.analyze import HANDLER_OPTIONS
+from flowlane.compiler.checks.flows import HANDLER_OPTIONS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "yaml-reference.md"
 COMMAND = "python -m flowlane.compiler.reference --write"

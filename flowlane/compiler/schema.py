@@ -145,10 +145,10 @@ def _required(doc: Document, error: ValidationError, path: tuple[Any, ...],
     missing = [k for k in _listed(error.validator_value) if k not in instance]
     found = []
     for key in missing:
-        code = "FL014" if key == "kind" and not path else "FL010"
+        code = codes.UNKNOWN_KIND if key == "kind" and not path else codes.MISSING_KEY
         where = f"in {_field(path)}" if path else "in this document"
         help = ("start the document with `kind: flow`, `kind: alias` or `kind: worker`"
-                if code == "FL014" else f"add `{key}:`")
+                if code == codes.UNKNOWN_KIND else f"add `{key}:`")
         found.append(doc.diagnostic(path, code, f"missing required key `{key}` {where}",
                                     help, key=bool(path)))
     return found
@@ -197,7 +197,7 @@ def _under_indented(doc: Document, path: tuple[Any, ...]) -> Diagnostic | None:
     if owner is None:
         return None
     return doc.diagnostic(
-        path, "FL012", f"`{path[1]}` is read as a step name: indent it under `{owner}`",
+        path, codes.WRONG_TYPE, f"`{path[1]}` is read as a step name: indent it under `{owner}`",
         f"step options belong inside their step: indent `{path[1]}:` further than "
         f"`{owner}:`", key=True)
 
@@ -331,7 +331,7 @@ def _any_of(doc: Document, error: ValidationError, path: tuple[Any, ...],
         if found:
             return found
     text = f"{_field(path)} is invalid: {sub.get('description', '')}".rstrip(": ")
-    return [doc.diagnostic(path, "FL013", text, _example_help(sub)
+    return [doc.diagnostic(path, codes.INVALID_VALUE, text, _example_help(sub)
                            or f"see {_field(path)} in docs/yaml-reference.md")]
 
 
@@ -348,11 +348,11 @@ def _enum(doc: Document, error: ValidationError, path: tuple[Any, ...],
     ]
     choices = ", ".join(f"`{json.dumps(v)}`" if not isinstance(v, str) else f"`{v}`"
                         for v in values)
-    code = str(sub.get("x-flowlane-code", "FL013"))
+    code = str(sub.get("x-flowlane-code", codes.INVALID_VALUE))
     shown = _show(error.instance)
-    if code == "FL014":
+    if code == codes.UNKNOWN_KIND:
         message = f"unknown document kind {shown}"
-    elif code == "FL015":
+    elif code == codes.UNSUPPORTED_FORMAT:
         message = f"unsupported format {shown}"
         choices = "`1` (or omit `format`)"
     else:
@@ -369,8 +369,8 @@ def _show(value: Any) -> str:
 
 def _invalid(doc: Document, error: ValidationError, path: tuple[Any, ...],
              sub: dict[str, Any]) -> Diagnostic:
-    code = str(sub.get("x-flowlane-code", "FL013"))
-    if code == "FL070":
+    code = str(sub.get("x-flowlane-code", codes.INVALID_VALUE))
+    if code == codes.INVALID_HANDLER:
         message = f"handler {_show(error.instance)} is not `module:callable`"
         return doc.diagnostic(path, code, message,
                               "write the handler as `package.module:function`")
@@ -422,10 +422,10 @@ def _name_problem(doc: Document, path: tuple[Any, ...], sub: dict[str, Any], val
                   key: bool) -> Diagnostic:
     if sub.get("x-flowlane-name") == "queue":
         problem = names.queue_problem(value)
-        code = "FL040"
+        code = codes.QUEUE_NOT_CANONICAL
     else:
         problem = names.slug_problem(value, _what(path))
-        code = "FL020"
+        code = codes.INVALID_SLUG
     if problem is None:  # the schema and names.py disagree: report the schema's words
         return doc.diagnostic(path, code, f"invalid name `{value}`",
                               "see the naming rules in docs/yaml-reference.md", key=key)

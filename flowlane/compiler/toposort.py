@@ -72,6 +72,11 @@ def _strongly_connected(start: str, edges: Mapping[str, Sequence[str]],
     return forward & _reachable(start, backward_edges, later) if start in forward else set()
 
 
+def ancestors(step: str, needs: Mapping[str, Sequence[str]]) -> set[str]:
+    """The steps ``step`` depends on, directly or through other steps."""
+    return _reachable(step, needs, set(needs))
+
+
 def _reachable(start: str, edges: Mapping[str, Sequence[str]], allowed: set[str]) -> set[str]:
     """Steps reached from ``start`` by one edge or more."""
     seen: set[str] = set()

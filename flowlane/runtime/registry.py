@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from flowlane import errors, project_root
+from flowlane.compiler import codes
 from flowlane.compiler.diagnostics import Diagnostic
 from flowlane.compiler.model import HandlerRef, Location, Project
 
@@ -171,7 +172,7 @@ def check_handlers(project: Project, import_paths: Iterable[str] = (), *,
             where = step.handler_location or step.location or flow.location
             result.diagnostics.append(Diagnostic(
                 where.path if where else flow.slug, where.line if where else 1,
-                where.col if where else 1, "FL072",
+                where.col if where else 1, codes.HANDLER_NOT_CALLABLE,
                 f"handler `{step.handler}` of step {flow.slug}.{step.slug}: {problem}",
                 "fix the `handler:` entry or make its module importable from the project root "
                 "(or pass --import-path)",

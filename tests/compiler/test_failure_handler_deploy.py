@@ -18,6 +18,9 @@ slug: orders
 steps:
   charge:
     handler: shop.orders:charge
+  ship:
+    needs: [charge]
+    handler: shop.orders:ship
 ---
 kind: flow
 slug: undo_order

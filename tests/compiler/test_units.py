@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +207,19 @@ def test_every_code_is_documented() -> None:
     documented = {row["code"]: row["meaning"] for row in table(text, "code")}
     for code, meaning in codes.CODES.items():
         assert documented.get(code) == meaning, code
+
+
+def test_code_reports_a_code_by_its_name_in_codes_py() -> None:
+    """A code is written once, in codes.py, with its meaning; code that reports it names it."""
+    import flowlane
+
+    package = Path(flowlane.__file__).parent
+    literal = re.compile(r"[\"']FL\d{3}[\"']")
+    written = [f"{path.relative_to(package)}:{number}"
+               for path in sorted(package.rglob("*.py")) if path != package / "compiler" / "codes.py"
+               for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+               if literal.search(line)]
+    assert written == []
 
 
 def test_templates_refuse_values_that_skipped_the_quoting_filters(

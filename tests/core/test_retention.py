@@ -104,6 +104,32 @@ def test_bad_arguments_are_refused(engine: Engine) -> None:
             engine.scalar(f"select runs_deleted from flowlane.prune_runs({args})")
 
 
+def test_a_handlers_run_is_kept_while_the_run_it_handles_is_kept(engine: Engine) -> None:
+    """A failure handler's run and a compensation's run, of flows kept a day, wait for the
+    failed run they handle (kept a month) and go after it."""
+    engine.define("report", [("one", [], {})], retention=DAY)
+    engine.define("undo", [("one", [], {})], retention=DAY)
+    engine.define("f", [("a", [], {"compensate": "undo"}), ("b", ["a"], {"max_attempts": 1})],
+                  on_failure="report", retention=30 * DAY)
+    failed = engine.start("f")
+    (task,) = engine.claim("f")
+    engine.complete(task, {"done": "a"})
+    (task,) = engine.claim("f")
+    engine.fail(task, "no courier")
+    for flow in ("report", "undo"):
+        engine.drive(flow, lambda task: {"ok": True})
+    handlers = [r["run_id"] for r in engine.rows(
+        "select run_id from flowlane.runs where failure_of = %s or compensation_of = %s", (failed, failed))]
+    assert len(handlers) == 2 and all(engine.run(h)["status"] == "completed" for h in handlers)
+
+    assert _prune(engine, 2)["runs_deleted"] == 0  # past their own retention, not past the failed run's
+    assert _count(engine, "flowlane.runs", handlers) == 2
+    assert _prune(engine, 31)["runs_deleted"] == 1  # the failed run first ...
+    assert _count(engine, "flowlane.runs", [failed]) == 0 and _count(engine, "flowlane.runs", handlers) == 2
+    assert _prune(engine, 31)["runs_deleted"] == 2  # ... then the runs that handled it
+    assert _count(engine, "flowlane.runs", handlers) == 0
+
+
 def test_create_flow_sets_and_resets_the_retention(engine: Engine) -> None:
     assert engine.create_flow("tuned", retention=3600)["opt_retention"] == 3600
     assert engine.create_flow("tuned", retention=None)["opt_retention"] is None

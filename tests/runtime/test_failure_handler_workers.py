@@ -41,7 +41,6 @@ steps:
   ship:
     needs: [charge]
     handler: fh_handlers:ship
-    compensate: {flow: fh_undo_step}
 ---
 kind: flow
 slug: fh_undo

@@ -2,6 +2,9 @@
 -- tasks, attempts and queue messages (archived or not). prune_runs deletes one bounded batch
 -- per call, so each batch is one short transaction; callers (the maintenance tick, `flowlane
 -- prune`) call it again while it deletes something.
+-- A failure handler's run and a compensation's run are kept while the run they handle is kept
+-- (its retention may be longer than theirs): its page links them, and `retry --compensation`
+-- retries a failed compensation's run. Once it is gone they follow their own flow's retention.
 
 create function flowlane._check_prune_args(p_now timestamptz, p_older_than int, p_batch int) returns void
 language plpgsql immutable
@@ -23,7 +26,7 @@ $$;
 
 -- finished runs that ended before p_now minus their flow's retention (p_older_than seconds,
 -- when given, in place of every flow's retention), oldest first within a flow; p_flows
--- narrows to those flows; p_limit null = all
+-- narrows to those flows; p_limit null = all. A handler's run waits for the run it handles.
 create function flowlane._prunable_runs(p_now timestamptz, p_flows text[], p_older_than int, p_limit int)
 returns table (run_id uuid, flow_slug text, ended_at timestamptz)
 language plpgsql stable
@@ -42,6 +45,7 @@ begin
     from flowlane.runs r
     where r.flow_slug = f.flow_slug and r.status <> 'started' and r.started_at < c.cutoff
       and coalesce(r.completed_at, r.failed_at, r.cancelled_at) < c.cutoff
+      and not exists (select 1 from flowlane.runs h where h.run_id in (r.failure_of, r.compensation_of))
     order by r.started_at
     limit p_limit
   ) r

@@ -94,6 +94,11 @@
 -- get_run_compensations lists a run's compensations. A compensated run is not retried
 -- (retry_run, retry_run_from and retry_runs refuse or pass over it). add_step changes its
 -- signature (one argument with a default); the functions workers call do not change.
+--
+-- Retention keeps a failure handler's run and a compensation's run while the run they handle
+-- is kept (_prunable_runs): by their own flow's shorter retention they were pruned first,
+-- leaving the failed run without the link to its handler and a stopped compensation without
+-- the run `retry --compensation` retries. Only a function changes.
 
 -- == Written by hand: tables, types and data that the functions need ==
 
@@ -2529,6 +2534,36 @@ as $$
     (select string_agg(q.xmin::text, ',' order by q.xmin::text) from flowlane.queues q),
     (select string_agg(w.deployment_name || ':' || w.enabled, ',' order by w.deployment_name)
      from flowlane.worker_deployments w)))
+$$;
+
+-- finished runs that ended before p_now minus their flow's retention (p_older_than seconds,
+-- when given, in place of every flow's retention), oldest first within a flow; p_flows
+-- narrows to those flows; p_limit null = all. A handler's run waits for the run it handles.
+create or replace function flowlane._prunable_runs(p_now timestamptz, p_flows text[], p_older_than int, p_limit int)
+returns table (run_id uuid, flow_slug text, ended_at timestamptz)
+language plpgsql stable
+set search_path = ''
+as $$
+begin
+  return query
+  select r.run_id, r.flow_slug, r.ended_at
+  from flowlane.flows f
+  cross join lateral (
+    select p_now - make_interval(secs => coalesce(p_older_than, f.opt_retention)) as cutoff
+  ) c
+  cross join lateral (
+    -- started_at <= ended time, so the index range on started_at holds every candidate
+    select r.run_id, r.flow_slug, coalesce(r.completed_at, r.failed_at, r.cancelled_at) as ended_at
+    from flowlane.runs r
+    where r.flow_slug = f.flow_slug and r.status <> 'started' and r.started_at < c.cutoff
+      and coalesce(r.completed_at, r.failed_at, r.cancelled_at) < c.cutoff
+      and not exists (select 1 from flowlane.runs h where h.run_id in (r.failure_of, r.compensation_of))
+    order by r.started_at
+    limit p_limit
+  ) r
+  where c.cutoff is not null and (p_flows is null or f.flow_slug = any (p_flows))
+  limit p_limit;
+end;
 $$;
 
 -- what a prune would delete now, per flow (read only)
