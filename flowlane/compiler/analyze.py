@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from flowlane import defaults
-from flowlane.compiler import codes, contracts, cron, durations, names, schema, toposort
+from flowlane.compiler import caching, codes, contracts, cron, durations, names, schema, toposort
 from flowlane.compiler.diagnostics import Diagnostic
 from flowlane.compiler.loader import Document, unstorable
 from flowlane.compiler.model import (
@@ -229,6 +229,7 @@ class _FlowChecker:
         self._contract_graph(needs)
         self._concurrency_keys_exist()
         self._debounce_fits()
+        caching.check(self)
         order = self._order(needs)
         queues = self._routing(order) if order else None
         if self.errors or order is None or queues is None:
@@ -630,6 +631,7 @@ class _FlowChecker:
             flow=get("flow"),
             concurrency=_concurrency(spec),
             compensate=get("compensate", {}).get("flow"),
+            cache=caching.step_cache(spec),
             location=self.entry.loc(("steps", slug), key=True),
             handler_location=(self.entry.loc(("steps", slug, "handler"))
                               if "handler" in spec else None),
@@ -637,8 +639,8 @@ class _FlowChecker:
 
 
 # step options that concern a handler, meaningless for a wait or child-flow step
-HANDLER_OPTIONS = {"wait": ("max_attempts", "base_delay", "start_delay", "concurrency"),
-                    "child-flow": ("base_delay", "start_delay", "timeout", "concurrency")}
+HANDLER_OPTIONS = {"wait": ("max_attempts", "base_delay", "start_delay", "concurrency", "cache"),
+                    "child-flow": ("base_delay", "start_delay", "timeout", "concurrency", "cache")}
 
 
 def _concurrency(spec: dict[str, Any]) -> Concurrency | None:

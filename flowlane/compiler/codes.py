@@ -98,6 +98,8 @@ CODES: dict[str, str] = {
     "FL187": "concurrency when_full is not queue, replace_waiting or cancel_running",
     "FL188": "concurrency key names a field the input_schema never allows",
     "FL189": "debounce max_wait shorter than its period, or debounce beside dedup",
+    "FL190": "step cache ttl under one second",
+    "FL191": "step cache key names a field the step's input never has",
     # check (compiled SQL against the YAML and the base revision)
     "FL090": "compiled SQL is stale, missing or hand-edited",
     "FL091": "NEW_VERSION_REQUIRED: a committed flow changed its shape",
