@@ -59,7 +59,8 @@ def test_a_hit_on_the_last_step_completes_the_run(engine: Engine) -> None:
     engine.start("f", {"n": 1})
     serve(engine, "f", {"out": 1})
     run_id = engine.start("f", {"n": 1})
-    assert engine.run(run_id)["status"] == "completed" and engine.run(run_id)["output"] == {"only": {"out": 1}}
+    run = engine.run(run_id)
+    assert run["status"] == "completed" and run["output"] == {"only": {"out": 1}}
     assert engine.queue_messages("f") == []
 
 
@@ -152,7 +153,8 @@ def test_an_expired_entry_runs_the_handler_again_and_is_pruned(conn: psycopg.Con
     ({"cache_ttl": 5, "cache_key": ["a"]}, "is not a list of JSON pointers"),
     ({"cache_ttl": 5, "step_type": "wait"}, "a cache needs a step with a handler"),
 ])
-def test_add_step_refuses_a_cache_it_cannot_keep(engine: Engine, options: dict[str, Any], message: str) -> None:
+def test_add_step_refuses_a_cache_it_cannot_keep(engine: Engine, options: dict[str, Any],
+                                                 message: str) -> None:
     engine.create_flow("f")
     with pytest.raises(pg_errors.InvalidParameterValue, match=message):
         engine.add_step("f", "a", **options)
