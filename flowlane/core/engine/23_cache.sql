@@ -78,18 +78,20 @@ begin
   with tasks as (
     select b.ord, b.body, jsonb_populate_record(null::flowlane.step_tasks, b.body) as t
     from unnest(p_bodies) with ordinality b (body, ord)
-  ), found as (
+  ), keyed as materialized (  -- (each key computed once: the entries are then found by their primary key)
     select k.ord, k.body, (k.t).flow_slug, (k.t).run_id, (k.t).step_slug, (k.t).task_index, s.queue_name,
-           e.output, e.flow_slug is not null as hit
+           coalesce(s.opt_cache_fingerprint, '') as fingerprint,
+           case when s.opt_cache_ttl is not null then flowlane._cache_key_hash(s.opt_cache_key, i.input) end as key_hash
     from tasks k
     join flowlane.steps s on s.flow_slug = (k.t).flow_slug and s.step_slug = (k.t).step_slug
     join flowlane._claimed_inputs(array(select x.t from tasks x)) i
       on i.run_id = (k.t).run_id and i.step_slug = (k.t).step_slug and i.task_index = (k.t).task_index
+  ), found as (
+    select k.*, e.output, e.flow_slug is not null as hit
+    from keyed k
     left join flowlane.step_cache e
-      on s.opt_cache_ttl is not null and e.flow_slug = s.flow_slug and e.step_slug = s.step_slug
-     and e.fingerprint = coalesce(s.opt_cache_fingerprint, '')
-     and e.key_hash = flowlane._cache_key_hash(s.opt_cache_key, i.input)
-     and e.expires_at > flowlane._now()
+      on e.flow_slug = k.flow_slug and e.step_slug = k.step_slug and e.fingerprint = k.fingerprint
+     and e.key_hash = k.key_hash and e.expires_at > flowlane._now()
   ), started as (
     insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id, status,
                                      queued_at, started_at, cached)
