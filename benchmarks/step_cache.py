@@ -168,7 +168,8 @@ def main() -> int:
     print(f"  start_flow, plain flow                  {ms['plain']:8.3f} ms")
     print(f"  start_flow, cached step hits            {ms['hit']:8.3f} ms  "
           f"({ms['hit'] / ms['plain']:.2f}x; the run completed, no message)")
-    print(f"  start_flow, cached step misses          {ms['miss']:8.3f} ms  ({ms['miss'] / ms['plain']:.2f}x)")
+    print(f"  start_flow, cached step misses          {ms['miss']:8.3f} ms  "
+          f"({ms['miss'] / ms['plain']:.2f}x)")
     print(f"  complete_task, plain flow               {ms['complete plain']:8.3f} ms")
     print(f"  complete_task, cached step (an entry)   {ms['complete cached']:8.3f} ms  "
           f"({ms['complete cached'] / ms['complete plain']:.2f}x)")
