@@ -10,13 +10,14 @@ import psycopg
 import pytest
 
 from flowlane.cli import main
+from tests.compiler.test_cli import commit_all, git, run
 
 FLOWS = """\
 kind: flow
 slug: docs
 steps:
   fetch:
-    handler: docs:fetch
+    handler: library.docs:fetch
 """
 
 
@@ -59,7 +60,7 @@ def test_a_cache_and_a_cached_step_s_handler_are_option_changes(
             "  step fetch: cache: none in the database, 3600s per /url, /lang in the YAML\n") in out
     ttl, key, fingerprint = _step(dsn)
     assert (ttl, key) == (3600, ["/url", "/lang"]) and isinstance(fingerprint, str)
-    out = _change(capsys, dsn, flows, cached.replace("docs:fetch", "docs:fetch_v2"))
+    out = _change(capsys, dsn, flows, cached.replace("library.docs:fetch", "library.docs:fetch_v2"))
     assert ("SAFE_OPTION_CHANGE    flow docs\n"
             "  step fetch: cache: the step's handler or shape changed (its cached outputs are not reused)\n"
             ) in out
@@ -67,3 +68,21 @@ def test_a_cache_and_a_cached_step_s_handler_are_option_changes(
     out = _change(capsys, dsn, flows, FLOWS)
     assert "  step fetch: cache: 3600s per /url, /lang in the database, none in the YAML\n" in out
     assert _step(dsn) == (None, None, None)
+
+
+def test_check_base_shows_a_cache_change_as_an_option_change(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "flows").mkdir()
+    monkeypatch.chdir(tmp_path)
+    git(tmp_path, "init", "-q")
+    (tmp_path / "flows" / "docs.yaml").write_text(FLOWS + "    cache: {ttl: 1h}\n")
+    assert run(capsys, "compile")[0] == 0
+    commit_all(tmp_path)
+    (tmp_path / "flows" / "docs.yaml").write_text(FLOWS + "    cache: {ttl: 1d, key: /url}\n")
+    assert run(capsys, "compile")[0] == 0
+    code, out, _ = run(capsys, "check")
+    assert code == 0, out  # an option: no new version needed
+    assert out.splitlines()[:-1] == [
+        "SAFE_OPTION_CHANGE flow docs step fetch: cache_ttl: 3600 at HEAD, 86400 in the YAML",
+        "SAFE_OPTION_CHANGE flow docs step fetch: cache_key: none at HEAD, array['/url']::text[] in the YAML",
+    ]
