@@ -158,3 +158,14 @@ def test_add_step_refuses_a_cache_it_cannot_keep(engine: Engine, options: dict[s
     engine.create_flow("f")
     with pytest.raises(pg_errors.InvalidParameterValue, match=message):
         engine.add_step("f", "a", **options)
+
+
+def test_a_hit_takes_no_step_concurrency_slot(engine: Engine) -> None:
+    engine.define("f", [("a", [], {**CACHED, "concurrency_limit": 1})])
+    engine.start("f", {"n": 1})
+    serve(engine, "f", "one")
+    running, held = engine.start("f", {"n": 2}), engine.start("f", {"n": 3})
+    hit = engine.start("f", {"n": 1})  # the step's only slot is taken, and a task waits for it
+    assert engine.run(hit)["status"] == "completed" and engine.states(hit)["a"]["output"] == "one"
+    assert [t["run_id"] for t in engine.claim("f")] == [running]
+    assert engine.tasks(held) == []  # still held for the slot
