@@ -169,3 +169,16 @@ def test_a_hit_takes_no_step_concurrency_slot(engine: Engine) -> None:
     assert engine.run(hit)["status"] == "completed" and engine.states(hit)["a"]["output"] == "one"
     assert [t["run_id"] for t in engine.claim("f")] == [running]
     assert engine.tasks(held) == []  # still held for the slot
+
+
+def test_a_rerun_from_a_cached_step_runs_its_handler_again(engine: Engine) -> None:
+    engine.define("f", [("a", [], CACHED), ("b", ["a"], CACHED)])
+    run_id = engine.start("f", {"n": 1})
+    serve(engine, "f", "first")
+    serve(engine, "f", "first")
+    assert engine.run(run_id)["status"] == "completed" and entries(engine) == 2
+    engine.row("select * from flowlane.retry_run_from(%s, 'b')", (run_id,))
+    assert entries(engine) == 1  # b's entry went; a keeps its own
+    assert serve(engine, "f", "second") == 1
+    assert engine.run(run_id)["output"] == {"b": "second"}
+    assert engine.states(engine.start("f", {"n": 1}))["b"]["output"] == "second"

@@ -158,3 +158,33 @@ begin
   return v_n;
 end;
 $$;
+
+-- a rerun from a step (retry_run_from) runs the handlers of the steps it resets again: the
+-- entries their completed tasks are keyed under go first (p_steps of the locked run p_run_id)
+create function flowlane._forget_cached(p_run_id uuid, p_steps text[]) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_tasks flowlane.step_tasks[];
+begin
+  select coalesce(array_agg(t order by t.step_slug, t.task_index), '{}') into v_tasks
+  from flowlane.step_tasks t
+  join flowlane.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug and s.opt_cache_ttl is not null
+  where t.run_id = p_run_id and t.step_slug = any (p_steps) and t.status = 'completed';
+  if cardinality(v_tasks) = 0 then
+    return;
+  end if;
+  with keyed as materialized (
+    select s.flow_slug, s.step_slug, coalesce(s.opt_cache_fingerprint, '') as fingerprint,
+           flowlane._cache_key_hash(s.opt_cache_key, i.input) as key_hash
+    from flowlane._claimed_inputs(v_tasks) i
+    join flowlane.runs r on r.run_id = i.run_id
+    join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = i.step_slug
+  )
+  delete from flowlane.step_cache e
+   using keyed k
+   where e.flow_slug = k.flow_slug and e.step_slug = k.step_slug and e.fingerprint = k.fingerprint
+     and e.key_hash = k.key_hash;
+end;
+$$;

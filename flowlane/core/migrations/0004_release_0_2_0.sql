@@ -101,7 +101,8 @@
 -- live passes, and a task of the step whose key has an entry when the step starts completes at
 -- once with it, without a queue message (step_tasks.message_id becomes nullable) and without a
 -- worker (step_tasks.cached, a new column, false for every existing task). The maintenance tick
--- deletes expired entries. add_step changes its signature (three arguments with defaults);
+-- deletes expired entries; retry_run_from deletes the entries of the steps it reruns.
+-- add_step changes its signature (three arguments with defaults);
 -- the functions workers call keep theirs, and a step without a cache is completed as before.
 
 -- == Written by hand: tables, types and data that the functions need ==
@@ -2158,6 +2159,7 @@ begin
       hint = 'retry the child runs themselves, or rerun from a step after it';
   end if;
   perform 1 from flowlane.step_states ss where ss.run_id = v_run.run_id order by ss.step_slug for update;
+  perform flowlane._forget_cached(v_run.run_id, v_steps);  -- (23_cache.sql)
   perform flowlane._reset_steps(v_run, v_steps);
   if v_run.status = 'failed' then
     perform flowlane._reopen_failed_steps(v_run.run_id);
@@ -4674,6 +4676,36 @@ begin
      for update skip locked);
   get diagnostics v_n = row_count;
   return v_n;
+end;
+$$;
+
+-- a rerun from a step (retry_run_from) runs the handlers of the steps it resets again: the
+-- entries their completed tasks are keyed under go first (p_steps of the locked run p_run_id)
+create or replace function flowlane._forget_cached(p_run_id uuid, p_steps text[]) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_tasks flowlane.step_tasks[];
+begin
+  select coalesce(array_agg(t order by t.step_slug, t.task_index), '{}') into v_tasks
+  from flowlane.step_tasks t
+  join flowlane.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug and s.opt_cache_ttl is not null
+  where t.run_id = p_run_id and t.step_slug = any (p_steps) and t.status = 'completed';
+  if cardinality(v_tasks) = 0 then
+    return;
+  end if;
+  with keyed as materialized (
+    select s.flow_slug, s.step_slug, coalesce(s.opt_cache_fingerprint, '') as fingerprint,
+           flowlane._cache_key_hash(s.opt_cache_key, i.input) as key_hash
+    from flowlane._claimed_inputs(v_tasks) i
+    join flowlane.runs r on r.run_id = i.run_id
+    join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = i.step_slug
+  )
+  delete from flowlane.step_cache e
+   using keyed k
+   where e.flow_slug = k.flow_slug and e.step_slug = k.step_slug and e.fingerprint = k.fingerprint
+     and e.key_hash = k.key_hash;
 end;
 $$;
 
