@@ -9,7 +9,6 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from flowlane.cli import main
 from tests.compiler.test_cli import commit_all, git, run
 
 FLOWS = """\
@@ -22,8 +21,7 @@ steps:
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
+    code, out, err = run(capsys, *argv)
     return code, out + err
 
 
