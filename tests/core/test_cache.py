@@ -182,3 +182,13 @@ def test_a_rerun_from_a_cached_step_runs_its_handler_again(engine: Engine) -> No
     assert serve(engine, "f", "second") == 1
     assert engine.run(run_id)["output"] == {"b": "second"}
     assert engine.states(engine.start("f", {"n": 1}))["b"]["output"] == "second"
+
+
+def test_deleting_a_flow_deletes_its_entries(engine: Engine) -> None:
+    engine.define("f", [("a", [], CACHED)])
+    engine.define("g", [("a", [], CACHED)])
+    for flow in ("f", "g"):
+        engine.start(flow, {"n": 1})
+        serve(engine, flow, flow)
+    engine.scalar("select flowlane.delete_flow_and_data('f')")
+    assert engine.rows("select flow_slug from flowlane.step_cache") == [{"flow_slug": "g"}]

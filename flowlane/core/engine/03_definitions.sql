@@ -706,6 +706,7 @@ begin
   delete from flowlane.step_tasks t where t.run_id = any (v_runs);
   delete from flowlane.step_states ss where ss.run_id = any (v_runs);
   delete from flowlane.runs r where r.run_id = any (v_runs);
+  delete from flowlane.step_cache e where e.flow_slug = delete_flow_and_data.flow_slug;
   delete from flowlane.deps d where d.flow_slug = delete_flow_and_data.flow_slug;
   delete from flowlane.steps s where s.flow_slug = delete_flow_and_data.flow_slug;
   delete from flowlane.flows f where f.flow_slug = delete_flow_and_data.flow_slug;

@@ -101,7 +101,8 @@
 -- live passes, and a task of the step whose key has an entry when the step starts completes at
 -- once with it, without a queue message (step_tasks.message_id becomes nullable) and without a
 -- worker (step_tasks.cached, a new column, false for every existing task). The maintenance tick
--- deletes expired entries; retry_run_from deletes the entries of the steps it reruns.
+-- deletes expired entries; retry_run_from deletes the entries of the steps it reruns, and
+-- delete_flow_and_data those of its flow.
 -- add_step changes its signature (three arguments with defaults);
 -- the functions workers call keep theirs, and a step without a cache is completed as before.
 
@@ -786,6 +787,7 @@ begin
   delete from flowlane.step_tasks t where t.run_id = any (v_runs);
   delete from flowlane.step_states ss where ss.run_id = any (v_runs);
   delete from flowlane.runs r where r.run_id = any (v_runs);
+  delete from flowlane.step_cache e where e.flow_slug = delete_flow_and_data.flow_slug;
   delete from flowlane.deps d where d.flow_slug = delete_flow_and_data.flow_slug;
   delete from flowlane.steps s where s.flow_slug = delete_flow_and_data.flow_slug;
   delete from flowlane.flows f where f.flow_slug = delete_flow_and_data.flow_slug;
