@@ -202,6 +202,8 @@ alter table flowlane.steps add column opt_cache_ttl int, add column opt_cache_ke
   add constraint steps_cache_ttl_positive check ((opt_cache_ttl is null) or (opt_cache_ttl >= 1)),
   add constraint steps_cache_needs_ttl check ((opt_cache_ttl is not null) or ((opt_cache_key is null) and (opt_cache_fingerprint is null))),
   add constraint steps_cache_needs_tasks check ((opt_cache_ttl is null) or (queue_name is not null));
+-- (a task has a queue message unless it completed from the cache: only 23_cache.sql inserts
+-- one without; the message id stays an immutable identity once written)
 alter table flowlane.step_tasks alter column message_id drop not null,
   add column cached boolean default false not null;
 create table flowlane.step_cache (
