@@ -192,3 +192,13 @@ def test_deleting_a_flow_deletes_its_entries(engine: Engine) -> None:
         serve(engine, flow, flow)
     engine.scalar("select flowlane.delete_flow_and_data('f')")
     assert engine.rows("select flow_slug from flowlane.step_cache") == [{"flow_slug": "g"}]
+
+
+def test_a_cached_and_an_uncached_step_share_a_queue(engine: Engine) -> None:
+    engine.define("f", [("a", [], CACHED), ("b", [], {})])  # both start together, on queue f
+    engine.start("f", {"n": 1})
+    assert serve(engine, "f", "out") == 2
+    run_id = engine.start("f", {"n": 1})
+    assert cached_flags(engine, run_id, "a") == [True]
+    [task] = engine.claim("f")
+    assert task["step_slug"] == "b"

@@ -4608,7 +4608,11 @@ begin
            case when s.opt_cache_ttl is not null then flowlane._cache_key_hash(s.opt_cache_key, i.input) end as key_hash
     from tasks k
     join flowlane.steps s on s.flow_slug = (k.t).flow_slug and s.step_slug = (k.t).step_slug
-    join flowlane._claimed_inputs(array(select x.t from tasks x)) i
+    -- (the inputs of the cached steps' tasks only: a queue's tasks may be of several steps)
+    left join flowlane._claimed_inputs(array(
+      select x.t from tasks x
+      join flowlane.steps c on c.flow_slug = (x.t).flow_slug and c.step_slug = (x.t).step_slug
+      where c.opt_cache_ttl is not null)) i
       on i.run_id = (k.t).run_id and i.step_slug = (k.t).step_slug and i.task_index = (k.t).task_index
   ), found as (
     select k.*, e.output, e.flow_slug is not null as hit
