@@ -23,7 +23,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from flowlane import errors, project_root
-from flowlane.compiler import api, check, compiled, contracts, names, shape
+from flowlane.compiler import api, caching, check, compiled, contracts, names, shape
 from flowlane.compiler.model import (
     Alias,
     Concurrency,
@@ -32,6 +32,8 @@ from flowlane.compiler.model import (
     Project,
     QueueLimits,
     Schedule,
+    Step,
+    StepCache,
     Trigger,
 )
 from flowlane.core import db, definitions
@@ -213,7 +215,21 @@ def _option_differences(flow: Flow, row: dict[str, Any], state: _State) -> tuple
                 found.append(f"step {step.slug}: {name}: {_flow_value(name, old)} in the database, "
                              f"{_flow_value(name, new)} in the YAML")
         found += _concurrency_change(f"step {step.slug}: ", step_row, step.concurrency)
+        found += _cache_change(step, step_row)
     return tuple(found)
+
+
+def _cache_change(step: Step, row: dict[str, Any]) -> list[str]:
+    """A step's cache as the database holds it against the YAML's; a changed handler changes
+    the fingerprint its entries are kept under."""
+    ttl, key = row.get("opt_cache_ttl"), row.get("opt_cache_key")
+    held = None if ttl is None else StepCache(ttl, None if key is None else tuple(key))
+    prefix = f"step {step.slug}: cache"
+    if held != step.cache:
+        return [f"{prefix}: {held or 'none'} in the database, {step.cache or 'none'} in the YAML"]
+    if step.cache is not None and row.get("opt_cache_fingerprint") != caching.fingerprint(step):
+        return [f"{prefix}: the step's handler or shape changed (its cached outputs are not reused)"]
+    return []
 
 
 def _concurrency_change(prefix: str, row: dict[str, Any], wanted: Concurrency | None

@@ -232,7 +232,8 @@ _CALL = re.compile(r"^select flowlane\.(?P<function>create_flow|add_step|set_que
                    r"\n(?P<arguments>.*?)\n\);$", re.MULTILINE | re.DOTALL)
 _ARGUMENT = re.compile(r"^  (?P<name>[a-z_]+) => (?P<value>.*?),?$", re.MULTILINE)
 FLOW_CONTROL = ("concurrency_limit", "concurrency_key", "concurrency_when_full", "priority",
-                "debounce_period", "debounce_key", "debounce_max_wait")
+                "debounce_period", "debounce_key", "debounce_max_wait", "cache_ttl", "cache_key",
+                "cache_fingerprint")
 _QUEUE_LIMITS = ("concurrency", "rate_limit", "rate_per")
 _TRIGGER = ("flow_name", "table_name", "events", "when_pattern", "unless_pattern", "input_map", "key_pointer",
             "on_refused")

@@ -111,6 +111,8 @@ WEBHOOK_INPUT_REFUSED = _code("FL117", "webhook input the flow's input contract 
 INVALID_WHEN_FULL = _code("FL187", "concurrency when_full is not queue, replace_waiting or cancel_running")
 CONCURRENCY_KEY_NEVER_PRESENT = _code("FL188", "concurrency key names a field the input_schema never allows")
 DEBOUNCE_CONFLICT = _code("FL189", "debounce max_wait shorter than its period, or debounce beside dedup")
+CACHE_TTL_TOO_SHORT = _code("FL190", "step cache ttl under one second")
+CACHE_KEY_NEVER_PRESENT = _code("FL191", "step cache key names a field the step's input never has")
 # check (compiled SQL against the YAML and the base revision)
 STALE_SQL = _code("FL090", "compiled SQL is stale, missing or hand-edited")
 NEW_VERSION_REQUIRED = _code("FL091", "NEW_VERSION_REQUIRED: a committed flow changed its shape")

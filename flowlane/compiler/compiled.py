@@ -24,8 +24,8 @@ from typing import Any, Literal, NamedTuple, get_args
 import jinja2
 
 from flowlane import defaults
+from flowlane.compiler import caching, sqltext
 from flowlane.compiler import shape as shapes
-from flowlane.compiler import sqltext
 from flowlane.compiler.model import Flow, Mode, Project, Step, StepType
 from flowlane.compiler.sqltext import Sql
 
@@ -130,6 +130,9 @@ class QuotedStep(NamedTuple):
     concurrency_limit: Sql | None
     concurrency_key: Sql | None
     compensate: Sql | None
+    cache_ttl: Sql | None
+    cache_key: Sql | None
+    cache_fingerprint: Sql | None
 
 
 _NULL = sqltext.literal(None)
@@ -160,6 +163,10 @@ def quoted_step(step: Step) -> QuotedStep:
         concurrency_key=(None if step.concurrency is None or step.concurrency.key is None
                          else literal(step.concurrency.key)),
         compensate=None if step.compensate is None else literal(step.compensate),
+        cache_ttl=None if step.cache is None else literal(step.cache.ttl),
+        cache_key=(None if step.cache is None or step.cache.key is None
+                   else sqltext.text_array(step.cache.key)),
+        cache_fingerprint=None if step.cache is None else literal(caching.fingerprint(step)),
     )
 
 

@@ -40,6 +40,18 @@ class Concurrency:
 
 
 @dataclass(frozen=True)
+class StepCache:
+    """A step's tasks reuse a completed task's output for ``ttl`` seconds when their key is the
+    same: the task's whole input, or the values at the ``key`` pointers into it."""
+
+    ttl: int
+    key: tuple[str, ...] | None = None
+
+    def __str__(self) -> str:
+        return f"{self.ttl}s" if self.key is None else f"{self.ttl}s per {', '.join(self.key)}"
+
+
+@dataclass(frozen=True)
 class Step:
     """One step of a concrete flow, with its resolved queue. A wait step and a child-flow
     step (``flow``: a flow slug or alias) have neither a handler nor a queue."""
@@ -63,6 +75,7 @@ class Step:
     flow: str | None = None
     concurrency: Concurrency | None = None
     compensate: str | None = None  # the flow or alias that undoes the step when its run fails
+    cache: StepCache | None = None  # completed outputs reused for tasks with the same key
     location: Location | None = field(default=None, compare=False)
     handler_location: Location | None = field(default=None, compare=False)
 

@@ -21,6 +21,11 @@ def flow_shape(flow: Flow) -> dict[str, Any]:
     return shape
 
 
+def step_shape(step: Step) -> dict[str, Any]:
+    """One step's part of its flow's shape."""
+    return _step_shape(step)
+
+
 def _step_shape(step: Step) -> dict[str, Any]:
     shape: dict[str, Any] = {
         "slug": step.slug,

@@ -307,10 +307,20 @@ def _step_table(state: dict[str, Any]) -> list[str]:
         tasks = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "-"
         tried = str(attempts[slug]) if attempts.get(slug) else "-"
         error = step.get("error_message") or errors.get(slug)
-        note = _one_line(error) if error else ""
+        note = _one_line(error) if error else _cache_note(state, slug)
         if ended and step["status"] in ("created", "cancelled") and not counts:
             note = f"not started: the run {state['run']['status']} first"
         if step.get("skip_reason"):
             note = f"skipped: {step['skip_reason']}" + (f" ({note})" if note else "")
         rows.append(f"{slug:<24} {step['status']:<10} {tasks:<26} {tried:<11} {note}".rstrip())
     return rows
+
+
+def _cache_note(state: dict[str, Any], slug: str) -> str:
+    """A step whose tasks completed from its cache (without a worker) says so."""
+    tasks = [t for t in state.get("tasks", []) if t["step_slug"] == slug]
+    cached = sum(1 for t in tasks if t.get("cached"))
+    if not cached:
+        return ""
+    return "cached: completed from the cache" if cached == len(tasks) else \
+        f"cached: {cached} of {len(tasks)} tasks completed from the cache"

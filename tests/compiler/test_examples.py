@@ -11,6 +11,7 @@ import pytest
 
 from flowlane import compiler, load_project
 from flowlane.compiler import check
+from flowlane.compiler.model import StepCache
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "flows").glob("*.yaml"))
@@ -40,6 +41,7 @@ def test_the_flow_control_example_compiles_and_its_handlers_import() -> None:
     project = load_project(ROOT / "examples" / "flow_control")
     assert [q.name for q in project.queue_limits] == ["deliver_slack_alerts"]
     assert "queues.sql" in compiler.compile_project(project)
+    assert project.flow("slack_alerts").steps[0].cache == StepCache(3600, ("/customer_id",))
     for ref in project.handlers():
         module = importlib.import_module(ref.handler.partition(":")[0])
         assert callable(getattr(module, ref.handler.partition(":")[2])), ref

@@ -391,6 +391,11 @@ def assert_invariants(engine: Engine) -> None:
             full join flowlane.task_leases l
               on l.run_id = t.run_id and l.step_slug = t.step_slug and l.task_index = t.task_index
             where t.started_at is distinct from l.started_at"""
+    if engine.scalar("select to_regclass('flowlane.step_cache') is not null"):
+        # 0004+: a task has a queue message unless it completed from its step's cache
+        violations["task without a message that did not complete from the cache"] = """
+            select t.run_id, t.step_slug from flowlane.step_tasks t
+            where t.message_id is null and not (t.cached and t.status = 'completed')"""
     if engine.scalar("select to_regproc('flowlane.stuck_runs') is not null"):
         # 0006+: every started run has a task that can move it
         violations["started run that no task can move"] = "select * from flowlane.stuck_runs()"

@@ -20,7 +20,9 @@ EXPECTED = {
             "when_unmet text DEFAULT 'skip'::text, "
             "when_exhausted text DEFAULT 'fail'::text, queue_name text DEFAULT NULL::text, "
             "child_flow text DEFAULT NULL::text, concurrency_limit integer DEFAULT NULL::integer, "
-            "concurrency_key text DEFAULT NULL::text, compensate text DEFAULT NULL::text"
+            "concurrency_key text DEFAULT NULL::text, compensate text DEFAULT NULL::text, "
+            "cache_ttl integer DEFAULT NULL::integer, cache_key text[] DEFAULT NULL::text[], "
+            "cache_fingerprint text DEFAULT NULL::text"
         ),
         "flowlane.steps",
     ),

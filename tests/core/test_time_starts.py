@@ -216,7 +216,8 @@ def test_a_finished_run_has_no_deadline_to_miss(engine: Engine) -> None:
     [task] = engine.claim("f")
     engine.complete(task, 1)
     assert _tick(engine, 3600) == {
-        "fired": 0, "begun": 0, "failed": 0, "waits_expired": 0, "released": 0, "pruned": 0}
+        "fired": 0, "begun": 0, "failed": 0, "waits_expired": 0, "released": 0, "pruned": 0,
+        "cache_pruned": 0}
     assert engine.run(run_id)["status"] == "completed"
 
 

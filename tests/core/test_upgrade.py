@@ -556,3 +556,24 @@ def test_a_run_in_flight_on_the_previous_release_gets_a_failure_handler_and_comp
         assert (inputs["a"]["input"], inputs["a"]["output"]) == ({"n": 1}, {"a": 1})
         assert inputs["handler"]["failed_step"] == "b"
         assert engine.run(run_id)["compensation"] == "running"
+
+
+def test_a_step_of_the_previous_release_takes_a_cache_with_a_run_in_flight(
+    db_factory: Callable[..., str],
+) -> None:
+    previous = previous_release()
+    with psycopg.connect(db_factory(previous.last_migration), autocommit=True) as conn:
+        engine = Engine(conn)
+        engine.define("f", [("a", [], {})])
+        done, in_flight = engine.start("f", {"n": 1}), engine.start("f", {"n": 1})
+        tasks = {t["run_id"]: t for t in engine.claim("f")}
+        engine.complete(tasks[done], "before")
+        migrator.migrate(conn)
+        # the tasks kept their messages and came from no cache
+        kept = engine.tasks(done) + engine.tasks(in_flight)
+        assert [(t["cached"], t["message_id"] is not None) for t in kept] == [(False, True), (False, True)]
+        engine.add_step("f", "a", cache_ttl=3600, cache_fingerprint="v1")  # as a deploy does
+        engine.complete(tasks[in_flight], "after")  # the claim made before the upgrade
+        later = engine.start("f", {"n": 1})
+        assert engine.states(later)["a"]["output"] == "after" and engine.tasks(later)[0]["cached"]
+        assert_invariants(engine)

@@ -62,3 +62,22 @@ def test_a_debounced_run_says_when_it_begins_on_its_page_and_in_the_runs_list(ds
         listed = ui_support.fetch(f"{console.url}/runs").body
         assert re.search(r'data-waiting-for="debounce customer_id=7: starts in \d+(\.\d)? s unless another '
                          r'arrives"', listed), listed
+
+
+def test_a_step_completed_from_its_cache_is_marked_cached_on_the_run_page(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("select flowlane.create_flow('docs')")
+        conn.execute("select flowlane.add_step('docs', 'embed', step_type => 'map', cache_ttl => 3600)")
+        first = conn.execute("select run_id from flowlane.start_flow('docs', '[1, 2]')").fetchone()[0]  # type: ignore[index]
+        worker = uuid.uuid4()
+        for task in conn.execute("select run_id, step_slug, task_index, attempt from flowlane.claim_tasks("
+                                 "'docs', 10, %s, %s) where outcome = 'claimed'",
+                                 (worker, Jsonb([["docs", "embed"]]))).fetchall():
+            conn.execute("select flowlane.complete_task(%s, %s, %s, %s, %s, %s)",
+                         (*task[:3], Jsonb(task[2]), worker, task[3]))
+        second = conn.execute("select run_id from flowlane.start_flow('docs', '[2, 1, 3]')").fetchone()[0]  # type: ignore[index]
+    with ui_support.ui_server(dsn) as console:
+        page = ui_support.fetch(f"{console.url}/runs/{second}").body
+        assert '<span class="tag" data-cached="2" ' in page and ">cached 2 of 3</span>" in page, page
+        assert "docs · cached" in page
+        assert "data-cached" not in ui_support.fetch(f"{console.url}/runs/{first}").body

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from flowlane import defaults
-from flowlane.compiler import durations
+from flowlane.compiler import caching, durations
 from flowlane.compiler.checks.flow_contracts import FlowContracts
 from flowlane.compiler.checks.flow_document import FlowDocument
 from flowlane.compiler.checks.shared import opt_int, opt_seconds
@@ -69,6 +69,7 @@ def _step(flow: FlowDocument, contracts: FlowContracts, index: int, slug: str, n
         flow=get("flow"),
         concurrency=_concurrency(spec),
         compensate=get("compensate", {}).get("flow"),
+        cache=caching.step_cache(spec),
         location=flow.entry.loc(("steps", slug), key=True),
         handler_location=(flow.entry.loc(("steps", slug, "handler"))
                           if "handler" in spec else None),

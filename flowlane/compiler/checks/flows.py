@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from flowlane.compiler import codes, durations, schema, toposort
+from flowlane.compiler import caching, codes, durations, schema, toposort
 from flowlane.compiler.checks import flow_routing
 from flowlane.compiler.checks.flow_contracts import FlowContracts
 from flowlane.compiler.checks.flow_document import FlowDocument
@@ -38,6 +38,7 @@ class FlowChecker(FlowDocument):
         self.contracts.check_graph(needs)
         self.contracts.check_concurrency_keys()
         self._debounce_fits()
+        caching.check(self, self.contracts)
         order = self._order(needs)
         queues = flow_routing.queues_of(self, order) if order else None
         if self.errors or order is None or queues is None:
@@ -223,8 +224,8 @@ class FlowChecker(FlowDocument):
 
 
 # step options that concern a handler, meaningless for a wait or child-flow step
-HANDLER_OPTIONS = {"wait": ("max_attempts", "base_delay", "start_delay", "concurrency"),
-                   "child-flow": ("base_delay", "start_delay", "timeout", "concurrency")}
+HANDLER_OPTIONS = {"wait": ("max_attempts", "base_delay", "start_delay", "concurrency", "cache"),
+                   "child-flow": ("base_delay", "start_delay", "timeout", "concurrency", "cache")}
 
 
 DURATION_OPTIONS = ("timeout", "base_delay", "start_delay", "deadline")

@@ -137,7 +137,10 @@ create function flowlane.add_step(
   child_flow text = null,
   concurrency_limit int = null,
   concurrency_key text = null,
-  compensate text = null
+  compensate text = null,
+  cache_ttl int = null,
+  cache_key text[] = null,
+  cache_fingerprint text = null
 ) returns flowlane.steps
 language plpgsql volatile
 set search_path = ''
@@ -216,6 +219,8 @@ begin
     raise exception 'step "%" of flow "%": a concurrency limit needs a step with a handler (a wait or child-flow step has no tasks)',
       v_step, v_flow using errcode = '22023';
   end if;
+  perform flowlane._check_cache(format('step "%s" of flow "%s"', v_step, v_flow), add_step.cache_ttl,
+    add_step.cache_key, v_type <> 'wait' and add_step.child_flow is null);
   v_queue := flowlane._step_queue(v_flow, v_step, v_index, v_mode, v_type, add_step.queue_name,
                                   add_step.child_flow);
 
@@ -256,7 +261,9 @@ begin
            opt_timeout = timeout, opt_start_delay = start_delay,
            opt_concurrency_limit = add_step.concurrency_limit,
            opt_concurrency_key = nullif(add_step.concurrency_key, ''),
-           opt_compensate = add_step.compensate
+           opt_compensate = add_step.compensate,
+           opt_cache_ttl = add_step.cache_ttl, opt_cache_key = add_step.cache_key,
+           opt_cache_fingerprint = case when add_step.cache_ttl is not null then add_step.cache_fingerprint end
      where s.flow_slug = v_flow and s.step_slug = v_step
     returning * into v_row;
     if (v_existing.opt_concurrency_limit, v_existing.opt_concurrency_key)
@@ -294,10 +301,12 @@ begin
   insert into flowlane.steps (flow_slug, step_slug, step_type, step_index, deps_count,
     opt_max_attempts, opt_base_delay, opt_timeout, opt_start_delay,
     required_input_pattern, forbidden_input_pattern, when_unmet, when_exhausted, queue_name, child_flow,
-    opt_concurrency_limit, opt_concurrency_key, opt_compensate)
+    opt_concurrency_limit, opt_concurrency_key, opt_compensate, opt_cache_ttl, opt_cache_key, opt_cache_fingerprint)
   values (v_flow, v_step, v_type, v_index, cardinality(v_sorted_deps), max_attempts, base_delay, timeout,
     start_delay, required_input_pattern, forbidden_input_pattern, v_unmet, v_exhausted, v_queue,
-    add_step.child_flow, add_step.concurrency_limit, nullif(add_step.concurrency_key, ''), add_step.compensate)
+    add_step.child_flow, add_step.concurrency_limit, nullif(add_step.concurrency_key, ''), add_step.compensate,
+    add_step.cache_ttl, add_step.cache_key,
+    case when add_step.cache_ttl is not null then add_step.cache_fingerprint end)
   returning * into v_row;
   insert into flowlane.deps (flow_slug, dep_slug, step_slug)
   select v_flow, d, v_step from unnest(v_sorted_deps) d;
@@ -697,6 +706,7 @@ begin
   delete from flowlane.step_tasks t where t.run_id = any (v_runs);
   delete from flowlane.step_states ss where ss.run_id = any (v_runs);
   delete from flowlane.runs r where r.run_id = any (v_runs);
+  delete from flowlane.step_cache e where e.flow_slug = delete_flow_and_data.flow_slug;
   delete from flowlane.deps d where d.flow_slug = delete_flow_and_data.flow_slug;
   delete from flowlane.steps s where s.flow_slug = delete_flow_and_data.flow_slug;
   delete from flowlane.flows f where f.flow_slug = delete_flow_and_data.flow_slug;

@@ -529,7 +529,7 @@ begin
                      || case when r.priority <> 0 then jsonb_build_object('priority', r.priority)
                              else '{}'::jsonb end
                      order by st.run_id, s.step_index, k) as bodies,
-           bool_or(s.opt_concurrency_limit is not null) as limited
+           bool_or(s.opt_concurrency_limit is not null) as limited, bool_or(s.opt_cache_ttl is not null) as cached
     from unnest(p_started) st
     join flowlane.steps s on s.flow_slug = st.flow_slug and s.step_slug = st.step_slug
     join flowlane.runs r on r.run_id = st.run_id
@@ -542,6 +542,8 @@ begin
       perform flowlane._start_children(p_started);
       continue;
     end if;
+    -- a cached step: tasks whose key has an entry complete at once (23_cache.sql)
+    v_group.bodies := case when v_group.cached then flowlane._take_cached(v_group.bodies) else v_group.bodies end;
     -- a step with a concurrency limit: tasks over its key's limit are held (19_flow_control.sql)
     perform flowlane._send_tasks(v_group.queue_name,
       case when v_group.limited then flowlane._take_step_slots(v_group.bodies) else v_group.bodies end,

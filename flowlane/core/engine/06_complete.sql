@@ -245,6 +245,7 @@ declare
   v_task flowlane.step_tasks;
   v_done flowlane.step_tasks[];
   v_steps flowlane.step_states[];
+  v_cached boolean;
   v_runs uuid[];
 begin
   if cardinality(p_items) = 1 then  -- one result: the plain case costs what it does
@@ -326,10 +327,11 @@ begin
   -- (the step's type joins the batch's counts, not step_states: joined to step_states on
   -- flow_slug, a generic plan read every state of the flow through step_states_flow_idx)
   with counts as (
-    select d.run_id, d.step_slug, st.step_type, count(*)::int as n, (array_agg(d.output))[1] as output
+    select d.run_id, d.step_slug, st.step_type, count(*)::int as n, (array_agg(d.output))[1] as output,
+           st.opt_cache_ttl is not null as cached
     from unnest(v_done) d
     join flowlane.steps st on st.flow_slug = d.flow_slug and st.step_slug = d.step_slug
-    group by 1, 2, 3
+    group by 1, 2, 3, 6
   ), updated as (
     update flowlane.step_states ss
        set remaining_tasks = ss.remaining_tasks - c.n,
@@ -342,8 +344,12 @@ begin
                                where t.run_id = ss.run_id and t.step_slug = ss.step_slug) end
       from counts c
      where ss.run_id = c.run_id and ss.step_slug = c.step_slug and ss.run_id = any (v_runs)
-    returning ss
-  ) select coalesce(array_agg(u.ss) filter (where (u.ss).status = 'completed'), '{}') into v_steps from updated u;
+    returning ss, c.cached
+  ) select coalesce(array_agg(u.ss) filter (where (u.ss).status = 'completed'), '{}'), bool_or(u.cached)
+      into v_steps, v_cached from updated u;
+  if v_cached then  -- (23_cache.sql)
+    perform flowlane._cache_outputs(v_done);
+  end if;
   if cardinality(v_steps) > 0 then
     perform flowlane._steps_done(v_steps);
   end if;
@@ -410,12 +416,13 @@ as $$
 declare
   v_task flowlane.step_tasks := flowlane._lock_one(p_item);
   v_step_type text;
+  v_cached boolean;
   v_state flowlane.step_states;
 begin
   if v_task.run_id is null then
     return null;
   end if;
-  select s.step_type into v_step_type from flowlane.steps s
+  select s.step_type, s.opt_cache_ttl is not null into v_step_type, v_cached from flowlane.steps s
   where s.flow_slug = v_task.flow_slug and s.step_slug = v_task.step_slug;
   if v_step_type = 'single' and exists (  -- its output's type is checked by the batch path
        select 1 from flowlane.deps d
@@ -429,6 +436,9 @@ begin
   returning t.* into v_task;
   if v_task.message_id is not null then
     perform flowlane._queue_archive(flowlane._task_queue(v_task), v_task.message_id);
+  end if;
+  if v_cached then  -- (23_cache.sql)
+    perform flowlane._cache_outputs(array[v_task]);
   end if;
   update flowlane.step_states ss
      set remaining_tasks = ss.remaining_tasks - 1,

@@ -198,6 +198,7 @@ begin
       hint = 'retry the child runs themselves, or rerun from a step after it';
   end if;
   perform 1 from flowlane.step_states ss where ss.run_id = v_run.run_id order by ss.step_slug for update;
+  perform flowlane._forget_cached(v_run.run_id, v_steps);  -- (23_cache.sql)
   perform flowlane._reset_steps(v_run, v_steps);
   if v_run.status = 'failed' then
     perform flowlane._reopen_failed_steps(v_run.run_id);

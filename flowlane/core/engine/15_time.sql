@@ -612,8 +612,10 @@ declare
   v_expired int := flowlane.expire_waits(p_now);
   v_released int := flowlane._release_held(p_now);
   v_pruned int := (select p.runs_deleted from flowlane.prune_runs(p_now) p);
+  v_cache_pruned int := flowlane._prune_cache(p_now);  -- expired step cache entries (23_cache.sql)
 begin
   return jsonb_build_object('fired', v_fired, 'begun', v_begun, 'failed', v_failed,
-                            'waits_expired', v_expired, 'released', v_released, 'pruned', v_pruned);
+                            'waits_expired', v_expired, 'released', v_released, 'pruned', v_pruned,
+                            'cache_pruned', v_cache_pruned);
 end;
 $$;

@@ -100,6 +100,17 @@
 -- leaving the failed run without the link to its handler and a stopped compensation without
 -- the run `retry --compensation` retries. Only a function changes.
 
+-- A step may cache its tasks' outputs (steps.opt_cache_ttl, opt_cache_key, opt_cache_fingerprint;
+-- add_step's cache_ttl, cache_key, cache_fingerprint): a completed task's output is kept in the
+-- new table step_cache under the key of its input and the step's fingerprint until its time to
+-- live passes, and a task of the step whose key has an entry when the step starts completes at
+-- once with it, without a queue message (step_tasks.message_id becomes nullable) and without a
+-- worker (step_tasks.cached, a new column, false for every existing task). The maintenance tick
+-- deletes expired entries; retry_run_from deletes the entries of the steps it reruns, and
+-- delete_flow_and_data those of its flow.
+-- add_step changes its signature (three arguments with defaults);
+-- the functions workers call keep theirs, and a step without a cache is completed as before.
+
 -- == Written by hand: tables, types and data that the functions need ==
 
 -- fenced results and rerun from a step: the attempt history records an operator's
@@ -188,6 +199,30 @@ create table flowlane.compensations (
 );
 create unique index compensations_run_idx on flowlane.compensations (compensation_run_id)
   where (compensation_run_id is not null);
+
+-- step cache: each cached step's options, the tasks completed from the cache (no message),
+-- and the entries
+alter table flowlane.steps add column opt_cache_ttl int, add column opt_cache_key text[],
+  add column opt_cache_fingerprint text,
+  add constraint steps_cache_ttl_positive check ((opt_cache_ttl is null) or (opt_cache_ttl >= 1)),
+  add constraint steps_cache_needs_ttl check ((opt_cache_ttl is not null) or ((opt_cache_key is null) and (opt_cache_fingerprint is null))),
+  add constraint steps_cache_needs_tasks check ((opt_cache_ttl is null) or (queue_name is not null));
+-- (a task has a queue message unless it completed from the cache: only 23_cache.sql inserts
+-- one without; the message id stays an immutable identity once written)
+alter table flowlane.step_tasks alter column message_id drop not null,
+  add column cached boolean default false not null;
+create table flowlane.step_cache (
+  flow_slug text not null,
+  step_slug text not null,
+  fingerprint text not null,
+  key_hash text not null,
+  output jsonb,
+  created_at timestamptz default now() not null,
+  expires_at timestamptz not null,
+  constraint step_cache_pkey primary key (flow_slug, step_slug, fingerprint, key_hash),
+  constraint step_cache_expires_after_created check (expires_at > created_at)
+);
+create index step_cache_expires_idx on flowlane.step_cache (expires_at);
 
 -- == Drafted from the engine source by `python -m flowlane.core.draft_migration`; redrafted, never edited ==
 
@@ -402,7 +437,10 @@ create or replace function flowlane.add_step(
   child_flow text = null,
   concurrency_limit int = null,
   concurrency_key text = null,
-  compensate text = null
+  compensate text = null,
+  cache_ttl int = null,
+  cache_key text[] = null,
+  cache_fingerprint text = null
 ) returns flowlane.steps
 language plpgsql volatile
 set search_path = ''
@@ -481,6 +519,8 @@ begin
     raise exception 'step "%" of flow "%": a concurrency limit needs a step with a handler (a wait or child-flow step has no tasks)',
       v_step, v_flow using errcode = '22023';
   end if;
+  perform flowlane._check_cache(format('step "%s" of flow "%s"', v_step, v_flow), add_step.cache_ttl,
+    add_step.cache_key, v_type <> 'wait' and add_step.child_flow is null);
   v_queue := flowlane._step_queue(v_flow, v_step, v_index, v_mode, v_type, add_step.queue_name,
                                   add_step.child_flow);
 
@@ -521,7 +561,9 @@ begin
            opt_timeout = timeout, opt_start_delay = start_delay,
            opt_concurrency_limit = add_step.concurrency_limit,
            opt_concurrency_key = nullif(add_step.concurrency_key, ''),
-           opt_compensate = add_step.compensate
+           opt_compensate = add_step.compensate,
+           opt_cache_ttl = add_step.cache_ttl, opt_cache_key = add_step.cache_key,
+           opt_cache_fingerprint = case when add_step.cache_ttl is not null then add_step.cache_fingerprint end
      where s.flow_slug = v_flow and s.step_slug = v_step
     returning * into v_row;
     if (v_existing.opt_concurrency_limit, v_existing.opt_concurrency_key)
@@ -559,10 +601,12 @@ begin
   insert into flowlane.steps (flow_slug, step_slug, step_type, step_index, deps_count,
     opt_max_attempts, opt_base_delay, opt_timeout, opt_start_delay,
     required_input_pattern, forbidden_input_pattern, when_unmet, when_exhausted, queue_name, child_flow,
-    opt_concurrency_limit, opt_concurrency_key, opt_compensate)
+    opt_concurrency_limit, opt_concurrency_key, opt_compensate, opt_cache_ttl, opt_cache_key, opt_cache_fingerprint)
   values (v_flow, v_step, v_type, v_index, cardinality(v_sorted_deps), max_attempts, base_delay, timeout,
     start_delay, required_input_pattern, forbidden_input_pattern, v_unmet, v_exhausted, v_queue,
-    add_step.child_flow, add_step.concurrency_limit, nullif(add_step.concurrency_key, ''), add_step.compensate)
+    add_step.child_flow, add_step.concurrency_limit, nullif(add_step.concurrency_key, ''), add_step.compensate,
+    add_step.cache_ttl, add_step.cache_key,
+    case when add_step.cache_ttl is not null then add_step.cache_fingerprint end)
   returning * into v_row;
   insert into flowlane.deps (flow_slug, dep_slug, step_slug)
   select v_flow, d, v_step from unnest(v_sorted_deps) d;
@@ -750,6 +794,7 @@ begin
   delete from flowlane.step_tasks t where t.run_id = any (v_runs);
   delete from flowlane.step_states ss where ss.run_id = any (v_runs);
   delete from flowlane.runs r where r.run_id = any (v_runs);
+  delete from flowlane.step_cache e where e.flow_slug = delete_flow_and_data.flow_slug;
   delete from flowlane.deps d where d.flow_slug = delete_flow_and_data.flow_slug;
   delete from flowlane.steps s where s.flow_slug = delete_flow_and_data.flow_slug;
   delete from flowlane.flows f where f.flow_slug = delete_flow_and_data.flow_slug;
@@ -1117,6 +1162,49 @@ begin
   if cardinality(v_started) > 0 then
     perform flowlane._enqueue_started(v_started);
   end if;
+end;
+$$;
+
+-- the tasks of steps just started (their runs' locks held): one _send_tasks per (queue, start
+-- delay), which holds back those over a step's concurrency limit; wait and child-flow steps
+-- begin instead
+create or replace function flowlane._enqueue_started(p_started flowlane.step_states[]) returns void
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_group record;
+begin
+  for v_group in
+    select s.queue_name, coalesce(s.opt_start_delay, 0) as start_delay,
+           array_agg(jsonb_build_object('flow_slug', st.flow_slug, 'run_id', st.run_id,
+                                        'step_slug', st.step_slug, 'task_index', k)
+                     || case when r.priority <> 0 then jsonb_build_object('priority', r.priority)
+                             else '{}'::jsonb end
+                     order by st.run_id, s.step_index, k) as bodies,
+           bool_or(s.opt_concurrency_limit is not null) as limited, bool_or(s.opt_cache_ttl is not null) as cached
+    from unnest(p_started) st
+    join flowlane.steps s on s.flow_slug = st.flow_slug and s.step_slug = st.step_slug
+    join flowlane.runs r on r.run_id = st.run_id
+    cross join lateral generate_series(0, st.initial_tasks - 1) as k
+    group by 1, 2
+    order by 1, 2
+  loop
+    if v_group.queue_name is null then  -- wait and child-flow steps: no task (17_waits.sql, 18_children.sql)
+      perform flowlane._begin_waits(p_started);
+      perform flowlane._start_children(p_started);
+      continue;
+    end if;
+    -- a cached step: tasks whose key has an entry complete at once (23_cache.sql)
+    v_group.bodies := case when v_group.cached then flowlane._take_cached(v_group.bodies) else v_group.bodies end;
+    -- a step with a concurrency limit: tasks over its key's limit are held (19_flow_control.sql)
+    perform flowlane._send_tasks(v_group.queue_name,
+      case when v_group.limited then flowlane._take_step_slots(v_group.bodies) else v_group.bodies end,
+      v_group.start_delay);
+  end loop;
 end;
 $$;
 
@@ -1548,6 +1636,7 @@ declare
   v_task flowlane.step_tasks;
   v_done flowlane.step_tasks[];
   v_steps flowlane.step_states[];
+  v_cached boolean;
   v_runs uuid[];
 begin
   if cardinality(p_items) = 1 then  -- one result: the plain case costs what it does
@@ -1629,10 +1718,11 @@ begin
   -- (the step's type joins the batch's counts, not step_states: joined to step_states on
   -- flow_slug, a generic plan read every state of the flow through step_states_flow_idx)
   with counts as (
-    select d.run_id, d.step_slug, st.step_type, count(*)::int as n, (array_agg(d.output))[1] as output
+    select d.run_id, d.step_slug, st.step_type, count(*)::int as n, (array_agg(d.output))[1] as output,
+           st.opt_cache_ttl is not null as cached
     from unnest(v_done) d
     join flowlane.steps st on st.flow_slug = d.flow_slug and st.step_slug = d.step_slug
-    group by 1, 2, 3
+    group by 1, 2, 3, 6
   ), updated as (
     update flowlane.step_states ss
        set remaining_tasks = ss.remaining_tasks - c.n,
@@ -1645,8 +1735,12 @@ begin
                                where t.run_id = ss.run_id and t.step_slug = ss.step_slug) end
       from counts c
      where ss.run_id = c.run_id and ss.step_slug = c.step_slug and ss.run_id = any (v_runs)
-    returning ss
-  ) select coalesce(array_agg(u.ss) filter (where (u.ss).status = 'completed'), '{}') into v_steps from updated u;
+    returning ss, c.cached
+  ) select coalesce(array_agg(u.ss) filter (where (u.ss).status = 'completed'), '{}'), bool_or(u.cached)
+      into v_steps, v_cached from updated u;
+  if v_cached then  -- (23_cache.sql)
+    perform flowlane._cache_outputs(v_done);
+  end if;
   if cardinality(v_steps) > 0 then
     perform flowlane._steps_done(v_steps);
   end if;
@@ -1663,12 +1757,13 @@ as $$
 declare
   v_task flowlane.step_tasks := flowlane._lock_one(p_item);
   v_step_type text;
+  v_cached boolean;
   v_state flowlane.step_states;
 begin
   if v_task.run_id is null then
     return null;
   end if;
-  select s.step_type into v_step_type from flowlane.steps s
+  select s.step_type, s.opt_cache_ttl is not null into v_step_type, v_cached from flowlane.steps s
   where s.flow_slug = v_task.flow_slug and s.step_slug = v_task.step_slug;
   if v_step_type = 'single' and exists (  -- its output's type is checked by the batch path
        select 1 from flowlane.deps d
@@ -1682,6 +1777,9 @@ begin
   returning t.* into v_task;
   if v_task.message_id is not null then
     perform flowlane._queue_archive(flowlane._task_queue(v_task), v_task.message_id);
+  end if;
+  if v_cached then  -- (23_cache.sql)
+    perform flowlane._cache_outputs(array[v_task]);
   end if;
   update flowlane.step_states ss
      set remaining_tasks = ss.remaining_tasks - 1,
@@ -2070,6 +2168,7 @@ begin
       hint = 'retry the child runs themselves, or rerun from a step after it';
   end if;
   perform 1 from flowlane.step_states ss where ss.run_id = v_run.run_id order by ss.step_slug for update;
+  perform flowlane._forget_cached(v_run.run_id, v_steps);  -- (23_cache.sql)
   perform flowlane._reset_steps(v_run, v_steps);
   if v_run.status = 'failed' then
     perform flowlane._reopen_failed_steps(v_run.run_id);
@@ -2881,9 +2980,11 @@ declare
   v_expired int := flowlane.expire_waits(p_now);
   v_released int := flowlane._release_held(p_now);
   v_pruned int := (select p.runs_deleted from flowlane.prune_runs(p_now) p);
+  v_cache_pruned int := flowlane._prune_cache(p_now);  -- expired step cache entries (23_cache.sql)
 begin
   return jsonb_build_object('fired', v_fired, 'begun', v_begun, 'failed', v_failed,
-                            'waits_expired', v_expired, 'released', v_released, 'pruned', v_pruned);
+                            'waits_expired', v_expired, 'released', v_released, 'pruned', v_pruned,
+                            'cache_pruned', v_cache_pruned);
 end;
 $$;
 
@@ -4479,6 +4580,176 @@ as $$
   left join lateral (select z.error, z.refused_at from flowlane.trigger_refusals z
                      where z.trigger_name = t.trigger_name order by z.refused_at desc limit 1) l on true
   order by t.trigger_name
+$$;
+
+-- a step's cache: a time to live of at least 1 second, for a step with tasks (a handler); its key
+-- pointers are JSON pointers into the step's input
+create or replace function flowlane._check_cache(p_what text, p_ttl int, p_key text[], p_has_tasks boolean) returns void
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  if p_ttl is null and p_key is not null then
+    raise exception '%: a cache key needs a cache ttl', p_what using errcode = '22023';
+  end if;
+  if p_ttl < 1 then
+    raise exception '%: cache ttl must be at least 1 second, not %', p_what, p_ttl using errcode = '22023';
+  end if;
+  if p_ttl is not null and not p_has_tasks then
+    raise exception '%: a cache needs a step with a handler (a wait or child-flow step has no tasks)', p_what
+      using errcode = '22023';
+  end if;
+  if cardinality(p_key) = 0 or exists (select 1 from unnest(p_key) k where k is null or k !~ '^(/([^~/]|~[01])*)+$') then
+    raise exception '%: cache key % is not a list of JSON pointers into the step''s input', p_what,
+      quote_literal(p_key::text)
+      using errcode = '22023', hint = 'a JSON pointer starts with "/" (e.g. /url); "~" is written ~0 and "/" inside a name ~1';
+  end if;
+end;
+$$;
+
+-- the hash of a task's cache key: its whole input without pointers, else the values at the
+-- pointers in their order (a missing value is null)
+create or replace function flowlane._cache_key_hash(p_pointers text[], p_input jsonb) returns text
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  return encode(sha256(convert_to((
+    case when p_pointers is null then coalesce(p_input, 'null'::jsonb)
+         else (select jsonb_agg(coalesce(p_input #> flowlane._pointer_path(u.p), 'null'::jsonb) order by u.o)
+               from unnest(p_pointers) with ordinality u (p, o)) end)::text, 'UTF8')), 'hex');
+end;
+$$;
+
+-- of the tasks about to be sent (bodies {flow_slug, run_id, step_slug, task_index}) of cached
+-- steps (their runs' locks held), those whose key has an unexpired entry are recorded as started
+-- without a message and completed with the entry's output; returns the bodies to send
+create or replace function flowlane._take_cached(p_bodies jsonb[]) returns jsonb[]
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_hits flowlane._result_item[];
+  v_send jsonb[];
+begin
+  with tasks as (
+    select b.ord, b.body, jsonb_populate_record(null::flowlane.step_tasks, b.body) as t
+    from unnest(p_bodies) with ordinality b (body, ord)
+  ), keyed as materialized (  -- (each key computed once: the entries are then found by their primary key)
+    select k.ord, k.body, (k.t).flow_slug, (k.t).run_id, (k.t).step_slug, (k.t).task_index, s.queue_name,
+           coalesce(s.opt_cache_fingerprint, '') as fingerprint,
+           case when s.opt_cache_ttl is not null then flowlane._cache_key_hash(s.opt_cache_key, i.input) end as key_hash
+    from tasks k
+    join flowlane.steps s on s.flow_slug = (k.t).flow_slug and s.step_slug = (k.t).step_slug
+    -- (the inputs of the cached steps' tasks only: a queue's tasks may be of several steps)
+    left join flowlane._claimed_inputs(array(
+      select x.t from tasks x
+      join flowlane.steps c on c.flow_slug = (x.t).flow_slug and c.step_slug = (x.t).step_slug
+      where c.opt_cache_ttl is not null)) i
+      on i.run_id = (k.t).run_id and i.step_slug = (k.t).step_slug and i.task_index = (k.t).task_index
+  ), found as (
+    select k.*, e.output, e.flow_slug is not null as hit
+    from keyed k
+    left join flowlane.step_cache e
+      on e.flow_slug = k.flow_slug and e.step_slug = k.step_slug and e.fingerprint = k.fingerprint
+     and e.key_hash = k.key_hash and e.expires_at > flowlane._now()
+  ), started as (
+    insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id, status,
+                                     queued_at, started_at, cached)
+    select f.flow_slug, f.run_id, f.step_slug, f.task_index, f.queue_name, null, 'started',
+           flowlane._now(), flowlane._now(), true
+    from found f where f.hit
+    order by f.run_id, f.step_slug, f.task_index
+    returning 1
+  )
+  select coalesce(array_agg(row(f.ord - 1, f.run_id, f.step_slug, f.task_index, f.output, null, null, null, null,
+                                null)::flowlane._result_item order by f.ord) filter (where f.hit), '{}'),
+         coalesce(array_agg(f.body order by f.ord) filter (where not f.hit), '{}')
+    into v_hits, v_send
+  from found f
+  where (select count(*) from started) >= 0;  -- (the insert runs first)
+  if cardinality(v_hits) > 0 then
+    perform flowlane._complete_batch(v_hits);
+  end if;
+  return v_send;
+end;
+$$;
+
+-- completed tasks (their runs' locks held) of cached steps, by their handler or an operator:
+-- each output is kept under its input's key, unless an unexpired entry has the key already (the
+-- first completion wins: runs that reach the step with the same key before it completes each
+-- run the handler); an expired entry is replaced
+create or replace function flowlane._cache_outputs(p_tasks flowlane.step_tasks[]) returns void
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+begin
+  insert into flowlane.step_cache as e (flow_slug, step_slug, fingerprint, key_hash, output, created_at, expires_at)
+  select distinct on (1, 2, 3, 4) t.flow_slug, t.step_slug, coalesce(s.opt_cache_fingerprint, ''),
+         flowlane._cache_key_hash(s.opt_cache_key, i.input), t.output, flowlane._now(),
+         flowlane._now() + make_interval(secs => s.opt_cache_ttl)
+  from unnest(p_tasks) t
+  join flowlane.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug and s.opt_cache_ttl is not null
+  join flowlane._claimed_inputs(p_tasks) i
+    on i.run_id = t.run_id and i.step_slug = t.step_slug and i.task_index = t.task_index
+  where t.status = 'completed' and not t.cached
+  order by 1, 2, 3, 4, t.run_id, t.task_index
+  on conflict on constraint step_cache_pkey do update
+    set output = excluded.output, created_at = excluded.created_at, expires_at = excluded.expires_at
+    where e.expires_at <= flowlane._now();
+end;
+$$;
+
+-- one bounded batch of expired entries deleted (the maintenance tick); how many
+create or replace function flowlane._prune_cache(p_now timestamptz) returns int
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_n int;
+begin
+  delete from flowlane.step_cache e
+   where (e.flow_slug, e.step_slug, e.fingerprint, e.key_hash) in (
+     select x.flow_slug, x.step_slug, x.fingerprint, x.key_hash from flowlane.step_cache x
+     where x.expires_at <= p_now order by x.expires_at limit 10000
+     for update skip locked);
+  get diagnostics v_n = row_count;
+  return v_n;
+end;
+$$;
+
+-- a rerun from a step (retry_run_from) runs the handlers of the steps it resets again: the
+-- entries their completed tasks are keyed under go first (p_steps of the locked run p_run_id)
+create or replace function flowlane._forget_cached(p_run_id uuid, p_steps text[]) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_tasks flowlane.step_tasks[];
+begin
+  select coalesce(array_agg(t order by t.step_slug, t.task_index), '{}') into v_tasks
+  from flowlane.step_tasks t
+  join flowlane.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug and s.opt_cache_ttl is not null
+  where t.run_id = p_run_id and t.step_slug = any (p_steps) and t.status = 'completed';
+  if cardinality(v_tasks) = 0 then
+    return;
+  end if;
+  with keyed as materialized (
+    select s.flow_slug, s.step_slug, coalesce(s.opt_cache_fingerprint, '') as fingerprint,
+           flowlane._cache_key_hash(s.opt_cache_key, i.input) as key_hash
+    from flowlane._claimed_inputs(v_tasks) i
+    join flowlane.runs r on r.run_id = i.run_id
+    join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = i.step_slug
+  )
+  delete from flowlane.step_cache e
+   using keyed k
+   where e.flow_slug = k.flow_slug and e.step_slug = k.step_slug and e.fingerprint = k.fingerprint
+     and e.key_hash = k.key_hash;
+end;
 $$;
 
 -- == Written by hand: what calls the functions (checks, defaults, triggers, data) ==

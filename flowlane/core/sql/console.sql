@@ -90,7 +90,7 @@ select s.step_slug, s.step_index, s.step_type, s.queue_name, s.child_flow,
        st.created_at, st.started_at, coalesce(st.completed_at, st.failed_at, st.skipped_at, st.cancelled_at) as ended_at,
        octet_length(st.output::text) as output_bytes,
        t.tasks, t.queued, t.started, t.completed, t.failed, t.skipped, t.cancelled, t.attempts,
-       t.requeued,
+       t.requeued, t.cached,
        w.expires_at as wait_expires_at, g.received_at as signal_received_at,
        g.applied_at as signal_applied_at, g.payload ->> 'by' as decided_by,
        g.payload ->> 'at' as decided_at, g.payload ->> 'comment' as decision_comment,
@@ -111,7 +111,8 @@ left join lateral (
          count(*) filter (where k.status = 'skipped') as skipped,
          count(*) filter (where k.status = 'cancelled') as cancelled,
          coalesce(sum(k.attempts_count), 0) as attempts,
-         coalesce(sum(k.requeued_count), 0) as requeued
+         coalesce(sum(k.requeued_count), 0) as requeued,
+         count(*) filter (where k.cached) as cached
   from flowlane.step_tasks k
   where k.run_id = r.run_id and k.step_slug = s.step_slug
 ) t on true
@@ -121,10 +122,10 @@ order by s.step_index
 -- name: console_run_tasks
 -- per step the tasks worth looking at first (failed, then running, then by index), bounded
 select step_slug, task_index, status, attempts_count, error_message, queue_name, message_id,
-       last_worker_id, queued_at, started_at, ended_at, output_bytes
+       last_worker_id, queued_at, started_at, ended_at, output_bytes, cached
 from (
   select k.step_slug, k.task_index, k.status, k.attempts_count, k.error_message, k.queue_name,
-         k.message_id, k.last_worker_id, k.queued_at, k.started_at,
+         k.message_id, k.cached, k.last_worker_id, k.queued_at, k.started_at,
          coalesce(k.completed_at, k.failed_at, k.skipped_at, k.cancelled_at) as ended_at,
          octet_length(k.output::text) as output_bytes,
          row_number() over (partition by k.step_slug

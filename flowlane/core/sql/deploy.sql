@@ -23,7 +23,8 @@ from jsonb_each(%(shapes)s::jsonb) given
 
 -- name: deploy_steps
 select s.flow_slug, s.step_slug, s.opt_max_attempts, s.opt_base_delay, s.opt_timeout,
-       s.opt_start_delay, s.opt_concurrency_limit, s.opt_concurrency_key, s.opt_compensate
+       s.opt_start_delay, s.opt_concurrency_limit, s.opt_concurrency_key, s.opt_compensate,
+       s.opt_cache_ttl, s.opt_cache_key, s.opt_cache_fingerprint
 from flowlane.steps s
 order by s.flow_slug collate "C", s.step_index
 
