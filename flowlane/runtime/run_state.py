@@ -83,12 +83,14 @@ class TaskState:
     attempts_count: int
     output: Any
     error_message: str | None
+    cached: bool = False  # completed from its step's cache, without a message or a worker
     document: Document = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, doc: Document) -> TaskState:
         return cls(doc["step_slug"], int(doc["task_index"]), doc["status"],
-                   int(doc.get("attempts_count") or 0), doc.get("output"), doc.get("error_message"), doc)
+                   int(doc.get("attempts_count") or 0), doc.get("output"), doc.get("error_message"),
+                   bool(doc.get("cached")), doc)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ import pytest
 
 from tests.compiler.test_cli import commit_all, git, run
 
+pytestmark = pytest.mark.slow
+
 FLOWS = """\
 kind: flow
 slug: docs

@@ -14,6 +14,8 @@ from psycopg import errors as pg_errors
 from flowlane.testing.harness import install_clock
 from tests.core.engine import Engine
 
+pytestmark = pytest.mark.slow
+
 CACHED = {"cache_ttl": 3600, "cache_fingerprint": "f1"}
 
 

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from flowlane.runtime.client import Client
 from tests.runtime.rt_support import WorkerProcess, applied_project, flowlane, start_run, wait_run
+
+pytestmark = pytest.mark.slow
 
 FLOW = """\
 kind: flow
@@ -76,7 +80,7 @@ def test_a_cached_step_runs_its_handler_once_per_key_and_again_for_a_new_version
         assert cached == {("fetch", 0): False, ("each", 0): True, ("each", 1): False}
         run_id = str(second["run"]["run_id"])
         with Client(dsn) as client:
-            assert all(t["cached"] for t in client.get_run(run_id)["tasks"])
+            assert all(t.cached for t in client.get_run(run_id).tasks)
         shown = flowlane("run", run_id, "--dsn", dsn, cwd=project)
         assert shown.returncode == 0, shown.stderr
         assert "cached: completed from the cache" in shown.stdout
