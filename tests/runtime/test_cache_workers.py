@@ -67,7 +67,8 @@ def test_a_cached_step_runs_its_handler_once_per_key_and_again_for_a_new_version
 
         first = run("ch_docs_v1", "a", [1, 2])
         second = run("ch_docs_v1", "a", [1, 2])  # another request id would be the same key: /url
-        assert log.read_text().splitlines() == ["fetch a", "each 1", "each 2"]
+        lines = log.read_text().splitlines()  # a map's items run in any order
+        assert lines[0] == "fetch a" and sorted(lines[1:]) == ["each 1", "each 2"]
         assert second["run"]["output"] == first["run"]["output"] == {"each": [10, 20]}
         # a new version of the flow (another shape fingerprint) runs its handlers again
         run("ch_docs_v2", "a", [1, 2])
