@@ -15,7 +15,10 @@ asyncio tasks on one loop (the listener only with notifications), beside the han
   whole; when the definitions route those pairs to the queue, the worker
   stops for a restart with the current YAML (exit status 4), otherwise it
   disables its deployment and stops (exit status 3). It wakes on PGMQ's
-  insert notification and polls every ``poll_interval`` as a fallback; while
+  insert notification and polls every ``poll_interval`` as a fallback. A queue
+  has one notification on its way at a time (inserts made meanwhile send none),
+  so before it waits the poller waits for the queue's inserting transactions to
+  end (``await_queue_inserts``, briefly) and claims once more; while
   the notification connection is down it uses ``pgmq.read_with_poll``. On a
   queue with limits (``kind: queue``) a claim the limits refuse says so: at
   its concurrency the poller waits for the end of a started task (notified on
@@ -621,6 +624,9 @@ class Worker:
 
     async def _poll_loop(self, session: Session) -> None:
         backoff = Backoff()
+        # before an idle wait: whether the queue's inserting transactions were all waited for
+        # since the last claim that found work
+        settled = False
         while not session.stopping.is_set():
             session.capacity.clear()  # before counting: a handler finishing now sets it again
             free = self.max_concurrent - len(session.held)
@@ -644,6 +650,8 @@ class Worker:
                 await backoff.retry_later("poller", exc, session.pause)
                 continue
             backoff.reset()
+            if claim.batch:
+                settled = False
             if claim.unsupported:
                 await self._unsupported(session, claim.batch, claim.unsupported)
                 return
@@ -662,8 +670,26 @@ class Worker:
                 continue
             # (at capacity: the end of a started task on the queue notifies its listeners)
             if not claim.batch and notified and not session.stopping.is_set():
+                if not settled:  # an insert's notification may be left to one on its way
+                    settled = await self._await_inserts(session)
+                    continue  # claim once more: what they committed is visible now
+                settled = False
                 log.event(DEBUG, "poller_idle", wait=f"{self.config.poll_interval:g}s")
                 await session.pause(self.config.poll_interval, session.wake)
+
+    async def _await_inserts(self, session: Session) -> bool:
+        """Wait for the transactions inserting into the queue to end (a queue has one
+        notification on its way at a time: an insert made meanwhile sends none, and this wait
+        is what finds its message); False when they did not end in time (the poller claims
+        and waits again) or the database could not be asked (after a pause)."""
+        try:
+            return await session.store.await_inserts(self.queue, defaults.AWAIT_INSERTS_MS)
+        except TRANSIENT as exc:
+            if not is_transient(exc):
+                raise
+            log.event(WARNING, "database_unavailable", component="poller", error=describe(exc))
+            await session.pause(defaults.AWAIT_INSERTS_MS / 1000, session.wake)
+            return False
 
     async def _trace_parents(self, session: Session, tasks: list[ClaimedTask]) -> dict[str, str]:
         """The trace contexts the tasks' runs were started in (asked only when tracing)."""

@@ -65,6 +65,140 @@ def test_enable_queue_notify_refuses_an_unknown_queue(engine: Engine) -> None:
         engine.conn.execute("select flowlane.enable_queue_notify('nope')")
 
 
+def _producer(dsn: str) -> psycopg.Connection[Any]:
+    """A connection whose start stays uncommitted until the test commits it."""
+    producer = psycopg.connect(dsn)
+    producer.execute("select flowlane.start_flow('f', '{}')")
+    return producer
+
+
+def _blocked_by(watcher: psycopg.Connection[Any], blocker: int) -> None:
+    """Until a backend waits for ``blocker`` (a barrier: no sleep, the lock table says so)."""
+    while not watcher.execute(
+        "select exists (select 1 from pg_stat_activity where %s = any (pg_blocking_pids(pid)))",
+        (blocker,),
+    ).fetchone()[0]:  # type: ignore[index]
+        pass
+
+
+def test_an_insert_sends_no_notification_while_another_is_on_its_way(engine: Engine, dsn: str) -> None:
+    # notifying commits flush one after another: a queue has one notifying transaction in flight
+    engine.define("f", [("a", [], {})])
+    engine.conn.execute("select flowlane.enable_queue_notify('f')")
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute('listen "pgmq.q_f.INSERT"')
+        first, second = _producer(dsn), _producer(dsn)  # the second while the first's is on its way
+        first.commit()
+        second.commit()
+        third = _producer(dsn)  # alone in flight: notifies
+        third.commit()
+        received = list(listener.notifies(timeout=10, stop_after=2))
+        pids = [first.info.backend_pid, third.info.backend_pid]
+        for producer in (first, second, third):
+            producer.close()
+    assert [n.pid for n in received] == pids
+
+
+def test_a_worker_about_to_wait_finds_the_insert_whose_notification_was_left_out(
+    engine: Engine, dsn: str
+) -> None:
+    engine.define("f", [("a", [], {})])
+    engine.conn.execute("select flowlane.enable_queue_notify('f')")
+    settled: list[bool] = []
+    with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(
+        dsn, autocommit=True
+    ) as worker:
+        listener.execute('listen "pgmq.q_f.INSERT"')
+        first, second = _producer(dsn), _producer(dsn)  # second: no notification of its own
+        first.commit()  # the worker wakes on it, claims the first run and is about to wait again
+        waiter = threading.Thread(
+            target=lambda: settled.append(
+                worker.execute("select flowlane.await_queue_inserts('f', 60000)").fetchone()[0]  # type: ignore[index]
+            )
+        )
+        waiter.start()
+        _blocked_by(engine.conn, second.info.backend_pid)
+        # while a worker waits for the inserters, an insert cannot join them: it notifies
+        with psycopg.connect(dsn, autocommit=True) as late:
+            late.execute("select flowlane.start_flow('f', '{}')")
+            late_pid = late.info.backend_pid
+        assert waiter.is_alive()  # still waiting for the second
+        second.commit()
+        waiter.join()
+        received = [n.pid for n in listener.notifies(timeout=10, stop_after=2)]
+        first_pid = first.info.backend_pid
+        first.close()
+        second.close()
+    assert settled == [True]
+    assert received == [first_pid, late_pid]
+    assert engine.scalar("select count(*) from pgmq.q_f") == 3  # visible to the claim that follows
+
+
+def test_an_insert_while_a_worker_waits_takes_the_other_lock_and_is_waited_for_next(
+    engine: Engine, dsn: str
+) -> None:
+    engine.define("f", [("a", [], {})])
+    engine.conn.execute("select flowlane.enable_queue_notify('f')")
+    settled: list[bool] = []
+    with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(
+        dsn, autocommit=True
+    ) as worker:
+        listener.execute('listen "pgmq.q_f.INSERT"')
+        first = _producer(dsn)  # its notification is on its way
+        waiter = threading.Thread(
+            target=lambda: settled.append(
+                worker.execute("select flowlane.await_queue_inserts('f', 60000)").fetchone()[0]  # type: ignore[index]
+            )
+        )
+        waiter.start()
+        _blocked_by(engine.conn, first.info.backend_pid)
+        second = _producer(dsn)  # takes the other inserter lock; the first's notification suffices
+        first.commit()
+        _blocked_by(engine.conn, second.info.backend_pid)  # the worker waits for it in turn
+        assert waiter.is_alive()
+        second.commit()
+        waiter.join()
+        third = _producer(dsn)
+        third.commit()
+        received = [n.pid for n in listener.notifies(timeout=10, stop_after=2)]
+        pids = [first.info.backend_pid, third.info.backend_pid]
+        for producer in (first, second, third):
+            producer.close()
+    assert settled == [True]
+    assert received == pids
+
+
+def test_awaiting_the_inserters_gives_up_on_a_long_transaction(engine: Engine, dsn: str) -> None:
+    engine.define("f", [("a", [], {})])
+    engine.conn.execute("select flowlane.enable_queue_notify('f')")
+    producer = _producer(dsn)
+    try:
+        assert engine.scalar("select flowlane.await_queue_inserts('f', 1)") is False
+    finally:
+        producer.rollback()
+        producer.close()
+    assert engine.scalar("select flowlane.await_queue_inserts('f', 1)") is True
+
+
+def test_an_insert_that_can_take_no_inserter_lock_notifies(engine: Engine, dsn: str) -> None:
+    engine.define("f", [("a", [], {})])
+    engine.conn.execute("select flowlane.enable_queue_notify('f')")
+    with psycopg.connect(dsn) as holder:  # as a worker holds both for an instant
+        for lock in ("flowlane.queue_inserters", "flowlane.queue_inserters_2"):
+            holder.execute("select pg_advisory_xact_lock(hashtext(%s), hashtext('q_f'))", (lock,))
+        with psycopg.connect(dsn, autocommit=True) as listener:
+            listener.execute('listen "pgmq.q_f.INSERT"')
+            first, second = _producer(dsn), _producer(dsn)
+            first.commit()
+            second.commit()
+            received = [n.pid for n in listener.notifies(timeout=10, stop_after=2)]
+            pids = [first.info.backend_pid, second.info.backend_pid]
+            first.close()
+            second.close()
+        holder.rollback()
+    assert received == pids
+
+
 # -- 2. leases ------------------------------------------------------------------------
 
 

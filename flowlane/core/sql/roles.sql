@@ -20,7 +20,7 @@ declare
   -- fails on a function in none, and this block refuses to run with one
   v_classes constant jsonb := jsonb_build_object(
     'claim', array[  -- a worker's claims and its results, each fenced by its claim
-      'register_worker', 'heartbeat', 'mark_worker_stopped', 'enable_queue_notify',
+      'register_worker', 'heartbeat', 'mark_worker_stopped', 'enable_queue_notify', 'await_queue_inserts',
       'start_tasks', 'claim_tasks', 'complete_task', 'complete_tasks', 'fail_task', 'fail_tasks',
       'fail_task_detailed', 'extend_leases', 'requeue_stalled_tasks', 'record_worker_refusal'],
     'tick', array['maintenance_tick'],  -- schedules, delayed runs, deadlines, retention: see 15_time.sql
