@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -65,6 +67,20 @@ def test_enable_queue_notify_refuses_an_unknown_queue(engine: Engine) -> None:
         engine.conn.execute("select flowlane.enable_queue_notify('nope')")
 
 
+@pytest.fixture
+def queue_f(engine: Engine) -> None:
+    """Flow ``f`` of one step, its queue with flowlane's insert notification."""
+    engine.define("f", [("a", [], {})])
+    engine.conn.execute("select flowlane.enable_queue_notify('f')")
+
+
+@contextlib.contextmanager
+def _listening(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute('listen "pgmq.q_f.INSERT"')
+        yield listener
+
+
 def _producer(dsn: str) -> psycopg.Connection[Any]:
     """A connection whose start stays uncommitted until the test commits it."""
     producer = psycopg.connect(dsn)
@@ -81,12 +97,18 @@ def _blocked_by(watcher: psycopg.Connection[Any], blocker: int) -> None:
         pass
 
 
+def _awaiting_inserts(worker: psycopg.Connection[Any], settled: list[bool]) -> threading.Thread:
+    """A worker's await_queue_inserts, running in a thread; its answer goes to ``settled``."""
+    query = "select flowlane.await_queue_inserts('f', 60000)"
+    waiter = threading.Thread(target=lambda: settled.append(worker.execute(query).fetchone()[0]))  # type: ignore[index]
+    waiter.start()
+    return waiter
+
+
+@pytest.mark.usefixtures("queue_f")
 def test_an_insert_sends_no_notification_while_another_is_on_its_way(engine: Engine, dsn: str) -> None:
     # notifying commits flush one after another: a queue has one notifying transaction in flight
-    engine.define("f", [("a", [], {})])
-    engine.conn.execute("select flowlane.enable_queue_notify('f')")
-    with psycopg.connect(dsn, autocommit=True) as listener:
-        listener.execute('listen "pgmq.q_f.INSERT"')
+    with _listening(dsn) as listener:
         first, second = _producer(dsn), _producer(dsn)  # the second while the first's is on its way
         first.commit()
         second.commit()
@@ -99,26 +121,17 @@ def test_an_insert_sends_no_notification_while_another_is_on_its_way(engine: Eng
     assert [n.pid for n in received] == pids
 
 
+@pytest.mark.usefixtures("queue_f")
 def test_a_worker_about_to_wait_finds_the_insert_whose_notification_was_left_out(
     engine: Engine, dsn: str
 ) -> None:
-    engine.define("f", [("a", [], {})])
-    engine.conn.execute("select flowlane.enable_queue_notify('f')")
     settled: list[bool] = []
-    with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(
-        dsn, autocommit=True
-    ) as worker:
-        listener.execute('listen "pgmq.q_f.INSERT"')
+    with _listening(dsn) as listener, psycopg.connect(dsn, autocommit=True) as worker:
         first, second = _producer(dsn), _producer(dsn)  # second: no notification of its own
         first.commit()  # the worker wakes on it, claims the first run and is about to wait again
-        waiter = threading.Thread(
-            target=lambda: settled.append(
-                worker.execute("select flowlane.await_queue_inserts('f', 60000)").fetchone()[0]  # type: ignore[index]
-            )
-        )
-        waiter.start()
+        waiter = _awaiting_inserts(worker, settled)
         _blocked_by(engine.conn, second.info.backend_pid)
-        # while a worker waits for the inserters, an insert cannot join them: it notifies
+        # an insert while the worker waits, with no notification on its way: it sends its own
         with psycopg.connect(dsn, autocommit=True) as late:
             late.execute("select flowlane.start_flow('f', '{}')")
             late_pid = late.info.backend_pid
@@ -134,23 +147,14 @@ def test_a_worker_about_to_wait_finds_the_insert_whose_notification_was_left_out
     assert engine.scalar("select count(*) from pgmq.q_f") == 3  # visible to the claim that follows
 
 
+@pytest.mark.usefixtures("queue_f")
 def test_an_insert_while_a_worker_waits_takes_the_other_lock_and_is_waited_for_next(
     engine: Engine, dsn: str
 ) -> None:
-    engine.define("f", [("a", [], {})])
-    engine.conn.execute("select flowlane.enable_queue_notify('f')")
     settled: list[bool] = []
-    with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(
-        dsn, autocommit=True
-    ) as worker:
-        listener.execute('listen "pgmq.q_f.INSERT"')
+    with _listening(dsn) as listener, psycopg.connect(dsn, autocommit=True) as worker:
         first = _producer(dsn)  # its notification is on its way
-        waiter = threading.Thread(
-            target=lambda: settled.append(
-                worker.execute("select flowlane.await_queue_inserts('f', 60000)").fetchone()[0]  # type: ignore[index]
-            )
-        )
-        waiter.start()
+        waiter = _awaiting_inserts(worker, settled)
         _blocked_by(engine.conn, first.info.backend_pid)
         second = _producer(dsn)  # takes the other inserter lock; the first's notification suffices
         first.commit()
@@ -168,9 +172,8 @@ def test_an_insert_while_a_worker_waits_takes_the_other_lock_and_is_waited_for_n
     assert received == pids
 
 
+@pytest.mark.usefixtures("queue_f")
 def test_awaiting_the_inserters_gives_up_on_a_long_transaction(engine: Engine, dsn: str) -> None:
-    engine.define("f", [("a", [], {})])
-    engine.conn.execute("select flowlane.enable_queue_notify('f')")
     producer = _producer(dsn)
     try:
         assert engine.scalar("select flowlane.await_queue_inserts('f', 1)") is False
@@ -180,14 +183,12 @@ def test_awaiting_the_inserters_gives_up_on_a_long_transaction(engine: Engine, d
     assert engine.scalar("select flowlane.await_queue_inserts('f', 1)") is True
 
 
+@pytest.mark.usefixtures("queue_f")
 def test_an_insert_that_can_take_no_inserter_lock_notifies(engine: Engine, dsn: str) -> None:
-    engine.define("f", [("a", [], {})])
-    engine.conn.execute("select flowlane.enable_queue_notify('f')")
     with psycopg.connect(dsn) as holder:  # as a worker holds both for an instant
         for lock in ("flowlane.queue_inserters", "flowlane.queue_inserters_2"):
             holder.execute("select pg_advisory_xact_lock(hashtext(%s), hashtext('q_f'))", (lock,))
-        with psycopg.connect(dsn, autocommit=True) as listener:
-            listener.execute('listen "pgmq.q_f.INSERT"')
+        with _listening(dsn) as listener:
             first, second = _producer(dsn), _producer(dsn)
             first.commit()
             second.commit()
