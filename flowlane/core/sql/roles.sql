@@ -142,9 +142,11 @@ begin
   if 'flowlane_worker' = any (v_roles_present) then
     grant select on flowlane.worker_deployments to flowlane_worker;  -- the startup check
   end if;
-  -- the engine's clock, inlined into the runtime's and the console's queries as their caller
+  -- the engine's clock, inlined into the runtime's and the console's queries as their caller;
+  -- the queues' inserter locks, read by the insert trigger as whoever inserts
   foreach v_role in array v_roles_present loop
-    execute format('grant execute on function flowlane._now(), flowlane._clock_timestamp() to %I', v_role);
+    execute format('grant execute on function flowlane._now(), flowlane._clock_timestamp(), '
+                   'flowlane._queue_inserter_locks() to %I', v_role);
   end loop;
 
   for v_queue in select coalesce(q.pgmq_queue_name, q.queue_name) from flowlane.queues q loop
