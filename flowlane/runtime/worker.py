@@ -117,8 +117,8 @@ STOP_CHECK = 0.1  # seconds: how soon a waiting worker notices a stop request
 # threshold (timeout + 30 s, timeout >= 3 s)
 LEASE_INTERVAL = 2.0  # seconds
 PROGRESS_INTERVAL = 5.0  # seconds between INFO counter lines (per-task lines are DEBUG)
-# a worker claims a few tasks beyond its slots (a slot whose handler returns starts the next at
-# once) while its handlers' recent durations average under PREFETCH_BELOW: a prefetched task's
+# a worker claims up to a batch of tasks beyond its slots (a slot whose handler returns starts
+# the next at once) while its handlers' recent durations average under PREFETCH_BELOW: a prefetched task's
 # timeout runs from its claim, so it must not wait long for its slot
 PREFETCH_BELOW = 0.1  # seconds
 PREFETCH_WEIGHT = 0.2  # of each new duration in the average
