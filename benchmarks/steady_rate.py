@@ -1,7 +1,7 @@
 """Pickup latency at a steady rate: does it stay flat over time, or creep?
 
     PYTHONPATH=. python benchmarks/steady_rate.py [--rate 200] [--seconds 120] [--workers 2]
-        [--producers 4] [--no-flush] [--window 30] [--dsn DSN]
+        [--producers 4] [--no-flush] [--window 30] [--dsn DSN] [--before DIR [--rounds 2]]
 
 What it measures: that a deployment serving a steady stream of runs picks each one up in
 milliseconds, and keeps doing so as its tables grow.
@@ -17,6 +17,12 @@ p50 / p99, the producers' lag behind their schedule, and what the server's backe
 on (pg_stat_activity sampled every 100 ms: wait events of the workers' and the producers'
 connections); then the last window against the first. The database is new, so the tables
 grow from empty as in a fresh deployment.
+
+With --before DIR (a tree of an older flowlane, `git archive REV | tar -x -C DIR`), each of
+--rounds rounds measures both versions one after the other (which goes first alternates), each
+on a new database with its own migrations and its own workers, and prints one line per version:
+pickup p50 / p99 over all its rounds, and the samples per minute of backends waiting for the
+lock that serialises notifying commits (`Lock:object`).
 
 How to read it: the last line, the last window's p50 and p99 against the first window's of
 the same run, should stay near 1x; a steady climb from window to window is a creep. The
@@ -163,6 +169,56 @@ def report(
     )
 
 
+NOTIFY_LOCK = "Lock:object"  # the lock a notifying commit holds through its WAL flush
+
+
+def measure(
+    admin: str, template: str, repo: Path, args: argparse.Namespace
+) -> tuple[list[tuple[float, float]], list[tuple[float, float]], list[tuple[float, str]]]:
+    """(pickups, producer lags, wait samples) of one version on a new database."""
+    with fresh_database(admin, template) as dsn:
+        pool = Workers(dsn, args.workers, repo=repo)
+        stop, waits = threading.Event(), []  # type: ignore[var-annotated]
+        sampler = threading.Thread(target=sample_waits, args=(dsn, stop, waits))
+        sampler.start()
+        try:
+            committed, lags = produce(dsn, args.rate, args.seconds, args.producers, not args.no_flush)
+            pickups = collect(dsn, committed)
+        finally:
+            stop.set()
+            sampler.join()
+            pool.stop()
+    return pickups, lags, waits
+
+
+def compare(admin: str, args: argparse.Namespace) -> None:
+    """Both versions, round after round; one summary line per version."""
+    repos = {"before": args.before.resolve(), "after": REPO}
+    templates = {name: template_database(admin, repo) for name, repo in repos.items()}
+    found: dict[str, list[float]] = {name: [] for name in repos}
+    lock_waits = {name: 0 for name in repos}
+    lag_p99: dict[str, list[float]] = {name: [] for name in repos}
+    for r in range(args.rounds):
+        for name in list(repos) if r % 2 == 0 else list(repos)[::-1]:
+            pickups, lags, waits = measure(admin, templates[name], repos[name], args)
+            found[name].extend(ms for _, ms in pickups)
+            lock_waits[name] += sum(1 for _, event in waits if event == NOTIFY_LOCK)
+            lag_p99[name].append(1000 * percentile([lag for _, lag in lags] or [0.0], 0.99))
+    minutes = args.rounds * args.seconds / 60
+    print(
+        f"{args.workers} workers, {args.rate:g} runs/s from {args.producers} connections"
+        f"{' (commits not flushed)' if args.no_flush else ''}, {args.rounds} round(s) of"
+        f" {args.seconds:g} s per version, load average {os.getloadavg()[0]:.1f} at the end"
+    )
+    header = f"{'version':>8} {'runs':>7} {'p50 ms':>7} {'p99 ms':>7} {'lag p99 ms':>10}"
+    print(f"{header}  {NOTIFY_LOCK} samples/min")
+    for name, values in found.items():
+        print(
+            f"{name:>8} {len(values):>7} {statistics.median(values):>7.1f} {percentile(values, 0.99):>7.1f}"
+            f" {max(lag_p99[name]):>10.1f}  {lock_waits[name] / minutes:.0f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -178,21 +234,14 @@ def main() -> None:
         help="the producers' commits do not wait for their WAL flush (tells the flush's share)",
     )
     parser.add_argument("--window", type=float, default=30.0, help="seconds per reported window")
+    parser.add_argument("--before", type=Path, help="a tree of an older flowlane to compare")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds per version with --before")
     args = parser.parse_args()
     with admin_server(args.dsn, "flowlane-steady-") as (admin, _):
-        template = template_database(admin, REPO)
-        with fresh_database(admin, template) as dsn:
-            pool = Workers(dsn, args.workers)
-            stop, waits = threading.Event(), []  # type: ignore[var-annotated]
-            sampler = threading.Thread(target=sample_waits, args=(dsn, stop, waits))
-            sampler.start()
-            try:
-                committed, lags = produce(dsn, args.rate, args.seconds, args.producers, not args.no_flush)
-                pickups = collect(dsn, committed)
-            finally:
-                stop.set()
-                sampler.join()
-                pool.stop()
+        if args.before:
+            compare(admin, args)
+            return
+        pickups, lags, waits = measure(admin, template_database(admin, REPO), REPO, args)
         print(
             f"{args.workers} workers, {args.rate:g} runs/s from {args.producers} connections"
             f"{' (commits not flushed)' if args.no_flush else ''} for {args.seconds:g} s, "

@@ -531,28 +531,30 @@ class Bench:
 
     def slots(self) -> None:
         """One worker with SLOTS handler slots and 1 ms handlers against SLOTS raw consumers
-        that each read one message, sleep 1 ms and archive it: what a slot costs beyond its
-        handler (a slot is held until its result commits)."""
-        names, rounds = self.names, self.args.rounds
+        that each read one message (raw1) or --raw-batch messages (rawq), sleep 1 ms per
+        message and archive them: what a slot costs beyond its handler."""
+        names, rounds, q = self.names, self.args.rounds, self.q
         extra = ("--max-concurrent", str(SLOTS))
         cells: dict[str, list[float]] = {}
         for r in range(rounds):
-            with fresh_database(self.admin, self.engines["after"].template) as dsn:
-                raw = raw_pgmq(dsn, self.args.tasks, SLOTS, 1, backlog=True, work=0.001)
-            cells.setdefault("raw", []).append(raw)
+            for qty, key in ((1, "raw1"), (q, "rawq")):
+                with fresh_database(self.admin, self.engines["after"].template) as dsn:
+                    raw = raw_pgmq(dsn, self.args.tasks, SLOTS, qty, backlog=True, work=0.001)
+                cells.setdefault(key, []).append(raw)
             for name, engine in self._in_turn(r):
                 rate, _, _ = engine.drain(self.args.tasks, 1, self.cpu, "bench_sleep", extra)
                 cells.setdefault(name, []).append(rate)
         med = {key: statistics.median(values) for key, values in cells.items()}
         print(f"{SLOTS} handler slots, 1 ms handlers, drain (as above); raw: {SLOTS} consumers, each")
-        print(f"reading 1, sleeping 1 ms, archiving 1; medians of {rounds} round(s)")
+        print(f"reading 1 (raw1) or {q} (raw{q}), sleeping 1 ms a message, archiving what it read;")
+        print(f"medians of {rounds} round(s)")
         cols = "".join(f"  {name + ' tasks/s':>15}" for name in names)
-        ratios = "".join(f"  {name + '/raw':>12}" for name in names)
-        print(f"{'raw msg/s':>10}{cols}{ratios}")
+        ratios = "".join(f"  {name + '/raw1':>12}  {name + f'/raw{q}':>12}" for name in names)
+        print(f"{'raw1 msg/s':>10}  {f'raw{q} msg/s':>11}{cols}{ratios}")
         line = "".join(f"  {med[n]:>15.0f}" for n in names) + "".join(
-            f"  {med[n] / med['raw']:>12.2f}" for n in names
+            f"  {med[n] / med['raw1']:>12.2f}  {med[n] / med['rawq']:>12.2f}" for n in names
         )
-        print(f"{med['raw']:>10.0f}{line}")
+        print(f"{med['raw1']:>10.0f}  {med['rawq']:>11.0f}{line}")
 
     def latency(self) -> None:
         names = self.names

@@ -47,6 +47,10 @@ WORKER_LIMITS: Final = {"max_concurrent": MAX_CONCURRENT, "batch_size": BATCH_SI
 # -- worker timing ----------------------------------------------------------------
 POLL_INTERVAL: Final = 2.0  # seconds between polls when no notification wakes the worker
 READ_VT: Final = 5  # seconds a message read without notifications stays invisible
+# ms a worker about to wait for a notification waits at most (for each inserter lock) for the
+# queue's inserting transactions to end (a notification of one of them may have been left to
+# another's); while a wait times out (a long transaction inserts), the worker claims again
+AWAIT_INSERTS_MS: Final = 50
 READ_POLL_MS: Final = 100  # ms between a read_with_poll's checks, without notifications
 SHUTDOWN_TIMEOUT: Final = 30.0  # seconds in-flight handlers get after SIGTERM
 # seconds a supervisor (serve, systemd, Kubernetes) waits beyond shutdown_timeout before it

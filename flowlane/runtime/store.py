@@ -327,6 +327,12 @@ class Store:
         )
         return _claim(rows)
 
+    async def await_inserts(self, queue_name: str, timeout_ms: int) -> bool:
+        """Wait (at most ``timeout_ms``) for the transactions inserting into the queue to end
+        (``flowlane.await_queue_inserts``); False when the wait timed out."""
+        rows = await self._poll("worker_await_inserts", queue_name=queue_name, timeout_ms=timeout_ms)
+        return bool(rows and rows[0]["settled"])
+
     async def extend_leases(self, worker_id: str, held: list[dict[str, Any]]) -> int:
         """Extend the leases of the tasks this worker holds (see ``flowlane.extend_leases``)."""
         rows = await self.fetch("worker_extend_leases", worker_id=worker_id, tasks=json_param(held))

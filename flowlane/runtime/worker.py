@@ -15,7 +15,10 @@ asyncio tasks on one loop (the listener only with notifications), beside the han
   whole; when the definitions route those pairs to the queue, the worker
   stops for a restart with the current YAML (exit status 4), otherwise it
   disables its deployment and stops (exit status 3). It wakes on PGMQ's
-  insert notification and polls every ``poll_interval`` as a fallback; while
+  insert notification and polls every ``poll_interval`` as a fallback. A queue
+  has one notification on its way at a time (inserts made meanwhile send none),
+  so before it waits the poller waits for the queue's inserting transactions to
+  end (``await_queue_inserts``, briefly) and claims once more; while
   the notification connection is down it uses ``pgmq.read_with_poll``. On a
   queue with limits (``kind: queue``) a claim the limits refuse says so: at
   its concurrency the poller waits for the end of a started task (notified on
@@ -35,12 +38,18 @@ asyncio tasks on one loop (the listener only with notifications), beside the han
   claim and, when the queue is now routed pairs this registry does not serve,
   stops claiming and exits with status 4.
 
-Backpressure: a handler slot is held from the claim until the task's result
-is committed (not until the handler returns), so the result backlog never
-exceeds ``max_concurrent`` and a worker claims only what it can finish within
-its leases. Sync handlers run in daemon threads, ``async def`` handlers on the
-loop. Any database error that a retry can fix (``store.is_transient``: a
-restart, a killed backend, a deadlock) is retried with backoff. Stopping:
+Backpressure: a handler slot is free as soon as its handler returns, and the
+result waits for its commit without it; the poller claims nothing while the
+larger of ``max_concurrent`` and ``batch_size`` results wait for their commit,
+so the results not yet committed stay bounded and a slow database throttles
+the claims. While handlers are short (their recent durations average under
+``PREFETCH_BELOW``) the poller claims up to a batch of tasks beyond the slots
+(at most ``max_concurrent``), so a slot whose handler returns starts the next
+task at once; a prefetched task's lease is kept like
+a running one's, and on a graceful stop it runs like the others. Sync
+handlers run in daemon threads, ``async def`` handlers on the loop. Any
+database error that a retry can fix (``store.is_transient``: a restart, a
+killed backend, a deadlock) is retried with backoff. Stopping:
 stop reading, set ``ctx.shutdown``, wait up to ``shutdown_timeout`` for
 in-flight handlers, send their results, mark the worker stopped. Handlers
 still running are abandoned: their tasks stay ``started`` and stalled
@@ -108,15 +117,22 @@ STOP_CHECK = 0.1  # seconds: how soon a waiting worker notices a stop request
 # threshold (timeout + 30 s, timeout >= 3 s)
 LEASE_INTERVAL = 2.0  # seconds
 PROGRESS_INTERVAL = 5.0  # seconds between INFO counter lines (per-task lines are DEBUG)
+# a worker claims up to a batch of tasks beyond its slots (a slot whose handler returns starts
+# the next at once) while its handlers' recent durations average under PREFETCH_BELOW: a prefetched task's
+# timeout runs from its claim, so it must not wait long for its slot
+PREFETCH_BELOW = 0.1  # seconds
+PREFETCH_WEIGHT = 0.2  # of each new duration in the average
 
 
 @dataclass
 class InFlightTask:
-    """A claimed task from its claim until its result is committed (one handler slot)."""
+    """A claimed task from its claim until its result is committed: waiting for a handler slot
+    (prefetched), its handler running, or its result waiting for its commit."""
 
     task: ClaimedTask
     claimed_at: float
-    running: bool = True  # False once the handler returned and the result waits for the flusher
+    running: bool = True  # False once the handler returned and the result waits for its commit
+    started: bool = False  # its handler has a slot (a prefetched task waits for one)
 
     def lease_item(self) -> dict[str, Any]:
         return {
@@ -213,6 +229,8 @@ class Session:
     capacity: asyncio.Event = field(default_factory=asyncio.Event)  # a handler slot freed
     results: asyncio.Queue[UncommittedResult | None] = field(default_factory=asyncio.Queue)
     held: dict[asyncio.Task[None], InFlightTask] = field(default_factory=dict)  # the in-flight tasks
+    slots: asyncio.Semaphore = field(default_factory=asyncio.Semaphore)  # the handler slots
+    handler_seconds: float | None = None  # recent handler durations, averaged (prefetch's guide)
     notify_live: bool = False
     definitions: asyncio.Event = field(default_factory=asyncio.Event)  # notified: re-check coverage
     tracing: Tracing | None = None  # spans of task attempts, when an OpenTelemetry SDK is set up
@@ -238,13 +256,23 @@ class Session:
         for held in self.held.values():
             if id(held.task) in tasks:
                 claims.add(held.claimed_at)
-            elif held.running:
+            elif held.running and held.started:
                 running.add(held.claimed_at)
         return not claims.isdisjoint(running)
 
     def finished(self, handle: asyncio.Task[None]) -> None:
-        """A task's slot is free: its result is committed (or it was abandoned)."""
+        """A task has left the worker: its result is committed (or it was abandoned)."""
         self.held.pop(handle, None)
+        self.capacity.set()
+
+    def unfinished(self) -> int:
+        """Claimed tasks whose handler has not returned (prefetched ones included)."""
+        return sum(1 for held in self.held.values() if held.running)
+
+    def handler_returned(self, seconds: float) -> None:
+        """A slot is free (its result waits for its commit without it)."""
+        last = self.handler_seconds
+        self.handler_seconds = seconds if last is None else last + PREFETCH_WEIGHT * (seconds - last)
         self.capacity.set()
 
 
@@ -277,6 +305,8 @@ class Worker:
             config, name=self.name, max_concurrent=self.max_concurrent, batch_size=self.batch_size
         )
         self._min_read = defaults.claim_threshold(self.max_concurrent, self.batch_size)
+        # results waiting for their commit before the poller stops claiming
+        self._uncommitted_bound = max(self.max_concurrent, self.batch_size)
         # read_with_poll's window while notifications are off or down: short, so a stop or a
         # recovered notification connection is noticed quickly
         self._poll_window = max(1, min(int(config.poll_interval), MAX_POLL_WINDOW))
@@ -449,6 +479,7 @@ class Worker:
             # a thread per slot, started now: a thread started while tasks drain costs them
             # the time the loop waits for it; none when every handler is ``async def``
             HandlerThreads(self.max_concurrent if registry.serves_sync else 0),
+            slots=asyncio.Semaphore(self.max_concurrent),
             tracing=Tracing.configured(),  # after the handler modules, which may set up the SDK
         )
         with self._lock:
@@ -621,12 +652,20 @@ class Worker:
 
     async def _poll_loop(self, session: Session) -> None:
         backoff = Backoff()
+        # before an idle wait: whether the queue's inserting transactions were all waited for
+        # since the last claim that found work
+        settled = False
         while not session.stopping.is_set():
             session.capacity.clear()  # before counting: a handler finishing now sets it again
-            free = self.max_concurrent - len(session.held)
-            if free < self._min_read:  # busy: wait for a worthwhile batch instead of a trickle
-                # slots free when results commit: a slow database throttles the claims
-                log.event(DEBUG, "poller_full", held=len(session.held))
+            unfinished = session.unfinished()
+            prefetch = self._prefetch(session)
+            free = self.max_concurrent + prefetch - unfinished
+            uncommitted = len(session.held) - unfinished
+            # busy: wait for a worthwhile batch instead of a trickle (prefetching, half of what
+            # is prefetched: the slots still have the other half); or enough results wait for
+            # their commit: a slow database throttles the claims
+            if free < max(self._min_read, prefetch // 2) or uncommitted >= self._uncommitted_bound:
+                log.event(DEBUG, "poller_full", held=len(session.held), uncommitted=uncommitted)
                 await session.pause(60.0, session.capacity)
                 continue
             notified = session.notify_live
@@ -644,6 +683,8 @@ class Worker:
                 await backoff.retry_later("poller", exc, session.pause)
                 continue
             backoff.reset()
+            if claim.batch:
+                settled = False
             if claim.unsupported:
                 await self._unsupported(session, claim.batch, claim.unsupported)
                 return
@@ -662,8 +703,34 @@ class Worker:
                 continue
             # (at capacity: the end of a started task on the queue notifies its listeners)
             if not claim.batch and notified and not session.stopping.is_set():
+                if not settled:  # an insert's notification may be left to one on its way
+                    settled = await self._await_inserts(session)
+                    continue  # claim once more: what they committed is visible now
+                settled = False
                 log.event(DEBUG, "poller_idle", wait=f"{self.config.poll_interval:g}s")
                 await session.pause(self.config.poll_interval, session.wake)
+
+    async def _await_inserts(self, session: Session) -> bool:
+        """Wait for the transactions inserting into the queue to end (a queue has one
+        notification on its way at a time: an insert made meanwhile sends none, and this wait
+        is what finds its message); False when they did not end in time (the poller claims
+        and waits again) or the database could not be asked (after a pause)."""
+        try:
+            return await session.store.await_inserts(self.queue, defaults.AWAIT_INSERTS_MS)
+        except TRANSIENT as exc:
+            if not is_transient(exc):
+                raise
+            log.event(WARNING, "database_unavailable", component="poller", error=describe(exc))
+            await session.pause(defaults.AWAIT_INSERTS_MS / 1000, session.wake)
+            return False
+
+    def _prefetch(self, session: Session) -> int:
+        """Tasks claimed beyond the slots: a batch (at most the slots) while handlers are short,
+        else none."""
+        recent = session.handler_seconds
+        if recent is None or recent >= PREFETCH_BELOW:
+            return 0
+        return min(self.batch_size, self.max_concurrent)
 
     async def _trace_parents(self, session: Session, tasks: list[ClaimedTask]) -> dict[str, str]:
         """The trace contexts the tasks' runs were started in (asked only when tracing)."""
@@ -761,16 +828,20 @@ class Worker:
         )
 
         async def run_one(held: InFlightTask) -> None:
-            tracing = session.tracing
-            span = tracing.start(task, trace_parent, self._is_map(task)) if tracing else None
-            result = await execute(task, registered, ctx, session.threads)
-            held.running = False
+            async with session.slots:  # a prefetched task waits here for a slot
+                held.started = True
+                tracing = session.tracing
+                span = tracing.start(task, trace_parent, self._is_map(task)) if tracing else None
+                began = time.monotonic()
+                result = await execute(task, registered, ctx, session.threads)
+                held.running = False
+                session.handler_returned(time.monotonic() - began)
             metrics.task_finished(task, result)
             if tracing is not None:
                 tracing.finish(span, result)
             committed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             session.results.put_nowait((result, committed))
-            await committed  # the slot stays taken until the result is in the database
+            await committed  # held (leased) until the result is in the database; the slot is free
 
         held = InFlightTask(task, claimed_at)
         handle = asyncio.create_task(run_one(held))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -65,6 +67,140 @@ def test_insert_notification_reaches_a_listener(engine: Engine, dsn: str) -> Non
 def test_enable_queue_notify_refuses_an_unknown_queue(engine: Engine) -> None:
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="does not exist"):
         engine.conn.execute("select flowlane.enable_queue_notify('nope')")
+
+
+@pytest.fixture
+def queue_f(engine: Engine) -> None:
+    """Flow ``f`` of one step, its queue with flowlane's insert notification."""
+    engine.define("f", [("a", [], {})])
+    engine.conn.execute("select flowlane.enable_queue_notify('f')")
+
+
+@contextlib.contextmanager
+def _listening(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute('listen "pgmq.q_f.INSERT"')
+        yield listener
+
+
+def _producer(dsn: str) -> psycopg.Connection[Any]:
+    """A connection whose start stays uncommitted until the test commits it."""
+    producer = psycopg.connect(dsn)
+    producer.execute("select flowlane.start_flow('f', '{}')")
+    return producer
+
+
+def _blocked_by(watcher: psycopg.Connection[Any], blocker: int) -> None:
+    """Until a backend waits for ``blocker`` (a barrier: no sleep, the lock table says so)."""
+    while not watcher.execute(
+        "select exists (select 1 from pg_stat_activity where %s = any (pg_blocking_pids(pid)))",
+        (blocker,),
+    ).fetchone()[0]:  # type: ignore[index]
+        pass
+
+
+def _awaiting_inserts(worker: psycopg.Connection[Any], settled: list[bool]) -> threading.Thread:
+    """A worker's await_queue_inserts, running in a thread; its answer goes to ``settled``."""
+    query = "select flowlane.await_queue_inserts('f', 60000)"
+    waiter = threading.Thread(target=lambda: settled.append(worker.execute(query).fetchone()[0]))  # type: ignore[index]
+    waiter.start()
+    return waiter
+
+
+@pytest.mark.usefixtures("queue_f")
+def test_an_insert_sends_no_notification_while_another_is_on_its_way(engine: Engine, dsn: str) -> None:
+    # notifying commits flush one after another: a queue has one notifying transaction in flight
+    with _listening(dsn) as listener:
+        first, second = _producer(dsn), _producer(dsn)  # the second while the first's is on its way
+        first.commit()
+        second.commit()
+        third = _producer(dsn)  # alone in flight: notifies
+        third.commit()
+        received = list(listener.notifies(timeout=10, stop_after=2))
+        pids = [first.info.backend_pid, third.info.backend_pid]
+        for producer in (first, second, third):
+            producer.close()
+    assert [n.pid for n in received] == pids
+
+
+@pytest.mark.usefixtures("queue_f")
+def test_a_worker_about_to_wait_finds_the_insert_whose_notification_was_left_out(
+    engine: Engine, dsn: str
+) -> None:
+    settled: list[bool] = []
+    with _listening(dsn) as listener, psycopg.connect(dsn, autocommit=True) as worker:
+        first, second = _producer(dsn), _producer(dsn)  # second: no notification of its own
+        first.commit()  # the worker wakes on it, claims the first run and is about to wait again
+        waiter = _awaiting_inserts(worker, settled)
+        _blocked_by(engine.conn, second.info.backend_pid)
+        # an insert while the worker waits, with no notification on its way: it sends its own
+        with psycopg.connect(dsn, autocommit=True) as late:
+            late.execute("select flowlane.start_flow('f', '{}')")
+            late_pid = late.info.backend_pid
+        assert waiter.is_alive()  # still waiting for the second
+        second.commit()
+        waiter.join()
+        received = [n.pid for n in listener.notifies(timeout=10, stop_after=2)]
+        first_pid = first.info.backend_pid
+        first.close()
+        second.close()
+    assert settled == [True]
+    assert received == [first_pid, late_pid]
+    assert engine.scalar("select count(*) from pgmq.q_f") == 3  # visible to the claim that follows
+
+
+@pytest.mark.usefixtures("queue_f")
+def test_an_insert_while_a_worker_waits_takes_the_other_lock_and_is_waited_for_next(
+    engine: Engine, dsn: str
+) -> None:
+    settled: list[bool] = []
+    with _listening(dsn) as listener, psycopg.connect(dsn, autocommit=True) as worker:
+        first = _producer(dsn)  # its notification is on its way
+        waiter = _awaiting_inserts(worker, settled)
+        _blocked_by(engine.conn, first.info.backend_pid)
+        second = _producer(dsn)  # takes the other inserter lock; the first's notification suffices
+        first.commit()
+        _blocked_by(engine.conn, second.info.backend_pid)  # the worker waits for it in turn
+        assert waiter.is_alive()
+        second.commit()
+        waiter.join()
+        third = _producer(dsn)
+        third.commit()
+        received = [n.pid for n in listener.notifies(timeout=10, stop_after=2)]
+        pids = [first.info.backend_pid, third.info.backend_pid]
+        for producer in (first, second, third):
+            producer.close()
+    assert settled == [True]
+    assert received == pids
+
+
+@pytest.mark.usefixtures("queue_f")
+def test_awaiting_the_inserters_gives_up_on_a_long_transaction(engine: Engine, dsn: str) -> None:
+    producer = _producer(dsn)
+    try:
+        assert engine.scalar("select flowlane.await_queue_inserts('f', 1)") is False
+    finally:
+        producer.rollback()
+        producer.close()
+    assert engine.scalar("select flowlane.await_queue_inserts('f', 1)") is True
+
+
+@pytest.mark.usefixtures("queue_f")
+def test_an_insert_that_can_take_no_inserter_lock_notifies(engine: Engine, dsn: str) -> None:
+    # every inserter lock taken (as waiting workers make them): an insert can take none
+    with psycopg.connect(dsn) as holder:
+        holder.execute("select pg_advisory_xact_lock(k, hashtext('q_f'))"
+                       " from unnest(flowlane._queue_inserter_locks()) k")
+        with _listening(dsn) as listener:
+            first, second = _producer(dsn), _producer(dsn)
+            first.commit()
+            second.commit()
+            received = [n.pid for n in listener.notifies(timeout=10, stop_after=2)]
+            pids = [first.info.backend_pid, second.info.backend_pid]
+            first.close()
+            second.close()
+        holder.rollback()
+    assert received == pids
 
 
 # -- 2. leases ------------------------------------------------------------------------

@@ -698,6 +698,23 @@ def test_shutdown_abandons_running_handlers_and_keeps_leasing_results_not_yet_co
     _in_loop(body)
 
 
+def test_a_worker_claims_beyond_its_slots_only_while_its_handlers_are_short() -> None:
+    # a prefetched task's timeout runs from its claim: it must not wait long for a slot
+    worker = Worker(project_from_text(SHUTDOWN_FLOW), queue="f", handle_signals=False, max_concurrent=8)
+
+    async def body() -> None:
+        session = Session(None, None, None, None)  # type: ignore[arg-type]
+        assert worker._prefetch(session) == 0  # no handler has returned: nothing known yet
+        session.handler_returned(0.001)
+        assert session.capacity.is_set()  # the slot is free before the result commits
+        assert worker._prefetch(session) == 8  # a batch, at most the slots
+        for _ in range(20):
+            session.handler_returned(5.0)
+        assert worker._prefetch(session) == 0
+
+    _in_loop(body)
+
+
 class BlockingStore(FakeStore):
     """The first ``complete_tasks`` call waits for ``release``; the others answer at once."""
 
@@ -743,7 +760,7 @@ def _running_handlers(session: Session, claims: list[float]) -> list[InFlightTas
     """Handlers that hold a slot and still run, claimed at ``claims`` (the same time: claimed
     together); their tasks' indexes are their positions."""
     loop = asyncio.get_running_loop()
-    helds = [InFlightTask(_task(i), claimed_at) for i, claimed_at in enumerate(claims)]
+    helds = [InFlightTask(_task(i), claimed_at, started=True) for i, claimed_at in enumerate(claims)]
     for held in helds:
         session.held[loop.create_future()] = held  # type: ignore[index]
     return helds

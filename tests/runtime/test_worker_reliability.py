@@ -107,7 +107,8 @@ def test_a_map_output_past_jsonb_limit_fails_its_run_and_the_rest_commits(
     # OperationalError for minutes while nothing else committed and the run never failed
     big = start_run(flows_dsn, "rt_big_map", [3] * 90)
     small = start_run(flows_dsn, "rt_big_map", [1, 1])
-    worker = spawn("--flow", "rt_big_map", "--max-concurrent", "4")
+    # (batches of 4: a refused batch is sent again result by result, 3 MB each)
+    worker = spawn("--flow", "rt_big_map", "--max-concurrent", "4", "--batch-size", "4")
     assert wait_run(flows_dsn, small, workers=[worker])["run"]["status"] == "completed"
     failed = wait_until(lambda: scalar(
         flows_dsn,
@@ -138,10 +139,11 @@ def test_repeated_stalls_fail_the_run_within_max_attempts(
     assert scalar(flows_dsn, "select count(*) from flowlane.stuck_runs()") == 0
 
 
-def test_slots_stay_taken_until_results_commit(
+def test_results_waiting_for_their_commit_stay_bounded(
     flows_dsn: str, spawn: Spawn, tmp_path: Path
 ) -> None:
-    worker = spawn("--flow", "rt_slow", "--max-concurrent", "2")
+    # at most the larger of max_concurrent and batch_size results wait for their commit
+    worker = spawn("--flow", "rt_slow", "--max-concurrent", "2", "--batch-size", "2")
     blocked = [
         start_run(flows_dsn, "rt_slow", {"dir": str(tmp_path), "only_first": True})
         for _ in range(2)
@@ -164,13 +166,47 @@ def test_slots_stay_taken_until_results_commit(
                 flows_dsn,
                 "select count(*) from flowlane.step_tasks where status = 'started'"))
 
-        # before the fix every handler slot freed when its handler returned: the worker
-        # claimed all seven tasks while their results piled up behind the blocked flushes
+        # the slots are free, but two results (the bound) wait for their commit: without
+        # that bound the worker claimed all seven tasks while their results piled up behind
+        # the blocked flushes
         wait_until(lambda: held() > 2 or "poller_full" in worker.text(),
-                   message="the worker to fill its slots")
+                   message="the worker to stop claiming")
         assert held() == 2
         lock.rollback()
     for run_id in [*blocked, *others]:
+        assert wait_run(flows_dsn, run_id, workers=[worker])["run"]["status"] == "completed"
+
+
+def test_a_slot_is_free_while_its_result_waits_for_its_commit(
+    flows_dsn: str, spawn: Spawn, tmp_path: Path
+) -> None:
+    worker = spawn("--flow", "rt_slow", "--max-concurrent", "2")
+    first, busy, late = (tmp_path / name for name in ("first", "busy", "late"))
+    for folder in (first, busy, late):
+        folder.mkdir()
+    (late / "release").touch()  # the late run's handler returns at once
+    held_run = start_run(flows_dsn, "rt_slow", {"dir": str(first)})
+    busy_run = start_run(flows_dsn, "rt_slow", {"dir": str(busy)})
+    for folder, run_id in ((first, held_run), (busy, busy_run)):
+        wait_until(lambda f=folder, r=run_id: (f / f"started-{r}-1").exists(), message="the claims")
+    with psycopg.connect(flows_dsn) as lock:
+        lock.execute("select 1 from flowlane.runs where run_id = %s for update", (held_run,))
+        (first / "release").touch()
+        wait_until(  # the first result's commit waits for the test's lock
+            lambda: scalar(
+                flows_dsn,
+                "select exists (select 1 from pg_stat_activity where %s = any (pg_blocking_pids(pid)))",
+                (lock.info.backend_pid,),
+            ),
+            message="the first result's commit",
+        )
+        # one slot runs the busy handler, the other's result is not committed: the slot is free
+        late_run = start_run(flows_dsn, "rt_slow", {"dir": str(late)})
+        assert wait_run(flows_dsn, late_run, workers=[worker])["run"]["status"] == "completed"
+        assert rt_support.run_state(flows_dsn, held_run)["run"]["status"] == "started"
+        lock.rollback()
+    (busy / "release").touch()
+    for run_id in (held_run, busy_run):
         assert wait_run(flows_dsn, run_id, workers=[worker])["run"]["status"] == "completed"
 
 

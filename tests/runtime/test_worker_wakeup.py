@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from flowlane.core import db, migrator
 from tests.conftest import reachable_tmp_dir
@@ -39,6 +40,24 @@ def test_insert_notification_wakes_an_idle_worker(flows_dsn: str, spawn: Spawn) 
             "select tgname from pg_trigger where tgrelid = 'pgmq.q_rt_diamond'::regclass"
         ).fetchall()
     assert throttles == [] and triggers == [("flowlane_notify_insert",)]
+
+
+def test_a_start_whose_notification_was_left_to_another_is_picked_up(
+    flows_dsn: str, spawn: Spawn
+) -> None:
+    # a queue has one notifying transaction in flight: the second start sends none, and the
+    # worker, woken by the first, finds it before it waits again (not at its 600 s poll)
+    worker = spawn("--flow", "rt_diamond", "--poll-interval", "600")
+    worker.wait_logged("poller_idle", "the worker to go idle")
+    start = "select run_id from flowlane.start_flow('rt_diamond', %s)"
+    with psycopg.connect(flows_dsn) as first, psycopg.connect(flows_dsn) as second:
+        first_run = first.execute(start, (Jsonb({"numbers": [1]}),)).fetchone()[0]  # type: ignore[index]
+        second_run = second.execute(start, (Jsonb({"numbers": [2]}),)).fetchone()[0]  # type: ignore[index]
+        first.commit()
+        assert wait_run(flows_dsn, str(first_run), workers=[worker])["run"]["status"] == "completed"
+        second.commit()  # the worker is idle again, or about to be
+    state = wait_run(flows_dsn, str(second_run), timeout=60, workers=[worker])
+    assert step(state, "total")["output"] == {"sum_of_squares": 4, "count": 1}
 
 
 def test_polling_fallback_without_notifications(flows_dsn: str, spawn: Spawn) -> None:

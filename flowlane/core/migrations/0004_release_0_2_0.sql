@@ -71,6 +71,15 @@
 -- (the new _call_origin; the webhook endpoint names itself and the delivery there). Its
 -- signature is kept, and without the setting a run's origin is null, as before.
 
+-- Notifications that do not serialise commits: a queue has at most one notifying transaction
+-- in flight. _notify_queue_insert (the queues' insert trigger) sends no notification while
+-- another transaction's notification of the queue is on its way, and holds one of the queue's
+-- inserter locks (advisory, shared; the new _queue_inserter_locks names them) until its
+-- transaction ends; the new await_queue_inserts waits for those, and a worker calls it before
+-- it waits for a notification, then claims once more. Only functions change. The previous
+-- release's workers do not call it: on a queue where starts overlap, one of theirs may find a
+-- start only at its next poll (poll_interval).
+
 -- A flow may debounce its starts (flows.opt_debounce_key, opt_debounce_period,
 -- opt_debounce_max_wait; create_flow's debounce_key, debounce_period, debounce_max_wait):
 -- start_flow and start_flows collapse the starts of one key into a pending run (runs.debounce_key,
@@ -265,6 +274,88 @@ return pg_catalog.now();
 create or replace function flowlane._clock_timestamp() returns timestamptz
 language sql volatile parallel safe
 return flowlane._now() operator(pg_catalog.+) (pg_catalog.clock_timestamp() operator(pg_catalog.-) pg_catalog.now());
+
+-- pgmq.enable_notify_insert installs a row trigger that updates one row of
+-- pgmq.notify_insert_throttle per queue on every insert: every enqueue
+-- (start_flow, complete_task starting dependents) serialised on that row
+-- while holding run locks, which deadlocked under load. This trigger is per
+-- statement and writes nothing; PostgreSQL folds identical notifications of
+-- one transaction into one. Same channel as PGMQ's: pgmq.q_<queue>.INSERT.
+--
+-- A commit that notifies holds PostgreSQL's notification lock (one for the whole cluster)
+-- through its WAL flush, so notifying commits flush one after another: under a steady rate
+-- of starts they queued for it. So a queue has at most one notifying transaction in flight:
+-- an insert while another transaction's notification of the queue is on its way (that one
+-- holds the queue's notifier lock until it ends) sends none. Every inserting transaction holds
+-- one of the queue's inserter locks (_queue_inserter_locks), shared, until it ends, and a
+-- worker about to wait for a notification first waits for the holders of each in turn
+-- (await_queue_inserts), then claims once more: woken by the notification that was on its
+-- way, it finds the messages whose own was left out as soon as they are committed. While
+-- workers wait for some inserter locks, inserts take another; an insert that can take none
+-- notifies.
+create or replace function flowlane._notify_queue_insert() returns trigger
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_queue constant int := hashtext(tg_table_name);
+  v_lock int;
+begin
+  foreach v_lock in array flowlane._queue_inserter_locks() loop
+    if pg_try_advisory_xact_lock_shared(v_lock, v_queue) then
+      if pg_try_advisory_xact_lock(hashtext('flowlane.queue_notifier'), v_queue) then
+        exit;  -- no notification of this queue is on its way: this one sends it
+      end if;
+      return null;  -- another transaction's notification of this queue is on its way
+    end if;
+  end loop;
+  perform pg_notify('pgmq.' || tg_table_name || '.INSERT', null);
+  return null;
+end;
+$$;
+
+-- the first key of each inserter lock (the second is the queue's): more of them than the
+-- workers of a queue that wait for them at once, so that an insert finds one free
+create or replace function flowlane._queue_inserter_locks() returns int[]
+language sql immutable
+set search_path = ''
+as $$
+  select array[hashtext('flowlane.queue_inserters'), hashtext('flowlane.queue_inserters_2'),
+               hashtext('flowlane.queue_inserters_3'), hashtext('flowlane.queue_inserters_4')]
+$$;
+
+-- what a worker calls before it waits for the queue's notification: wait (at most timeout_ms
+-- for each inserter lock) until the transactions inserting into the queue have ended, so that
+-- its next claim sees what they committed; false when a wait timed out (a long transaction
+-- inserted: the worker cannot know whether a notification is on its way)
+create or replace function flowlane.await_queue_inserts(queue_name text, timeout_ms integer default 50)
+returns boolean
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_table text;
+  v_settled boolean := true;
+  v_lock int;
+begin
+  select pgmq.format_table_name(q.pgmq_queue_name, 'q') into v_table
+  from flowlane.queues q where q.queue_name = await_queue_inserts.queue_name;
+  if v_table is null then
+    v_table := pgmq.format_table_name(await_queue_inserts.queue_name, 'q');
+  end if;
+  perform set_config('lock_timeout', greatest(1, timeout_ms) || 'ms', true);
+  -- one lock after the other, never two held: inserts meanwhile take one not waited for
+  foreach v_lock in array flowlane._queue_inserter_locks() loop
+    begin
+      perform pg_advisory_lock(v_lock, hashtext(v_table));
+      perform pg_advisory_unlock(v_lock, hashtext(v_table));
+    exception when lock_not_available then
+      v_settled := false;
+    end;
+  end loop;
+  return v_settled;
+end;
+$$;
 
 create or replace function flowlane.adopt_queue(queue_name text) returns flowlane.queues
 language plpgsql volatile

@@ -20,7 +20,7 @@ declare
   -- fails on a function in none, and this block refuses to run with one
   v_classes constant jsonb := jsonb_build_object(
     'claim', array[  -- a worker's claims and its results, each fenced by its claim
-      'register_worker', 'heartbeat', 'mark_worker_stopped', 'enable_queue_notify',
+      'register_worker', 'heartbeat', 'mark_worker_stopped', 'enable_queue_notify', 'await_queue_inserts',
       'start_tasks', 'claim_tasks', 'complete_task', 'complete_tasks', 'fail_task', 'fail_tasks',
       'fail_task_detailed', 'extend_leases', 'requeue_stalled_tasks', 'record_worker_refusal'],
     'tick', array['maintenance_tick'],  -- schedules, delayed runs, deadlines, retention: see 15_time.sql
@@ -142,9 +142,11 @@ begin
   if 'flowlane_worker' = any (v_roles_present) then
     grant select on flowlane.worker_deployments to flowlane_worker;  -- the startup check
   end if;
-  -- the engine's clock, inlined into the runtime's and the console's queries as their caller
+  -- the engine's clock, inlined into the runtime's and the console's queries as their caller;
+  -- the queues' inserter locks, read by the insert trigger as whoever inserts
   foreach v_role in array v_roles_present loop
-    execute format('grant execute on function flowlane._now(), flowlane._clock_timestamp() to %I', v_role);
+    execute format('grant execute on function flowlane._now(), flowlane._clock_timestamp(), '
+                   'flowlane._queue_inserter_locks() to %I', v_role);
   end loop;
 
   for v_queue in select coalesce(q.pgmq_queue_name, q.queue_name) from flowlane.queues q loop

@@ -49,6 +49,10 @@ select set_config('flowlane.traceparent', %(traceparent)s, %(local)s) as tracepa
 select flowlane.maintenance_tick() as done
 
 
+-- name: worker_await_inserts
+-- before waiting for a notification: the transactions inserting into the queue have ended
+select flowlane.await_queue_inserts(%(queue_name)s, %(timeout_ms)s) as settled
+
 -- name: worker_enable_notify
 select flowlane.enable_queue_notify(%(queue_name)s) as installed
 
