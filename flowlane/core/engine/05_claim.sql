@@ -212,7 +212,7 @@ begin
 
   -- classify every message before any change
   select array_agg(row(b.msg_id, t, t.run_id is not null and p.flow_slug is not null,
-                       t.status = 'queued' and r.status = 'started' and ss.status = 'started'
+                       flowlane._claimable(t.status, r.status, ss.status)
                    )::flowlane._claim_item order by b.msg_id)
     into v_batch
   from unnest(v_ids) as b (msg_id)
@@ -311,6 +311,17 @@ begin
 end;
 $$;
 
+-- a claim starts a task that is queued in a started step of a started run (both claim paths,
+-- _start_tasks and _claim_one)
+create function flowlane._claimable(p_task_status text, p_run_status text, p_step_status text) returns boolean
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  return coalesce(p_task_status = 'queued' and p_run_status = 'started' and p_step_status = 'started', false);
+end;
+$$;
+
 -- claimed tasks are hidden for their lease (claim_visibility) where it outlasts the visibility
 -- their messages were read with (p_read_vt; null: start_tasks, whose caller read them)
 create function flowlane._hide_claimed(p_claimed flowlane.step_tasks[], p_read_vt int) returns void
@@ -376,7 +387,7 @@ begin
   select r.status into v_run_status from flowlane.runs r where r.run_id = v_task.run_id;
   select ss.status into v_step_status from flowlane.step_states ss
   where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug;
-  if (v_task.status = 'queued' and v_run_status = 'started' and v_step_status = 'started') is not true then
+  if not flowlane._claimable(v_task.status, v_run_status, v_step_status) then
     return null;
   end if;
   update flowlane.step_tasks t
