@@ -585,11 +585,7 @@ begin
 
   update flowlane.step_states cs
      set remaining_deps = cs.remaining_deps - 1,
-         initial_tasks = case
-           when cs.status <> 'created' or cs.initial_tasks is not null or cst.step_type <> 'map' then cs.initial_tasks
-           when p_skipped then 0
-           when jsonb_typeof(p_output) = 'array' then jsonb_array_length(p_output)
-           else cs.initial_tasks end
+         initial_tasks = flowlane._dependent_tasks(cs.status, cs.initial_tasks, cst.step_type, p_output, p_skipped)
     from flowlane.deps d, flowlane.steps cst
    where cs.run_id = p_run_id
      and d.flow_slug = cs.flow_slug and d.dep_slug = p_step_slug and d.step_slug = cs.step_slug

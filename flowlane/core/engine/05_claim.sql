@@ -202,22 +202,17 @@ begin
     return;
   end if;
 
-  -- lock order: runs (shared: claims do not block each other), then the batch's tasks
-  perform 1 from flowlane.runs r
-  where r.run_id in (select t.run_id from flowlane.step_tasks t
-                     where t.queue_name = p_queue and t.message_id = any (v_ids)
-                       and t.message_id between v_ids[1] and v_ids[cardinality(v_ids)])
-  order by r.run_id
-  for share;
-  perform 1 from flowlane.step_tasks t
-  where t.queue_name = p_queue and t.message_id = any (v_ids)
-    and t.message_id between v_ids[1] and v_ids[cardinality(v_ids)]
-  order by t.run_id, t.step_slug, t.task_index
-  for update;
+  -- a claim waits for no engine row (the lock order, README.md): the batch's tasks are locked
+  -- skip locked, and a message whose task another transaction holds is left out of the
+  -- claim, untouched: that transaction writes the task's message itself
+  v_ids := flowlane._lock_claimable_tasks(p_queue, v_ids);
+  if cardinality(v_ids) = 0 then
+    return;
+  end if;
 
   -- classify every message before any change
   select array_agg(row(b.msg_id, t, t.run_id is not null and p.flow_slug is not null,
-                       t.status = 'queued' and r.status = 'started' and ss.status = 'started'
+                       flowlane._claimable(t.status, r.status, ss.status)
                    )::flowlane._claim_item order by b.msg_id)
     into v_batch
   from unnest(v_ids) as b (msg_id)
@@ -284,6 +279,49 @@ begin
 end;
 $$;
 
+-- The lock order's exception (README.md, "Lock order"): a claim holds queue messages before it
+-- reaches their tasks (claim_tasks reads them in its own transaction), so it never waits for
+-- an engine row. It locks the tasks of the messages p_ids (sorted) with skip locked and reads
+-- their runs and step states without a lock: every end of a run or step changes its live
+-- tasks, so a claim and an end meet on the task's row. Returns the messages whose task this
+-- transaction now holds, and those with no task (foreign messages), in order; a message whose
+-- task another transaction holds is left out.
+create function flowlane._lock_claimable_tasks(p_queue text, p_ids bigint[]) returns bigint[]
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_locked bigint[];
+begin
+  v_locked := array(
+    select t.message_id from flowlane.step_tasks t
+    where t.queue_name = p_queue and t.message_id = any (p_ids)
+      and t.message_id between p_ids[1] and p_ids[cardinality(p_ids)]
+    order by t.run_id, t.step_slug, t.task_index
+    for update skip locked);
+  return array(
+    select b.msg_id from unnest(p_ids) as b (msg_id)
+    where b.msg_id = any (v_locked)
+       or not exists (select 1 from flowlane.step_tasks t
+                      where t.queue_name = p_queue and t.message_id = b.msg_id)
+    order by 1);
+end;
+$$;
+
+-- a claim starts a task that is queued in a started step of a started run (both claim paths,
+-- _start_tasks and _claim_one)
+create function flowlane._claimable(p_task_status text, p_run_status text, p_step_status text) returns boolean
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  return coalesce(p_task_status = 'queued' and p_run_status = 'started' and p_step_status = 'started', false);
+end;
+$$;
+
 -- claimed tasks are hidden for their lease (claim_visibility) where it outlasts the visibility
 -- their messages were read with (p_read_vt; null: start_tasks, whose caller read them)
 create function flowlane._hide_claimed(p_claimed flowlane.step_tasks[], p_read_vt int) returns void
@@ -338,14 +376,18 @@ begin
                               where p.flow_slug = v_task.flow_slug and p.step_slug = v_task.step_slug) then
     return null;
   end if;
-  -- lock order: the run (shared), then the task
-  select r.status into v_run_status from flowlane.runs r where r.run_id = v_task.run_id for share;
+  -- the task skip locked, its run and step state unlocked (_lock_claimable_tasks): a task
+  -- another transaction holds is left to the batch path, which leaves it out
   select t.* into v_task from flowlane.step_tasks t
   where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index
-  for update;
+  for update skip locked;
+  if not found then
+    return null;
+  end if;
+  select r.status into v_run_status from flowlane.runs r where r.run_id = v_task.run_id;
   select ss.status into v_step_status from flowlane.step_states ss
   where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug;
-  if (v_task.status = 'queued' and v_run_status = 'started' and v_step_status = 'started') is not true then
+  if not flowlane._claimable(v_task.status, v_run_status, v_step_status) then
     return null;
   end if;
   update flowlane.step_tasks t

@@ -149,6 +149,58 @@ begin
 end;
 $$;
 
+-- The rules both result paths (a batch, _complete_one / _fail_one) apply, each written once.
+-- One-line PL/pgSQL functions: planned once per connection, a few µs a call (see "Plans" in
+-- flowlane/core/engine/README.md).
+
+-- a result acts on its task when the task, its run and its step are started and the result
+-- answers the task's claim (its worker and attempt, where the result names them)
+create function flowlane._result_owns(p_item flowlane._result_item, p_task flowlane.step_tasks,
+                                      p_run_status text, p_state_status text) returns boolean
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  return p_task.status = 'started' and p_run_status = 'started' and p_state_status = 'started'
+     and (p_item.worker_id is null or p_task.last_worker_id is not distinct from p_item.worker_id)
+     and (p_item.attempt is null or p_task.attempts_count is not distinct from p_item.attempt);
+end;
+$$;
+
+-- a completed step's output: a single step's is its task's (p_output), a map step's the array
+-- of its tasks' outputs in task order
+create function flowlane._step_output(p_run_id uuid, p_step_slug text, p_step_type text, p_output jsonb)
+returns jsonb
+language plpgsql stable
+set search_path = ''
+as $$
+begin
+  if p_step_type = 'single' then
+    return p_output;
+  end if;
+  return (select coalesce(jsonb_agg(t.output order by t.task_index), '[]'::jsonb)
+          from flowlane.step_tasks t
+          where t.run_id = p_run_id and t.step_slug = p_step_slug);
+end;
+$$;
+
+-- the tasks a dependent step will have, once a step it needs is done (p_skipped: skipped) with
+-- p_output: a map step not yet sized takes the length of its parent's array (0 for a skipped
+-- parent); any other step keeps what it has
+create function flowlane._dependent_tasks(p_status text, p_initial_tasks int, p_step_type text,
+                                          p_output jsonb, p_skipped boolean) returns int
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  return case
+    when p_status <> 'created' or p_initial_tasks is not null or p_step_type <> 'map' then p_initial_tasks
+    when p_skipped then 0
+    when jsonb_typeof(p_output) = 'array' then jsonb_array_length(p_output)
+    else p_initial_tasks end;
+end;
+$$;
+
 -- lock the batch's runs, step states and tasks (the lock order of docs/reliability.md; keys sorted) and classify every item
 create function flowlane._lock_and_classify(p_items flowlane._result_item[])
 returns flowlane._result_class[]
@@ -177,10 +229,7 @@ begin
   order by t.run_id, t.step_slug, t.task_index for update;
 
   with classified as (
-    select i, t, r.status as run_status,
-           t.status = 'started' and r.status = 'started' and ss.status = 'started'
-             and (i.worker_id is null or t.last_worker_id is not distinct from i.worker_id)
-             and (i.attempt is null or t.attempts_count = i.attempt) as owns
+    select i, t, r.status as run_status, flowlane._result_owns(i, t, r.status, ss.status) as owns
     from unnest(p_items) i
     left join flowlane.runs r on r.run_id = i.run_id and r.run_id = any (v_runs)
     left join flowlane.step_states ss
@@ -337,11 +386,8 @@ begin
        set remaining_tasks = ss.remaining_tasks - c.n,
            status = case when ss.remaining_tasks = c.n then 'completed' else ss.status end,
            completed_at = case when ss.remaining_tasks = c.n then flowlane._now() end,
-           output = case when ss.remaining_tasks <> c.n then null
-                         when c.step_type = 'single' then c.output
-                         else (select coalesce(jsonb_agg(t.output order by t.task_index), '[]'::jsonb)
-                               from flowlane.step_tasks t
-                               where t.run_id = ss.run_id and t.step_slug = ss.step_slug) end
+           output = case when ss.remaining_tasks = c.n
+                         then flowlane._step_output(ss.run_id, ss.step_slug, c.step_type, c.output) end
       from counts c
      where ss.run_id = c.run_id and ss.step_slug = c.step_slug and ss.run_id = any (v_runs)
     returning ss, c.cached
@@ -398,9 +444,7 @@ begin
   select t.* into v_task from flowlane.step_tasks t
   where t.run_id = p_item.run_id and t.step_slug = p_item.step_slug and t.task_index = p_item.task_index
   for update;
-  if v_task.status = 'started' and v_run_status = 'started' and v_state_status = 'started'
-     and (p_item.worker_id is null or v_task.last_worker_id is not distinct from p_item.worker_id)
-     and (p_item.attempt is null or v_task.attempts_count is not distinct from p_item.attempt) then
+  if flowlane._result_owns(p_item, v_task, v_run_status, v_state_status) then
     return v_task;
   end if;
   return null;
@@ -444,11 +488,8 @@ begin
      set remaining_tasks = ss.remaining_tasks - 1,
          status = case when ss.remaining_tasks = 1 then 'completed' else ss.status end,
          completed_at = case when ss.remaining_tasks = 1 then flowlane._now() end,
-         output = case when ss.remaining_tasks <> 1 then null
-                       when v_step_type = 'single' then p_item.output
-                       else (select coalesce(jsonb_agg(t.output order by t.task_index), '[]'::jsonb)
-                             from flowlane.step_tasks t
-                             where t.run_id = ss.run_id and t.step_slug = ss.step_slug) end
+         output = case when ss.remaining_tasks = 1
+                       then flowlane._step_output(ss.run_id, ss.step_slug, v_step_type, p_item.output) end
    where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug
   returning ss.* into v_state;
   if v_state.status = 'completed' then
@@ -497,10 +538,7 @@ begin
     join flowlane.steps cst on cst.flow_slug = d.flow_slug and cst.step_slug = d.step_slug
     join flowlane.step_states cs on cs.run_id = p_step.run_id and cs.step_slug = d.step_slug
     cross join lateral (
-      select case
-        when cs.status <> 'created' or cs.initial_tasks is not null or cst.step_type <> 'map' then cs.initial_tasks
-        when jsonb_typeof(p_step.output) = 'array' then jsonb_array_length(p_step.output)
-        else cs.initial_tasks end as tasks) t
+      select flowlane._dependent_tasks(cs.status, cs.initial_tasks, cst.step_type, p_step.output, false) as tasks) t
     where d.flow_slug = p_step.flow_slug and d.dep_slug = p_step.step_slug
   ) c;
   if v_children is null then  -- a leaf step
@@ -565,10 +603,7 @@ begin
       into v_started from updated u;
   update flowlane.step_states cs
      set remaining_deps = cs.remaining_deps - x.n,
-         initial_tasks = case
-           when cs.status <> 'created' or cs.initial_tasks is not null or cst.step_type <> 'map' then cs.initial_tasks
-           when jsonb_typeof(x.output) = 'array' then jsonb_array_length(x.output)
-           else cs.initial_tasks end
+         initial_tasks = flowlane._dependent_tasks(cs.status, cs.initial_tasks, cst.step_type, x.output, false)
     from (select p.run_id, d.step_slug, p.flow_slug, count(*)::int as n, (array_agg(p.output))[1] as output
           from unnest(p_steps) p
           join flowlane.deps d on d.flow_slug = p.flow_slug and d.dep_slug = p.step_slug

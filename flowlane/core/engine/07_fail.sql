@@ -76,9 +76,7 @@ begin
     into v_exhausted
   from unnest(v_classes) c
   join flowlane.step_options o on o.flow_slug = (c.task).flow_slug and o.step_slug = (c.task).step_slug
-  where c.actionable and ((c.task).attempts_count >= o.max_attempts
-                          -- a wrong output is a bug in the handler, not a hiccup: no retry
-                          or (c.item).error_type is not distinct from 'OutputContractViolation');
+  where c.actionable and not flowlane._retries((c.task).attempts_count, o.max_attempts, (c.item).error_type);
 
   v_sequential := flowlane._sequential_runs(v_classes, v_exhausted);
   for v_class in
@@ -127,14 +125,14 @@ as $$
 declare
   v_task flowlane.step_tasks := flowlane._lock_one(p_item);
   v_base_delay int;
+  v_max_attempts int;
 begin
   if v_task.run_id is null then
     return null;
   end if;
-  select o.base_delay into v_base_delay from flowlane.step_options o
-  where o.flow_slug = v_task.flow_slug and o.step_slug = v_task.step_slug
-    and v_task.attempts_count < o.max_attempts;
-  if not found or p_item.error_type is not distinct from 'OutputContractViolation' then
+  select o.base_delay, o.max_attempts into v_base_delay, v_max_attempts from flowlane.step_options o
+  where o.flow_slug = v_task.flow_slug and o.step_slug = v_task.step_slug;
+  if not flowlane._retries(v_task.attempts_count, v_max_attempts, p_item.error_type) then
     return null;  -- exhausted: when_exhausted is applied by the batch path
   end if;
   perform set_config('flowlane.attempt_details', jsonb_build_object(
@@ -150,6 +148,17 @@ begin
                                    flowlane.calculate_retry_delay(v_base_delay, v_task.attempts_count));
   end if;
   return v_task;
+end;
+$$;
+
+-- a failed attempt is retried while the task has attempts left; a wrong output is a bug in
+-- the handler, not a hiccup: never retried (both result paths, _fail_batch and _fail_one)
+create function flowlane._retries(p_attempts int, p_max_attempts int, p_error_type text) returns boolean
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  return coalesce(p_attempts < p_max_attempts, false) and p_error_type is distinct from 'OutputContractViolation';
 end;
 $$;
 

@@ -70,6 +70,17 @@
 -- Webhooks: start_flow records the origin its transaction names in the setting flowlane.origin
 -- (the new _call_origin; the webhook endpoint names itself and the delivery there). Its
 -- signature is kept, and without the setting a run's origin is null, as before.
+--
+-- Claims wait for no run or task row: _start_tasks locks its tasks through the new
+-- _lock_claimable_tasks (for update skip locked; runs and step states read unlocked) and
+-- _claim_one does the same, so a claim, which holds its queue messages first, no longer
+-- deadlocks with a completion, failure or cancel that holds the run and archives the
+-- messages. Signatures are kept: a claim of the previous release in flight while this
+-- commits finishes with its old bodies.
+--
+-- The rules the one-item and batch paths of claims and results share are new one-line
+-- functions both call (_result_owns, _retries, _step_output, _dependent_tasks, _claimable);
+-- the bodies that call them change, their signatures and results do not.
 
 -- Notifications that do not serialise commits: a queue has at most one notifying transaction
 -- in flight. _notify_queue_insert (the queues' insert trigger) sends no notification while
@@ -1316,6 +1327,30 @@ begin
 end;
 $$;
 
+-- release the children of a step that just became terminal (completed or skipped)
+create or replace function flowlane._release_children(p_run_id uuid, p_step_slug text, p_output jsonb, p_skipped boolean)
+returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  perform 1 from flowlane.step_states cs
+  where cs.run_id = p_run_id and cs.step_slug in (
+    select d.step_slug from flowlane.deps d join flowlane.runs r on r.flow_slug = d.flow_slug
+    where r.run_id = p_run_id and d.dep_slug = p_step_slug)
+  order by cs.step_slug
+  for update;
+
+  update flowlane.step_states cs
+     set remaining_deps = cs.remaining_deps - 1,
+         initial_tasks = flowlane._dependent_tasks(cs.status, cs.initial_tasks, cst.step_type, p_output, p_skipped)
+    from flowlane.deps d, flowlane.steps cst
+   where cs.run_id = p_run_id
+     and d.flow_slug = cs.flow_slug and d.dep_slug = p_step_slug and d.step_slug = cs.step_slug
+     and cst.flow_slug = cs.flow_slug and cst.step_slug = cs.step_slug;
+end;
+$$;
+
 -- skip one step (created or started): its unfinished tasks become skipped and
 -- their messages are archived; children are released (a map child of a
 -- skipped parent gets 0 tasks)
@@ -1431,22 +1466,17 @@ begin
     return;
   end if;
 
-  -- lock order: runs (shared: claims do not block each other), then the batch's tasks
-  perform 1 from flowlane.runs r
-  where r.run_id in (select t.run_id from flowlane.step_tasks t
-                     where t.queue_name = p_queue and t.message_id = any (v_ids)
-                       and t.message_id between v_ids[1] and v_ids[cardinality(v_ids)])
-  order by r.run_id
-  for share;
-  perform 1 from flowlane.step_tasks t
-  where t.queue_name = p_queue and t.message_id = any (v_ids)
-    and t.message_id between v_ids[1] and v_ids[cardinality(v_ids)]
-  order by t.run_id, t.step_slug, t.task_index
-  for update;
+  -- a claim waits for no engine row (the lock order, README.md): the batch's tasks are locked
+  -- skip locked, and a message whose task another transaction holds is left out of the
+  -- claim, untouched: that transaction writes the task's message itself
+  v_ids := flowlane._lock_claimable_tasks(p_queue, v_ids);
+  if cardinality(v_ids) = 0 then
+    return;
+  end if;
 
   -- classify every message before any change
   select array_agg(row(b.msg_id, t, t.run_id is not null and p.flow_slug is not null,
-                       t.status = 'queued' and r.status = 'started' and ss.status = 'started'
+                       flowlane._claimable(t.status, r.status, ss.status)
                    )::flowlane._claim_item order by b.msg_id)
     into v_batch
   from unnest(v_ids) as b (msg_id)
@@ -1513,6 +1543,49 @@ begin
 end;
 $$;
 
+-- The lock order's exception (README.md, "Lock order"): a claim holds queue messages before it
+-- reaches their tasks (claim_tasks reads them in its own transaction), so it never waits for
+-- an engine row. It locks the tasks of the messages p_ids (sorted) with skip locked and reads
+-- their runs and step states without a lock: every end of a run or step changes its live
+-- tasks, so a claim and an end meet on the task's row. Returns the messages whose task this
+-- transaction now holds, and those with no task (foreign messages), in order; a message whose
+-- task another transaction holds is left out.
+create or replace function flowlane._lock_claimable_tasks(p_queue text, p_ids bigint[]) returns bigint[]
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_locked bigint[];
+begin
+  v_locked := array(
+    select t.message_id from flowlane.step_tasks t
+    where t.queue_name = p_queue and t.message_id = any (p_ids)
+      and t.message_id between p_ids[1] and p_ids[cardinality(p_ids)]
+    order by t.run_id, t.step_slug, t.task_index
+    for update skip locked);
+  return array(
+    select b.msg_id from unnest(p_ids) as b (msg_id)
+    where b.msg_id = any (v_locked)
+       or not exists (select 1 from flowlane.step_tasks t
+                      where t.queue_name = p_queue and t.message_id = b.msg_id)
+    order by 1);
+end;
+$$;
+
+-- a claim starts a task that is queued in a started step of a started run (both claim paths,
+-- _start_tasks and _claim_one)
+create or replace function flowlane._claimable(p_task_status text, p_run_status text, p_step_status text) returns boolean
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  return coalesce(p_task_status = 'queued' and p_run_status = 'started' and p_step_status = 'started', false);
+end;
+$$;
+
 -- the claim of one message, the common case (a worker's claim when one task is queued), without
 -- the batch's machinery: the message's task when _start_tasks would claim it (the same locks in
 -- the same order, the same classification), else null and no change, for the batch path to
@@ -1536,14 +1609,18 @@ begin
                               where p.flow_slug = v_task.flow_slug and p.step_slug = v_task.step_slug) then
     return null;
   end if;
-  -- lock order: the run (shared), then the task
-  select r.status into v_run_status from flowlane.runs r where r.run_id = v_task.run_id for share;
+  -- the task skip locked, its run and step state unlocked (_lock_claimable_tasks): a task
+  -- another transaction holds is left to the batch path, which leaves it out
   select t.* into v_task from flowlane.step_tasks t
   where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index
-  for update;
+  for update skip locked;
+  if not found then
+    return null;
+  end if;
+  select r.status into v_run_status from flowlane.runs r where r.run_id = v_task.run_id;
   select ss.status into v_step_status from flowlane.step_states ss
   where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug;
-  if (v_task.status = 'queued' and v_run_status = 'started' and v_step_status = 'started') is not true then
+  if not flowlane._claimable(v_task.status, v_run_status, v_step_status) then
     return null;
   end if;
   update flowlane.step_tasks t
@@ -1711,6 +1788,109 @@ begin
 end;
 $$;
 
+-- a result acts on its task when the task, its run and its step are started and the result
+-- answers the task's claim (its worker and attempt, where the result names them)
+create or replace function flowlane._result_owns(p_item flowlane._result_item, p_task flowlane.step_tasks,
+                                      p_run_status text, p_state_status text) returns boolean
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  return p_task.status = 'started' and p_run_status = 'started' and p_state_status = 'started'
+     and (p_item.worker_id is null or p_task.last_worker_id is not distinct from p_item.worker_id)
+     and (p_item.attempt is null or p_task.attempts_count is not distinct from p_item.attempt);
+end;
+$$;
+
+-- a completed step's output: a single step's is its task's (p_output), a map step's the array
+-- of its tasks' outputs in task order
+create or replace function flowlane._step_output(p_run_id uuid, p_step_slug text, p_step_type text, p_output jsonb)
+returns jsonb
+language plpgsql stable
+set search_path = ''
+as $$
+begin
+  if p_step_type = 'single' then
+    return p_output;
+  end if;
+  return (select coalesce(jsonb_agg(t.output order by t.task_index), '[]'::jsonb)
+          from flowlane.step_tasks t
+          where t.run_id = p_run_id and t.step_slug = p_step_slug);
+end;
+$$;
+
+-- the tasks a dependent step will have, once a step it needs is done (p_skipped: skipped) with
+-- p_output: a map step not yet sized takes the length of its parent's array (0 for a skipped
+-- parent); any other step keeps what it has
+create or replace function flowlane._dependent_tasks(p_status text, p_initial_tasks int, p_step_type text,
+                                          p_output jsonb, p_skipped boolean) returns int
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  return case
+    when p_status <> 'created' or p_initial_tasks is not null or p_step_type <> 'map' then p_initial_tasks
+    when p_skipped then 0
+    when jsonb_typeof(p_output) = 'array' then jsonb_array_length(p_output)
+    else p_initial_tasks end;
+end;
+$$;
+
+-- lock the batch's runs, step states and tasks (the lock order of docs/reliability.md; keys sorted) and classify every item
+create or replace function flowlane._lock_and_classify(p_items flowlane._result_item[])
+returns flowlane._result_class[]
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_classes flowlane._result_class[];
+  -- every lookup below also filters on run_id = any (v_runs): an index path whose cost
+  -- follows the batch, whatever the planner thinks of unnest()'s row count
+  v_runs uuid[] := array(select distinct i.run_id from unnest(p_items) i order by 1);
+begin
+  perform 1 from flowlane.runs r
+  where r.run_id = any (v_runs)
+  order by r.run_id for update;
+  perform 1 from flowlane.step_states ss
+  where ss.run_id = any (v_runs)
+    and (ss.run_id, ss.step_slug) in (select i.run_id, i.step_slug from unnest(p_items) i)
+  order by ss.run_id, ss.step_slug for update;
+  perform 1 from flowlane.step_tasks t
+  where t.run_id = any (v_runs)
+    and (t.run_id, t.step_slug, t.task_index) in (select i.run_id, i.step_slug, i.task_index from unnest(p_items) i)
+  order by t.run_id, t.step_slug, t.task_index for update;
+
+  with classified as (
+    select i, t, r.status as run_status, flowlane._result_owns(i, t, r.status, ss.status) as owns
+    from unnest(p_items) i
+    left join flowlane.runs r on r.run_id = i.run_id and r.run_id = any (v_runs)
+    left join flowlane.step_states ss
+      on ss.run_id = i.run_id and ss.step_slug = i.step_slug and ss.run_id = any (v_runs)
+    left join flowlane.step_tasks t
+      on t.run_id = i.run_id and t.step_slug = i.step_slug and t.task_index = i.task_index
+     and t.run_id = any (v_runs)
+  ), ranked as (
+    -- the same task twice in a batch: the first item that owns it acts, the next ones are late
+    select c.*, c.owns and row_number() over (
+             partition by (c.i).run_id, (c.i).step_slug, (c.i).task_index, c.owns order by (c.i).pos) = 1 as acts
+    from classified c
+  )
+  select coalesce(array_agg(row(k.i, k.t, k.run_status, coalesce(k.acts, false))::flowlane._result_class
+                            order by (k.i).run_id, (k.i).step_slug, (k.i).task_index, (k.i).pos), '{}')
+    into v_classes
+  from ranked k;
+
+  -- late or duplicate callbacks: make sure the messages of terminal tasks are gone, change nothing
+  perform flowlane._archive_tasks(array(
+    select distinct on ((c.task).queue_name, (c.task).message_id) c.task from unnest(v_classes) c
+    where (c.task).status in ('completed', 'failed', 'skipped', 'cancelled')));
+  return v_classes;
+end;
+$$;
+
 create or replace function flowlane._complete_batch(p_items flowlane._result_item[])
 returns setof flowlane.step_tasks
 language plpgsql volatile
@@ -1819,11 +1999,8 @@ begin
        set remaining_tasks = ss.remaining_tasks - c.n,
            status = case when ss.remaining_tasks = c.n then 'completed' else ss.status end,
            completed_at = case when ss.remaining_tasks = c.n then flowlane._now() end,
-           output = case when ss.remaining_tasks <> c.n then null
-                         when c.step_type = 'single' then c.output
-                         else (select coalesce(jsonb_agg(t.output order by t.task_index), '[]'::jsonb)
-                               from flowlane.step_tasks t
-                               where t.run_id = ss.run_id and t.step_slug = ss.step_slug) end
+           output = case when ss.remaining_tasks = c.n
+                         then flowlane._step_output(ss.run_id, ss.step_slug, c.step_type, c.output) end
       from counts c
      where ss.run_id = c.run_id and ss.step_slug = c.step_slug and ss.run_id = any (v_runs)
     returning ss, c.cached
@@ -1836,6 +2013,32 @@ begin
     perform flowlane._steps_done(v_steps);
   end if;
   return query select * from flowlane._batch_rows(p_items);
+end;
+$$;
+
+-- lock the item's run, step state and task (the lock order of _lock_and_classify);
+-- the task when the item acts on it (started, owned by this worker and attempt), else null
+create or replace function flowlane._lock_one(p_item flowlane._result_item) returns flowlane.step_tasks
+language plpgsql volatile
+set search_path = ''
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+  v_run_status text;
+  v_state_status text;
+  v_task flowlane.step_tasks;
+begin
+  select r.status into v_run_status from flowlane.runs r where r.run_id = p_item.run_id for update;
+  select ss.status into v_state_status from flowlane.step_states ss
+  where ss.run_id = p_item.run_id and ss.step_slug = p_item.step_slug
+  for update;
+  select t.* into v_task from flowlane.step_tasks t
+  where t.run_id = p_item.run_id and t.step_slug = p_item.step_slug and t.task_index = p_item.task_index
+  for update;
+  if flowlane._result_owns(p_item, v_task, v_run_status, v_state_status) then
+    return v_task;
+  end if;
+  return null;
 end;
 $$;
 
@@ -1876,11 +2079,8 @@ begin
      set remaining_tasks = ss.remaining_tasks - 1,
          status = case when ss.remaining_tasks = 1 then 'completed' else ss.status end,
          completed_at = case when ss.remaining_tasks = 1 then flowlane._now() end,
-         output = case when ss.remaining_tasks <> 1 then null
-                       when v_step_type = 'single' then p_item.output
-                       else (select coalesce(jsonb_agg(t.output order by t.task_index), '[]'::jsonb)
-                             from flowlane.step_tasks t
-                             where t.run_id = ss.run_id and t.step_slug = ss.step_slug) end
+         output = case when ss.remaining_tasks = 1
+                       then flowlane._step_output(ss.run_id, ss.step_slug, v_step_type, p_item.output) end
    where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug
   returning ss.* into v_state;
   if v_state.status = 'completed' then
@@ -1929,10 +2129,7 @@ begin
     join flowlane.steps cst on cst.flow_slug = d.flow_slug and cst.step_slug = d.step_slug
     join flowlane.step_states cs on cs.run_id = p_step.run_id and cs.step_slug = d.step_slug
     cross join lateral (
-      select case
-        when cs.status <> 'created' or cs.initial_tasks is not null or cst.step_type <> 'map' then cs.initial_tasks
-        when jsonb_typeof(p_step.output) = 'array' then jsonb_array_length(p_step.output)
-        else cs.initial_tasks end as tasks) t
+      select flowlane._dependent_tasks(cs.status, cs.initial_tasks, cst.step_type, p_step.output, false) as tasks) t
     where d.flow_slug = p_step.flow_slug and d.dep_slug = p_step.step_slug
   ) c;
   if v_children is null then  -- a leaf step
@@ -1997,10 +2194,7 @@ begin
       into v_started from updated u;
   update flowlane.step_states cs
      set remaining_deps = cs.remaining_deps - x.n,
-         initial_tasks = case
-           when cs.status <> 'created' or cs.initial_tasks is not null or cst.step_type <> 'map' then cs.initial_tasks
-           when jsonb_typeof(x.output) = 'array' then jsonb_array_length(x.output)
-           else cs.initial_tasks end
+         initial_tasks = flowlane._dependent_tasks(cs.status, cs.initial_tasks, cst.step_type, x.output, false)
     from (select p.run_id, d.step_slug, p.flow_slug, count(*)::int as n, (array_agg(p.output))[1] as output
           from unnest(p_steps) p
           join flowlane.deps d on d.flow_slug = p.flow_slug and d.dep_slug = p.step_slug
@@ -2071,6 +2265,127 @@ begin
     fail_task_detailed.step_slug, fail_task_detailed.task_index, null, fail_task_detailed.worker_id,
     fail_task_detailed.attempt, fail_task_detailed.error_message, fail_task_detailed.error_type,
     fail_task_detailed.traceback)::flowlane._result_item]);
+end;
+$$;
+
+create or replace function flowlane._fail_batch(p_items flowlane._result_item[])
+returns setof flowlane.step_tasks
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_classes flowlane._result_class[];
+  v_exhausted flowlane._result_class[];
+  v_sequential uuid[];
+  v_class flowlane._result_class;
+  v_task flowlane.step_tasks;
+  v_retried flowlane.step_tasks[];
+  v_delays int[];
+  v_runs uuid[];
+begin
+  if cardinality(p_items) = 1 then  -- one failure with attempts left: a retry, by key
+    v_task := flowlane._fail_one(p_items[1]);
+    if v_task.run_id is not null then
+      return next v_task;
+      return;
+    end if;
+  end if;
+  v_runs := array(select distinct i.run_id from unnest(p_items) i order by 1);
+  v_classes := flowlane._lock_and_classify(p_items);
+  perform set_config('flowlane.attempt_details', coalesce((
+    select jsonb_object_agg(format('%s/%s/%s', (c.task).run_id, (c.task).step_slug, (c.task).task_index),
+                            jsonb_build_object('type', (c.item).error_type, 'traceback', (c.item).traceback))
+    from unnest(v_classes) c where c.actionable), '{}')::text, true);
+
+  select coalesce(array_agg(c order by (c.task).run_id, (c.task).step_slug, (c.task).task_index), '{}')
+    into v_exhausted
+  from unnest(v_classes) c
+  join flowlane.step_options o on o.flow_slug = (c.task).flow_slug and o.step_slug = (c.task).step_slug
+  where c.actionable and not flowlane._retries((c.task).attempts_count, o.max_attempts, (c.item).error_type);
+
+  v_sequential := flowlane._sequential_runs(v_classes, v_exhausted);
+  for v_class in
+    select c.* from unnest(v_classes) c
+    where c.actionable and (c.task).run_id = any (v_sequential)
+    order by (c.task).run_id, (c.task).step_slug, (c.task).task_index
+  loop
+    perform flowlane._fail_batch(array[v_class.item]);
+  end loop;
+
+  -- retries: one update; the same message visible again after the backoff (one set_vt per queue and delay)
+  with retried as (
+    update flowlane.step_tasks t
+       set status = 'queued', started_at = null, error_message = (c.item).error_message
+      from unnest(v_classes) c
+     where c.actionable and not (c.task).run_id = any (v_sequential)
+       and not exists (select 1 from unnest(v_exhausted) e where (e.task).run_id = (c.task).run_id)
+       and t.run_id = (c.task).run_id and t.step_slug = (c.task).step_slug and t.task_index = (c.task).task_index
+       and t.run_id = any (v_runs)
+    returning t
+  ) select coalesce(array_agg(r.t), '{}'),
+           coalesce(array_agg(flowlane.calculate_retry_delay(o.base_delay, (r.t).attempts_count)), '{}')
+      into v_retried, v_delays
+    from retried r
+    join flowlane.step_options o on o.flow_slug = (r.t).flow_slug and o.step_slug = (r.t).step_slug;
+  perform flowlane._set_tasks_vt(v_retried, v_delays);
+
+  -- out of attempts: at most one per run here, and it is the run's only actionable item
+  for v_class in
+    select c.* from unnest(v_exhausted) c where not (c.task).run_id = any (v_sequential)
+  loop
+    perform flowlane._exhaust_task(v_class.task, (v_class.item).error_message);
+  end loop;
+
+  perform set_config('flowlane.attempt_details', '', true);
+  return query select * from flowlane._batch_rows(p_items);
+end;
+$$;
+
+-- _fail_batch of one item that retries (see _lock_one); null (nothing done) otherwise
+create or replace function flowlane._fail_one(p_item flowlane._result_item) returns flowlane.step_tasks
+language plpgsql volatile
+set search_path = ''
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+  v_task flowlane.step_tasks := flowlane._lock_one(p_item);
+  v_base_delay int;
+  v_max_attempts int;
+begin
+  if v_task.run_id is null then
+    return null;
+  end if;
+  select o.base_delay, o.max_attempts into v_base_delay, v_max_attempts from flowlane.step_options o
+  where o.flow_slug = v_task.flow_slug and o.step_slug = v_task.step_slug;
+  if not flowlane._retries(v_task.attempts_count, v_max_attempts, p_item.error_type) then
+    return null;  -- exhausted: when_exhausted is applied by the batch path
+  end if;
+  perform set_config('flowlane.attempt_details', jsonb_build_object(
+    format('%s/%s/%s', v_task.run_id, v_task.step_slug, v_task.task_index),
+    jsonb_build_object('type', p_item.error_type, 'traceback', p_item.traceback))::text, true);
+  update flowlane.step_tasks t
+     set status = 'queued', started_at = null, error_message = p_item.error_message
+   where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index
+  returning t.* into v_task;
+  perform set_config('flowlane.attempt_details', '', true);
+  if v_task.message_id is not null then
+    perform flowlane._queue_set_vt(flowlane._task_queue(v_task), array[v_task.message_id],
+                                   flowlane.calculate_retry_delay(v_base_delay, v_task.attempts_count));
+  end if;
+  return v_task;
+end;
+$$;
+
+-- a failed attempt is retried while the task has attempts left; a wrong output is a bug in
+-- the handler, not a hiccup: never retried (both result paths, _fail_batch and _fail_one)
+create or replace function flowlane._retries(p_attempts int, p_max_attempts int, p_error_type text) returns boolean
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  return coalesce(p_attempts < p_max_attempts, false) and p_error_type is distinct from 'OutputContractViolation';
 end;
 $$;
 
