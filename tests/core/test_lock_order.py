@@ -8,6 +8,7 @@ deadlock counter for the database did not move.
 
 from __future__ import annotations
 
+import pytest
 import random
 import threading
 import uuid
@@ -18,6 +19,8 @@ from psycopg.types.json import Jsonb
 
 from tests.core.engine import Engine
 from tests.core.test_races import deadlocks, run_threads
+
+pytestmark = pytest.mark.slow
 
 FIRST_RUNS = 100
 LATER_RUNS = 40
