@@ -8,13 +8,13 @@ deadlock counter for the database did not move.
 
 from __future__ import annotations
 
-import pytest
 import random
 import threading
 import uuid
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.types.json import Jsonb
 
 from tests.core.engine import Engine
