@@ -26,7 +26,7 @@ from psycopg.types.json import Jsonb
 from flowlane.core import migrator
 from flowlane.core.queries import named_blocks, query
 from flowlane.runtime.results import ResultSender
-from flowlane.runtime.store import Row
+from flowlane.runtime.store import TaskOutcome
 from flowlane.runtime.tasks import ClaimedTask, TaskResult
 from flowlane.runtime.ticker import Ticker
 from tests.core.engine import Engine
@@ -160,15 +160,15 @@ class SignedInResults:
     def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
         self.conn = conn
 
-    async def complete_tasks(self, completions: list[dict[str, Any]]) -> list[Row]:
-        cur = await self.conn.cursor(row_factory=dict_row).execute(
-            query("worker_complete_tasks"), {"results": Jsonb(completions)})
-        return await cur.fetchall()
+    async def complete_tasks(self, completions: list[dict[str, Any]]) -> list[TaskOutcome]:
+        return await self._outcomes("worker_complete_tasks", completions)
 
-    async def fail_tasks(self, failures: list[dict[str, Any]]) -> list[Row]:
-        cur = await self.conn.cursor(row_factory=dict_row).execute(
-            query("worker_fail_tasks"), {"results": Jsonb(failures)})
-        return await cur.fetchall()
+    async def fail_tasks(self, failures: list[dict[str, Any]]) -> list[TaskOutcome]:
+        return await self._outcomes("worker_fail_tasks", failures)
+
+    async def _outcomes(self, name: str, results: list[dict[str, Any]]) -> list[TaskOutcome]:
+        cur = await self.conn.cursor(row_factory=dict_row).execute(query(name), {"results": Jsonb(results)})
+        return [TaskOutcome.from_row(r) for r in await cur.fetchall()]
 
 
 async def send_as_worker(dsn: str, worker_id: uuid.UUID, result: TaskResult) -> int:
