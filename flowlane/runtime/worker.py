@@ -124,6 +124,23 @@ PREFETCH_BELOW = 0.1  # seconds
 PREFETCH_WEIGHT = 0.2  # of each new duration in the average
 
 
+def uncommitted_bound(max_concurrent: int, batch_size: int) -> int:
+    """Results waiting for their commit before the poller stops claiming."""
+    return max(max_concurrent, batch_size)
+
+
+def prefetch_at_most(max_concurrent: int, batch_size: int) -> int:
+    """Tasks claimed beyond the slots while handlers are short."""
+    return min(batch_size, max_concurrent)
+
+
+def tasks_held_at_most(max_concurrent: int, batch_size: int) -> int:
+    """The claimed tasks a worker holds at most (running, prefetched, or with a result waiting
+    for its commit): what a worker that loses its database or its life may leave to run again."""
+    return max_concurrent + prefetch_at_most(max_concurrent, batch_size) + uncommitted_bound(
+        max_concurrent, batch_size)
+
+
 @dataclass
 class InFlightTask:
     """A claimed task from its claim until its result is committed: waiting for a handler slot
@@ -306,7 +323,7 @@ class Worker:
         )
         self._min_read = defaults.claim_threshold(self.max_concurrent, self.batch_size)
         # results waiting for their commit before the poller stops claiming
-        self._uncommitted_bound = max(self.max_concurrent, self.batch_size)
+        self._uncommitted_bound = uncommitted_bound(self.max_concurrent, self.batch_size)
         # read_with_poll's window while notifications are off or down: short, so a stop or a
         # recovered notification connection is noticed quickly
         self._poll_window = max(1, min(int(config.poll_interval), MAX_POLL_WINDOW))
@@ -730,7 +747,7 @@ class Worker:
         recent = session.handler_seconds
         if recent is None or recent >= PREFETCH_BELOW:
             return 0
-        return min(self.batch_size, self.max_concurrent)
+        return prefetch_at_most(self.max_concurrent, self.batch_size)
 
     async def _trace_parents(self, session: Session, tasks: list[ClaimedTask]) -> dict[str, str]:
         """The trace contexts the tasks' runs were started in (asked only when tracing)."""

@@ -26,6 +26,7 @@ EXPECTED = {
         ),
         "flowlane.steps",
     ),
+    "await_queue_inserts": ("queue_name text, timeout_ms integer DEFAULT 50", "boolean"),
     "calculate_retry_delay": ("base_delay integer, attempts integer", "integer"),
     "complete_task": (
         (
