@@ -126,3 +126,25 @@ def test_workers_starts_and_cancels_of_maps_never_deadlock(engine: Engine, dsn: 
     assert sum(r["n"] for r in statuses) == FIRST_RUNS + LATER_RUNS
     assert engine.scalar(
         "select count(*) from flowlane.step_tasks where status in ('queued', 'started')") == 0
+
+
+@pytest.mark.parametrize("claim", ["claim_tasks", "start_tasks"])
+def test_a_claim_hands_back_a_message_whose_task_another_transaction_holds(
+    engine: Engine, dsn: str, claim: str
+) -> None:
+    """The holder here refuses nothing and writes nothing (a result it will reject holds the row
+    so): the message is visible again at once, not hidden for the claim's lease."""
+    engine.define("held", [("only", [], {})])
+    run_id = engine.start("held", {})
+    pairs = Jsonb([["held", "only"]])
+    with psycopg.connect(dsn) as holder:
+        holder.execute("select 1 from flowlane.step_tasks where run_id = %s for update", (run_id,))
+        if claim == "claim_tasks":
+            claimed = engine.rows("select * from flowlane.claim_tasks('held', 10, %s, %s)",
+                                  (engine.worker_id, pairs))
+        else:
+            claimed = engine.claim("held")
+        [message] = engine.queue_messages("held")
+        assert claimed == [] and engine.vt_in("held", message["msg_id"]) <= 0
+    [task] = engine.claim("held")
+    assert task["run_id"] == run_id and task["attempt"] == 1

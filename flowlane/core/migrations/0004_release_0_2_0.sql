@@ -1453,6 +1453,8 @@ set jit = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_ids bigint[];
+  v_locked bigint[];
+  v_free bigint[];
   v_batch flowlane._claim_item[];
   v_duplicates flowlane.step_tasks[];
   v_claimed flowlane.step_tasks[];
@@ -1468,8 +1470,18 @@ begin
 
   -- a claim waits for no engine row (the lock order, README.md): the batch's tasks are locked
   -- skip locked, and a message whose task another transaction holds is left out of the
-  -- claim, untouched: that transaction writes the task's message itself
-  v_ids := flowlane._lock_claimable_tasks(p_queue, v_ids);
+  -- claim and handed back visible rather than hidden for a lease (the holder may be a result
+  -- it refuses, which leaves the message as it is); skip locked again, so a message the holder
+  -- is writing is left to it
+  v_locked := flowlane._lock_claimable_tasks(p_queue, v_ids);
+  if cardinality(v_locked) < cardinality(v_ids) then
+    execute format('select coalesce(array_agg(q.msg_id order by q.msg_id), ''{}'') from (select m.msg_id'
+                   ' from pgmq.%I m where m.msg_id = any ($1) order by m.msg_id for update skip locked) q',
+                   pgmq.format_table_name(p_queue, 'q'))
+      into v_free using array(select m from unnest(v_ids) m where m <> all (v_locked));
+    perform pgmq.set_vt(p_queue, v_free, 0);
+  end if;
+  v_ids := v_locked;
   if cardinality(v_ids) = 0 then
     return;
   end if;
