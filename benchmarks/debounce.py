@@ -26,51 +26,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import statistics
 import sys
-import tempfile
 import time
 from itertools import count
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flowlane.core import db, migrator
-
-Conn = psycopg.Connection[Any]
-WARM_UP = 50
+from benchmarks.engine_throughput import WARM_UP, Conn, medians_ms, migrated_database, statements_server
 
 
 def fresh(admin: str) -> Conn:
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(b"create database bench_debounce")
-    conn = psycopg.connect(psycopg.conninfo.make_conninfo(admin, dbname="bench_debounce"), autocommit=True)
-    migrator.ensure_pgmq(conn)
-    migrator.migrate(conn)
+    conn = migrated_database(admin, "bench_debounce")
     conn.execute("select flowlane.create_flow('plain')")
     conn.execute("select flowlane.add_step('plain', 'only')")
     conn.execute("select flowlane.create_flow('debounced', debounce_key => '/k', debounce_period => 3600)")
     conn.execute("select flowlane.add_step('debounced', 'only')")
     return conn
-
-
-def medians_ms(conn: Conn, kinds: dict[str, Any], calls: int) -> dict[str, float]:
-    """Each kind is a function of the call number that returns (statement, params)."""
-    for n in range(WARM_UP):  # plans made, caches warm: what a long-running process sees
-        for make in kinds.values():
-            conn.execute(*make(-n - 1)).fetchall()
-    times: dict[str, list[float]] = {kind: [] for kind in kinds}
-    for n in range(calls):
-        for kind, make in kinds.items():
-            statement, params = make(n)
-            start = time.perf_counter()
-            conn.execute(statement, params).fetchall()
-            times[kind].append((time.perf_counter() - start) * 1000)
-    return {kind: statistics.median(taken) for kind, taken in times.items()}
 
 
 def tick_rate(conn: Conn, flow: str, runs: int) -> float:
@@ -88,13 +61,13 @@ def measure(admin: str, calls: int) -> dict[str, Any]:
     start = "select run_id from flowlane.start_flow(%s, %s::jsonb)"
     keys = count()
     with fresh(admin) as conn:
-        ms = medians_ms(conn, {
-            "plain": lambda n: (start, ("plain", json.dumps({"n": n}))),
-            "new key": lambda n: (start, ("debounced", json.dumps({"k": f"new{next(keys)}", "n": n}))),
-            "joins": lambda n: (start, ("debounced", json.dumps({"k": "hot", "n": n}))),
-            "the check": lambda n: ("select flowlane._debounced_start('plain', %s::jsonb, null)",
+        ms = medians_ms({
+            "plain": lambda n: (conn, start, ("plain", json.dumps({"n": n}))),
+            "new key": lambda n: (conn, start, ("debounced", json.dumps({"k": f"new{next(keys)}", "n": n}))),
+            "joins": lambda n: (conn, start, ("debounced", json.dumps({"k": "hot", "n": n}))),
+            "the check": lambda n: (conn, "select flowlane._debounced_start('plain', %s::jsonb, null)",
                                     (json.dumps({"n": n}),)),
-            "a round trip": lambda n: ("select %s::jsonb", (json.dumps({"n": n}),)),
+            "a round trip": lambda n: (conn, "select %s::jsonb", (json.dumps({"n": n}),)),
         }, calls)
         pending = conn.execute("select count(*) from flowlane.runs where flow_slug = 'debounced' "
                                "and status = 'waiting'").fetchone()
@@ -113,15 +86,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="flowlane-bench-"))
-    tmp.chmod(0o711)  # run as root, the server account must reach its data directory
-    pgdata = tmp / "data"
-    try:
-        admin = db.EmbeddedDatabase.start_at(pgdata)
+    with statements_server("flowlane-bench-") as admin:
         r = measure(admin, args.calls)
-    finally:
-        db.EmbeddedDatabase.stop_at(pgdata)
-        shutil.rmtree(tmp, ignore_errors=True)
     ms = r["ms"]
     print(f"start_flow, median of {args.calls} calls each:")
     print(f"  plain start                      {ms['plain']:8.3f} ms")

@@ -39,12 +39,13 @@ import contextlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, LiteralString
@@ -366,6 +367,34 @@ def migrated_database(admin: str, name: str, checkout: Path | None = None) -> Co
     else:
         migrate_with(checkout, dsn)
     return conn
+
+
+WARM_UP = 50  # untimed calls of each kind first: plans made, caches warm, as in a long-running process
+Timed = Callable[[int], tuple[Conn, str, Any]]  # call number -> (connection, statement, params)
+
+
+def medians_ms(kinds: Mapping[str, Timed], calls: int,
+               prepare: Mapping[str, Callable[[int], Any]] | None = None) -> dict[str, float]:
+    """The median wall time of each kind's statement over ``calls`` calls, the kinds alternating
+    (so that the machine's load falls on all alike); ``prepare`` (per kind, optional) runs
+    untimed before its call."""
+    prepare = prepare or {}
+    for n in range(WARM_UP):
+        for kind, make in kinds.items():
+            if kind in prepare:
+                prepare[kind](-n - 1)
+            conn, statement, params = make(-n - 1)
+            conn.execute(statement, params).fetchall()
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    for n in range(calls):
+        for kind, make in kinds.items():
+            if kind in prepare:
+                prepare[kind](n)
+            conn, statement, params = make(n)
+            start = time.perf_counter()
+            conn.execute(statement, params).fetchall()
+            times[kind].append((time.perf_counter() - start) * 1000)
+    return {kind: statistics.median(taken) for kind, taken in times.items()}
 
 
 def backend_cpu_ns(pid: int) -> int:

@@ -25,49 +25,35 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import statistics
-import subprocess
 import sys
-import tempfile
-import time
 import uuid
 from collections.abc import Callable
 from itertools import count
 from pathlib import Path
 from typing import Any
 
-import psycopg
 from psycopg.types.json import Jsonb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flowlane.core import db, migrator
+from benchmarks.engine_throughput import (
+    WARM_UP,
+    Conn,
+    Timed,
+    medians_ms,
+    migrated_database,
+    statements_server,
+)
 
-Conn = psycopg.Connection[Any]
-WARM_UP = 50
 START = "select run_id from flowlane.start_flow(%s, %s::jsonb)"
 CLAIM = ("select run_id, step_slug, task_index, attempt from flowlane.claim_tasks(%s, 1, %s, %s) "
          "where outcome = 'claimed'")
 COMPLETE = "select 1 from flowlane.complete_task(%s, %s, %s, %s, %s, %s)"
-MIGRATE = ("import sys, psycopg; from flowlane.core import migrator; "
-           "c = psycopg.connect(sys.argv[1], autocommit=True); migrator.ensure_pgmq(c); migrator.migrate(c)")
 
 
 def database(admin: str, name: str, base: Path | None = None) -> Conn:
     """A fresh database with the flows, migrated by this checkout or by ``base``'s code."""
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"create database {name}".encode())
-    dsn = psycopg.conninfo.make_conninfo(admin, dbname=name)
-    if base is None:
-        conn = psycopg.connect(dsn, autocommit=True)
-        migrator.ensure_pgmq(conn)
-        migrator.migrate(conn)
-    else:
-        subprocess.run([sys.executable, "-c", MIGRATE, dsn], cwd=base, check=True,
-                       env={**os.environ, "PYTHONPATH": str(base)})
-        conn = psycopg.connect(dsn, autocommit=True)
+    conn = migrated_database(admin, name, base)
     conn.execute("select flowlane.create_flow('plain')")
     conn.execute("select flowlane.add_step('plain', 'only')")
     if base is None:
@@ -75,31 +61,6 @@ def database(admin: str, name: str, base: Path | None = None) -> Conn:
         conn.execute("select flowlane.add_step('cached', 'only', cache_ttl => 3600, "
                      "cache_fingerprint => 'b')")
     return conn
-
-
-Make = Callable[[int], tuple[Conn, str, Any]]
-
-
-def medians_ms(kinds: dict[str, Make], calls: int,
-               prepare: dict[str, Callable[[int], Any]]) -> dict[str, float]:
-    """Each kind is a function of the call number that returns (connection, statement, params);
-    ``prepare`` (per kind, optional) runs untimed before its call."""
-    for n in range(WARM_UP):  # plans made, caches warm: what a long-running process sees
-        for kind, make in kinds.items():
-            if kind in prepare:
-                prepare[kind](-n - 1)
-            conn, statement, params = make(-n - 1)
-            conn.execute(statement, params).fetchall()
-    times: dict[str, list[float]] = {kind: [] for kind in kinds}
-    for n in range(calls):
-        for kind, make in kinds.items():
-            if kind in prepare:
-                prepare[kind](n)
-            conn, statement, params = make(n)
-            start = time.perf_counter()
-            conn.execute(statement, params).fetchall()
-            times[kind].append((time.perf_counter() - start) * 1000)
-    return {kind: statistics.median(taken) for kind, taken in times.items()}
 
 
 class Completer:
@@ -128,7 +89,7 @@ def measure(admin: str, calls: int, base: Path | None) -> dict[str, float]:
     task = conn.execute(CLAIM, ("cached", worker := uuid.uuid4(), Jsonb([["cached", "only"]]))).fetchone()
     assert task is not None
     conn.execute(COMPLETE, (*task[:3], Jsonb({"cached": 1}), worker, task[3]))  # the entry of {"hot": true}
-    kinds: dict[str, Make] = {
+    kinds: dict[str, Timed] = {
         "plain": lambda n: (conn, START, ("plain", json.dumps({"n": n}))),
         "hit": lambda n: (conn, START, ("cached", json.dumps({"hot": True}))),
         "miss": lambda n: (conn, START, ("cached", json.dumps({"new": next(new)}))),
@@ -155,15 +116,8 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--base", type=Path, help="a checkout of flowlane without step caches")
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="flowlane-bench-"))
-    tmp.chmod(0o711)  # run as root, the server account must reach its data directory
-    pgdata = tmp / "data"
-    try:
-        admin = db.EmbeddedDatabase.start_at(pgdata)
+    with statements_server("flowlane-bench-") as admin:
         ms = measure(admin, args.calls, args.base.resolve() if args.base else None)
-    finally:
-        db.EmbeddedDatabase.stop_at(pgdata)
-        shutil.rmtree(tmp, ignore_errors=True)
     print(f"median of {args.calls} calls each:")
     print(f"  start_flow, plain flow                  {ms['plain']:8.3f} ms")
     print(f"  start_flow, cached step hits            {ms['hit']:8.3f} ms  "
