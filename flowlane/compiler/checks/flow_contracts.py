@@ -30,7 +30,7 @@ class FlowContracts:
         self.flow.state.findings.extend(problems)
         return found
 
-    def _seen_as(self, need: str) -> dict[str, Any] | None:
+    def seen_as(self, need: str) -> dict[str, Any] | None:
         """The schema of what a later step sees of ``need`` (a map step: the array of its
         task outputs), None when it has no contract."""
         found = self.output_contracts.get(need)
@@ -70,7 +70,7 @@ class FlowContracts:
 
     def _map_source(self, slug: str, needs: list[str]) -> None:
         if needs:
-            mapped, what = self._seen_as(needs[0]), f"the output of `{needs[0]}`"
+            mapped, what = self.seen_as(needs[0]), f"the output of `{needs[0]}`"
         else:
             mapped = self.input_contract.schema if self.input_contract else None
             what = "the run input"
@@ -92,7 +92,7 @@ class FlowContracts:
                                         reason)
             return
         for need, pattern in condition.items():
-            tested = self._seen_as(need) if need in needs else None
+            tested = self.seen_as(need) if need in needs else None
             if tested is None:
                 continue
             reason = contracts.never_contains(tested, pattern)

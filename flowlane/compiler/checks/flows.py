@@ -6,8 +6,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from flowlane.compiler import caching, codes, durations, schema, toposort
-from flowlane.compiler.checks import flow_routing
+from flowlane.compiler import codes, durations, schema, toposort
+from flowlane.compiler.checks import flow_cache, flow_routing
 from flowlane.compiler.checks.flow_contracts import FlowContracts
 from flowlane.compiler.checks.flow_document import FlowDocument
 from flowlane.compiler.checks.flow_model import flow_model
@@ -38,7 +38,7 @@ class FlowChecker(FlowDocument):
         self.contracts.check_graph(needs)
         self.contracts.check_concurrency_keys()
         self._debounce_fits()
-        caching.check(self, self.contracts)
+        flow_cache.check(self, self.contracts)
         order = self._order(needs)
         queues = flow_routing.queues_of(self, order) if order else None
         if self.errors or order is None or queues is None:
