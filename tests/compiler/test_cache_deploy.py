@@ -9,7 +9,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.compiler.test_cli import commit_all, git, run
+from tests.compiler.test_cli import commit_all, git, run, run_joined
 
 pytestmark = pytest.mark.slow
 
@@ -22,10 +22,6 @@ steps:
 """
 
 
-def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    code, out, err = run(capsys, *argv)
-    return code, out + err
-
 
 def _step(dsn: str) -> tuple[object, ...]:
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -37,12 +33,12 @@ def _step(dsn: str) -> tuple[object, ...]:
 
 def _change(capsys: pytest.CaptureFixture[str], dsn: str, flows: Path, text: str) -> str:
     flows.write_text(text)
-    assert _cli(capsys, "compile")[0] == 0
-    code, out = _cli(capsys, "plan", "--dsn", dsn)
+    assert run_joined(capsys, "compile")[0] == 0
+    code, out = run_joined(capsys, "plan", "--dsn", dsn)
     assert code == 0, out
-    code, applied = _cli(capsys, "apply", "--dsn", dsn)
+    code, applied = run_joined(capsys, "apply", "--dsn", dsn)
     assert code == 0, applied
-    assert "NO_CHANGE             flow docs" in _cli(capsys, "plan", "--dsn", dsn)[1]
+    assert "NO_CHANGE             flow docs" in run_joined(capsys, "plan", "--dsn", dsn)[1]
     return out
 
 

@@ -38,6 +38,12 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+def run_joined(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    """The exit status and what the command printed, stdout then stderr."""
+    code, out, err = run(capsys, *argv)
+    return code, out + err
+
+
 def git(root: Path, *args: str) -> None:
     subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
 

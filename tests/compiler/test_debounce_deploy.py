@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from flowlane.cli import main
+from tests.compiler.test_cli import run_joined
 
 pytestmark = pytest.mark.slow
 
@@ -29,11 +29,6 @@ steps:
 """
 
 
-def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out + err
-
 
 @pytest.fixture
 def applied(dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -41,14 +36,14 @@ def applied(dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     (tmp_path / "flows").mkdir()
     (tmp_path / "flows" / "carts.yaml").write_text(FLOWS)
     monkeypatch.chdir(tmp_path)
-    assert _cli(capsys, "compile")[0] == 0
-    code, out = _cli(capsys, "apply", "--dsn", dsn)
+    assert run_joined(capsys, "compile")[0] == 0
+    code, out = run_joined(capsys, "apply", "--dsn", dsn)
     assert code == 0, out
     return tmp_path / "flows" / "carts.yaml"
 
 
 def _start(capsys: pytest.CaptureFixture[str], dsn: str, n: int) -> dict[str, object]:
-    code, out = _cli(capsys, "start", "carts", "--input", json.dumps({"customer_id": 7, "n": n}),
+    code, out = run_joined(capsys, "start", "carts", "--input", json.dumps({"customer_id": 7, "n": n}),
                      "--dsn", dsn, "--format", "json")
     assert code == 0, out
     started: dict[str, object] = json.loads(out)
@@ -57,18 +52,18 @@ def _start(capsys: pytest.CaptureFixture[str], dsn: str, n: int) -> dict[str, ob
 
 def test_debounce_is_an_option_change(dsn: str, applied: Path, capsys: pytest.CaptureFixture[str]) -> None:
     applied.write_text(FLOWS.replace("period: 30s}", "period: 1m, max_wait: 10m}"))
-    assert _cli(capsys, "compile")[0] == 0
-    code, out = _cli(capsys, "plan", "--dsn", dsn)
+    assert run_joined(capsys, "compile")[0] == 0
+    code, out = run_joined(capsys, "plan", "--dsn", dsn)
     assert code == 0, out
     assert ("SAFE_OPTION_CHANGE    flow carts\n"
             "  debounce: 30s per /customer_id in the database, "
             "60s per /customer_id, at most 600s in the YAML\n") in out
-    assert _cli(capsys, "apply", "--dsn", dsn)[0] == 0
+    assert run_joined(capsys, "apply", "--dsn", dsn)[0] == 0
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute("select opt_debounce_key, opt_debounce_period, opt_debounce_max_wait "
                             "from flowlane.flows where flow_slug = 'carts'").fetchone() == (
                                 "/customer_id", 60, 600)
-    assert "NO_CHANGE             flow carts" in _cli(capsys, "plan", "--dsn", dsn)[1]
+    assert "NO_CHANGE             flow carts" in run_joined(capsys, "plan", "--dsn", dsn)[1]
 
 
 def test_start_reports_the_run_a_start_joined_and_run_says_when_it_begins(
@@ -78,13 +73,13 @@ def test_start_reports_the_run_a_start_joined_and_run_says_when_it_begins(
         False, True, True, True)
     assert first["run_id"] == second["run_id"] and first["status"] == "waiting"
     run_id = str(first["run_id"])
-    code, out = _cli(capsys, "start", "carts", "--input", '{"customer_id": 7, "n": 3}', "--dsn", dsn)
+    code, out = run_joined(capsys, "start", "carts", "--input", '{"customer_id": 7, "n": 3}', "--dsn", dsn)
     assert code == 0 and out.startswith(f"{run_id}\nrun {run_id} is debounced: it begins with the last input")
     assert out.rstrip().endswith("unless another arrives (this start joined it)")
-    code, out = _cli(capsys, "run", run_id, "--dsn", dsn)
+    code, out = run_joined(capsys, "run", run_id, "--dsn", dsn)
     assert code == 0, out
     assert "waiting for\n  run                      debounce customer_id=7: starts in " in out
-    code, out = _cli(capsys, "runs", "--dsn", dsn)
+    code, out = run_joined(capsys, "runs", "--dsn", dsn)
     assert code == 0 and "  debounce customer_id=7: starts in " in out, out
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute("select input from flowlane.runs where run_id = %s", (run_id,)).fetchone() == (

@@ -8,7 +8,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from flowlane.cli import main
+from tests.compiler.test_cli import run_joined
 
 pytestmark = pytest.mark.slow
 
@@ -30,11 +30,6 @@ steps:
 """
 
 
-def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out + err
-
 
 def test_adding_and_removing_a_failure_handler_or_a_compensation_is_an_option_change(
         dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -43,28 +38,28 @@ def test_adding_and_removing_a_failure_handler_or_a_compensation_is_an_option_ch
     flows.parent.mkdir()
     flows.write_text(FLOWS)
     monkeypatch.chdir(tmp_path)
-    assert _cli(capsys, "compile")[0] == 0
-    assert _cli(capsys, "apply", "--dsn", dsn)[0] == 0
+    assert run_joined(capsys, "compile")[0] == 0
+    assert run_joined(capsys, "apply", "--dsn", dsn)[0] == 0
     flows.write_text(FLOWS.replace("slug: orders\n",
                                    "slug: orders\non_failure: {flow: undo_order, on_cancel: true}\n")
                      .replace("shop.orders:charge\n",
                               "shop.orders:charge\n    compensate: {flow: undo_order}\n"))
-    assert _cli(capsys, "compile")[0] == 0
-    code, out = _cli(capsys, "plan", "--dsn", dsn)
+    assert run_joined(capsys, "compile")[0] == 0
+    code, out = run_joined(capsys, "plan", "--dsn", dsn)
     assert code == 0, out
     assert ("SAFE_OPTION_CHANGE    flow orders\n"
             "  on_failure: none in the database, undo_order in the YAML\n"
             "  on_failure_on_cancel: false in the database, true in the YAML\n"
             "  step charge: compensate: none in the database, undo_order in the YAML\n") in out
-    assert _cli(capsys, "apply", "--dsn", dsn)[0] == 0
+    assert run_joined(capsys, "apply", "--dsn", dsn)[0] == 0
     with psycopg.connect(dsn) as conn:
         assert conn.execute("select opt_on_failure, opt_on_failure_on_cancel from flowlane.flows "
                             "where flow_slug = 'orders'").fetchone() == ("undo_order", True)
         assert conn.execute("select opt_compensate from flowlane.steps "
                             "where flow_slug = 'orders'").fetchone() == ("undo_order",)
-    assert "NO_CHANGE             flow orders" in _cli(capsys, "plan", "--dsn", dsn)[1]
+    assert "NO_CHANGE             flow orders" in run_joined(capsys, "plan", "--dsn", dsn)[1]
     flows.write_text(FLOWS)
-    assert _cli(capsys, "compile")[0] == 0
-    code, out = _cli(capsys, "plan", "--dsn", dsn)
+    assert run_joined(capsys, "compile")[0] == 0
+    code, out = run_joined(capsys, "plan", "--dsn", dsn)
     assert ("SAFE_OPTION_CHANGE    flow orders\n"
             "  on_failure: undo_order in the database, none in the YAML\n") in out, out

@@ -14,6 +14,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from flowlane.cli import main
+from tests.compiler.test_cli import run_joined
 
 pytestmark = pytest.mark.slow
 
@@ -37,11 +38,6 @@ concurrency: 1
 """
 
 
-def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out + err
-
 
 @pytest.fixture
 def applied(dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -49,19 +45,19 @@ def applied(dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     (tmp_path / "flows").mkdir()
     (tmp_path / "flows" / "alerts.yaml").write_text(FLOWS)
     monkeypatch.chdir(tmp_path)
-    assert _cli(capsys, "compile")[0] == 0
-    code, out = _cli(capsys, "plan", "--dsn", dsn)
+    assert run_joined(capsys, "compile")[0] == 0
+    code, out = run_joined(capsys, "plan", "--dsn", dsn)
     assert code == 0, out
     assert ("SAFE_OPTION_CHANGE    queue alerts\n"
             "  limits: none in the database, concurrency 1 in the YAML") in out
-    code, out = _cli(capsys, "apply", "--dsn", dsn)
+    code, out = run_joined(capsys, "apply", "--dsn", dsn)
     assert code == 0 and "sql/queues.sql" in out, out
     return tmp_path / "flows" / "alerts.yaml"
 
 
 def test_plan_shows_limits_and_priorities_as_option_changes(
         dsn: str, applied: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out = _cli(capsys, "plan", "--dsn", dsn)
+    code, out = run_joined(capsys, "plan", "--dsn", dsn)
     assert "NO_CHANGE             flow alerts" in out and "NO_CHANGE             queue alerts" in out
     applied.write_text(FLOWS.replace("{limit: 1, key: /customer_id}",
                                      "{limit: 2, when_full: replace_waiting}")
@@ -71,8 +67,8 @@ def test_plan_shows_limits_and_priorities_as_option_changes(
                                 "    concurrency: {limit: 3, key: /team}\n")
                        .replace("concurrency: 1\n", "rate_limit: {limit: 5, per: 1s}\n")
                        + "---\nkind: queue\nname: digests\nconcurrency: 4\n")
-    assert _cli(capsys, "compile")[0] == 0
-    code, out = _cli(capsys, "plan", "--dsn", dsn)
+    assert run_joined(capsys, "compile")[0] == 0
+    code, out = run_joined(capsys, "plan", "--dsn", dsn)
     assert code == 0, out
     assert ("SAFE_OPTION_CHANGE    flow alerts\n"
             "  concurrency: 1 per /customer_id in the database, "
@@ -82,7 +78,7 @@ def test_plan_shows_limits_and_priorities_as_option_changes(
     assert ("SAFE_OPTION_CHANGE    queue alerts\n  limits: concurrency 1 in the database, "
             "rate limit 5 per 1 s in the YAML\n") in out
     assert "SAFE_OPTION_CHANGE    queue digests\n  limits: none in the database, concurrency 4" in out
-    assert _cli(capsys, "apply", "--dsn", dsn)[0] == 0
+    assert run_joined(capsys, "apply", "--dsn", dsn)[0] == 0
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute(
             "select flow_slug, opt_concurrency_limit, opt_concurrency_key, opt_priority, "
@@ -94,18 +90,18 @@ def test_plan_shows_limits_and_priorities_as_option_changes(
 
     # one queue document left: the other queue's limits go with the next apply
     applied.write_text(FLOWS)
-    assert _cli(capsys, "compile")[0] == 0
-    code, out = _cli(capsys, "plan", "--dsn", dsn)
+    assert run_joined(capsys, "compile")[0] == 0
+    code, out = run_joined(capsys, "plan", "--dsn", dsn)
     assert ("SAFE_OPTION_CHANGE    queue digests\n  limits: concurrency 4 in the database, "
             "removed by apply (no `kind: queue` document declares them)") in out
-    assert _cli(capsys, "apply", "--dsn", dsn)[0] == 0
-    code, out = _cli(capsys, "plan", "--dsn", dsn)
+    assert run_joined(capsys, "apply", "--dsn", dsn)[0] == 0
+    code, out = run_joined(capsys, "plan", "--dsn", dsn)
     assert "SAFE_OPTION_CHANGE" not in out, out
     assert "plan: 2 NO_CHANGE flow" not in out and "3 NO_CHANGE" in out
 
 
 def _start(capsys: pytest.CaptureFixture[str], dsn: str, customer: int, *more: str) -> str:
-    code, out = _cli(capsys, "start", "alerts", "--input", json.dumps({"customer_id": customer}),
+    code, out = run_joined(capsys, "start", "alerts", "--input", json.dumps({"customer_id": customer}),
                      "--dsn", dsn, "--format", "json", *more)
     assert code == 0, out
     started: dict[str, str] = json.loads(out)
@@ -115,7 +111,7 @@ def _start(capsys: pytest.CaptureFixture[str], dsn: str, customer: int, *more: s
 def test_start_priority_and_what_runs_and_tasks_wait_for(
         dsn: str, applied: Path, capsys: pytest.CaptureFixture[str]) -> None:
     first = _start(capsys, dsn, 42, "--priority", "5")
-    code, out = _cli(capsys, "start", "alerts", "--input", '{"customer_id": 42}', "--dsn", dsn)
+    code, out = run_joined(capsys, "start", "alerts", "--input", '{"customer_id": 42}', "--dsn", dsn)
     held = out.split("\n", 1)[0]
     assert code == 0 and (f"run {held} waits for a slot of its flow's concurrency limit "
                           f"(`flowlane run {held}` says which)") in out
@@ -129,15 +125,15 @@ def test_start_priority_and_what_runs_and_tasks_wait_for(
             (uuid.uuid4(), Jsonb([["alerts", "deliver"]]))).fetchone()
         assert claimed == (1,)
 
-    code, out = _cli(capsys, "run", held, "--dsn", dsn)
+    code, out = run_joined(capsys, "run", held, "--dsn", dsn)
     assert code == 0, out
     assert "status    waiting\n" in out and "starts" not in out
     assert ("waiting for\n  run                      "
             "concurrency customer_id=42: 1 of 1 started (1st in line)") in out
-    code, out = _cli(capsys, "run", other, "--dsn", dsn)
+    code, out = run_joined(capsys, "run", other, "--dsn", dsn)
     assert "  deliver: 1 task          queue concurrency alerts: 1 of 1 started" in out, out
 
-    code, out = _cli(capsys, "runs", "--dsn", dsn)
+    code, out = run_joined(capsys, "runs", "--dsn", dsn)
     assert code == 0, out
     lines = {line.split()[0]: line for line in out.splitlines()
              if line[:8] in (first[:8], held[:8], other[:8])}
@@ -151,7 +147,7 @@ def test_start_priority_and_what_runs_and_tasks_wait_for(
         first: (False, None), held: (True, "concurrency customer_id=42: 1 of 1 started"),
         other: (False, "queue concurrency alerts: 1 of 1 started")}
 
-    code, out = _cli(capsys, "queue", "list", "--dsn", dsn)
+    code, out = run_joined(capsys, "queue", "list", "--dsn", dsn)
     assert code == 0, out
     assert ("limits alerts: concurrency 1 of 1 started; waiting for: queue concurrency alerts: "
             "1 of 1 started") in out
@@ -160,22 +156,22 @@ def test_start_priority_and_what_runs_and_tasks_wait_for(
 def test_a_rate_limited_queue_says_when_its_next_start_is(
         dsn: str, applied: Path, capsys: pytest.CaptureFixture[str]) -> None:
     applied.write_text(FLOWS.replace("concurrency: 1\n", "rate_limit: {limit: 1, per: 1h}\n"))
-    assert _cli(capsys, "compile")[0] == 0 and _cli(capsys, "apply", "--dsn", dsn)[0] == 0
+    assert run_joined(capsys, "compile")[0] == 0 and run_joined(capsys, "apply", "--dsn", dsn)[0] == 0
     _start(capsys, dsn, 1)
     second = _start(capsys, dsn, 2)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("select * from flowlane.claim_tasks('alerts', 10, %s, %s)",
                      (uuid.uuid4(), Jsonb([["alerts", "deliver"]])))
-    out = _cli(capsys, "queue", "list", "--dsn", dsn)[1]
+    out = run_joined(capsys, "queue", "list", "--dsn", dsn)[1]
     assert re.search(r"limits alerts: rate limit 1 per 3600 s; waiting for: rate limit alerts: "
                      r"next start in 3\d{3}(\.\d)? s", out), out
-    out = _cli(capsys, "run", second, "--dsn", dsn)[1]
+    out = run_joined(capsys, "run", second, "--dsn", dsn)[1]
     assert re.search(r"deliver: 1 task +rate limit alerts: next start in 3\d{3}(\.\d)? s", out), out
 
 
 def test_a_priority_out_of_range_is_refused_before_the_database(
         dsn: str, applied: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out = _cli(capsys, "start", "alerts", "--priority", "1001", "--dsn", dsn)
+    code, out = run_joined(capsys, "start", "alerts", "--priority", "1001", "--dsn", dsn)
     assert code != 0 and "priority must be an integer from -1000 to 1000, not 1001" in out
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute("select count(*) from flowlane.runs").fetchone() == (0,)

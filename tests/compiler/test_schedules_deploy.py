@@ -8,7 +8,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from flowlane.cli import main
+from tests.compiler.test_cli import run_joined
 
 pytestmark = pytest.mark.slow
 
@@ -38,11 +38,6 @@ every: 10m
 """
 
 
-def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out + err
-
 
 def test_plan_and_apply_converge_schedules(dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
@@ -50,13 +45,13 @@ def test_plan_and_apply_converge_schedules(dsn: str, tmp_path: Path, monkeypatch
     flows = tmp_path / "flows" / "reports.yaml"
     flows.write_text(FLOWS)
     monkeypatch.chdir(tmp_path)
-    assert _cli(capsys, "compile")[0] == 0
-    code, out = _cli(capsys, "plan", "--dsn", dsn)
+    assert run_joined(capsys, "compile")[0] == 0
+    code, out = run_joined(capsys, "plan", "--dsn", dsn)
     assert code == 0 and "NEW_SCHEDULE          schedule nightly" in out
     assert "starts reports on `30 2 * * *` (Europe/Berlin)" in out and "starts reports every 600 s" in out
-    code, out = _cli(capsys, "apply", "--dsn", dsn)
+    code, out = run_joined(capsys, "apply", "--dsn", dsn)
     assert code == 0 and "sql/schedules.sql" in out
-    code, out = _cli(capsys, "plan", "--dsn", dsn)
+    code, out = run_joined(capsys, "plan", "--dsn", dsn)
     assert "NO_CHANGE             schedule nightly" in out and "NO_CHANGE             schedule often" in out
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute("select opt_deadline, opt_dedup_key from flowlane.flows").fetchone() == (
@@ -65,13 +60,13 @@ def test_plan_and_apply_converge_schedules(dsn: str, tmp_path: Path, monkeypatch
 
     # a changed interval, a schedule no longer declared, an operator's pause
     flows.write_text(FLOWS.replace(NIGHTLY, "").replace("every: 10m", "every: 5m"))
-    assert _cli(capsys, "compile")[0] == 0
-    code, out = _cli(capsys, "plan", "--dsn", dsn)
+    assert run_joined(capsys, "compile")[0] == 0
+    code, out = run_joined(capsys, "plan", "--dsn", dsn)
     assert "SCHEDULE_CHANGE       schedule often" in out
     assert "every_seconds: 600 in the database, 300 in the YAML" in out
     assert "paused by an operator: quiet week (`flowlane schedule resume often`)" in out
     assert "ONLY_IN_DATABASE      schedule nightly" in out and "deleted by apply" in out
-    assert _cli(capsys, "apply", "--dsn", dsn)[0] == 0
+    assert run_joined(capsys, "apply", "--dsn", dsn)[0] == 0
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute("select schedule_name, every_seconds from flowlane.schedules").fetchall() == [
             ("often", 300)]

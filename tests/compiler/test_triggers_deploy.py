@@ -8,9 +8,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from flowlane.cli import main
 from flowlane.compiler import api
-from tests.compiler.test_cli import commit_all, git, run
+from tests.compiler.test_cli import commit_all, git, run, run_joined
 
 FLOW = """\
 kind: flow
@@ -51,11 +50,6 @@ input: {order_id: /new/id}
 """
 
 
-def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out + err
-
 
 def _triggers(conn: psycopg.Connection[tuple[str]]) -> list[str]:
     return [r[0] for r in conn.execute("select tgname from pg_trigger "
@@ -72,13 +66,13 @@ def test_plan_and_apply_add_change_and_remove_triggers(dsn: str, tmp_path: Path,
     flows = tmp_path / "flows" / "orders.yaml"
     flows.write_text(FLOW + PAID + PLACED)
     monkeypatch.chdir(tmp_path)
-    assert _cli(capsys, "compile")[0] == 0
-    code, out = _cli(capsys, "plan", "--dsn", dsn)
+    assert run_joined(capsys, "compile")[0] == 0
+    code, out = run_joined(capsys, "plan", "--dsn", dsn)
     assert code == 0 and "NEW_TRIGGER           trigger order_paid" in out, out
     assert "starts orders on update of public.orders" in out
-    code, out = _cli(capsys, "apply", "--dsn", dsn)
+    code, out = run_joined(capsys, "apply", "--dsn", dsn)
     assert code == 0 and "sql/triggers.sql" in out
-    assert "NO_CHANGE             trigger order_placed" in _cli(capsys, "plan", "--dsn", dsn)[1]
+    assert "NO_CHANGE             trigger order_placed" in run_joined(capsys, "plan", "--dsn", dsn)[1]
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert _triggers(conn) == ["flowlane_order_paid_update", "flowlane_order_placed_insert"]
         conn.execute("insert into public.orders values (1, 'new')")
@@ -87,22 +81,22 @@ def test_plan_and_apply_add_change_and_remove_triggers(dsn: str, tmp_path: Path,
         paid = conn.execute("select run_id from flowlane.runs "
                             "where origin ->> 'trigger' = 'order_paid'").fetchone()
     assert paid is not None
-    code, out = _cli(capsys, "run", str(paid[0]), "--dsn", dsn)
+    code, out = run_joined(capsys, "run", str(paid[0]), "--dsn", dsn)
     assert code == 0 and 'trigger order_paid (update of row {"id": 1})' in out, out
-    code, out = _cli(capsys, "triggers", "--dsn", dsn)
+    code, out = run_joined(capsys, "triggers", "--dsn", dsn)
     assert code == 0
     assert out.splitlines()[1].split() == ["order_paid", "update", "public.orders", "orders", "1", "1", "0",
                                            "-"]
 
     # one trigger changed, the other's document removed
     flows.write_text(FLOW + PAID.replace("events: [update]", "events: [insert, update]"))
-    assert _cli(capsys, "compile")[0] == 0
-    code, out = _cli(capsys, "plan", "--dsn", dsn)
+    assert run_joined(capsys, "compile")[0] == 0
+    code, out = run_joined(capsys, "plan", "--dsn", dsn)
     assert "TRIGGER_CHANGE        trigger order_paid" in out
     assert "events: ['update'] in the database, ['insert', 'update'] in the YAML" in out
     assert "TRIGGER_REMOVED       trigger order_placed" in out
     assert "dropped from public.orders by apply" in out
-    assert _cli(capsys, "apply", "--dsn", dsn)[0] == 0
+    assert run_joined(capsys, "apply", "--dsn", dsn)[0] == 0
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert _triggers(conn) == ["flowlane_order_paid_insert", "flowlane_order_paid_update"]
         assert conn.execute("select trigger_name from flowlane.triggers").fetchall() == [("order_paid",)]
@@ -115,8 +109,8 @@ def test_apply_of_a_trigger_on_a_missing_table_changes_nothing(dsn: str, tmp_pat
     (tmp_path / "flows").mkdir()
     (tmp_path / "flows" / "orders.yaml").write_text(FLOW + PAID)
     monkeypatch.chdir(tmp_path)
-    assert _cli(capsys, "compile")[0] == 0
-    code, out = _cli(capsys, "apply", "--dsn", dsn)
+    assert run_joined(capsys, "compile")[0] == 0
+    code, out = run_joined(capsys, "apply", "--dsn", dsn)
     assert code != 0 and "no table 'public.orders'" in out
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute("select count(*) from flowlane.flows").fetchone() == (0,)
