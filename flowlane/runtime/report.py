@@ -293,12 +293,12 @@ def _step_table(state: dict[str, Any]) -> list[str]:
         slug = task["step_slug"]
         tasks_by_step.setdefault(slug, Counter())[task["status"]] += 1
         attempts[slug] = attempts.get(slug, 0) + task["attempts_count"]
+        if task.get("error_message"):
+            errors[slug] = task["error_message"]
     retries = state["run"].get("retry_count") or 0
     for item in state.get("attempts") or []:  # attempts of tasks an earlier round replaced
         if (item.get("retry_round") or 0) < retries:
             attempts[item["step_slug"]] = attempts.get(item["step_slug"], 0) + 1
-        if task.get("error_message"):
-            errors[slug] = task["error_message"]
     ended = state["run"]["status"] != "started"
     rows = [f"{'STEP':<24} {'STATUS':<10} {'TASKS':<26} {'EXECUTIONS':<11} LAST ERROR / NOTE"]
     for step in state.get("steps", []):

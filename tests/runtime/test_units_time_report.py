@@ -43,3 +43,16 @@ def test_hold_lines_name_the_run_its_place_and_count_tasks_per_reason() -> None:
                                  ("deliver: 3 tasks", why), ("render: 1 task", why)]
     eleventh = hold_lines([{**holds[1], "place": 11}])
     assert eleventh == [("run", "concurrency k=1: 1 of 1 started (11th in line)")]
+
+
+def test_each_step_shows_the_last_error_of_its_own_tasks() -> None:
+    run = {"run_id": "r1", "flow_slug": "f", "status": "started", "started_at": "2030-01-01 00:00:00+00"}
+    steps = [{"step_slug": slug, "status": "started"} for slug in ("fetch", "store")]
+    tasks = [{"step_slug": "fetch", "task_index": 0, "status": "queued", "attempts_count": 1,
+              "error_message": "ValueError: bad page"},
+             {"step_slug": "store", "task_index": 0, "status": "started", "attempts_count": 0}]
+    text = render_run(RunState.from_json({"run": run, "steps": steps, "tasks": tasks, "attempts": []},
+                                         holds=[]))
+    fetch, store = (line for line in text.splitlines() if line.startswith(("fetch ", "store ")))
+    assert fetch.endswith("ValueError: bad page")
+    assert "bad page" not in store
