@@ -12,8 +12,6 @@ from flowlane.runtime import log
 from flowlane.runtime.limits import MAX_DEPTH
 from flowlane.runtime.limits import check_output as check_json
 
-pytestmark = pytest.mark.slow
-
 
 def test_event_lines_quote_values_and_skip_none(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="flowlane.worker"):

@@ -14,8 +14,6 @@ from flowlane.runtime.registry import HandlerRegistry
 from flowlane.runtime.selection import select
 from flowlane.runtime.worker import Worker
 
-pytestmark = pytest.mark.slow
-
 
 def _flow(slug: str, mode: QueueMode, routes: dict[str, str], handler: str = "json:dumps") -> Flow:
     steps = tuple(
