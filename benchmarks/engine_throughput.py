@@ -19,17 +19,19 @@ set-based    start_flows of the runs; claim_tasks of --batch and one complete_ta
              batch (what `flowlane worker` does)
 
 Workloads: 1-step and 3-step chains (--runs runs per round), and a map fan-out (a step
-returning --map-items items, then a map step over them; one run per round).
+returning --map-items items, then a map step over them; one run per round). bench_noarch
+is the 1-step chain on a queue whose archive is off (`archive: false` in its `kind: queue`
+document: the messages of ended tasks are deleted, not archived), timed in the same rounds.
 
 How to read it: the columns drive/raw1 and e2e/raw1 are each workload's tasks/s over raw
-single's messages/s measured in the same run; compare those ratios between runs, never
-the absolute rates (a shared machine's speed drifts). The last lines give set-based over
-per-task for each workload. "drive" is claim + complete of queued tasks; "e2e" adds the
-starts. CPU ms/task is the database backend's CPU time (utime + stime from
-/proc/<pid>/stat) per completed task; stmts/task counts every statement the server
-executed, nested ones included (pg_stat_statements.track = all, measured in a separate
-pass so that tracking does not slow the timed ones). HOT: n_tup_hot_upd / n_tup_upd of
-flowlane.step_tasks over the whole run.
+single's messages/s measured in the same run; compare those ratios between runs, never the
+absolute rates (a shared machine's speed drifts). The last lines give set-based over
+per-task for each workload, and the 1-step chain with its archive off over on. "drive" is
+claim + complete of queued tasks; "e2e" adds the starts. CPU ms/task is the database
+backend's CPU time (utime + stime from /proc/<pid>/stat) per completed task; stmts/task
+counts every statement the server executed, nested ones included (pg_stat_statements.track
+= all, measured in a separate pass so that tracking does not slow the timed ones). HOT:
+n_tup_hot_upd / n_tup_upd of flowlane.step_tasks over the whole run.
 """
 
 from __future__ import annotations
@@ -115,7 +117,8 @@ def raw_batched(conn: Conn, n: int, batch: int) -> tuple[float, int]:
 
 # -- the engine -----------------------------------------------------------------
 
-FLOWS = {"bench_one": 1, "bench_three": 3, "bench_map": 0}
+FLOWS = {"bench_one": 1, "bench_noarch": 1, "bench_three": 3, "bench_map": 0}
+UNARCHIVED = "bench_noarch"  # its queue's archive is off (measure sets it)
 
 
 def define(conn: Conn) -> None:
@@ -235,6 +238,7 @@ MODES = ("per-task", "set-based")
 
 def measure(conn: Conn, runs: int, batch: int, rounds: int, map_items: int) -> None:
     define(conn)
+    conn.execute(Q["set_archive"], {"queue": UNARCHIVED, "archive": False})
     conn.execute("set pg_stat_statements.track = 'none'")
     raw = {"raw single": raw_single, "raw batched": raw_batched}
     raw_totals = {name: Totals() for name in raw}
@@ -314,6 +318,15 @@ def report(raw_totals: dict[str, Totals], totals: dict[tuple[str, str], Totals],
             f"{flow}: set-based / per-task: drive {new_drive / old_drive:5.2f}x,"
             f" end to end {new_e2e / old_e2e:5.2f}x,"
             f" cpu/task {(new.cpu_s / new.tasks) / (old.cpu_s / old.tasks):5.2f}x"
+        )
+    for mode in MODES:
+        (on_drive, on_e2e), (off_drive, off_e2e) = (rate(totals[(mode, flow)])
+                                                     for flow in ("bench_one", UNARCHIVED))
+        on, off = totals[(mode, "bench_one")], totals[(mode, UNARCHIVED)]
+        print(
+            f"bench_one {mode}: archive off / on: drive {off_drive / on_drive:5.2f}x,"
+            f" end to end {off_e2e / on_e2e:5.2f}x,"
+            f" cpu/task {(off.cpu_s / off.tasks) / (on.cpu_s / on.tasks):5.2f}x"
         )
 
 

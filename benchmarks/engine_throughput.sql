@@ -24,6 +24,9 @@ select flowlane.create_flow(%(flow)s)
 -- name: add_step
 select flowlane.add_step(%(flow)s, %(step)s, %(deps)s, step_type => %(step_type)s)
 
+-- name: set_archive
+select flowlane.set_queue_limits(%(queue)s, null, null, null, archive => %(archive)s)
+
 -- name: start_flow
 select run_id from flowlane.start_flow(%(flow)s, %(input)s)
 

@@ -12,6 +12,8 @@ connection. Workloads, each --runs runs (or messages):
 
   batched      start_flow per run, then drained as `flowlane worker` drains: claim_tasks of
                --batch, one complete_tasks per claimed batch
+  archive off  batched, on this checkout, with the queue's archive turned off (`archive:
+               false` in its `kind: queue` document: its ended messages are deleted)
   per-item     start_flow per run, then pgmq.read of --batch + start_tasks, and one
                complete_task per task (the single calls)
   raw single   pgmq.send one message, read it, archive it
@@ -112,6 +114,9 @@ def measure(conns: dict[str, Conn], runs: int, batch: int) -> dict[str, dict[str
             driver = Driver(conn, set_based, batch, 0)
             columns[f"{version} {mode}"] = counted(conn, engine_work(conn, driver, runs))
     conn = conns["after"]
+    conn.execute(Q["set_archive"], {"queue": FLOW, "archive": False})
+    columns["after archive off"] = counted(conn, engine_work(conn, Driver(conn, True, batch, 0), runs))
+    conn.execute(Q["set_archive"], {"queue": FLOW, "archive": True})
     for name, raw in (("raw single", raw_single), ("raw batched", raw_batched)):
 
         def messages(raw: Callable[[Conn, int, int], tuple[float, int]] = raw) -> int:

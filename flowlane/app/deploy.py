@@ -334,7 +334,7 @@ def _paused(row: dict[str, Any] | None) -> tuple[str, ...]:
     return (f"paused by an operator{reason} (`flowlane schedule resume {row['schedule_name']}`)",)
 
 
-_LIMIT_FIELDS = ("concurrency", "rate_limit", "rate_per")
+_LIMIT_FIELDS = ("concurrency", "rate_limit", "rate_per", "archive")
 
 
 def _limits_text(row: dict[str, Any]) -> str:
@@ -343,7 +343,8 @@ def _limits_text(row: dict[str, Any]) -> str:
         parts.append(f"concurrency {row['concurrency']}")
     if row["rate_limit"] is not None:
         parts.append(f"rate limit {row['rate_limit']} per {row['rate_per']} s")
-    return ", ".join(parts) or "no limits"
+    limits = ", ".join(parts) or "no limits"
+    return limits if row["archive"] else f"{limits}, archive off"
 
 
 def _queue_limit_changes(project: Project, state: _State) -> list[Change]:
@@ -353,7 +354,9 @@ def _queue_limit_changes(project: Project, state: _State) -> list[Change]:
     for limits in project.queue_limits:
         subject = f"queue {limits.name}"
         row, wanted = state.queue_limits.get(limits.name), _limits_row(limits)
-        if row is None:
+        if row is None and wanted == _NOTHING_SET:  # `archive: true` alone: what no document means
+            changes.append(Change(ChangeKind.NO_CHANGE, subject))
+        elif row is None:
             changes.append(Change(ChangeKind.SAFE_OPTION_CHANGE, subject,
                                   (f"limits: none in the database, {_limits_text(wanted)} in the YAML",)))
         elif any(row[name] != wanted[name] for name in _LIMIT_FIELDS):
@@ -371,9 +374,12 @@ def _queue_limit_changes(project: Project, state: _State) -> list[Change]:
     return changes
 
 
+_NOTHING_SET = {"concurrency": None, "rate_limit": None, "rate_per": None, "archive": True}
+
+
 def _limits_row(limits: QueueLimits) -> dict[str, Any]:
     return {"concurrency": limits.concurrency, "rate_limit": limits.rate_limit,
-            "rate_per": limits.rate_per}
+            "rate_per": limits.rate_per, "archive": limits.archive}
 
 
 _TRIGGER_FIELDS = ("flow_name", "table_name", "events", "when_pattern", "unless_pattern", "input_map",

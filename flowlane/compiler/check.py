@@ -234,11 +234,11 @@ _ARGUMENT = re.compile(r"^  (?P<name>[a-z_]+) => (?P<value>.*?),?$", re.MULTILIN
 FLOW_CONTROL = ("concurrency_limit", "concurrency_key", "concurrency_when_full", "priority",
                 "debounce_period", "debounce_key", "debounce_max_wait", "cache_ttl", "cache_key",
                 "cache_fingerprint")
-_QUEUE_LIMITS = ("concurrency", "rate_limit", "rate_per")
+_QUEUE_LIMITS = ("concurrency", "rate_limit", "rate_per", "archive")
 _TRIGGER = ("flow_name", "table_name", "events", "when_pattern", "unless_pattern", "input_map", "key_pointer",
             "on_refused")
 _NOT_SET = "none"
-_DEFAULTS = {"concurrency_when_full": "'queue'"}  # what a call without the argument means
+_DEFAULTS = {"concurrency_when_full": "'queue'", "archive": "true"}  # what a call without the argument means
 
 
 def _calls(text: str) -> dict[str, dict[str, str]]:

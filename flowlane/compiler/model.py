@@ -228,12 +228,14 @@ class Webhook:
 @dataclass(frozen=True)
 class QueueLimits:
     """A ``kind: queue`` document: a queue's limits across all workers (None: no such limit);
-    ``rate_limit`` starts per ``rate_per`` seconds."""
+    ``rate_limit`` starts per ``rate_per`` seconds; ``archive`` False: the messages of its
+    ended tasks are deleted instead of archived."""
 
     name: str
     concurrency: int | None = None
     rate_limit: int | None = None
     rate_per: int | None = None
+    archive: bool = True
     description: str | None = None
     location: Location | None = field(default=None, compare=False)
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from flowlane.compiler import api, compiled, schema
+from flowlane import errors
+from flowlane.compiler import api, codes, compiled, schema
 from flowlane.runtime import limits
 from tests.compiler.test_cli import commit_all, git, run
 
@@ -104,3 +105,29 @@ def test_check_base_says_what_happens_to_limits_no_longer_declared(
     assert code == 0, out
     assert ("SAFE_OPTION_CHANGE queue alerts: limits at HEAD, none in the YAML (kept in the "
             "database by apply: the project has no queues file any more)") in out
+
+
+def test_a_queues_archive_compiles_only_where_turned_off_and_is_an_option_change(
+        committed: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    files = api.compile_project(api.project_from_text(LIMITED + QUEUE))
+    explicit = api.compile_project(api.project_from_text(LIMITED + QUEUE + "archive: true\n"))
+    assert explicit == files and "archive" not in files[compiled.QUEUES_FILE]
+    (committed / "flows" / "alerts.yaml").write_text(
+        LIMITED + QUEUE + "archive: false\n"
+        + "---\nkind: queue\nname: alerts_bulk\narchive: false\n"  # the archive alone: no limit
+        + "---\n" + FLOW.replace("alerts", "alerts_bulk"))
+    assert run(capsys, "compile")[0] == 0
+    queues = (committed / "sql" / compiled.QUEUES_FILE).read_text()
+    assert "  rate_per => 1,\n  archive => false\n);" in queues
+    code, out, _ = run(capsys, "check")
+    assert code == 0, out  # an option: no new version needed
+    assert out.splitlines()[:-1] == [
+        "SAFE_OPTION_CHANGE queue alerts: archive: true at HEAD, false in the YAML",
+        "SAFE_OPTION_CHANGE queue alerts_bulk: limits declared in the YAML, none at HEAD",
+    ]
+
+
+def test_a_queue_document_with_neither_limit_nor_archive_declares_nothing() -> None:
+    with pytest.raises(errors.CompileError) as raised:
+        api.project_from_text(FLOW + "---\nkind: queue\nname: alerts\ndescription: nothing\n")
+    assert [d.code for d in raised.value.diagnostics] == [codes.QUEUE_WITHOUT_LIMIT]

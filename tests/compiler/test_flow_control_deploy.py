@@ -108,6 +108,33 @@ def _start(capsys: pytest.CaptureFixture[str], dsn: str, customer: int, *more: s
     return started["run_id"]
 
 
+def test_a_queues_archive_converges_to_the_yaml_through_plan_and_apply(
+        dsn: str, applied: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    archived = "select queue_name from flowlane.queues where not archive_messages order by 1"
+    applied.write_text(FLOWS + "archive: false\n---\nkind: queue\nname: digests\narchive: false\n")
+    assert run_joined(capsys, "compile")[0] == 0
+    code, out = run_joined(capsys, "plan", "--dsn", dsn)
+    assert code == 0, out
+    assert ("SAFE_OPTION_CHANGE    queue alerts\n  limits: concurrency 1 in the database, "
+            "concurrency 1, archive off in the YAML\n") in out
+    assert ("SAFE_OPTION_CHANGE    queue digests\n  limits: none in the database, "
+            "no limits, archive off in the YAML\n") in out
+    assert run_joined(capsys, "apply", "--dsn", dsn)[0] == 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute(archived).fetchall() == [("alerts",), ("digests",)]
+    code, out = run_joined(capsys, "plan", "--dsn", dsn)
+    assert "SAFE_OPTION_CHANGE" not in out, out
+    # the digests document gone: apply turns its archive on again
+    applied.write_text(FLOWS + "archive: false\n")
+    assert run_joined(capsys, "compile")[0] == 0
+    code, out = run_joined(capsys, "plan", "--dsn", dsn)
+    assert ("SAFE_OPTION_CHANGE    queue digests\n  limits: no limits, archive off in the database, "
+            "removed by apply (no `kind: queue` document declares them)") in out
+    assert run_joined(capsys, "apply", "--dsn", dsn)[0] == 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute(archived).fetchall() == [("alerts",)]
+
+
 def test_start_priority_and_what_runs_and_tasks_wait_for(
         dsn: str, applied: Path, capsys: pytest.CaptureFixture[str]) -> None:
     first = _start(capsys, dsn, 42, "--priority", "5")

@@ -232,7 +232,8 @@ EXPECTED = {
     "trigger_schedule": ("schedule_name text, input jsonb DEFAULT NULL::jsonb", "flowlane.runs"),
     # flow control
     "set_queue_limits": (
-        "queue_name text, concurrency integer, rate_limit integer, rate_per integer",
+        ("queue_name text, concurrency integer, rate_limit integer, rate_per integer,"
+         " archive boolean DEFAULT true"),
         "flowlane.queue_limits",
     ),
     "keep_only_queue_limits": ("queue_names text[]", "text[]"),

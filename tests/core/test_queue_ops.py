@@ -1,5 +1,5 @@
-"""The queue operations (_queue_read, _queue_archive, _queue_archive_batch, _queue_set_vt,
-_queue_send, _queue_send_batch): a
+"""The queue operations (_queue_read, _queue_archive, _queue_archive_batch, _queue_delete_batch,
+_queue_set_vt, _queue_send, _queue_send_batch): a
 registered queue gets a static branch of its own when its registration commits, and every
 branch means what PGMQ's call means. Each case runs the same calls on a registered queue
 (its branch) and on a queue only PGMQ knows (PGMQ's function) and compares what they leave.
@@ -19,8 +19,8 @@ from tests.core.engine import Engine
 pytestmark = pytest.mark.slow
 
 MESSAGE_COLUMNS = "msg_id, read_ct, message, headers, last_read_at is not null as read"
-OPERATIONS = ("_queue_read", "_queue_archive", "_queue_archive_batch", "_queue_set_vt", "_queue_send",
-              "_queue_send_batch")
+OPERATIONS = ("_queue_read", "_queue_archive", "_queue_archive_batch", "_queue_delete_batch", "_queue_set_vt",
+              "_queue_send", "_queue_send_batch")
 
 
 def register(engine: Engine, queue: str) -> None:
@@ -105,6 +105,24 @@ def test_read_archive_and_send_leave_what_pgmq_leaves(engine: Engine) -> None:
     assert a["moved"] == 2 and a["moved_vt"] is True
     assert [r["msg_id"] for r in a["archive"]] == a["sent"][:3]
     assert a["archive"][0]["read_ct"] == 1 and a["archive"][0]["message"] == {"n": 0}
+
+
+def test_a_batch_delete_leaves_what_pgmq_leaves(engine: Engine) -> None:
+    register(engine, "flow_a")
+    engine.conn.execute("select pgmq.create('plain')")
+    results = {}
+    for queue in ("flow_a", "plain"):
+        sent = [engine.scalar("select flowlane._queue_send(%s, %s, 0)", (queue, Jsonb({"n": n})))
+                for n in range(4)]
+        deleted = [[r["id"] for r in engine.rows(
+            "select m.id from flowlane._queue_delete_batch(%s, %s) m (id) order by 1", (queue, ids))]
+            for ids in ([sent[2], sent[0], 999], [sent[0]])]
+        results[queue] = {"sent": sent, "deleted": deleted, "queue": queue_rows(engine, f"q_{queue}"),
+                          "archive": queue_rows(engine, f"a_{queue}")}
+    assert results["flow_a"] == results["plain"]
+    a = results["flow_a"]
+    assert a["deleted"] == [[a["sent"][0], a["sent"][2]], []]  # not an unknown id, nor one deleted before
+    assert [r["msg_id"] for r in a["queue"]] == [a["sent"][1], a["sent"][3]] and a["archive"] == []
 
 
 def test_a_read_skips_messages_another_transaction_has_locked(engine: Engine, dsn: str) -> None:

@@ -577,3 +577,25 @@ def test_a_step_of_the_previous_release_takes_a_cache_with_a_run_in_flight(
         later = engine.start("f", {"n": 1})
         assert engine.states(later)["a"]["output"] == "after" and engine.tasks(later)[0]["cached"]
         assert_invariants(engine)
+
+
+def test_a_queue_of_the_previous_release_keeps_its_archive_and_may_turn_it_off_with_a_run_in_flight(
+    db_factory: Callable[..., str],
+) -> None:
+    previous = previous_release()
+    with psycopg.connect(db_factory(previous.last_migration), autocommit=True) as conn:
+        engine = Engine(conn)
+        engine.define("f", [("a", [], {})])
+        engine.scalar("select flowlane.set_queue_limits('f', 5, null, null)")  # a 0.1.0 queue file
+        done, in_flight = engine.start("f", {"n": 1}), engine.start("f", {"n": 2})
+        tasks = {t["run_id"]: t for t in engine.claim("f")}
+        engine.complete(tasks[done], "before")
+        migrator.migrate(conn)
+        assert engine.scalar("select archive_messages from flowlane.queues where queue_name = 'f'") is True
+        assert engine.archived_ids("f") == [tasks[done]["msg_id"]]
+        # a queue file with the archive off, applied with a run in flight
+        engine.scalar("select flowlane.set_queue_limits('f', 5, null, null, archive => false)")
+        engine.complete(tasks[in_flight], "after")  # the claim made before the upgrade
+        assert engine.run(in_flight)["status"] == "completed"
+        assert engine.queue_messages("f") == [] and engine.archived_ids("f") == [tasks[done]["msg_id"]]
+        assert_invariants(engine)

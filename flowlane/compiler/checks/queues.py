@@ -10,7 +10,7 @@ RATE_PER_MAX = 86400  # the longest rate limit window: one day
 
 
 def build_queue_limits(entries: list[Entry], state: Analysis) -> list[QueueLimits]:
-    """Each queue declared once (FL182), with a limit (FL186) and a window in range
+    """Each queue declared once (FL182), with a limit or its archive (FL186), a window in range
     (FL016), routed to by some step (FL183: a misspelt name would limit nothing)."""
     declared_by: dict[str, Entry] = {}
 
@@ -29,7 +29,7 @@ def build_queue_limits(entries: list[Entry], state: Analysis) -> list[QueueLimit
 def _build_queue_limit(entry: Entry, state: Analysis) -> QueueLimits | None:
     data = entry.data
     rate = data.get("rate_limit")
-    if "concurrency" not in data and rate is None:
+    if "concurrency" not in data and rate is None and "archive" not in data:
         state.findings.append(entry.doc.diagnostic(
             ("name",), codes.QUEUE_WITHOUT_LIMIT, f"queue `{data['name']}` declares no limit",
             "add `concurrency: N` and/or `rate_limit: {limit: N, per: 1s}`, or delete the "
@@ -45,7 +45,8 @@ def _build_queue_limit(entry: Entry, state: Analysis) -> QueueLimits | None:
     return QueueLimits(
         name=str(data["name"]), concurrency=opt_int(data, "concurrency"),
         rate_limit=None if rate is None else int(rate["limit"]), rate_per=per,
-        description=data.get("description"), location=entry.loc(("name",)),
+        archive=bool(data.get("archive", True)), description=data.get("description"),
+        location=entry.loc(("name",)),
     )
 
 

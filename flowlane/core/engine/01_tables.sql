@@ -9,6 +9,7 @@ create table flowlane.queues (
   pgmq_queue_name text not null,
   adopted_at timestamptz,
   prioritized boolean default false not null,
+  archive_messages boolean default true not null,
   constraint queues_pkey primary key (queue_name),
   constraint queues_name_canonical check (flowlane.is_valid_queue_name(queue_name)),
   constraint queues_owner_iff_owned check ((ownership = 'owned') = (owner_flow_slug is not null)),

@@ -303,7 +303,7 @@ language plpgsql stable
 set search_path = ''
 as $$ begin return task.queue_name; end $$;
 
--- archive the messages of the given tasks, one call per queue
+-- end the messages of the given tasks, one call per queue in queue order, each queue's ids sorted
 create function flowlane._archive_tasks(tasks flowlane.step_tasks[]) returns int
 language plpgsql volatile
 set search_path = ''
@@ -311,7 +311,6 @@ as $$
 declare
   v_group record;
   v_total int := 0;
-  v_n int;
 begin
   for v_group in
     select flowlane._task_queue(t) as queue_name, array_agg(t.message_id order by t.message_id) as ids
@@ -320,10 +319,28 @@ begin
     group by 1
     order by 1
   loop
-    select count(*) into v_n from flowlane._queue_archive_batch(v_group.queue_name, v_group.ids);
-    v_total := v_total + v_n;
+    v_total := v_total + flowlane._end_queue_messages(v_group.queue_name, v_group.ids);
   end loop;
   return v_total;
+end;
+$$;
+
+-- what becomes of a queue's messages whose task no longer needs them: archived (PGMQ's
+-- archive table keeps them), or deleted where the queue's `kind: queue` document turns its
+-- archive off (queues.archive_messages, written by set_queue_limits); returns how many ended
+create function flowlane._end_queue_messages(p_queue text, p_msg_ids bigint[]) returns int
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_n int;
+begin
+  if exists (select 1 from flowlane.queues q where q.queue_name = p_queue and not q.archive_messages) then
+    select count(*) into v_n from flowlane._queue_delete_batch(p_queue, p_msg_ids);
+  else
+    select count(*) into v_n from flowlane._queue_archive_batch(p_queue, p_msg_ids);
+  end if;
+  return v_n;
 end;
 $$;
 
@@ -358,9 +375,9 @@ end;
 $$;
 
 -- The queue operations: a claim's read, the archive of one message and of a batch, the
--- visibility of a batch, a task's send and a batch's. PGMQ's functions name the queue's table
--- at run time, so they build and plan their statement on every call (120-450 µs here, more
--- than the statement itself). These six are written by _write_queue_ops with one branch per
+-- deletion of a batch, the visibility of a batch, a task's send and a batch's. PGMQ's
+-- functions name the queue's table at run time, so they build and plan their statement on
+-- every call (120-450 µs here, more than the statement itself). These seven are written by _write_queue_ops with one branch per
 -- registered queue, each branch a static statement PL/pgSQL plans once per connection; a
 -- queue without a branch (not registered, or its table made after the last rewrite) goes to
 -- PGMQ's function. Each branch means what PGMQ's call means (tests/core/test_queue_ops.py
@@ -375,6 +392,7 @@ declare
   v_send text;
   v_send_batch text;
   v_archive_batch text;
+  v_delete_batch text;
   v_set_vt text;
   v_op record;
 begin
@@ -427,11 +445,15 @@ begin
     return;
   end if;$b$, x.queue_name, x.q_table, x.a_table), E'\n  ' order by x.queue_name),
     string_agg(format($b$if p_queue = %L then
+    return query delete from pgmq.%I q where q.msg_id = any (p_msg_ids) returning q.msg_id;
+    return;
+  end if;$b$, x.queue_name, x.q_table), E'\n  ' order by x.queue_name),
+    string_agg(format($b$if p_queue = %L then
     update pgmq.%I m set vt = clock_timestamp() + make_interval(secs => p_vt) where m.msg_id = any (p_msg_ids);
     get diagnostics v_n = row_count;
     return v_n;
   end if;$b$, x.queue_name, x.q_table), E'\n  ' order by x.queue_name)
-    into v_read, v_archive, v_send, v_send_batch, v_archive_batch, v_set_vt
+    into v_read, v_archive, v_send, v_send_batch, v_archive_batch, v_delete_batch, v_set_vt
   from queues x
   where to_regclass(format('pgmq.%I', x.q_table)) is not null
     and to_regclass(format('pgmq.%I', x.a_table)) is not null;
@@ -444,6 +466,8 @@ begin
        v_archive, $r$return pgmq.archive(p_queue, p_msg_id);$r$),
       ($h$_queue_archive_batch(p_queue text, p_msg_ids bigint[]) returns setof bigint$h$, '',
        v_archive_batch, $r$return query select * from pgmq.archive(p_queue, p_msg_ids);$r$),
+      ($h$_queue_delete_batch(p_queue text, p_msg_ids bigint[]) returns setof bigint$h$, '',
+       v_delete_batch, $r$return query select * from pgmq.delete(p_queue, p_msg_ids);$r$),
       ($h$_queue_set_vt(p_queue text, p_msg_ids bigint[], p_vt int) returns int$h$, $l$v_n int;$l$,
        v_set_vt, $r$select count(*) into v_n from pgmq.set_vt(p_queue, p_msg_ids, p_vt);
   return v_n;$r$),

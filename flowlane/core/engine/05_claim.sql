@@ -245,10 +245,10 @@ begin
     return;
   end if;
 
-  -- terminal tasks: their message is archived (idempotent)
+  -- terminal tasks: their message is ended (archived or deleted; idempotent)
   if exists (select 1 from unnest(v_batch) c
              where (c.task).status in ('completed', 'failed', 'skipped', 'cancelled')) then
-    perform pgmq.archive(p_queue, array(
+    perform flowlane._end_queue_messages(p_queue, array(
       select c.msg_id from unnest(v_batch) c
       where (c.task).status in ('completed', 'failed', 'skipped', 'cancelled') order by c.msg_id));
   end if;

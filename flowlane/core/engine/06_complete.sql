@@ -5,7 +5,7 @@
 --
 --   lock runs, step states, tasks of the batch (each in key order: the lock order)
 --   classify every item (late, fenced, actionable), item by item
---   one update of step_tasks, one pgmq.archive per queue
+--   one update of step_tasks, one archive (or delete: _end_queue_messages) per queue
 --   one update of step_states (remaining_tasks, and completion with the step output, merged)
 --   one update of runs (remaining_steps; the last step's completion completes its run)
 --   ready steps of every affected run started together: one send_batch per (queue, delay)
@@ -479,7 +479,7 @@ begin
    where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index
   returning t.* into v_task;
   if v_task.message_id is not null then
-    perform flowlane._queue_archive(flowlane._task_queue(v_task), v_task.message_id);
+    perform flowlane._end_queue_messages(flowlane._task_queue(v_task), array[v_task.message_id]);
   end if;
   if v_cached then  -- (23_cache.sql)
     perform flowlane._cache_outputs(array[v_task]);

@@ -732,7 +732,9 @@ end;
 $$;
 
 -- what compiled queue files call: a queue's limits (null: no such limit; both null: none)
-create function flowlane.set_queue_limits(queue_name text, concurrency int, rate_limit int, rate_per int)
+-- and whether its ended messages are archived (the default) or deleted
+create function flowlane.set_queue_limits(queue_name text, concurrency int, rate_limit int, rate_per int,
+                                          archive boolean default true)
 returns flowlane.queue_limits
 language plpgsql volatile
 set search_path = ''
@@ -756,6 +758,11 @@ begin
   if set_queue_limits.rate_limit < 1 or set_queue_limits.rate_per < 1 then
     raise exception '%: a rate limit is at least 1 start per at least 1 second', v_what using errcode = '22023';
   end if;
+  if set_queue_limits.archive is null then
+    raise exception '%: archive is true or false, not null', v_what using errcode = '22023';
+  end if;
+  update flowlane.queues q set archive_messages = set_queue_limits.archive
+   where q.queue_name = set_queue_limits.queue_name and q.archive_messages <> set_queue_limits.archive;
   if set_queue_limits.concurrency is null and set_queue_limits.rate_limit is null then
     delete from flowlane.queue_limits l where l.queue_name = set_queue_limits.queue_name;
     perform flowlane._wake_queue(set_queue_limits.queue_name);
@@ -780,7 +787,8 @@ end;
 $$;
 
 -- what a compiled queue file ends with: the limits of queues it does not declare are removed
--- (those queues behave as undeclared); returns their names
+-- and their archive is on again (those queues behave as undeclared); returns the names of
+-- those that lost limits
 create function flowlane.keep_only_queue_limits(queue_names text[]) returns text[]
 language plpgsql volatile
 set search_path = ''
@@ -793,6 +801,8 @@ begin
     returning l.queue_name
   ) select coalesce(array_agg(g.queue_name order by g.queue_name), '{}') into v_deleted from gone g;
   perform flowlane._wake_queue(d) from unnest(v_deleted) d;
+  update flowlane.queues q set archive_messages = true
+   where not q.archive_messages and q.queue_name <> all (coalesce(queue_names, '{}'));
   return v_deleted;
 end;
 $$;

@@ -131,6 +131,17 @@
 -- add_step changes its signature (three arguments with defaults);
 -- the functions workers call keep theirs, and a step without a cache is completed as before.
 
+-- A queue's archive may be turned off (`archive: false` in its `kind: queue` document): the
+-- messages of its ended tasks (completed, failed, skipped, cancelled, recovered, their flow
+-- deleted) are then deleted instead of archived, by the new _end_queue_messages, which
+-- _archive_tasks, _complete_one and the claims' terminal path call, and the new queue
+-- operation _queue_delete_batch (written by _write_queue_ops for every registered queue).
+-- queues gains archive_messages (true for every existing queue: archived, as before);
+-- set_queue_limits gains the argument archive (a drop and a create: compiled files of 0.1.0
+-- call it by name with four arguments and keep working, archive true), and
+-- keep_only_queue_limits turns the archive of undeclared queues on again. The functions workers
+-- call keep their signatures.
+
 -- == Written by hand: tables, types and data that the functions need ==
 
 -- fenced results and rerun from a step: the attempt history records an operator's
@@ -244,6 +255,10 @@ create table flowlane.step_cache (
 );
 create index step_cache_expires_idx on flowlane.step_cache (expires_at);
 
+-- queue archive: whether a queue's ended messages are archived (the default, every existing
+-- queue) or deleted
+alter table flowlane.queues add column archive_messages boolean default true not null;
+
 -- == Drafted from the engine source by `python -m flowlane.core.draft_migration`; redrafted, never edited ==
 
 set local check_function_bodies = off;
@@ -267,6 +282,8 @@ drop function flowlane.prunable_runs(timestamp with time zone,text[],integer);
 -- REVIEW: flowlane.prune_runs(timestamp with time zone,text[],integer,integer) is called by flowlane.maintenance_tick(timestamp with time zone): a call in flight when this migration commits runs their old bodies to the end and fails without it; keep the signature while the previous release's workers may call them (CONTRIBUTING, rules for migrations)
 
 drop function flowlane.prune_runs(timestamp with time zone,text[],integer,integer);
+
+drop function flowlane.set_queue_limits(text,integer,integer,integer);
 
 -- The engine's clock: whatever the engine records or compares a time with reads it through
 -- these two, never now() or clock_timestamp() directly (a queue message's visibility is the
@@ -412,6 +429,170 @@ begin
   values (v_name, 'shared', null, v_pgmq, flowlane._now())
   returning * into v_row;
   return v_row;
+end;
+$$;
+
+-- end the messages of the given tasks, one call per queue in queue order, each queue's ids sorted
+create or replace function flowlane._archive_tasks(tasks flowlane.step_tasks[]) returns int
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_group record;
+  v_total int := 0;
+begin
+  for v_group in
+    select flowlane._task_queue(t) as queue_name, array_agg(t.message_id order by t.message_id) as ids
+    from unnest(tasks) as t
+    where t.message_id is not null
+    group by 1
+    order by 1
+  loop
+    v_total := v_total + flowlane._end_queue_messages(v_group.queue_name, v_group.ids);
+  end loop;
+  return v_total;
+end;
+$$;
+
+-- what becomes of a queue's messages whose task no longer needs them: archived (PGMQ's
+-- archive table keeps them), or deleted where the queue's `kind: queue` document turns its
+-- archive off (queues.archive_messages, written by set_queue_limits); returns how many ended
+create or replace function flowlane._end_queue_messages(p_queue text, p_msg_ids bigint[]) returns int
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_n int;
+begin
+  if exists (select 1 from flowlane.queues q where q.queue_name = p_queue and not q.archive_messages) then
+    select count(*) into v_n from flowlane._queue_delete_batch(p_queue, p_msg_ids);
+  else
+    select count(*) into v_n from flowlane._queue_archive_batch(p_queue, p_msg_ids);
+  end if;
+  return v_n;
+end;
+$$;
+
+-- The queue operations: a claim's read, the archive of one message and of a batch, the
+-- deletion of a batch, the visibility of a batch, a task's send and a batch's. PGMQ's
+-- functions name the queue's table at run time, so they build and plan their statement on
+-- every call (120-450 µs here, more than the statement itself). These seven are written by _write_queue_ops with one branch per
+-- registered queue, each branch a static statement PL/pgSQL plans once per connection; a
+-- queue without a branch (not registered, or its table made after the last rewrite) goes to
+-- PGMQ's function. Each branch means what PGMQ's call means (tests/core/test_queue_ops.py
+-- compares them).
+create or replace function flowlane._write_queue_ops() returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_read text;
+  v_archive text;
+  v_send text;
+  v_send_batch text;
+  v_archive_batch text;
+  v_delete_batch text;
+  v_set_vt text;
+  v_op record;
+begin
+  perform pg_advisory_xact_lock(hashtext('flowlane.queue_ops'));
+  with queues as (
+    select q.queue_name, pgmq.format_table_name(q.queue_name, 'q') as q_table,
+           pgmq.format_table_name(q.queue_name, 'a') as a_table
+    from flowlane.queues q
+  )
+  select
+    string_agg(format($b$if p_queue = %L then
+    v_ids := array(select q.msg_id from pgmq.%I q where q.vt <= clock_timestamp()
+                   order by q.msg_id limit p_qty for update skip locked);
+    return query
+      update pgmq.%2$I m
+         set last_read_at = clock_timestamp(), vt = clock_timestamp() + make_interval(secs => p_vt),
+             read_ct = m.read_ct + 1
+       where m.msg_id = any (v_ids)
+      returning m.msg_id, m.read_ct, m.enqueued_at, m.last_read_at, m.vt, m.message, m.headers;
+    return;
+  end if;$b$, x.queue_name, x.q_table), E'\n  ' order by x.queue_name),
+    string_agg(format($b$if p_queue = %L then
+    with archived as (delete from pgmq.%I q where q.msg_id = p_msg_id
+                      returning q.msg_id, q.vt, q.read_ct, q.enqueued_at, q.last_read_at, q.message, q.headers)
+    insert into pgmq.%I (msg_id, vt, read_ct, enqueued_at, last_read_at, message, headers)
+    select a.msg_id, a.vt, a.read_ct, a.enqueued_at, a.last_read_at, a.message, a.headers from archived a
+    returning msg_id into v_id;
+    return v_id is not null;
+  end if;$b$, x.queue_name, x.q_table, x.a_table), E'\n  ' order by x.queue_name),
+    string_agg(format($b$if p_queue = %L then
+    insert into pgmq.%I (vt, message, headers)
+    values (clock_timestamp() + make_interval(secs => p_delay), p_msg, null)
+    returning msg_id into v_id;
+    return v_id;
+  end if;$b$, x.queue_name, x.q_table), E'\n  ' order by x.queue_name),
+    string_agg(format($b$if p_queue = %L then
+    return query
+      insert into pgmq.%I (vt, message, headers)
+      select v_vt, m.msg, null from unnest(p_msgs) as m (msg)
+      returning msg_id;
+    return;
+  end if;$b$, x.queue_name, x.q_table), E'\n  ' order by x.queue_name),
+    string_agg(format($b$if p_queue = %L then
+    return query
+      with archived as (delete from pgmq.%I q where q.msg_id = any (p_msg_ids)
+                        returning q.msg_id, q.vt, q.read_ct, q.enqueued_at, q.last_read_at, q.message, q.headers)
+      insert into pgmq.%I (msg_id, vt, read_ct, enqueued_at, last_read_at, message, headers)
+      select a.msg_id, a.vt, a.read_ct, a.enqueued_at, a.last_read_at, a.message, a.headers from archived a
+      returning msg_id;
+    return;
+  end if;$b$, x.queue_name, x.q_table, x.a_table), E'\n  ' order by x.queue_name),
+    string_agg(format($b$if p_queue = %L then
+    return query delete from pgmq.%I q where q.msg_id = any (p_msg_ids) returning q.msg_id;
+    return;
+  end if;$b$, x.queue_name, x.q_table), E'\n  ' order by x.queue_name),
+    string_agg(format($b$if p_queue = %L then
+    update pgmq.%I m set vt = clock_timestamp() + make_interval(secs => p_vt) where m.msg_id = any (p_msg_ids);
+    get diagnostics v_n = row_count;
+    return v_n;
+  end if;$b$, x.queue_name, x.q_table), E'\n  ' order by x.queue_name)
+    into v_read, v_archive, v_send, v_send_batch, v_archive_batch, v_delete_batch, v_set_vt
+  from queues x
+  where to_regclass(format('pgmq.%I', x.q_table)) is not null
+    and to_regclass(format('pgmq.%I', x.a_table)) is not null;
+  for v_op in
+    select * from (values
+      ($h$_queue_read(p_queue text, p_vt int, p_qty int) returns setof pgmq.message_record$h$,
+       $l$v_ids bigint[];  -- two statements: a generic plan of PGMQ's one joins the whole queue$l$,
+       v_read, $r$return query select * from pgmq.read(p_queue, p_vt, p_qty);$r$),
+      ($h$_queue_archive(p_queue text, p_msg_id bigint) returns boolean$h$, $l$v_id bigint;$l$,
+       v_archive, $r$return pgmq.archive(p_queue, p_msg_id);$r$),
+      ($h$_queue_archive_batch(p_queue text, p_msg_ids bigint[]) returns setof bigint$h$, '',
+       v_archive_batch, $r$return query select * from pgmq.archive(p_queue, p_msg_ids);$r$),
+      ($h$_queue_delete_batch(p_queue text, p_msg_ids bigint[]) returns setof bigint$h$, '',
+       v_delete_batch, $r$return query select * from pgmq.delete(p_queue, p_msg_ids);$r$),
+      ($h$_queue_set_vt(p_queue text, p_msg_ids bigint[], p_vt int) returns int$h$, $l$v_n int;$l$,
+       v_set_vt, $r$select count(*) into v_n from pgmq.set_vt(p_queue, p_msg_ids, p_vt);
+  return v_n;$r$),
+      ($h$_queue_send(p_queue text, p_msg jsonb, p_delay int) returns bigint$h$, $l$v_id bigint;$l$,
+       v_send, $r$select m.id into v_id from pgmq.send(p_queue, p_msg, p_delay) m (id);
+  return v_id;$r$),
+      ($h$_queue_send_batch(p_queue text, p_msgs jsonb[], p_delay int) returns setof bigint$h$,
+       $l$v_vt timestamptz := clock_timestamp() + make_interval(secs => p_delay);$l$,
+       v_send_batch, $r$return query select * from pgmq.send_batch(p_queue, p_msgs, p_delay);$r$)
+    ) as o (head, locals, branches, fallback)
+  loop
+    execute format($f$create or replace function flowlane.%s
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- a plan made while the queue was small stays on its keys
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
+as $body$
+declare
+  %s
+begin
+  %s
+  %s
+end;
+$body$;$f$, v_op.head, v_op.locals, coalesce(v_op.branches, ''), v_op.fallback);
+  end loop;
 end;
 $$;
 
@@ -1509,10 +1690,10 @@ begin
     return;
   end if;
 
-  -- terminal tasks: their message is archived (idempotent)
+  -- terminal tasks: their message is ended (archived or deleted; idempotent)
   if exists (select 1 from unnest(v_batch) c
              where (c.task).status in ('completed', 'failed', 'skipped', 'cancelled')) then
-    perform pgmq.archive(p_queue, array(
+    perform flowlane._end_queue_messages(p_queue, array(
       select c.msg_id from unnest(v_batch) c
       where (c.task).status in ('completed', 'failed', 'skipped', 'cancelled') order by c.msg_id));
   end if;
@@ -2082,7 +2263,7 @@ begin
    where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index
   returning t.* into v_task;
   if v_task.message_id is not null then
-    perform flowlane._queue_archive(flowlane._task_queue(v_task), v_task.message_id);
+    perform flowlane._end_queue_messages(flowlane._task_queue(v_task), array[v_task.message_id]);
   end if;
   if v_cached then  -- (23_cache.sql)
     perform flowlane._cache_outputs(array[v_task]);
@@ -4269,7 +4450,9 @@ end;
 $$;
 
 -- what compiled queue files call: a queue's limits (null: no such limit; both null: none)
-create or replace function flowlane.set_queue_limits(queue_name text, concurrency int, rate_limit int, rate_per int)
+-- and whether its ended messages are archived (the default) or deleted
+create or replace function flowlane.set_queue_limits(queue_name text, concurrency int, rate_limit int, rate_per int,
+                                          archive boolean default true)
 returns flowlane.queue_limits
 language plpgsql volatile
 set search_path = ''
@@ -4293,6 +4476,11 @@ begin
   if set_queue_limits.rate_limit < 1 or set_queue_limits.rate_per < 1 then
     raise exception '%: a rate limit is at least 1 start per at least 1 second', v_what using errcode = '22023';
   end if;
+  if set_queue_limits.archive is null then
+    raise exception '%: archive is true or false, not null', v_what using errcode = '22023';
+  end if;
+  update flowlane.queues q set archive_messages = set_queue_limits.archive
+   where q.queue_name = set_queue_limits.queue_name and q.archive_messages <> set_queue_limits.archive;
   if set_queue_limits.concurrency is null and set_queue_limits.rate_limit is null then
     delete from flowlane.queue_limits l where l.queue_name = set_queue_limits.queue_name;
     perform flowlane._wake_queue(set_queue_limits.queue_name);
@@ -4313,6 +4501,27 @@ begin
     perform flowlane._wake_queue(set_queue_limits.queue_name);
   end if;
   return v_row;
+end;
+$$;
+
+-- what a compiled queue file ends with: the limits of queues it does not declare are removed
+-- and their archive is on again (those queues behave as undeclared); returns the names of
+-- those that lost limits
+create or replace function flowlane.keep_only_queue_limits(queue_names text[]) returns text[]
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_deleted text[];
+begin
+  with gone as (
+    delete from flowlane.queue_limits l where l.queue_name <> all (coalesce(queue_names, '{}'))
+    returning l.queue_name
+  ) select coalesce(array_agg(g.queue_name order by g.queue_name), '{}') into v_deleted from gone g;
+  perform flowlane._wake_queue(d) from unnest(v_deleted) d;
+  update flowlane.queues q set archive_messages = true
+   where not q.archive_messages and q.queue_name <> all (coalesce(queue_names, '{}'));
+  return v_deleted;
 end;
 $$;
 
@@ -5170,6 +5379,8 @@ begin
 end;
 $$;
 
+-- written at run time by the source, by a function that the part written by hand below calls: _queue_delete_batch
+
 -- == Written by hand: what calls the functions (checks, defaults, triggers, data) ==
 
 -- failure handlers: a run that fails (or is cancelled) starts its flow's failure handler
@@ -5194,3 +5405,6 @@ create trigger runs_report_compensation
   when (old.status in ('started', 'waiting') and new.status in ('completed', 'failed', 'cancelled')
         and new.compensation_of is not null)
   execute function flowlane._report_compensation();
+
+-- queue archive: the queue operations gain _queue_delete_batch, written for every registered queue
+select flowlane._write_queue_ops();

@@ -47,9 +47,12 @@ from flowlane.triggers t
 order by t.trigger_name collate "C"
 
 -- name: deploy_queue_limits
-select l.queue_name, l.concurrency, l.rate_limit, l.rate_per
-from flowlane.queue_limits l
-order by l.queue_name collate "C"
+-- the queues a queues file set something on: limits, or the archive turned off
+select q.queue_name, l.concurrency, l.rate_limit, l.rate_per, q.archive_messages as archive
+from flowlane.queues q
+left join flowlane.queue_limits l on l.queue_name = q.queue_name
+where l.queue_name is not null or not q.archive_messages
+order by q.queue_name collate "C"
 
 -- name: deploy_lock
 select pg_advisory_xact_lock(hashtext('flowlane.apply'))
