@@ -67,7 +67,7 @@ select c.oid::regclass::text, c.reltuples::bigint, pg_relation_size(c.oid), pg_i
        pg_total_relation_size(c.oid)
 from pg_class c
 where c.oid in ('flowlane.runs'::regclass, 'flowlane.step_states'::regclass, 'flowlane.step_tasks'::regclass,
-                'flowlane.task_leases'::regclass, 'pgmq.q_bench_one'::regclass, 'pgmq.a_bench_one'::regclass)
+                'pgmq.q_bench_one'::regclass, 'pgmq.a_bench_one'::regclass)
 order by pg_total_relation_size(c.oid) desc
 
 -- name: index_sizes

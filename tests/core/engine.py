@@ -383,14 +383,6 @@ def assert_invariants(engine: Engine) -> None:
             join flowlane.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
             where t.queue_name <> s.queue_name""",
     }
-    if engine.scalar("select to_regclass('flowlane.task_leases') is not null"):
-        # 0011+: the leases are exactly the started tasks, with their claim time
-        violations["lease out of sync with its task"] = """
-            select coalesce(t.run_id, l.run_id) as run_id, coalesce(t.step_slug, l.step_slug) as step_slug
-            from (select * from flowlane.step_tasks where status = 'started') t
-            full join flowlane.task_leases l
-              on l.run_id = t.run_id and l.step_slug = t.step_slug and l.task_index = t.task_index
-            where t.started_at is distinct from l.started_at"""
     if engine.scalar("select to_regclass('flowlane.step_cache') is not null"):
         # 0004+: a task has a queue message unless it completed from its step's cache
         violations["task without a message that did not complete from the cache"] = """

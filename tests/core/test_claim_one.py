@@ -136,7 +136,8 @@ def _state(engine: Engine, queue: str, msg_id: int) -> dict[str, Any]:
         "task": engine.row(
             "select * from flowlane.step_tasks where queue_name = %s and message_id = %s", (queue, msg_id)
         ),
-        "leases": engine.rows("select * from flowlane.task_leases order by 1, 2, 3"),
+        "started": engine.rows("select run_id, step_slug, task_index, started_at from flowlane.step_tasks "
+                               "where status = 'started' order by 1, 2, 3"),
         "message": message,
         "archived": archived,
     }

@@ -83,8 +83,7 @@ def _tasks(engine: Engine, run_id: Any) -> list[tuple[Any, ...]]:
         for r in engine.rows(
             "select t.step_slug, t.task_index, t.status, t.attempts_count, "
             "(select count(*) from flowlane.held_tasks h where h.run_id = t.run_id "
-            " and h.step_slug = t.step_slug) as held, "
-            "(select count(*) from flowlane.task_leases l where l.run_id = t.run_id) as leases "
+            " and h.step_slug = t.step_slug) as held, t.started_at is not null as started "
             "from flowlane.step_tasks t where t.run_id = %s order by 1, 2",
             (run_id,),
         )

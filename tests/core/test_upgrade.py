@@ -278,7 +278,8 @@ def test_runs_in_flight_on_the_original_core_finish_after_the_upgrade(
 
         assert_invariants(engine)
         assert engine.scalar("select count(*) from flowlane.step_tasks") == tasks_before
-        assert engine.scalar("select count(*) from flowlane.task_leases") == 1  # the started map task
+        started = engine.scalar("select count(*) from flowlane.step_tasks where status = 'started'")
+        assert started == 1  # the started map task
         assert {key: {c: engine.run(runs[key])[c] for c in ended} for key in ("done", "failed")} == terminal
         assert engine.complete(runs["started_task"], 21)["status"] == "completed"
         engine.make_visible("retrying")
@@ -329,8 +330,8 @@ def test_the_upgrade_ends_permanently_stalled_tasks_and_converts_notifications(
 def test_tasks_started_before_the_upgrade_are_leased_fenced_and_recoverable(
     db_factory: Callable[..., str],
 ) -> None:
-    # stalled recovery finds started tasks through their leases: a task claimed before the
-    # upgrade must hold one
+    # stalled recovery finds the started tasks through their index: a task claimed before the
+    # upgrade must be in it
     with psycopg.connect(db_factory("0002"), autocommit=True) as conn:
         engine = Engine(conn)
         engine.define("f", [("a", [], {"timeout": 10})], max_attempts=3)
@@ -341,8 +342,8 @@ def test_tasks_started_before_the_upgrade_are_leased_fenced_and_recoverable(
 
         migrator.migrate(conn)
 
-        assert engine.scalar("select count(*) from flowlane.task_leases") == 3
-        assert_invariants(engine)  # includes: the leases are exactly the started tasks
+        assert engine.scalar("select count(*) from flowlane.step_tasks where status = 'started'") == 3
+        assert_invariants(engine)
         assert engine.scalar("select flowlane.requeue_stalled_tasks()") == 1
         assert engine.task(stalled_run, "a")["status"] == "queued"
         assert engine.task(recent_run, "a")["status"] == "started"
@@ -357,7 +358,7 @@ def test_tasks_started_before_the_upgrade_are_leased_fenced_and_recoverable(
         assert again["run_id"] == stalled_run and again["attempt"] == 2
         assert engine.complete(again, "s")["status"] == "completed"
         assert [engine.run(r)["status"] for r in (recent_run, stalled_run, fresh_run)] == ["completed"] * 3
-        assert engine.scalar("select count(*) from flowlane.task_leases") == 0
+        assert engine.scalar("select count(*) from flowlane.step_tasks where status = 'started'") == 0
         assert_invariants(engine)
 
 
@@ -598,4 +599,35 @@ def test_a_queue_of_the_previous_release_keeps_its_archive_and_may_turn_it_off_w
         engine.complete(tasks[in_flight], "after")  # the claim made before the upgrade
         assert engine.run(in_flight)["status"] == "completed"
         assert engine.queue_messages("f") == [] and engine.archived_ids("f") == [tasks[done]["msg_id"]]
+        assert_invariants(engine)
+
+
+def test_tasks_leased_on_the_previous_release_are_recovered_and_counted_after_the_upgrade(
+    db_factory: Callable[..., str],
+) -> None:
+    # the previous release kept its started tasks in the table task_leases, which the upgrade
+    # drops: its started tasks stay recoverable and count against their queue's concurrency
+    with psycopg.connect(db_factory(previous_release().last_migration), autocommit=True) as conn:
+        engine = Engine(conn)
+        engine.define("f", [("a", [], {"timeout": 10})], max_attempts=3)
+        stalled_run, recent_run, waiting_run = (engine.start("f", {"n": n}) for n in range(3))
+        engine.scalar("select flowlane.set_queue_limits('f', 2, null, null)")
+        claimed = {t["run_id"]: t for t in engine.claim("f")}
+        assert set(claimed) == {stalled_run, recent_run}
+        _claimed_long_ago(engine, stalled_run, 100)
+
+        migrator.migrate(conn)
+
+        assert engine.scalar("select to_regclass('flowlane.task_leases')") is None
+        refused = engine.rows("select outcome from flowlane.claim_tasks('f', 10, %s, %s)",
+                              (engine.worker_id, Jsonb([["f", "a"]])))
+        assert refused == [{"outcome": "at_capacity"}]  # the two tasks started before the upgrade
+        assert engine.rows("select started from flowlane.queue_flow_control()") == [{"started": 2}]
+        assert engine.scalar("select flowlane.requeue_stalled_tasks()") == 1
+        assert engine.task(stalled_run, "a")["status"] == "queued"
+        assert engine.complete(claimed[stalled_run], "late")["status"] == "queued"  # type: ignore[index]
+        assert engine.complete(claimed[recent_run], "r")["status"] == "completed"  # type: ignore[index]
+        engine.drive("f", lambda t: "after")
+        assert [engine.run(r)["status"] for r in (stalled_run, recent_run, waiting_run)] == ["completed"] * 3
+        assert engine.task(stalled_run, "a")["attempts_count"] == 2
         assert_invariants(engine)

@@ -301,8 +301,6 @@ def seed_waits(dsn: str) -> Waits:
         # claimed a minute ago: stalled recovery hands the task out again 30 s from now
         conn.execute("update flowlane.step_tasks set queued_at = queued_at - interval '1 minute', "
                      "started_at = started_at - interval '1 minute' where run_id = %s", (stale,))
-        conn.execute("update flowlane.task_leases set started_at = started_at - interval '1 minute' "
-                     "where run_id = %s", (stale,))
         return Waits(approval, parent, uuid.UUID(str(child)), stale, stale_worker)
 
 

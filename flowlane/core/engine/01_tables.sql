@@ -457,20 +457,11 @@ with (autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.
 
 create index step_tasks_completed_brin on flowlane.step_tasks using brin (completed_at) with (autosummarize='on');
 
-create table flowlane.task_leases (
-  run_id uuid not null,
-  step_slug text not null,
-  task_index int not null,
-  started_at timestamptz not null,
-  queue_name text,
-  constraint task_leases_pkey primary key (run_id, step_slug, task_index)
-)
-with (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_cost_delay='0');
-
--- a queue's started tasks, which its concurrency limit counts (19_flow_control.sql)
-create index task_leases_queue_idx on flowlane.task_leases (queue_name);
-
-comment on table flowlane.task_leases is 'the started tasks (kept by trigger from step_tasks.status): what stalled recovery scans';
+-- the started tasks, which stalled recovery (08_recovery.sql) and a queue's concurrency limit
+-- (19_flow_control.sql) read: a few entries however long the history. Their claim and their
+-- end are updates that write index entries (not HOT), which a table of leases wrote as a row
+-- inserted and deleted
+create index step_tasks_started_idx on flowlane.step_tasks (queue_name) where status = 'started';
 
 create table flowlane.task_attempts (
   id bigint not null generated always as identity,

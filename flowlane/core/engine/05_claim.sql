@@ -487,64 +487,28 @@ begin
 end;
 $$;
 
--- the leases, kept per statement: a task has a lease while it is started, renewed (deleted and inserted again) when a started task gets a new started_at
-create function flowlane._track_leases() returns trigger
+-- a started task that ends frees a slot of its queue's concurrency: the workers of each
+-- limited queue that had one look again
+create function flowlane._wake_freed_queues() returns trigger
 language plpgsql volatile
 set search_path = ''
 as $$
-declare
-  v_woken bigint;
 begin
-  -- (each statement names only the transition tables its event has)
-  if tg_op = 'INSERT' then
-    insert into flowlane.task_leases (run_id, step_slug, task_index, started_at, queue_name)
-    select n.run_id, n.step_slug, n.task_index, n.started_at, n.queue_name
-    from new_tasks n where n.status = 'started' order by 1, 2, 3;
-  elsif tg_op = 'DELETE' then
-    delete from flowlane.task_leases l
-     using old_tasks o
-     where o.status = 'started'
-       and l.run_id = o.run_id and l.step_slug = o.step_slug and l.task_index = o.task_index;
-  else
-    -- a started task that ends frees a slot of its queue's concurrency: its workers look again
-    with gone as (
-      delete from flowlane.task_leases l
-       using old_tasks o join new_tasks n
-             on n.run_id = o.run_id and n.step_slug = o.step_slug and n.task_index = o.task_index
-       where o.status = 'started'
-         and (n.status <> 'started' or n.started_at is distinct from o.started_at)
-         and l.run_id = o.run_id and l.step_slug = o.step_slug and l.task_index = o.task_index
-      returning l.queue_name
-    )
-    select count(flowlane._wake_queue(g.queue_name)) into v_woken
-    from (select distinct g.queue_name from gone g) g
-    where exists (select 1 from flowlane.queue_limits q where q.queue_name = g.queue_name and q.concurrency is not null);
-    insert into flowlane.task_leases (run_id, step_slug, task_index, started_at, queue_name)
-    select n.run_id, n.step_slug, n.task_index, n.started_at, n.queue_name
-    from new_tasks n join old_tasks o
-         on o.run_id = n.run_id and o.step_slug = n.step_slug and o.task_index = n.task_index
-    where n.status = 'started'
-      and (o.status <> 'started' or o.started_at is distinct from n.started_at)
-    order by 1, 2, 3;
-  end if;
+  perform flowlane._wake_queue(l.queue_name)
+  from flowlane.queue_limits l
+  where l.concurrency is not null
+    and exists (select 1 from old_tasks o join new_tasks n
+                  on n.run_id = o.run_id and n.step_slug = o.step_slug and n.task_index = o.task_index
+                where o.status = 'started' and n.status <> 'started' and o.queue_name = l.queue_name)
+  order by l.queue_name;
   return null;
 end;
 $$;
 
-create trigger step_tasks_leases_on_insert
-  after insert on flowlane.step_tasks
-  referencing new table as new_tasks
-  for each statement execute function flowlane._track_leases();
-
-create trigger step_tasks_leases_on_update
+create trigger step_tasks_wake_freed_queues
   after update on flowlane.step_tasks
   referencing old table as old_tasks new table as new_tasks
-  for each statement execute function flowlane._track_leases();
-
-create trigger step_tasks_leases_on_delete
-  after delete on flowlane.step_tasks
-  referencing old table as old_tasks
-  for each statement execute function flowlane._track_leases();
+  for each statement execute function flowlane._wake_freed_queues();
 
 -- called by a worker for the tasks it holds: items {run_id, step_slug,
 -- task_index, attempt, running}. A task still owned by this worker and

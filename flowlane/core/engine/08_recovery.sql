@@ -1,8 +1,8 @@
 -- Recovery and run operations: stalled tasks, runs that nothing can move, cancelling and
 -- retrying a run.
 
--- stalled recovery: the candidates are taken from the leases (task_leases), then each is
--- locked run -> step state -> task, skipping what another transaction holds, and checked again
+-- stalled recovery: the candidates are the started tasks (step_tasks_started_idx), then each
+-- is locked run -> step state -> task, skipping what another transaction holds, and checked again
 create function flowlane.requeue_stalled_tasks() returns int
 language plpgsql volatile
 set search_path = ''
@@ -15,11 +15,9 @@ declare
 begin
   for v_cand in
     select t.run_id, t.step_slug, t.task_index, o.timeout, o.max_attempts, o.stall_after
-    from flowlane.task_leases l
-    join flowlane.step_tasks t on t.run_id = l.run_id and t.step_slug = l.step_slug and t.task_index = l.task_index
+    from flowlane.step_tasks t
     join flowlane.step_options o on o.flow_slug = t.flow_slug and o.step_slug = t.step_slug
-    where l.started_at < flowlane._now() - make_interval(secs => o.stall_after)  -- the leases' index
-      and t.status = 'started'
+    where t.status = 'started'
       and flowlane._stall_deadline(t, o.stall_after) < flowlane._now()
     order by t.run_id, t.step_slug, t.task_index
   loop

@@ -135,7 +135,6 @@ begin
   end loop;
   delete from flowlane.task_attempts a where a.run_id = any (v_runs);
   get diagnostics attempts_deleted = row_count;
-  delete from flowlane.task_leases l where l.run_id = any (v_runs);
   delete from flowlane.step_tasks t where t.run_id = any (v_runs);
   get diagnostics tasks_deleted = row_count;
   delete from flowlane.step_states ss where ss.run_id = any (v_runs);

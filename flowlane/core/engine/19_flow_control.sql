@@ -683,7 +683,7 @@ begin
   end if;
   if v_limits.concurrency is not null then
     select * into v_limits from flowlane.queue_limits l where l.queue_name = p_queue for update;
-    select count(*) into v_started from flowlane.task_leases t where t.queue_name = p_queue;
+    select count(*) into v_started from flowlane.step_tasks t where t.queue_name = p_queue and t.status = 'started';
     v_gate.allowed := least(v_gate.allowed, v_limits.concurrency - v_started);
     if v_gate.allowed < 1 then
       v_gate.refusal := row('at_capacity', null, null, p_queue, null, null,
@@ -855,7 +855,8 @@ as $$
                             round(flowlane._next_start_in(l, flowlane._clock_timestamp())::numeric, 1))
          end
   from flowlane.queue_limits l
-  cross join lateral (select count(*) as started from flowlane.task_leases t where t.queue_name = l.queue_name) c
+  cross join lateral (select count(*) as started from flowlane.step_tasks t
+                      where t.queue_name = l.queue_name and t.status = 'started') c
   order by l.queue_name
 $$;
 

@@ -141,6 +141,16 @@
 -- call it by name with four arguments and keep working, archive true), and
 -- keep_only_queue_limits turns the archive of undeclared queues on again. The functions workers
 -- call keep their signatures.
+--
+-- The started tasks are read from step_tasks itself, through the new partial index
+-- step_tasks_started_idx (queue_name, where status = 'started'): stalled recovery
+-- (requeue_stalled_tasks) and a queue's concurrency limit (_open_queue_gate,
+-- queue_flow_control) read it, and the table task_leases, with the three triggers and the
+-- function _track_leases that kept it, is dropped. A task started before the upgrade is in the
+-- index, so it is recovered as before. The wake of a limited queue's workers when a started
+-- task ends moves to the new trigger step_tasks_wake_freed_queues (_wake_freed_queues). The
+-- index is built inside the migration's transaction: writes to step_tasks wait for it. The
+-- functions the previous release's workers call keep their signatures.
 
 -- == Written by hand: tables, types and data that the functions need ==
 
@@ -259,9 +269,20 @@ create index step_cache_expires_idx on flowlane.step_cache (expires_at);
 -- queue) or deleted
 alter table flowlane.queues add column archive_messages boolean default true not null;
 
+-- task leases: the started tasks are read from step_tasks through a partial index, which
+-- replaces the table of leases and the triggers that kept it (a started task is in the index
+-- as it was in the table: recoverable as before)
+drop trigger step_tasks_leases_on_insert on flowlane.step_tasks;
+drop trigger step_tasks_leases_on_update on flowlane.step_tasks;
+drop trigger step_tasks_leases_on_delete on flowlane.step_tasks;
+drop table flowlane.task_leases;
+create index step_tasks_started_idx on flowlane.step_tasks (queue_name) where (status = 'started');
+
 -- == Drafted from the engine source by `python -m flowlane.core.draft_migration`; redrafted, never edited ==
 
 set local check_function_bodies = off;
+
+drop function flowlane._track_leases();
 
 -- REVIEW: flowlane.add_step(text,text,text[],integer,integer,integer,integer,text,jsonb,jsonb,text,text,text,text,integer,text) is called by flowlane.ensure_flow_compiled(text,jsonb): a call in flight when this migration commits runs their old bodies to the end and fails without it; keep the signature while the previous release's workers may call them (CONTRIBUTING, rules for migrations)
 
@@ -1832,6 +1853,24 @@ begin
 end;
 $$;
 
+-- a started task that ends frees a slot of its queue's concurrency: the workers of each
+-- limited queue that had one look again
+create or replace function flowlane._wake_freed_queues() returns trigger
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  perform flowlane._wake_queue(l.queue_name)
+  from flowlane.queue_limits l
+  where l.concurrency is not null
+    and exists (select 1 from old_tasks o join new_tasks n
+                  on n.run_id = o.run_id and n.step_slug = o.step_slug and n.task_index = o.task_index
+                where o.status = 'started' and n.status <> 'started' and o.queue_name = l.queue_name)
+  order by l.queue_name;
+  return null;
+end;
+$$;
+
 -- called by a worker for the tasks it holds: items {run_id, step_slug,
 -- task_index, attempt, running}. A task still owned by this worker and
 -- attempt gets lease_renewed_at = flowlane._now() and its message hidden until the new
@@ -2616,8 +2655,8 @@ begin
 end;
 $$;
 
--- stalled recovery: the candidates are taken from the leases (task_leases), then each is
--- locked run -> step state -> task, skipping what another transaction holds, and checked again
+-- stalled recovery: the candidates are the started tasks (step_tasks_started_idx), then each
+-- is locked run -> step state -> task, skipping what another transaction holds, and checked again
 create or replace function flowlane.requeue_stalled_tasks() returns int
 language plpgsql volatile
 set search_path = ''
@@ -2630,11 +2669,9 @@ declare
 begin
   for v_cand in
     select t.run_id, t.step_slug, t.task_index, o.timeout, o.max_attempts, o.stall_after
-    from flowlane.task_leases l
-    join flowlane.step_tasks t on t.run_id = l.run_id and t.step_slug = l.step_slug and t.task_index = l.task_index
+    from flowlane.step_tasks t
     join flowlane.step_options o on o.flow_slug = t.flow_slug and o.step_slug = t.step_slug
-    where l.started_at < flowlane._now() - make_interval(secs => o.stall_after)  -- the leases' index
-      and t.status = 'started'
+    where t.status = 'started'
       and flowlane._stall_deadline(t, o.stall_after) < flowlane._now()
     order by t.run_id, t.step_slug, t.task_index
   loop
@@ -3320,7 +3357,6 @@ begin
   end loop;
   delete from flowlane.task_attempts a where a.run_id = any (v_runs);
   get diagnostics attempts_deleted = row_count;
-  delete from flowlane.task_leases l where l.run_id = any (v_runs);
   delete from flowlane.step_tasks t where t.run_id = any (v_runs);
   get diagnostics tasks_deleted = row_count;
   delete from flowlane.step_states ss where ss.run_id = any (v_runs);
@@ -4414,7 +4450,7 @@ begin
   end if;
   if v_limits.concurrency is not null then
     select * into v_limits from flowlane.queue_limits l where l.queue_name = p_queue for update;
-    select count(*) into v_started from flowlane.task_leases t where t.queue_name = p_queue;
+    select count(*) into v_started from flowlane.step_tasks t where t.queue_name = p_queue and t.status = 'started';
     v_gate.allowed := least(v_gate.allowed, v_limits.concurrency - v_started);
     if v_gate.allowed < 1 then
       v_gate.refusal := row('at_capacity', null, null, p_queue, null, null,
@@ -4543,7 +4579,8 @@ as $$
                             round(flowlane._next_start_in(l, flowlane._clock_timestamp())::numeric, 1))
          end
   from flowlane.queue_limits l
-  cross join lateral (select count(*) as started from flowlane.task_leases t where t.queue_name = l.queue_name) c
+  cross join lateral (select count(*) as started from flowlane.step_tasks t
+                      where t.queue_name = l.queue_name and t.status = 'started') c
   order by l.queue_name
 $$;
 
@@ -5408,3 +5445,10 @@ create trigger runs_report_compensation
 
 -- queue archive: the queue operations gain _queue_delete_batch, written for every registered queue
 select flowlane._write_queue_ops();
+
+-- task leases: a started task that ends wakes the workers of its queue when the queue has a
+-- concurrency limit (the triggers of the leases did)
+create trigger step_tasks_wake_freed_queues
+  after update on flowlane.step_tasks
+  referencing old table as old_tasks new table as new_tasks
+  for each statement execute function flowlane._wake_freed_queues();
