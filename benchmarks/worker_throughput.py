@@ -33,6 +33,9 @@ same code without it, before anyone writes it as a migration. Measured:
    worker processes' own (from /proc). --rounds
    rounds, one and four consumers in alternating order; each figure is the
    median of its rounds;
+   slots (--slots, 8 and 32 by default): the same drain by one worker with that
+   many handler slots and 1 ms handlers, against as many raw consumers that
+   each sleep 1 ms per message between their read and their archive;
 3. latency from start_flow's commit to the handler starting, one run at a
    time on an idle worker, with PGMQ insert notifications on (--samples) and
    off (--samples-off; polling fallback: read_with_poll, 100 ms interval):
