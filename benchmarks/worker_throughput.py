@@ -33,6 +33,9 @@ same code without it, before anyone writes it as a migration. Measured:
    worker processes' own (from /proc). --rounds
    rounds, one and four consumers in alternating order; each figure is the
    median of its rounds;
+   slots (--slots, 8 and 32 by default): the same drain by one worker with that
+   many handler slots and 1 ms handlers, against as many raw consumers that
+   each sleep 1 ms per message between their read and their archive;
 3. latency from start_flow's commit to the handler starting, one run at a
    time on an idle worker, with PGMQ insert notifications on (--samples) and
    off (--samples-off; polling fallback: read_with_poll, 100 ms interval):
@@ -87,7 +90,7 @@ from flowlane.core import db  # noqa: E402
 FLOWS = REPO / "benchmarks" / "flows"
 RAW_QUEUE = "bench_raw"
 TICK = os.sysconf("SC_CLK_TCK")
-SLOTS = 8  # handler slots of the one worker, and raw consumers, of the slots case
+SLOTS = (8, 32)  # handler slots of the one worker, and raw consumers, of the slots cases
 
 
 @contextlib.contextmanager
@@ -530,31 +533,35 @@ class Bench:
         return values
 
     def slots(self) -> None:
-        """One worker with SLOTS handler slots and 1 ms handlers against SLOTS raw consumers
-        that each read one message (raw1) or --raw-batch messages (rawq), sleep 1 ms per
-        message and archive them: what a slot costs beyond its handler."""
+        """One worker with n handler slots and 1 ms handlers against n raw consumers that each
+        read one message (raw1) or --raw-batch messages (rawq), sleep 1 ms per message and
+        archive them, for each n of --slots: what a slot costs beyond its handler."""
         names, rounds, q = self.names, self.args.rounds, self.q
-        extra = ("--max-concurrent", str(SLOTS))
+        print("handler slots, 1 ms handlers, drain (as above); raw: as many consumers as slots,")
+        print(f"each reading 1 (raw1) or {q} (raw{q}), sleeping 1 ms a message, archiving what it")
+        print(f"read; medians of {rounds} round(s)")
+        cols = "".join(f"  {name + ' tasks/s':>15}" for name in names)
+        ratios = "".join(f"  {name + '/raw1':>12}  {name + f'/raw{q}':>12}" for name in names)
+        print(f"{'slots':>5}  {'raw1 msg/s':>10}  {f'raw{q} msg/s':>11}{cols}{ratios}")
+        for slots in self.args.slots:
+            med = self._slots_medians(slots)
+            line = "".join(f"  {med[n]:>15.0f}" for n in names) + "".join(
+                f"  {med[n] / med['raw1']:>12.2f}  {med[n] / med['rawq']:>12.2f}" for n in names
+            )
+            print(f"{slots:>5}  {med['raw1']:>10.0f}  {med['rawq']:>11.0f}{line}")
+
+    def _slots_medians(self, slots: int) -> dict[str, float]:
+        extra = ("--max-concurrent", str(slots))
         cells: dict[str, list[float]] = {}
-        for r in range(rounds):
-            for qty, key in ((1, "raw1"), (q, "rawq")):
+        for r in range(self.args.rounds):
+            for qty, key in ((1, "raw1"), (self.q, "rawq")):
                 with fresh_database(self.admin, self.engines["after"].template) as dsn:
-                    raw = raw_pgmq(dsn, self.args.tasks, SLOTS, qty, backlog=True, work=0.001)
+                    raw = raw_pgmq(dsn, self.args.tasks, slots, qty, backlog=True, work=0.001)
                 cells.setdefault(key, []).append(raw)
             for name, engine in self._in_turn(r):
                 rate, _, _ = engine.drain(self.args.tasks, 1, self.cpu, "bench_sleep", extra)
                 cells.setdefault(name, []).append(rate)
-        med = {key: statistics.median(values) for key, values in cells.items()}
-        print(f"{SLOTS} handler slots, 1 ms handlers, drain (as above); raw: {SLOTS} consumers, each")
-        print(f"reading 1 (raw1) or {q} (raw{q}), sleeping 1 ms a message, archiving what it read;")
-        print(f"medians of {rounds} round(s)")
-        cols = "".join(f"  {name + ' tasks/s':>15}" for name in names)
-        ratios = "".join(f"  {name + '/raw1':>12}  {name + f'/raw{q}':>12}" for name in names)
-        print(f"{'raw1 msg/s':>10}  {f'raw{q} msg/s':>11}{cols}{ratios}")
-        line = "".join(f"  {med[n]:>15.0f}" for n in names) + "".join(
-            f"  {med[n] / med['raw1']:>12.2f}  {med[n] / med['rawq']:>12.2f}" for n in names
-        )
-        print(f"{med['raw1']:>10.0f}  {med['rawq']:>11.0f}{line}")
+        return {key: statistics.median(values) for key, values in cells.items()}
 
     def latency(self) -> None:
         names = self.names
@@ -599,7 +606,11 @@ def main() -> None:
     parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--skip-end-to-end", action="store_true")
     parser.add_argument("--skip-drain", action="store_true")
-    parser.add_argument("--skip-slots", action="store_true", help=f"skip the {SLOTS}-slot, 1 ms handler case")
+    parser.add_argument(
+        "--slots", type=lambda text: [int(n) for n in text.split(",")], default=list(SLOTS),
+        help="handler slots of the slots cases, comma-separated (default: %(default)s)",
+    )
+    parser.add_argument("--skip-slots", action="store_true", help="skip the slots cases (1 ms handlers)")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")

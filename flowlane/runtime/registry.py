@@ -79,6 +79,11 @@ class HandlerRegistry:
         """Whether a handler is a plain ``def`` (run in a thread: the worker needs some)."""
         return any(not entry.is_async for entry in self._entries.values())
 
+    @property
+    def serves_only_sync(self) -> bool:
+        """Whether every handler is a plain ``def`` (the handler threads are then the slots)."""
+        return bool(self._entries) and not any(entry.is_async for entry in self._entries.values())
+
     def __len__(self) -> int:
         return len(self._entries)
 

@@ -146,6 +146,7 @@ class ResultSender:
         self, rows: list[TaskOutcome], results: list[TaskResult], outcome: str, tally: Counters
     ) -> None:
         by_key = {r.key: r for r in rows}
+        debug = log.logger.isEnabledFor(DEBUG)  # a line per task only when it is written
         for result in results:
             task = result.task
             row = by_key.get((task.run_id, task.step_slug, task.task_index))
@@ -176,7 +177,8 @@ class ResultSender:
                 continue
             if outcome == "completed":
                 tally.completed += 1
-                log.event(DEBUG, "task_completed", **task.fields, duration_ms=result.duration_ms)
+                if debug:
+                    log.event(DEBUG, "task_completed", **task.fields, duration_ms=result.duration_ms)
             else:
                 assert row is not None
                 tally.failed += 1

@@ -125,26 +125,39 @@ def first_line(exc: BaseException) -> str:
 
 
 async def execute(
-    task: ClaimedTask, handler: Registered, ctx: TaskContext, threads: HandlerThreads
+    task: ClaimedTask,
+    handler: Registered,
+    ctx: TaskContext,
+    threads: HandlerThreads,
+    began: Callable[[float], None] | None = None,
 ) -> TaskResult:
-    """Run the handler; exceptions and unserialisable outputs become a failed result."""
-    started = time.perf_counter()
+    """Run the handler; exceptions and unserialisable outputs become a failed result.
+    ``began``: called with the handler's start (``perf_counter``) by the thread that runs a
+    sync handler, which may wait for a free thread first (the handler's time starts there)."""
+    started = [time.perf_counter()]
     poison = undecodable_field(("input", task.input), ("run input", task.flow_input))
     if poison is not None:
         log.event(logging.WARNING, "task_failed", **task.fields, error="InputNotDecodable")
         return TaskResult(task, ok=False, error=poison)
-    log.event(logging.DEBUG, "task_started", **task.fields)
+    if log.logger.isEnabledFor(logging.DEBUG):
+        log.event(logging.DEBUG, "task_started", **task.fields)
     try:
         if handler.is_async:
             output = await handler.func(task.input, ctx)
         else:
-            output = await threads.submit(handler.func, task.input, ctx)
+
+            def start(at: float) -> None:
+                started[0] = at
+                if began is not None:
+                    began(at)
+
+            output = await threads.submit(handler.func, task.input, ctx, start=start)
     except asyncio.CancelledError:
         raise
     except BaseException as exc:  # noqa: BLE001 - any handler error fails the task
         # SystemExit/KeyboardInterrupt from an async handler too: escaping a task, they would
         # stop the event loop and kill the worker, dropping every buffered result
-        elapsed = time.perf_counter() - started  # seconds, sub-millisecond
+        elapsed = time.perf_counter() - started[0]  # seconds, sub-millisecond
         log.event(
             logging.WARNING,
             "task_failed",
@@ -166,7 +179,7 @@ async def execute(
             traceback=trace,
         )
     problem = check_output(output)
-    elapsed = time.perf_counter() - started  # seconds, sub-millisecond
+    elapsed = time.perf_counter() - started[0]  # seconds, sub-millisecond
     if problem is None and handler.ref.output_schema is not None:
         broken = contracts.first_violation(handler.ref.output_schema, output)
         if broken is not None:
@@ -205,7 +218,10 @@ Outcome = tuple[asyncio.Future[Any], Any, BaseException | None]  # a handler's, 
 
 
 class HandlerThreads:
-    """A fixed set of daemon threads for sync handlers (one per handler slot).
+    """A fixed set of daemon threads for sync handlers (one per handler slot), taking the
+    handlers in the order they were submitted. A thread whose handler returns takes the
+    next one at once, without waiting for the event loop; a handler whose future was
+    cancelled before a thread took it (abandoned at shutdown) is not run.
 
     Daemon threads, not a ``ThreadPoolExecutor``: a handler abandoned at
     shutdown must never keep the process alive (its task is left to stalled
@@ -232,10 +248,14 @@ class HandlerThreads:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, func: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+    def submit(
+        self, func: Callable[..., Any], *args: Any, start: Callable[[float], None] | None = None
+    ) -> asyncio.Future[Any]:
+        """``func(*args)`` in a thread; ``start`` is called there first, with the time
+        (``perf_counter``) the thread takes it."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._jobs.put((loop, future, func, args))
+        self._jobs.put((loop, future, func, args, start))
         return future
 
     def close(self) -> None:
@@ -245,10 +265,14 @@ class HandlerThreads:
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
-            loop, future, func, args = job
+            loop, future, func, args, start = job
+            if future.cancelled():  # abandoned while it waited for a thread
+                continue
             value: Any = None
             error: BaseException | None = None
             try:
+                if start is not None:
+                    start(time.perf_counter())
                 value = func(*args)
                 if inspect.isawaitable(value):
                     value = asyncio.run(_await(value))

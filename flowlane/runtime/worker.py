@@ -43,9 +43,9 @@ result waits for its commit without it; the poller claims nothing while the
 larger of ``max_concurrent`` and ``batch_size`` results wait for their commit,
 so the results not yet committed stay bounded and a slow database throttles
 the claims. While handlers are short (their recent durations average under
-``PREFETCH_BELOW``) the poller claims up to a batch of tasks beyond the slots
-(at most ``max_concurrent``), so a slot whose handler returns starts the next
-task at once; a prefetched task's lease is kept like
+``PREFETCH_BELOW``) the poller claims tasks beyond the slots, as many as the slots
+run in ``PREFETCH_BELOW`` at their pace (at most a batch), so a slot whose handler
+returns starts the next task at once; a prefetched task's lease is kept like
 a running one's, and on a graceful stop it runs like the others. Sync
 handlers run in daemon threads, ``async def`` handlers on the loop. Any
 database error that a retry can fix (``store.is_transient``: a restart, a
@@ -117,9 +117,10 @@ STOP_CHECK = 0.1  # seconds: how soon a waiting worker notices a stop request
 # threshold (timeout + 30 s, timeout >= 3 s)
 LEASE_INTERVAL = 2.0  # seconds
 PROGRESS_INTERVAL = 5.0  # seconds between INFO counter lines (per-task lines are DEBUG)
-# a worker claims up to a batch of tasks beyond its slots (a slot whose handler returns starts
-# the next at once) while its handlers' recent durations average under PREFETCH_BELOW: a prefetched task's
-# timeout runs from its claim, so it must not wait long for its slot
+# a worker claims tasks beyond its slots (a slot whose handler returns starts the next at once)
+# while its handlers' recent durations average under PREFETCH_BELOW: as many as its slots run
+# in PREFETCH_BELOW at that pace, up to a batch. A prefetched task's timeout runs from its
+# claim, so it must not wait long for its slot: about PREFETCH_BELOW at most
 PREFETCH_BELOW = 0.1  # seconds
 PREFETCH_WEIGHT = 0.2  # of each new duration in the average
 
@@ -131,7 +132,16 @@ def uncommitted_bound(max_concurrent: int, batch_size: int) -> int:
 
 def prefetch_at_most(max_concurrent: int, batch_size: int) -> int:
     """Tasks claimed beyond the slots while handlers are short."""
-    return min(batch_size, max_concurrent)
+    return batch_size
+
+
+def prefetch_for(max_concurrent: int, batch_size: int, handler_seconds: float) -> int:
+    """Tasks claimed beyond the slots when handlers take ``handler_seconds`` on average: what
+    the slots run in ``PREFETCH_BELOW`` at that pace, at most ``prefetch_at_most``."""
+    if handler_seconds >= PREFETCH_BELOW:
+        return 0
+    pace = max_concurrent * PREFETCH_BELOW / max(handler_seconds, 1e-6)
+    return min(prefetch_at_most(max_concurrent, batch_size), int(pace))
 
 
 def tasks_held_at_most(max_concurrent: int, batch_size: int) -> int:
@@ -150,6 +160,11 @@ class InFlightTask:
     claimed_at: float
     running: bool = True  # False once the handler returned and the result waits for its commit
     started: bool = False  # its handler has a slot (a prefetched task waits for one)
+
+    def begin(self, at: float) -> None:
+        """Its handler has a slot now (called by the handler's thread when the threads are
+        the slots)."""
+        self.started = True
 
     def lease_item(self) -> dict[str, Any]:
         return {
@@ -251,6 +266,9 @@ class Session:
     notify_live: bool = False
     definitions: asyncio.Event = field(default_factory=asyncio.Event)  # notified: re-check coverage
     tracing: Tracing | None = None  # spans of task attempts, when an OpenTelemetry SDK is set up
+    # every handler is sync: the handler threads, one per slot, are the slots (a thread whose
+    # handler returns takes the next task without a turn of the event loop)
+    threads_are_slots: bool = False
 
     async def pause(self, seconds: float, event: asyncio.Event | None = None) -> None:
         """Sleep ``seconds``, returning early when stopping (or when ``event`` is set)."""
@@ -498,6 +516,7 @@ class Worker:
             HandlerThreads(self.max_concurrent if registry.serves_sync else 0),
             slots=asyncio.Semaphore(self.max_concurrent),
             tracing=Tracing.configured(),  # after the handler modules, which may set up the SDK
+            threads_are_slots=registry.serves_only_sync,
         )
         with self._lock:
             if self.phase is Phase.STARTING:
@@ -742,12 +761,12 @@ class Worker:
             return False
 
     def _prefetch(self, session: Session) -> int:
-        """Tasks claimed beyond the slots: a batch (at most the slots) while handlers are short,
-        else none."""
+        """Tasks claimed beyond the slots: while handlers are short, what the slots run in
+        ``PREFETCH_BELOW`` (at most a batch), else none."""
         recent = session.handler_seconds
-        if recent is None or recent >= PREFETCH_BELOW:
+        if recent is None:
             return 0
-        return prefetch_at_most(self.max_concurrent, self.batch_size)
+        return prefetch_for(self.max_concurrent, self.batch_size, recent)
 
     async def _trace_parents(self, session: Session, tasks: list[ClaimedTask]) -> dict[str, str]:
         """The trace contexts the tasks' runs were started in (asked only when tracing)."""
@@ -845,14 +864,17 @@ class Worker:
         )
 
         async def run_one(held: InFlightTask) -> None:
-            async with session.slots:  # a prefetched task waits here for a slot
-                held.started = True
-                tracing = session.tracing
+            tracing = session.tracing
+            if session.threads_are_slots:  # a prefetched task waits in the threads' queue
                 span = tracing.start(task, trace_parent, self._is_map(task)) if tracing else None
-                began = time.monotonic()
-                result = await execute(task, registered, ctx, session.threads)
-                held.running = False
-                session.handler_returned(time.monotonic() - began)
+                result = await execute(task, registered, ctx, session.threads, held.begin)
+            else:
+                async with session.slots:  # a prefetched task waits here for a slot
+                    held.begin(time.perf_counter())
+                    span = tracing.start(task, trace_parent, self._is_map(task)) if tracing else None
+                    result = await execute(task, registered, ctx, session.threads)
+            held.running = False
+            session.handler_returned(result.seconds)
             metrics.task_finished(task, result)
             if tracing is not None:
                 tracing.finish(span, result)

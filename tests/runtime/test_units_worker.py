@@ -376,6 +376,37 @@ def test_an_outcome_for_a_closed_loop_is_dropped() -> None:
         threads.close()
 
 
+def test_a_queued_handler_starts_when_a_thread_takes_it_and_an_abandoned_one_never_runs() -> None:
+    # the threads are the slots: queued handlers wait for one; a cancelled one is skipped
+    threads = HandlerThreads(1)
+    release = threading.Event()
+    ran: list[str] = []
+    starts: list[float] = []
+
+    def handler(name: str) -> str:
+        if name == "first":
+            release.wait(30)
+        ran.append(name)
+        return name
+
+    async def body() -> list[str]:
+        first = threads.submit(handler, "first", start=starts.append)
+        abandoned = threads.submit(handler, "abandoned", start=starts.append)
+        last = threads.submit(handler, "last", start=starts.append)
+        abandoned.cancel()  # before the only thread is free
+        await asyncio.sleep(0)
+        assert len(starts) <= 1  # the queued ones have not started
+        release.set()
+        return [await first, await last]
+
+    try:
+        assert _in_loop(body) == ["first", "last"]
+    finally:
+        threads.close()
+    assert ran == ["first", "last"]  # the abandoned handler never ran
+    assert len(starts) == 2 and starts == sorted(starts)
+
+
 def test_an_abandoned_handler_keeps_its_thread_and_close_lets_idle_threads_exit() -> None:
     threads = HandlerThreads(1)
     started, release = threading.Event(), threading.Event()
@@ -700,14 +731,17 @@ def test_shutdown_abandons_running_handlers_and_keeps_leasing_results_not_yet_co
 
 def test_a_worker_claims_beyond_its_slots_only_while_its_handlers_are_short() -> None:
     # a prefetched task's timeout runs from its claim: it must not wait long for a slot
-    worker = Worker(project_from_text(SHUTDOWN_FLOW), queue="f", handle_signals=False, max_concurrent=8)
+    worker = Worker(project_from_text(SHUTDOWN_FLOW), queue="f", handle_signals=False,
+                    max_concurrent=8, batch_size=50)
 
     async def body() -> None:
         session = Session(None, None, None, None)  # type: ignore[arg-type]
         assert worker._prefetch(session) == 0  # no handler has returned: nothing known yet
         session.handler_returned(0.001)
         assert session.capacity.is_set()  # the slot is free before the result commits
-        assert worker._prefetch(session) == 8  # a batch, at most the slots
+        assert worker._prefetch(session) == 50  # the 8 slots run 800 in 0.1 s: a batch
+        session.handler_seconds = 0.04
+        assert worker._prefetch(session) == 20  # what the 8 slots run in 0.1 s
         for _ in range(20):
             session.handler_returned(5.0)
         assert worker._prefetch(session) == 0
