@@ -186,6 +186,30 @@ def test_awaiting_the_inserters_gives_up_on_a_long_transaction(engine: Engine, d
 
 
 @pytest.mark.usefixtures("queue_f")
+def test_awaiting_the_inserters_leaves_no_lock_behind_when_its_timeout_meets_the_grant(
+    engine: Engine, dsn: str
+) -> None:
+    # inserters whose transactions last about the wait's timeout: a lock timeout that fires as
+    # the lock is granted raises once it is held; a lock that outlived it would make every
+    # later wait time out and every insert skip it, until the worker's connection closed
+    inserting = ("select pg_try_advisory_xact_lock_shared(k, hashtext('q_f'))"
+                 " from unnest(flowlane._queue_inserter_locks()) k; select pg_sleep(0.001)")
+    held_after: list[int] = []
+    timed_out = 0
+    with psycopg.connect(dsn, autocommit=True) as worker, psycopg.connect(dsn, autocommit=True) as inserter:
+        for _ in range(300):
+            insert = threading.Thread(target=lambda: inserter.execute(inserting))
+            insert.start()
+            timed_out += not worker.execute("select flowlane.await_queue_inserts('f', 1)").fetchone()[0]  # type: ignore[index]
+            insert.join()
+            held_after.append(engine.scalar(
+                "select count(*) from pg_locks where locktype = 'advisory' and pid = %s",
+                (worker.info.backend_pid,)))
+    assert timed_out > 0  # the race was run
+    assert set(held_after) == {0}
+
+
+@pytest.mark.usefixtures("queue_f")
 def test_an_insert_that_can_take_no_inserter_lock_notifies(engine: Engine, dsn: str) -> None:
     # every inserter lock taken (as waiting workers make them): an insert can take none
     with psycopg.connect(dsn) as holder:

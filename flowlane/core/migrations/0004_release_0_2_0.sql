@@ -393,13 +393,18 @@ begin
     v_table := pgmq.format_table_name(await_queue_inserts.queue_name, 'q');
   end if;
   perform set_config('lock_timeout', greatest(1, timeout_ms) || 'ms', true);
-  -- one lock after the other, never two held: inserts meanwhile take one not waited for
+  -- one lock after the other, never two held: inserts meanwhile take one not waited for.
+  -- Each is a transaction lock taken in a block that always ends in an exception, whose
+  -- rollback releases it: a session lock would outlive an error raised after its grant (a
+  -- lock timeout firing as the lock is granted raises once it is held), and every insert
+  -- and every other worker's wait would then find it taken until the connection closed.
   foreach v_lock in array flowlane._queue_inserter_locks() loop
     begin
-      perform pg_advisory_lock(v_lock, hashtext(v_table));
-      perform pg_advisory_unlock(v_lock, hashtext(v_table));
-    exception when lock_not_available then
-      v_settled := false;
+      perform pg_advisory_xact_lock(v_lock, hashtext(v_table));
+      raise exception using errcode = 'FLW01';  -- granted: the inserters before it have ended
+    exception
+      when lock_not_available then v_settled := false;
+      when sqlstate 'FLW01' then null;
     end;
   end loop;
   return v_settled;
