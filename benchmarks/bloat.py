@@ -51,6 +51,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,11 +66,20 @@ from flowlane.core import db
 FLOW = "bench_diamond"
 TABLES = {"queue": f"pgmq.q_{FLOW}", "step_tasks": "flowlane.step_tasks",
           "step_states": "flowlane.step_states", "runs": "flowlane.runs"}
+# the tables a run's and its tasks' rows go to; a version may lack one (see existing_tables)
+ENGINE_TABLES = ("flowlane.runs", "flowlane.step_states", "flowlane.step_tasks", "flowlane.task_leases",
+                 "flowlane.task_attempts")
 PAIRS = Jsonb([[FLOW, s] for s in ("split", "square", "meta", "total")])
 OUTPUTS = {"split": list(range(10)), "square": 1, "meta": {"n": 10}, "total": 1}
 PARAMETERS = ("fillfactor", "autovacuum_vacuum_scale_factor", "autovacuum_vacuum_threshold",
               "autovacuum_vacuum_insert_scale_factor", "autovacuum_vacuum_insert_threshold",
               "autovacuum_analyze_scale_factor", "autovacuum_vacuum_cost_delay")
+
+
+def existing_tables(conn: psycopg.Connection[Any], names: Sequence[str]) -> list[str]:
+    """Those of ``names`` that exist in the database (versions differ in their tables)."""
+    return [name for name in names
+            if conn.execute(b"select to_regclass(%s) is not null", (name,)).fetchone()[0]]  # type: ignore[index]
 
 
 def fresh_database(admin_dsn: str, config: str) -> str:
