@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -359,6 +360,22 @@ def compare(admin: str, args: argparse.Namespace, flows: Path) -> None:
         )
 
 
+def run_and_report(args: argparse.Namespace, flows: Path) -> None:
+    with admin_server(args.dsn, "flowlane-steady-") as (admin, _):
+        if args.before:
+            compare(admin, args, flows)
+            return
+        run = measure(admin, template_database(admin, REPO, flows=flows), REPO, args, flows)
+        print(
+            f"{args.workers} workers, {args.rate:g} runs/s from {args.producers} connections"
+            f"{' (commits not flushed)' if args.no_flush else ''} for {args.seconds:g} s,"
+            f" retention {'of the flow' if args.retention is None else f'{args.retention} s'},"
+            f" load average {os.getloadavg()[0]:.1f} at the end"
+        )
+        report(run.pickups, run.lags, run.waits, run.loads, args)
+        report_sizes(run.sizes)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -384,19 +401,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="rounds per version with --before")
     args = parser.parse_args()
     flows = FLOWS if args.retention is None else retention_flows(args.retention)
-    with admin_server(args.dsn, "flowlane-steady-") as (admin, _):
-        if args.before:
-            compare(admin, args, flows)
-            return
-        run = measure(admin, template_database(admin, REPO, flows=flows), REPO, args, flows)
-        print(
-            f"{args.workers} workers, {args.rate:g} runs/s from {args.producers} connections"
-            f"{' (commits not flushed)' if args.no_flush else ''} for {args.seconds:g} s,"
-            f" retention {'of the flow' if args.retention is None else f'{args.retention} s'},"
-            f" load average {os.getloadavg()[0]:.1f} at the end"
-        )
-        report(run.pickups, run.lags, run.waits, run.loads, args)
-        report_sizes(run.sizes)
+    try:
+        run_and_report(args, flows)
+    finally:
+        if flows != FLOWS:
+            shutil.rmtree(flows)
 
 
 if __name__ == "__main__":
