@@ -108,9 +108,11 @@ def admin_server(dsn: str | None, prefix: str) -> Iterator[tuple[str, Path | Non
         db.EmbeddedDatabase.stop_at(pgdata)
 
 
-def template_database(admin_dsn: str, repo: Path, experiments: Sequence[Path] = ()) -> str:
+def template_database(
+    admin_dsn: str, repo: Path, experiments: Sequence[Path] = (), flows: Path = FLOWS
+) -> str:
     """A database migrated by ``repo``'s migrations, then changed by the ``experiments``' SQL,
-    with the benchmark flows applied."""
+    with the flows of ``flows`` (the benchmark flows) applied."""
     name = f"flowlane_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(f'create database "{name}"'.encode())
@@ -119,7 +121,7 @@ def template_database(admin_dsn: str, repo: Path, experiments: Sequence[Path] = 
     with psycopg.connect(dsn, autocommit=True) as conn:
         for experiment in experiments:
             conn.execute(experiment.read_bytes())
-        for path, text in sorted(compile_project(load_project([FLOWS])).items()):
+        for path, text in sorted(compile_project(load_project([flows])).items()):
             if path.startswith("flows/"):
                 conn.execute(text.encode())
     return dsn
@@ -231,7 +233,8 @@ def raw_pgmq(
 
 class Workers:
     def __init__(
-        self, dsn: str, count: int, *extra: str, repo: Path = REPO, flow: str = "bench_noop"
+        self, dsn: str, count: int, *extra: str, repo: Path = REPO, flow: str = "bench_noop",
+        flows: Path = FLOWS,
     ) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="flowlane-bench-workers-"))
         self.paths = [self.folder / f"worker-{i}.log" for i in range(count)]
@@ -243,7 +246,7 @@ class Workers:
                     "-m",
                     "flowlane",
                     "worker",
-                    str(FLOWS),
+                    str(flows),
                     "--flow",
                     flow,
                     "--dsn",
