@@ -399,6 +399,12 @@ begin
   if cardinality(v_steps) > 0 then
     perform flowlane._steps_done(v_steps);
   end if;
+  -- one distinct item per completed task: the rows the update returned are the tasks as they
+  -- are now (nothing after it changes a completed task), in key order without reading them again
+  if cardinality(v_done) = cardinality(p_items) then
+    return query select d.* from unnest(v_done) d order by d.run_id, d.step_slug, d.task_index;
+    return;
+  end if;
   return query select * from flowlane._batch_rows(p_items);
 end;
 $$;
@@ -601,16 +607,21 @@ begin
   returning r.run_id, r.status
   ) select coalesce(array_agg(u.run_id order by u.run_id) filter (where u.status = 'started'), '{}')
       into v_started from updated u;
-  update flowlane.step_states cs
-     set remaining_deps = cs.remaining_deps - x.n,
-         initial_tasks = flowlane._dependent_tasks(cs.status, cs.initial_tasks, cst.step_type, x.output, false)
-    from (select p.run_id, d.step_slug, p.flow_slug, count(*)::int as n, (array_agg(p.output))[1] as output
-          from unnest(p_steps) p
-          join flowlane.deps d on d.flow_slug = p.flow_slug and d.dep_slug = p.step_slug
-          group by 1, 2, 3) x,
-         flowlane.steps cst
-   where cs.run_id = x.run_id and cs.step_slug = x.step_slug and cs.run_id = any (v_runs)
-     and cst.flow_slug = x.flow_slug and cst.step_slug = x.step_slug;
+  -- the dependents: none when every step is a leaf (a one-step flow, a chain's last step),
+  -- looked up once per step of the batch rather than through an update of no row
+  if exists (select 1 from flowlane.deps d
+             where (d.flow_slug, d.dep_slug) in (select p.flow_slug, p.step_slug from unnest(p_steps) p)) then
+    update flowlane.step_states cs
+       set remaining_deps = cs.remaining_deps - x.n,
+           initial_tasks = flowlane._dependent_tasks(cs.status, cs.initial_tasks, cst.step_type, x.output, false)
+      from (select p.run_id, d.step_slug, p.flow_slug, count(*)::int as n, (array_agg(p.output))[1] as output
+            from unnest(p_steps) p
+            join flowlane.deps d on d.flow_slug = p.flow_slug and d.dep_slug = p.step_slug
+            group by 1, 2, 3) x,
+           flowlane.steps cst
+     where cs.run_id = x.run_id and cs.step_slug = x.step_slug and cs.run_id = any (v_runs)
+       and cst.flow_slug = x.flow_slug and cst.step_slug = x.step_slug;
+  end if;
   if cardinality(v_started) > 0 then  -- a completed run has nothing left to start or skip
     perform flowlane._progress_runs(v_started);
   end if;
