@@ -152,6 +152,15 @@
 -- index is built inside the migration's transaction: writes to step_tasks wait for it. The
 -- functions the previous release's workers call keep their signatures.
 
+-- A batch of completions does less for the same result (_complete_batch, _steps_done): the
+-- dependents of its completed steps are read once, and those it makes ready start in the
+-- update that counts their deps when each is a plain task step (a queue, no condition, tasks
+-- to run), as a single completion already did, instead of a second update through
+-- _progress_runs, which now runs only where a ready dependent has a condition, no task or no
+-- queue; a batch of leaf steps updates no dependent; a batch whose every item completed its
+-- task returns the rows its update returned instead of reading them again. Only functions
+-- change; their signatures stay.
+
 -- == Written by hand: tables, types and data that the functions need ==
 
 -- fenced results and rerun from a step: the attempt history records an operator's
