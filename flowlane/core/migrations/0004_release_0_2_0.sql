@@ -2459,16 +2459,20 @@ begin
   from (
     select x.run_id, x.step_slug, x.n, t.tasks,
            x.run_id = any (v_started) and cs.status = 'created' and cs.remaining_deps = x.n as ready,
-           cst.queue_name is not null and cst.required_input_pattern is null
-             and cst.forbidden_input_pattern is null and t.tasks > 0 as plain
-    from (select p.run_id, d.step_slug, p.flow_slug, count(*)::int as n, (array_agg(p.output))[1] as output
+           x.task_step and t.tasks > 0 as plain
+    -- (each lookup by its whole key: the step by the dependency's, the state without
+    -- run_id = any (v_runs), with which a generic plan read every state of the batch's runs
+    -- once per dependent)
+    from (select p.run_id, d.step_slug, count(*)::int as n, (array_agg(p.output))[1] as output, cst.step_type,
+                 cst.queue_name is not null and cst.required_input_pattern is null
+                   and cst.forbidden_input_pattern is null as task_step
           from unnest(p_steps) p
           join flowlane.deps d on d.flow_slug = p.flow_slug and d.dep_slug = p.step_slug
-          group by 1, 2, 3) x
-    join flowlane.steps cst on cst.flow_slug = x.flow_slug and cst.step_slug = x.step_slug
-    join flowlane.step_states cs on cs.run_id = x.run_id and cs.step_slug = x.step_slug and cs.run_id = any (v_runs)
+          join flowlane.steps cst on cst.flow_slug = d.flow_slug and cst.step_slug = d.step_slug
+          group by 1, 2, 5, 6) x
+    join flowlane.step_states cs on cs.run_id = x.run_id and cs.step_slug = x.step_slug
     cross join lateral (
-      select flowlane._dependent_tasks(cs.status, cs.initial_tasks, cst.step_type, x.output, false) as tasks) t
+      select flowlane._dependent_tasks(cs.status, cs.initial_tasks, x.step_type, x.output, false) as tasks) t
   ) c;
   if v_dep_steps is null then  -- leaf steps: nothing to start (a run with no step left completed above)
     return;
