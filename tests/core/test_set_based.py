@@ -317,3 +317,30 @@ def test_claim_tasks_leaves_a_message_queued_after_its_transaction_began(engine:
         "select run_id from flowlane.claim_tasks('one', 10, %s, %s::jsonb)", (engine.worker_id, pairs)
     )
     assert [r["run_id"] for r in claimed] == [run_id]
+
+
+def test_a_batch_starts_the_plain_steps_it_makes_ready_with_their_tasks(engine: Engine) -> None:
+    engine.define("chain", [("a", [], {}), ("b", ["a"], {}), ("c", ["b"], {})])
+    runs = [engine.start("chain", {"n": n}) for n in range(3)]
+    claimed = engine.claim("chain")
+    rows = _complete_tasks(engine, [_item(engine, t, output={"n": 1}) for t in claimed])
+    assert [(r["run_id"], r["status"]) for r in rows] == sorted((t["run_id"], "completed") for t in claimed)
+    for run_id in runs:
+        states = engine.states(run_id)
+        assert (states["b"]["status"], states["b"]["remaining_tasks"]) == ("started", 1)
+        assert states["c"]["status"] == "created" and states["c"]["remaining_deps"] == 1
+        assert engine.task(run_id, "b")["status"] == "queued"
+    assert sorted(t["run_id"] for t in engine.claim("chain")) == sorted(runs)
+
+
+def test_a_batch_making_a_conditioned_step_ready_resolves_every_run_of_it(engine: Engine) -> None:
+    engine.define("plain", [("a", [], {}), ("b", ["a"], {})])
+    engine.define("gated", [("a", [], {}), ("b", ["a"], {"required_input_pattern": {"a": {"go": True}}})])
+    plain, gated_on, gated_off = engine.start("plain"), engine.start("gated"), engine.start("gated")
+    outputs = {plain: {"go": False}, gated_on: {"go": True}, gated_off: {"go": False}}
+    claimed = engine.claim("plain") + engine.claim("gated")
+    _complete_tasks(engine, [_item(engine, t, output=outputs[t["run_id"]]) for t in claimed])
+    assert engine.task(plain, "b")["status"] == "queued"
+    assert engine.task(gated_on, "b")["status"] == "queued"
+    assert engine.states(gated_off)["b"]["status"] == "skipped"
+    assert engine.run(gated_off)["status"] == "completed"

@@ -152,6 +152,15 @@
 -- index is built inside the migration's transaction: writes to step_tasks wait for it. The
 -- functions the previous release's workers call keep their signatures.
 
+-- A batch of completions does less for the same result (_complete_batch, _steps_done): the
+-- dependents of its completed steps are read once, and those it makes ready start in the
+-- update that counts their deps when each is a plain task step (a queue, no condition, tasks
+-- to run), as a single completion already did, instead of a second update through
+-- _progress_runs, which now runs only where a ready dependent has a condition, no task or no
+-- queue; a batch of leaf steps updates no dependent; a batch whose every item completed its
+-- task returns the rows its update returned instead of reading them again. Only functions
+-- change; their signatures stay.
+
 -- == Written by hand: tables, types and data that the functions need ==
 
 -- fenced results and rerun from a step: the attempt history records an operator's
@@ -2249,6 +2258,12 @@ begin
   if cardinality(v_steps) > 0 then
     perform flowlane._steps_done(v_steps);
   end if;
+  -- one distinct item per completed task: the rows the update returned are the tasks as they
+  -- are now (nothing after it changes a completed task), in key order without reading them again
+  if cardinality(v_done) = cardinality(p_items) then
+    return query select d.* from unnest(v_done) d order by d.run_id, d.step_slug, d.task_index;
+    return;
+  end if;
   return query select * from flowlane._batch_rows(p_items);
 end;
 $$;
@@ -2409,6 +2424,14 @@ as $$
 declare
   v_runs uuid[] := array(select distinct s.run_id from unnest(p_steps) s order by 1);
   v_started uuid[];
+  v_dep_runs uuid[];
+  v_dep_steps text[];
+  v_dep_counts int[];
+  v_dep_tasks int[];
+  v_dep_ready boolean[];
+  v_ready int;
+  v_plain boolean;
+  v_now_started flowlane.step_states[];
 begin
   -- a run with no step left completes here (_maybe_complete_runs would update it again);
   -- the batch holds its runs' locks (_lock_and_classify), so counts reads what it updates
@@ -2429,19 +2452,58 @@ begin
   returning r.run_id, r.status
   ) select coalesce(array_agg(u.run_id order by u.run_id) filter (where u.status = 'started'), '{}')
       into v_started from updated u;
-  update flowlane.step_states cs
-     set remaining_deps = cs.remaining_deps - x.n,
-         initial_tasks = flowlane._dependent_tasks(cs.status, cs.initial_tasks, cst.step_type, x.output, false)
-    from (select p.run_id, d.step_slug, p.flow_slug, count(*)::int as n, (array_agg(p.output))[1] as output
+  -- each dependent's remaining deps and initial tasks once the batch's steps are done (a map
+  -- child takes the length of its parent's array), and whether the ones it makes ready are
+  -- all plain task steps (a queue, no condition, tasks to run): then they start in the same
+  -- update, as in _step_done_one; any other one takes _progress_runs. A leaf step has none.
+  select array_agg(c.run_id order by c.run_id, c.step_slug), array_agg(c.step_slug order by c.run_id, c.step_slug),
+         array_agg(c.n order by c.run_id, c.step_slug), array_agg(c.tasks order by c.run_id, c.step_slug),
+         array_agg(c.ready order by c.run_id, c.step_slug),
+         count(*) filter (where c.ready), coalesce(bool_and(c.plain) filter (where c.ready), true)
+    into v_dep_runs, v_dep_steps, v_dep_counts, v_dep_tasks, v_dep_ready, v_ready, v_plain
+  from (
+    select x.run_id, x.step_slug, x.n, t.tasks,
+           x.run_id = any (v_started) and cs.status = 'created' and cs.remaining_deps = x.n as ready,
+           x.task_step and t.tasks > 0 as plain
+    -- (each lookup by its whole key: the step by the dependency's, the state without
+    -- run_id = any (v_runs), with which a generic plan read every state of the batch's runs
+    -- once per dependent)
+    from (select p.run_id, d.step_slug, count(*)::int as n, (array_agg(p.output))[1] as output, cst.step_type,
+                 cst.queue_name is not null and cst.required_input_pattern is null
+                   and cst.forbidden_input_pattern is null as task_step
           from unnest(p_steps) p
           join flowlane.deps d on d.flow_slug = p.flow_slug and d.dep_slug = p.step_slug
-          group by 1, 2, 3) x,
-         flowlane.steps cst
-   where cs.run_id = x.run_id and cs.step_slug = x.step_slug and cs.run_id = any (v_runs)
-     and cst.flow_slug = x.flow_slug and cst.step_slug = x.step_slug;
-  if cardinality(v_started) > 0 then  -- a completed run has nothing left to start or skip
+          join flowlane.steps cst on cst.flow_slug = d.flow_slug and cst.step_slug = d.step_slug
+          group by 1, 2, 5, 6) x
+    join flowlane.step_states cs on cs.run_id = x.run_id and cs.step_slug = x.step_slug
+    cross join lateral (
+      select flowlane._dependent_tasks(cs.status, cs.initial_tasks, x.step_type, x.output, false) as tasks) t
+  ) c;
+  if v_dep_steps is null then  -- leaf steps: nothing to start (a run with no step left completed above)
+    return;
+  end if;
+  v_plain := v_plain and v_ready > 0;
+  with counted as (
+    update flowlane.step_states cs
+       set remaining_deps = cs.remaining_deps - x.n,
+           initial_tasks = x.tasks,
+           status = case when v_plain and x.ready then 'started' else cs.status end,
+           -- (as _start_ready_steps: never before the state was created)
+           started_at = case when v_plain and x.ready then greatest(flowlane._now(), cs.created_at)
+                             else cs.started_at end,
+           remaining_tasks = case when v_plain and x.ready then x.tasks else cs.remaining_tasks end
+      from unnest(v_dep_runs, v_dep_steps, v_dep_counts, v_dep_tasks, v_dep_ready) as x (run_id, step_slug, n, tasks, ready)
+     where cs.run_id = x.run_id and cs.step_slug = x.step_slug and cs.run_id = any (v_runs)
+    returning cs, x.ready
+  ) select coalesce(array_agg(c.cs order by (c.cs).run_id, (c.cs).step_slug) filter (where v_plain and c.ready), '{}')
+      into v_now_started from counted c;
+  if v_plain then
+    perform flowlane._enqueue_started(v_now_started);
+  elsif v_ready > 0 then  -- a completed run has nothing left to start or skip
     perform flowlane._progress_runs(v_started);
   end if;
+  -- no dependent made ready: nothing to start, skip or complete (the runs' other ready steps
+  -- were started when they became ready)
 end;
 $$;
 
