@@ -1,7 +1,7 @@
 """A start, a claim and a completion with a long history retained, against an empty database.
 
     PYTHONPATH=. python benchmarks/history_growth.py [--runs 1000000] [--calls 200] [--rounds 5]
-        [--shared-buffers 128MB 4GB] [--engine DIR]
+        [--shared-buffers 128MB 4GB] [--engine DIR] [--retention 20000]
 
 What it measures: that the calls on the hot path cost what their own work costs, however
 many finished runs the database keeps. One embedded PostgreSQL, two databases migrated to
@@ -39,6 +39,13 @@ setting it also prints the shared buffers' hit ratio of each database during the
 and a diagnostic pass (pg_stat_statements.track = all, not timed): per case, the statements
 the calls ran, nested ones included, whose shared blocks per call differ most between the
 databases.
+
+With --retention N, last: retention's cost with the long history against a short one. The
+empty database gets N finished runs loaded the same way; then in each database prune_runs
+(batches of 500, p_older_than => 0) deletes its N oldest finished runs, and a VACUUM of the
+four tables follows. Printed per database: the backend's CPU and wall time per pruned run of
+the prune calls, and the seconds of the VACUUM (which reads every index of a table whatever
+it removes: autovacuum, run when 2 % of a table is dead, pays that once per 2 % pruned).
 
 How to read it: the loaded / empty ratios are the figures (1.00 is flat; the target is
 within 10 %). A turn of 50 calls of about a millisecond each moves by 5-10 % with the
@@ -80,6 +87,7 @@ Q = load_queries(Path(__file__).with_suffix(".sql"))
 CASES = ("start one", "claim one", "complete one")
 DATABASES = ("empty", "loaded")
 LOAD_CHUNK = 250_000
+PRUNE_BATCH = 500  # prune_runs' default
 MB = 1024 * 1024
 
 
@@ -115,19 +123,20 @@ def finish_one_run(case: HistoryCase) -> tuple[Any, int, Any]:
 def load_history(conn: Conn, case: HistoryCase, runs: int) -> float:
     """``runs`` finished runs copied from a real one; the seconds it took."""
     template, message_id, started_at = finish_one_run(case)
+    [(last_message,)] = conn.execute(Q["last_message"]).fetchall()  # copies' message ids follow it
     began = time.perf_counter()
     conn.execute(Q["history_run_id"])
     conn.execute(b"set session_replication_role = replica")  # no foreign key checks, no triggers
     for lo in range(1, runs + 1, LOAD_CHUNK):
         params = {"lo": lo, "hi": min(runs, lo + LOAD_CHUNK - 1), "runs": runs,
-                  "template": template, "message_id": message_id,
+                  "template": template, "message_id": message_id, "last_message": last_message,
                   "started_at": started_at, "time_ordered": template.version == 7}
         with conn.transaction():
             for table in ("runs", "step_states", "step_tasks", "archive"):
                 conn.execute(Q[f"load_{table}"], params)
         print(f"  loaded {params['hi']:,} runs ({time.perf_counter() - began:.0f} s)", flush=True)
     conn.execute(b"set session_replication_role = origin")
-    conn.execute(Q["advance_messages"], {"last": message_id + runs})
+    conn.execute(Q["advance_messages"], {"last": last_message + runs})
     conn.execute(b"vacuum analyze")
     return time.perf_counter() - began
 
@@ -212,6 +221,28 @@ def diagnose(cases: dict[str, HistoryCase], calls: int) -> list[str]:
     return lines
 
 
+def measure_retention(cases: dict[str, HistoryCase], runs: int) -> list[str]:
+    """Per database: CPU and wall µs per pruned run of deleting the ``runs`` oldest finished
+    runs by prune_runs batches, and the seconds of the VACUUM after them."""
+    load_history(cases["empty"].conn, cases["empty"], runs)
+    lines = [f"retention: {runs:,} oldest finished runs pruned in batches of {PRUNE_BATCH}, then VACUUM",
+             f"{'database':<9} {'cpu µs/run':>10} {'wall µs/run':>11} {'vacuum s':>9}"]
+    for name in DATABASES:
+        conn = cases[name].conn
+        pid = scalar(conn, "backend_pid")
+        cpu0, start = backend_cpu_ns(pid), time.perf_counter()
+        pruned = 0
+        while pruned < runs:
+            row = conn.execute(Q["prune_batch"], {"batch": min(PRUNE_BATCH, runs - pruned)}).fetchone()
+            assert row is not None and row[0] > 0
+            pruned += row[0]
+        cpu, wall = (backend_cpu_ns(pid) - cpu0) / 1e3 / runs, 1e6 * (time.perf_counter() - start) / runs
+        start = time.perf_counter()
+        conn.execute(Q["vacuum_history"])
+        lines.append(f"{name:<9} {cpu:>10.0f} {wall:>11.0f} {time.perf_counter() - start:>9.1f}")
+    return lines
+
+
 def report(found: Found) -> list[str]:
     lines = [(f"{'case':<13} {'cpu µs empty':>12} {'cpu µs loaded':>13} {'cpu loaded/empty':>16}"
               f" {'wall µs empty':>13} {'wall µs loaded':>14} {'wall loaded/empty':>17}")]
@@ -274,6 +305,7 @@ def main() -> int:
     parser.add_argument("--shared-buffers", nargs="+", default=["128MB"], metavar="SIZE",
                         help="measure with each of these shared_buffers settings (server restarted)")
     parser.add_argument("--engine", type=Path, help="migrate with this checkout's migrations instead")
+    parser.add_argument("--retention", type=int, metavar="N", help="last, prune N runs in each database")
     args = parser.parse_args()
     with server() as pgdata:
         admin = EmbeddedDatabase.start_at(pgdata)
@@ -303,6 +335,8 @@ def main() -> int:
                 print(line)
             print(hit_ratios(counts, hit_counts(conns)))
             print("\n".join(diagnose(cases, 50)), flush=True)
+        if args.retention:
+            print("\n".join(["", *measure_retention(cases, args.retention)]))
         for conn in conns.values():
             conn.close()
     return 0

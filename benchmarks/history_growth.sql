@@ -3,13 +3,13 @@
 -- started, claimed and completed by the engine): run id, input, message id and times
 -- changed, every other column as the engine wrote it. Copy i started (runs - i + 1) x
 -- 10 ms before the template, as 100 runs a second would have; its message id is the
--- template's + i, its run id history_run_id's. Each copy is made in a lateral join:
+-- queue's last one's + i, its run id history_run_id's. Each copy is made in a lateral join:
 -- `(f(...)).*` in the select list would call f once per column.
 
 -- name: history_run_id
 -- copy i's run id: random, or time-ordered (UUID version 7) with the copy's start time, as
 -- the engine's ids are; the same for the same i in every table
-create function pg_temp.history_run_id(i bigint, started_at timestamptz, time_ordered boolean)
+create or replace function pg_temp.history_run_id(i bigint, started_at timestamptz, time_ordered boolean)
 returns uuid language sql immutable
 return case when time_ordered
   then (lpad(to_hex(floor(extract(epoch from started_at) * 1000)::bigint), 12, '0')
@@ -20,6 +20,8 @@ return case when time_ordered
 select r.run_id, t.message_id, r.started_at
 from flowlane.runs r join flowlane.step_tasks t on t.run_id = r.run_id
 where r.flow_slug = 'bench_one' and r.status = 'completed'
+order by t.message_id desc
+limit 1
 
 -- name: load_runs
 insert into flowlane.runs
@@ -51,7 +53,7 @@ from flowlane.step_tasks t
 cross join generate_series(%(lo)s::bigint, %(hi)s::bigint) i
 cross join lateral (select (%(runs)s - i + 1) * interval '10 ms' as shift) s
 cross join lateral jsonb_populate_record(t, jsonb_build_object(
-          'run_id', pg_temp.history_run_id(i, %(started_at)s::timestamptz - s.shift, %(time_ordered)s), 'message_id', t.message_id + i,
+          'run_id', pg_temp.history_run_id(i, %(started_at)s::timestamptz - s.shift, %(time_ordered)s), 'message_id', %(last_message)s::bigint + i,
           'queued_at', t.queued_at - s.shift, 'started_at', t.started_at - s.shift,
           'completed_at', t.completed_at - s.shift, 'lease_renewed_at', t.lease_renewed_at - s.shift)) p
 where t.run_id = %(template)s
@@ -63,10 +65,13 @@ from pgmq.a_bench_one t
 cross join generate_series(%(lo)s::bigint, %(hi)s::bigint) i
 cross join lateral (select (%(runs)s - i + 1) * interval '10 ms' as shift) s
 cross join lateral jsonb_populate_record(t, jsonb_build_object(
-          'msg_id', t.msg_id + i, 'message', t.message || jsonb_build_object('run_id', pg_temp.history_run_id(i, %(started_at)s::timestamptz - s.shift, %(time_ordered)s)),
+          'msg_id', %(last_message)s::bigint + i, 'message', t.message || jsonb_build_object('run_id', pg_temp.history_run_id(i, %(started_at)s::timestamptz - s.shift, %(time_ordered)s)),
           'enqueued_at', t.enqueued_at - s.shift, 'last_read_at', t.last_read_at - s.shift,
           'archived_at', t.archived_at - s.shift, 'vt', t.vt - s.shift)) p
 where t.msg_id = %(message_id)s
+
+-- name: last_message
+select pg_sequence_last_value(pg_get_serial_sequence('pgmq.q_bench_one', 'msg_id')::regclass)
 
 -- name: advance_messages
 -- the queue's next message id comes after the loaded ones
@@ -121,3 +126,10 @@ from per l left join per e on e.query = l.query and e.datname = 'history_empty'
 where l.datname = 'history_loaded'
 order by (l.hit + 10 * l.read) - coalesce(e.hit + 10 * e.read, 0) desc
 limit 6
+
+-- name: prune_batch
+-- one batch of retention: the oldest finished runs, whatever their age
+select runs_deleted from flowlane.prune_runs(p_older_than => 0, p_batch => %(batch)s)
+
+-- name: vacuum_history
+vacuum flowlane.runs, flowlane.step_states, flowlane.step_tasks, pgmq.a_bench_one
