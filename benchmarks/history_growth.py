@@ -1,7 +1,7 @@
 """A start, a claim and a completion with a long history retained, against an empty database.
 
     PYTHONPATH=. python benchmarks/history_growth.py [--runs 1000000] [--calls 200] [--rounds 5]
-        [--shared-buffers 128MB 4GB] [--engine DIR] [--retention 20000]
+        [--shared-buffers 128MB 4GB] [--engine DIR] [--retention 20000] [--explain FILE]
 
 What it measures: that the calls on the hot path cost what their own work costs, however
 many finished runs the database keeps. One embedded PostgreSQL, two databases migrated to
@@ -38,7 +38,8 @@ buffers (pg_prewarm, up to what fits), as a long-running server would hold them.
 setting it also prints the shared buffers' hit ratio of each database during the rounds,
 and a diagnostic pass (pg_stat_statements.track = all, not timed): per case, the statements
 the calls ran, nested ones included, whose shared blocks per call differ most between the
-databases.
+databases. --explain FILE appends to FILE the plans, with buffers, of every statement one
+call of each case runs on each database, nested ones included (auto_explain).
 
 With --retention N, last: retention's cost with the long history against a short one. The
 empty database gets N finished runs loaded the same way; then in each database prune_runs
@@ -221,6 +222,24 @@ def diagnose(cases: dict[str, HistoryCase], calls: int) -> list[str]:
     return lines
 
 
+def explain(cases: dict[str, HistoryCase], pgdata: Path, into: Path, heading: str) -> None:
+    """EXPLAIN (ANALYZE, BUFFERS) of every statement one call of each case runs, nested ones
+    included (auto_explain, into the server's log), appended to ``into``."""
+    log = pgdata / "log"
+    begin = log.stat().st_size
+    for name in CASES:
+        for db, case in cases.items():
+            [item] = case.prepare(name, 1)
+            case.conn.execute(Q["auto_explain"])
+            case.conn.execute(f"select 'history_growth: {name} on {db}'".encode())
+            case.call(name, item)
+            case.conn.execute(b"reset all")
+    with log.open("rb") as source, into.open("ab") as target:
+        source.seek(begin)
+        target.write(f"\n==== {heading}\n".encode())
+        target.write(source.read())
+
+
 def measure_retention(cases: dict[str, HistoryCase], runs: int) -> list[str]:
     """Per database: CPU and wall µs per pruned run of deleting the ``runs`` oldest finished
     runs by prune_runs batches, and the seconds of the VACUUM after them."""
@@ -305,6 +324,8 @@ def main() -> int:
     parser.add_argument("--shared-buffers", nargs="+", default=["128MB"], metavar="SIZE",
                         help="measure with each of these shared_buffers settings (server restarted)")
     parser.add_argument("--engine", type=Path, help="migrate with this checkout's migrations instead")
+    parser.add_argument("--explain", type=Path, metavar="FILE",
+                        help="append EXPLAIN (ANALYZE, BUFFERS) of one call of each case per setting")
     parser.add_argument("--retention", type=int, metavar="N", help="last, prune N runs in each database")
     args = parser.parse_args()
     with server() as pgdata:
@@ -335,6 +356,8 @@ def main() -> int:
                 print(line)
             print(hit_ratios(counts, hit_counts(conns)))
             print("\n".join(diagnose(cases, 50)), flush=True)
+            if args.explain:
+                explain(cases, pgdata, args.explain, f"shared_buffers {shared_buffers}")
         if args.retention:
             print("\n".join(["", *measure_retention(cases, args.retention)]))
         for conn in conns.values():

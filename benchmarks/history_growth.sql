@@ -133,3 +133,12 @@ select runs_deleted from flowlane.prune_runs(p_older_than => 0, p_batch => %(bat
 
 -- name: vacuum_history
 vacuum flowlane.runs, flowlane.step_states, flowlane.step_tasks, pgmq.a_bench_one
+
+-- name: auto_explain
+-- this session's statements and those they run, with their plans and buffers, into the log
+load 'auto_explain';
+set auto_explain.log_min_duration = 0;
+set auto_explain.log_analyze = on;
+set auto_explain.log_buffers = on;
+set auto_explain.log_nested_statements = on;
+set auto_explain.log_timing = off

@@ -210,6 +210,56 @@ def test_a_batch_claim_reads_only_the_runs_of_its_tasks(engine: Engine) -> None:
     assert read <= 100 * 10  # a few reads of each claimed task's run, not the flow's 4,000 runs
 
 
+def _index_entries_read(engine: Engine, table: str, call: str, *params: Any) -> int:
+    """The entries that scans of ``table``'s indexes returned during ``call``."""
+    read = ("select sum(pg_stat_get_xact_tuples_returned(i.indexrelid)) from pg_index i"
+            f" where i.indrelid = '{table}'::regclass")
+    with engine.conn.transaction():
+        before = engine.scalar(read)
+        engine.conn.execute(call, params)
+        return int(engine.scalar(read) - before)
+
+
+def test_a_start_reads_only_its_own_run(engine: Engine) -> None:
+    # planned at the session's first start, while runs held one row (and had been analyzed
+    # so), the lookup of the started steps' runs read every run through runs_pkey, on every
+    # later start
+    engine.define("one", [("a", [], {})])
+    engine.start("one", {})
+    engine.conn.execute("vacuum analyze flowlane.runs")
+    engine.start("one", {})
+    _start_flows(engine, "one", [{"i": i} for i in range(2000)])
+    read = _index_entries_read(engine, "flowlane.runs", "select flowlane.start_flow('one', '{}')")
+    assert read <= 10, read  # a few reads of its own run, not the 2,002 others
+
+
+def test_a_completion_reads_only_its_own_lease(engine: Engine) -> None:
+    # planned for one task while task_leases had been analyzed empty, the lease trigger read
+    # every lease (every started task) through task_leases_pkey on every later claim and
+    # completion
+    engine.define("one", [("a", [], {})])
+
+    def claim(qty: int) -> list[dict[str, Any]]:
+        return engine.rows("select run_id, attempt from flowlane.claim_tasks('one', %s, %s, %s)"
+                           " where outcome = 'claimed'", (qty, engine.worker_id, Jsonb([["one", "a"]])))
+
+    complete = "select flowlane.complete_task(%s, 'a', 0, '{}', %s, %s)"
+    for analyzed in (False, True):  # the plan is made again after the analyze, for one task
+        if analyzed:
+            engine.conn.execute("vacuum analyze flowlane.task_leases")
+        engine.start("one", {})
+        [task] = claim(1)
+        engine.conn.execute(complete, (task["run_id"], engine.worker_id, task["attempt"]))
+    _start_flows(engine, "one", [{"i": i} for i in range(1001)])
+    claimed = [t for _ in range(11) for t in claim(100)]
+    assert len(claimed) == 1001
+    task = claimed[0]
+    read = _index_entries_read(engine, "flowlane.task_leases", complete, task["run_id"], engine.worker_id,
+                               task["attempt"])
+    assert engine.run(task["run_id"])["status"] == "completed"
+    assert read <= 10, read  # a few reads of its own lease, not the 1,000 others
+
+
 def test_claim_tasks_refuses_a_bad_quantity(engine: Engine) -> None:
     engine.define("one", [("a", [], {})])
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="qty must be at least 1"):

@@ -532,7 +532,8 @@ begin
            bool_or(s.opt_concurrency_limit is not null) as limited, bool_or(s.opt_cache_ttl is not null) as cached
     from unnest(p_started) st
     join flowlane.steps s on s.flow_slug = st.flow_slug and s.step_slug = st.step_slug
-    join flowlane.runs r on r.run_id = st.run_id
+    join flowlane.runs r
+      on r.run_id = st.run_id and r.run_id = any (array(select distinct x.run_id from unnest(p_started) x order by 1))
     cross join lateral generate_series(0, st.initial_tasks - 1) as k
     group by 1, 2
     order by 1, 2

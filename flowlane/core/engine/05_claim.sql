@@ -491,6 +491,7 @@ $$;
 create function flowlane._track_leases() returns trigger
 language plpgsql volatile
 set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_woken bigint;
@@ -504,7 +505,8 @@ begin
     delete from flowlane.task_leases l
      using old_tasks o
      where o.status = 'started'
-       and l.run_id = o.run_id and l.step_slug = o.step_slug and l.task_index = o.task_index;
+       and l.run_id = o.run_id and l.step_slug = o.step_slug and l.task_index = o.task_index
+       and l.run_id = any (array(select distinct x.run_id from old_tasks x order by 1));
   else
     -- a started task that ends frees a slot of its queue's concurrency: its workers look again
     with gone as (
@@ -514,6 +516,7 @@ begin
        where o.status = 'started'
          and (n.status <> 'started' or n.started_at is distinct from o.started_at)
          and l.run_id = o.run_id and l.step_slug = o.step_slug and l.task_index = o.task_index
+         and l.run_id = any (array(select distinct x.run_id from old_tasks x order by 1))
       returning l.queue_name
     )
     select count(flowlane._wake_queue(g.queue_name)) into v_woken

@@ -139,6 +139,12 @@
 -- anywhere in them. Existing runs keep their ids; ids given by callers are kept as given. Only
 -- the two functions that make runs change, with their signatures; workers call neither.
 
+-- Plans that do not depend on what the tables held when they were made: _enqueue_started bounds
+-- the runs it joins by `run_id = any` (its batch's ids), and the lease trigger _track_leases
+-- the leases it deletes, running with enable_seqscan = off. Planned while runs or task_leases
+-- held a few rows, each read the whole table on every later start, claim or completion. Only
+-- the two function bodies change; the trigger keeps its function.
+
 -- == Written by hand: tables, types and data that the functions need ==
 
 -- fenced results and rerun from a step: the attempt history records an operator's
@@ -1317,7 +1323,8 @@ begin
            bool_or(s.opt_concurrency_limit is not null) as limited, bool_or(s.opt_cache_ttl is not null) as cached
     from unnest(p_started) st
     join flowlane.steps s on s.flow_slug = st.flow_slug and s.step_slug = st.step_slug
-    join flowlane.runs r on r.run_id = st.run_id
+    join flowlane.runs r
+      on r.run_id = st.run_id and r.run_id = any (array(select distinct x.run_id from unnest(p_started) x order by 1))
     cross join lateral generate_series(0, st.initial_tasks - 1) as k
     group by 1, 2
     order by 1, 2
@@ -1675,6 +1682,53 @@ begin
     into v_row
   from flowlane._claimed_inputs(array[v_task]) i;
   return v_row;
+end;
+$$;
+
+-- the leases, kept per statement: a task has a lease while it is started, renewed (deleted and inserted again) when a started task gets a new started_at
+create or replace function flowlane._track_leases() returns trigger
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_woken bigint;
+begin
+  -- (each statement names only the transition tables its event has)
+  if tg_op = 'INSERT' then
+    insert into flowlane.task_leases (run_id, step_slug, task_index, started_at, queue_name)
+    select n.run_id, n.step_slug, n.task_index, n.started_at, n.queue_name
+    from new_tasks n where n.status = 'started' order by 1, 2, 3;
+  elsif tg_op = 'DELETE' then
+    delete from flowlane.task_leases l
+     using old_tasks o
+     where o.status = 'started'
+       and l.run_id = o.run_id and l.step_slug = o.step_slug and l.task_index = o.task_index
+       and l.run_id = any (array(select distinct x.run_id from old_tasks x order by 1));
+  else
+    -- a started task that ends frees a slot of its queue's concurrency: its workers look again
+    with gone as (
+      delete from flowlane.task_leases l
+       using old_tasks o join new_tasks n
+             on n.run_id = o.run_id and n.step_slug = o.step_slug and n.task_index = o.task_index
+       where o.status = 'started'
+         and (n.status <> 'started' or n.started_at is distinct from o.started_at)
+         and l.run_id = o.run_id and l.step_slug = o.step_slug and l.task_index = o.task_index
+         and l.run_id = any (array(select distinct x.run_id from old_tasks x order by 1))
+      returning l.queue_name
+    )
+    select count(flowlane._wake_queue(g.queue_name)) into v_woken
+    from (select distinct g.queue_name from gone g) g
+    where exists (select 1 from flowlane.queue_limits q where q.queue_name = g.queue_name and q.concurrency is not null);
+    insert into flowlane.task_leases (run_id, step_slug, task_index, started_at, queue_name)
+    select n.run_id, n.step_slug, n.task_index, n.started_at, n.queue_name
+    from new_tasks n join old_tasks o
+         on o.run_id = n.run_id and o.step_slug = n.step_slug and o.task_index = n.task_index
+    where n.status = 'started'
+      and (o.status <> 'started' or o.started_at is distinct from n.started_at)
+    order by 1, 2, 3;
+  end if;
+  return null;
 end;
 $$;
 
