@@ -492,6 +492,7 @@ create function flowlane._track_leases() returns trigger
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_woken bigint;

@@ -141,7 +141,7 @@
 
 -- Plans that do not depend on what the tables held when they were made: _enqueue_started bounds
 -- the runs it joins by `run_id = any` (its batch's ids), and the lease trigger _track_leases
--- the leases it deletes, running with enable_seqscan = off. Planned while runs or task_leases
+-- the leases it deletes, running with enable_seqscan = off (and jit = off). Planned while runs or task_leases
 -- held a few rows, each read the whole table on every later start, claim or completion. Only
 -- the two function bodies change; the trigger keeps its function.
 
@@ -1690,6 +1690,7 @@ create or replace function flowlane._track_leases() returns trigger
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
 as $$
 declare
   v_woken bigint;
