@@ -142,3 +142,6 @@ set auto_explain.log_analyze = on;
 set auto_explain.log_buffers = on;
 set auto_explain.log_nested_statements = on;
 set auto_explain.log_timing = off
+
+-- name: purge_queue
+select pgmq.purge_queue('bench_one')
