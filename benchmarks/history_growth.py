@@ -96,6 +96,7 @@ class HistoryCase(Case):
     """single_call_profile's calls, and the completion of a claimed one-step task."""
 
     def prepare(self, name: str, n: int) -> list[Any]:
+        self.conn.execute(Q["hide_claimed"])
         if name == "complete one":
             return super().prepare("fail retry", n)  # claimed one-step tasks, as a failure takes
         return super().prepare(name, n)

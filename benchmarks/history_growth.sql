@@ -145,3 +145,13 @@ set auto_explain.log_timing = off
 
 -- name: purge_queue
 select pgmq.purge_queue('bench_one')
+
+-- name: hide_claimed
+-- the claim case's tasks stay started: their messages, visible again once their lease has
+-- passed, would come first in a later claim, which hands them back, and a claim of one would
+-- take the same one for ever. Hidden for a day (those of tasks started a minute ago or more:
+-- a prepared completion's are younger).
+update pgmq.q_bench_one q set vt = clock_timestamp() + interval '1 day'
+from flowlane.step_tasks t
+where t.queue_name = 'bench_one' and t.message_id = q.msg_id and t.status = 'started'
+  and t.started_at < now() - interval '1 minute' and q.vt < clock_timestamp() + interval '1 hour'
