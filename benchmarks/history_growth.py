@@ -6,7 +6,7 @@
 What it measures: that the calls on the hot path cost what their own work costs, however
 many finished runs the database keeps. One embedded PostgreSQL, two databases migrated to
 head with the same flows: `empty`, and `loaded`, which gets --runs finished one-step runs
-of the flow the calls use (the issue's figure is --runs 10000000). The history is loaded
+of the flow the calls use (docs/benchmarks.md reports 10000000 too). The history is loaded
 set-based, INSERT ... SELECT over generate_series, as copies of one real run the engine
 started, claimed and completed (benchmarks/history_growth.sql): its run, step state, task
 and archived message, with run id, input, message id and times changed, so every row is
