@@ -279,8 +279,9 @@ def test_functions_pin_search_path(engine: Engine) -> None:
         "where n.nspname = 'flowlane' "
         "and not coalesce(p.proconfig @> array['search_path=\"\"'], false) order by p.proname"
     )
-    # the clock's two functions set nothing, so that they are inlined; their bodies qualify every name
-    assert [r["proname"] for r in unpinned] == ["_clock_timestamp", "_now"]
+    # the clock's two functions and the run ids' set nothing, so that they are inlined; their
+    # bodies qualify every name
+    assert [r["proname"] for r in unpinned] == ["_clock_timestamp", "_now", "_uuid_v7"]
 
 
 

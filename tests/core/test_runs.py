@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from flowlane.testing.harness import install_clock
 from tests.core.engine import Engine
 
 pytestmark = pytest.mark.slow
@@ -44,6 +47,40 @@ def test_start_flow_with_given_run_id(engine: Engine) -> None:
     engine.define("f", [("a", [], {})])
     given = uuid.uuid4()
     assert engine.start("f", {}, run_id=given) == given
+
+
+def _milliseconds(run_id: uuid.UUID) -> int:
+    return run_id.int >> 80  # a version 7 UUID's first 48 bits
+
+
+def _epoch_milliseconds(at: datetime) -> int:
+    return (at - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+
+
+def test_runs_get_ids_that_sort_in_the_order_they_start(engine: Engine) -> None:
+    # time-ordered ids (version 7): a new run's index entries land beside the last run's
+    install_clock(engine.conn)
+    engine.define("f", [("a", [], {})])
+    starts = []
+    for _ in range(3):
+        one = engine.start("f", {})
+        batch = [r[0] for r in engine.conn.execute(
+            "select run_id from flowlane.start_flows('f', array['{}', '{}']::jsonb[])")]
+        starts.append([one, *batch])
+        engine.conn.execute("select flowlane_testing.advance(3600)")
+    ids = [run_id for started in starts for run_id in started]
+    assert {(run_id.version, run_id.variant) for run_id in ids} == {(7, uuid.RFC_4122)}
+    for run_id in ids:  # the id's time is the engine's clock, within the hour before the next starts
+        started_at = _epoch_milliseconds(engine.run(run_id)["started_at"])
+        assert started_at <= _milliseconds(run_id) < started_at + 3_600_000
+    assert [max(started) < min(later) for started, later in itertools.pairwise(starts)] == [True, True]
+    assert len(set(ids)) == len(ids)
+
+
+def test_the_run_id_function_is_inlined(engine: Engine) -> None:
+    plan = "\n".join(r[0] for r in engine.conn.execute(
+        "explain (verbose, costs off) select flowlane._uuid_v7()").fetchall())
+    assert "gen_random_uuid()" in plan and "_uuid_v7" not in plan
 
 
 def test_start_flow_unknown_flow(engine: Engine) -> None:

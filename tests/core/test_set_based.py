@@ -210,6 +210,29 @@ def test_a_batch_claim_reads_only_the_runs_of_its_tasks(engine: Engine) -> None:
     assert read <= 100 * 10  # a few reads of each claimed task's run, not the flow's 4,000 runs
 
 
+def _index_entries_read(engine: Engine, table: str, call: str, *params: Any) -> int:
+    """The entries that scans of ``table``'s indexes returned during ``call``."""
+    read = ("select sum(pg_stat_get_xact_tuples_returned(i.indexrelid)) from pg_index i"
+            f" where i.indrelid = '{table}'::regclass")
+    with engine.conn.transaction():
+        before = engine.scalar(read)
+        engine.conn.execute(call, params)
+        return int(engine.scalar(read) - before)
+
+
+def test_a_start_reads_only_its_own_run(engine: Engine) -> None:
+    # planned at the session's first start, while runs held one row (and had been analyzed
+    # so), the lookup of the started steps' runs read every run through runs_pkey, on every
+    # later start
+    engine.define("one", [("a", [], {})])
+    engine.start("one", {})
+    engine.conn.execute("vacuum analyze flowlane.runs")
+    engine.start("one", {})
+    _start_flows(engine, "one", [{"i": i} for i in range(2000)])
+    read = _index_entries_read(engine, "flowlane.runs", "select flowlane.start_flow('one', '{}')")
+    assert read <= 10, read  # a few reads of its own run, not the 2,002 others
+
+
 def test_claim_tasks_refuses_a_bad_quantity(engine: Engine) -> None:
     engine.define("one", [("a", [], {})])
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="qty must be at least 1"):

@@ -533,6 +533,25 @@ def test_runs_of_the_previous_release_rerun_from_a_step_after_the_upgrade(
         assert_invariants(engine)
 
 
+def test_runs_started_after_the_upgrade_get_time_ordered_ids_and_earlier_runs_keep_theirs(
+    db_factory: Callable[..., str],
+) -> None:
+    previous = previous_release()
+    with psycopg.connect(db_factory(previous.last_migration), autocommit=True) as conn:
+        engine = Engine(conn)
+        engine.define("f", [("a", [], {})])
+        earlier = engine.start("f", {})
+        migrator.migrate(conn)
+        later = engine.start("f", {})
+        default = engine.scalar("select pg_get_expr(d.adbin, d.adrelid) from pg_attrdef d join pg_attribute a"
+                                " on a.attrelid = d.adrelid and a.attnum = d.adnum"
+                                " where d.adrelid = 'flowlane.runs'::regclass and a.attname = 'run_id'")
+        assert (earlier.version, later.version, default) == (4, 7, "flowlane._uuid_v7()")
+        engine.drive("f", lambda t: str(t["run_id"]))
+        assert {engine.run(r)["output"]["a"] for r in (earlier, later)} == {str(earlier), str(later)}
+        assert_invariants(engine)
+
+
 def test_a_run_in_flight_on_the_previous_release_gets_a_failure_handler_and_compensation(
     db_factory: Callable[..., str],
 ) -> None:

@@ -21,6 +21,25 @@ create function flowlane._clock_timestamp() returns timestamptz
 language sql volatile parallel safe
 return flowlane._now() operator(pg_catalog.+) (pg_catalog.clock_timestamp() operator(pg_catalog.-) pg_catalog.now());
 
+-- A new run's id: a UUID of version 7, its first 48 bits the engine's clock in milliseconds,
+-- the rest random (a version 4 UUID's bits, with the version changed), so that the ids made one
+-- after another sort together. A new run's entries in the primary keys of runs, step_states and
+-- step_tasks then land on the few rightmost pages of each, which stay in shared buffers, and
+-- its later lookups find them there: a random id lands on any page of an index the size of the
+-- whole history, which shared buffers stop holding once the history grows. PostgreSQL 18's
+-- uuidv7() makes ids of the same kind; this one runs on the older majors too. Without
+-- settings, and inlined like the clock.
+create function flowlane._uuid_v7() returns uuid
+language sql volatile parallel safe
+return pg_catalog.encode(
+  pg_catalog.set_bit(pg_catalog.set_bit(
+    pg_catalog.overlay(pg_catalog.uuid_send(pg_catalog.gen_random_uuid()),
+      pg_catalog.substr(pg_catalog.int8send(pg_catalog.floor(
+        pg_catalog.date_part('epoch', flowlane._clock_timestamp()) operator(pg_catalog.*) 1000)::bigint), 3),
+      1, 6),  -- bytes 1-6: the milliseconds
+    52, 1), 53, 1),  -- the version's bits: 0100 (4) becomes 0111 (7)
+  'hex')::uuid;
+
 -- a flow option's value when the flow's definition leaves it out: the column defaults of
 -- flowlane.flows and create_flow take it from here, and a test holds it equal to the
 -- compiler's defaults

@@ -227,7 +227,7 @@ end;
 $$;
 
 create table flowlane.runs (
-  run_id uuid default gen_random_uuid() not null,
+  run_id uuid default flowlane._uuid_v7() not null,
   flow_slug text not null,
   status text default 'started' not null,
   input jsonb not null,

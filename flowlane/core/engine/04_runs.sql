@@ -172,7 +172,7 @@ begin
       return;
     end if;
   end if;
-  v_ids := array(select coalesce(p_run_ids[i], gen_random_uuid()) from generate_subscripts(p_inputs, 1) i order by i);
+  v_ids := array(select coalesce(p_run_ids[i], flowlane._uuid_v7()) from generate_subscripts(p_inputs, 1) i order by i);
   if v_flow.opt_concurrency_limit is not null then
     v_slot_keys := array(select flowlane._concurrency_key(v_flow.opt_concurrency_key, p_inputs[i])
                          from generate_subscripts(p_inputs, 1) i order by i);
@@ -259,7 +259,7 @@ begin
   end if;
   insert into flowlane.runs (run_id, flow_slug, input, remaining_steps, trace_parent, status, start_at, deadline_at,
                              called_as, idempotency_key, priority, origin)
-  values (coalesce(p_run_id, gen_random_uuid()), (p_flow).flow_slug, p_input, v_steps, flowlane._trace_parent(),
+  values (coalesce(p_run_id, flowlane._uuid_v7()), (p_flow).flow_slug, p_input, v_steps, flowlane._trace_parent(),
           'started', p_start_at, flowlane._run_deadline((p_flow).flow_slug, flowlane._now()),
           case when p_key is not null then p_called end, p_key, coalesce(p_priority, (p_flow).opt_priority, 0),
           p_origin)
@@ -532,7 +532,8 @@ begin
            bool_or(s.opt_concurrency_limit is not null) as limited, bool_or(s.opt_cache_ttl is not null) as cached
     from unnest(p_started) st
     join flowlane.steps s on s.flow_slug = st.flow_slug and s.step_slug = st.step_slug
-    join flowlane.runs r on r.run_id = st.run_id
+    join flowlane.runs r
+      on r.run_id = st.run_id and r.run_id = any (array(select distinct x.run_id from unnest(p_started) x order by 1))
     cross join lateral generate_series(0, st.initial_tasks - 1) as k
     group by 1, 2
     order by 1, 2

@@ -160,6 +160,20 @@
 -- queue; a batch of leaf steps updates no dependent; a batch whose every item completed its
 -- task returns the rows its update returned instead of reading them again. Only functions
 -- change; their signatures stay.
+--
+-- Time-ordered run ids: a run the engine starts without an id given gets one from the new
+-- _uuid_v7 (a UUID of version 7: the time in milliseconds, then random bits) instead of
+-- gen_random_uuid(), and so does the default of runs.run_id. A new run's index entries land
+-- on the rightmost pages of the primary keys of runs, step_states and step_tasks, which stay
+-- in shared buffers however long the history grows; a random id reads and dirties a page
+-- anywhere in them. Existing runs keep their ids; ids given by callers are kept as given. Only
+-- the two functions that make runs change, with their signatures; workers call neither.
+
+-- Plans that do not depend on what the tables held when they were made: _enqueue_started bounds
+-- the runs it joins by `run_id = any` (its batch's ids), and the lease trigger _track_leases
+-- the leases it deletes, running with enable_seqscan = off (and jit = off). Planned while runs or task_leases
+-- held a few rows, each read the whole table on every later start, claim or completion. Only
+-- the two function bodies change; the trigger keeps its function.
 
 -- == Written by hand: tables, types and data that the functions need ==
 
@@ -332,6 +346,25 @@ return pg_catalog.now();
 create or replace function flowlane._clock_timestamp() returns timestamptz
 language sql volatile parallel safe
 return flowlane._now() operator(pg_catalog.+) (pg_catalog.clock_timestamp() operator(pg_catalog.-) pg_catalog.now());
+
+-- A new run's id: a UUID of version 7, its first 48 bits the engine's clock in milliseconds,
+-- the rest random (a version 4 UUID's bits, with the version changed), so that the ids made one
+-- after another sort together. A new run's entries in the primary keys of runs, step_states and
+-- step_tasks then land on the few rightmost pages of each, which stay in shared buffers, and
+-- its later lookups find them there: a random id lands on any page of an index the size of the
+-- whole history, which shared buffers stop holding once the history grows. PostgreSQL 18's
+-- uuidv7() makes ids of the same kind; this one runs on the older majors too. Without
+-- settings, and inlined like the clock.
+create or replace function flowlane._uuid_v7() returns uuid
+language sql volatile parallel safe
+return pg_catalog.encode(
+  pg_catalog.set_bit(pg_catalog.set_bit(
+    pg_catalog.overlay(pg_catalog.uuid_send(pg_catalog.gen_random_uuid()),
+      pg_catalog.substr(pg_catalog.int8send(pg_catalog.floor(
+        pg_catalog.date_part('epoch', flowlane._clock_timestamp()) operator(pg_catalog.*) 1000)::bigint), 3),
+      1, 6),  -- bytes 1-6: the milliseconds
+    52, 1), 53, 1),  -- the version's bits: 0100 (4) becomes 0111 (7)
+  'hex')::uuid;
 
 -- pgmq.enable_notify_insert installs a row trigger that updates one row of
 -- pgmq.notify_insert_throttle per queue on every insert: every enqueue
@@ -1269,7 +1302,7 @@ begin
       return;
     end if;
   end if;
-  v_ids := array(select coalesce(p_run_ids[i], gen_random_uuid()) from generate_subscripts(p_inputs, 1) i order by i);
+  v_ids := array(select coalesce(p_run_ids[i], flowlane._uuid_v7()) from generate_subscripts(p_inputs, 1) i order by i);
   if v_flow.opt_concurrency_limit is not null then
     v_slot_keys := array(select flowlane._concurrency_key(v_flow.opt_concurrency_key, p_inputs[i])
                          from generate_subscripts(p_inputs, 1) i order by i);
@@ -1356,7 +1389,7 @@ begin
   end if;
   insert into flowlane.runs (run_id, flow_slug, input, remaining_steps, trace_parent, status, start_at, deadline_at,
                              called_as, idempotency_key, priority, origin)
-  values (coalesce(p_run_id, gen_random_uuid()), (p_flow).flow_slug, p_input, v_steps, flowlane._trace_parent(),
+  values (coalesce(p_run_id, flowlane._uuid_v7()), (p_flow).flow_slug, p_input, v_steps, flowlane._trace_parent(),
           'started', p_start_at, flowlane._run_deadline((p_flow).flow_slug, flowlane._now()),
           case when p_key is not null then p_called end, p_key, coalesce(p_priority, (p_flow).opt_priority, 0),
           p_origin)
@@ -1506,7 +1539,8 @@ begin
            bool_or(s.opt_concurrency_limit is not null) as limited, bool_or(s.opt_cache_ttl is not null) as cached
     from unnest(p_started) st
     join flowlane.steps s on s.flow_slug = st.flow_slug and s.step_slug = st.step_slug
-    join flowlane.runs r on r.run_id = st.run_id
+    join flowlane.runs r
+      on r.run_id = st.run_id and r.run_id = any (array(select distinct x.run_id from unnest(p_started) x order by 1))
     cross join lateral generate_series(0, st.initial_tasks - 1) as k
     group by 1, 2
     order by 1, 2
@@ -5519,3 +5553,6 @@ create trigger step_tasks_wake_freed_queues
   after update on flowlane.step_tasks
   referencing old table as old_tasks new table as new_tasks
   for each statement execute function flowlane._wake_freed_queues();
+
+-- time-ordered run ids: the column's default makes them too
+alter table flowlane.runs alter column run_id set default flowlane._uuid_v7();
