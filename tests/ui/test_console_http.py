@@ -73,7 +73,9 @@ def test_every_page_renders(console: ui_support.UiServer, seeded_db: tuple[str, 
 def test_a_run_page_takes_a_unique_prefix_of_the_run_id(
         console: ui_support.UiServer, seeded_db: tuple[str, ui_support.Seeded]) -> None:
     run_id = str(seeded_db[1].completed)
-    for shown, suffix in ((run_id[:12], ""), (run_id[:8].upper(), "/live")):  # as the runs list cuts it
+    # run ids are time-ordered: their first 12 hex digits are the start's millisecond, which
+    # the seeded runs may share; a prefix that reaches into the random part names one run
+    for shown, suffix in ((run_id[:23], ""), (run_id[:21].upper(), "/live")):
         moved = ui_support.fetch(f"{console.url}/runs/{shown}{suffix}")
         assert (moved.status, moved.headers["location"]) == (303, f"/runs/{run_id}{suffix}")
     assert ui_support.fetch(f"{console.url}{moved.headers['location']}").status == 200
