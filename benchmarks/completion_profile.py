@@ -24,11 +24,12 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from engine_throughput import (
+from benchmarks.engine_throughput import (
     FLOWS,
     Driver,
     backend_cpu_ns,
     before_and_after,
+    count_statements,
     define,
     pin_backends,
     statements_server,
@@ -40,24 +41,20 @@ TOP = (
     " where dbid = (select oid from pg_database where datname = current_database())"
     " and query not like '%%pg_stat_statements%%' order by 1 desc limit %s"
 )
-COUNT = (
-    "select coalesce(sum(calls), 0) from pg_stat_statements"
-    " where dbid = (select oid from pg_database where datname = current_database())"
-    " and query not like '%%pg_stat_statements%%'"
-)
 
 
 def tracked_pass(driver: Driver, flow: str, runs: int, top: int) -> tuple[float, list[tuple[Any, ...]]]:
     """Statements per task of one drain, and its top statements (ms total, calls, text)."""
-    conn = driver.conn
     driver.start(flow, runs)
-    conn.execute("set pg_stat_statements.track = 'all'")
-    conn.execute("select pg_stat_statements_reset()")
-    tasks = driver.drive(flow)
-    conn.execute("set pg_stat_statements.track = 'none'")
-    (count,) = conn.execute(COUNT).fetchone() or (0,)
-    rows = conn.execute(TOP, (top,)).fetchall()
-    return float(count) / tasks, [(float(t) * 1000 / tasks, c, q) for t, c, q in rows]
+    tasks: list[int] = []
+
+    def drain() -> int:
+        tasks.append(driver.drive(flow))
+        return tasks[0]
+
+    per_task = count_statements(driver.conn, drain)
+    rows = driver.conn.execute(TOP, (top,)).fetchall()
+    return per_task, [(float(t) * 1000 / tasks[0], c, q) for t, c, q in rows]
 
 
 def timed_rounds(drivers: dict[str, Driver], flow: str, runs: int, rounds: int) -> dict[str, list[float]]:

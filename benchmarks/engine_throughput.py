@@ -333,11 +333,18 @@ def report(raw_totals: dict[str, Totals], totals: dict[tuple[str, str], Totals],
 @contextlib.contextmanager
 def statements_server(prefix: str) -> Iterator[str]:
     """A throwaway embedded server with pg_stat_statements preloaded: its admin DSN."""
+    with statements_pgdata(prefix) as pgdata:
+        yield start_server_with_statements(pgdata)
+
+
+@contextlib.contextmanager
+def statements_pgdata(prefix: str) -> Iterator[Path]:
+    """A throwaway data directory, its server stopped and the directory removed at the end."""
     tmp = Path(tempfile.mkdtemp(prefix=prefix))
     tmp.chmod(0o711)  # run as root, the server account must reach its data directory
     pgdata = tmp / "data"
     try:
-        yield start_server_with_statements(pgdata)
+        yield pgdata
     finally:
         db.EmbeddedDatabase.stop_at(pgdata)
         shutil.rmtree(tmp, ignore_errors=True)

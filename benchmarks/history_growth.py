@@ -58,10 +58,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,6 +78,7 @@ from benchmarks.engine_throughput import (
     pin_backends,
     scalar,
     start_server_with_statements,
+    statements_pgdata,
 )
 from benchmarks.single_call_profile import CHUNK, Case
 from flowlane.core.db import EmbeddedDatabase
@@ -294,15 +293,9 @@ def report(found: Found) -> list[str]:
 @contextlib.contextmanager
 def server() -> Iterator[Path]:
     """A throwaway embedded server with pg_stat_statements preloaded: its data directory."""
-    tmp = Path(tempfile.mkdtemp(prefix="flowlane-history-"))
-    tmp.chmod(0o711)  # run as root, the server account must reach its data directory
-    pgdata = tmp / "data"
-    try:
+    with statements_pgdata("flowlane-history-") as pgdata:
         start_server_with_statements(pgdata)
         yield pgdata
-    finally:
-        EmbeddedDatabase.stop_at(pgdata)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def restart(pgdata: Path, admin: str, shared_buffers: str) -> str:
