@@ -66,7 +66,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
         print(f"{r['queue_name']:<32}  {owner:<22}  {r['depth']:>6}  {oldest:>8}  "
               f"{r['live_workers']}")
     for r in rows:
-        if r.get("concurrency") is not None or r.get("rate_limit") is not None:
+        if r.get("concurrency") is not None or r.get("rate_limit") is not None or archive_off(r):
             print(limits_line(r))
     waiting = fleet.waiting(args.dsn)
     print_waiting(waiting)
@@ -79,13 +79,15 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
 
 def limits_line(row: dict[str, Any]) -> str:
-    """A queue's limits (``kind: queue``), how much of them is used, and what its queued
-    tasks wait for while it holds claims back."""
+    """A queue's limits and archive (``kind: queue``), how much of the limits is used, and
+    what its queued tasks wait for while it holds claims back."""
     parts = []
     if row.get("concurrency") is not None:
         parts.append(f"concurrency {row['started']} of {row['concurrency']} started")
     if row.get("rate_limit") is not None:
         parts.append(f"rate limit {row['rate_limit']} per {row['rate_per']} s")
+    if archive_off(row):
+        parts.append("archive off (the messages of ended tasks are deleted)")
     line = f"limits {row['queue_name']}: " + ", ".join(parts)
     return line + (f"; waiting for: {row['waiting_for']}" if row.get("waiting_for") else "")
 
@@ -99,3 +101,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
                            deployments=names, timeout=args.timeout, progress=print)
     print(result.applied.render(), end="")
     return 0
+
+
+def archive_off(row: dict[str, Any]) -> bool:
+    return row.get("archive_messages") is False

@@ -124,6 +124,9 @@ def test_a_queues_archive_converges_to_the_yaml_through_plan_and_apply(
         assert conn.execute(archived).fetchall() == [("alerts",), ("digests",)]
     code, out = run_joined(capsys, "plan", "--dsn", dsn)
     assert "SAFE_OPTION_CHANGE" not in out, out
+    out = run_joined(capsys, "queue", "list", "--dsn", dsn)[1]
+    assert ("limits alerts: concurrency 0 of 1 started, archive off (the messages of ended tasks "
+            "are deleted)\nlimits digests: archive off") in out, out
     # the digests document gone: apply turns its archive on again
     applied.write_text(FLOWS + "archive: false\n")
     assert run_joined(capsys, "compile")[0] == 0
@@ -133,6 +136,7 @@ def test_a_queues_archive_converges_to_the_yaml_through_plan_and_apply(
     assert run_joined(capsys, "apply", "--dsn", dsn)[0] == 0
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute(archived).fetchall() == [("alerts",)]
+    assert "limits digests" not in run_joined(capsys, "queue", "list", "--dsn", dsn)[1]
 
 
 def test_start_priority_and_what_runs_and_tasks_wait_for(

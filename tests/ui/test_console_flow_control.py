@@ -21,7 +21,7 @@ def test_run_and_queue_pages_say_what_waits_for_what(dsn: str) -> None:
         conn.execute("select flowlane.create_flow('alerts', concurrency_limit => 1, "
                      "concurrency_key => '/customer_id')")
         conn.execute("select flowlane.add_step('alerts', 'deliver', queue_name => 'alerts')")
-        conn.execute("select flowlane.set_queue_limits('alerts', 1, null, null)")
+        conn.execute("select flowlane.set_queue_limits('alerts', 1, null, null, archive => false)")
         first, held, other = (conn.execute("select run_id from flowlane.start_flow('alerts', %s)",
                                            (Jsonb({"customer_id": c}),)).fetchone()[0]  # type: ignore[index]
                               for c in (42, 42, 7))
@@ -41,7 +41,8 @@ def test_run_and_queue_pages_say_what_waits_for_what(dsn: str) -> None:
         queues = ui_support.fetch(console.url + "/queues").body
         row = re.search(r'<tr data-queue="alerts">.*?</tr>', queues, re.DOTALL)
         assert row is not None
-        assert ('<td class="limits">1 of 1 started<br><span class="muted" data-held="1">waiting '
+        assert ('<td class="limits">1 of 1 started · <span data-archive="off">archive off</span>'
+                '<br><span class="muted" data-held="1">waiting '
                 'for: queue concurrency alerts: 1 of 1 started</span></td>') in row[0], row[0]
 
 

@@ -174,7 +174,7 @@ select coalesce(q.queue_name, m.queue_name) as queue_name, q.ownership, q.owner_
        (select count(*) from flowlane.steps s where s.queue_name = q.queue_name) as routed_steps,
        (select count(*) from flowlane.workers w
          where w.queue_name = q.queue_name and flowlane.worker_is_live(w)) as live_workers,
-       l.concurrency, l.started, l.rate_limit, l.rate_per, l.waiting_for
+       q.archive_messages, l.concurrency, l.started, l.rate_limit, l.rate_per, l.waiting_for
 from flowlane.queues q
 full join flowlane.pgmq_metrics() m on m.queue_name = q.pgmq_queue_name
 left join flowlane.queue_flow_control() l on l.queue_name = q.queue_name

@@ -33,7 +33,7 @@ select q.queue_name, q.ownership, q.owner_flow_slug, q.pgmq_queue_name, q.adopte
                  'age', extract(epoch from flowlane._now() - x.refused_at))
                order by x.deployment_name collate "C"), '[]')
         from flowlane.worker_refusals x where x.queue_name = q.queue_name) as refusals,
-       l.concurrency, l.started, l.rate_limit, l.rate_per, l.waiting_for
+       q.archive_messages, l.concurrency, l.started, l.rate_limit, l.rate_per, l.waiting_for
 from flowlane.queues q
 cross join lateral pgmq.metrics(q.pgmq_queue_name) m
 left join flowlane.queue_flow_control() l on l.queue_name = q.queue_name
