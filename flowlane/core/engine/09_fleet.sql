@@ -176,7 +176,7 @@ begin
     union all
     select distinct ss.flow_slug, ss.step_slug, 'started run'
     from flowlane.runs r
-    join flowlane.step_states ss on ss.run_id = r.run_id and ss.status in ('created', 'started')
+    join flowlane.all_step_states ss on ss.run_id = r.run_id and ss.status in ('created', 'started')
     join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
     where r.status = 'started' and s.queue_name = coverage.queue_name
     union all
