@@ -385,6 +385,7 @@ begin
            st.opt_cache_ttl is not null as cached
     from unnest(v_done) d
     join flowlane.steps st on st.flow_slug = d.flow_slug and st.step_slug = d.step_slug
+    where d.step_started_at is null  -- (a task that holds its step's state: below)
     group by 1, 2, 3, 6
   ), updated as (
     update flowlane.step_states ss
@@ -396,13 +397,13 @@ begin
       from counts c
      where ss.run_id = c.run_id and ss.step_slug = c.step_slug and ss.run_id = any (v_runs)
     returning ss, c.cached
-  ) select coalesce(array_agg(u.ss) filter (where (u.ss).status = 'completed'), '{}'), bool_or(u.cached)
+  ) select coalesce(array_agg(u.ss) filter (where (u.ss).status = 'completed'), '{}')
+           -- a task that holds its step's state (all_step_states) completed its step with it
+           || array(select row(d.flow_slug, d.run_id, d.step_slug, 'completed', 0, 1, 0, d.output, null, null,
+                               d.queued_at, d.step_started_at, d.completed_at, null, null, null)::flowlane.step_states
+                    from unnest(v_done) d where d.step_started_at is not null),
+           bool_or(u.cached)
       into v_steps, v_cached from updated u;
-  -- a task that holds its step's state (all_step_states) completed its step with it
-  v_steps := v_steps || array(
-    select row(d.flow_slug, d.run_id, d.step_slug, 'completed', 0, 1, 0, d.output, null, null, d.queued_at,
-               d.step_started_at, d.completed_at, null, null, null)::flowlane.step_states
-    from unnest(v_done) d where d.step_started_at is not null);
   if v_cached then  -- (23_cache.sql)
     perform flowlane._cache_outputs(v_done);
   end if;

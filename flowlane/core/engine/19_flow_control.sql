@@ -425,14 +425,16 @@ begin
                                     and ss.step_slug = p_bodies[1] ->> 'step_slug') then flowlane._now() end);
     return;
   end if;
+  -- (the state's row by its key, task by task: a lateral lookup, which is never hashed over
+  -- the whole table)
   insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id, step_started_at)
   select b.body ->> 'flow_slug', (b.body ->> 'run_id')::uuid, b.body ->> 'step_slug',
-         (b.body ->> 'task_index')::int, p_queue, m.id,
-         case when not exists (select 1 from flowlane.step_states ss
-                               where ss.run_id = (b.body ->> 'run_id')::uuid
-                                 and ss.step_slug = b.body ->> 'step_slug') then flowlane._now() end
+         (b.body ->> 'task_index')::int, p_queue, m.id, case when ss.kept is null then flowlane._now() end
   from flowlane._queue_send_batch(p_queue, p_bodies, p_delay) with ordinality as m (id, ord)
-  join unnest(p_bodies) with ordinality as b (body, ord) on b.ord = m.ord;
+  join unnest(p_bodies) with ordinality as b (body, ord) on b.ord = m.ord
+  left join lateral (select true as kept from flowlane.step_states s
+                     where s.run_id = (b.body ->> 'run_id')::uuid and s.step_slug = b.body ->> 'step_slug'
+                     limit 1) ss on true;
   get diagnostics v_n = row_count;
   if v_n <> cardinality(p_bodies) then
     raise exception 'internal error: sent % messages to queue % for % tasks', v_n, p_queue, cardinality(p_bodies);

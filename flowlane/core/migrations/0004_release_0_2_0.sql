@@ -2449,6 +2449,7 @@ begin
            st.opt_cache_ttl is not null as cached
     from unnest(v_done) d
     join flowlane.steps st on st.flow_slug = d.flow_slug and st.step_slug = d.step_slug
+    where d.step_started_at is null  -- (a task that holds its step's state: below)
     group by 1, 2, 3, 6
   ), updated as (
     update flowlane.step_states ss
@@ -2460,13 +2461,13 @@ begin
       from counts c
      where ss.run_id = c.run_id and ss.step_slug = c.step_slug and ss.run_id = any (v_runs)
     returning ss, c.cached
-  ) select coalesce(array_agg(u.ss) filter (where (u.ss).status = 'completed'), '{}'), bool_or(u.cached)
+  ) select coalesce(array_agg(u.ss) filter (where (u.ss).status = 'completed'), '{}')
+           -- a task that holds its step's state (all_step_states) completed its step with it
+           || array(select row(d.flow_slug, d.run_id, d.step_slug, 'completed', 0, 1, 0, d.output, null, null,
+                               d.queued_at, d.step_started_at, d.completed_at, null, null, null)::flowlane.step_states
+                    from unnest(v_done) d where d.step_started_at is not null),
+           bool_or(u.cached)
       into v_steps, v_cached from updated u;
-  -- a task that holds its step's state (all_step_states) completed its step with it
-  v_steps := v_steps || array(
-    select row(d.flow_slug, d.run_id, d.step_slug, 'completed', 0, 1, 0, d.output, null, null, d.queued_at,
-               d.step_started_at, d.completed_at, null, null, null)::flowlane.step_states
-    from unnest(v_done) d where d.step_started_at is not null);
   if v_cached then  -- (23_cache.sql)
     perform flowlane._cache_outputs(v_done);
   end if;
@@ -4799,14 +4800,16 @@ begin
                                     and ss.step_slug = p_bodies[1] ->> 'step_slug') then flowlane._now() end);
     return;
   end if;
+  -- (the state's row by its key, task by task: a lateral lookup, which is never hashed over
+  -- the whole table)
   insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id, step_started_at)
   select b.body ->> 'flow_slug', (b.body ->> 'run_id')::uuid, b.body ->> 'step_slug',
-         (b.body ->> 'task_index')::int, p_queue, m.id,
-         case when not exists (select 1 from flowlane.step_states ss
-                               where ss.run_id = (b.body ->> 'run_id')::uuid
-                                 and ss.step_slug = b.body ->> 'step_slug') then flowlane._now() end
+         (b.body ->> 'task_index')::int, p_queue, m.id, case when ss.kept is null then flowlane._now() end
   from flowlane._queue_send_batch(p_queue, p_bodies, p_delay) with ordinality as m (id, ord)
-  join unnest(p_bodies) with ordinality as b (body, ord) on b.ord = m.ord;
+  join unnest(p_bodies) with ordinality as b (body, ord) on b.ord = m.ord
+  left join lateral (select true as kept from flowlane.step_states s
+                     where s.run_id = (b.body ->> 'run_id')::uuid and s.step_slug = b.body ->> 'step_slug'
+                     limit 1) ss on true;
   get diagnostics v_n = row_count;
   if v_n <> cardinality(p_bodies) then
     raise exception 'internal error: sent % messages to queue % for % tasks', v_n, p_queue, cardinality(p_bodies);
