@@ -175,6 +175,18 @@
 -- held a few rows, each read the whole table on every later start, claim or completion. Only
 -- the two function bodies change; the trigger keeps its function.
 
+-- A step's state in its task: a root step of one task (no dependency, single, no concurrency
+-- limit, no cache) of a run started alone writes no step_states row; its task holds the state
+-- (step_tasks.step_started_at, a new nullable column: the step's start, null for every
+-- existing task) and the new view all_step_states reads every step's state from both tables.
+-- A failure, skip, cancel or retry of such a run writes the state into step_states first (the
+-- new _unfold_step_states). step_tasks' foreign key points at runs instead of step_states (a
+-- task's step may have no row). Runs in flight keep a row for every step, which every path
+-- reads as before. The console and the runtime's queries read all_step_states; the previous
+-- release's workers read step states only for wait steps and failed steps, which keep rows.
+-- Function signatures are kept; _start_tasks, _claim_one, _lock_one, _lock_and_classify,
+-- _complete_one, _complete_batch and _send_tasks change their bodies.
+
 -- == Written by hand: tables, types and data that the functions need ==
 
 -- fenced results and rerun from a step: the attempt history records an operator's
