@@ -114,3 +114,23 @@ def test_a_root_step_of_one_task_keeps_its_state_in_its_task(engine: Engine) -> 
     state = engine.states(run_id)["one"]
     assert (state["status"], state["output"], state["remaining_tasks"]) == ("completed", {"m": 2}, 0)
     assert engine.statuses(run_id) == {"one": "completed", "two": "started"}
+
+
+def test_the_states_of_a_run_read_by_its_id_through_both_indexes(engine: Engine) -> None:
+    # all_step_states' second part (the states tasks hold) is a subquery: a run's id given (or
+    # a lateral reference, as coverage's) reaches it as a condition, never a join key
+    engine.define("by_id", [("one", [], {}), ("two", ["one"], {})])
+    run_id = engine.start("by_id", {})
+    queries = [
+        ("select * from flowlane.all_step_states where run_id = %s", (run_id,)),
+        (("select ss.step_slug from flowlane.runs r cross join lateral (select v.step_slug "
+          "from flowlane.all_step_states v where v.run_id = r.run_id offset 0) ss "
+          "where r.status = 'started'"), ()),
+    ]
+    with engine.conn.transaction():
+        engine.conn.execute("set local enable_seqscan = off")
+        for query, params in queries:
+            plan = str(engine.scalar(f"explain (format json) {query}", params))
+            assert "step_states_pkey" in plan and "step_tasks_pkey" in plan, plan
+            assert "Seq Scan" not in plan, plan
+    assert sorted(r["step_slug"] for r in engine.rows(queries[0][0], queries[0][1])) == ["one", "two"]

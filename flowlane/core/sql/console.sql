@@ -244,7 +244,7 @@ from (
             and a.outcome = 'failed'
           order by a.id desc limit 1) as error_type
   from flowlane.runs r
-  left join flowlane.all_step_states ss on ss.run_id = r.run_id and ss.status = 'failed'
+  left join flowlane.step_states ss on ss.run_id = r.run_id and ss.status = 'failed'
   where r.status = 'failed' and r.failed_at >= flowlane._now() - make_interval(hours => %(hours)s::int)
 ) f
 group by 1, 2, 3, 4

@@ -147,7 +147,7 @@ with given as (
          null
   from given g
   join flowlane.steps s on s.flow_slug = g.flow_slug and s.step_type = 'wait'
-  join flowlane.all_step_states ss on ss.run_id = g.run_id and ss.step_slug = s.step_slug and ss.status = 'started'
+  join flowlane.step_states ss on ss.run_id = g.run_id and ss.step_slug = s.step_slug and ss.status = 'started'
   left join flowlane.wait_deadlines w on w.run_id = ss.run_id and w.step_slug = ss.step_slug
   union all
   select c.parent_run_id, c.parent_step_slug, null,
@@ -300,7 +300,7 @@ where r.status = any (%(statuses)s::text[])
   and (%(since)s::timestamptz is null or r.started_at >= %(since)s::timestamptz)
   and (%(until)s::timestamptz is null or r.started_at < %(until)s::timestamptz)
   and (%(step)s::text is null or exists (
-         select 1 from flowlane.all_step_states ss
+         select 1 from flowlane.step_states ss
          where ss.run_id = r.run_id and ss.step_slug = %(step)s::text and ss.status = 'failed'))
   and (%(error_type)s::text is null or exists (
          select 1 from flowlane.task_attempts a
