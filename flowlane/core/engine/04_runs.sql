@@ -445,15 +445,19 @@ as $$
 begin
   return (
     select case when s.deps_count = 0 then r.input else
-      coalesce((select jsonb_object_agg(d.dep_slug, coalesce(ps.output, pt.output))
+      coalesce((select jsonb_object_agg(d.dep_slug, x.output)
                 from flowlane.deps d
-                left join flowlane.step_states ps on ps.run_id = p_run_id and ps.step_slug = d.dep_slug
-                -- a dep whose task holds its state (all_step_states)
-                left join flowlane.step_tasks pt
-                  on pt.run_id = p_run_id and pt.step_slug = d.dep_slug and pt.task_index = 0
-                 and pt.step_started_at is not null
-                where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug
-                  and (ps.status = 'completed' or pt.status = 'completed')),
+                -- its row, else the task that holds its state (all_step_states), looked up only
+                -- when the row is missing
+                cross join lateral (
+                  select ps.output from flowlane.step_states ps
+                  where ps.run_id = p_run_id and ps.step_slug = d.dep_slug and ps.status = 'completed'
+                  union all
+                  select pt.output from flowlane.step_tasks pt
+                  where pt.run_id = p_run_id and pt.step_slug = d.dep_slug and pt.task_index = 0
+                    and pt.step_started_at is not null and pt.status = 'completed'
+                  limit 1) x
+                where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug),
                '{}'::jsonb) end
     from flowlane.runs r
     join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = p_step_slug
@@ -803,9 +807,12 @@ begin
     from flowlane.step_states ss
     where ss.run_id = any (p_run_ids) and ss.status = 'completed'
     union all
+    -- (task_index in the index condition: of a run's other tasks, a map's thousands, only
+    -- the index entries are read)
     select t.run_id, t.flow_slug, t.step_slug, t.output
     from flowlane.step_tasks t
-    where t.run_id = any (p_run_ids) and t.step_started_at is not null and t.status = 'completed'
+    where t.run_id = any (p_run_ids) and t.task_index = 0 and t.step_started_at is not null
+      and t.status = 'completed'
   ) x
   where not exists (select 1 from flowlane.deps d where d.flow_slug = x.flow_slug and d.dep_slug = x.step_slug)
   group by x.run_id;

@@ -429,11 +429,13 @@ begin
   -- the whole table)
   insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id, step_started_at)
   select b.body ->> 'flow_slug', (b.body ->> 'run_id')::uuid, b.body ->> 'step_slug',
-         (b.body ->> 'task_index')::int, p_queue, m.id, case when ss.kept is null then flowlane._now() end
+         (b.body ->> 'task_index')::int, p_queue, m.id,
+         case when ss.kept is null and b.body ->> 'task_index' = '0' then flowlane._now() end
   from flowlane._queue_send_batch(p_queue, p_bodies, p_delay) with ordinality as m (id, ord)
   join unnest(p_bodies) with ordinality as b (body, ord) on b.ord = m.ord
   left join lateral (select true as kept from flowlane.step_states s
                      where s.run_id = (b.body ->> 'run_id')::uuid and s.step_slug = b.body ->> 'step_slug'
+                       and b.body ->> 'task_index' = '0'  -- (a task of many: its step has its row)
                      limit 1) ss on true;
   get diagnostics v_n = row_count;
   if v_n <> cardinality(p_bodies) then

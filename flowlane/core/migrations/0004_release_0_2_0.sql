@@ -182,7 +182,7 @@
 -- A failure, skip, cancel or retry of such a run writes the state into step_states first (the
 -- new _unfold_step_states). step_tasks' foreign key points at runs instead of step_states (a
 -- task's step may have no row). Runs in flight keep a row for every step, which every path
--- reads as before. The console and the runtime's queries read all_step_states; the previous
+-- reads as before. The console's steps of a run read all_step_states; the previous
 -- release's workers read step states only for wait steps and failed steps, which keep rows.
 -- Function signatures are kept; _start_tasks, _claim_one, _lock_one, _lock_and_classify,
 -- _complete_one, _complete_batch and _send_tasks change their bodies.
@@ -1531,15 +1531,19 @@ as $$
 begin
   return (
     select case when s.deps_count = 0 then r.input else
-      coalesce((select jsonb_object_agg(d.dep_slug, coalesce(ps.output, pt.output))
+      coalesce((select jsonb_object_agg(d.dep_slug, x.output)
                 from flowlane.deps d
-                left join flowlane.step_states ps on ps.run_id = p_run_id and ps.step_slug = d.dep_slug
-                -- a dep whose task holds its state (all_step_states)
-                left join flowlane.step_tasks pt
-                  on pt.run_id = p_run_id and pt.step_slug = d.dep_slug and pt.task_index = 0
-                 and pt.step_started_at is not null
-                where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug
-                  and (ps.status = 'completed' or pt.status = 'completed')),
+                -- its row, else the task that holds its state (all_step_states), looked up only
+                -- when the row is missing
+                cross join lateral (
+                  select ps.output from flowlane.step_states ps
+                  where ps.run_id = p_run_id and ps.step_slug = d.dep_slug and ps.status = 'completed'
+                  union all
+                  select pt.output from flowlane.step_tasks pt
+                  where pt.run_id = p_run_id and pt.step_slug = d.dep_slug and pt.task_index = 0
+                    and pt.step_started_at is not null and pt.status = 'completed'
+                  limit 1) x
+                where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug),
                '{}'::jsonb) end
     from flowlane.runs r
     join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = p_step_slug
@@ -1811,9 +1815,12 @@ begin
     from flowlane.step_states ss
     where ss.run_id = any (p_run_ids) and ss.status = 'completed'
     union all
+    -- (task_index in the index condition: of a run's other tasks, a map's thousands, only
+    -- the index entries are read)
     select t.run_id, t.flow_slug, t.step_slug, t.output
     from flowlane.step_tasks t
-    where t.run_id = any (p_run_ids) and t.step_started_at is not null and t.status = 'completed'
+    where t.run_id = any (p_run_ids) and t.task_index = 0 and t.step_started_at is not null
+      and t.status = 'completed'
   ) x
   where not exists (select 1 from flowlane.deps d where d.flow_slug = x.flow_slug and d.dep_slug = x.step_slug)
   group by x.run_id;
@@ -4819,11 +4826,13 @@ begin
   -- the whole table)
   insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id, step_started_at)
   select b.body ->> 'flow_slug', (b.body ->> 'run_id')::uuid, b.body ->> 'step_slug',
-         (b.body ->> 'task_index')::int, p_queue, m.id, case when ss.kept is null then flowlane._now() end
+         (b.body ->> 'task_index')::int, p_queue, m.id,
+         case when ss.kept is null and b.body ->> 'task_index' = '0' then flowlane._now() end
   from flowlane._queue_send_batch(p_queue, p_bodies, p_delay) with ordinality as m (id, ord)
   join unnest(p_bodies) with ordinality as b (body, ord) on b.ord = m.ord
   left join lateral (select true as kept from flowlane.step_states s
                      where s.run_id = (b.body ->> 'run_id')::uuid and s.step_slug = b.body ->> 'step_slug'
+                       and b.body ->> 'task_index' = '0'  -- (a task of many: its step has its row)
                      limit 1) ss on true;
   get diagnostics v_n = row_count;
   if v_n <> cardinality(p_bodies) then
