@@ -1,12 +1,13 @@
 """Where a batched drain's backend time goes, and what a change did to it, in one run.
 
     PYTHONPATH=. python benchmarks/completion_profile.py [--flows bench_one,bench_three]
-        [--runs 500] [--rounds 12] [--batch 50] [--top 12] [--before DIR]
+        [--runs 500] [--rounds 12] [--batch 50] [--top 12] [--alone] [--before DIR]
 
 One embedded PostgreSQL (pg_stat_statements preloaded); database `after` migrated by this
 checkout and, with --before (a tree of another flowlane, `git archive main | tar -x -C
 DIR`), database `before` migrated by that one's. Each flow's runs are started with
-start_flows and drained as a worker does (claim_tasks and one complete_tasks per batch of
+start_flows (with --alone, one start_flow per run: a run started alone keeps its root step's
+state in its task) and drained as a worker does (claim_tasks and one complete_tasks per batch of
 --batch), one connection per database, the backends pinned together on one CPU.
 
 Timed: --rounds interleaved rounds of --runs runs, the versions alternating so that the
@@ -24,9 +25,12 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from psycopg.types.json import Jsonb
+
 from benchmarks.engine_throughput import (
     FLOWS,
     Driver,
+    Q,
     backend_cpu_ns,
     before_and_after,
     count_statements,
@@ -43,9 +47,19 @@ TOP = (
 )
 
 
-def tracked_pass(driver: Driver, flow: str, runs: int, top: int) -> tuple[float, list[tuple[Any, ...]]]:
+def start(driver: Driver, flow: str, runs: int, alone: bool) -> None:
+    """Start ``runs`` runs: with one start_flows per 500, or alone, one start_flow each."""
+    if not alone:
+        driver.start(flow, runs)
+        return
+    for i in range(runs):
+        driver.conn.execute(Q["start_flow"], {"flow": flow, "input": Jsonb({"i": i})})
+
+
+def tracked_pass(driver: Driver, flow: str, runs: int, top: int,
+                 alone: bool) -> tuple[float, list[tuple[Any, ...]]]:
     """Statements per task of one drain, and its top statements (ms total, calls, text)."""
-    driver.start(flow, runs)
+    start(driver, flow, runs, alone)
     tasks: list[int] = []
 
     def drain() -> int:
@@ -57,12 +71,13 @@ def tracked_pass(driver: Driver, flow: str, runs: int, top: int) -> tuple[float,
     return per_task, [(float(t) * 1000 / tasks[0], c, q) for t, c, q in rows]
 
 
-def timed_rounds(drivers: dict[str, Driver], flow: str, runs: int, rounds: int) -> dict[str, list[float]]:
+def timed_rounds(drivers: dict[str, Driver], flow: str, runs: int, rounds: int,
+                 alone: bool) -> dict[str, list[float]]:
     """Backend CPU µs per task of each version's drain, round by round."""
     taken: dict[str, list[float]] = {version: [] for version in drivers}
     for _ in range(rounds):
         for version, driver in drivers.items():
-            driver.start(flow, runs)
+            start(driver, flow, runs, alone)
             pid = driver.conn.info.backend_pid
             before = backend_cpu_ns(pid)
             tasks = driver.drive(flow)
@@ -87,6 +102,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--batch", type=int, default=50, help="tasks per claim and per complete_tasks")
     parser.add_argument("--top", type=int, default=12, help="statements listed (after)")
+    parser.add_argument("--alone", action="store_true", help="start each run with its own start_flow")
     parser.add_argument("--before", type=Path, help="a tree of the flowlane to compare with")
     args = parser.parse_args()
     with statements_server("flowlane-completion-") as admin, \
@@ -99,13 +115,13 @@ def main() -> int:
         pin_backends(conns.values())
         for flow in args.flows.split(","):
             for driver in drivers.values():  # warm: plans made, caches filled
-                driver.start(flow, 200)
+                start(driver, flow, 200, args.alone)
                 driver.drive(flow)
-            taken = timed_rounds(drivers, flow, args.runs, args.rounds)
+            taken = timed_rounds(drivers, flow, args.runs, args.rounds, args.alone)
             counted: dict[str, float] = {}
             top: list[tuple[Any, ...]] = []
             for version, driver in drivers.items():
-                counted[version], listed = tracked_pass(driver, flow, args.runs, args.top)
+                counted[version], listed = tracked_pass(driver, flow, args.runs, args.top, args.alone)
                 top = listed if version == "after" else top
             report(flow, taken, counted)
             print("  after, the statements with the most time (tracked, nested included):")

@@ -58,7 +58,7 @@ class RunRecord:
 
 @dataclass(frozen=True)
 class StepState:
-    """One step of the run (a row of ``flowlane.step_states``), in the flow's step order."""
+    """One step of the run (a row of ``flowlane.all_step_states``), in the flow's step order."""
 
     step_slug: str
     status: str

@@ -240,7 +240,7 @@ class Engine:
     def states(self, run_id: uuid.UUID) -> dict[str, dict[str, Any]]:
         return {
             r["step_slug"]: r
-            for r in self.rows("select * from flowlane.step_states where run_id = %s", (run_id,))
+            for r in self.rows(f"select * from {step_states(self.conn)} where run_id = %s", (run_id,))
         }
 
     def statuses(self, run_id: uuid.UUID) -> dict[str, str]:
@@ -315,7 +315,7 @@ RUN_STATE: dict[str, str] = {
 # 0015+: an ended run ends every step: terminal with an end time, or 'cancelled' (which
 # says, with its time, that the run ended before the step could finish or start)
 ENDED_STEPS = """
-    select s.run_id, s.step_slug, s.status from flowlane.step_states s
+    select s.run_id, s.step_slug, s.status from {states} s
     join flowlane.runs r on r.run_id = s.run_id
     where r.status not in ('started', 'waiting') and s.status in ('created', 'started')"""
 
@@ -327,8 +327,16 @@ def _run_state_queries(conn: psycopg.Connection[Any]) -> dict[str, str]:
         "select exists (select 1 from information_schema.columns where table_schema = 'flowlane' "
         "and table_name = 'step_states' and column_name = 'cancelled_at')").fetchone()
     if has_cancelled_steps == (True,):
-        queries["ended run with a step still created or started"] = ENDED_STEPS
+        ended = ENDED_STEPS.format(states=step_states(conn))
+        queries["ended run with a step still created or started"] = ended
     return queries
+
+
+def step_states(conn: psycopg.Connection[Any]) -> str:
+    """Where every step's state reads: the view all_step_states (0004+: a root step of one
+    task keeps its state in its task), else the table step_states."""
+    found = conn.execute("select to_regclass('flowlane.all_step_states') is not null").fetchone()
+    return "flowlane.all_step_states" if found == (True,) else "flowlane.step_states"
 
 
 def run_state_violations(conn: psycopg.Connection[Any]) -> dict[str, list[Any]]:
@@ -347,23 +355,23 @@ def assert_invariants(engine: Engine) -> None:
         "completed run with unfinished step or counter": """
             select r.run_id from flowlane.runs r
             where r.status = 'completed' and (r.remaining_steps <> 0 or exists (
-              select 1 from flowlane.step_states s
+              select 1 from {states} s
               where s.run_id = r.run_id and s.status not in ('completed', 'skipped')))""",
         "remaining_steps out of sync": """
             select r.run_id from flowlane.runs r
             where r.status = 'started' and r.remaining_steps <> (
-              select count(*) from flowlane.step_states s
+              select count(*) from {states} s
               where s.run_id = r.run_id and s.status not in ('completed', 'skipped'))""",
         "remaining_deps out of sync": """
-            select s.run_id, s.step_slug from flowlane.step_states s
+            select s.run_id, s.step_slug from {states} s
             join flowlane.runs r on r.run_id = s.run_id and r.status = 'started'
             where s.status = 'created' and s.remaining_deps <> (
               select count(*) from flowlane.deps d
-              join flowlane.step_states p on p.run_id = s.run_id and p.step_slug = d.dep_slug
+              join {states} p on p.run_id = s.run_id and p.step_slug = d.dep_slug
               where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug
                 and p.status not in ('completed', 'skipped'))""",
         "remaining_tasks out of sync": """
-            select s.run_id, s.step_slug from flowlane.step_states s
+            select s.run_id, s.step_slug from {states} s
             join flowlane.runs r on r.run_id = s.run_id and r.status = 'started'
             join flowlane.steps st on st.flow_slug = s.flow_slug and st.step_slug = s.step_slug
             where s.status = 'started' and st.queue_name is not null
@@ -372,7 +380,7 @@ def assert_invariants(engine: Engine) -> None:
               where t.run_id = s.run_id and t.step_slug = s.step_slug
                 and t.status = 'completed')""",
         "completed step with wrong task count": """
-            select s.run_id, s.step_slug from flowlane.step_states s
+            select s.run_id, s.step_slug from {states} s
             join flowlane.steps st on st.flow_slug = s.flow_slug and st.step_slug = s.step_slug
             where s.status = 'completed' and st.queue_name is not null and s.initial_tasks <> (
               select count(*) from flowlane.step_tasks t
@@ -391,6 +399,20 @@ def assert_invariants(engine: Engine) -> None:
     if engine.scalar("select to_regproc('flowlane.stuck_runs') is not null"):
         # 0006+: every started run has a task that can move it
         violations["started run that no task can move"] = "select * from flowlane.stuck_runs()"
+    if engine.scalar("select to_regclass('flowlane.all_step_states') is not null"):
+        # 0004+: a task holds its step's state only for a root step of one task, while the task is
+        # queued, started or completed (anything else writes the state into step_states), and
+        # never for a step that has a step_states row
+        violations["task holding a state it may not hold"] = """
+            select t.run_id, t.step_slug, t.task_index, t.status from flowlane.step_tasks t
+            join flowlane.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
+            where t.step_started_at is not null
+              and (t.status not in ('queued', 'started', 'completed') or s.deps_count <> 0
+                   or s.step_type <> 'single' or t.task_index <> 0
+                   or exists (select 1 from flowlane.step_states ss
+                              where ss.run_id = t.run_id and ss.step_slug = t.step_slug))"""
+    states = step_states(engine.conn)
+    violations = {name: query.replace("{states}", states) for name, query in violations.items()}
     for name, query in violations.items():
         rows = engine.rows(query)
         assert rows == [], f"invariant violated: {name}: {rows[:5]}"

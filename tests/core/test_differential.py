@@ -138,7 +138,7 @@ def snapshot(engine: Engine, flow: str, runs: dict[str, int]) -> dict[str, Any]:
             r["error_message"],
             r["skip_reason"],
         )
-        for r in engine.rows("select * from flowlane.step_states where flow_slug = %s", (flow,))
+        for r in engine.rows("select * from flowlane.all_step_states where flow_slug = %s", (flow,))
     )
     state["tasks"] = sorted(
         (

@@ -188,7 +188,7 @@ class FlowControlMachine(RuleBasedStateMachine):
         self.queue_ceiling.check("queue", self.queue_counts())
         # every task of a started step of a started run exists exactly once: sent or held
         lost = self.engine.rows(
-            "select ss.run_id, ss.step_slug from flowlane.step_states ss "
+            "select ss.run_id, ss.step_slug from flowlane.all_step_states ss "
             "join flowlane.runs r on r.run_id = ss.run_id and r.status = 'started' "
             "where ss.flow_slug = %s and ss.status = 'started' and ss.initial_tasks <> "
             "  (select count(*) from flowlane.step_tasks t"

@@ -70,7 +70,7 @@ def _states(engine: Engine, run_id: Any) -> list[tuple[Any, ...]]:
             "select ss.step_slug, ss.status, ss.remaining_deps, ss.initial_tasks, ss.remaining_tasks, "
             "ss.output, ss.started_at - r.started_at as started_in, "
             "ss.created_at - r.started_at as created_in "
-            "from flowlane.step_states ss join flowlane.runs r using (run_id) "
+            "from flowlane.all_step_states ss join flowlane.runs r using (run_id) "
             "where ss.run_id = %s order by step_slug",
             (run_id,),
         )

@@ -76,8 +76,9 @@ def test_a_completion_updates_its_step_in_place(engine: Engine) -> None:
     # no index predicate reads step_states.status: a completion writes no new index entries
     # into step_states, unless a page ran out of room; the task leaves the index of started
     # tasks (a new index entry: not HOT)
-    engine.define("hot_done", [("one", [], {})])
-    runs = {engine.start("hot_done", {"n": n}) for n in range(40)}
+    # (a map step of one task: a root single step keeps its state in its task instead)
+    engine.define("hot_done", [("one", [], {"step_type": "map"})])
+    runs = {engine.start("hot_done", [n]) for n in range(40)}
     claimed = engine.claim("hot_done")
     items = [{"run_id": str(t["run_id"]), "step_slug": t["step_slug"], "task_index": t["task_index"],
               "output": {"n": 1}, "worker_id": str(engine.worker_id), "attempt": t["attempt"]}
@@ -93,3 +94,43 @@ def test_a_completion_updates_its_step_in_place(engine: Engine) -> None:
     assert {r["run_id"] for r in engine.rows(
         "select run_id from flowlane.runs where status = 'completed'")} == runs
     assert _started_by_index(engine) == []
+
+
+def test_a_root_step_of_one_task_keeps_its_state_in_its_task(engine: Engine) -> None:
+    # a run started alone: its root step of one task writes no step_states row, from its start
+    # to its completion; all_step_states reads the state the task holds
+    engine.define("in_task", [("one", [], {}), ("two", ["one"], {})])
+    run_id = engine.start("in_task", {"n": 1})
+    assert engine.statuses(run_id) == {"one": "started", "two": "created"}
+    engine.scalar("select pg_stat_force_next_flush()")
+    with engine.conn.transaction():
+        (task,) = engine.claim("in_task")
+        engine.complete(task, {"m": 2})
+        inserted = engine.scalar(
+            "select pg_stat_get_xact_tuples_inserted('flowlane.step_states'::regclass)")
+        steps = _xact_updates(engine, "flowlane.step_states")
+    assert inserted == 0 and steps["updated"] == 1  # the dependent's row only
+    assert engine.scalar("select count(*) from flowlane.step_states where step_slug = 'one'") == 0
+    state = engine.states(run_id)["one"]
+    assert (state["status"], state["output"], state["remaining_tasks"]) == ("completed", {"m": 2}, 0)
+    assert engine.statuses(run_id) == {"one": "completed", "two": "started"}
+
+
+def test_the_states_of_a_run_read_by_its_id_through_both_indexes(engine: Engine) -> None:
+    # all_step_states' second part (the states tasks hold) is a subquery: a run's id given (or
+    # a lateral reference, as coverage's) reaches it as a condition, never a join key
+    engine.define("by_id", [("one", [], {}), ("two", ["one"], {})])
+    run_id = engine.start("by_id", {})
+    queries = [
+        ("select * from flowlane.all_step_states where run_id = %s", (run_id,)),
+        (("select ss.step_slug from flowlane.runs r cross join lateral (select v.step_slug "
+          "from flowlane.all_step_states v where v.run_id = r.run_id offset 0) ss "
+          "where r.status = 'started'"), ()),
+    ]
+    with engine.conn.transaction():
+        engine.conn.execute("set local enable_seqscan = off")
+        for query, params in queries:
+            plan = str(engine.scalar(f"explain (format json) {query}", params))
+            assert "step_states_pkey" in plan and "step_tasks_pkey" in plan, plan
+            assert "Seq Scan" not in plan, plan
+    assert sorted(r["step_slug"] for r in engine.rows(queries[0][0], queries[0][1])) == ["one", "two"]

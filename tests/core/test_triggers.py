@@ -64,7 +64,7 @@ def test_a_statement_of_ten_thousand_rows_starts_ten_thousand_runs(engine: Engin
     engine.conn.execute("insert into public.orders select i, 'new', i from generate_series(1, 10000) i")
     assert engine.scalar("select count(*) from flowlane.runs where flow_slug = 'orders_flow'") == 10000
     assert engine.scalar("select count(distinct input ->> 'order_id') from flowlane.runs") == 10000
-    assert engine.scalar("select count(*) from flowlane.step_states where status = 'started'") == 10000
+    assert engine.scalar("select count(*) from flowlane.all_step_states where status = 'started'") == 10000
 
 
 def test_when_and_unless_filter_updates(engine: Engine) -> None:

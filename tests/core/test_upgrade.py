@@ -650,3 +650,61 @@ def test_tasks_leased_on_the_previous_release_are_recovered_and_counted_after_th
         assert [engine.run(r)["status"] for r in (stalled_run, recent_run, waiting_run)] == ["completed"] * 3
         assert engine.task(stalled_run, "a")["attempts_count"] == 2
         assert_invariants(engine)
+
+
+def test_root_steps_of_runs_in_flight_keep_their_rows_beside_the_states_tasks_hold(
+    db_factory: Callable[..., str],
+) -> None:
+    # the previous release wrote a step_states row for every step, which its runs in flight
+    # keep; a run started after the upgrade keeps its root step's state in the step's task.
+    # Each path (complete one and in a batch, fail and retry, stalled recovery, cancel, retry
+    # and rerun) takes both forms, side by side.
+    with psycopg.connect(db_factory(previous_release().last_migration), autocommit=True) as conn:
+        engine = Engine(conn)
+        engine.define("f", [("a", [], {"max_attempts": 2, "timeout": 10}), ("b", ["a"], {})])
+        old = [engine.start("f", {"n": n}) for n in range(5)]
+        claimed = {t["run_id"]: t for t in engine.claim("f")}
+        migrator.migrate(conn)
+        new = [engine.start("f", {"n": n}) for n in range(5)]
+        claimed |= {t["run_id"]: t for t in engine.claim("f")}
+        assert set(claimed) == {*old, *new}
+        assert {r["run_id"] for r in engine.rows(
+            "select run_id from flowlane.step_states where step_slug = 'a'")} == set(old)
+        assert {r["run_id"] for r in engine.rows(
+            "select run_id from flowlane.step_tasks where step_started_at is not null")} == set(new)
+
+        for form in (old, new):
+            assert engine.complete(claimed[form[0]], {"n": 0})["status"] == "completed"  # type: ignore[index]
+            assert engine.fail(claimed[form[2]], "first")["status"] == "queued"  # type: ignore[index]
+            engine.backdate(form[3], "a", 100)
+            assert engine.complete(claimed[form[4]], {"n": 4})["status"] == "completed"  # type: ignore[index]
+        batch = [{"run_id": str(r), "step_slug": "a", "task_index": 0, "output": {"n": 1},
+                  "worker_id": str(engine.worker_id), "attempt": claimed[r]["attempt"]}
+                 for r in (old[1], new[1])]
+        assert [t["status"] for t in engine.rows(
+            "select status from flowlane.complete_tasks(%s)", (Jsonb(batch),))] == ["completed"] * 2
+        assert engine.scalar("select flowlane.requeue_stalled_tasks()") == 2
+
+        engine.make_visible("f")
+        for task in engine.claim("f"):
+            if task["run_id"] in (old[2], new[2]):
+                assert engine.fail(task, "second")["status"] == "failed"  # type: ignore[index]
+            elif task["step_slug"] == "b":
+                engine.complete(task, {"b": task["input"]})
+        for form in (old, new):
+            engine.scalar("select flowlane.cancel_run(%s)", (form[3],))
+            assert engine.run(form[2])["status"] == "failed"
+            engine.scalar("select flowlane.retry_run(%s)", (form[2],))
+            engine.scalar("select flowlane.retry_run_from(%s, 'a')", (form[4],))
+        engine.drive("f", lambda t: {"b": t["input"]} if t["step_slug"] == "b" else {"n": t["input"]["n"]})
+
+        for form in (old, new):
+            assert [engine.run(r)["status"] for r in form] == ["completed"] * 3 + ["cancelled", "completed"]
+            assert [engine.run(r)["output"] for r in form] == [
+                {"b": {"b": {"a": {"n": n}}}} if n != 3 else None for n in range(5)]
+            assert [engine.statuses(r) for r in form] == [{"a": "completed", "b": "completed"}] * 3 + [
+                {"a": "cancelled", "b": "cancelled"}, {"a": "completed", "b": "completed"}]
+        # a run's failure, cancel or retry wrote its root step's state into step_states
+        assert {r["run_id"] for r in engine.rows(
+            "select run_id from flowlane.step_tasks where step_started_at is not null")} == {new[0], new[1]}
+        assert_invariants(engine)

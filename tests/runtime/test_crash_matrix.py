@@ -202,7 +202,7 @@ class Load:
         releases = scalar(self.dsn, """
             select jsonb_build_object('dependents', count(*), 'released_once',
                                       count(*) filter (where n = 1)) from (
-              select count(a.*) n from flowlane.step_states s
+              select count(a.*) n from flowlane.all_step_states s
               left join public.crash_audit a on a.kind = 'release' and a.run_id = s.run_id
                    and a.step_slug = s.step_slug
               where exists (select 1 from flowlane.deps d where d.flow_slug = s.flow_slug

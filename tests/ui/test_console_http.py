@@ -265,7 +265,7 @@ def test_a_failed_runs_unstarted_steps_say_the_run_failed_first_in_the_console_a
     dsn, seeded = seeded_db
     with psycopg.connect(dsn) as conn:
         unstarted = [slug for (slug,) in conn.execute(
-            "select step_slug from flowlane.step_states where run_id = %s and status = 'cancelled'"
+            "select step_slug from flowlane.all_step_states where run_id = %s and status = 'cancelled'"
             " and started_at is null order by step_slug", (seeded.failed,))]
     assert unstarted  # the steps after the failed one end with the run
     page = ui_support.fetch(f"{console.url}/runs/{seeded.failed}").body

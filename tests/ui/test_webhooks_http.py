@@ -175,7 +175,7 @@ def test_a_webhook_signal_completes_the_wait_step_once(endpoint: str, dsn: str,
         200, {"run_id": run_id, "step": "paid", "existed": True})
     with psycopg.connect(dsn) as conn:
         assert conn.execute("select status from flowlane.runs").fetchall() == [("completed",)]
-        assert conn.execute("select output from flowlane.step_states").fetchone() == (
+        assert conn.execute("select output from flowlane.all_step_states").fetchone() == (
             {"amount": 1250, "by": "webhook payment delivery delivery-paid"},)
     another = signed_github(GITHUB_SECRET, "delivery-late", paid)  # a second payment: the run ended
     status, answer = post(endpoint + "payment", paid, another)

@@ -447,13 +447,34 @@ create table flowlane.step_tasks (
   queue_name text not null,
   lease_renewed_at timestamptz,
   cached boolean default false not null,
+  step_started_at timestamptz,
   constraint step_tasks_pkey primary key (run_id, step_slug, task_index),
   constraint step_tasks_queue_message_unique unique (queue_name, message_id),
   constraint step_tasks_rules check (flowlane._step_tasks_rules(status, task_index, attempts_count, requeued_count,
     output is not null, queued_at, started_at, completed_at, failed_at, skipped_at, cancelled_at)),
-  constraint step_tasks_run_id_step_slug_fkey foreign key (run_id, step_slug) references flowlane.step_states(run_id, step_slug)
+  constraint step_tasks_run_id_fkey foreign key (run_id) references flowlane.runs(run_id)
 )
 with (autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', fillfactor='50');
+
+-- Every step's state: the rows of step_states, and the state a task holds for its step. A root
+-- step of one task started with its run (_new_run, 04_runs.sql) writes no step_states row: its
+-- task holds the state, and step_started_at (null for every other task) is when the step
+-- started. Such a step is started until its task completes, then completed with the task's
+-- output; any other change (a failure, a skip, a cancel, a retry) first writes the state into
+-- step_states (_unfold_step_states), which this view's second part then leaves out.
+create view flowlane.all_step_states as
+select ss.flow_slug, ss.run_id, ss.step_slug, ss.status, ss.remaining_deps, ss.initial_tasks, ss.remaining_tasks,
+       ss.output, ss.error_message, ss.skip_reason, ss.created_at, ss.started_at, ss.completed_at, ss.failed_at,
+       ss.skipped_at, ss.cancelled_at
+from flowlane.step_states ss
+union all
+select t.flow_slug, t.run_id, t.step_slug, case when t.status = 'completed' then 'completed' else 'started' end,
+       0, 1, case when t.status = 'completed' then 0 else 1 end,
+       case when t.status = 'completed' then t.output end, null::text, null::text, t.queued_at, t.step_started_at,
+       case when t.status = 'completed' then t.completed_at end, null::timestamptz, null::timestamptz,
+       null::timestamptz
+from flowlane.step_tasks t
+where t.step_started_at is not null;
 
 create index step_tasks_completed_brin on flowlane.step_tasks using brin (completed_at) with (autosummarize='on');
 

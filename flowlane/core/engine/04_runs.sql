@@ -264,20 +264,34 @@ begin
           case when p_key is not null then p_called end, p_key, coalesce(p_priority, (p_flow).opt_priority, 0),
           p_origin)
   returning * into v_run;
-  with written as (
-    insert into flowlane.step_states as ss (flow_slug, run_id, step_slug, remaining_deps, initial_tasks, status,
-                                            started_at, remaining_tasks)
-    select s.flow_slug, v_run.run_id, s.step_slug, s.deps_count, t.tasks,
-           case when s.deps_count = 0 then 'started' else 'created' end,
-           case when s.deps_count = 0 then flowlane._now() end,
-           case when s.deps_count = 0 then t.tasks end
+  -- a root step of one task, without a concurrency limit or a cache, keeps its state in its
+  -- task (the view all_step_states): no step_states row is written for it, and _send_tasks
+  -- marks its task (step_started_at)
+  with planned as (
+    select s.flow_slug, s.step_slug, s.deps_count, t.tasks,
+           s.deps_count = 0 and s.step_type = 'single' and s.opt_concurrency_limit is null
+             and s.opt_cache_ttl is null as in_task
     from flowlane.steps s
     cross join lateral (  -- a dependent map's count is known when its parent completes
       select case when s.step_type <> 'map' then 1 when s.deps_count = 0 then v_elements end as tasks) t
     where s.flow_slug = (p_flow).flow_slug
-    order by s.step_slug
+  ), written as (
+    insert into flowlane.step_states as ss (flow_slug, run_id, step_slug, remaining_deps, initial_tasks, status,
+                                            started_at, remaining_tasks)
+    select p.flow_slug, v_run.run_id, p.step_slug, p.deps_count, p.tasks,
+           case when p.deps_count = 0 then 'started' else 'created' end,
+           case when p.deps_count = 0 then flowlane._now() end,
+           case when p.deps_count = 0 then p.tasks end
+    from planned p
+    where not p.in_task
+    order by p.step_slug
     returning ss
-  ) select array_agg(w.ss) filter (where (w.ss).status = 'started') into v_started from written w;
+  ) select array_agg(x.ss) into v_started from (
+      select w.ss from written w where (w.ss).status = 'started'
+      union all
+      select row(p.flow_slug, v_run.run_id, p.step_slug, 'started', 0, 1, 1, null, null, null, now(),
+                 flowlane._now(), null, null, null, null)::flowlane.step_states
+      from planned p where p.in_task) x;
   perform flowlane._enqueue_started(v_started);
   return v_run;
 end;
@@ -431,10 +445,19 @@ as $$
 begin
   return (
     select case when s.deps_count = 0 then r.input else
-      coalesce((select jsonb_object_agg(d.dep_slug, ps.output)
+      coalesce((select jsonb_object_agg(d.dep_slug, x.output)
                 from flowlane.deps d
-                join flowlane.step_states ps on ps.run_id = p_run_id and ps.step_slug = d.dep_slug
-                where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug and ps.status = 'completed'),
+                -- its row, else the task that holds its state (all_step_states), looked up only
+                -- when the row is missing
+                cross join lateral (
+                  select ps.output from flowlane.step_states ps
+                  where ps.run_id = p_run_id and ps.step_slug = d.dep_slug and ps.status = 'completed'
+                  union all
+                  select pt.output from flowlane.step_tasks pt
+                  where pt.run_id = p_run_id and pt.step_slug = d.dep_slug and pt.task_index = 0
+                    and pt.step_started_at is not null and pt.status = 'completed'
+                  limit 1) x
+                where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug),
                '{}'::jsonb) end
     from flowlane.runs r
     join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = p_step_slug
@@ -604,6 +627,7 @@ as $$
 declare
   v_tasks flowlane.step_tasks[];
 begin
+  perform flowlane._unfold_step_states(p_run_id);
   update flowlane.step_states s
      set status = 'skipped', skip_reason = p_reason, skipped_at = flowlane._now(), remaining_tasks = null
    where s.run_id = p_run_id and s.step_slug = p_step_slug and s.status in ('created', 'started');
@@ -673,6 +697,39 @@ create trigger step_states_keep_skip_error
   when (new.status = 'skipped' and new.skip_reason = 'handler_failed')
   execute function flowlane._keep_skip_error();
 
+-- The states that tasks of a run hold for their steps (all_step_states, 01_tables.sql) are
+-- written into step_states, as they read there, and the tasks no longer hold them: what changes
+-- a step other than its task's start and completion (a failure, a skip, a cancel, a retry)
+-- then finds its row. The caller holds the run's lock; the tasks are locked in key order.
+create function flowlane._unfold_step_states(p_run_id uuid) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  with held as (
+    select t.run_id, t.step_slug, t.task_index from flowlane.step_tasks t
+    where t.run_id = p_run_id and t.step_started_at is not null
+    order by t.step_slug, t.task_index
+    for update
+  ), written as (
+    insert into flowlane.step_states (flow_slug, run_id, step_slug, status, remaining_deps, initial_tasks,
+                                      remaining_tasks, output, error_message, skip_reason, created_at, started_at,
+                                      completed_at, failed_at, skipped_at, cancelled_at)
+    select v.flow_slug, v.run_id, v.step_slug, v.status, v.remaining_deps, v.initial_tasks, v.remaining_tasks,
+           v.output, v.error_message, v.skip_reason, v.created_at, v.started_at, v.completed_at, v.failed_at,
+           v.skipped_at, v.cancelled_at
+    from flowlane.all_step_states v
+    join held h on h.run_id = v.run_id and h.step_slug = v.step_slug
+    where v.run_id = p_run_id
+    order by v.step_slug
+  )
+  update flowlane.step_tasks t set step_started_at = null
+    from held h
+   where t.run_id = h.run_id and t.step_slug = h.step_slug and t.task_index = h.task_index
+     and t.run_id = p_run_id;
+end;
+$$;
+
 -- run failed: cancel its unfinished tasks and archive their messages; its
 -- unfinished steps end with it
 create function flowlane._fail_run(p_run_id uuid, p_error text) returns void
@@ -682,6 +739,7 @@ as $$
 declare
   v_tasks flowlane.step_tasks[];
 begin
+  perform flowlane._unfold_step_states(p_run_id);
   update flowlane.runs r set status = 'failed', failed_at = flowlane._now(), error_message = p_error
    where r.run_id = p_run_id and r.status = 'started';
   with cancelled as (
@@ -701,6 +759,7 @@ create function flowlane._end_unfinished_steps(p_run_id uuid) returns void
 language sql volatile
 set search_path = ''
 as $$
+  select flowlane._unfold_step_states(p_run_id);
   update flowlane.step_states ss
      set status = 'cancelled', cancelled_at = greatest(flowlane._now(), coalesce(ss.started_at, ss.created_at))
    where ss.run_id = p_run_id and ss.status in ('created', 'started');
@@ -740,13 +799,23 @@ begin
   if cardinality(p_run_ids) = 0 then
     return;
   end if;
+  -- (the states of step_states and those tasks hold, all_step_states: each part by its own index)
   return query
-  select ss.run_id, jsonb_object_agg(ss.step_slug, ss.output)
-  from flowlane.step_states ss
-  where ss.run_id = any (p_run_ids) and ss.status = 'completed'
-    and not exists (select 1 from flowlane.deps d
-                    where d.flow_slug = ss.flow_slug and d.dep_slug = ss.step_slug)
-  group by ss.run_id;
+  select x.run_id, jsonb_object_agg(x.step_slug, x.output)
+  from (
+    select ss.run_id, ss.flow_slug, ss.step_slug, ss.output
+    from flowlane.step_states ss
+    where ss.run_id = any (p_run_ids) and ss.status = 'completed'
+    union all
+    -- (task_index in the index condition: of a run's other tasks, a map's thousands, only
+    -- the index entries are read)
+    select t.run_id, t.flow_slug, t.step_slug, t.output
+    from flowlane.step_tasks t
+    where t.run_id = any (p_run_ids) and t.task_index = 0 and t.step_started_at is not null
+      and t.status = 'completed'
+  ) x
+  where not exists (select 1 from flowlane.deps d where d.flow_slug = x.flow_slug and d.dep_slug = x.step_slug)
+  group by x.run_id;
 end;
 $$;
 

@@ -224,7 +224,10 @@ begin
 
   -- classify every message before any change
   select array_agg(row(b.msg_id, t, t.run_id is not null and p.flow_slug is not null,
-                       flowlane._claimable(t.status, r.status, ss.status)
+                       flowlane._claimable(t.status, r.status,
+                         -- (a step without a step_states row: its task holds its state, all_step_states)
+                         coalesce(ss.status, case when t.step_started_at is null then null
+                                                  when t.status = 'completed' then 'completed' else 'started' end))
                    )::flowlane._claim_item order by b.msg_id)
     into v_batch
   from unnest(v_ids) as b (msg_id)
@@ -397,8 +400,12 @@ begin
     return null;
   end if;
   select r.status into v_run_status from flowlane.runs r where r.run_id = v_task.run_id;
-  select ss.status into v_step_status from flowlane.step_states ss
-  where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug;
+  if v_task.step_started_at is not null then  -- the task holds its step's state (all_step_states)
+    v_step_status := case when v_task.status = 'completed' then 'completed' else 'started' end;
+  else
+    select ss.status into v_step_status from flowlane.step_states ss
+    where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug;
+  end if;
   if not flowlane._claimable(v_task.status, v_run_status, v_step_status) then
     return null;
   end if;
@@ -470,9 +477,13 @@ begin
          case
            when s.step_type = 'map' and s.deps_count = 0 then r.input -> t.task_index
            when s.step_type = 'map' then
-             (select ps.output -> t.task_index
+             (select coalesce(ps.output, pt.output) -> t.task_index
               from flowlane.deps d
-              join flowlane.step_states ps on ps.run_id = t.run_id and ps.step_slug = d.dep_slug
+              left join flowlane.step_states ps on ps.run_id = t.run_id and ps.step_slug = d.dep_slug
+              -- a parent whose task holds its state (all_step_states)
+              left join flowlane.step_tasks pt
+                on pt.run_id = t.run_id and pt.step_slug = d.dep_slug and pt.task_index = 0
+               and pt.step_started_at is not null
               where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug)
            when s.deps_count = 0 then r.input
            else flowlane._condition_subject(t.run_id, t.step_slug)

@@ -229,7 +229,11 @@ begin
   order by t.run_id, t.step_slug, t.task_index for update;
 
   with classified as (
-    select i, t, r.status as run_status, flowlane._result_owns(i, t, r.status, ss.status) as owns
+    -- (a step without a step_states row: its task holds its state, all_step_states)
+    select i, t, r.status as run_status,
+           flowlane._result_owns(i, t, r.status,
+             coalesce(ss.status, case when t.step_started_at is null then null
+                                      when t.status = 'completed' then 'completed' else 'started' end)) as owns
     from unnest(p_items) i
     left join flowlane.runs r on r.run_id = i.run_id and r.run_id = any (v_runs)
     left join flowlane.step_states ss
@@ -334,6 +338,7 @@ begin
   for v_class in
     select c.* from unnest(v_violations) c where not (c.task).run_id = any (v_sequential)
   loop
+    perform flowlane._unfold_step_states((v_class.task).run_id);
     update flowlane.step_tasks t
        set status = 'failed', failed_at = flowlane._now(), output = (v_class.item).output,
            error_message = format('[TYPE_VIOLATION] step %s feeds map step %s and must output a JSON array, got %s',
@@ -380,6 +385,7 @@ begin
            st.opt_cache_ttl is not null as cached
     from unnest(v_done) d
     join flowlane.steps st on st.flow_slug = d.flow_slug and st.step_slug = d.step_slug
+    where d.step_started_at is null  -- (a task that holds its step's state: below)
     group by 1, 2, 3, 6
   ), updated as (
     update flowlane.step_states ss
@@ -391,7 +397,12 @@ begin
       from counts c
      where ss.run_id = c.run_id and ss.step_slug = c.step_slug and ss.run_id = any (v_runs)
     returning ss, c.cached
-  ) select coalesce(array_agg(u.ss) filter (where (u.ss).status = 'completed'), '{}'), bool_or(u.cached)
+  ) select coalesce(array_agg(u.ss) filter (where (u.ss).status = 'completed'), '{}')
+           -- a task that holds its step's state (all_step_states) completed its step with it
+           || array(select row(d.flow_slug, d.run_id, d.step_slug, 'completed', 0, 1, 0, d.output, null, null,
+                               d.queued_at, d.step_started_at, d.completed_at, null, null, null)::flowlane.step_states
+                    from unnest(v_done) d where d.step_started_at is not null),
+           bool_or(u.cached)
       into v_steps, v_cached from updated u;
   if v_cached then  -- (23_cache.sql)
     perform flowlane._cache_outputs(v_done);
@@ -450,6 +461,9 @@ begin
   select t.* into v_task from flowlane.step_tasks t
   where t.run_id = p_item.run_id and t.step_slug = p_item.step_slug and t.task_index = p_item.task_index
   for update;
+  if v_task.step_started_at is not null then  -- the task holds its step's state (all_step_states)
+    v_state_status := case when v_task.status = 'completed' then 'completed' else 'started' end;
+  end if;
   if flowlane._result_owns(p_item, v_task, v_run_status, v_state_status) then
     return v_task;
   end if;
@@ -490,14 +504,19 @@ begin
   if v_cached then  -- (23_cache.sql)
     perform flowlane._cache_outputs(array[v_task]);
   end if;
-  update flowlane.step_states ss
-     set remaining_tasks = ss.remaining_tasks - 1,
-         status = case when ss.remaining_tasks = 1 then 'completed' else ss.status end,
-         completed_at = case when ss.remaining_tasks = 1 then flowlane._now() end,
-         output = case when ss.remaining_tasks = 1
-                       then flowlane._step_output(ss.run_id, ss.step_slug, v_step_type, p_item.output) end
-   where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug
-  returning ss.* into v_state;
+  if v_task.step_started_at is not null then  -- the task holds its step's state: completed with it
+    v_state := row(v_task.flow_slug, v_task.run_id, v_task.step_slug, 'completed', 0, 1, 0, v_task.output, null,
+                   null, v_task.queued_at, v_task.step_started_at, v_task.completed_at, null, null, null);
+  else
+    update flowlane.step_states ss
+       set remaining_tasks = ss.remaining_tasks - 1,
+           status = case when ss.remaining_tasks = 1 then 'completed' else ss.status end,
+           completed_at = case when ss.remaining_tasks = 1 then flowlane._now() end,
+           output = case when ss.remaining_tasks = 1
+                         then flowlane._step_output(ss.run_id, ss.step_slug, v_step_type, p_item.output) end
+     where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug
+    returning ss.* into v_state;
+  end if;
   if v_state.status = 'completed' then
     perform flowlane._step_done_one(v_state);
   end if;

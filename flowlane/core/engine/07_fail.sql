@@ -187,6 +187,7 @@ declare
   v_task flowlane.step_tasks;
   v_mode text;
 begin
+  perform flowlane._unfold_step_states(p_task.run_id);
   update flowlane.step_tasks t
      set status = 'failed', failed_at = flowlane._now(), error_message = p_error
    where t.run_id = p_task.run_id and t.step_slug = p_task.step_slug and t.task_index = p_task.task_index

@@ -14,7 +14,8 @@ declare
   v_handled int := 0;
 begin
   for v_cand in
-    select t.run_id, t.step_slug, t.task_index, o.timeout, o.max_attempts, o.stall_after
+    select t.run_id, t.step_slug, t.task_index, o.timeout, o.max_attempts, o.stall_after,
+           t.step_started_at is not null as in_task
     from flowlane.step_tasks t
     join flowlane.step_options o on o.flow_slug = t.flow_slug and o.step_slug = t.step_slug
     where t.status = 'started'
@@ -25,10 +26,11 @@ begin
     perform 1 from flowlane.runs r where r.run_id = v_cand.run_id and r.status = 'started'
       for update skip locked;
     continue when not found;
+    -- (a step without a step_states row: its task holds its state, and its lock is the task's)
     perform 1 from flowlane.step_states ss
       where ss.run_id = v_cand.run_id and ss.step_slug = v_cand.step_slug and ss.status = 'started'
       for update skip locked;
-    continue when not found;
+    continue when not found and not v_cand.in_task;
     select * into v_task from flowlane.step_tasks t
      where t.run_id = v_cand.run_id and t.step_slug = v_cand.step_slug and t.task_index = v_cand.task_index
        and t.status = 'started' and flowlane._stall_deadline(t, v_cand.stall_after) < flowlane._now()
@@ -227,6 +229,7 @@ begin
       v_run.compensation using errcode = '55000',
       hint = 'start a new run; a stopped compensation resumes with flowlane.retry_compensation(run_id)';
   end if;
+  perform flowlane._unfold_step_states(v_run.run_id);  -- a retry resets and restarts step_states rows
   return v_run;
 end;
 $$;

@@ -176,7 +176,10 @@ begin
     union all
     select distinct ss.flow_slug, ss.step_slug, 'started run'
     from flowlane.runs r
-    join flowlane.step_states ss on ss.run_id = r.run_id and ss.status in ('created', 'started')
+    -- (each run's states by its id: a join on run_id would read every task that holds its
+    -- step's state, all_step_states' second part being a subquery that takes no join key)
+    cross join lateral (select v.flow_slug, v.step_slug from flowlane.all_step_states v
+                        where v.run_id = r.run_id and v.status in ('created', 'started') offset 0) ss
     join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
     where r.status = 'started' and s.queue_name = coverage.queue_name
     union all

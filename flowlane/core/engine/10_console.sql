@@ -7,7 +7,7 @@ as $$
   select jsonb_build_object(
     'run', to_jsonb(r),
     'steps', coalesce((select jsonb_agg(to_jsonb(ss) order by s.step_index)
-                       from flowlane.step_states ss
+                       from flowlane.all_step_states ss
                        join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
                        where ss.run_id = r.run_id), '[]'::jsonb),
     'tasks', coalesce((select jsonb_agg(to_jsonb(t) order by s.step_index, t.task_index)

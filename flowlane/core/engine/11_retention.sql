@@ -110,6 +110,7 @@ as $$
 declare
   v_runs uuid[];
   v_group record;
+  v_states_in_tasks int;
 begin
   perform flowlane._check_prune_args(p_now, p_older_than, p_batch);
   v_runs := array(
@@ -135,10 +136,13 @@ begin
   end loop;
   delete from flowlane.task_attempts a where a.run_id = any (v_runs);
   get diagnostics attempts_deleted = row_count;
-  delete from flowlane.step_tasks t where t.run_id = any (v_runs);
-  get diagnostics tasks_deleted = row_count;
+  -- the steps deleted are the rows of step_states and the states tasks held (all_step_states)
+  with gone as (
+    delete from flowlane.step_tasks t where t.run_id = any (v_runs) returning t.step_started_at
+  ) select count(*), count(g.step_started_at) into tasks_deleted, v_states_in_tasks from gone g;
   delete from flowlane.step_states ss where ss.run_id = any (v_runs);
   get diagnostics steps_deleted = row_count;
+  steps_deleted := steps_deleted + v_states_in_tasks;
   delete from flowlane.runs r where r.run_id = any (v_runs);
   get diagnostics runs_deleted = row_count;
   return next;

@@ -399,7 +399,9 @@ begin
 end;
 $$;
 
--- send tasks (bodies) to one queue and record them; the bodies carry the run's priority
+-- send tasks (bodies) to one queue and record them; the bodies carry the run's priority. A
+-- task of a step without a step_states row holds its step's state (all_step_states,
+-- 01_tables.sql): step_started_at is its step's start, now
 create function flowlane._send_tasks(p_queue text, p_bodies jsonb[], p_delay int) returns void
 language plpgsql volatile
 set search_path = ''
@@ -414,16 +416,27 @@ begin
     perform flowlane._prioritize_queue(p_queue);
   end if;
   if cardinality(p_bodies) = 1 then  -- a single start or completion (02_queues.sql: _queue_send)
-    insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)
+    insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id,
+                                     step_started_at)
     values (p_bodies[1] ->> 'flow_slug', (p_bodies[1] ->> 'run_id')::uuid, p_bodies[1] ->> 'step_slug',
-            (p_bodies[1] ->> 'task_index')::int, p_queue, flowlane._queue_send(p_queue, p_bodies[1], p_delay));
+            (p_bodies[1] ->> 'task_index')::int, p_queue, flowlane._queue_send(p_queue, p_bodies[1], p_delay),
+            case when not exists (select 1 from flowlane.step_states ss
+                                  where ss.run_id = (p_bodies[1] ->> 'run_id')::uuid
+                                    and ss.step_slug = p_bodies[1] ->> 'step_slug') then flowlane._now() end);
     return;
   end if;
-  insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)
+  -- (the state's row by its key, task by task: a lateral lookup, which is never hashed over
+  -- the whole table)
+  insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id, step_started_at)
   select b.body ->> 'flow_slug', (b.body ->> 'run_id')::uuid, b.body ->> 'step_slug',
-         (b.body ->> 'task_index')::int, p_queue, m.id
+         (b.body ->> 'task_index')::int, p_queue, m.id,
+         case when ss.kept is null and b.body ->> 'task_index' = '0' then flowlane._now() end
   from flowlane._queue_send_batch(p_queue, p_bodies, p_delay) with ordinality as m (id, ord)
-  join unnest(p_bodies) with ordinality as b (body, ord) on b.ord = m.ord;
+  join unnest(p_bodies) with ordinality as b (body, ord) on b.ord = m.ord
+  left join lateral (select true as kept from flowlane.step_states s
+                     where s.run_id = (b.body ->> 'run_id')::uuid and s.step_slug = b.body ->> 'step_slug'
+                       and b.body ->> 'task_index' = '0'  -- (a task of many: its step has its row)
+                     limit 1) ss on true;
   get diagnostics v_n = row_count;
   if v_n <> cardinality(p_bodies) then
     raise exception 'internal error: sent % messages to queue % for % tasks', v_n, p_queue, cardinality(p_bodies);

@@ -33,7 +33,7 @@ as $$
     'error', coalesce(p_run.error_message, p_run.cancel_reason),
     'failed_step', f.step_slug,
     'step_error', f.error_message,
-    'outputs', coalesce((select jsonb_object_agg(ss.step_slug, ss.output) from flowlane.step_states ss
+    'outputs', coalesce((select jsonb_object_agg(ss.step_slug, ss.output) from flowlane.all_step_states ss
                          where ss.run_id = p_run.run_id and ss.status = 'completed'), '{}'::jsonb),
     'input', p_run.input)
   from (select null) n

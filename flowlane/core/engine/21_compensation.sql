@@ -16,7 +16,7 @@ as $$
            when s.deps_count = 0 then r.input
            when s.step_type = 'map' then
              (select ps.output from flowlane.deps d
-              join flowlane.step_states ps on ps.run_id = r.run_id and ps.step_slug = d.dep_slug
+              join flowlane.all_step_states ps on ps.run_id = r.run_id and ps.step_slug = d.dep_slug
               where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug)
            else flowlane._condition_subject(r.run_id, s.step_slug)
          end
@@ -36,7 +36,7 @@ begin
     return null;
   end if;
   insert into flowlane.compensations (run_id, step_slug)
-  select ss.run_id, ss.step_slug from flowlane.step_states ss
+  select ss.run_id, ss.step_slug from flowlane.all_step_states ss
   join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
   where ss.run_id = new.run_id and ss.status = 'completed' and s.opt_compensate is not null;
   if found then
@@ -95,7 +95,7 @@ declare
 begin
   v_input := jsonb_build_object('run_id', p_run.run_id, 'flow', p_run.flow_slug, 'step', p_step_slug,
     'input', flowlane._step_input(p_run.run_id, p_step_slug),
-    'output', (select ss.output from flowlane.step_states ss
+    'output', (select ss.output from flowlane.all_step_states ss
                where ss.run_id = p_run.run_id and ss.step_slug = p_step_slug));
   begin
     v_flow := flowlane.resolve_flow(p_named);

@@ -175,6 +175,18 @@
 -- held a few rows, each read the whole table on every later start, claim or completion. Only
 -- the two function bodies change; the trigger keeps its function.
 
+-- A step's state in its task: a root step of one task (no dependency, single, no concurrency
+-- limit, no cache) of a run started alone writes no step_states row; its task holds the state
+-- (step_tasks.step_started_at, a new nullable column: the step's start, null for every
+-- existing task) and the new view all_step_states reads every step's state from both tables.
+-- A failure, skip, cancel or retry of such a run writes the state into step_states first (the
+-- new _unfold_step_states). step_tasks' foreign key points at runs instead of step_states (a
+-- task's step may have no row). Runs in flight keep a row for every step, which every path
+-- reads as before. The console's steps of a run read all_step_states; the previous
+-- release's workers read step states only for wait steps and failed steps, which keep rows.
+-- Function signatures are kept; _start_tasks, _claim_one, _lock_one, _lock_and_classify,
+-- _complete_one, _complete_batch and _send_tasks change their bodies.
+
 -- == Written by hand: tables, types and data that the functions need ==
 
 -- fenced results and rerun from a step: the attempt history records an operator's
@@ -300,6 +312,26 @@ drop trigger step_tasks_leases_on_update on flowlane.step_tasks;
 drop trigger step_tasks_leases_on_delete on flowlane.step_tasks;
 drop table flowlane.task_leases;
 create index step_tasks_started_idx on flowlane.step_tasks (queue_name) where (status = 'started');
+
+-- step state in the task: a root step of one task started with its run keeps its state in its
+-- task (step_started_at); the view all_step_states reads every step's state. The tasks of runs
+-- in flight keep step_started_at null: their steps keep their rows, which every path reads.
+alter table flowlane.step_tasks add column step_started_at timestamptz;
+alter table flowlane.step_tasks drop constraint step_tasks_run_id_step_slug_fkey,
+  add constraint step_tasks_run_id_fkey foreign key (run_id) references flowlane.runs(run_id);
+create view flowlane.all_step_states as
+select ss.flow_slug, ss.run_id, ss.step_slug, ss.status, ss.remaining_deps, ss.initial_tasks, ss.remaining_tasks,
+       ss.output, ss.error_message, ss.skip_reason, ss.created_at, ss.started_at, ss.completed_at, ss.failed_at,
+       ss.skipped_at, ss.cancelled_at
+from flowlane.step_states ss
+union all
+select t.flow_slug, t.run_id, t.step_slug, case when t.status = 'completed' then 'completed' else 'started' end,
+       0, 1, case when t.status = 'completed' then 0 else 1 end,
+       case when t.status = 'completed' then t.output end, null::text, null::text, t.queued_at, t.step_started_at,
+       case when t.status = 'completed' then t.completed_at end, null::timestamptz, null::timestamptz,
+       null::timestamptz
+from flowlane.step_tasks t
+where t.step_started_at is not null;
 
 -- == Drafted from the engine source by `python -m flowlane.core.draft_migration`; redrafted, never edited ==
 
@@ -1394,20 +1426,34 @@ begin
           case when p_key is not null then p_called end, p_key, coalesce(p_priority, (p_flow).opt_priority, 0),
           p_origin)
   returning * into v_run;
-  with written as (
-    insert into flowlane.step_states as ss (flow_slug, run_id, step_slug, remaining_deps, initial_tasks, status,
-                                            started_at, remaining_tasks)
-    select s.flow_slug, v_run.run_id, s.step_slug, s.deps_count, t.tasks,
-           case when s.deps_count = 0 then 'started' else 'created' end,
-           case when s.deps_count = 0 then flowlane._now() end,
-           case when s.deps_count = 0 then t.tasks end
+  -- a root step of one task, without a concurrency limit or a cache, keeps its state in its
+  -- task (the view all_step_states): no step_states row is written for it, and _send_tasks
+  -- marks its task (step_started_at)
+  with planned as (
+    select s.flow_slug, s.step_slug, s.deps_count, t.tasks,
+           s.deps_count = 0 and s.step_type = 'single' and s.opt_concurrency_limit is null
+             and s.opt_cache_ttl is null as in_task
     from flowlane.steps s
     cross join lateral (  -- a dependent map's count is known when its parent completes
       select case when s.step_type <> 'map' then 1 when s.deps_count = 0 then v_elements end as tasks) t
     where s.flow_slug = (p_flow).flow_slug
-    order by s.step_slug
+  ), written as (
+    insert into flowlane.step_states as ss (flow_slug, run_id, step_slug, remaining_deps, initial_tasks, status,
+                                            started_at, remaining_tasks)
+    select p.flow_slug, v_run.run_id, p.step_slug, p.deps_count, p.tasks,
+           case when p.deps_count = 0 then 'started' else 'created' end,
+           case when p.deps_count = 0 then flowlane._now() end,
+           case when p.deps_count = 0 then p.tasks end
+    from planned p
+    where not p.in_task
+    order by p.step_slug
     returning ss
-  ) select array_agg(w.ss) filter (where (w.ss).status = 'started') into v_started from written w;
+  ) select array_agg(x.ss) into v_started from (
+      select w.ss from written w where (w.ss).status = 'started'
+      union all
+      select row(p.flow_slug, v_run.run_id, p.step_slug, 'started', 0, 1, 1, null, null, null, now(),
+                 flowlane._now(), null, null, null, null)::flowlane.step_states
+      from planned p where p.in_task) x;
   perform flowlane._enqueue_started(v_started);
   return v_run;
 end;
@@ -1473,6 +1519,35 @@ begin
     end if;
     return true;
   end loop;
+end;
+$$;
+
+-- the value a step's condition is tested against: the run input for a root
+-- step, {dep: output} of its completed deps otherwise
+create or replace function flowlane._condition_subject(p_run_id uuid, p_step_slug text) returns jsonb
+language plpgsql stable
+set search_path = ''
+as $$
+begin
+  return (
+    select case when s.deps_count = 0 then r.input else
+      coalesce((select jsonb_object_agg(d.dep_slug, x.output)
+                from flowlane.deps d
+                -- its row, else the task that holds its state (all_step_states), looked up only
+                -- when the row is missing
+                cross join lateral (
+                  select ps.output from flowlane.step_states ps
+                  where ps.run_id = p_run_id and ps.step_slug = d.dep_slug and ps.status = 'completed'
+                  union all
+                  select pt.output from flowlane.step_tasks pt
+                  where pt.run_id = p_run_id and pt.step_slug = d.dep_slug and pt.task_index = 0
+                    and pt.step_started_at is not null and pt.status = 'completed'
+                  limit 1) x
+                where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug),
+               '{}'::jsonb) end
+    from flowlane.runs r
+    join flowlane.steps s on s.flow_slug = r.flow_slug and s.step_slug = p_step_slug
+    where r.run_id = p_run_id);
 end;
 $$;
 
@@ -1611,6 +1686,7 @@ as $$
 declare
   v_tasks flowlane.step_tasks[];
 begin
+  perform flowlane._unfold_step_states(p_run_id);
   update flowlane.step_states s
      set status = 'skipped', skip_reason = p_reason, skipped_at = flowlane._now(), remaining_tasks = null
    where s.run_id = p_run_id and s.step_slug = p_step_slug and s.status in ('created', 'started');
@@ -1629,6 +1705,39 @@ begin
 end;
 $$;
 
+-- The states that tasks of a run hold for their steps (all_step_states, 01_tables.sql) are
+-- written into step_states, as they read there, and the tasks no longer hold them: what changes
+-- a step other than its task's start and completion (a failure, a skip, a cancel, a retry)
+-- then finds its row. The caller holds the run's lock; the tasks are locked in key order.
+create or replace function flowlane._unfold_step_states(p_run_id uuid) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  with held as (
+    select t.run_id, t.step_slug, t.task_index from flowlane.step_tasks t
+    where t.run_id = p_run_id and t.step_started_at is not null
+    order by t.step_slug, t.task_index
+    for update
+  ), written as (
+    insert into flowlane.step_states (flow_slug, run_id, step_slug, status, remaining_deps, initial_tasks,
+                                      remaining_tasks, output, error_message, skip_reason, created_at, started_at,
+                                      completed_at, failed_at, skipped_at, cancelled_at)
+    select v.flow_slug, v.run_id, v.step_slug, v.status, v.remaining_deps, v.initial_tasks, v.remaining_tasks,
+           v.output, v.error_message, v.skip_reason, v.created_at, v.started_at, v.completed_at, v.failed_at,
+           v.skipped_at, v.cancelled_at
+    from flowlane.all_step_states v
+    join held h on h.run_id = v.run_id and h.step_slug = v.step_slug
+    where v.run_id = p_run_id
+    order by v.step_slug
+  )
+  update flowlane.step_tasks t set step_started_at = null
+    from held h
+   where t.run_id = h.run_id and t.step_slug = h.step_slug and t.task_index = h.task_index
+     and t.run_id = p_run_id;
+end;
+$$;
+
 -- run failed: cancel its unfinished tasks and archive their messages; its
 -- unfinished steps end with it
 create or replace function flowlane._fail_run(p_run_id uuid, p_error text) returns void
@@ -1638,6 +1747,7 @@ as $$
 declare
   v_tasks flowlane.step_tasks[];
 begin
+  perform flowlane._unfold_step_states(p_run_id);
   update flowlane.runs r set status = 'failed', failed_at = flowlane._now(), error_message = p_error
    where r.run_id = p_run_id and r.status = 'started';
   with cancelled as (
@@ -1657,6 +1767,7 @@ create or replace function flowlane._end_unfinished_steps(p_run_id uuid) returns
 language sql volatile
 set search_path = ''
 as $$
+  select flowlane._unfold_step_states(p_run_id);
   update flowlane.step_states ss
      set status = 'cancelled', cancelled_at = greatest(flowlane._now(), coalesce(ss.started_at, ss.created_at))
    where ss.run_id = p_run_id and ss.status in ('created', 'started');
@@ -1680,6 +1791,40 @@ as $$
    where r.run_id = d.run_id and r.run_id = any (p_run_ids)
      and r.status = 'started' and r.remaining_steps = 0  -- again on the row updated (a caller
                                                          -- may not hold the run's lock)
+$$;
+
+-- the outputs of completed runs: each run's completed leaf steps (the rule, in one place),
+-- for a batch of runs in one statement
+-- (plpgsql, not sql: a language sql function with set clauses plans its statement on every call)
+create or replace function flowlane._run_outputs(p_run_ids uuid[]) returns table (run_id uuid, output jsonb)
+language plpgsql stable
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set plan_cache_mode = force_generic_plan
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+begin
+  if cardinality(p_run_ids) = 0 then
+    return;
+  end if;
+  -- (the states of step_states and those tasks hold, all_step_states: each part by its own index)
+  return query
+  select x.run_id, jsonb_object_agg(x.step_slug, x.output)
+  from (
+    select ss.run_id, ss.flow_slug, ss.step_slug, ss.output
+    from flowlane.step_states ss
+    where ss.run_id = any (p_run_ids) and ss.status = 'completed'
+    union all
+    -- (task_index in the index condition: of a run's other tasks, a map's thousands, only
+    -- the index entries are read)
+    select t.run_id, t.flow_slug, t.step_slug, t.output
+    from flowlane.step_tasks t
+    where t.run_id = any (p_run_ids) and t.task_index = 0 and t.step_started_at is not null
+      and t.status = 'completed'
+  ) x
+  where not exists (select 1 from flowlane.deps d where d.flow_slug = x.flow_slug and d.dep_slug = x.step_slug)
+  group by x.run_id;
+end;
 $$;
 
 -- the claim of a batch of read messages, classified as a whole before anything changes (a
@@ -1738,7 +1883,10 @@ begin
 
   -- classify every message before any change
   select array_agg(row(b.msg_id, t, t.run_id is not null and p.flow_slug is not null,
-                       flowlane._claimable(t.status, r.status, ss.status)
+                       flowlane._claimable(t.status, r.status,
+                         -- (a step without a step_states row: its task holds its state, all_step_states)
+                         coalesce(ss.status, case when t.step_started_at is null then null
+                                                  when t.status = 'completed' then 'completed' else 'started' end))
                    )::flowlane._claim_item order by b.msg_id)
     into v_batch
   from unnest(v_ids) as b (msg_id)
@@ -1880,8 +2028,12 @@ begin
     return null;
   end if;
   select r.status into v_run_status from flowlane.runs r where r.run_id = v_task.run_id;
-  select ss.status into v_step_status from flowlane.step_states ss
-  where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug;
+  if v_task.step_started_at is not null then  -- the task holds its step's state (all_step_states)
+    v_step_status := case when v_task.status = 'completed' then 'completed' else 'started' end;
+  else
+    select ss.status into v_step_status from flowlane.step_states ss
+    where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug;
+  end if;
   if not flowlane._claimable(v_task.status, v_run_status, v_step_status) then
     return null;
   end if;
@@ -1898,6 +2050,44 @@ begin
     into v_row
   from flowlane._claimed_inputs(array[v_task]) i;
   return v_row;
+end;
+$$;
+
+-- what claimed tasks are handed, for a batch in one statement: a task's input (the element
+-- of the run input for a root map, of the parent's output for a dependent map; the run input
+-- for a root single step; otherwise {dep: output} of the completed deps), and the run input
+-- (of each task it reads run_id, flow_slug, step_slug and task_index)
+create or replace function flowlane._claimed_inputs(p_tasks flowlane.step_tasks[])
+returns table (run_id uuid, step_slug text, task_index int, input jsonb, flow_input jsonb)
+language plpgsql stable
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+begin
+  return query
+  select t.run_id, t.step_slug, t.task_index,
+         case
+           when s.step_type = 'map' and s.deps_count = 0 then r.input -> t.task_index
+           when s.step_type = 'map' then
+             (select coalesce(ps.output, pt.output) -> t.task_index
+              from flowlane.deps d
+              left join flowlane.step_states ps on ps.run_id = t.run_id and ps.step_slug = d.dep_slug
+              -- a parent whose task holds its state (all_step_states)
+              left join flowlane.step_tasks pt
+                on pt.run_id = t.run_id and pt.step_slug = d.dep_slug and pt.task_index = 0
+               and pt.step_started_at is not null
+              where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug)
+           when s.deps_count = 0 then r.input
+           else flowlane._condition_subject(t.run_id, t.step_slug)
+         end,
+         r.input
+  from unnest(p_tasks) t
+  join flowlane.runs r
+    on r.run_id = t.run_id and r.run_id = any (array(select distinct x.run_id from unnest(p_tasks) x order by 1))
+  -- the step by the task's flow, not the run's: joined on r.flow_slug, a generic plan of
+  -- PostgreSQL 15 reached the runs from the steps, through every run of the flow
+  join flowlane.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug;
 end;
 $$;
 
@@ -2144,7 +2334,11 @@ begin
   order by t.run_id, t.step_slug, t.task_index for update;
 
   with classified as (
-    select i, t, r.status as run_status, flowlane._result_owns(i, t, r.status, ss.status) as owns
+    -- (a step without a step_states row: its task holds its state, all_step_states)
+    select i, t, r.status as run_status,
+           flowlane._result_owns(i, t, r.status,
+             coalesce(ss.status, case when t.step_started_at is null then null
+                                      when t.status = 'completed' then 'completed' else 'started' end)) as owns
     from unnest(p_items) i
     left join flowlane.runs r on r.run_id = i.run_id and r.run_id = any (v_runs)
     left join flowlane.step_states ss
@@ -2227,6 +2421,7 @@ begin
   for v_class in
     select c.* from unnest(v_violations) c where not (c.task).run_id = any (v_sequential)
   loop
+    perform flowlane._unfold_step_states((v_class.task).run_id);
     update flowlane.step_tasks t
        set status = 'failed', failed_at = flowlane._now(), output = (v_class.item).output,
            error_message = format('[TYPE_VIOLATION] step %s feeds map step %s and must output a JSON array, got %s',
@@ -2273,6 +2468,7 @@ begin
            st.opt_cache_ttl is not null as cached
     from unnest(v_done) d
     join flowlane.steps st on st.flow_slug = d.flow_slug and st.step_slug = d.step_slug
+    where d.step_started_at is null  -- (a task that holds its step's state: below)
     group by 1, 2, 3, 6
   ), updated as (
     update flowlane.step_states ss
@@ -2284,7 +2480,12 @@ begin
       from counts c
      where ss.run_id = c.run_id and ss.step_slug = c.step_slug and ss.run_id = any (v_runs)
     returning ss, c.cached
-  ) select coalesce(array_agg(u.ss) filter (where (u.ss).status = 'completed'), '{}'), bool_or(u.cached)
+  ) select coalesce(array_agg(u.ss) filter (where (u.ss).status = 'completed'), '{}')
+           -- a task that holds its step's state (all_step_states) completed its step with it
+           || array(select row(d.flow_slug, d.run_id, d.step_slug, 'completed', 0, 1, 0, d.output, null, null,
+                               d.queued_at, d.step_started_at, d.completed_at, null, null, null)::flowlane.step_states
+                    from unnest(v_done) d where d.step_started_at is not null),
+           bool_or(u.cached)
       into v_steps, v_cached from updated u;
   if v_cached then  -- (23_cache.sql)
     perform flowlane._cache_outputs(v_done);
@@ -2321,6 +2522,9 @@ begin
   select t.* into v_task from flowlane.step_tasks t
   where t.run_id = p_item.run_id and t.step_slug = p_item.step_slug and t.task_index = p_item.task_index
   for update;
+  if v_task.step_started_at is not null then  -- the task holds its step's state (all_step_states)
+    v_state_status := case when v_task.status = 'completed' then 'completed' else 'started' end;
+  end if;
   if flowlane._result_owns(p_item, v_task, v_run_status, v_state_status) then
     return v_task;
   end if;
@@ -2361,14 +2565,19 @@ begin
   if v_cached then  -- (23_cache.sql)
     perform flowlane._cache_outputs(array[v_task]);
   end if;
-  update flowlane.step_states ss
-     set remaining_tasks = ss.remaining_tasks - 1,
-         status = case when ss.remaining_tasks = 1 then 'completed' else ss.status end,
-         completed_at = case when ss.remaining_tasks = 1 then flowlane._now() end,
-         output = case when ss.remaining_tasks = 1
-                       then flowlane._step_output(ss.run_id, ss.step_slug, v_step_type, p_item.output) end
-   where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug
-  returning ss.* into v_state;
+  if v_task.step_started_at is not null then  -- the task holds its step's state: completed with it
+    v_state := row(v_task.flow_slug, v_task.run_id, v_task.step_slug, 'completed', 0, 1, 0, v_task.output, null,
+                   null, v_task.queued_at, v_task.step_started_at, v_task.completed_at, null, null, null);
+  else
+    update flowlane.step_states ss
+       set remaining_tasks = ss.remaining_tasks - 1,
+           status = case when ss.remaining_tasks = 1 then 'completed' else ss.status end,
+           completed_at = case when ss.remaining_tasks = 1 then flowlane._now() end,
+           output = case when ss.remaining_tasks = 1
+                         then flowlane._step_output(ss.run_id, ss.step_slug, v_step_type, p_item.output) end
+     where ss.run_id = v_task.run_id and ss.step_slug = v_task.step_slug
+    returning ss.* into v_state;
+  end if;
   if v_state.status = 'completed' then
     perform flowlane._step_done_one(v_state);
   end if;
@@ -2732,6 +2941,7 @@ declare
   v_task flowlane.step_tasks;
   v_mode text;
 begin
+  perform flowlane._unfold_step_states(p_task.run_id);
   update flowlane.step_tasks t
      set status = 'failed', failed_at = flowlane._now(), error_message = p_error
    where t.run_id = p_task.run_id and t.step_slug = p_task.step_slug and t.task_index = p_task.task_index
@@ -2769,7 +2979,8 @@ declare
   v_handled int := 0;
 begin
   for v_cand in
-    select t.run_id, t.step_slug, t.task_index, o.timeout, o.max_attempts, o.stall_after
+    select t.run_id, t.step_slug, t.task_index, o.timeout, o.max_attempts, o.stall_after,
+           t.step_started_at is not null as in_task
     from flowlane.step_tasks t
     join flowlane.step_options o on o.flow_slug = t.flow_slug and o.step_slug = t.step_slug
     where t.status = 'started'
@@ -2780,10 +2991,11 @@ begin
     perform 1 from flowlane.runs r where r.run_id = v_cand.run_id and r.status = 'started'
       for update skip locked;
     continue when not found;
+    -- (a step without a step_states row: its task holds its state, and its lock is the task's)
     perform 1 from flowlane.step_states ss
       where ss.run_id = v_cand.run_id and ss.step_slug = v_cand.step_slug and ss.status = 'started'
       for update skip locked;
-    continue when not found;
+    continue when not found and not v_cand.in_task;
     select * into v_task from flowlane.step_tasks t
      where t.run_id = v_cand.run_id and t.step_slug = v_cand.step_slug and t.task_index = v_cand.task_index
        and t.status = 'started' and flowlane._stall_deadline(t, v_cand.stall_after) < flowlane._now()
@@ -2936,6 +3148,7 @@ begin
       v_run.compensation using errcode = '55000',
       hint = 'start a new run; a stopped compensation resumes with flowlane.retry_compensation(run_id)';
   end if;
+  perform flowlane._unfold_step_states(v_run.run_id);  -- a retry resets and restarts step_states rows
   return v_run;
 end;
 $$;
@@ -3281,6 +3494,43 @@ begin
 end;
 $$;
 
+create or replace function flowlane.coverage(queue_name text, supported_pairs jsonb)
+returns table (flow_slug text, step_slug text, sources text[])
+language plpgsql stable
+set search_path = ''
+as $$
+begin
+  perform flowlane._check_queue_argument('coverage', coverage.queue_name);
+  return query
+  with supported as (
+    select * from flowlane._pairs(supported_pairs)
+  ), required as (
+    select s.flow_slug, s.step_slug, 'active version' as source
+    from flowlane.steps s
+    where s.queue_name = coverage.queue_name and s.flow_slug in (select flowlane._active_targets())
+    union all
+    select distinct ss.flow_slug, ss.step_slug, 'started run'
+    from flowlane.runs r
+    -- (each run's states by its id: a join on run_id would read every task that holds its
+    -- step's state, all_step_states' second part being a subquery that takes no join key)
+    cross join lateral (select v.flow_slug, v.step_slug from flowlane.all_step_states v
+                        where v.run_id = r.run_id and v.status in ('created', 'started') offset 0) ss
+    join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+    where r.status = 'started' and s.queue_name = coverage.queue_name
+    union all
+    select distinct t.flow_slug, t.step_slug, 'task on the queue'
+    from flowlane.runs r
+    join flowlane.step_tasks t on t.run_id = r.run_id
+    where r.status = 'started' and t.queue_name = coverage.queue_name and t.status in ('queued', 'started')
+  )
+  select r.flow_slug, r.step_slug, array_agg(distinct r.source order by r.source)
+  from required r
+  where not exists (select 1 from supported p where p.flow_slug = r.flow_slug and p.step_slug = r.step_slug)
+  group by r.flow_slug, r.step_slug
+  order by r.flow_slug, r.step_slug;
+end;
+$$;
+
 -- record which deployments are enabled, disable them and deprecate their
 -- live workers; an unfinished rollout is resumed (its record is kept, so a
 -- re-run never enables what was disabled before the first run began)
@@ -3372,6 +3622,24 @@ as $$
      from flowlane.worker_deployments w)))
 $$;
 
+create or replace function flowlane.get_run_with_states(run_id uuid) returns jsonb
+language sql stable
+set search_path = ''
+as $$
+  select jsonb_build_object(
+    'run', to_jsonb(r),
+    'steps', coalesce((select jsonb_agg(to_jsonb(ss) order by s.step_index)
+                       from flowlane.all_step_states ss
+                       join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+                       where ss.run_id = r.run_id), '[]'::jsonb),
+    'tasks', coalesce((select jsonb_agg(to_jsonb(t) order by s.step_index, t.task_index)
+                       from flowlane.step_tasks t
+                       join flowlane.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
+                       where t.run_id = r.run_id), '[]'::jsonb))
+  from flowlane.runs r
+  where r.run_id = get_run_with_states.run_id
+$$;
+
 -- finished runs that ended before p_now minus their flow's retention (p_older_than seconds,
 -- when given, in place of every flow's retention), oldest first within a flow; p_flows
 -- narrows to those flows; p_limit null = all. A handler's run waits for the run it handles.
@@ -3433,6 +3701,7 @@ as $$
 declare
   v_runs uuid[];
   v_group record;
+  v_states_in_tasks int;
 begin
   perform flowlane._check_prune_args(p_now, p_older_than, p_batch);
   v_runs := array(
@@ -3458,10 +3727,13 @@ begin
   end loop;
   delete from flowlane.task_attempts a where a.run_id = any (v_runs);
   get diagnostics attempts_deleted = row_count;
-  delete from flowlane.step_tasks t where t.run_id = any (v_runs);
-  get diagnostics tasks_deleted = row_count;
+  -- the steps deleted are the rows of step_states and the states tasks held (all_step_states)
+  with gone as (
+    delete from flowlane.step_tasks t where t.run_id = any (v_runs) returning t.step_started_at
+  ) select count(*), count(g.step_started_at) into tasks_deleted, v_states_in_tasks from gone g;
   delete from flowlane.step_states ss where ss.run_id = any (v_runs);
   get diagnostics steps_deleted = row_count;
+  steps_deleted := steps_deleted + v_states_in_tasks;
   delete from flowlane.runs r where r.run_id = any (v_runs);
   get diagnostics runs_deleted = row_count;
   return next;
@@ -4524,6 +4796,51 @@ begin
 end;
 $$;
 
+-- send tasks (bodies) to one queue and record them; the bodies carry the run's priority. A
+-- task of a step without a step_states row holds its step's state (all_step_states,
+-- 01_tables.sql): step_started_at is its step's start, now
+create or replace function flowlane._send_tasks(p_queue text, p_bodies jsonb[], p_delay int) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_n int;
+begin
+  if coalesce(cardinality(p_bodies), 0) = 0 then
+    return;
+  end if;
+  if exists (select 1 from unnest(p_bodies) b where b ? 'priority') then
+    perform flowlane._prioritize_queue(p_queue);
+  end if;
+  if cardinality(p_bodies) = 1 then  -- a single start or completion (02_queues.sql: _queue_send)
+    insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id,
+                                     step_started_at)
+    values (p_bodies[1] ->> 'flow_slug', (p_bodies[1] ->> 'run_id')::uuid, p_bodies[1] ->> 'step_slug',
+            (p_bodies[1] ->> 'task_index')::int, p_queue, flowlane._queue_send(p_queue, p_bodies[1], p_delay),
+            case when not exists (select 1 from flowlane.step_states ss
+                                  where ss.run_id = (p_bodies[1] ->> 'run_id')::uuid
+                                    and ss.step_slug = p_bodies[1] ->> 'step_slug') then flowlane._now() end);
+    return;
+  end if;
+  -- (the state's row by its key, task by task: a lateral lookup, which is never hashed over
+  -- the whole table)
+  insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id, step_started_at)
+  select b.body ->> 'flow_slug', (b.body ->> 'run_id')::uuid, b.body ->> 'step_slug',
+         (b.body ->> 'task_index')::int, p_queue, m.id,
+         case when ss.kept is null and b.body ->> 'task_index' = '0' then flowlane._now() end
+  from flowlane._queue_send_batch(p_queue, p_bodies, p_delay) with ordinality as m (id, ord)
+  join unnest(p_bodies) with ordinality as b (body, ord) on b.ord = m.ord
+  left join lateral (select true as kept from flowlane.step_states s
+                     where s.run_id = (b.body ->> 'run_id')::uuid and s.step_slug = b.body ->> 'step_slug'
+                       and b.body ->> 'task_index' = '0'  -- (a task of many: its step has its row)
+                     limit 1) ss on true;
+  get diagnostics v_n = row_count;
+  if v_n <> cardinality(p_bodies) then
+    raise exception 'internal error: sent % messages to queue % for % tasks', v_n, p_queue, cardinality(p_bodies);
+  end if;
+end;
+$$;
+
 -- say how many tasks may start. Claims on a queue with a concurrency limit take turns (its
 -- limits row locked, then its started tasks counted: exact under any number of claimers); a
 -- rate limit's tokens are taken up front, in the one statement that locks the row (the
@@ -4763,7 +5080,7 @@ as $$
     'error', coalesce(p_run.error_message, p_run.cancel_reason),
     'failed_step', f.step_slug,
     'step_error', f.error_message,
-    'outputs', coalesce((select jsonb_object_agg(ss.step_slug, ss.output) from flowlane.step_states ss
+    'outputs', coalesce((select jsonb_object_agg(ss.step_slug, ss.output) from flowlane.all_step_states ss
                          where ss.run_id = p_run.run_id and ss.status = 'completed'), '{}'::jsonb),
     'input', p_run.input)
   from (select null) n
@@ -4819,7 +5136,7 @@ as $$
            when s.deps_count = 0 then r.input
            when s.step_type = 'map' then
              (select ps.output from flowlane.deps d
-              join flowlane.step_states ps on ps.run_id = r.run_id and ps.step_slug = d.dep_slug
+              join flowlane.all_step_states ps on ps.run_id = r.run_id and ps.step_slug = d.dep_slug
               where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug)
            else flowlane._condition_subject(r.run_id, s.step_slug)
          end
@@ -4839,7 +5156,7 @@ begin
     return null;
   end if;
   insert into flowlane.compensations (run_id, step_slug)
-  select ss.run_id, ss.step_slug from flowlane.step_states ss
+  select ss.run_id, ss.step_slug from flowlane.all_step_states ss
   join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
   where ss.run_id = new.run_id and ss.status = 'completed' and s.opt_compensate is not null;
   if found then
@@ -4898,7 +5215,7 @@ declare
 begin
   v_input := jsonb_build_object('run_id', p_run.run_id, 'flow', p_run.flow_slug, 'step', p_step_slug,
     'input', flowlane._step_input(p_run.run_id, p_step_slug),
-    'output', (select ss.output from flowlane.step_states ss
+    'output', (select ss.output from flowlane.all_step_states ss
                where ss.run_id = p_run.run_id and ss.step_slug = p_step_slug));
   begin
     v_flow := flowlane.resolve_flow(p_named);

@@ -99,7 +99,7 @@ select s.step_slug, s.step_index, s.step_type, s.queue_name, s.child_flow,
 from flowlane.runs r
 join flowlane.steps s on s.flow_slug = r.flow_slug
 join flowlane.step_options o on o.flow_slug = s.flow_slug and o.step_slug = s.step_slug
-left join flowlane.step_states st on st.run_id = r.run_id and st.step_slug = s.step_slug
+left join flowlane.all_step_states st on st.run_id = r.run_id and st.step_slug = s.step_slug
 left join flowlane.wait_deadlines w on w.run_id = r.run_id and w.step_slug = s.step_slug
 left join flowlane.signals g on g.run_id = r.run_id and g.step_slug = s.step_slug
 left join lateral (
@@ -159,7 +159,7 @@ from flowlane.runs r where r.run_id = %(run_id)s::uuid
 
 -- name: console_step_output
 select left(s.output::text, %(limit)s) as text, octet_length(s.output::text) as bytes
-from flowlane.step_states s where s.run_id = %(run_id)s::uuid and s.step_slug = %(step_slug)s
+from flowlane.all_step_states s where s.run_id = %(run_id)s::uuid and s.step_slug = %(step_slug)s
 
 -- name: console_task_output
 select left(k.output::text, %(limit)s) as text, octet_length(k.output::text) as bytes
