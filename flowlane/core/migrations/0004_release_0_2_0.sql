@@ -175,6 +175,14 @@
 -- held a few rows, each read the whole table on every later start, claim or completion. Only
 -- the two function bodies change; the trigger keeps its function.
 
+-- Run indexes: a flow's runs are one index, runs_flow_idx on (flow_slug, started_at, run_id),
+-- in place of runs_flow_idx (flow_slug) and runs_prune_idx (flow_slug, started_at, of the
+-- finished runs only): retention reads a flow's oldest runs from it, the lists filtered by
+-- flow their newest, and the foreign key's check of a deleted flow its runs. A run's end
+-- writes one index entry less (it is not a HOT update: its status is in index keys and
+-- predicates), and so does the start of a run that waits. The index is built inside the migration's transaction: starts
+-- and ends of runs wait for it (a few seconds per million runs). Only indexes change.
+
 -- == Written by hand: tables, types and data that the functions need ==
 
 -- fenced results and rerun from a step: the attempt history records an operator's
@@ -300,6 +308,12 @@ drop trigger step_tasks_leases_on_update on flowlane.step_tasks;
 drop trigger step_tasks_leases_on_delete on flowlane.step_tasks;
 drop table flowlane.task_leases;
 create index step_tasks_started_idx on flowlane.step_tasks (queue_name) where (status = 'started');
+
+-- run indexes: runs_flow_idx (flow_slug) and runs_prune_idx (flow_slug, started_at, finished
+-- runs) become one index, runs_flow_idx on (flow_slug, started_at, run_id)
+drop index flowlane.runs_prune_idx;
+drop index flowlane.runs_flow_idx;
+create index runs_flow_idx on flowlane.runs (flow_slug, started_at, run_id);
 
 -- == Drafted from the engine source by `python -m flowlane.core.draft_migration`; redrafted, never edited ==
 
