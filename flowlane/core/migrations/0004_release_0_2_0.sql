@@ -177,11 +177,12 @@
 
 -- Run indexes: a flow's runs are one index, runs_flow_idx on (flow_slug, started_at, run_id),
 -- in place of runs_flow_idx (flow_slug) and runs_prune_idx (flow_slug, started_at, of the
--- finished runs only): retention reads a flow's oldest runs from it, the lists filtered by
--- flow their newest, and the foreign key's check of a deleted flow its runs. A run's end
--- writes one index entry less (it is not a HOT update: its status is in index keys and
--- predicates), and so does the start of a run that waits. The index is built inside the migration's transaction: starts
--- and ends of runs wait for it (a few seconds per million runs). Only indexes change.
+-- finished runs only): retention reads a flow's oldest runs from it, the lists filtered by flow
+-- their newest (a backward scan, in their order), and the foreign key's check of a deleted flow
+-- its runs. A run's end writes one index entry less (it is not a HOT update: its status is in
+-- index keys and predicates), and so does the start of a run that waits. The index is built
+-- inside the migration's transaction: starts and ends of runs wait for it (a few seconds per
+-- million runs). Only indexes change.
 
 -- == Written by hand: tables, types and data that the functions need ==
 
