@@ -17,6 +17,7 @@ handed back), so that a killed ``serve`` leaves no orphan workers serving beside
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -56,6 +57,10 @@ def run_worker(paths: Sequence[str], config: WorkerConfig, beside: Beside | None
 
     log.configure(config.log_level, config.log_format)
     worker = Worker(load_project(list(paths)), config)
+    # what the process holds by now (modules, the project) lives as long as it does: frozen,
+    # the collector's full passes, which a drain's tasks and futures set off, leave it out
+    # (the collector took 12 % of a draining worker's CPU, 5 % with the freeze)
+    gc.freeze()
     with beside(worker) if beside is not None else contextlib.nullcontext():
         worker.run()
 

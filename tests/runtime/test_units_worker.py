@@ -666,6 +666,24 @@ def test_serve_starts_each_worker_from_its_config_not_from_a_command_line(
     assert "error: shutdown_timeout must be 0 or more seconds" in capsys.readouterr().err
 
 
+def test_a_worker_process_freezes_what_it_holds_before_it_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+
+    from flowlane.runtime import launch
+
+    (tmp_path / "f.yaml").write_text(SHUTDOWN_FLOW)
+    frozen_when_serving: list[int] = []
+    monkeypatch.setattr(Worker, "run", lambda self: frozen_when_serving.append(gc.get_freeze_count()))
+    gc.unfreeze()
+    try:
+        launch.run_worker([str(tmp_path)], WorkerConfig(queue="f", handle_signals=False))
+    finally:
+        gc.unfreeze()
+    assert frozen_when_serving and frozen_when_serving[0] > 0
+
+
 def test_a_claim_shares_each_runs_input_by_position_even_when_it_is_json_null() -> None:
     from flowlane.runtime.store import _claim
 

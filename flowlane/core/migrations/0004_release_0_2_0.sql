@@ -187,6 +187,15 @@
 -- Function signatures are kept; _start_tasks, _claim_one, _lock_one, _lock_and_classify,
 -- _complete_one, _complete_batch and _send_tasks change their bodies.
 
+-- Run indexes: a flow's runs are one index, runs_flow_idx on (flow_slug, started_at, run_id),
+-- in place of runs_flow_idx (flow_slug) and runs_prune_idx (flow_slug, started_at, of the
+-- finished runs only): retention reads a flow's oldest runs from it, the lists filtered by flow
+-- their newest (a backward scan, in their order), and the foreign key's check of a deleted flow
+-- its runs. A run's end writes one index entry less (it is not a HOT update: its status is in
+-- index keys and predicates), and so does the start of a run that waits. The index is built
+-- inside the migration's transaction: starts and ends of runs wait for it (a few seconds per
+-- million runs). Only indexes change.
+
 -- == Written by hand: tables, types and data that the functions need ==
 
 -- fenced results and rerun from a step: the attempt history records an operator's
@@ -332,6 +341,12 @@ select t.flow_slug, t.run_id, t.step_slug, case when t.status = 'completed' then
        null::timestamptz
 from flowlane.step_tasks t
 where t.step_started_at is not null;
+
+-- run indexes: runs_flow_idx (flow_slug) and runs_prune_idx (flow_slug, started_at, finished
+-- runs) become one index, runs_flow_idx on (flow_slug, started_at, run_id)
+drop index flowlane.runs_prune_idx;
+drop index flowlane.runs_flow_idx;
+create index runs_flow_idx on flowlane.runs (flow_slug, started_at, run_id);
 
 -- == Drafted from the engine source by `python -m flowlane.core.draft_migration`; redrafted, never edited ==
 
