@@ -13,7 +13,9 @@ preloaded) as a database `flowlane` migrated to head by this checkout. Both data
 the same PGMQ, installed by flowlane's migrator (the `pgmq` Python package's bundled SQL
 where the server has no pgmq extension). That PGMQ is newer than the 1.5 the package's
 last migration requires, and satisfies it: its message record has the `headers` column
-that migration checks for.
+that migration checks for. The calls are those of the package's 0.8 line (start_tasks of
+a flow's message ids and a worker id, whose row the script inserts into pgflow.workers);
+another version may need them changed.
 
 Stand-ins: the package expects a Supabase database. Its first migration creates the pgmq
 extension (`create extension if not exists "pgmq"`): where PGMQ is the bundled SQL rather
@@ -28,16 +30,23 @@ Workloads, for a one-step flow and a three-step chain (the same definitions on b
   per-task     read --batch messages (pgmq.read), start_tasks of them, one complete_task per
                task (the single calls): tasks/s of the drive, and end to end with the
                starts
-  batched      flowlane: start_flows of the runs, then claim_tasks of --batch and one
-               complete_tasks per batch (what `flowlane worker` does); pgflow has no
+  batched      flowlane: start_flows of --batch runs per call, then claim_tasks of --batch
+               and one complete_tasks per batch (what `flowlane worker` does); pgflow has no
                batched completion, its best batched path is its per-task path above (a
                read and a start_tasks of --batch, complete_task per task), so its column
                repeats that one
   cpu/task     the database backend's CPU time (/proc/<pid>/schedstat) per task, the
                starts included, per-task and batched
-Each round runs every workload once on each engine, the engines taking turns (flowlane,
-pgflow, then pgflow, flowlane in the next round), --runs runs per workload, chain and
-engine. Both backends are pinned to one CPU, the client to another.
+  statements   statements the server executes per task, the starts included
+Each round runs, per chain, the three workloads (flowlane per-task, flowlane batched, pgflow
+per-task) of --runs runs each side by side, in turns: a turn starts --batch runs (one
+start_flow per run, or one start_flows) or, once they are started, drives one batch (a read
+or claim of --batch and its completions); the workloads take turns until all are done,
+each turn timed and the backend's CPU read around it, so that a shared machine's load, which
+changes from one second to the next, falls on both engines alike. The order of the engines
+turns around from one round to the next. Both backends are pinned to one CPU, the client to
+another. Statements per task are counted after the rounds, in a pass of 50 runs per
+workload with pg_stat_statements.track = 'all' (nested statements included).
 
 How to read it: the figures are medians over the --rounds rounds; the ratio column is
 flowlane's median over pgflow's. Above 1 flowlane is faster for rates; below 1 it spends
@@ -59,7 +68,7 @@ import sys
 import tarfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -178,15 +187,18 @@ class PgflowDriver:
         for i in range(runs):
             self.conn.execute(Q["start_flow"], {"flow": flow, "input": Jsonb({"i": i})})
 
-    def drive(self, flow: str, batched: bool) -> int:
-        tasks = 0
-        while ids := [r[0] for r in self.conn.execute(Q["read"], {"queue": flow, "qty": self.batch})]:
-            params = {"flow": flow, "msg_ids": ids, "worker_id": self.worker_id}
-            for run_id, step, index in self.conn.execute(Q["start_tasks"], params).fetchall():
-                complete = {"run_id": run_id, "step": step, "task_index": index, "output": Jsonb(OUTPUT)}
-                self.conn.execute(Q["complete_task"], complete)
-                tasks += 1
-        return tasks
+    def drive_batch(self, flow: str, batched: bool) -> int:
+        """A read of up to ``batch`` messages, start_tasks of them and one complete_task per
+        task started: how many."""
+        ids = [r[0] for r in self.conn.execute(Q["read"], {"queue": flow, "qty": self.batch})]
+        if not ids:
+            return 0
+        params = {"flow": flow, "msg_ids": ids, "worker_id": self.worker_id}
+        started = self.conn.execute(Q["start_tasks"], params).fetchall()
+        for run_id, step, index in started:
+            complete = {"run_id": run_id, "step": step, "task_index": index, "output": Jsonb(OUTPUT)}
+            self.conn.execute(Q["complete_task"], complete)
+        return len(started)
 
     def unfinished(self, flow: str) -> int:
         row = self.conn.execute(Q["unfinished_runs"], {"flow": flow}).fetchone()
@@ -209,14 +221,40 @@ class FlowlaneDriver:
     def start(self, flow: str, runs: int, batched: bool) -> None:
         self.modes[batched].start(flow, runs)
 
-    def drive(self, flow: str, batched: bool) -> int:
-        return self.modes[batched].drive(flow)
+    def drive_batch(self, flow: str, batched: bool) -> int:
+        return self.modes[batched].drive_batch(flow)
 
     def unfinished(self, flow: str) -> int:
         return int(flowlane_bench.scalar(self.conn, "unfinished_runs", flow=flow))
 
 
 Driver = PgflowDriver | FlowlaneDriver
+MODES = {"per-task": False, "batched": True}
+STATEMENT_RUNS = 50
+
+
+def workloads(driver: Driver) -> list[tuple[str, bool]]:
+    """A driver's modes; pgflow's best batched path is its per-task path, measured once."""
+    return list(MODES.items()) if isinstance(driver, FlowlaneDriver) else [("per-task", False)]
+
+
+def drive(driver: Driver, flow: str, batched: bool) -> int:
+    tasks = 0
+    while driven := driver.drive_batch(flow, batched):
+        tasks += driven
+    return tasks
+
+
+def turns(driver: Driver, flow: str, runs: int, batched: bool, batch: int) -> Iterator[tuple[str, int]]:
+    """A workload in turns: ``batch`` runs started, then one batch driven at a time; each turn
+    yields its phase and how many runs or tasks it did. The turn that ends the workload is
+    the drive's last, empty, read or claim."""
+    for offset in range(0, runs, batch):
+        count = min(batch, runs - offset)
+        driver.start(flow, count, batched)
+        yield "start", count
+    while driven := driver.drive_batch(flow, batched):
+        yield "drive", driven
 
 
 @dataclass
@@ -232,50 +270,68 @@ class Cell:
     statements: list[float] = field(default_factory=list)
 
 
-def one_round(driver: Driver, flow: str, runs: int, batched: bool, cell: Cell) -> None:
-    pid = driver.conn.info.backend_pid
-    cpu0, t0 = backend_cpu_ns(pid), time.perf_counter()
-    driver.start(flow, runs, batched)
-    t1 = time.perf_counter()
-    tasks = driver.drive(flow, batched)
-    t2 = time.perf_counter()
-    cpu = backend_cpu_ns(pid) - cpu0
-    if tasks != runs * CHAINS[flow]:
-        raise SystemExit(f"{driver.name} {flow}: {tasks} tasks driven for {runs} runs")
-    cell.start.append(runs / (t1 - t0))
-    cell.drive.append(tasks / (t2 - t1))
-    cell.e2e.append(tasks / (t2 - t0))
-    cell.cpu.append(cpu / 1e6 / tasks)
+@dataclass
+class Tally:
+    """One workload's round: seconds per phase, backend CPU ns, runs and tasks done."""
+
+    seconds: dict[str, float] = field(default_factory=lambda: {"start": 0.0, "drive": 0.0})
+    done: dict[str, int] = field(default_factory=lambda: {"start": 0, "drive": 0})
+    cpu_ns: int = 0
+
+    def add_to(self, cell: Cell) -> None:
+        runs, tasks = self.done["start"], self.done["drive"]
+        start_s, drive_s = self.seconds["start"], self.seconds["drive"]
+        cell.start.append(runs / start_s)
+        cell.drive.append(tasks / drive_s)
+        cell.e2e.append(tasks / (start_s + drive_s))
+        cell.cpu.append(self.cpu_ns / 1e6 / tasks)
 
 
-MODES = {"per-task": False, "batched": True}
-STATEMENT_RUNS = 50
+Workload = tuple[Driver, str, str, bool]  # driver, flow, mode, batched
 
 
-def workloads(driver: Driver) -> list[tuple[str, bool]]:
-    """A driver's modes; pgflow's best batched path is its per-task path, measured once."""
-    return list(MODES.items()) if isinstance(driver, FlowlaneDriver) else [("per-task", False)]
+def one_round(jobs: list[Workload], runs: int, batch: int) -> list[Tally]:
+    """The workloads taking turns until all are done: each turn timed, and the backend's CPU
+    read around it, so that the machine's load falls on all alike."""
+    tallies = [Tally() for _ in jobs]
+    active = {
+        i: (driver, turns(driver, flow, runs, batched, batch))
+        for i, (driver, flow, _, batched) in enumerate(jobs)
+    }
+    while active:
+        for i, (driver, steps) in list(active.items()):
+            pid = driver.conn.info.backend_pid
+            cpu0, t0 = backend_cpu_ns(pid), time.perf_counter()
+            turn = next(steps, None)
+            seconds, cpu_ns = time.perf_counter() - t0, backend_cpu_ns(pid) - cpu0
+            phase, count = turn or ("drive", 0)
+            tallies[i].seconds[phase] += seconds
+            tallies[i].done[phase] += count
+            tallies[i].cpu_ns += cpu_ns
+            if turn is None:
+                del active[i]
+    for (driver, flow, _, _), tally in zip(jobs, tallies, strict=True):
+        if tally.done["drive"] != runs * CHAINS[flow]:
+            raise SystemExit(f"{driver.name} {flow}: {tally.done['drive']} tasks driven for {runs} runs")
+    return tallies
 
 
-def measure(drivers: list[Driver], runs: int, rounds: int) -> dict[tuple[str, str, str], Cell]:
+def measure(drivers: list[Driver], runs: int, rounds: int, batch: int) -> dict[tuple[str, str, str], Cell]:
     cells: dict[tuple[str, str, str], Cell] = {}
-    for driver in drivers:  # warm-up, untimed: plans made, caches warm
-        for flow in CHAINS:
-            for _, batched in workloads(driver):
-                one_round(driver, flow, flowlane_bench.WARM_UP, batched, Cell())
+    for flow in CHAINS:  # warm-up, untimed: plans made, caches warm
+        one_round([(d, flow, m, b) for d in drivers for m, b in workloads(d)], flowlane_bench.WARM_UP, batch)
     for r in range(rounds):
         order = drivers if r % 2 == 0 else drivers[::-1]
         for flow in CHAINS:
-            for driver in order:
-                for mode, batched in workloads(driver):
-                    cell = cells.setdefault((driver.name, flow, mode), Cell())
-                    one_round(driver, flow, runs, batched, cell)
+            jobs = [(d, flow, m, b) for d in order for m, b in workloads(d)]
+            for (driver, _, mode, _), tally in zip(jobs, one_round(jobs, runs, batch), strict=True):
+                tally.add_to(cells.setdefault((driver.name, flow, mode), Cell()))
     for driver in drivers:  # statements per task, counted apart so that tracking slows no timed call
         for flow in CHAINS:
             for mode, batched in workloads(driver):
                 def work(driver: Driver = driver, flow: str = flow, batched: bool = batched) -> int:
                     driver.start(flow, STATEMENT_RUNS, batched)
-                    return driver.drive(flow, batched)
+                    return drive(driver, flow, batched)
 
                 count = flowlane_bench.count_statements(driver.conn, work)
                 cells[(driver.name, flow, mode)].statements.append(count)
@@ -337,8 +393,8 @@ def main() -> int:
                 f" {args.rounds} rounds (medians), synchronous_commit off;"
                 f" both databases on {pgmq_installed(theirs)}\n"
             )
-            cells = measure([FlowlaneDriver(ours, args.batch), PgflowDriver(theirs, args.batch)],
-                            args.runs, args.rounds)
+            drivers: list[Driver] = [FlowlaneDriver(ours, args.batch), PgflowDriver(theirs, args.batch)]
+            cells = measure(drivers, args.runs, args.rounds, args.batch)
             report(cells)
         finally:
             ours.close()
