@@ -178,7 +178,14 @@ class Driver:
 
     def drive(self, flow: str) -> int:
         tasks = 0
-        while claimed := self.claim(flow):
+        while driven := self.drive_batch(flow):
+            tasks += driven
+        return tasks
+
+    def drive_batch(self, flow: str) -> int:
+        """One claim of up to ``batch`` queued tasks and their completions: how many."""
+        claimed = self.claim(flow)
+        if claimed:
             if self.set_based:
                 results = [
                     {
@@ -203,8 +210,7 @@ class Driver:
                         "attempt": attempt,
                     }
                     self.conn.execute(Q["complete_task"], params)
-            tasks += len(claimed)
-        return tasks
+        return len(claimed)
 
 
 def engine_round(driver: Driver, flow: str, runs: int, totals: Totals) -> None:
