@@ -221,7 +221,7 @@ begin
   where s.flow_slug = p_flow and not (coalesce(v_plain[i], false) and flowlane._state_in_task(s))
   order by v_ids[i], s.step_slug;
   -- the steps whose states are in their tasks: started now, their tasks sent and marked by
-  -- _send_tasks (no condition or empty map of these runs is resolved below)
+  -- _send_step_tasks (no condition or empty map of these runs is resolved below)
   v_in_task := array(
     select row(p_flow, v_ids[i], s.step_slug, 'started', 0, 1, 1, null, null, null, flowlane._now(),
                flowlane._now(), null, null, null, null)::flowlane.step_states
@@ -229,7 +229,7 @@ begin
     where s.flow_slug = p_flow and coalesce(v_plain[i], false) and flowlane._state_in_task(s)
     order by v_ids[i], s.step_index);
   if cardinality(v_in_task) > 0 then
-    perform flowlane._enqueue_started(v_in_task);
+    perform flowlane._enqueue_steps(v_in_task, true);
   end if;
   if not v_waiting then
     perform flowlane._progress_runs(array(select v_ids[i] from generate_subscripts(v_ids, 1) i
@@ -298,6 +298,7 @@ declare
   v_elements int := case when jsonb_typeof(p_input) = 'array' then jsonb_array_length(p_input) end;
   v_run flowlane.runs;
   v_started flowlane.step_states[];
+  v_in_task flowlane.step_states[];
 begin
   select count(*), coalesce(bool_and(flowlane._starts_plainly(s, p_input)), false) into v_steps, v_plain
   from flowlane.steps s where s.flow_slug = (p_flow).flow_slug;
@@ -312,7 +313,7 @@ begin
           p_origin)
   returning * into v_run;
   -- a step whose state is in its task (_state_in_task) gets no step_states row, and
-  -- _send_tasks marks its task (step_started_at)
+  -- _send_step_tasks marks its task (step_started_at)
   with planned as (
     select s.flow_slug, s.step_slug, s.deps_count, t.tasks, flowlane._state_in_task(s) as in_task
     from flowlane.steps s
@@ -330,13 +331,17 @@ begin
     where not p.in_task
     order by p.step_slug
     returning ss
-  ) select array_agg(x.ss) into v_started from (
-      select w.ss from written w where (w.ss).status = 'started'
-      union all
-      select row(p.flow_slug, v_run.run_id, p.step_slug, 'started', 0, 1, 1, null, null, null, now(),
-                 flowlane._now(), null, null, null, null)::flowlane.step_states
-      from planned p where p.in_task) x;
-  perform flowlane._enqueue_started(v_started);
+  ) select (select array_agg(w.ss) from written w where (w.ss).status = 'started'),
+            (select array_agg(row(p.flow_slug, v_run.run_id, p.step_slug, 'started', 0, 1, 1, null, null, null,
+                                  flowlane._now(), flowlane._now(), null, null, null, null)::flowlane.step_states)
+             from planned p where p.in_task)
+      into v_started, v_in_task;
+  if v_started is not null then
+    perform flowlane._enqueue_steps(v_started, false);
+  end if;
+  if v_in_task is not null then
+    perform flowlane._enqueue_steps(v_in_task, true);
+  end if;
   return v_run;
 end;
 $$;
@@ -571,15 +576,16 @@ begin
     returning ss
   ) select coalesce(array_agg(st.ss), '{}') into v_started from started st;
   if cardinality(v_started) > 0 then
-    perform flowlane._enqueue_started(v_started);
+    perform flowlane._enqueue_steps(v_started, false);
   end if;
 end;
 $$;
 
--- the tasks of steps just started (their runs' locks held): one _send_tasks per (queue, start
+-- the tasks of steps just started (their runs' locks held): one _send_step_tasks per (queue, start
 -- delay), which holds back those over a step's concurrency limit; wait and child-flow steps
--- begin instead
-create function flowlane._enqueue_started(p_started flowlane.step_states[]) returns void
+-- begin instead. p_in_task: the steps keep their states in their tasks (_state_in_task), so
+-- p_started are rows made for the call, not read from step_states
+create function flowlane._enqueue_steps(p_started flowlane.step_states[], p_in_task boolean) returns void
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
@@ -613,10 +619,21 @@ begin
     -- a cached step: tasks whose key has an entry complete at once (23_cache.sql)
     v_group.bodies := case when v_group.cached then flowlane._take_cached(v_group.bodies) else v_group.bodies end;
     -- a step with a concurrency limit: tasks over its key's limit are held (19_flow_control.sql)
-    perform flowlane._send_tasks(v_group.queue_name,
+    perform flowlane._send_step_tasks(v_group.queue_name,
       case when v_group.limited then flowlane._take_step_slots(v_group.bodies) else v_group.bodies end,
-      v_group.start_delay);
+      v_group.start_delay, p_in_task);
   end loop;
+end;
+$$;
+
+-- steps that have their step_states rows (the previous release's signature, which its
+-- functions call while a migration commits)
+create function flowlane._enqueue_started(p_started flowlane.step_states[]) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  perform flowlane._enqueue_steps(p_started, false);
 end;
 $$;
 
