@@ -12,6 +12,8 @@ connection. Workloads, each --runs runs (or messages):
 
   batched      start_flow per run, then drained as `flowlane worker` drains: claim_tasks of
                --batch, one complete_tasks per claimed batch
+  together     batched, the runs started by start_flows of --batch inputs per call (as a
+               batch of starts, a trigger's or a webhook's, starts them)
   archive off  batched, on this checkout, with the queue's archive turned off (`archive:
                false` in its `kind: queue` document: its ended messages are deleted)
   per-item     start_flow per run, then pgmq.read of --batch + start_tasks, and one
@@ -34,6 +36,7 @@ by raw PGMQ's per message. A cell reads inserts/updates(HOT)/deletes per task.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from collections.abc import Callable
@@ -94,10 +97,17 @@ def counted(conn: Conn, work: Callable[[], int]) -> dict[str, tuple[float, ...]]
     return deltas
 
 
-def engine_work(conn: Conn, driver: Driver, runs: int) -> Callable[[], int]:
+def engine_work(conn: Conn, driver: Driver, runs: int, together: int = 0) -> Callable[[], int]:
+    """``runs`` started by start_flow each, or by start_flows of ``together`` inputs, then drained."""
+
     def work() -> int:
-        for i in range(runs):
-            conn.execute(Q["start_flow"], {"flow": FLOW, "input": Jsonb({"i": i})})
+        if together:
+            for offset in range(0, runs, together):
+                inputs = [json.dumps({"i": i}) for i in range(offset, min(runs, offset + together))]
+                conn.execute(Q["start_flows"], {"flow": FLOW, "inputs": inputs})
+        else:
+            for i in range(runs):
+                conn.execute(Q["start_flow"], {"flow": FLOW, "input": Jsonb({"i": i})})
         tasks = driver.drive(FLOW)
         if unfinished := scalar(conn, "unfinished_runs", flow=FLOW):
             raise SystemExit(f"{unfinished} runs did not complete")
@@ -113,6 +123,8 @@ def measure(conns: dict[str, Conn], runs: int, batch: int) -> dict[str, dict[str
         for mode, set_based in (("batched", True), ("per-item", False)):
             driver = Driver(conn, set_based, batch, 0)
             columns[f"{version} {mode}"] = counted(conn, engine_work(conn, driver, runs))
+        together = engine_work(conn, Driver(conn, True, batch, 0), runs, batch)
+        columns[f"{version} together"] = counted(conn, together)
     conn = conns["after"]
     conn.execute(Q["set_archive"], {"queue": FLOW, "archive": False})
     columns["after archive off"] = counted(conn, engine_work(conn, Driver(conn, True, batch, 0), runs))

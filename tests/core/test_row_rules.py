@@ -45,12 +45,13 @@ BREAKS = [
 
 @pytest.fixture
 def started(engine: Engine) -> uuid.UUID:
-    """A run whose one task is claimed: a started run, step state and task (started with another
-    run, through the batch path, which writes a step_states row for every step)."""
-    engine.define("ruled", [("one", [], {})])
+    """A run whose one task is claimed: a started run, step state and task (a root step with a
+    condition, which keeps its state in a step_states row)."""
+    engine.define("ruled", [("one", [], {"required_input_pattern": {"go": True}})])
     run_id: uuid.UUID = engine.scalar(
         "select (array_agg(s.run_id order by s.ord))[1] from flowlane.start_flows('ruled', "
-        "array['{\"n\": 1}'::jsonb, '{\"n\": 2}'::jsonb]) with ordinality as s (run_id, ord)")
+        "array['{\"go\": true, \"n\": 1}'::jsonb, '{\"go\": true, \"n\": 2}'::jsonb]) "
+        "with ordinality as s (run_id, ord)")
     assert len(engine.claim("ruled")) == 2
     return run_id
 

@@ -457,7 +457,7 @@ create table flowlane.step_tasks (
 with (autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', fillfactor='50');
 
 -- Every step's state: the rows of step_states, and the state a task holds for its step. A root
--- step of one task started with its run (_new_run, 04_runs.sql) writes no step_states row: its
+-- step of one task started with its run (_state_in_task, 04_runs.sql) writes no step_states row: its
 -- task holds the state, and step_started_at (null for every other task) is when the step
 -- started. Such a step is started until its task completes, then completed with the task's
 -- output; any other change (a failure, a skip, a cancel, a retry) first writes the state into

@@ -161,6 +161,8 @@ declare
   v_slot_keys text[];
   v_begins boolean[];
   v_run flowlane.runs;
+  v_plain boolean[];
+  v_in_task flowlane.step_states[];
 begin
   perform flowlane._check_contract_inputs(p_flow, p_inputs);
   select * into v_flow from flowlane.flows f where f.flow_slug = p_flow;
@@ -173,6 +175,12 @@ begin
     end if;
   end if;
   v_ids := array(select coalesce(p_run_ids[i], flowlane._uuid_v7()) from generate_subscripts(p_inputs, 1) i order by i);
+  if not v_waiting and v_flow.opt_concurrency_limit is null then
+    -- the runs _new_run would have begun: their steps' states go where its would
+    v_plain := array(select coalesce((select bool_and(flowlane._starts_plainly(s, p_inputs[i]))
+                                      from flowlane.steps s where s.flow_slug = p_flow), false)
+                     from generate_subscripts(p_inputs, 1) i order by i);
+  end if;
   if v_flow.opt_concurrency_limit is not null then
     v_slot_keys := array(select flowlane._concurrency_key(v_flow.opt_concurrency_key, p_inputs[i])
                          from generate_subscripts(p_inputs, 1) i order by i);
@@ -210,8 +218,19 @@ begin
               when s.deps_count = 0 and jsonb_typeof(p_inputs[i]) = 'array' then jsonb_array_length(p_inputs[i])
               else null end
   from generate_subscripts(p_inputs, 1) i, flowlane.steps s
-  where s.flow_slug = p_flow
+  where s.flow_slug = p_flow and not (coalesce(v_plain[i], false) and flowlane._state_in_task(s))
   order by v_ids[i], s.step_slug;
+  -- the steps whose states are in their tasks: started now, their tasks sent and marked by
+  -- _send_step_tasks (no condition or empty map of these runs is resolved below)
+  v_in_task := array(
+    select row(p_flow, v_ids[i], s.step_slug, 'started', 0, 1, 1, null, null, null, flowlane._now(),
+               flowlane._now(), null, null, null, null)::flowlane.step_states
+    from generate_subscripts(p_inputs, 1) i, flowlane.steps s
+    where s.flow_slug = p_flow and coalesce(v_plain[i], false) and flowlane._state_in_task(s)
+    order by v_ids[i], s.step_index);
+  if cardinality(v_in_task) > 0 then
+    perform flowlane._enqueue_steps(v_in_task, true);
+  end if;
   if not v_waiting then
     perform flowlane._progress_runs(array(select v_ids[i] from generate_subscripts(v_ids, 1) i
                                           where coalesce(v_begins[i], true) order by v_ids[i]));
@@ -223,6 +242,37 @@ begin
                join flowlane.runs r
                  on r.run_id = u.run_id and r.run_id = any (array(select x from unnest(v_ids) x order by 1))
                order by u.ord;
+end;
+$$;
+
+-- whether a step needs nothing resolved when its run starts with this input: a dependent step,
+-- or a root step with a queue, no condition and, for a map, a non-empty input array. A run
+-- whose steps all start plainly begins with its root steps started (_new_run) and may keep the
+-- states of some in their tasks (_state_in_task)
+create function flowlane._starts_plainly(p_step flowlane.steps, p_input jsonb) returns boolean
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  return p_step.deps_count > 0
+      or (p_step.queue_name is not null
+          and p_step.required_input_pattern is null and p_step.forbidden_input_pattern is null
+          and (p_step.step_type = 'single'
+               or (p_step.step_type = 'map' and jsonb_typeof(p_input) = 'array' and jsonb_array_length(p_input) > 0)));
+end;
+$$;
+
+-- whether a step of a run that begins now with every step starting plainly (_starts_plainly,
+-- no flow concurrency limit) keeps its state in its task instead of a step_states row
+-- (all_step_states, 01_tables.sql): a root step of one task, without a concurrency limit or a
+-- cache
+create function flowlane._state_in_task(p_step flowlane.steps) returns boolean
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  return p_step.deps_count = 0 and p_step.step_type = 'single' and p_step.opt_concurrency_limit is null
+     and p_step.opt_cache_ttl is null;
 end;
 $$;
 
@@ -248,11 +298,9 @@ declare
   v_elements int := case when jsonb_typeof(p_input) = 'array' then jsonb_array_length(p_input) end;
   v_run flowlane.runs;
   v_started flowlane.step_states[];
+  v_in_task flowlane.step_states[];
 begin
-  select count(*), coalesce(bool_and(s.deps_count > 0 or (s.queue_name is not null
-                                     and s.required_input_pattern is null and s.forbidden_input_pattern is null
-                                     and (s.step_type = 'single' or (s.step_type = 'map' and v_elements > 0)))), false)
-    into v_steps, v_plain
+  select count(*), coalesce(bool_and(flowlane._starts_plainly(s, p_input)), false) into v_steps, v_plain
   from flowlane.steps s where s.flow_slug = (p_flow).flow_slug;
   if not v_plain then
     return null;
@@ -264,13 +312,10 @@ begin
           case when p_key is not null then p_called end, p_key, coalesce(p_priority, (p_flow).opt_priority, 0),
           p_origin)
   returning * into v_run;
-  -- a root step of one task, without a concurrency limit or a cache, keeps its state in its
-  -- task (the view all_step_states): no step_states row is written for it, and _send_tasks
-  -- marks its task (step_started_at)
+  -- a step whose state is in its task (_state_in_task) gets no step_states row, and
+  -- _send_step_tasks marks its task (step_started_at)
   with planned as (
-    select s.flow_slug, s.step_slug, s.deps_count, t.tasks,
-           s.deps_count = 0 and s.step_type = 'single' and s.opt_concurrency_limit is null
-             and s.opt_cache_ttl is null as in_task
+    select s.flow_slug, s.step_slug, s.deps_count, t.tasks, flowlane._state_in_task(s) as in_task
     from flowlane.steps s
     cross join lateral (  -- a dependent map's count is known when its parent completes
       select case when s.step_type <> 'map' then 1 when s.deps_count = 0 then v_elements end as tasks) t
@@ -286,13 +331,17 @@ begin
     where not p.in_task
     order by p.step_slug
     returning ss
-  ) select array_agg(x.ss) into v_started from (
-      select w.ss from written w where (w.ss).status = 'started'
-      union all
-      select row(p.flow_slug, v_run.run_id, p.step_slug, 'started', 0, 1, 1, null, null, null, now(),
-                 flowlane._now(), null, null, null, null)::flowlane.step_states
-      from planned p where p.in_task) x;
-  perform flowlane._enqueue_started(v_started);
+  ) select (select array_agg(w.ss) from written w where (w.ss).status = 'started'),
+            (select array_agg(row(p.flow_slug, v_run.run_id, p.step_slug, 'started', 0, 1, 1, null, null, null,
+                                  flowlane._now(), flowlane._now(), null, null, null, null)::flowlane.step_states)
+             from planned p where p.in_task)
+      into v_started, v_in_task;
+  if v_started is not null then
+    perform flowlane._enqueue_steps(v_started, false);
+  end if;
+  if v_in_task is not null then
+    perform flowlane._enqueue_steps(v_in_task, true);
+  end if;
   return v_run;
 end;
 $$;
@@ -527,15 +576,16 @@ begin
     returning ss
   ) select coalesce(array_agg(st.ss), '{}') into v_started from started st;
   if cardinality(v_started) > 0 then
-    perform flowlane._enqueue_started(v_started);
+    perform flowlane._enqueue_steps(v_started, false);
   end if;
 end;
 $$;
 
--- the tasks of steps just started (their runs' locks held): one _send_tasks per (queue, start
+-- the tasks of steps just started (their runs' locks held): one _send_step_tasks per (queue, start
 -- delay), which holds back those over a step's concurrency limit; wait and child-flow steps
--- begin instead
-create function flowlane._enqueue_started(p_started flowlane.step_states[]) returns void
+-- begin instead. p_in_task: the steps keep their states in their tasks (_state_in_task), so
+-- p_started are rows made for the call, not read from step_states
+create function flowlane._enqueue_steps(p_started flowlane.step_states[], p_in_task boolean) returns void
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
@@ -569,10 +619,21 @@ begin
     -- a cached step: tasks whose key has an entry complete at once (23_cache.sql)
     v_group.bodies := case when v_group.cached then flowlane._take_cached(v_group.bodies) else v_group.bodies end;
     -- a step with a concurrency limit: tasks over its key's limit are held (19_flow_control.sql)
-    perform flowlane._send_tasks(v_group.queue_name,
+    perform flowlane._send_step_tasks(v_group.queue_name,
       case when v_group.limited then flowlane._take_step_slots(v_group.bodies) else v_group.bodies end,
-      v_group.start_delay);
+      v_group.start_delay, p_in_task);
   end loop;
+end;
+$$;
+
+-- steps that have their step_states rows (the previous release's signature, which its
+-- functions call while a migration commits)
+create function flowlane._enqueue_started(p_started flowlane.step_states[]) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  perform flowlane._enqueue_steps(p_started, false);
 end;
 $$;
 

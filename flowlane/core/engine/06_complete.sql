@@ -587,7 +587,7 @@ begin
                       filter (where v_plain and (c.cs).status = 'started' and (c.cs).remaining_deps = 0), '{}')
       into v_started from counted c;
   if v_plain then
-    perform flowlane._enqueue_started(v_started);
+    perform flowlane._enqueue_steps(v_started, false);
   elsif v_ready > 0 then
     perform flowlane._progress_runs(array[p_step.run_id]);
   end if;
@@ -680,7 +680,7 @@ begin
   ) select coalesce(array_agg(c.cs order by (c.cs).run_id, (c.cs).step_slug) filter (where v_plain and c.ready), '{}')
       into v_now_started from counted c;
   if v_plain then
-    perform flowlane._enqueue_started(v_now_started);
+    perform flowlane._enqueue_steps(v_now_started, false);
   elsif v_ready > 0 then  -- a completed run has nothing left to start or skip
     perform flowlane._progress_runs(v_started);
   end if;

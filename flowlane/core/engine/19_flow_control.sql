@@ -399,15 +399,17 @@ begin
 end;
 $$;
 
--- send tasks (bodies) to one queue and record them; the bodies carry the run's priority. A
--- task of a step without a step_states row holds its step's state (all_step_states,
--- 01_tables.sql): step_started_at is its step's start, now
-create function flowlane._send_tasks(p_queue text, p_bodies jsonb[], p_delay int) returns void
+-- send tasks (bodies) to one queue and record them; the bodies carry the run's priority.
+-- p_in_task: their steps keep their states in their tasks (_state_in_task, 04_runs.sql), with no
+-- step_states row: each task is marked, step_started_at its step's start, now
+create function flowlane._send_step_tasks(p_queue text, p_bodies jsonb[], p_delay int, p_in_task boolean)
+returns void
 language plpgsql volatile
 set search_path = ''
 as $$
 declare
   v_n int;
+  v_step_started timestamptz := case when p_in_task then flowlane._now() end;
 begin
   if coalesce(cardinality(p_bodies), 0) = 0 then
     return;
@@ -420,27 +422,29 @@ begin
                                      step_started_at)
     values (p_bodies[1] ->> 'flow_slug', (p_bodies[1] ->> 'run_id')::uuid, p_bodies[1] ->> 'step_slug',
             (p_bodies[1] ->> 'task_index')::int, p_queue, flowlane._queue_send(p_queue, p_bodies[1], p_delay),
-            case when not exists (select 1 from flowlane.step_states ss
-                                  where ss.run_id = (p_bodies[1] ->> 'run_id')::uuid
-                                    and ss.step_slug = p_bodies[1] ->> 'step_slug') then flowlane._now() end);
+            v_step_started);
     return;
   end if;
-  -- (the state's row by its key, task by task: a lateral lookup, which is never hashed over
-  -- the whole table)
   insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id, step_started_at)
   select b.body ->> 'flow_slug', (b.body ->> 'run_id')::uuid, b.body ->> 'step_slug',
-         (b.body ->> 'task_index')::int, p_queue, m.id,
-         case when ss.kept is null and b.body ->> 'task_index' = '0' then flowlane._now() end
+         (b.body ->> 'task_index')::int, p_queue, m.id, v_step_started
   from flowlane._queue_send_batch(p_queue, p_bodies, p_delay) with ordinality as m (id, ord)
-  join unnest(p_bodies) with ordinality as b (body, ord) on b.ord = m.ord
-  left join lateral (select true as kept from flowlane.step_states s
-                     where s.run_id = (b.body ->> 'run_id')::uuid and s.step_slug = b.body ->> 'step_slug'
-                       and b.body ->> 'task_index' = '0'  -- (a task of many: its step has its row)
-                     limit 1) ss on true;
+  join unnest(p_bodies) with ordinality as b (body, ord) on b.ord = m.ord;
   get diagnostics v_n = row_count;
   if v_n <> cardinality(p_bodies) then
     raise exception 'internal error: sent % messages to queue % for % tasks', v_n, p_queue, cardinality(p_bodies);
   end if;
+end;
+$$;
+
+-- tasks of steps that have their step_states rows (the previous release's signature, which its
+-- functions call while a migration commits)
+create function flowlane._send_tasks(p_queue text, p_bodies jsonb[], p_delay int) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  perform flowlane._send_step_tasks(p_queue, p_bodies, p_delay, false);
 end;
 $$;
 
@@ -492,7 +496,7 @@ begin
     into v_bodies
   from released x join flowlane.runs ru on ru.run_id = x.run_id
   where (select count(*) from slots) >= 0;
-  perform flowlane._send_tasks(v_step.queue_name, v_bodies, 0);
+  perform flowlane._send_step_tasks(v_step.queue_name, v_bodies, 0, false);
   return cardinality(v_bodies);
 end;
 $$;
@@ -601,8 +605,8 @@ begin
     group by s.queue_name
     order by s.queue_name
   loop
-    perform flowlane._send_tasks(v_group.queue_name,
-      case when v_group.limited then flowlane._take_step_slots(v_group.bodies) else v_group.bodies end, 0);
+    perform flowlane._send_step_tasks(v_group.queue_name,
+      case when v_group.limited then flowlane._take_step_slots(v_group.bodies) else v_group.bodies end, 0, false);
   end loop;
 end;
 $$;

@@ -176,16 +176,23 @@
 -- the two function bodies change; the trigger keeps its function.
 
 -- A step's state in its task: a root step of one task (no dependency, single, no concurrency
--- limit, no cache) of a run started alone writes no step_states row; its task holds the state
--- (step_tasks.step_started_at, a new nullable column: the step's start, null for every
--- existing task) and the new view all_step_states reads every step's state from both tables.
+-- limit, no cache: the new _state_in_task) of a run that begins at its start (started alone or
+-- with others, no later start_at, no flow concurrency limit; root steps with a queue, no
+-- condition, no map over an empty array: the new _starts_plainly) writes no step_states row;
+-- its task holds the state (step_tasks.step_started_at, a new nullable column: the step's
+-- start, null for every existing task) and the new view all_step_states reads every step's
+-- state from both tables. Waiting, held and debounced runs keep a row for every step.
 -- A failure, skip, cancel or retry of such a run writes the state into step_states first (the
 -- new _unfold_step_states). step_tasks' foreign key points at runs instead of step_states (a
 -- task's step may have no row). Runs in flight keep a row for every step, which every path
 -- reads as before. The console's steps of a run read all_step_states; the previous
 -- release's workers read step states only for wait steps and failed steps, which keep rows.
 -- Function signatures are kept; _start_tasks, _claim_one, _lock_one, _lock_and_classify,
--- _complete_one, _complete_batch and _send_tasks change their bodies.
+-- _complete_one, _complete_batch, _new_run and _new_runs change their bodies. The new
+-- _enqueue_steps and _send_step_tasks are told whether the steps keep their states in their
+-- tasks (no row looked up per task sent); _enqueue_started and _send_tasks, which the previous
+-- release's functions call while this migration commits, send through them the tasks of steps
+-- that have rows.
 
 -- Run indexes: a flow's runs are one index, runs_flow_idx on (flow_slug, started_at, run_id),
 -- in place of runs_flow_idx (flow_slug) and runs_prune_idx (flow_slug, started_at, of the
@@ -1338,6 +1345,8 @@ declare
   v_slot_keys text[];
   v_begins boolean[];
   v_run flowlane.runs;
+  v_plain boolean[];
+  v_in_task flowlane.step_states[];
 begin
   perform flowlane._check_contract_inputs(p_flow, p_inputs);
   select * into v_flow from flowlane.flows f where f.flow_slug = p_flow;
@@ -1350,6 +1359,12 @@ begin
     end if;
   end if;
   v_ids := array(select coalesce(p_run_ids[i], flowlane._uuid_v7()) from generate_subscripts(p_inputs, 1) i order by i);
+  if not v_waiting and v_flow.opt_concurrency_limit is null then
+    -- the runs _new_run would have begun: their steps' states go where its would
+    v_plain := array(select coalesce((select bool_and(flowlane._starts_plainly(s, p_inputs[i]))
+                                      from flowlane.steps s where s.flow_slug = p_flow), false)
+                     from generate_subscripts(p_inputs, 1) i order by i);
+  end if;
   if v_flow.opt_concurrency_limit is not null then
     v_slot_keys := array(select flowlane._concurrency_key(v_flow.opt_concurrency_key, p_inputs[i])
                          from generate_subscripts(p_inputs, 1) i order by i);
@@ -1387,8 +1402,19 @@ begin
               when s.deps_count = 0 and jsonb_typeof(p_inputs[i]) = 'array' then jsonb_array_length(p_inputs[i])
               else null end
   from generate_subscripts(p_inputs, 1) i, flowlane.steps s
-  where s.flow_slug = p_flow
+  where s.flow_slug = p_flow and not (coalesce(v_plain[i], false) and flowlane._state_in_task(s))
   order by v_ids[i], s.step_slug;
+  -- the steps whose states are in their tasks: started now, their tasks sent and marked by
+  -- _send_step_tasks (no condition or empty map of these runs is resolved below)
+  v_in_task := array(
+    select row(p_flow, v_ids[i], s.step_slug, 'started', 0, 1, 1, null, null, null, flowlane._now(),
+               flowlane._now(), null, null, null, null)::flowlane.step_states
+    from generate_subscripts(p_inputs, 1) i, flowlane.steps s
+    where s.flow_slug = p_flow and coalesce(v_plain[i], false) and flowlane._state_in_task(s)
+    order by v_ids[i], s.step_index);
+  if cardinality(v_in_task) > 0 then
+    perform flowlane._enqueue_steps(v_in_task, true);
+  end if;
   if not v_waiting then
     perform flowlane._progress_runs(array(select v_ids[i] from generate_subscripts(v_ids, 1) i
                                           where coalesce(v_begins[i], true) order by v_ids[i]));
@@ -1400,6 +1426,37 @@ begin
                join flowlane.runs r
                  on r.run_id = u.run_id and r.run_id = any (array(select x from unnest(v_ids) x order by 1))
                order by u.ord;
+end;
+$$;
+
+-- whether a step needs nothing resolved when its run starts with this input: a dependent step,
+-- or a root step with a queue, no condition and, for a map, a non-empty input array. A run
+-- whose steps all start plainly begins with its root steps started (_new_run) and may keep the
+-- states of some in their tasks (_state_in_task)
+create or replace function flowlane._starts_plainly(p_step flowlane.steps, p_input jsonb) returns boolean
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  return p_step.deps_count > 0
+      or (p_step.queue_name is not null
+          and p_step.required_input_pattern is null and p_step.forbidden_input_pattern is null
+          and (p_step.step_type = 'single'
+               or (p_step.step_type = 'map' and jsonb_typeof(p_input) = 'array' and jsonb_array_length(p_input) > 0)));
+end;
+$$;
+
+-- whether a step of a run that begins now with every step starting plainly (_starts_plainly,
+-- no flow concurrency limit) keeps its state in its task instead of a step_states row
+-- (all_step_states, 01_tables.sql): a root step of one task, without a concurrency limit or a
+-- cache
+create or replace function flowlane._state_in_task(p_step flowlane.steps) returns boolean
+language plpgsql immutable
+set search_path = ''
+as $$
+begin
+  return p_step.deps_count = 0 and p_step.step_type = 'single' and p_step.opt_concurrency_limit is null
+     and p_step.opt_cache_ttl is null;
 end;
 $$;
 
@@ -1425,11 +1482,9 @@ declare
   v_elements int := case when jsonb_typeof(p_input) = 'array' then jsonb_array_length(p_input) end;
   v_run flowlane.runs;
   v_started flowlane.step_states[];
+  v_in_task flowlane.step_states[];
 begin
-  select count(*), coalesce(bool_and(s.deps_count > 0 or (s.queue_name is not null
-                                     and s.required_input_pattern is null and s.forbidden_input_pattern is null
-                                     and (s.step_type = 'single' or (s.step_type = 'map' and v_elements > 0)))), false)
-    into v_steps, v_plain
+  select count(*), coalesce(bool_and(flowlane._starts_plainly(s, p_input)), false) into v_steps, v_plain
   from flowlane.steps s where s.flow_slug = (p_flow).flow_slug;
   if not v_plain then
     return null;
@@ -1441,13 +1496,10 @@ begin
           case when p_key is not null then p_called end, p_key, coalesce(p_priority, (p_flow).opt_priority, 0),
           p_origin)
   returning * into v_run;
-  -- a root step of one task, without a concurrency limit or a cache, keeps its state in its
-  -- task (the view all_step_states): no step_states row is written for it, and _send_tasks
-  -- marks its task (step_started_at)
+  -- a step whose state is in its task (_state_in_task) gets no step_states row, and
+  -- _send_step_tasks marks its task (step_started_at)
   with planned as (
-    select s.flow_slug, s.step_slug, s.deps_count, t.tasks,
-           s.deps_count = 0 and s.step_type = 'single' and s.opt_concurrency_limit is null
-             and s.opt_cache_ttl is null as in_task
+    select s.flow_slug, s.step_slug, s.deps_count, t.tasks, flowlane._state_in_task(s) as in_task
     from flowlane.steps s
     cross join lateral (  -- a dependent map's count is known when its parent completes
       select case when s.step_type <> 'map' then 1 when s.deps_count = 0 then v_elements end as tasks) t
@@ -1463,13 +1515,17 @@ begin
     where not p.in_task
     order by p.step_slug
     returning ss
-  ) select array_agg(x.ss) into v_started from (
-      select w.ss from written w where (w.ss).status = 'started'
-      union all
-      select row(p.flow_slug, v_run.run_id, p.step_slug, 'started', 0, 1, 1, null, null, null, now(),
-                 flowlane._now(), null, null, null, null)::flowlane.step_states
-      from planned p where p.in_task) x;
-  perform flowlane._enqueue_started(v_started);
+  ) select (select array_agg(w.ss) from written w where (w.ss).status = 'started'),
+            (select array_agg(row(p.flow_slug, v_run.run_id, p.step_slug, 'started', 0, 1, 1, null, null, null,
+                                  flowlane._now(), flowlane._now(), null, null, null, null)::flowlane.step_states)
+             from planned p where p.in_task)
+      into v_started, v_in_task;
+  if v_started is not null then
+    perform flowlane._enqueue_steps(v_started, false);
+  end if;
+  if v_in_task is not null then
+    perform flowlane._enqueue_steps(v_in_task, true);
+  end if;
   return v_run;
 end;
 $$;
@@ -1601,15 +1657,16 @@ begin
     returning ss
   ) select coalesce(array_agg(st.ss), '{}') into v_started from started st;
   if cardinality(v_started) > 0 then
-    perform flowlane._enqueue_started(v_started);
+    perform flowlane._enqueue_steps(v_started, false);
   end if;
 end;
 $$;
 
--- the tasks of steps just started (their runs' locks held): one _send_tasks per (queue, start
+-- the tasks of steps just started (their runs' locks held): one _send_step_tasks per (queue, start
 -- delay), which holds back those over a step's concurrency limit; wait and child-flow steps
--- begin instead
-create or replace function flowlane._enqueue_started(p_started flowlane.step_states[]) returns void
+-- begin instead. p_in_task: the steps keep their states in their tasks (_state_in_task), so
+-- p_started are rows made for the call, not read from step_states
+create or replace function flowlane._enqueue_steps(p_started flowlane.step_states[], p_in_task boolean) returns void
 language plpgsql volatile
 set search_path = ''
 set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
@@ -1643,10 +1700,21 @@ begin
     -- a cached step: tasks whose key has an entry complete at once (23_cache.sql)
     v_group.bodies := case when v_group.cached then flowlane._take_cached(v_group.bodies) else v_group.bodies end;
     -- a step with a concurrency limit: tasks over its key's limit are held (19_flow_control.sql)
-    perform flowlane._send_tasks(v_group.queue_name,
+    perform flowlane._send_step_tasks(v_group.queue_name,
       case when v_group.limited then flowlane._take_step_slots(v_group.bodies) else v_group.bodies end,
-      v_group.start_delay);
+      v_group.start_delay, p_in_task);
   end loop;
+end;
+$$;
+
+-- steps that have their step_states rows (the previous release's signature, which its
+-- functions call while a migration commits)
+create or replace function flowlane._enqueue_started(p_started flowlane.step_states[]) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  perform flowlane._enqueue_steps(p_started, false);
 end;
 $$;
 
@@ -2663,7 +2731,7 @@ begin
                       filter (where v_plain and (c.cs).status = 'started' and (c.cs).remaining_deps = 0), '{}')
       into v_started from counted c;
   if v_plain then
-    perform flowlane._enqueue_started(v_started);
+    perform flowlane._enqueue_steps(v_started, false);
   elsif v_ready > 0 then
     perform flowlane._progress_runs(array[p_step.run_id]);
   end if;
@@ -2756,7 +2824,7 @@ begin
   ) select coalesce(array_agg(c.cs order by (c.cs).run_id, (c.cs).step_slug) filter (where v_plain and c.ready), '{}')
       into v_now_started from counted c;
   if v_plain then
-    perform flowlane._enqueue_started(v_now_started);
+    perform flowlane._enqueue_steps(v_now_started, false);
   elsif v_ready > 0 then  -- a completed run has nothing left to start or skip
     perform flowlane._progress_runs(v_started);
   end if;
@@ -4811,15 +4879,17 @@ begin
 end;
 $$;
 
--- send tasks (bodies) to one queue and record them; the bodies carry the run's priority. A
--- task of a step without a step_states row holds its step's state (all_step_states,
--- 01_tables.sql): step_started_at is its step's start, now
-create or replace function flowlane._send_tasks(p_queue text, p_bodies jsonb[], p_delay int) returns void
+-- send tasks (bodies) to one queue and record them; the bodies carry the run's priority.
+-- p_in_task: their steps keep their states in their tasks (_state_in_task, 04_runs.sql), with no
+-- step_states row: each task is marked, step_started_at its step's start, now
+create or replace function flowlane._send_step_tasks(p_queue text, p_bodies jsonb[], p_delay int, p_in_task boolean)
+returns void
 language plpgsql volatile
 set search_path = ''
 as $$
 declare
   v_n int;
+  v_step_started timestamptz := case when p_in_task then flowlane._now() end;
 begin
   if coalesce(cardinality(p_bodies), 0) = 0 then
     return;
@@ -4832,27 +4902,115 @@ begin
                                      step_started_at)
     values (p_bodies[1] ->> 'flow_slug', (p_bodies[1] ->> 'run_id')::uuid, p_bodies[1] ->> 'step_slug',
             (p_bodies[1] ->> 'task_index')::int, p_queue, flowlane._queue_send(p_queue, p_bodies[1], p_delay),
-            case when not exists (select 1 from flowlane.step_states ss
-                                  where ss.run_id = (p_bodies[1] ->> 'run_id')::uuid
-                                    and ss.step_slug = p_bodies[1] ->> 'step_slug') then flowlane._now() end);
+            v_step_started);
     return;
   end if;
-  -- (the state's row by its key, task by task: a lateral lookup, which is never hashed over
-  -- the whole table)
   insert into flowlane.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id, step_started_at)
   select b.body ->> 'flow_slug', (b.body ->> 'run_id')::uuid, b.body ->> 'step_slug',
-         (b.body ->> 'task_index')::int, p_queue, m.id,
-         case when ss.kept is null and b.body ->> 'task_index' = '0' then flowlane._now() end
+         (b.body ->> 'task_index')::int, p_queue, m.id, v_step_started
   from flowlane._queue_send_batch(p_queue, p_bodies, p_delay) with ordinality as m (id, ord)
-  join unnest(p_bodies) with ordinality as b (body, ord) on b.ord = m.ord
-  left join lateral (select true as kept from flowlane.step_states s
-                     where s.run_id = (b.body ->> 'run_id')::uuid and s.step_slug = b.body ->> 'step_slug'
-                       and b.body ->> 'task_index' = '0'  -- (a task of many: its step has its row)
-                     limit 1) ss on true;
+  join unnest(p_bodies) with ordinality as b (body, ord) on b.ord = m.ord;
   get diagnostics v_n = row_count;
   if v_n <> cardinality(p_bodies) then
     raise exception 'internal error: sent % messages to queue % for % tasks', v_n, p_queue, cardinality(p_bodies);
   end if;
+end;
+$$;
+
+-- tasks of steps that have their step_states rows (the previous release's signature, which its
+-- functions call while a migration commits)
+create or replace function flowlane._send_tasks(p_queue text, p_bodies jsonb[], p_delay int) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+begin
+  perform flowlane._send_step_tasks(p_queue, p_bodies, p_delay, false);
+end;
+$$;
+
+-- held tasks of one step whose keys have free slots are sent, FIFO per key; a held task whose
+-- run or step no longer runs is dropped
+create or replace function flowlane._release_held_tasks(p_flow text, p_step text, p_keys text[]) returns int
+language plpgsql volatile
+set search_path = ''
+set enable_seqscan = off  -- see "Plans" in flowlane/core/engine/README.md
+set jit = off  -- see "Plans" in flowlane/core/engine/README.md
+as $$
+declare
+  v_step flowlane.steps;
+  v_bodies jsonb[];
+begin
+  select * into v_step from flowlane.steps s where s.flow_slug = p_flow and s.step_slug = p_step;
+  perform flowlane._lock_slots('step:' || p_flow || '/' || p_step, p_keys);
+  delete from flowlane.held_tasks h
+   where h.flow_slug = p_flow and h.step_slug = p_step and h.concurrency_key = any (p_keys)
+     and not exists (select 1 from flowlane.runs r
+                     join flowlane.step_states ss on ss.run_id = r.run_id and ss.step_slug = h.step_slug
+                     where r.run_id = h.run_id and r.status = 'started' and ss.status = 'started');
+  with free as (
+    select k.key, case when v_step.opt_concurrency_limit is null then 2147483647
+                       else greatest(0, v_step.opt_concurrency_limit - (
+                         select count(*) from flowlane.step_slots s
+                         where s.flow_slug = p_flow and s.step_slug = p_step and s.concurrency_key = k.key)) end as n
+    from (select distinct key from unnest(p_keys) key where key is not null) k
+  ), released as (
+    delete from flowlane.held_tasks h
+     using (select c.run_id, c.task_index from free
+            cross join lateral (select x.run_id, x.task_index from flowlane.held_tasks x
+                                where x.flow_slug = p_flow and x.step_slug = p_step and x.concurrency_key = free.key
+                                order by x.hold_seq limit free.n) c
+            where free.n > 0) c
+     where h.run_id = c.run_id and h.step_slug = p_step and h.task_index = c.task_index
+    returning h.*
+  ), slots as (
+    insert into flowlane.step_slots (run_id, step_slug, task_index, flow_slug, concurrency_key)
+    select r.run_id, r.step_slug, r.task_index, r.flow_slug, r.concurrency_key from released r
+    where v_step.opt_concurrency_limit is not null
+    returning 1
+  )
+  select coalesce(array_agg(jsonb_build_object('flow_slug', x.flow_slug, 'run_id', x.run_id,
+                                               'step_slug', x.step_slug, 'task_index', x.task_index)
+                            || case when ru.priority <> 0 then jsonb_build_object('priority', ru.priority)
+                                    else '{}'::jsonb end
+                            order by x.hold_seq), '{}')
+    into v_bodies
+  from released x join flowlane.runs ru on ru.run_id = x.run_id
+  where (select count(*) from slots) >= 0;
+  perform flowlane._send_step_tasks(v_step.queue_name, v_bodies, 0, false);
+  return cardinality(v_bodies);
+end;
+$$;
+
+-- the tasks of a run's started steps that have none (retry_run): sent, or held for their slot
+create or replace function flowlane._send_missing_tasks(p_run_id uuid) returns void
+language plpgsql volatile
+set search_path = ''
+as $$
+declare
+  v_group record;
+begin
+  for v_group in
+    select s.queue_name,
+           array_agg(jsonb_build_object('flow_slug', r.flow_slug, 'run_id', r.run_id,
+                                        'step_slug', ss.step_slug, 'task_index', k)
+                     || case when r.priority <> 0 then jsonb_build_object('priority', r.priority) else '{}'::jsonb end
+                     order by s.step_index, k) as bodies,
+           bool_or(s.opt_concurrency_limit is not null) as limited
+    from flowlane.step_states ss
+    join flowlane.runs r on r.run_id = ss.run_id
+    join flowlane.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+    cross join lateral generate_series(0, ss.initial_tasks - 1) as k
+    where ss.run_id = p_run_id and ss.status = 'started' and s.queue_name is not null
+      and not exists (select 1 from flowlane.step_tasks t
+                      where t.run_id = ss.run_id and t.step_slug = ss.step_slug and t.task_index = k)
+      and not exists (select 1 from flowlane.held_tasks h
+                      where h.run_id = ss.run_id and h.step_slug = ss.step_slug and h.task_index = k)
+    group by s.queue_name
+    order by s.queue_name
+  loop
+    perform flowlane._send_step_tasks(v_group.queue_name,
+      case when v_group.limited then flowlane._take_step_slots(v_group.bodies) else v_group.bodies end, 0, false);
+  end loop;
 end;
 $$;
 
